@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test executable of a build folder directly (CTest files hold the absolute paths of the
+# machine that configured them, so a build carried to a GPU machine is run through this script).
+# Usage: scripts/gpu_test.sh [build-dir] ; prints one summary line at the end.
+set -uo pipefail
+build=${1:-build}
+pass=0; fail=0; failed=()
+for t in "$build"/tests/test_*; do
+  [ -x "$t" ] || continue
+  echo "=== $(basename "$t")"
+  if "$t" --gtest_brief=1; then pass=$((pass + 1)); else fail=$((fail + 1)); failed+=("$(basename "$t")"); fi
+done
+echo "gpu_test summary: $pass test executables passed, $fail failed ${failed[*]:-}"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs nibble's build dependencies from Debian packages; downloads nothing else.
+# The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is optional: without nvcc nibble builds its CPU backend only.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,13 @@
+// Subcommand registration. Each command lives in cli/cmd_<name>.cpp and registers itself on the
+// CLI11 app; its callback stores the process exit code in exit_code().
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace nb::cli {
+
+int& exit_code();
+void add_info_command(CLI::App& app);
+void add_quant_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
+
+}  // namespace nb::cli

@@ -1,0 +1,21 @@
+// nibble: low-precision LLM training in one C++/CUDA program. Entry point: parses the subcommand.
+#include <cstdio>
+#include "cli/commands.h"
+
+namespace nb::cli {
+int& exit_code() { static int code = 0; return code; }
+}  // namespace nb::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"nibble " NIBBLE_VERSION ": pretrain and fine-tune Llama-family LLMs in BF16, FP8, MXFP8 and NVFP4"};
+  app.require_subcommand(1);
+  nb::cli::add_info_command(app);
+  nb::cli::add_quant_command(app);
+  nb::cli::add_bench_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return nb::cli::exit_code();
+}

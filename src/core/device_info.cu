@@ -1,0 +1,48 @@
+// Build and device facts of the CUDA backend.
+#include <cublasLt.h>
+#include <cudnn.h>
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "core/tensor.h"
+
+namespace nb {
+
+static std::string version3(int v, int major_div, int minor_div) {
+  return std::to_string(v / major_div) + "." + std::to_string((v % major_div) / minor_div) + "." +
+         std::to_string(v % minor_div);
+}
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.cuda = true;
+  int rt = 0;
+  cudaRuntimeGetVersion(&rt);
+  b.cuda_runtime = std::to_string(rt / 1000) + "." + std::to_string((rt % 1000) / 10);
+  b.cublaslt = version3(int(cublasLtGetVersion()), 10000, 100);
+  b.cudnn = version3(int(cudnnGetVersion()), 10000, 100);
+  return b;
+}
+
+std::vector<GpuInfo> query_gpus(std::string* why) {
+  std::vector<GpuInfo> out;
+  if (!cuda_device_available(why)) return out;
+  int n = 0;
+  CUDA_CHECK(cudaGetDeviceCount(&n));
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, i));
+    GpuInfo g;
+    g.index = i;
+    g.name = p.name;
+    g.cc_major = p.major;
+    g.cc_minor = p.minor;
+    g.sm_count = p.multiProcessorCount;
+    g.memory_gib = double(p.totalGlobalMem) / 1073741824.0;
+    g.l2_bytes = p.l2CacheSize;
+    g.smem_per_block_optin = int(p.sharedMemPerBlockOptin);
+    out.push_back(g);
+  }
+  return out;
+}
+
+}  // namespace nb

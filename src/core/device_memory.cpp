@@ -1,0 +1,21 @@
+// Device memory primitives for builds without the CUDA backend: every call explains itself.
+#include "core/tensor.h"
+#include <cstring>
+
+#if !defined(NIBBLE_HAVE_CUDA)
+namespace nb {
+
+static const char* kNoCuda = "this nibble was built without the CUDA backend (no nvcc at configure time); "
+                             "rebuild with the CUDA toolkit installed to use a GPU";
+
+Status device_malloc(void** p, size_t) { *p = nullptr; return Status::error(kNoCuda); }
+void device_free(void*) {}
+Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  if (dd != Device::cpu || sd != Device::cpu) return Status::error(kNoCuda);
+  std::memcpy(dst, src, bytes);
+  return Status::ok();
+}
+bool cuda_device_available(std::string* why) { if (why) *why = kNoCuda; return false; }
+
+}  // namespace nb
+#endif

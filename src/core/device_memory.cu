@@ -1,0 +1,42 @@
+// Device memory primitives of the CUDA backend. Out of memory is a Status (the caller can name the
+// knob to turn); anything else is a bug and aborts with the CUDA error.
+#include <cstring>
+#include "core/cuda_check.h"
+#include "core/tensor.h"
+
+namespace nb {
+
+Status device_malloc(void** p, size_t bytes) {
+  cudaError_t e = cudaMalloc(p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // clear the sticky-free error state
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return errorf("out of GPU memory: asked for %.2f GiB with %.2f GiB free of %.2f GiB", bytes / 1073741824.0,
+                  free_b / 1073741824.0, total_b / 1073741824.0);
+  }
+  if (e != cudaSuccess) return errorf("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  return Status::ok();
+}
+
+void device_free(void* p) { CUDA_CHECK(cudaFree(p)); }
+
+Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
+  if (dd == Device::cpu && sd == Device::cpu) { std::memcpy(dst, src, bytes); return Status::ok(); }
+  CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return Status::ok();
+}
+
+bool cuda_device_available(std::string* why) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
+    return false;
+  }
+  if (n == 0) { if (why) *why = "no CUDA device found"; return false; }
+  return true;
+}
+
+}  // namespace nb
