@@ -1,0 +1,121 @@
+// GPU ceiling measurements: BF16 GEMM TFLOP/s through matmul() and D2D copy bandwidth (see
+// gemm_bench.h for the method). Inputs come from Philox so every run measures the same data.
+#include <algorithm>
+#include <functional>
+#include <vector>
+#include "core/bf16.h"
+#include "core/cuda_check.h"
+#include "core/philox.h"
+#include "gemm/gemm.h"
+#include "gemm/gemm_bench.h"
+
+namespace nb::gemm {
+namespace {
+
+constexpr int kWarmupRuns = 3;
+
+// Non-zero values (2r - 255) / 256 for a random byte r: odd multiples of 1/256 in (-1, 1), exact in BF16.
+// Zeros would let the hardware save power and overstate the ceiling.
+__global__ void fill_random_bf16(bf16* x, int64_t n, uint64_t seed) {
+  const int64_t block = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (block * 16 >= n) return;
+  const Philox4x32 r = philox_block(RngKey{seed, 0, 0}, uint64_t(block));
+  for (int j = 0; j < 16 && block * 16 + j < n; ++j) {
+    const float v = float(2 * int(philox_byte(r, j)) - 255) * (1.0f / 256.0f);
+    x[block * 16 + j] = f32_to_bf16(v);
+  }
+}
+
+void fill_random(bf16* x, int64_t n, uint64_t seed, cudaStream_t stream) {
+  const int64_t blocks16 = (n + 15) / 16;
+  const int threads = 256;
+  fill_random_bf16<<<unsigned((blocks16 + threads - 1) / threads), threads, 0, stream>>>(x, n, seed);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Runs `step` kWarmupRuns times, then `iters` times between event pairs; returns the median in ms.
+Status median_ms(int iters, cudaStream_t stream, const std::function<Status()>& step, double* ms) {
+  if (iters < 1) return errorf("benchmark: iters must be at least 1, got %d", iters);
+  for (int i = 0; i < kWarmupRuns; ++i) NB_TRY(step());
+  std::vector<cudaEvent_t> events(size_t(2 * iters));
+  for (auto& e : events) CUDA_CHECK(cudaEventCreate(&e));
+  auto destroy_events = [&] {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (auto& e : events) CUDA_CHECK(cudaEventDestroy(e));
+  };
+  for (int i = 0; i < iters; ++i) {
+    CUDA_CHECK(cudaEventRecord(events[2 * i], stream));
+    Status st = step();
+    CUDA_CHECK(cudaEventRecord(events[2 * i + 1], stream));
+    if (!st) {
+      destroy_events();
+      return st;
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    float t = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&t, events[2 * i], events[2 * i + 1]));
+    times.push_back(t);
+  }
+  destroy_events();
+  std::sort(times.begin(), times.end());
+  const size_t h = times.size() / 2;
+  *ms = times.size() % 2 ? times[h] : 0.5 * (times[h - 1] + times[h]);
+  return Status::ok();
+}
+
+struct StreamOwner {
+  cudaStream_t s = nullptr;
+  StreamOwner() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~StreamOwner() { CUDA_CHECK(cudaStreamDestroy(s)); }
+};
+
+}  // namespace
+
+Status measure_matmul_tflops(int64_t m, int64_t n, int64_t k, const GemmArgs& args, DType c_dtype, int iters,
+                             double* tflops) {
+  if (m < 1 || n < 1 || k < 1) return errorf("GEMM timing: M, N, K must be positive, got %lld, %lld, %lld",
+                                             (long long)m, (long long)n, (long long)k);
+  if (c_dtype != DType::bf16 && c_dtype != DType::f32) return errorf("GEMM timing: C must be bf16 or f32");
+  Buffer a, b, c;
+  if (args.trans_a) NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {k, m}).context("GEMM timing"));
+  else NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {m, k}).context("GEMM timing"));
+  if (args.trans_b) NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {n, k}).context("GEMM timing"));
+  else NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {k, n}).context("GEMM timing"));
+  NB_TRY(Buffer::allocate(&c, c_dtype, Device::cuda, {m, n}).context("GEMM timing"));
+  StreamOwner stream;
+  fill_random(a.ptr<bf16>(), m * k, 1, stream.s);
+  fill_random(b.ptr<bf16>(), n * k, 2, stream.s);
+  // C starts defined so that beta != 0 timings read real numbers, not leftover NaN bit patterns.
+  CUDA_CHECK(cudaMemsetAsync(c.data(), 0, size_t(c.tensor().bytes()), stream.s));
+  double ms = 0;
+  NB_TRY(median_ms(iters, stream.s, [&] { return matmul(a.tensor(), b.tensor(), c.tensor(), args, stream.s); }, &ms));
+  *tflops = 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12;
+  return Status::ok();
+}
+
+Status measure_gemm_tflops(int64_t m, int64_t n, int64_t k, int iters, double* tflops) {
+  GemmArgs args;
+  args.trans_b = true;
+  return measure_matmul_tflops(m, n, k, args, DType::bf16, iters, tflops);
+}
+
+Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps) {
+  if (bytes == 0) return errorf("copy bandwidth: bytes must be positive");
+  Buffer src, dst;
+  NB_TRY(Buffer::allocate(&src, DType::u8, Device::cuda, {int64_t(bytes)}).context("copy bandwidth"));
+  NB_TRY(Buffer::allocate(&dst, DType::u8, Device::cuda, {int64_t(bytes)}).context("copy bandwidth"));
+  StreamOwner stream;
+  CUDA_CHECK(cudaMemsetAsync(src.data(), 0x5a, bytes, stream.s));
+  double ms = 0;
+  NB_TRY(median_ms(iters, stream.s, [&] {
+    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.s));
+    return Status::ok();
+  }, &ms));
+  *gbps = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+  return Status::ok();
+}
+
+}  // namespace nb::gemm

@@ -1,0 +1,29 @@
+// Ceiling measurements of the GPU: BF16 GEMM throughput through the engine's own matmul() and
+// device-to-device copy bandwidth. They feed `nibble info`/`bench` (the roofline that kernels and
+// MFU are judged against); the CLI wiring lives elsewhere.
+//
+// Method (both): inputs allocated and filled once, warm-up runs, then `iters` timed runs, each
+// bracketed by its own pair of CUDA events on one stream; the median run time is reported, so a
+// stray slow run (clock ramp, another process) does not move the result.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "core/dtype.h"
+#include "core/status.h"
+#include "gemm/gemm.h"
+
+namespace nb::gemm {
+
+// C[M,N] = A[M,K] @ B[N,K]^T in BF16 with FP32 accumulation and a BF16 C (the Fprop layout of a
+// linear layer), random non-zero inputs in [-1, 1]. tflops = 2*M*N*K / median time / 1e12.
+Status measure_gemm_tflops(int64_t m, int64_t n, int64_t k, int iters, double* tflops);
+
+// Any layout: C[M,N] (c_dtype bf16 or f32) = op(A) @ op(B) + beta * C with A, B bf16 stored as `args`
+// says (e.g. the Dgrad and Wgrad layouts of a linear layer). tflops = 2*M*N*K / median time / 1e12.
+Status measure_matmul_tflops(int64_t m, int64_t n, int64_t k, const GemmArgs& args, DType c_dtype, int iters,
+                             double* tflops);
+
+// cudaMemcpyAsync device-to-device of `bytes`; gbps = 2 * bytes (read + written) / median time / 1e9.
+Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps);
+
+}  // namespace nb::gemm
