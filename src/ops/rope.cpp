@@ -1,0 +1,84 @@
+// CPU reference and device dispatch for RoPE (see rope.h), and the host table builder.
+#include "ops/rope.h"
+#include <cmath>
+#include <vector>
+#include "ops/ops_common.h"
+
+namespace nb::ops {
+using namespace detail;
+
+void rope_inv_freq(const RopeConfig& cfg, int64_t head_dim, double* inv_freq) {
+  NB_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim %lld must be even", (long long)head_dim);
+  const double pi = 3.14159265358979323846;
+  const int64_t half = head_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    double f = std::pow(cfg.theta, -double(2 * i) / double(head_dim));
+    if (cfg.llama31_scaling) {
+      double wavelen = 2 * pi / f;
+      double low_wavelen = double(cfg.original_max_pos) / cfg.low_freq_factor;    // 8192: slower gets divided
+      double high_wavelen = double(cfg.original_max_pos) / cfg.high_freq_factor;  // 2048: faster is kept
+      if (wavelen > low_wavelen) {
+        f = f / cfg.factor;
+      } else if (wavelen >= high_wavelen) {
+        double s = (double(cfg.original_max_pos) / wavelen - cfg.low_freq_factor) /
+                   (cfg.high_freq_factor - cfg.low_freq_factor);
+        f = (1 - s) * f / cfg.factor + s * f;
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+void rope_table(const RopeConfig& cfg, int64_t seq_len, int64_t head_dim, float* cos_out, float* sin_out) {
+  const int64_t half = head_dim / 2;
+  std::vector<double> inv(size_t(half > 0 ? half : 1));
+  rope_inv_freq(cfg, head_dim, inv.data());
+  for (int64_t s = 0; s < seq_len; ++s)
+    for (int64_t i = 0; i < half; ++i) {
+      double a = double(s) * inv[size_t(i)];
+      cos_out[s * half + i] = float(std::cos(a));
+      sin_out[s * half + i] = float(std::sin(a));
+    }
+}
+
+static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
+                       Stream stream) {
+  NB_CHECK(x.ndim == 4, "%s: x must be [B, S, nheads, hd], got %s", op, x.shape_str().c_str());
+  check_contiguous(op, "x", x);
+  check_contiguous(op, "cos", cos);
+  check_contiguous(op, "sin", sin);
+  check_float(op, "x", x);
+  check_dtype(op, "cos", cos, DType::f32);
+  check_dtype(op, "sin", sin, DType::f32);
+  check_same_device(op, x, cos);
+  check_same_device(op, x, sin);
+  const int64_t S = x.shape[1], hd = x.shape[3], half = hd / 2;
+  NB_CHECK(hd % 2 == 0, "%s: head_dim %lld must be even", op, (long long)hd);
+  NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S,
+           "%s: cos must be [>=%lld, %lld], got %s", op, (long long)S, (long long)half, cos.shape_str().c_str());
+  NB_CHECK(sin.ndim == 2 && sin.shape[0] == cos.shape[0] && sin.shape[1] == half, "%s: sin must match cos", op);
+  if (x.device == Device::cuda) NB_OPS_CUDA(op, rope_apply_cuda(x, cos, sin, inverse, stream));
+  const int64_t B = x.shape[0], nh = x.shape[2];
+  const float sign = inverse ? -1.f : 1.f;
+  float* p = x.ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < nh; ++h) {
+        float* head = p + ((b * S + s) * nh + h) * hd;
+        for (int64_t i = 0; i < half; ++i) {
+          float c = cos.ptr<float>()[s * half + i], sn = sign * sin.ptr<float>()[s * half + i];
+          float x1 = head[i], x2 = head[i + half];
+          head[i] = x1 * c - x2 * sn;
+          head[i + half] = x2 * c + x1 * sn;
+        }
+      }
+}
+
+void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream stream) {
+  rope_apply("rope_forward", x, cos, sin, false, stream);
+}
+void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream) {
+  rope_apply("rope_backward", dx, cos, sin, true, stream);
+}
+
+}  // namespace nb::ops

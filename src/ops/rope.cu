@@ -1,0 +1,65 @@
+// CUDA kernel for RoPE (see rope.h). One thread rotates V consecutive pairs of one head (16-byte
+// accesses on both halves when hd/2 is a multiple of V); FP32 math, the same formula as the CPU.
+#include "ops/cuda_common.cuh"
+#include "ops/ops_common.h"
+#include "ops/rope.h"
+
+namespace nb::ops {
+namespace {
+using namespace cuda;
+
+// x [rows = B*S*nh, hd]; item = (row, pair group). Position s = (row / nh) % S.
+template <typename T, int V>
+__global__ void rope_kernel(T* x, const float* cosv, const float* sinv, int64_t rows, int64_t S, int64_t nh,
+                            int64_t half, float sign) {
+  int64_t groups = half / V;
+  int64_t items = rows * groups;
+  int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t it = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; it < items; it += stride) {
+    int64_t row = it / groups, i = (it % groups) * V;
+    int64_t s = (row / nh) % S;
+    T* head = x + row * 2 * half;
+    float x1[V], x2[V], c[V], sn[V];
+    load_vec<T, V>(head + i, x1);
+    load_vec<T, V>(head + half + i, x2);
+    load_vec<float, V>(cosv + s * half + i, c);
+    load_vec<float, V>(sinv + s * half + i, sn);
+    float o1[V], o2[V];
+    NB_UNROLL for (int k = 0; k < V; ++k) {
+      float sk = sign * sn[k];
+      o1[k] = x1[k] * c[k] - x2[k] * sk;
+      o2[k] = x2[k] * c[k] + x1[k] * sk;
+    }
+    store_vec<T, V>(head + i, o1);
+    store_vec<T, V>(head + half + i, o2);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, Stream s) {
+  const int64_t B = x.shape[0], S = x.shape[1], nh = x.shape[2], half = x.shape[3] / 2;
+  const int64_t rows = B * S * nh;
+  if (rows == 0 || half == 0) return;
+  const float sign = inverse ? -1.f : 1.f;
+  auto launch = [&](auto tt) {
+    using T = decltype(tt);
+    bool vec = half % 8 == 0 && vec_ok<T>(x.data, half) && vec_ok<float>(cos.data, half) &&
+               vec_ok<float>(sin.data, half);
+    if (vec) {
+      rope_kernel<T, 8><<<grid_for(rows * half / 8, 256, 8192), 256, 0, as_cuda(s)>>>(
+          x.ptr<T>(), cos.ptr<float>(), sin.ptr<float>(), rows, S, nh, half, sign);
+    } else {
+      rope_kernel<T, 1><<<grid_for(rows * half, 256, 8192), 256, 0, as_cuda(s)>>>(
+          x.ptr<T>(), cos.ptr<float>(), sin.ptr<float>(), rows, S, nh, half, sign);
+    }
+    CUDA_CHECK_LAUNCH();
+  };
+  if (x.dtype == DType::bf16) launch(bf16{});
+  else launch(float{});
+}
+
+}  // namespace detail
+}  // namespace nb::ops
