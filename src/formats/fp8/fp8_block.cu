@@ -1,0 +1,109 @@
+// FP8 sub-channel CUDA quantizer: one block of 256 threads reads a 128x128 BF16 tile once into shared
+// memory (as raw BF16, 33 KB) and writes the row copy and the transposed copy with their FP32
+// scale_inv in the GEMM-ready layout of fp8_block.h. vec128: one scale per 128-element row (row copy)
+// or column (transposed copy) of the tile; blk128x128: one scale per tile, shared by both copies.
+#include "core/cuda_check.h"
+#include "formats/fp8/fp8_block.h"
+
+namespace nb::fp8 {
+namespace {
+
+constexpr int kT = kSubBlock;  // 128
+constexpr int kThreads = 256;
+constexpr int kPitch = kT + 2;  // BF16 elements per shared row: keeps rows 4-byte aligned, shifts banks
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
+
+__global__ void __launch_bounds__(kThreads) block_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
+                                                                   bool tile_scale, bool pow2, bool rowwise, bool colwise,
+                                                                   uint8_t* row_data, float* row_scale_inv,
+                                                                   uint8_t* col_data, float* col_scale_inv,
+                                                                   int32_t* nonfinite) {
+  __shared__ uint16_t tile[kT * kPitch];
+  __shared__ float warp_amax[kThreads / 32];
+  const int64_t r0 = int64_t(blockIdx.y) * kT, c0 = int64_t(blockIdx.x) * kT;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  float m = 0.0f;
+  bool bad = false;
+  for (int i = threadIdx.x; i < kT * kT / 2; i += kThreads) {
+    int r = i / (kT / 2), cp = i % (kT / 2);
+    uint32_t w = *reinterpret_cast<const uint32_t*>(x + (r0 + r) * cols + c0 + 2 * cp);
+    float v0 = bits_f32(w << 16), v1 = bits_f32(w & 0xFFFF0000u);
+    m = fmaxf(m, fmaxf(fabsf(v0), fabsf(v1)));
+    bad |= !isfinite(v0) || !isfinite(v1);
+    *reinterpret_cast<uint32_t*>(&tile[r * kPitch + 2 * cp]) = w;
+  }
+  m = warp_max(m);
+  if (lane == 0) warp_amax[warp] = m;
+  if (__syncthreads_or(bad) && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
+  float tile_amax = 0.0f;
+  for (int w = 0; w < kThreads / 32; ++w) tile_amax = fmaxf(tile_amax, warp_amax[w]);
+  const float tile_scale_value = scale_from_amax(tile_amax, kE4M3Max, pow2);
+  if (tile_scale && threadIdx.x == 0) {
+    float inv = 1.0f / tile_scale_value;
+    if (rowwise) row_scale_inv[(r0 / kT) * round4(cols / kT) + c0 / kT] = inv;
+    if (colwise) col_scale_inv[(c0 / kT) * round4(rows / kT) + r0 / kT] = inv;
+  }
+
+  if (rowwise) {  // warp w: tile rows 16w..16w+15; lane: 4 consecutive columns
+    for (int k = 0; k < kT / 8; ++k) {
+      int r = warp * (kT / 8) + k;
+      float v[4];
+      for (int j = 0; j < 4; ++j) v[j] = bf16_bits_to_f32(tile[r * kPitch + 4 * lane + j]);
+      float scale = tile_scale_value;
+      if (!tile_scale) {
+        float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+        scale = scale_from_amax(a, kE4M3Max, pow2);
+        if (lane == 0) row_scale_inv[(c0 / kT) * round4(rows) + r0 + r] = 1.0f / scale;
+      }
+      uint32_t q = 0;
+      for (int j = 0; j < 4; ++j) q |= f32_to_e4m3_satfinite(v[j] * scale) << (8 * j);
+      *reinterpret_cast<uint32_t*>(row_data + (r0 + r) * cols + c0 + 4 * lane) = q;
+    }
+  }
+  if (colwise) {  // warp w: tile columns 16w..16w+15; lane: 4 consecutive rows -> 4 bytes of data_t
+    for (int k = 0; k < kT / 8; ++k) {
+      int c = warp * (kT / 8) + k;
+      float v[4];
+      for (int j = 0; j < 4; ++j) v[j] = bf16_bits_to_f32(tile[(4 * lane + j) * kPitch + c]);
+      float scale = tile_scale_value;
+      if (!tile_scale) {
+        float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+        scale = scale_from_amax(a, kE4M3Max, pow2);
+        if (lane == 0) col_scale_inv[(r0 / kT) * round4(cols) + c0 + c] = 1.0f / scale;
+      }
+      uint32_t q = 0;
+      for (int j = 0; j < 4; ++j) q |= f32_to_e4m3_satfinite(v[j] * scale) << (8 * j);
+      *reinterpret_cast<uint32_t*>(col_data + (c0 + c) * rows + r0 + 4 * lane) = q;
+    }
+  }
+}
+
+}  // namespace
+
+Status quantize_block_cuda(const bf16* x, const BlockOptions& opt, const BlockView& out, Stream stream) {
+  NB_TRY(check_block_shape(opt.kind, out.rows, out.cols));
+  if (out.rows / kT > 65535)
+    return errorf("FP8 quantize_block_cuda: %lld rows is too many for one launch (at most %d)", (long long)out.rows,
+                  65535 * kT);
+  auto s = static_cast<cudaStream_t>(stream);
+  if (out.nonfinite) CUDA_CHECK(cudaMemsetAsync(out.nonfinite, 0, sizeof(int32_t), s));
+  // Padding entries of the scale tensors are defined as 0.
+  if (opt.rowwise)
+    CUDA_CHECK(cudaMemsetAsync(out.row_scale_inv, 0, sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, false), s));
+  if (opt.colwise)
+    CUDA_CHECK(cudaMemsetAsync(out.col_scale_inv, 0, sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, true), s));
+  dim3 grid(unsigned(out.cols / kT), unsigned(out.rows / kT));
+  block_quantize_kernel<<<grid, kThreads, 0, s>>>(x, out.rows, out.cols, opt.kind == BlockKind::blk128x128,
+                                                  opt.pow2_scales, opt.rowwise, opt.colwise, out.row_data,
+                                                  out.row_scale_inv, out.col_data, out.col_scale_inv, out.nonfinite);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+}  // namespace nb::fp8
