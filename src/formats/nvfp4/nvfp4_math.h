@@ -1,0 +1,70 @@
+// Scalar and per-block NVFP4 math shared by the CPU reference and the CUDA kernels (NB_HD: one
+// source, compiled without FMA contraction on both sides, so identical bits). Spec §1 steps 2-5, in
+// the spec's FP32 operation order:
+//   S_enc = min(6*448 / amax, FLT_MAX); S_enc = 1 if amax == 0, S_enc == 0 (amax Inf) or amax NaN
+//   s_b   = e4m3_rne_satfinite(block_amax * (S_enc * (1/6)))
+//   enc_b = min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX)
+//   q     = e2m1(x * enc_b)   (RNE, or SR with one Philox byte per element)
+// amax values are compared by bit pattern (|x| as unsigned), which orders finite values and Inf like
+// floats and makes a NaN the largest, so a NaN anywhere shows up in the amax instead of vanishing.
+#pragma once
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include "core/bf16.h"
+#include "core/philox.h"
+#include "formats/scalar_codecs.h"
+
+namespace nb::nvfp4 {
+
+NB_HD uint32_t abs_bits(float v) { return f32_bits(v) & 0x7FFFFFFFu; }
+NB_HD bool amax_is_finite(float amax) { return abs_bits(amax) < 0x7F800000u; }
+
+NB_HD float global_encode_scale(float amax) {
+  float s = fminf((6.0f * 448.0f) / amax, FLT_MAX);
+  if (amax == 0.0f || s == 0.0f || !amax_is_finite(amax)) s = 1.0f;
+  return s;
+}
+
+NB_HD uint32_t block_scale_code(float block_amax, float s_enc) {
+  return f32_to_e4m3_satfinite(block_amax * (s_enc * (1.0f / 6.0f)));
+}
+
+NB_HD float block_encode_scale(uint32_t scale_code, float s_enc) {
+  float s_dec = 1.0f / s_enc;
+  return fminf(1.0f / (e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
+}
+
+NB_HD float block_amax16(const float* v) {
+  uint32_t m = 0;
+NB_UNROLL
+  for (int i = 0; i < 16; ++i) { uint32_t a = abs_bits(v[i]); m = a > m ? a : m; }
+  return bits_f32(m);
+}
+
+// 16 elements scaled by enc into 16 E2M1 codes packed little-nibble-first into 8 bytes.
+NB_HD uint64_t encode_block16(const float* v, float enc, bool sr, const Philox4x32& rand) {
+  uint64_t packed = 0;
+NB_UNROLL
+  for (int i = 0; i < 16; ++i) {
+    float scaled = v[i] * enc;
+    uint32_t code = sr ? f32_to_e2m1_sr(scaled, philox_byte(rand, i)) : f32_to_e2m1_rne(scaled);
+    packed |= uint64_t(code) << (4 * i);
+  }
+  return packed;
+}
+
+// Dequantized value of one element: e2m1(q) * float(s_b) * amax / (6*448), left to right.
+NB_HD float dequant_value(uint32_t code, uint32_t scale_code, float amax) {
+  return e2m1_to_f32(code) * e4m3_to_f32(scale_code) * amax / (6.0f * 448.0f);
+}
+
+// Key of the column-wise copy's random stream (the row-wise copy uses the key as given).
+NB_HD RngKey colwise_key(RngKey key) { key.stream ^= 1u; return key; }
+
+// The swizzled (cuBLAS 128x4 tile) byte offset of scale (r, c) for a padded scale-column count kp.
+NB_HD int64_t swizzle_offset_padded(int64_t r, int64_t c, int64_t kp) {
+  return ((r / 128) * (kp / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+}  // namespace nb::nvfp4

@@ -1,0 +1,168 @@
+// CPU reference of the NVFP4 quantizer (spec §1-4): plain loops, one 16-element block at a time.
+// This file is the definition the CUDA kernels are tested against bit for bit. Layouts and the SR
+// random-byte rule are described in nvfp4.h; the per-block math lives in nvfp4_math.h (shared).
+#include <algorithm>
+#include <vector>
+#include "formats/hadamard/hadamard.h"
+#include "formats/nvfp4/nvfp4.h"
+#include "formats/nvfp4/nvfp4_math.h"
+
+namespace nb::nvfp4 {
+
+Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
+  if (rows <= 0 || cols <= 0 || rows % kBlock != 0 || cols % kBlock != 0)
+    return errorf("NVFP4 cannot quantize a %lld x %lld tensor: both dimensions must be positive multiples of 16 "
+                  "(pad the tensor to a multiple of 16 first)", (long long)rows, (long long)cols);
+  if (!opts.rowwise && !opts.colwise)
+    return errorf("NVFP4 quantization of a %lld x %lld tensor asked for no output: enable rowwise and/or colwise",
+                  (long long)rows, (long long)cols);
+  if (opts.two_d && (opts.rht || opts.sr))
+    return errorf("NVFP4 16x16 (2D) quantization of a %lld x %lld tensor cannot use %s: 2D is for weights, "
+                  "whose two copies must hold identical values; disable rht/sr for weights",
+                  (long long)rows, (long long)cols, opts.rht ? "RHT" : "stochastic rounding");
+  return Status::ok();
+}
+
+void rht16_ref(const float* x, float* y) {
+  for (int i = 0; i < kBlock; ++i) y[i] = x[i];
+  hadamard::rht16_bf16(y);
+}
+
+namespace {
+
+// The 16 values of column c, rows r0..r0+15, optionally RHT'd (BF16-rounded).
+void load_col_chunk(const bf16* x, int64_t cols, int64_t r0, int64_t c, bool rht, float* v) {
+  for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[(r0 + j) * cols + c]);
+  if (rht) hadamard::rht16_bf16(v);
+}
+
+void store_block(uint8_t* data, uint8_t* scales, int64_t outer, int64_t inner, int64_t blk, uint64_t packed,
+                 uint32_t scale_code) {
+  uint8_t* d = data + outer * (inner / 2) + blk * (kBlock / 2);
+  for (int i = 0; i < 8; ++i) d[i] = uint8_t(packed >> (8 * i));
+  scales[outer * (inner / kBlock) + blk] = uint8_t(scale_code);
+}
+
+// One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.
+template <typename Load>
+void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, RngKey key, uint8_t* data,
+                      uint8_t* scales, Load load) {
+  float s_enc = global_encode_scale(amax);
+  float v[kBlock];
+  for (int64_t o = 0; o < outer_n; ++o) {
+    for (int64_t b = 0; b < inner / kBlock; ++b) {
+      load(o, b, v);
+      uint32_t s = block_scale_code(block_amax16(v), s_enc);
+      float enc = block_encode_scale(s, s_enc);
+      Philox4x32 rand{};
+      if (sr) rand = philox_block(key, uint64_t((o * inner) / kBlock + b));
+      store_block(data, scales, o, inner, b, encode_block16(v, enc, sr, rand), s);
+    }
+  }
+}
+
+void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Options& opts,
+                 const QuantizedView& out) {
+  float s_enc = global_encode_scale(amax);
+  float v[kBlock];
+  Philox4x32 no_rand{};
+  for (int64_t tr = 0; tr < rows / kBlock; ++tr) {
+    for (int64_t tc = 0; tc < cols / kBlock; ++tc) {
+      uint32_t tile_max = 0;
+      for (int i = 0; i < kBlock; ++i)
+        for (int j = 0; j < kBlock; ++j)
+          tile_max = std::max(tile_max, abs_bits(bf16_to_f32(x[(tr * 16 + i) * cols + tc * 16 + j])));
+      uint32_t s = block_scale_code(bits_f32(tile_max), s_enc);
+      float enc = block_encode_scale(s, s_enc);
+      for (int i = 0; i < kBlock; ++i) {
+        if (opts.rowwise) {
+          for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[(tr * 16 + i) * cols + tc * 16 + j]);
+          store_block(out.row_data, out.row_scales, tr * 16 + i, cols, tc, encode_block16(v, enc, false, no_rand), s);
+        }
+        if (opts.colwise) {
+          load_col_chunk(x, cols, tr * 16, tc * 16 + i, false, v);
+          store_block(out.col_data, out.col_scales, tc * 16 + i, rows, tr, encode_block16(v, enc, false, no_rand), s);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float* row_amax, float* col_amax) {
+  uint32_t m = 0;
+  for (int64_t i = 0; i < rows * cols; ++i) m = std::max(m, abs_bits(bf16_to_f32(x[i])));
+  uint32_t mc = m;
+  if (rht) {
+    mc = 0;
+    float v[kBlock];
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+        load_col_chunk(x, cols, r0, c, true, v);
+        mc = std::max(mc, abs_bits(block_amax16(v)));
+      }
+  }
+  if (row_amax) *row_amax = bits_f32(m);
+  if (col_amax) *col_amax = bits_f32(mc);
+}
+
+Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out) {
+  const int64_t rows = out.rows, cols = out.cols;
+  NB_TRY(check_shape(rows, cols, opts));
+  float row_amax = 0, col_amax = 0;
+  compute_amax_ref(x, rows, cols, opts.rht && opts.colwise, &row_amax, &col_amax);
+  if (out.nonfinite && (!amax_is_finite(row_amax) || !amax_is_finite(col_amax))) *out.nonfinite = 1;
+  if (out.row_amax) *out.row_amax = row_amax;
+  if (out.col_amax) *out.col_amax = col_amax;
+  if (opts.two_d) {
+    quantize_2d(x, rows, cols, row_amax, opts, out);
+    return Status::ok();
+  }
+  if (opts.rowwise) {
+    quantize_copy_1d(rows, cols, row_amax, opts.sr, opts.rng, out.row_data, out.row_scales,
+                     [&](int64_t r, int64_t b, float* v) {
+                       for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[r * cols + b * kBlock + j]);
+                     });
+  }
+  if (opts.colwise) {
+    quantize_copy_1d(cols, rows, col_amax, opts.sr, colwise_key(opts.rng), out.col_data, out.col_scales,
+                     [&](int64_t c, int64_t b, float* v) { load_col_chunk(x, cols, b * kBlock, c, opts.rht, v); });
+  }
+  return Status::ok();
+}
+
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner,
+                    float* out) {
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      uint32_t code = (data[o * (inner / 2) + i / 2] >> (4 * (i & 1))) & 0xFu;
+      out[o * inner + i] = dequant_value(code, scales[o * (inner / kBlock) + i / kBlock], amax);
+    }
+}
+
+// ---- cuBLAS scale layout ----------------------------------------------------------------------
+static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+size_t swizzled_scale_bytes(int64_t rows, int64_t scale_cols) {
+  return size_t(round_up(rows, 128) * round_up(scale_cols, 4));
+}
+
+size_t swizzled_offset(int64_t r, int64_t c, int64_t scale_cols) {
+  return size_t(swizzle_offset_padded(r, c, round_up(scale_cols, 4)));
+}
+
+void swizzle_scales_ref(const uint8_t* scales, int64_t rows, int64_t scale_cols, uint8_t* out) {
+  const int64_t rp = round_up(rows, 128), kp = round_up(scale_cols, 4);
+  for (int64_t r = 0; r < rp; ++r)
+    for (int64_t c = 0; c < kp; ++c)
+      out[swizzle_offset_padded(r, c, kp)] = (r < rows && c < scale_cols) ? scales[r * scale_cols + c] : 0;
+}
+
+void unswizzle_scales_ref(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out) {
+  const int64_t kp = round_up(scale_cols, 4);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < scale_cols; ++c) out[r * scale_cols + c] = swizzled[swizzle_offset_padded(r, c, kp)];
+}
+
+}  // namespace nb::nvfp4
