@@ -7,7 +7,8 @@
 //   dp_ij = dout_i . v_j      ds_ij = p_ij (dp_ij - D_i)
 //   dq_i = scale * sum_j ds_ij k_j      dk_j += scale * ds_ij q_i      dv_j += p_ij dout_i
 // dk/dv sum over every query head of the group. All sums run in FP64; results are stored as FP32.
-// Work is split over (batch, K/V head) pairs, which own disjoint dk/dv rows, so threads never share output.
+// Work is split over (batch, query head); the backward keeps per-head FP64 dk/dv partials and sums each
+// group in head order, so threads never share output and the result does not depend on thread timing.
 #include "ops/attention.h"
 
 #include <algorithm>
@@ -103,28 +104,26 @@ Status attention_forward_ref(const AttentionShape& sh, const Tensor& q, const Te
   const int64_t group = sh.heads / sh.kv_heads, S = sh.seq, D = sh.head_dim;
   const float *Q = q.ptr<float>(), *K = k.ptr<float>(), *V = v.ptr<float>();
   float *O = out.ptr<float>(), *LSE = lse.ptr<float>();
-  parallel_for(sh.batch * sh.kv_heads, [&](int64_t item) {
-    const int64_t b = item / sh.kv_heads, g = item % sh.kv_heads;
+  parallel_for(sh.batch * sh.heads, [&](int64_t item) {
+    const int64_t b = item / sh.heads, h = item % sh.heads, g = h / group;
     std::vector<double> s(S), acc(D);
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t i = 0; i < S; ++i) {
-        double m = -std::numeric_limits<double>::infinity();
-        for (int64_t j = 0; j <= i; ++j) {
-          s[j] = double(sh.scale) * dot(Q + L.q(b, i, h), K + L.kv(b, j, g), D);
-          m = std::max(m, s[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
-        const double log_sum = m + std::log(sum);
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
-          const double p = std::exp(s[j] - log_sum);
-          const float* vj = V + L.kv(b, j, g);
-          for (int64_t d = 0; d < D; ++d) acc[d] += p * double(vj[d]);
-        }
-        for (int64_t d = 0; d < D; ++d) O[L.q(b, i, h) + d] = float(acc[d]);
-        LSE[L.stat(b, h, i)] = float(log_sum);
+    for (int64_t i = 0; i < S; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j <= i; ++j) {
+        s[j] = double(sh.scale) * dot(Q + L.q(b, i, h), K + L.kv(b, j, g), D);
+        m = std::max(m, s[j]);
       }
+      double sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+      const double log_sum = m + std::log(sum);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j <= i; ++j) {
+        const double p = std::exp(s[j] - log_sum);
+        const float* vj = V + L.kv(b, j, g);
+        for (int64_t d = 0; d < D; ++d) acc[d] += p * double(vj[d]);
+      }
+      for (int64_t d = 0; d < D; ++d) O[L.q(b, i, h) + d] = float(acc[d]);
+      LSE[L.stat(b, h, i)] = float(log_sum);
     }
   });
   return Status::ok();
@@ -140,34 +139,44 @@ Status attention_backward_ref(const AttentionShape& sh, const Tensor& q, const T
   const float *Q = q.ptr<float>(), *K = k.ptr<float>(), *V = v.ptr<float>();
   const float *O = out.ptr<float>(), *dO = dout.ptr<float>(), *LSE = lse.ptr<float>();
   float *dQ = dq.ptr<float>(), *dK = dk.ptr<float>(), *dV = dv.ptr<float>();
+  // Per query head FP64 partial dk/dv, summed over each group in head order afterwards (deterministic).
+  std::vector<double> dk_part(size_t(sh.batch * sh.heads * S * D)), dv_part(dk_part.size());
+  parallel_for(sh.batch * sh.heads, [&](int64_t item) {
+    const int64_t b = item / sh.heads, h = item % sh.heads, g = h / group;
+    double* dk_acc = dk_part.data() + item * S * D;
+    double* dv_acc = dv_part.data() + item * S * D;
+    std::vector<double> dq_acc(D);
+    for (int64_t i = 0; i < S; ++i) {
+      const float* qi = Q + L.q(b, i, h);
+      const float* doi = dO + L.q(b, i, h);
+      const double Di = dot(doi, O + L.q(b, i, h), D);
+      const double lse_i = LSE[L.stat(b, h, i)];
+      std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
+      for (int64_t j = 0; j <= i; ++j) {
+        const float* kj = K + L.kv(b, j, g);
+        const float* vj = V + L.kv(b, j, g);
+        const double p = std::exp(double(sh.scale) * dot(qi, kj, D) - lse_i);
+        const double ds = p * (dot(doi, vj, D) - Di);
+        for (int64_t d = 0; d < D; ++d) {
+          dq_acc[d] += ds * double(kj[d]);
+          dk_acc[j * D + d] += ds * double(qi[d]);
+          dv_acc[j * D + d] += p * double(doi[d]);
+        }
+      }
+      for (int64_t d = 0; d < D; ++d) dQ[L.q(b, i, h) + d] = float(double(sh.scale) * dq_acc[d]);
+    }
+  });
   parallel_for(sh.batch * sh.kv_heads, [&](int64_t item) {
     const int64_t b = item / sh.kv_heads, g = item % sh.kv_heads;
-    std::vector<double> dk_acc(S * D, 0.0), dv_acc(S * D, 0.0), dq_acc(D);
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t i = 0; i < S; ++i) {
-        const float* qi = Q + L.q(b, i, h);
-        const float* doi = dO + L.q(b, i, h);
-        const double Di = dot(doi, O + L.q(b, i, h), D);
-        const double lse_i = LSE[L.stat(b, h, i)];
-        std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* kj = K + L.kv(b, j, g);
-          const float* vj = V + L.kv(b, j, g);
-          const double p = std::exp(double(sh.scale) * dot(qi, kj, D) - lse_i);
-          const double ds = p * (dot(doi, vj, D) - Di);
-          for (int64_t d = 0; d < D; ++d) {
-            dq_acc[d] += ds * double(kj[d]);
-            dk_acc[j * D + d] += ds * double(qi[d]);
-            dv_acc[j * D + d] += p * double(doi[d]);
-          }
-        }
-        for (int64_t d = 0; d < D; ++d) dQ[L.q(b, i, h) + d] = float(double(sh.scale) * dq_acc[d]);
-      }
-    }
     for (int64_t j = 0; j < S; ++j)
       for (int64_t d = 0; d < D; ++d) {
-        dK[L.kv(b, j, g) + d] = float(double(sh.scale) * dk_acc[j * D + d]);
-        dV[L.kv(b, j, g) + d] = float(dv_acc[j * D + d]);
+        double sk = 0.0, sv = 0.0;
+        for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+          sk += dk_part[((b * sh.heads + h) * S + j) * D + d];
+          sv += dv_part[((b * sh.heads + h) * S + j) * D + d];
+        }
+        dK[L.kv(b, j, g) + d] = float(double(sh.scale) * sk);
+        dV[L.kv(b, j, g) + d] = float(sv);
       }
   });
   return Status::ok();
