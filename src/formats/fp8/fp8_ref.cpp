@@ -47,7 +47,10 @@ void dequantize_ref(const uint8_t* codes, int64_t n, Format fmt, float scale_inv
   for (int64_t i = 0; i < n; ++i) out[i] = decode(codes[i], fmt) * scale_inv;
 }
 
-void DelayedScaling::record(float amax) { history[0] = std::fmax(history[0], amax); }
+// A NaN amax is kept (fmax would drop it) so that update() sees the broken step, as TE's history does.
+void DelayedScaling::record(float amax) {
+  history[0] = (std::isnan(amax) || std::isnan(history[0])) ? NAN : std::fmax(history[0], amax);
+}
 
 void DelayedScaling::update() {
   float amax = 0.0f;
