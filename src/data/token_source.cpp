@@ -1,0 +1,190 @@
+// Prefetching token sources over GPT datasets and blends (see token_source.h).
+#include "data/token_source.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <thread>
+
+namespace nb {
+
+TokenSource::~TokenSource() = default;
+
+namespace {
+
+class SingleSet final : public SampleSet {
+ public:
+  explicit SingleSet(std::unique_ptr<GptDataset> ds) : ds_(std::move(ds)) {}
+  int64_t size() const override { return ds_->size(); }
+  void sample(int64_t i, std::vector<int32_t>* out) const override { ds_->sample(i, out); }
+
+ private:
+  std::unique_ptr<GptDataset> ds_;
+};
+
+class BlendedSet final : public SampleSet {
+ public:
+  BlendedSet(std::vector<std::unique_ptr<GptDataset>> parts, const std::vector<double>& weights, int64_t size) : parts_(std::move(parts)) {
+    build_blending_indices(weights, size, &which_, &index_);
+  }
+  int64_t size() const override { return static_cast<int64_t>(which_.size()); }
+  void sample(int64_t i, std::vector<int32_t>* out) const override { parts_[which_[i]]->sample(index_[i], out); }
+
+ private:
+  std::vector<std::unique_ptr<GptDataset>> parts_;
+  std::vector<int16_t> which_;
+  std::vector<int64_t> index_;
+};
+
+// Fills a bounded queue of batches on a background thread, in sample order from `consumed`.
+class PrefetchSource final : public TokenSource {
+ public:
+  PrefetchSource(std::shared_ptr<SampleSet> set, int64_t seq_len, int64_t micro_batch, int64_t consumed)
+      : set_(std::move(set)), seq_len_(seq_len), mbs_(micro_batch), consumed_(consumed), produce_at_(consumed) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~PrefetchSource() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  Status next(Batch* out) override {
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (consumed_ + mbs_ > set_->size())
+      return errorf("the data is exhausted: %lld samples consumed of %lld; ask for more samples (train iterations) when building the source",
+                    (long long)consumed_, (long long)set_->size());
+    cv_.wait(lock, [this] { return !queue_.empty(); });
+    *out = std::move(queue_.front());
+    queue_.pop_front();
+    consumed_ += mbs_;
+    wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    lock.unlock();
+    cv_.notify_all();
+    return Status::ok();
+  }
+  int64_t consumed_samples() const override { return consumed_; }
+  double wait_ms_total() const override { return wait_ms_; }
+  int64_t num_samples() const override { return set_->size(); }
+
+ private:
+  static constexpr size_t kDepth = 4;
+  void run() {
+    std::vector<int32_t> text;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || queue_.size() < kDepth; });
+        if (stop_ || produce_at_ + mbs_ > set_->size()) return;
+      }
+      Batch b;
+      b.micro_batch = mbs_;
+      b.seq_len = seq_len_;
+      b.tokens.resize(static_cast<size_t>(mbs_ * seq_len_));
+      b.labels.resize(static_cast<size_t>(mbs_ * seq_len_));
+      for (int64_t r = 0; r < mbs_; ++r) {
+        set_->sample(produce_at_ + r, &text);
+        NB_CHECK(static_cast<int64_t>(text.size()) == seq_len_ + 1, "sample of %zu tokens", text.size());
+        std::copy(text.begin(), text.end() - 1, b.tokens.begin() + r * seq_len_);
+        std::copy(text.begin() + 1, text.end(), b.labels.begin() + r * seq_len_);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        queue_.push_back(std::move(b));
+        produce_at_ += mbs_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  std::shared_ptr<SampleSet> set_;
+  int64_t seq_len_, mbs_, consumed_, produce_at_;
+  double wait_ms_ = 0;
+  bool stop_ = false;
+  std::deque<Batch> queue_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::thread worker_;
+};
+
+Status check_args(int64_t seq_len, int64_t micro_batch, int64_t consumed) {
+  if (seq_len <= 0 || micro_batch <= 0 || consumed < 0)
+    return errorf("data source: seq_len (%lld) and micro_batch (%lld) must be positive and consumed samples (%lld) non-negative",
+                  (long long)seq_len, (long long)micro_batch, (long long)consumed);
+  return Status::ok();
+}
+}  // namespace
+
+Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split, int64_t samples,
+                              int64_t consumed, std::unique_ptr<TokenSource>* out) {
+  NB_TRY(check_args(seq_len, micro_batch, consumed));
+  if (vocab < 2) return errorf("mock data needs a vocabulary of at least 2 tokens, got %lld", (long long)vocab);
+  auto data = make_mock_low_level(vocab, static_cast<int32_t>(vocab - 1));
+  std::array<std::pair<int64_t, int64_t>, 3> ranges;
+  NB_TRY(split_ranges("969,30,1", data->size(), &ranges));
+  auto r = ranges[static_cast<int>(split)];
+  std::unique_ptr<GptDataset> ds;
+  NB_TRY(GptDataset::create(data, r.first, r.second, seq_len, samples, static_cast<uint32_t>(seed), "", split_name(split), &ds));
+  *out = std::make_unique<PrefetchSource>(std::make_shared<SingleSet>(std::move(ds)), seq_len, micro_batch, consumed);
+  return Status::ok();
+}
+
+Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples, int64_t consumed,
+                        std::unique_ptr<TokenSource>* out) {
+  return make_mock_source_split(vocab, seq_len, micro_batch, seed, Split::train, train_samples, consumed, out);
+}
+
+Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<SampleSet>* out) {
+  std::vector<BlendEntry> blend;
+  NB_TRY(parse_blend(cfg.data_path, &blend));
+  if (blend.size() > 1 && blend[0].weight < 0)
+    return errorf("data path \"%s\": a blend of several prefixes needs weights (\"w1 prefix1 w2 prefix2 ...\")", cfg.data_path.c_str());
+  if (cfg.seed > 0xffffffffull) return errorf("seed %llu does not fit numpy's RandomState (0 .. 2^32-1)", (unsigned long long)cfg.seed);
+  const int s = static_cast<int>(split);
+  const int64_t requested = cfg.num_samples[s];
+  if (requested <= 0) return errorf("no %s samples were requested; set the number of %s samples", split_name(split), split_name(split));
+  std::string cache = cfg.cache_path;
+  if (cache.empty()) cache = (std::filesystem::path(blend[0].prefix).parent_path() / "cache" / "nibble_indices").string();
+  if (cache == "none") cache.clear();
+  std::vector<std::unique_ptr<GptDataset>> parts;
+  std::vector<double> weights;
+  for (const auto& e : blend) {
+    std::unique_ptr<IndexedDataset> raw;
+    NB_TRY(IndexedDataset::open(e.prefix, &raw));
+    auto data = wrap_indexed_dataset(std::shared_ptr<IndexedDataset>(std::move(raw)));
+    std::array<std::pair<int64_t, int64_t>, 3> ranges;
+    NB_TRY(split_ranges(cfg.split, data->size(), &ranges));
+    auto r = ranges[s];
+    if (r.first == r.second)
+      return errorf("%s: the %s split \"%s\" selects no sequences of %lld; change --split", e.prefix.c_str(), split_name(split),
+                    cfg.split.c_str(), (long long)data->size());
+    const bool weighted = e.weight >= 0 && blend.size() >= 1 && blend[0].weight >= 0;
+    // Megatron asks each blend component for ceil(ceil(S * w) * 1.005) samples.
+    const int64_t n = weighted ? static_cast<int64_t>(std::ceil(std::ceil(double(requested) * e.weight) * 1.005)) : requested;
+    std::unique_ptr<GptDataset> ds;
+    NB_TRY(GptDataset::create(data, r.first, r.second, cfg.seq_length, n, static_cast<uint32_t>(cfg.seed), cache, split_name(split), &ds));
+    parts.push_back(std::move(ds));
+    weights.push_back(e.weight);
+  }
+  if (blend[0].weight < 0)
+    *out = std::make_shared<SingleSet>(std::move(parts[0]));
+  else
+    *out = std::make_shared<BlendedSet>(std::move(parts), weights, requested);
+  return Status::ok();
+}
+
+Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed, std::unique_ptr<TokenSource>* out) {
+  NB_TRY(check_args(cfg.seq_length, micro_batch, consumed));
+  std::shared_ptr<SampleSet> set;
+  NB_TRY(make_gpt_samples(cfg, split, &set));
+  *out = std::make_unique<PrefetchSource>(std::move(set), cfg.seq_length, micro_batch, consumed);
+  return Status::ok();
+}
+
+}  // namespace nb
