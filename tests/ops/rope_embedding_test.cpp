@@ -1,0 +1,107 @@
+// RoPE and embedding CPU references: the Llama 3.1 frequency rule at hand-checked indices, the
+// rotation against its formula, backward = transpose of forward, and the embedding gather/scatter.
+#include <gtest/gtest.h>
+#include "ops/embedding.h"
+#include "ops/rope.h"
+#include "ops_test_util.h"
+
+using namespace nb;
+using namespace nb::ops;
+using namespace nb::ops::testing;
+
+// theta 500000, hd 128: base f_i = 500000^(-i/64), wavelength 2*pi/f_i. Thresholds: 8192/4 = 2048 and
+// 8192/1 = 8192. Hand values:
+//   i = 0:  f = 1, wavelength 6.28 < 2048 -> kept.
+//   i = 28: f = 500000^-0.4375 = 3.2114460e-3, wavelength 1956.5 < 2048 -> kept.
+//   i = 32: f = 1/sqrt(500000) = 1.41421356e-3, wavelength 4442.88, s = (8192/4442.88 - 1)/3 = 0.281284,
+//           f' = f * ((1 - s)/8 + s) = 5.2484616e-4.
+//   i = 35: f = 7.6449699e-4, wavelength 8218.7 > 8192 -> f/8 = 9.5562124e-5.
+//   i = 63: f = 2.4551408e-6 -> f/8 = 3.0689260e-7.
+TEST(RoPE, Llama31FrequencyRule) {
+  RopeConfig cfg;  // Llama 3.1 defaults
+  std::vector<double> f(64);
+  rope_inv_freq(cfg, 128, f.data());
+  EXPECT_DOUBLE_EQ(f[0], 1.0);
+  EXPECT_NEAR(f[28], 3.2114460e-3, 1e-9);
+  EXPECT_NEAR(f[32], 5.2484616e-4, 1e-10);
+  EXPECT_NEAR(f[35], 9.5562124e-5, 1e-11);
+  EXPECT_NEAR(f[63], 3.0689260e-7, 1e-13);
+  // Without scaling (Llama 3): plain theta^(-2i/hd).
+  cfg.llama31_scaling = false;
+  rope_inv_freq(cfg, 128, f.data());
+  EXPECT_NEAR(f[32], 1.41421356e-3, 1e-11);
+  EXPECT_NEAR(f[35], 7.6449699e-4, 1e-11);
+}
+
+TEST(RoPE, TableIsCosSinOfPositionTimesFrequency) {
+  RopeConfig cfg;
+  const int64_t S = 9000, hd = 128, half = 64;
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(cfg, S, hd, c.data(), s.data());
+  std::vector<double> f(half);
+  rope_inv_freq(cfg, hd, f.data());
+  for (int64_t pos : {0L, 1L, 77L, 8999L})
+    for (int64_t i : {0L, 31L, 32L, 63L}) {
+      EXPECT_EQ(c[pos * half + i], float(std::cos(double(pos) * f[i])));
+      EXPECT_EQ(s[pos * half + i], float(std::sin(double(pos) * f[i])));
+    }
+  EXPECT_EQ(c[0], 1.f);
+  EXPECT_EQ(s[0], 0.f);
+}
+
+TEST(RoPE, ForwardRotatesHalvesAndBackwardIsTranspose) {
+  const int64_t B = 2, S = 5, nh = 3, hd = 8, half = 4;
+  RopeConfig cfg;
+  cfg.theta = 10000;
+  cfg.llama31_scaling = false;  // compare against the plain formula below
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(cfg, S, hd, c.data(), s.data());
+  auto x = random_vec(B * S * nh * hd, 11), y = random_vec(B * S * nh * hd, 12);
+  auto rx = x;
+  rope_forward(host_f32(rx, {B, S, nh, hd}), host_f32(c, {S, half}), host_f32(s, {S, half}), nullptr);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t p = 0; p < S; ++p)
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          int64_t o = ((b * S + p) * nh + h) * hd;
+          double a = double(p) * std::pow(10000.0, -2.0 * double(i) / hd);
+          double x1 = x[o + i], x2 = x[o + half + i];
+          EXPECT_NEAR(rx[o + i], x1 * std::cos(a) - x2 * std::sin(a), 1e-6);
+          EXPECT_NEAR(rx[o + half + i], x2 * std::cos(a) + x1 * std::sin(a), 1e-6);
+        }
+  // <R x, y> == <x, R^T y>: the backward is the gradient of the forward.
+  auto ry = y;
+  rope_backward(host_f32(ry, {B, S, nh, hd}), host_f32(c, {S, half}), host_f32(s, {S, half}), nullptr);
+  EXPECT_NEAR(dot(rx, y), dot(x, ry), 1e-5);
+  // And it inverts the forward.
+  rope_backward(host_f32(rx, {B, S, nh, hd}), host_f32(c, {S, half}), host_f32(s, {S, half}), nullptr);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(rx[i], x[i], 1e-6);
+}
+
+TEST(Embedding, ForwardGathersRowsBackwardScattersInOrder) {
+  const int64_t V = 6, H = 4, T = 7;
+  auto table = random_vec(V * H, 13);
+  std::vector<int32_t> ids = {3, 0, 3, 5, 3, 1, 0};
+  std::vector<float> out(T * H);
+  embedding_forward(host_f32(table, {V, H}), host_i32(ids, {T}), host_f32(out, {T, H}), nullptr);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < H; ++j) EXPECT_EQ(out[t * H + j], table[ids[t] * H + j]);
+  // Backward of loss = sum(out * r) w.r.t. table: a linear op, so FD is exact up to rounding.
+  auto r = random_vec(T * H, 14);
+  auto n = numeric_grad(table, [&] {
+    embedding_forward(host_f32(table, {V, H}), host_i32(ids, {T}), host_f32(out, {T, H}), nullptr);
+    return dot(out, r);
+  });
+  std::vector<float> dtable(V * H, 1.f);
+  embedding_backward(host_i32(ids, {T}), host_f32(r, {T, H}), host_f32(dtable, {V, H}), nullptr);
+  for (float& d : dtable) d -= 1.f;
+  EXPECT_GRAD_NEAR(dtable, n, 1e-5);
+  for (int64_t j = 0; j < H; ++j) EXPECT_EQ(dtable[2 * H + j], 0.f);  // id 2 never appears
+}
+
+TEST(EmbeddingDeathTest, OutOfRangeIdIsABug) {
+  std::vector<float> table(4 * 2), out(2);
+  std::vector<int32_t> ids = {4};
+  EXPECT_DEATH(embedding_forward(host_f32(table, {4, 2}), host_i32(ids, {1}), host_f32(out, {1, 2}), nullptr),
+               "outside the vocabulary");
+}
