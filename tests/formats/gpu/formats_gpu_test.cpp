@@ -1,0 +1,167 @@
+// CUDA == CPU reference, bit for bit, for the MXFP8, FP8 per-tensor and FP8 sub-channel quantizers
+// on random and adversarial inputs, at small shapes (partial tiles, odd sizes) and at 8192x4096.
+#include <gtest/gtest.h>
+#include <cstring>
+#include <vector>
+#include "common/gpu.h"
+#include "core/tensor.h"
+#include "formats/fp8/fp8.h"
+#include "formats/fp8/fp8_block.h"
+#include "formats/fp8_test_inputs.h"
+#include "formats/mxfp8/mxfp8.h"
+
+using namespace nb;
+using fmt_test::Dist;
+
+namespace {
+
+// Device allocation that frees itself; contents copied back with host().
+struct Dev {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit Dev(size_t n) : bytes(n) { NB_CHECK(device_malloc(&p, n ? n : 1).is_ok()); }
+  ~Dev() { device_free(p); }
+  template <typename T> T* as() const { return static_cast<T*>(p); }
+  template <typename T> std::vector<T> host() const {
+    std::vector<T> v(bytes / sizeof(T));
+    NB_CHECK(copy_bytes(v.data(), Device::cpu, p, Device::cuda, bytes).is_ok());
+    return v;
+  }
+};
+
+template <typename T>
+Dev upload(const std::vector<T>& v) {
+  Dev d(v.size() * sizeof(T));
+  NB_CHECK(copy_bytes(d.p, Device::cuda, v.data(), Device::cpu, d.bytes).is_ok());
+  return d;
+}
+
+// Compares bit patterns and reports the first difference.
+template <typename T>
+void expect_same_bits(const std::vector<T>& cpu, const std::vector<T>& gpu, const char* what) {
+  ASSERT_EQ(cpu.size(), gpu.size()) << what;
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < cpu.size(); ++i)
+    if (std::memcmp(&cpu[i], &gpu[i], sizeof(T)) != 0 && bad++ == 0) first = i;
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << cpu.size() << " differ, first at " << first << " (cpu "
+                     << double(cpu[first]) << ", gpu " << double(gpu[first]) << ")";
+}
+
+const Dist kDists[] = {Dist::normal, Dist::lognormal, Dist::outliers, Dist::adversarial};
+
+void check_mxfp8(int64_t rows, int64_t cols, Dist dist, bool nonfinite) {
+  SCOPED_TRACE(testing::Message() << "MXFP8 " << rows << "x" << cols << " dist " << int(dist));
+  auto x = fmt_test::make_input(rows, cols, dist, 42 + rows + cols, nonfinite);
+  const size_t n = size_t(rows * cols);
+  std::vector<uint8_t> rd(n), rs(n / 32), cd(n), cs(n / 32);
+  int32_t bad = -1;
+  ASSERT_TRUE(mxfp8::quantize_ref(x.data(), {}, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
+  Dev dx = upload(x), drd(n), drs(n / 32), dcd(n), dcs(n / 32), dbad(4);
+  mxfp8::QuantizedView v{rows, cols, drd.as<uint8_t>(), drs.as<uint8_t>(), dcd.as<uint8_t>(), dcs.as<uint8_t>(),
+                         dbad.as<int32_t>()};
+  ASSERT_TRUE(mxfp8::quantize_cuda(dx.as<bf16>(), {}, v).is_ok());
+  expect_same_bits(rd, drd.host<uint8_t>(), "row data");
+  expect_same_bits(rs, drs.host<uint8_t>(), "row scales");
+  expect_same_bits(cd, dcd.host<uint8_t>(), "col data");
+  expect_same_bits(cs, dcs.host<uint8_t>(), "col scales");
+  EXPECT_EQ(dbad.host<int32_t>()[0], bad);
+  EXPECT_EQ(bad, nonfinite ? 1 : 0);
+}
+
+void check_fp8(int64_t rows, int64_t cols, Dist dist, fp8::Format fmt, bool pow2, bool nonfinite, bool delayed) {
+  SCOPED_TRACE(testing::Message() << "FP8 " << fp8::format_name(fmt) << " " << rows << "x" << cols << " dist "
+                                  << int(dist) << (pow2 ? " pow2" : "") << (delayed ? " delayed" : " current"));
+  auto x = fmt_test::make_input(rows, cols, dist, 7 + rows * 3 + cols, nonfinite);
+  const size_t n = size_t(rows * cols);
+  std::vector<uint8_t> d(n), dt(n);
+  float scale_inv = 0, amax = 0;
+  int32_t bad = -1;
+  const float scale = 3.7f;  // an arbitrary delayed-scaling scale: products are rounded, not exact
+  fp8::TensorView hv{rows, cols, d.data(), dt.data(), &scale_inv, &amax, &bad};
+  if (delayed) ASSERT_TRUE(fp8::quantize_with_scale_ref(x.data(), fmt, scale, hv).is_ok());
+  else ASSERT_TRUE(fp8::quantize_current_ref(x.data(), fmt, pow2, hv).is_ok());
+  Dev dx = upload(x), dd(n), ddt(n), dsi(4), dam(4), dbad(4), dscale = upload(std::vector<float>{scale});
+  fp8::TensorView v{rows, cols, dd.as<uint8_t>(), ddt.as<uint8_t>(), dsi.as<float>(), dam.as<float>(), dbad.as<int32_t>()};
+  if (delayed) ASSERT_TRUE(fp8::quantize_with_scale_cuda(dx.as<bf16>(), fmt, dscale.as<float>(), v).is_ok());
+  else ASSERT_TRUE(fp8::quantize_current_cuda(dx.as<bf16>(), fmt, pow2, v).is_ok());
+  expect_same_bits(d, dd.host<uint8_t>(), "data");
+  expect_same_bits(dt, ddt.host<uint8_t>(), "transposed data");
+  expect_same_bits(std::vector<float>{scale_inv}, dsi.host<float>(), "scale_inv");
+  expect_same_bits(std::vector<float>{amax}, dam.host<float>(), "amax");
+  EXPECT_EQ(dbad.host<int32_t>()[0], bad);
+  EXPECT_EQ(bad, nonfinite ? 1 : 0);
+}
+
+void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, bool pow2, bool nonfinite) {
+  SCOPED_TRACE(testing::Message() << "FP8 block " << (kind == fp8::BlockKind::vec128 ? "1x128 " : "128x128 ") << rows
+                                  << "x" << cols << " dist " << int(dist) << (pow2 ? " pow2" : ""));
+  auto x = fmt_test::make_input(rows, cols, dist, 99 + rows + 5 * cols, nonfinite);
+  const size_t n = size_t(rows * cols);
+  const size_t nrs = size_t(fp8::block_scale_count(kind, rows, cols, false)),
+               ncs = size_t(fp8::block_scale_count(kind, rows, cols, true));
+  std::vector<uint8_t> rd(n), cd(n);
+  std::vector<float> rs(nrs), cs(ncs);
+  int32_t bad = -1;
+  fp8::BlockOptions opt{kind, pow2};
+  ASSERT_TRUE(fp8::quantize_block_ref(x.data(), opt, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
+  Dev dx = upload(x), drd(n), dcd(n), drs(nrs * 4), dcs(ncs * 4), dbad(4);
+  fp8::BlockView v{rows, cols, drd.as<uint8_t>(), drs.as<float>(), dcd.as<uint8_t>(), dcs.as<float>(), dbad.as<int32_t>()};
+  ASSERT_TRUE(fp8::quantize_block_cuda(dx.as<bf16>(), opt, v).is_ok());
+  expect_same_bits(rd, drd.host<uint8_t>(), "row data");
+  expect_same_bits(rs, drs.host<float>(), "row scale_inv");
+  expect_same_bits(cd, dcd.host<uint8_t>(), "transposed data");
+  expect_same_bits(cs, dcs.host<float>(), "transposed scale_inv");
+  EXPECT_EQ(dbad.host<int32_t>()[0], bad);
+}
+
+}  // namespace
+
+TEST(FormatsGpu, Mxfp8MatchesReferenceSmall) {
+  NB_REQUIRE_GPU();
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{32, 32}, {96, 160}, {64, 64}, {160, 96}})
+    for (Dist d : kDists) check_mxfp8(r, c, d, false);
+  check_mxfp8(96, 160, Dist::normal, true);
+}
+
+TEST(FormatsGpu, Mxfp8MatchesReferenceLarge) {
+  NB_REQUIRE_GPU();
+  check_mxfp8(8192, 4096, Dist::outliers, false);
+  check_mxfp8(8192, 4096, Dist::adversarial, false);
+}
+
+TEST(FormatsGpu, Fp8PerTensorMatchesReferenceSmall) {
+  NB_REQUIRE_GPU();
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{1, 1}, {37, 53}, {64, 64}, {130, 7}})
+    for (Dist d : kDists)
+      for (auto f : {fp8::Format::e4m3, fp8::Format::e5m2}) {
+        check_fp8(r, c, d, f, false, false, false);
+        check_fp8(r, c, d, f, false, false, true);
+      }
+  check_fp8(37, 53, Dist::lognormal, fp8::Format::e4m3, true, false, false);
+  check_fp8(37, 53, Dist::normal, fp8::Format::e4m3, false, true, false);
+  check_fp8(37, 53, Dist::normal, fp8::Format::e5m2, false, true, true);
+}
+
+TEST(FormatsGpu, Fp8PerTensorMatchesReferenceLarge) {
+  NB_REQUIRE_GPU();
+  check_fp8(8192, 4096, Dist::outliers, fp8::Format::e4m3, false, false, false);
+  check_fp8(8192, 4096, Dist::adversarial, fp8::Format::e5m2, false, false, false);
+  check_fp8(8192, 4096, Dist::normal, fp8::Format::e4m3, false, false, true);
+}
+
+TEST(FormatsGpu, Fp8BlockMatchesReferenceSmall) {
+  NB_REQUIRE_GPU();
+  for (auto kind : {fp8::BlockKind::vec128, fp8::BlockKind::blk128x128})
+    for (auto [r, c] : {std::pair<int64_t, int64_t>{128, 128}, {256, 384}, {384, 128}})
+      for (Dist d : kDists) {
+        check_block(r, c, d, kind, false, false);
+        check_block(r, c, d, kind, true, false);
+      }
+  check_block(256, 384, Dist::normal, fp8::BlockKind::vec128, false, true);
+}
+
+TEST(FormatsGpu, Fp8BlockMatchesReferenceLarge) {
+  NB_REQUIRE_GPU();
+  check_block(8192, 4096, Dist::outliers, fp8::BlockKind::vec128, false, false);
+  check_block(8192, 4096, Dist::adversarial, fp8::BlockKind::blk128x128, true, false);
+}
