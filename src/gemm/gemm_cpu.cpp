@@ -43,13 +43,14 @@ void pack(const float* x, int64_t ld, bool trans, int64_t r0, int64_t rows, int6
 void block_multiply(const float* ap, const float* bp, int64_t rows, int64_t kc, int64_t nc, float* acc) {
   int64_t i = 0;
   for (; i + 4 <= rows; i += 4) {
-    float* c0 = acc + i * nc;
-    float* c1 = c0 + nc;
-    float* c2 = c1 + nc;
-    float* c3 = c2 + nc;
+    // Distinct rows of the accumulator tile: __restrict lets the compiler vectorize over j.
+    float* __restrict c0 = acc + i * nc;
+    float* __restrict c1 = c0 + nc;
+    float* __restrict c2 = c1 + nc;
+    float* __restrict c3 = c2 + nc;
     for (int64_t k = 0; k < kc; ++k) {
       const float a0 = ap[i * kc + k], a1 = ap[(i + 1) * kc + k], a2 = ap[(i + 2) * kc + k], a3 = ap[(i + 3) * kc + k];
-      const float* b = bp + k * nc;
+      const float* __restrict b = bp + k * nc;
       for (int64_t j = 0; j < nc; ++j) {
         const float bj = b[j];
         c0[j] += a0 * bj;
@@ -60,10 +61,10 @@ void block_multiply(const float* ap, const float* bp, int64_t rows, int64_t kc, 
     }
   }
   for (; i < rows; ++i) {
-    float* c = acc + i * nc;
+    float* __restrict c = acc + i * nc;
     for (int64_t k = 0; k < kc; ++k) {
       const float a = ap[i * kc + k];
-      const float* b = bp + k * nc;
+      const float* __restrict b = bp + k * nc;
       for (int64_t j = 0; j < nc; ++j) c[j] += a * b[j];
     }
   }
