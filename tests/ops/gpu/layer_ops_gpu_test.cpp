@@ -1,0 +1,176 @@
+// CUDA RMSNorm, RoPE, SwiGLU and embedding against the CPU reference on the same (BF16-rounded)
+// inputs, at odd shapes (scalar paths, tails) and Llama-8B shapes (vector paths).
+#include <gtest/gtest.h>
+#include <cmath>
+#include "../ops_test_util.h"
+#include "common/gpu.h"
+#include "gpu_util.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+using namespace nb;
+using namespace nb::ops;
+using namespace nb::ops::testing;
+
+struct Shape2 { int64_t rows, cols; DType dt; };
+
+class RMSNormGpu : public ::testing::TestWithParam<Shape2> {};
+
+TEST_P(RMSNormGpu, ForwardBackwardMatchCpu) {
+  NB_REQUIRE_GPU();
+  const auto [T, H, dt] = GetParam();
+  auto x = rounded(random_vec(T * H, 31, -2.f, 2.f), dt), w = rounded(random_vec(H, 32, 0.5f, 1.5f), dt);
+  auto dy = rounded(random_vec(T * H, 33), dt);
+  std::vector<float> y(T * H), rstd(T), dx(T * H), dw(H, 0.5f);
+  rmsnorm_forward(host_f32(x, {T, H}), host_f32(w, {H}), 1e-5f, host_f32(y, {T, H}), host_f32(rstd, {T}), nullptr);
+  rmsnorm_backward(host_f32(x, {T, H}), host_f32(w, {H}), host_f32(rstd, {T}), host_f32(dy, {T, H}),
+                   host_f32(dx, {T, H}), host_f32(dw, {H}), nullptr);
+  auto gx = upload(x, dt, {T, H}), gw = upload(w, dt, {H}), gdy = upload(dy, dt, {T, H});
+  auto gy = upload(std::vector<float>(T * H), dt, {T, H}), gdx = upload(std::vector<float>(T * H), dt, {T, H});
+  auto grstd = upload(std::vector<float>(T), DType::f32, {T});
+  auto gdw = upload(std::vector<float>(H, 0.5f), DType::f32, {H});
+  rmsnorm_forward(gx.t(), gw.t(), 1e-5f, gy.t(), grstd.t(), nullptr);
+  // rstd: FP32 sum of squares in a different order, ~1e-6 relative.
+  EXPECT_EQ(count_bad(download(grstd.t()), rstd, 1e-5, {0.0}, "rstd"), 0);
+  double out_rel = dt == DType::bf16 ? kBf16Rel : 1e-5;
+  EXPECT_EQ(count_bad(download(gy.t()), y, out_rel, {1e-30}, "y"), 0);
+  // The backward uses the CPU's rstd so both sides start from the same numbers.
+  auto grstd_cpu = upload(rstd, DType::f32, {T});
+  rmsnorm_backward(gx.t(), gw.t(), grstd_cpu.t(), gdy.t(), gdx.t(), gdw.t(), nullptr);
+  // dx = rstd*w*dy - coef*x can cancel; the FP32 error of coef (a row dot product) is ~1e-6 of the row's
+  // largest term, so allow 2^-16 of the row max on top of the BF16 output rounding.
+  std::vector<double> dx_abs(T * H);
+  for (int64_t t = 0; t < T; ++t) {
+    double mx = 0;
+    for (int64_t j = 0; j < H; ++j) mx = std::fmax(mx, std::fabs(dx[t * H + j]));
+    for (int64_t j = 0; j < H; ++j) dx_abs[t * H + j] = 0x1p-16 * mx;
+  }
+  EXPECT_EQ(count_bad(download(gdx.t()), dx, out_rel, dx_abs, "dx"), 0);
+  // dw: FP32 sums of T terms (chunks of 256, then chunk partials) vs FP64 on the CPU: the error bound is
+  // ~(depth) * 2^-24 * sum|terms| with depth < 64, so 1e-5 of sum|terms| (plus the 0.5 start value).
+  std::vector<double> dw_abs(H);
+  for (int64_t j = 0; j < H; ++j) {
+    double s = 0;
+    for (int64_t t = 0; t < T; ++t) s += std::fabs(double(dy[t * H + j]) * x[t * H + j] * rstd[t]);
+    dw_abs[j] = 1e-5 * s + 1e-7;
+  }
+  EXPECT_EQ(count_bad(download(gdw.t()), dw, 0.0, dw_abs, "dw"), 0);
+  // Deterministic: a second backward adds the bit-identical amount again.
+  auto dw1 = download(gdw.t());
+  auto gdw2 = upload(std::vector<float>(H, 0.5f), DType::f32, {H});
+  rmsnorm_backward(gx.t(), gw.t(), grstd_cpu.t(), gdy.t(), gdx.t(), gdw2.t(), nullptr);
+  EXPECT_TRUE(same_bits(download(gdw2.t()), dw1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RMSNormGpu,
+                         ::testing::Values(Shape2{37, 1001, DType::bf16}, Shape2{5, 24, DType::f32},
+                                           Shape2{300, 4096, DType::f32}, Shape2{4096, 4096, DType::bf16}));
+
+struct RopeShape { int64_t B, S, nh, hd; DType dt; };
+class RoPEGpu : public ::testing::TestWithParam<RopeShape> {};
+
+TEST_P(RoPEGpu, ForwardBackwardMatchCpu) {
+  NB_REQUIRE_GPU();
+  const auto [B, S, nh, hd, dt] = GetParam();
+  const int64_t half = hd / 2, n = B * S * nh * hd;
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  auto x = rounded(random_vec(n, 41, -3.f, 3.f), dt);
+  auto gc = upload(c, DType::f32, {S, half}), gs = upload(s, DType::f32, {S, half});
+  for (bool inverse : {false, true}) {
+    auto ref = x;
+    auto gx = upload(x, dt, {B, S, nh, hd});
+    Tensor hx = host_f32(ref, {B, S, nh, hd}), hc = host_f32(c, {S, half}), hs = host_f32(s, {S, half});
+    if (inverse) {
+      rope_backward(hx, hc, hs, nullptr);
+      rope_backward(gx.t(), gc.t(), gs.t(), nullptr);
+    } else {
+      rope_forward(hx, hc, hs, nullptr);
+      rope_forward(gx.t(), gc.t(), gs.t(), nullptr);
+    }
+    // Same FP32 operations on both sides; the output is rounded once (BF16) or not at all (FP32).
+    std::vector<double> abs_tol(n);
+    for (int64_t i = 0; i < n; ++i) abs_tol[i] = 1e-30;
+    EXPECT_EQ(count_bad(download(gx.t()), ref, dt == DType::bf16 ? kBf16Rel : 1e-6, abs_tol,
+                        inverse ? "rope_backward" : "rope_forward"), 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RoPEGpu,
+                         ::testing::Values(RopeShape{3, 7, 5, 6, DType::bf16}, RopeShape{2, 9, 3, 16, DType::f32},
+                                           RopeShape{1, 8192, 32, 128, DType::bf16}));
+
+class SwiGLUGpu : public ::testing::TestWithParam<Shape2> {};
+
+TEST_P(SwiGLUGpu, ForwardBackwardMatchCpu) {
+  NB_REQUIRE_GPU();
+  const auto [T, F, dt] = GetParam();
+  auto gu = rounded(random_vec(T * 2 * F, 51, -6.f, 6.f), dt), dout = rounded(random_vec(T * F, 52), dt);
+  std::vector<float> out(T * F), dgu(T * 2 * F);
+  swiglu_forward(host_f32(gu, {T, 2 * F}), host_f32(out, {T, F}), nullptr);
+  swiglu_backward(host_f32(gu, {T, 2 * F}), host_f32(dout, {T, F}), host_f32(dgu, {T, 2 * F}), nullptr);
+  auto ggu = upload(gu, dt, {T, 2 * F}), gd = upload(dout, dt, {T, F});
+  auto gout = upload(std::vector<float>(T * F), dt, {T, F});
+  swiglu_forward(ggu.t(), gout.t(), nullptr);
+  double rel = dt == DType::bf16 ? kBf16Rel : 1e-5;
+  // expf differs from std::exp by a few FP32 ulps; near g = 0 or u = 0 the product is tiny, hence an
+  // absolute floor of 2^-20 times the operand magnitudes.
+  std::vector<double> abs_out(T * F), abs_dgu(T * 2 * F);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < F; ++j) {
+      double g = std::fabs(gu[t * 2 * F + j]), u = std::fabs(gu[t * 2 * F + F + j]), d = std::fabs(dout[t * F + j]);
+      abs_out[t * F + j] = 0x1p-20 * g * u + 1e-30;
+      abs_dgu[t * 2 * F + j] = 0x1p-20 * d * u * (1 + g) + 1e-30;  // 1 + g(1 - sig) can cancel
+      abs_dgu[t * 2 * F + F + j] = 0x1p-20 * d * g + 1e-30;
+    }
+  EXPECT_EQ(count_bad(download(gout.t()), out, rel, abs_out, "swiglu out"), 0);
+  auto gdgu = upload(std::vector<float>(T * 2 * F), dt, {T, 2 * F});
+  swiglu_backward(ggu.t(), gd.t(), gdgu.t(), nullptr);
+  EXPECT_EQ(count_bad(download(gdgu.t()), dgu, rel, abs_dgu, "swiglu dgate_up"), 0);
+  swiglu_backward(ggu.t(), gd.t(), ggu.t(), nullptr);  // in place gives the same bits
+  EXPECT_TRUE(same_bits(download(ggu.t()), download(gdgu.t())));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, SwiGLUGpu,
+                         ::testing::Values(Shape2{13, 77, DType::bf16}, Shape2{9, 40, DType::f32},
+                                           Shape2{1024, 14336, DType::bf16}));
+
+class EmbeddingGpu : public ::testing::TestWithParam<Shape2> {};
+
+// rows = T tokens, cols = H; vocab 32000 (odd shapes: 97).
+TEST_P(EmbeddingGpu, ForwardExactBackwardDeterministic) {
+  NB_REQUIRE_GPU();
+  const auto [T, H, dt] = GetParam();
+  const int64_t V = H % 8 ? 97 : 32000;
+  auto table = rounded(random_vec(V * H, 61), dt);
+  std::vector<int32_t> ids(T);
+  std::mt19937 rng(62);
+  for (int64_t t = 0; t < T; ++t) ids[t] = (t % 5 == 0) ? 7 : int32_t(rng() % (V < 1000 ? V : 1000));  // heavy repeats
+  std::vector<float> out(T * H);
+  embedding_forward(host_f32(table, {V, H}), host_i32(ids, {T}), host_f32(out, {T, H}), nullptr);
+  auto gt = upload(table, dt, {V, H});
+  auto gids = upload_i32(ids, {T});
+  auto gout = upload(std::vector<float>(T * H), dt, {T, H});
+  embedding_forward(gt.t(), gids.t(), gout.t(), nullptr);
+  EXPECT_TRUE(same_bits(download(gout.t()), out)) << "the gather copies values exactly";
+  auto dout = rounded(random_vec(T * H, 63), dt);
+  std::vector<float> dtable(V * H, 0.f);
+  embedding_backward(host_i32(ids, {T}), host_f32(dout, {T, H}), host_f32(dtable, {V, H}), nullptr);
+  auto gdout = upload(dout, dt, {T, H});
+  auto gdt = upload(std::vector<float>(V * H, 0.f), DType::f32, {V, H});
+  embedding_backward(gids.t(), gdout.t(), gdt.t(), nullptr);
+  // Starting from zero, both sides add each id's rows in token order in FP32: identical bits.
+  auto got = download(gdt.t());
+  EXPECT_TRUE(same_bits(got, dtable)) << "embedding backward should equal the CPU token-order sum";
+  embedding_backward(gids.t(), gdout.t(), gdt.t(), nullptr);  // accumulates: now twice the sum
+  auto twice = download(gdt.t());
+  int64_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += twice[i] != got[i] + got[i];
+  EXPECT_EQ(bad, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, EmbeddingGpu,
+                         ::testing::Values(Shape2{1001, 100, DType::f32}, Shape2{333, 36, DType::bf16},
+                                           Shape2{8192, 4096, DType::bf16}));
