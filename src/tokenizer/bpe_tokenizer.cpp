@@ -1,0 +1,386 @@
+// Byte-level BPE encode/decode and the tokenizer file loaders (see bpe_tokenizer.h).
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer/bpe_tokenizer.h"
+
+#include <pcre2.h>
+
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace nb {
+
+const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+namespace {
+constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
+
+// GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100.. in order.
+struct ByteAlphabet {
+  uint32_t byte_to_cp[256];
+  std::unordered_map<uint32_t, uint8_t> cp_to_byte;
+  ByteAlphabet() {
+    int n = 0;
+    for (int b = 0; b < 256; ++b) {
+      bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      byte_to_cp[b] = printable ? uint32_t(b) : uint32_t(256 + n++);
+      cp_to_byte[byte_to_cp[b]] = uint8_t(b);
+    }
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+void append_utf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(char(cp));
+  } else if (cp < 0x800) {
+    out->push_back(char(0xC0 | (cp >> 6)));
+    out->push_back(char(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(char(0xE0 | (cp >> 12)));
+    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(char(0x80 | (cp & 0x3F)));
+  }
+}
+
+bool base64_decode(std::string_view in, std::string* out) {
+  static int8_t table[256];
+  static bool init = [] {
+    for (int i = 0; i < 256; ++i) table[i] = -1;
+    const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int i = 0; i < 64; ++i) table[uint8_t(a[i])] = int8_t(i);
+    return true;
+  }();
+  (void)init;
+  out->clear();
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    if (c == '=') break;
+    int v = table[uint8_t(c)];
+    if (v < 0) return false;
+    acc = (acc << 6) | uint32_t(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out->push_back(char((acc >> bits) & 0xFF));
+    }
+  }
+  return true;
+}
+
+Status read_file(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return errorf("cannot open tokenizer file %s; check the path (scripts/setup_data.sh fetches GPT-2 and Llama 3 ones)", path.c_str());
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return Status::ok();
+}
+
+std::vector<SpecialToken> llama3_specials() {
+  std::vector<std::string> names = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+                                    "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>",
+                                    "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"};
+  for (int i = 3; names.size() < 256; ++i) names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
+  std::vector<SpecialToken> out;
+  for (int i = 0; i < 256; ++i) out.push_back({names[i], 128000 + i});
+  return out;
+}
+}  // namespace
+
+std::string bytes_to_unicode_string(std::string_view bytes) {
+  std::string out;
+  for (unsigned char b : bytes) append_utf8(alphabet().byte_to_cp[b], &out);
+  return out;
+}
+
+bool unicode_string_to_bytes(std::string_view s, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < s.size();) {
+    unsigned char c = s[i];
+    uint32_t cp;
+    int n;
+    if (c < 0x80) { cp = c; n = 1; }
+    else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; n = 2; }
+    else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; n = 3; }
+    else return false;
+    if (i + n > s.size()) return false;
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
+    auto it = alphabet().cp_to_byte.find(cp);
+    if (it == alphabet().cp_to_byte.end()) return false;
+    out->push_back(char(it->second));
+    i += n;
+  }
+  return true;
+}
+
+BpeTokenizer::~BpeTokenizer() {
+  if (code_) pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
+
+Status BpeTokenizer::finish(const std::string& where) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern_.c_str()), PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, nullptr);
+  if (!code) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    return errorf("%s: the pre-tokenization regex does not compile at offset %zu: %s", where.c_str(), size_t(off), (const char*)msg);
+  }
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
+  code_ = code;
+  for (int b = 0; b < 256; ++b)
+    if (lookup(std::string(1, char(b))) < 0)
+      return errorf("%s: byte 0x%02x has no token; a byte-level BPE vocabulary must contain all 256 bytes", where.c_str(), b);
+  for (const auto& s : specials_) {
+    if (s.id >= int32_t(id_to_bytes_.size())) id_to_bytes_.resize(size_t(s.id) + 1);
+    id_to_bytes_[size_t(s.id)] = s.text;
+  }
+  for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>"})
+    if (bos_ < 0) for (const auto& s : specials_) if (s.text == name) bos_ = s.id;
+  for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"})
+    if (eod_ < 0) for (const auto& s : specials_) if (s.text == name) eod_ = s.id;
+  return Status::ok();
+}
+
+int32_t BpeTokenizer::lookup(std::string_view bytes) const {
+  auto it = bytes_to_id_.find(bytes);
+  return it == bytes_to_id_.end() ? -1 : it->second;
+}
+
+int32_t BpeTokenizer::token_id(const std::string& text) const {
+  for (const auto& s : specials_) if (s.text == text) return s.id;
+  return lookup(text);
+}
+
+// Rank of merging parts [a,b) and [b,c) of `piece`; lower merges first.
+uint32_t BpeTokenizer::pair_rank(std::string_view piece, size_t a, size_t b, size_t c) const {
+  if (merge_priority_.empty()) {
+    int32_t r = lookup(piece.substr(a, c - a));
+    return r < 0 ? kNoRank : uint32_t(r);
+  }
+  int32_t l = lookup(piece.substr(a, b - a)), r = lookup(piece.substr(b, c - b));
+  if (l < 0 || r < 0) return kNoRank;
+  auto it = merge_priority_.find((uint64_t(uint32_t(l)) << 32) | uint32_t(r));
+  return it == merge_priority_.end() ? kNoRank : uint32_t(it->second);
+}
+
+void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* out) const {
+  if (piece.empty()) return;
+  if (whole_piece_shortcut_) {
+    int32_t id = lookup(piece);
+    if (id >= 0) { out->push_back(id); return; }
+  }
+  if (piece.size() == 1) { out->push_back(lookup(piece)); return; }
+  // parts[i] = (start byte, rank of merging part i with part i+1); two sentinels at the end.
+  std::vector<std::pair<size_t, uint32_t>> parts;
+  parts.reserve(piece.size() + 1);
+  for (size_t i = 0; i <= piece.size(); ++i) parts.push_back({i, kNoRank});
+  auto rank_at = [&](size_t i) { return i + 2 < parts.size() ? pair_rank(piece, parts[i].first, parts[i + 1].first, parts[i + 2].first) : kNoRank; };
+  for (size_t i = 0; i + 2 < parts.size(); ++i) parts[i].second = rank_at(i);
+  for (;;) {
+    uint32_t best = kNoRank;
+    size_t at = 0;
+    for (size_t i = 0; i + 2 < parts.size(); ++i)
+      if (parts[i].second < best) { best = parts[i].second; at = i; }
+    if (best == kNoRank) break;
+    parts.erase(parts.begin() + long(at) + 1);
+    parts[at].second = rank_at(at);
+    if (at > 0) parts[at - 1].second = rank_at(at - 1);
+  }
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    int32_t id = lookup(piece.substr(parts[i].first, parts[i + 1].first - parts[i].first));
+    NB_CHECK(id >= 0, "BPE produced a part outside the vocabulary");
+    out->push_back(id);
+  }
+}
+
+void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>* out) const {
+  auto* code = static_cast<pcre2_code*>(code_);
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+  pcre2_match_context* mc = pcre2_match_context_create(nullptr);
+  pcre2_jit_stack* js = pcre2_jit_stack_create(32 * 1024, 4 * 1024 * 1024, nullptr);
+  pcre2_jit_stack_assign(mc, nullptr, js);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0, covered = 0;
+  while (pos < text.size()) {
+    int rc = pcre2_match(code, subject, text.size(), pos, 0, md, mc);
+    if (rc < 0) break;  // no further match (or a matcher limit): the rest is encoded as raw bytes below
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    size_t s = ov[0], e = ov[1];
+    if (s > covered) encode_piece(text.substr(covered, s - covered), out);  // bytes no alternative matched (invalid UTF-8)
+    encode_piece(text.substr(s, e - s), out);
+    covered = e;
+    pos = e > s ? e : e + 1;
+  }
+  if (covered < text.size()) encode_piece(text.substr(covered), out);
+  pcre2_jit_stack_free(js);
+  pcre2_match_context_free(mc);
+  pcre2_match_data_free(md);
+}
+
+void BpeTokenizer::encode_with_specials(std::string_view text, std::vector<int32_t>* out) const {
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t best = std::string_view::npos, best_len = 0;
+    int32_t best_id = -1;
+    for (const auto& s : specials_) {
+      size_t p = text.find(s.text, start);
+      if (p != std::string_view::npos && (p < best || (p == best && s.text.size() > best_len))) {
+        best = p; best_len = s.text.size(); best_id = s.id;
+      }
+    }
+    if (best == std::string_view::npos) break;
+    encode(text.substr(start, best - start), out);
+    out->push_back(best_id);
+    start = best + best_len;
+  }
+  encode(text.substr(start), out);
+}
+
+Status BpeTokenizer::decode(const std::vector<int32_t>& ids, std::string* out) const {
+  out->clear();
+  for (int32_t id : ids) {
+    if (id < 0 || id >= int32_t(id_to_bytes_.size()))
+      return errorf("token id %d is outside the vocabulary of %lld tokens", id, (long long)id_to_bytes_.size());
+    out->append(id_to_bytes_[size_t(id)]);
+  }
+  return Status::ok();
+}
+
+Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& pattern, std::vector<SpecialToken> specials,
+                                   std::unique_ptr<BpeTokenizer>* out) {
+  std::string text;
+  NB_TRY(read_file(path, &text));
+  auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
+  std::istringstream in(text);
+  std::string line, bytes;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    size_t sp = line.find(' ');
+    long long rank = -1;
+    if (sp != std::string::npos) rank = std::atoll(line.c_str() + sp + 1);
+    if (sp == std::string::npos || rank < 0 || !base64_decode(std::string_view(line).substr(0, sp), &bytes))
+      return errorf("%s line %lld: expected \"<base64 token> <rank>\"; is this a tiktoken rank file?", path.c_str(), (long long)line_no);
+    if (rank >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(rank) + 1);
+    tok->id_to_bytes_[size_t(rank)] = bytes;
+    tok->bytes_to_id_[bytes] = int32_t(rank);
+  }
+  tok->pattern_ = pattern;
+  tok->specials_ = std::move(specials);
+  NB_TRY(tok->finish(path));
+  *out = std::move(tok);
+  return Status::ok();
+}
+
+Status BpeTokenizer::load(const std::string& path, const std::string& family, std::unique_ptr<BpeTokenizer>* out) {
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return from_hf_json(path, out);
+  std::string fam = family;
+  if (fam == "auto") {
+    std::ifstream f(path);
+    int64_t lines = 0;
+    for (std::string l; std::getline(f, l);) lines += !l.empty();
+    fam = lines == 50256 ? "gpt2" : lines == 128000 ? "llama3" : "";
+    if (fam.empty())
+      return errorf("%s: %lld ranks match neither GPT-2 (50,256) nor Llama 3 (128,000); pass the family (gpt2 or llama3) explicitly",
+                    path.c_str(), (long long)lines);
+  }
+  if (fam == "gpt2") return from_tiktoken(path, kGpt2Pattern, {{"<|endoftext|>", 50256}}, out);
+  if (fam == "llama3") return from_tiktoken(path, kLlama3Pattern, llama3_specials(), out);
+  return errorf("unknown tokenizer family \"%s\"; use gpt2, llama3 or a tokenizer.json file", fam.c_str());
+}
+
+Status BpeTokenizer::from_hf_json(const std::string& path, std::unique_ptr<BpeTokenizer>* out) {
+  std::string text;
+  NB_TRY(read_file(path, &text));
+  return from_hf_json_text(text, path, out);
+}
+
+Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out) {
+  using nlohmann::json;
+  json j = json::parse(json_text, nullptr, false);
+  if (j.is_discarded()) return errorf("%s is not valid JSON", where.c_str());
+  const json& model = j.value("model", json::object());
+  if (model.value("type", std::string("BPE")) != "BPE" || !model.contains("vocab") || !model["vocab"].is_object())
+    return errorf("%s: model.type must be BPE with a model.vocab object (only byte-level BPE tokenizers are supported)", where.c_str());
+  auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
+  std::string bytes;
+  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
+    if (!unicode_string_to_bytes(it.key(), &bytes))
+      return errorf("%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) is supported",
+                    where.c_str(), it.key().c_str());
+    int64_t id = it.value().get<int64_t>();
+    if (id < 0 || id > (1 << 24)) return errorf("%s: vocabulary id %lld out of range", where.c_str(), (long long)id);
+    if (id >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(id) + 1);
+    tok->id_to_bytes_[size_t(id)] = bytes;
+    tok->bytes_to_id_[bytes] = int32_t(id);
+  }
+  int32_t priority = 0;
+  for (const auto& m : model.value("merges", json::array())) {
+    std::string a, b;
+    if (m.is_string()) {
+      std::string s = m.get<std::string>();
+      size_t sp = s.find(' ');
+      if (sp == std::string::npos) return errorf("%s: merge \"%s\" has no space between its two parts", where.c_str(), s.c_str());
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (m.is_array() && m.size() == 2) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      return errorf("%s: model.merges entries must be \"a b\" strings or [a, b] pairs", where.c_str());
+    }
+    std::string ba, bb;
+    if (!unicode_string_to_bytes(a, &ba) || !unicode_string_to_bytes(b, &bb))
+      return errorf("%s: merge %d is not in the byte-level alphabet", where.c_str(), priority);
+    int32_t la = tok->lookup(ba), lb = tok->lookup(bb);
+    if (la < 0 || lb < 0 || tok->lookup(ba + bb) < 0)
+      return errorf("%s: merge %d (\"%s\" + \"%s\") uses or makes a token missing from model.vocab", where.c_str(), priority, a.c_str(),
+                    b.c_str());
+    tok->merge_priority_.emplace((uint64_t(uint32_t(la)) << 32) | uint32_t(lb), priority++);
+  }
+  tok->whole_piece_shortcut_ = tok->merge_priority_.empty() || model.value("ignore_merges", false);
+  for (const auto& t : j.value("added_tokens", json::array())) {
+    SpecialToken s{t.value("content", std::string()), t.value("id", -1)};
+    if (s.id < 0 || s.text.empty()) return errorf("%s: added_tokens entries need an id and a content", where.c_str());
+    tok->specials_.push_back(s);
+  }
+  // Pre-tokenization: a Split regex (Llama 3 style) or ByteLevel with use_regex (GPT-2 style).
+  std::function<void(const json&)> scan_pre = [&](const json& p) {
+    if (!p.is_object()) return;
+    std::string type = p.value("type", std::string());
+    if (type == "Sequence") for (const auto& q : p.value("pretokenizers", json::array())) scan_pre(q);
+    if (type == "Split" && p.contains("pattern") && p["pattern"].contains("Regex") && tok->pattern_.empty())
+      tok->pattern_ = p["pattern"]["Regex"].get<std::string>();
+    if (type == "ByteLevel" && p.value("use_regex", true) && tok->pattern_.empty()) tok->pattern_ = kGpt2Pattern;
+  };
+  if (j.contains("pre_tokenizer")) scan_pre(j["pre_tokenizer"]);
+  if (tok->pattern_.empty()) tok->pattern_ = kGpt2Pattern;
+  // BOS convention from the post-processor's single-sequence template.
+  std::function<void(const json&)> scan_post = [&](const json& p) {
+    if (!p.is_object()) return;
+    std::string type = p.value("type", std::string());
+    if (type == "Sequence") for (const auto& q : p.value("processors", json::array())) scan_post(q);
+    if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array() && !p["single"].empty() &&
+        p["single"][0].contains("SpecialToken")) {
+      std::string name = p["single"][0]["SpecialToken"].value("id", std::string());
+      for (const auto& s : tok->specials_) if (s.text == name) { tok->bos_ = s.id; tok->adds_bos_ = true; }
+    }
+  };
+  if (j.contains("post_processor")) scan_post(j["post_processor"]);
+  NB_TRY(tok->finish(where));
+  *out = std::move(tok);
+  return Status::ok();
+}
+
+}  // namespace nb

@@ -1,0 +1,145 @@
+// Byte-level BPE: the published GPT-2 / Llama 3 test vectors (real rank files from scripts/setup_data.sh;
+// those tests skip with the reason when the files are absent), byte-exact round trips including invalid
+// UTF-8, HF tokenizer.json merge-order semantics, and training.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include "tokenizer/bpe_tokenizer.h"
+
+using namespace nb;
+
+namespace {
+std::string data_dir() {
+  if (const char* d = std::getenv("NIBBLE_DATA_DIR")) return d;
+  const char* home = std::getenv("HOME");
+  return std::string(home ? home : "/root") + "/.cache/nibble";
+}
+
+std::unique_ptr<BpeTokenizer> load_or_null(const std::string& name, const std::string& family) {
+  std::string path = data_dir() + "/" + name;
+  if (!std::filesystem::exists(path)) return nullptr;
+  std::unique_ptr<BpeTokenizer> tok;
+  Status st = BpeTokenizer::load(path, family, &tok);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return tok;
+}
+
+#define LOAD_OR_SKIP(var, file, family)                                                                         \
+  auto var = load_or_null(file, family);                                                                        \
+  if (!var) GTEST_SKIP() << data_dir() << "/" << file << " is absent: run scripts/setup_data.sh to fetch it"
+
+std::vector<int32_t> enc(const BpeTokenizer& t, const std::string& s) {
+  std::vector<int32_t> ids;
+  t.encode(s, &ids);
+  return ids;
+}
+
+void expect_round_trip(const BpeTokenizer& t, const std::string& s) {
+  std::string back;
+  ASSERT_TRUE(t.decode(enc(t, s), &back).is_ok());
+  EXPECT_EQ(back, s);
+}
+
+std::vector<std::string> tricky_strings() {
+  std::mt19937 rng(123);
+  std::vector<std::string> v = {"", " ", "Hello world!", "  leading and trailing  \n\n\t", "naïve café — 東京 🚀 Привет!",
+                                "it's we've they'll I'D 123456789 3.14159", "line1\r\nline2\n\n\nend",
+                                std::string("\xff\xfe invalid \xc3 bytes \x80\x80", 22), std::string("nul\0inside", 10),
+                                "<|endoftext|> is plain text here"};
+  for (int n = 0; n < 20; ++n) {  // random byte strings: mostly invalid UTF-8
+    std::string s;
+    for (int k = 0; k < 200; ++k) s.push_back(char(rng() & 0xff));
+    v.push_back(s);
+  }
+  return v;
+}
+}  // namespace
+
+TEST(Gpt2Tokenizer, HelloWorldVector) {
+  LOAD_OR_SKIP(tok, "gpt2.tiktoken", "gpt2");
+  EXPECT_EQ(enc(*tok, "Hello world!"), (std::vector<int32_t>{15496, 995, 0}));
+  EXPECT_EQ(tok->eod(), 50256);
+  EXPECT_EQ(tok->vocab_size(), 50257);
+}
+
+TEST(Gpt2Tokenizer, RoundTripsAnyBytes) {
+  LOAD_OR_SKIP(tok, "gpt2.tiktoken", "gpt2");
+  for (const auto& s : tricky_strings()) expect_round_trip(*tok, s);
+}
+
+TEST(Llama3Tokenizer, HelloWorldVector) {
+  LOAD_OR_SKIP(tok, "llama3.tiktoken", "llama3");
+  EXPECT_EQ(enc(*tok, "Hello world!"), (std::vector<int32_t>{9906, 1917, 0}));
+  EXPECT_EQ(tok->bos(), 128000);
+  EXPECT_EQ(tok->eod(), 128001);
+  EXPECT_EQ(tok->vocab_size(), 128256);
+  std::vector<int32_t> ids;
+  tok->encode_with_specials("<|begin_of_text|>Hello world!<|eot_id|>", &ids);
+  EXPECT_EQ(ids, (std::vector<int32_t>{128000, 9906, 1917, 0, 128009}));
+}
+
+TEST(Llama3Tokenizer, RoundTripsAnyBytes) {
+  LOAD_OR_SKIP(tok, "llama3.tiktoken", "llama3");
+  for (const auto& s : tricky_strings()) expect_round_trip(*tok, s);
+}
+
+// A tiny byte-level tokenizer.json: every byte, plus merges whose ORDER differs from the merged
+// tokens' ids, so merge-priority BPE (HF) and rank BPE would disagree: "abc" must become "a"+"bc".
+namespace {
+std::string tiny_json() {
+  std::string vocab;
+  for (int b = 0; b < 256; ++b) {
+    std::string u = bytes_to_unicode_string(std::string(1, char(b)));
+    std::string esc;
+    for (char c : u) { if (c == '"' || c == '\\') esc.push_back('\\'); esc.push_back(c); }
+    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
+  }
+  vocab += "\"ab\": 256, \"bc\": 257, \"Ġa\": 258";
+  return R"({"added_tokens": [{"id": 259, "content": "<|endoftext|>", "special": true}],
+             "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+             "model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": ["b c", "a b", "Ġ a"]}})";
+}
+}  // namespace
+
+TEST(HfTokenizerJson, MergeOrderDecides) {
+  std::unique_ptr<BpeTokenizer> tok;
+  Status st = BpeTokenizer::from_hf_json_text(tiny_json(), "tiny.json", &tok);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(enc(*tok, "abc"), (std::vector<int32_t>{'a', 257}));
+  EXPECT_EQ(enc(*tok, "ab abc"), (std::vector<int32_t>{256, 258, 257}));
+  EXPECT_EQ(tok->eod(), 259);
+  for (const auto& s : tricky_strings()) expect_round_trip(*tok, s);
+}
+
+TEST(HfTokenizerJson, RejectsBrokenFiles) {
+  std::unique_ptr<BpeTokenizer> tok;
+  EXPECT_FALSE(BpeTokenizer::from_hf_json_text("{not json", "x.json", &tok).is_ok());
+  EXPECT_FALSE(BpeTokenizer::from_hf_json_text(R"({"model": {"type": "Unigram", "vocab": {}}})", "x.json", &tok).is_ok());
+  Status st = BpeTokenizer::from_hf_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "x.json", &tok);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("256 bytes"), std::string::npos) << st.message();
+}
+
+TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
+  std::vector<std::string> corpus;
+  for (int i = 0; i < 200; ++i) corpus.push_back("the lowest lower low newest widest the the low " + std::to_string(i % 7));
+  auto out = (std::filesystem::temp_directory_path() / "nibble_bpe_train_test.json").string();
+  BpeTrainOptions opt;
+  opt.vocab_size = 300;
+  std::string summary;
+  ASSERT_TRUE(train_bpe(corpus, opt, out, &summary).is_ok());
+  std::unique_ptr<BpeTokenizer> tok;
+  Status st = BpeTokenizer::from_hf_json(out, &tok);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_LE(tok->vocab_size(), 300);
+  EXPECT_GT(tok->vocab_size(), 256 + 10) << summary;
+  EXPECT_EQ(tok->eod(), tok->vocab_size() - 1);
+  // " the" and " lowest" are frequent pieces: each must have become a single token.
+  EXPECT_EQ(enc(*tok, " the").size(), 1u);
+  EXPECT_EQ(enc(*tok, " lowest").size(), 1u);
+  EXPECT_GT(enc(*tok, " zebra").size(), 1u);  // never seen: stays (mostly) bytes
+  for (const auto& s : tricky_strings()) expect_round_trip(*tok, s);
+  std::filesystem::remove(out);
+}
