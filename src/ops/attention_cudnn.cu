@@ -13,7 +13,8 @@
 // swapped. Stats ([B,Hq,S,1] f32, stride {Hq*S,S,1,1}) is nibble's lse [B,Hq,S].
 // Built execution plans are cached per (direction, B, S, Hq, Hkv, D, device); building one costs
 // milliseconds to seconds. One process-wide workspace (cuDNN's plus the backward's FP32 dQ
-// accumulator and softmax sum) grows on demand and is freed at exit. Calls are serialised by a mutex.
+// accumulator and softmax sum) grows on demand and is freed at exit. Calls are serialised by a mutex;
+// because the workspace is shared, calls must not run concurrently on different streams.
 #include <cudnn.h>
 
 #include <array>
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/cuda_check.h"
@@ -212,7 +214,9 @@ class Graph {
     if (st != CUDNN_STATUS_SUCCESS) fail(cudnn_error((std::string("finalizing the ") + what + " descriptor").c_str(), st));
   }
   void fail(const std::string& msg) {
-    if (status_) status_ = Status::error(std::string("cuDNN ") + name_ + ": " + msg);
+    if (!status_) return;
+    Status err = Status::error(std::string("cuDNN ") + name_ + ": " + msg);
+    std::swap(status_, err);
   }
 
   cudnnHandle_t handle_;
