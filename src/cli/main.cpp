@@ -10,8 +10,11 @@ int main(int argc, char** argv) {
   CLI::App app{"nibble " NIBBLE_VERSION ": pretrain and fine-tune Llama-family LLMs in BF16, FP8, MXFP8 and NVFP4"};
   app.require_subcommand(1);
   nb::cli::add_info_command(app);
+  nb::cli::add_train_command(app);
   nb::cli::add_quant_command(app);
   nb::cli::add_bench_command(app);
+  nb::cli::add_preprocess_command(app);
+  nb::cli::add_tokenizer_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -27,6 +27,11 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
   return Status::ok();
 }
 
+void device_memory_info(size_t* f, size_t* t) {
+  if (cudaMemGetInfo(f, t) != cudaSuccess) { cudaGetLastError(); *f = 0; *t = 0; }  // no GPU: nothing to report
+}
+void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
 bool cuda_device_available(std::string* why) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);

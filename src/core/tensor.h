@@ -50,6 +50,10 @@ void device_free(void* p);
 Status copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 // True if a CUDA device is usable; otherwise `why` says why not (no driver, no GPU, CPU-only build).
 bool cuda_device_available(std::string* why);
+// Free and total bytes of the current GPU; both 0 without one.
+void device_memory_info(size_t* free_bytes, size_t* total_bytes);
+// Waits for all queued GPU work (no-op on the CPU backend).
+void device_synchronize();
 
 // Owning storage for one tensor; moves, never copies.
 class Buffer {

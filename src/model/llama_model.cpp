@@ -1,0 +1,291 @@
+// LlamaModel: forward, chunked LM head + loss, and backward for one micro-batch, in ops and GEMMs.
+// Shapes (T = batch*seq tokens, H hidden, F ffn, qd = heads*head_dim, kvd = kv_heads*head_dim):
+//   residual stream [T,H]; q [T,qd] = [B,S,heads,hd]; k, v [T,kvd]; gate_up [T,2F]; logits chunk [C,V].
+// Activations use the compute dtype (BF16 on CUDA, FP32 on CPU); norm statistics, attention
+// softmax statistics, losses and all weight gradients are FP32.
+#include "model/llama_model.h"
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include "gemm/gemm.h"
+#include "ops/attention.h"
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace nb {
+
+Status parse_recompute(const std::string& s, Recompute* out) {
+  if (s == "none") *out = Recompute::none;
+  else if (s == "selective") *out = Recompute::selective;
+  else if (s == "full") *out = Recompute::full;
+  else return errorf("recompute must be none, selective or full; got '%s'", s.c_str());
+  return Status::ok();
+}
+
+namespace {
+
+// Allocates from the arena, or only counts bytes when planning (arena == nullptr).
+struct Planner {
+  Arena* arena = nullptr;
+  Device dev = Device::cpu;
+  int64_t bytes = 0;
+  Status st;
+  Tensor operator()(DType dt, std::initializer_list<int64_t> dims) {
+    Tensor t = Tensor::make(nullptr, dt, dev, dims);
+    bytes += (t.bytes() + 255) / 256 * 256;
+    if (arena && st) t.data = arena->alloc(size_t(t.bytes()), &st);
+    return t;
+  }
+};
+
+Tensor rows(const Tensor& t, int64_t begin, int64_t end) {
+  Tensor r = t;
+  r.data = static_cast<uint8_t*>(t.data) + dtype_bytes(t.dtype, begin * t.stride[0]);
+  r.shape[0] = end - begin;
+  return r;
+}
+Tensor reshape4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
+  return Tensor::make(t.data, t.dtype, t.device, {b, s, h, d});
+}
+Status copy_tensor(const Tensor& dst, const Tensor& src) {
+  return copy_bytes(dst.data, dst.device, src.data, src.device, size_t(src.bytes()));
+}
+gemm::GemmArgs nt(float beta = 0.f) { gemm::GemmArgs a; a.trans_b = true; a.beta = beta; return a; }
+gemm::GemmArgs nn(float beta = 0.f) { gemm::GemmArgs a; a.beta = beta; return a; }
+gemm::GemmArgs tn_acc() { gemm::GemmArgs a; a.trans_a = true; a.beta = 1.f; return a; }
+
+}  // namespace
+
+// The weights of one layer as views into the ParamStore.
+struct LlamaModel::Layer {
+  Tensor w_in, wq, wk, wv, wo, w_post, wgu, wdown;          // compute copies
+  Tensor g_in, gq, gk, gv, go, g_post, ggu, gdown;          // FP32 gradients
+};
+
+// One micro-batch's activations. Per-layer tensors that recompute does not keep point into shared scratch.
+struct LlamaModel::Acts {
+  struct PerLayer { Tensor n1, rstd1, q, k, v, o, lse, mid, n2, rstd2, gu, a; };
+  std::vector<Tensor> resid;       // L+1 residual-stream tensors [T,H]
+  std::vector<PerLayer> layer;     // L
+  Tensor nf, rstdf, logits, losses, dnf;
+  Tensor dx, dx2, dmid, dn, da, dgu, dout, dq, dk, dv;
+};
+
+namespace {
+void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
+               int64_t chunk) {
+  const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim();
+  a->resid.clear();
+  for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
+  auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest) {
+    // keep_cheap: norms' outputs and the SwiGLU product (recomputed by selective recompute)
+    if (keep_cheap) { p.n1 = P(dt, {T, H}); p.n2 = P(dt, {T, H}); p.a = P(dt, {T, F}); }
+    if (keep_rest) {
+      p.rstd1 = P(DType::f32, {T}); p.rstd2 = P(DType::f32, {T});
+      p.q = P(dt, {T, qd}); p.k = P(dt, {T, kvd}); p.v = P(dt, {T, kvd}); p.o = P(dt, {T, qd});
+      p.lse = P(DType::f32, {s.batch, c.heads, s.seq}); p.mid = P(dt, {T, H}); p.gu = P(dt, {T, 2 * F});
+    }
+  };
+  a->layer.assign(size_t(c.layers), {});
+  LlamaModel::Acts::PerLayer scratch;
+  if (rc == Recompute::full) {
+    make_layer(scratch, true, true);
+    for (auto& p : a->layer) p = scratch;
+  } else {
+    if (rc == Recompute::selective) make_layer(scratch, true, false);
+    for (auto& p : a->layer) {
+      make_layer(p, rc == Recompute::none, true);
+      if (rc == Recompute::selective) { p.n1 = scratch.n1; p.n2 = scratch.n2; p.a = scratch.a; }
+    }
+  }
+  a->nf = P(dt, {T, H}); a->rstdf = P(DType::f32, {T});
+  a->logits = P(dt, {chunk, c.vocab}); a->losses = P(DType::f32, {T}); a->dnf = P(dt, {T, H});
+  a->dx = P(dt, {T, H}); a->dx2 = P(dt, {T, H}); a->dmid = P(dt, {T, H}); a->dn = P(dt, {T, H});
+  a->da = P(dt, {T, F}); a->dgu = P(dt, {T, 2 * F}); a->dout = P(dt, {T, qd});
+  a->dq = P(dt, {T, qd}); a->dk = P(dt, {T, kvd}); a->dv = P(dt, {T, kvd});
+}
+}  // namespace
+
+namespace {
+// LM-head chunk: at most 2^29 logits at a time (1 GiB of BF16), i.e. 4096 tokens for V = 128256.
+int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
+  return std::min<int64_t>(shape.tokens(), std::max<int64_t>(1, (int64_t(1) << 29) / cfg.vocab));
+}
+}  // namespace
+
+int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc) {
+  Planner plan;
+  plan.dev = dev;
+  Acts probe;
+  plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32, lm_chunk_tokens(cfg, shape));
+  return plan.bytes;
+}
+
+int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev) {
+  return cfg.total_params() * (16 + (dev == Device::cuda ? 2 : 4));
+}
+
+Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed) {
+  cfg_ = cfg; dev_ = dev; shape_ = shape; recompute_ = rc;
+  NB_TRY(validate(cfg));
+  if (shape.seq > cfg.max_seq) return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
+  lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
+  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc);
+  NB_TRY(params_.allocate(cfg, dev));
+  NB_TRY(params_.initialize(seed));
+  NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
+  // RoPE tables [S, hd/2], FP32.
+  std::vector<float> cos_h(size_t(shape.seq * cfg.head_dim / 2)), sin_h(cos_h.size());
+  ops::RopeConfig rcfg;
+  rcfg.theta = cfg.rope_theta;
+  rcfg.llama31_scaling = cfg.rope_factor != 1.0;
+  rcfg.factor = cfg.rope_factor; rcfg.low_freq_factor = cfg.rope_low_freq_factor;
+  rcfg.high_freq_factor = cfg.rope_high_freq_factor; rcfg.original_max_pos = cfg.rope_original_max_pos;
+  ops::rope_table(rcfg, shape.seq, cfg.head_dim, cos_h.data(), sin_h.data());
+  NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
+  NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
+  NB_TRY(copy_bytes(rope_cos_.data(), dev, cos_h.data(), Device::cpu, cos_h.size() * 4));
+  NB_TRY(copy_bytes(rope_sin_.data(), dev, sin_h.data(), Device::cpu, sin_h.size() * 4));
+  NB_TRY(Buffer::allocate(&ids_, DType::i32, dev, {shape.tokens()}));
+  NB_TRY(Buffer::allocate(&targets_, DType::i32, dev, {shape.tokens()}));
+  return Status::ok();
+}
+
+Status LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum) {
+  return run(tokens, labels, grad_scale, loss_sum, true);
+}
+Status LlamaModel::forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum) {
+  return run(tokens, labels, 0.f, loss_sum, false);
+}
+
+Status LlamaModel::run(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum, bool backward) {
+  const LlamaConfig& c = cfg_;
+  const int64_t T = shape_.tokens(), B = shape_.batch, S = shape_.seq, hd = c.head_dim;
+  const DType dt = params_.compute_dtype();
+  const Stream st = nullptr;
+  size_t mark = arena_.mark();
+  Planner P; P.arena = &arena_; P.dev = dev_;
+  Acts A;
+  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_);
+  NB_TRY(P.st);
+  NB_TRY(copy_bytes(ids_.data(), dev_, tokens, Device::cpu, size_t(T) * 4));
+  NB_TRY(copy_bytes(targets_.data(), dev_, labels, Device::cpu, size_t(T) * 4));
+  const Tensor ids = ids_.tensor(), targets = targets_.tensor();
+  const Tensor cosT = rope_cos_.tensor(), sinT = rope_sin_.tensor();
+  ops::AttentionShape ash{B, S, c.heads, c.kv_heads, hd, float(1.0 / std::sqrt(double(hd)))};
+
+  auto layer_weights = [&](int64_t l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer w;
+    w.w_in = params_.compute(p + "input_layernorm.weight"); w.g_in = params_.grad(p + "input_layernorm.weight");
+    w.wq = params_.compute(p + "self_attn.q_proj.weight"); w.gq = params_.grad(p + "self_attn.q_proj.weight");
+    w.wk = params_.compute(p + "self_attn.k_proj.weight"); w.gk = params_.grad(p + "self_attn.k_proj.weight");
+    w.wv = params_.compute(p + "self_attn.v_proj.weight"); w.gv = params_.grad(p + "self_attn.v_proj.weight");
+    w.wo = params_.compute(p + "self_attn.o_proj.weight"); w.go = params_.grad(p + "self_attn.o_proj.weight");
+    w.w_post = params_.compute(p + "post_attention_layernorm.weight");
+    w.g_post = params_.grad(p + "post_attention_layernorm.weight");
+    w.wgu = params_.compute(p + "mlp.gate_up_proj.weight"); w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
+    w.wdown = params_.compute(p + "mlp.down_proj.weight"); w.gdown = params_.grad(p + "mlp.down_proj.weight");
+    return w;
+  };
+
+  // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
+  auto forward_layer = [&](int64_t l, bool write_output) -> Status {
+    const Layer w = layer_weights(l);
+    auto& a = A.layer[size_t(l)];
+    ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
+    NB_TRY(gemm::matmul(a.n1, w.wq, a.q, nt(), st));
+    NB_TRY(gemm::matmul(a.n1, w.wk, a.k, nt(), st));
+    NB_TRY(gemm::matmul(a.n1, w.wv, a.v, nt(), st));
+    ops::rope_forward(reshape4(a.q, B, S, c.heads, hd), cosT, sinT, st);
+    ops::rope_forward(reshape4(a.k, B, S, c.kv_heads, hd), cosT, sinT, st);
+    NB_TRY(ops::attention_forward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
+                                  reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd), a.lse, st));
+    NB_TRY(copy_tensor(a.mid, A.resid[l]));
+    NB_TRY(gemm::matmul(a.o, w.wo, a.mid, nt(1.f), st));  // mid = resid + o Wo^T
+    ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
+    NB_TRY(gemm::matmul(a.n2, w.wgu, a.gu, nt(), st));
+    ops::swiglu_forward(a.gu, a.a, st);
+    if (write_output) {
+      NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
+      NB_TRY(gemm::matmul(a.a, w.wdown, A.resid[l + 1], nt(1.f), st));  // resid' = mid + a Wdown^T
+    }
+    return Status::ok();
+  };
+
+  // ---- forward
+  ops::embedding_forward(params_.compute("model.embed_tokens.weight"), ids, A.resid[0], st);
+  for (int64_t l = 0; l < c.layers; ++l) NB_TRY(forward_layer(l, true));
+
+  // ---- LM head and loss, chunked over tokens; the backward of the head runs chunk by chunk too.
+  const std::string lm_name = c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const Tensor w_lm = params_.compute(lm_name), g_lm = params_.grad(lm_name);
+  const Tensor w_final = params_.compute("model.norm.weight");
+  ops::rmsnorm_forward(A.resid[c.layers], w_final, c.norm_eps, A.nf, A.rstdf, st);
+  for (int64_t t0 = 0; t0 < T; t0 += lm_chunk_tokens_) {
+    int64_t t1 = std::min(T, t0 + lm_chunk_tokens_);
+    Tensor nf_c = rows(A.nf, t0, t1), logits = rows(A.logits, 0, t1 - t0);
+    NB_TRY(gemm::matmul(nf_c, w_lm, logits, nt(), st));
+    ops::cross_entropy_fwd_bwd(logits, rows(targets, t0, t1), backward ? grad_scale : 0.f, rows(A.losses, t0, t1), st);
+    if (backward) {
+      NB_TRY(gemm::matmul(logits, w_lm, rows(A.dnf, t0, t1), nn(), st));  // d nf = dlogits W
+      NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));              // dW += dlogits^T nf
+    }
+  }
+  std::vector<float> losses(static_cast<size_t>(T));
+  NB_TRY(copy_bytes(losses.data(), Device::cpu, A.losses.data, dev_, size_t(T) * 4));
+  double sum = 0;
+  for (float x : losses) sum += x;
+  *loss_sum += sum;
+  if (!backward) { arena_.release(mark); return Status::ok(); }
+
+  // ---- backward
+  ops::rmsnorm_backward(A.resid[c.layers], w_final, A.rstdf, A.dnf, A.dx, params_.grad("model.norm.weight"), st);
+  Tensor dx = A.dx, dx_next = A.dx2;
+  for (int64_t l = c.layers - 1; l >= 0; --l) {
+    const Layer w = layer_weights(l);
+    auto& a = A.layer[size_t(l)];
+    if (recompute_ == Recompute::full) {
+      NB_TRY(forward_layer(l, false));
+    } else if (recompute_ == Recompute::selective) {
+      ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
+      ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
+      ops::swiglu_forward(a.gu, a.a, st);
+    }
+    // MLP: resid' = mid + swiglu(n2 Wgu^T) Wdown^T
+    NB_TRY(gemm::matmul(dx, w.wdown, A.da, nn(), st));
+    NB_TRY(gemm::matmul(dx, a.a, w.gdown, tn_acc(), st));
+    ops::swiglu_backward(a.gu, A.da, A.dgu, st);
+    NB_TRY(gemm::matmul(A.dgu, w.wgu, A.dn, nn(), st));
+    NB_TRY(gemm::matmul(A.dgu, a.n2, w.ggu, tn_acc(), st));
+    ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
+    ops::add_inplace(A.dmid, dx, st);
+    // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
+    NB_TRY(gemm::matmul(A.dmid, w.wo, A.dout, nn(), st));
+    NB_TRY(gemm::matmul(A.dmid, a.o, w.go, tn_acc(), st));
+    NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
+                                   reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd),
+                                   reshape4(A.dout, B, S, c.heads, hd), a.lse, reshape4(A.dq, B, S, c.heads, hd),
+                                   reshape4(A.dk, B, S, c.kv_heads, hd), reshape4(A.dv, B, S, c.kv_heads, hd), st));
+    ops::rope_backward(reshape4(A.dq, B, S, c.heads, hd), cosT, sinT, st);
+    ops::rope_backward(reshape4(A.dk, B, S, c.kv_heads, hd), cosT, sinT, st);
+    NB_TRY(gemm::matmul(A.dq, w.wq, A.dn, nn(), st));
+    NB_TRY(gemm::matmul(A.dk, w.wk, A.dn, nn(1.f), st));
+    NB_TRY(gemm::matmul(A.dv, w.wv, A.dn, nn(1.f), st));
+    NB_TRY(gemm::matmul(A.dq, a.n1, w.gq, tn_acc(), st));
+    NB_TRY(gemm::matmul(A.dk, a.n1, w.gk, tn_acc(), st));
+    NB_TRY(gemm::matmul(A.dv, a.n1, w.gv, tn_acc(), st));
+    ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);
+    ops::add_inplace(dx_next, A.dmid, st);
+    std::swap(dx, dx_next);
+  }
+  ops::embedding_backward(ids, dx, params_.grad("model.embed_tokens.weight"), st);
+  arena_.release(mark);
+  return Status::ok();
+}
+
+}  // namespace nb

@@ -1,0 +1,64 @@
+// A Llama decoder (RMSNorm, GQA attention with RoPE, SwiGLU MLP, untied or tied LM head) written
+// only in terms of ops and Linear GEMMs, so the same code runs on the CPU and CUDA backends and a
+// precision recipe can replace the linears' GEMMs without touching this file.
+//
+// One call of forward_backward() runs one micro-batch: forward, the LM head and loss in token
+// chunks (never the full [T, V] logits), and the backward, accumulating FP32 gradients into the
+// ParamStore. Activations come from an Arena sized by plan_activation_bytes() and are released
+// after the backward.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "core/arena.h"
+#include "model/llama_config.h"
+#include "model/params.h"
+
+namespace nb {
+
+enum class Recompute { none, selective, full };
+Status parse_recompute(const std::string& s, Recompute* out);
+
+struct MicroBatchShape {
+  int64_t batch = 1, seq = 64;
+  int64_t tokens() const { return batch * seq; }
+};
+
+class LlamaModel {
+ public:
+  Status init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed);
+  // Bytes of activations and temporaries one micro-batch needs (exact: the same plan allocates them).
+  int64_t activation_bytes() const { return activation_bytes_; }
+  static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc);
+  // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
+  static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev);
+  ParamStore& params() { return params_; }
+  const LlamaConfig& config() const { return cfg_; }
+
+  // tokens/labels: host int32 [batch*seq]. grad_scale multiplies the summed token loss's gradient
+  // (1 / tokens per optimizer step gives the mean). Adds the summed token loss of this micro-batch
+  // into *loss_sum (host). Gradients accumulate (+=).
+  Status forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum);
+  // Forward and loss only (validation): adds the summed token loss into *loss_sum.
+  Status forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum);
+
+  // Internal: one layer's weight views and one micro-batch's activations (defined in the .cpp).
+  struct Layer;
+  struct Acts;
+
+ private:
+  Status run(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum, bool backward);
+
+  LlamaConfig cfg_;
+  Device dev_ = Device::cpu;
+  MicroBatchShape shape_;
+  Recompute recompute_ = Recompute::none;
+  ParamStore params_;
+  Arena arena_;
+  int64_t activation_bytes_ = 0;
+  int64_t lm_chunk_tokens_ = 0;
+  Buffer rope_cos_, rope_sin_;
+  Buffer ids_, targets_;
+};
+
+}  // namespace nb

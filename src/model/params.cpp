@@ -1,0 +1,117 @@
+// ParamStore: layout, allocation and seeded initialization of the model's parameters.
+#include "model/params.h"
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include "core/philox.h"
+#include "ops/elementwise.h"
+
+namespace nb {
+
+namespace {
+constexpr int64_t kAlign = 64;  // elements: 256-byte aligned FP32 slices, 128-byte BF16 slices
+
+std::vector<ParamInfo> llama_param_list(const LlamaConfig& c) {
+  std::vector<ParamInfo> decayed, flat;
+  const float std_in = 0.02f, std_out = 0.02f / std::sqrt(2.0f * float(c.layers));
+  decayed.push_back({"model.embed_tokens.weight", {c.vocab, c.hidden}, 0, 0, true, std_in});
+  for (int64_t l = 0; l < c.layers; ++l) {
+    std::string p = "model.layers." + std::to_string(l) + ".";
+    decayed.push_back({p + "self_attn.q_proj.weight", {c.q_dim(), c.hidden}, 0, 0, true, std_in});
+    decayed.push_back({p + "self_attn.k_proj.weight", {c.kv_dim(), c.hidden}, 0, 0, true, std_in});
+    decayed.push_back({p + "self_attn.v_proj.weight", {c.kv_dim(), c.hidden}, 0, 0, true, std_in});
+    decayed.push_back({p + "self_attn.o_proj.weight", {c.hidden, c.q_dim()}, 0, 0, true, std_out});
+    // gate and up fused into one [2F, H] weight: rows [0, F) gate, [F, 2F) up (split on export).
+    decayed.push_back({p + "mlp.gate_up_proj.weight", {2 * c.ffn, c.hidden}, 0, 0, true, std_in});
+    decayed.push_back({p + "mlp.down_proj.weight", {c.hidden, c.ffn}, 0, 0, true, std_out});
+    flat.push_back({p + "input_layernorm.weight", {c.hidden}, 0, 0, false, 0});
+    flat.push_back({p + "post_attention_layernorm.weight", {c.hidden}, 0, 0, false, 0});
+  }
+  if (!c.tied_embeddings) decayed.push_back({"lm_head.weight", {c.vocab, c.hidden}, 0, 0, true, std_in});
+  flat.push_back({"model.norm.weight", {c.hidden}, 0, 0, false, 0});
+  decayed.insert(decayed.end(), flat.begin(), flat.end());
+  return decayed;
+}
+
+// Standard normal pair by Box-Muller from two 32-bit uniforms (FP64 on the host: init only).
+void normal_fill(float* out, int64_t n, uint64_t seed, uint32_t stream, float stddev) {
+  RngKey key{seed, 0, stream};
+  for (int64_t i = 0; i < n; i += 4) {
+    Philox4x32 r = philox_block(key, uint64_t(i / 4));
+    for (int j = 0; j < 4 && i + j < n; j += 2) {
+      double u1 = (double(r.v[j]) + 1.0) / 4294967296.0, u2 = double(r.v[j + 1]) / 4294967296.0;
+      double rad = std::sqrt(-2.0 * std::log(u1));
+      out[i + j] = float(rad * std::cos(2.0 * M_PI * u2)) * stddev;
+      if (i + j + 1 < n) out[i + j + 1] = float(rad * std::sin(2.0 * M_PI * u2)) * stddev;
+    }
+  }
+}
+}  // namespace
+
+Status ParamStore::allocate(const LlamaConfig& cfg, Device dev) {
+  device_ = dev;
+  params_ = llama_param_list(cfg);
+  int64_t off = 0;
+  for (auto& p : params_) {
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= d;
+    p.offset = off;
+    off += (p.numel + kAlign - 1) / kAlign * kAlign;
+    if (p.decay) decayed_end_ = off;
+  }
+  total_ = off;
+  NB_TRY(Buffer::allocate(&master_, DType::f32, dev, {total_}));
+  NB_TRY(Buffer::allocate(&grad_, DType::f32, dev, {total_}));
+  NB_TRY(Buffer::allocate(&m_, DType::f32, dev, {total_}));
+  NB_TRY(Buffer::allocate(&v_, DType::f32, dev, {total_}));
+  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {total_}));
+  return Status::ok();
+}
+
+Status ParamStore::initialize(uint64_t seed) {
+  std::vector<float> host(size_t(total_), 0.0f);
+  // Each parameter gets its own Philox stream (its index), so values do not depend on thread count.
+  unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < nthreads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = t; i < params_.size(); i += nthreads) {
+        const auto& p = params_[i];
+        float* dst = host.data() + p.offset;
+        if (p.init_std == 0) std::fill(dst, dst + p.numel, 1.0f);
+        else normal_fill(dst, p.numel, seed, uint32_t(i), p.init_std);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  NB_TRY(copy_bytes(master_.data(), device_, host.data(), Device::cpu, size_t(total_) * 4));
+  ops::fill(flat_m(), 0.0f, nullptr);
+  ops::fill(flat_v(), 0.0f, nullptr);
+  ops::fill(flat_grad(), 0.0f, nullptr);
+  ops::cast(flat_master(), flat_compute(), nullptr);
+  return Status::ok();
+}
+
+const ParamInfo& ParamStore::info(const std::string& name) const {
+  for (const auto& p : params_) if (p.name == name) return p;
+  NB_CHECK(false, "no parameter named %s", name.c_str());
+  return params_[0];
+}
+
+Tensor ParamStore::view(const Buffer& b, DType dt, int64_t offset, int64_t n) const {
+  return Tensor::make(static_cast<uint8_t*>(b.data()) + dtype_bytes(dt, offset), dt, device_, {n});
+}
+Tensor ParamStore::shaped(const Buffer& b, DType dt, const ParamInfo& p) const {
+  void* base = static_cast<uint8_t*>(b.data()) + dtype_bytes(dt, p.offset);
+  if (p.shape.size() == 1) return Tensor::make(base, dt, device_, {p.shape[0]});
+  return Tensor::make(base, dt, device_, {p.shape[0], p.shape[1]});
+}
+Tensor ParamStore::range(const Tensor& flat, int64_t begin, int64_t end) const {
+  return Tensor::make(static_cast<uint8_t*>(flat.data) + dtype_bytes(flat.dtype, begin), flat.dtype, device_, {end - begin});
+}
+Tensor ParamStore::compute(const std::string& n) const { return shaped(compute_, compute_dtype(), info(n)); }
+Tensor ParamStore::grad(const std::string& n) const { return shaped(grad_, DType::f32, info(n)); }
+Tensor ParamStore::master(const std::string& n) const { return shaped(master_, DType::f32, info(n)); }
+size_t ParamStore::bytes() const { return size_t(total_) * (16 + size_t(dtype_bits(compute_dtype()) / 8)); }
+
+}  // namespace nb

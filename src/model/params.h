@@ -1,0 +1,58 @@
+// Parameter storage of a Llama model: five flat buffers (FP32 master weights, FP32 gradients, FP32
+// AdamW m and v, and the compute copy: BF16 on CUDA, FP32 on the CPU backend), each parameter a
+// slice at the same offset in all five. Flat storage lets zeroing, the global gradient norm and
+// AdamW run as a few launches over contiguous memory. Weight-decayed (2-D) parameters come first,
+// so decayed and non-decayed parameters are two contiguous ranges.
+#pragma once
+#include <string>
+#include <vector>
+#include "core/tensor.h"
+#include "model/llama_config.h"
+
+namespace nb {
+
+struct ParamInfo {
+  std::string name;           // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::vector<int64_t> shape; // [out, in] for linears
+  int64_t offset = 0;         // element offset in every flat buffer
+  int64_t numel = 0;
+  bool decay = false;         // 2-D weights get weight decay; norms do not
+  float init_std = 0;         // 0 = constant 1 (norm weights)
+};
+
+class ParamStore {
+ public:
+  Status allocate(const LlamaConfig& cfg, Device dev);
+  // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
+  Status initialize(uint64_t seed);
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo& info(const std::string& name) const;
+  int64_t total() const { return total_; }
+  int64_t decayed_count() const { return decayed_end_; }  // elements [0, decayed_end_) are decayed
+  Device device() const { return device_; }
+  DType compute_dtype() const { return device_ == Device::cuda ? DType::bf16 : DType::f32; }
+
+  // Views of one parameter (2-D or 1-D) in each buffer.
+  Tensor compute(const std::string& name) const;
+  Tensor grad(const std::string& name) const;
+  Tensor master(const std::string& name) const;
+  // Flat views, for the optimizer and reductions.
+  Tensor flat_master() const { return view(master_, DType::f32, 0, total_); }
+  Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
+  Tensor flat_m() const { return view(m_, DType::f32, 0, total_); }
+  Tensor flat_v() const { return view(v_, DType::f32, 0, total_); }
+  Tensor flat_compute() const { return view(compute_, compute_dtype(), 0, total_); }
+  Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
+  size_t bytes() const;
+
+ private:
+  Tensor view(const Buffer& b, DType dt, int64_t offset, int64_t n) const;
+  Tensor shaped(const Buffer& b, DType dt, const ParamInfo& p) const;
+  std::vector<ParamInfo> params_;
+  int64_t total_ = 0, decayed_end_ = 0;
+  Device device_ = Device::cpu;
+  Buffer master_, grad_, m_, v_, compute_;
+};
+
+}  // namespace nb

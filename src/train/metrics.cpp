@@ -1,0 +1,56 @@
+// Formatting of the per-step log line and JSONL record.
+#include "train/metrics.h"
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+namespace nb {
+
+double bf16_peak_tflops(const std::string& name) {
+  if (name.find("H100") != std::string::npos && name.find("PCIe") != std::string::npos) return 756.0;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos ||
+      name.find("H20") != std::string::npos)
+    return 989.4;
+  if (name.find("B200") != std::string::npos) return 2250.0;
+  if (name.find("A100") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
+static std::string hms(double s) {
+  if (!(s >= 0) || !std::isfinite(s)) return "-";
+  long t = long(s + 0.5);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
+  return buf;
+}
+
+std::string format_log_line(const StepMetrics& m) {
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                " iteration %8lld/%8lld | consumed samples: %12lld | elapsed time per iteration (ms): %.1f | "
+                "tokens/s/GPU: %.0f | throughput per GPU (TFLOP/s/GPU): %.1f | MFU: %.1f%% | learning rate: %.6E | "
+                "global batch size: %5lld | lm loss: %.6E | grad norm: %.3f | peak memory: %.2f GiB | "
+                "number of skipped iterations: %3lld | number of nan iterations: %3lld | ETA %s |",
+                (long long)m.iteration, (long long)m.total_iters, (long long)m.consumed_samples, m.step_ms,
+                m.tokens_per_s, m.tflops, 100.0 * m.mfu, m.lr, (long long)m.global_batch, m.loss, m.grad_norm,
+                m.peak_mem_gib, (long long)m.skipped, (long long)m.nan_iters, hms(m.eta_s).c_str());
+  return buf;
+}
+
+std::string format_jsonl(const StepMetrics& m) {
+  nlohmann::ordered_json j;
+  j["iteration"] = m.iteration;
+  j["consumed_samples"] = m.consumed_samples;
+  j["lm_loss"] = std::isfinite(m.loss) ? nlohmann::ordered_json(m.loss) : nlohmann::ordered_json(nullptr);
+  j["grad_norm"] = std::isfinite(m.grad_norm) ? nlohmann::ordered_json(m.grad_norm) : nlohmann::ordered_json(nullptr);
+  j["lr"] = m.lr;
+  j["step_ms"] = m.step_ms;
+  j["tokens_per_s_per_gpu"] = m.tokens_per_s;
+  j["tflops_per_gpu"] = m.tflops;
+  j["mfu"] = m.mfu;
+  j["peak_mem_gib"] = m.peak_mem_gib;
+  j["data_wait_ms"] = m.data_wait_ms;
+  j["skipped_iterations"] = m.skipped;
+  return j.dump();
+}
+
+}  // namespace nb

@@ -1,0 +1,22 @@
+// Step metrics in the units Megatron, torchtitan and llm.c users read: tokens/s/GPU, model
+// TFLOP/s/GPU (the benchmark protocol's FLOP formula: recompute and emulation not counted), MFU
+// against a stated peak, and the log line / JSONL record that carry them.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace nb {
+
+struct StepMetrics {
+  int64_t iteration = 0, total_iters = 0, consumed_samples = 0, global_batch = 0, skipped = 0, nan_iters = 0;
+  double step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, lr = 0, loss = 0, grad_norm = 0, peak_mem_gib = 0,
+         eta_s = 0, data_wait_ms = 0;
+};
+
+// Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.
+double bf16_peak_tflops(const std::string& device_name);
+std::string format_log_line(const StepMetrics& m);
+std::string format_jsonl(const StepMetrics& m);
+
+}  // namespace nb

@@ -1,0 +1,203 @@
+// Key registry, TOML loading (toml++) and validation for TrainConfig.
+#include "train/train_config.h"
+#include <algorithm>
+#include <sstream>
+#include <toml++/toml.h>
+
+namespace nb {
+
+namespace {
+
+Status parse_int(const std::string& key, const std::string& v, int64_t* out) {
+  try {
+    size_t pos = 0;
+    long long x = std::stoll(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument(v);
+    *out = x;
+    return Status::ok();
+  } catch (...) {
+    return errorf("%s expects an integer, got '%s'", key.c_str(), v.c_str());
+  }
+}
+Status parse_double(const std::string& key, const std::string& v, double* out) {
+  try {
+    size_t pos = 0;
+    double x = std::stod(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument(v);
+    *out = x;
+    return Status::ok();
+  } catch (...) {
+    return errorf("%s expects a number, got '%s'", key.c_str(), v.c_str());
+  }
+}
+Status parse_bool(const std::string& key, const std::string& v, bool* out) {
+  if (v == "true" || v == "1" || v == "on") { *out = true; return Status::ok(); }
+  if (v == "false" || v == "0" || v == "off") { *out = false; return Status::ok(); }
+  return errorf("%s expects true or false, got '%s'", key.c_str(), v.c_str());
+}
+Status parse_choice(const std::string& key, const std::string& v, std::initializer_list<const char*> choices, std::string* out) {
+  std::string list;
+  for (const char* c : choices) {
+    if (v == c) { *out = v; return Status::ok(); }
+    list += (list.empty() ? "" : ", ") + std::string(c);
+  }
+  return errorf("%s must be one of %s; got '%s'", key.c_str(), list.c_str(), v.c_str());
+}
+std::string fmt_double(double d) {
+  std::ostringstream s;
+  s << d;
+  std::string r = s.str();
+  if (r.find_first_of(".eEn") == std::string::npos) r += ".0";  // stays a TOML float
+  return r;
+}
+std::string quoted(const std::string& s) { return "\"" + s + "\""; }
+
+ConfigKey int_key(const char* name, const char* help, int64_t* p) {
+  return {name, help, [=](const std::string& v) { return parse_int(std::string("--") + name, v, p); },
+          [=] { return std::to_string(*p); }};
+}
+ConfigKey double_key(const char* name, const char* help, double* p) {
+  return {name, help, [=](const std::string& v) { return parse_double(std::string("--") + name, v, p); },
+          [=] { return fmt_double(*p); }};
+}
+ConfigKey bool_key(const char* name, const char* help, bool* p) {
+  return {name, help, [=](const std::string& v) { return parse_bool(std::string("--") + name, v, p); },
+          [=] { return std::string(*p ? "true" : "false"); }};
+}
+ConfigKey string_key(const char* name, const char* help, std::string* p) {
+  return {name, help, [=](const std::string& v) { *p = v; return Status::ok(); }, [=] { return quoted(*p); }};
+}
+ConfigKey choice_key(const char* name, const char* help, std::string* p, std::initializer_list<const char*> choices) {
+  std::vector<const char*> cs(choices);
+  return {name, help,
+          [=](const std::string& v) {
+            for (const char* c : cs) if (v == c) { *p = v; return Status::ok(); }
+            std::string list;
+            for (const char* c : cs) list += (list.empty() ? "" : ", ") + std::string(c);
+            return errorf("--%s must be one of %s; got '%s'", name, list.c_str(), v.c_str());
+          },
+          [=] { return quoted(*p); }};
+}
+
+}  // namespace
+
+std::vector<ConfigKey> config_keys(TrainConfig& c) {
+  return {
+      string_key("model", "model preset (llama3.1-8b, llama3-8b-proxy, tiny, ...)", &c.model),
+      int_key("num-layers", "override the preset's layer count (0 = preset)", &c.num_layers),
+      int_key("seq-length", "tokens per sample (0 = preset default)", &c.seq_length),
+      int_key("micro-batch-size", "samples per micro-batch per GPU", &c.micro_batch_size),
+      int_key("global-batch-size", "samples per optimizer step (0 = micro-batch x data-parallel)", &c.global_batch_size),
+      int_key("train-iters", "optimizer steps", &c.train_iters),
+      double_key("lr", "peak learning rate", &c.lr),
+      double_key("min-lr", "final learning rate of the decay", &c.min_lr),
+      int_key("lr-warmup-iters", "linear warmup steps from 0", &c.lr_warmup_iters),
+      choice_key("lr-decay-style", "cosine, wsd (warmup-stable-decay), linear or constant", &c.lr_decay_style,
+                 {"cosine", "wsd", "linear", "constant"}),
+      int_key("lr-wsd-decay-iters", "wsd: steps of the final decay phase", &c.lr_wsd_decay_iters),
+      int_key("lr-decay-iters", "steps over which the LR decays (0 = train-iters)", &c.lr_decay_iters),
+      double_key("weight-decay", "decoupled AdamW weight decay (not on 1-D parameters)", &c.weight_decay),
+      double_key("adam-beta1", "AdamW beta1", &c.adam_beta1),
+      double_key("adam-beta2", "AdamW beta2", &c.adam_beta2),
+      double_key("adam-eps", "AdamW epsilon", &c.adam_eps),
+      double_key("clip-grad", "global gradient-norm clip (0 = off)", &c.clip_grad),
+      int_key("seed", "seed for weights, data order and stochastic rounding", &c.seed),
+      choice_key("recompute", "activation recompute: none, selective (attention/SwiGLU) or full (whole layer)",
+                 &c.recompute, {"none", "selective", "full"}),
+      bool_key("mock-data", "train on Megatron-style mock data", &c.mock_data),
+      string_key("data-path", "Megatron dataset prefix or blend 'w1 p1 w2 p2 ...'", &c.data_path),
+      string_key("split", "train,valid,test split weights", &c.split),
+      string_key("tokenizer", "tokenizer.json or .tiktoken file (real data)", &c.tokenizer),
+      int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)", &c.eval_interval),
+      int_key("eval-iters", "micro-batches per validation", &c.eval_iters),
+      choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
+      int_key("log-interval", "steps between log lines", &c.log_interval),
+      string_key("save", "output folder for config.toml and metrics.jsonl", &c.save),
+      choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
+      double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
+  };
+}
+
+Status apply_config_file(const std::string& path, TrainConfig& c) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    return errorf("config file %s: %s (line %u)", path.c_str(), std::string(e.description()).c_str(),
+                  e.source().begin.line);
+  }
+  auto keys = config_keys(c);
+  Status result = Status::ok();
+  // Flatten one level of tables so "[training] micro-batch-size = 2" and "micro-batch-size = 2" both work.
+  std::function<void(const toml::table&)> visit = [&](const toml::table& t) {
+    for (const auto& [k, node] : t) {
+      if (!result) return;
+      if (node.is_table()) { visit(*node.as_table()); continue; }
+      std::string name(k.str());
+      std::replace(name.begin(), name.end(), '_', '-');
+      auto it = std::find_if(keys.begin(), keys.end(), [&](const ConfigKey& ck) { return ck.name == name; });
+      if (it == keys.end()) {
+        result = errorf("config file %s: unknown key '%s' (see `nibble train --help` for the keys)", path.c_str(),
+                        std::string(k.str()).c_str());
+        return;
+      }
+      std::string v;
+      if (auto s = node.value<std::string>()) v = *s;
+      else if (auto b = node.value_exact<bool>()) v = *b ? "true" : "false";
+      else if (auto i = node.value_exact<int64_t>()) v = std::to_string(*i);
+      else if (auto d = node.value<double>()) { std::ostringstream o; o.precision(17); o << *d; v = o.str(); }
+      else { result = errorf("config file %s: key '%s' has an unsupported value type", path.c_str(), name.c_str()); return; }
+      Status st = it->set(v);
+      if (!st) result = st.context("config file " + path);
+    }
+  };
+  visit(tbl);
+  return result;
+}
+
+Status resolve_model(TrainConfig& c, LlamaConfig* model) {
+  NB_TRY(llama_preset(c.model, model));
+  if (c.num_layers > 0) model->layers = c.num_layers;
+  if (c.seq_length == 0) c.seq_length = c.model == "tiny" ? 64 : (c.model == "llama-125m" ? 1024 : 4096);
+  if (c.global_batch_size == 0) c.global_batch_size = c.micro_batch_size * c.data_parallel;
+  if (c.lr_decay_iters == 0) c.lr_decay_iters = c.train_iters;
+  return validate(*model);
+}
+
+Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
+  if (c.micro_batch_size <= 0) return errorf("--micro-batch-size must be positive; got %lld", (long long)c.micro_batch_size);
+  if (c.seq_length <= 0) return errorf("--seq-length must be positive; got %lld", (long long)c.seq_length);
+  if (c.seq_length > m.max_seq)
+    return errorf("--seq-length %lld exceeds the model's maximum context %lld", (long long)c.seq_length, (long long)m.max_seq);
+  int64_t per_step = c.micro_batch_size * c.data_parallel;
+  if (c.global_batch_size <= 0 || c.global_batch_size % per_step != 0)
+    return errorf("--global-batch-size %lld must be a positive multiple of micro-batch-size x data-parallel = %lld",
+                  (long long)c.global_batch_size, (long long)per_step);
+  if (c.train_iters <= 0) return errorf("--train-iters must be positive; got %lld", (long long)c.train_iters);
+  if (c.lr < 0 || c.min_lr < 0 || c.min_lr > c.lr)
+    return errorf("learning rates must satisfy 0 <= min-lr <= lr; got lr %g, min-lr %g", c.lr, c.min_lr);
+  if (c.lr_warmup_iters < 0 || c.lr_warmup_iters > c.train_iters)
+    return errorf("--lr-warmup-iters %lld must lie in [0, train-iters %lld]", (long long)c.lr_warmup_iters,
+                  (long long)c.train_iters);
+  if (c.lr_decay_style == "wsd" && (c.lr_wsd_decay_iters <= 0 || c.lr_wsd_decay_iters + c.lr_warmup_iters > c.lr_decay_iters))
+    return errorf("--lr-decay-style wsd needs 0 < lr-wsd-decay-iters (%lld) and warmup + decay <= lr-decay-iters (%lld)",
+                  (long long)c.lr_wsd_decay_iters, (long long)c.lr_decay_iters);
+  if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
+    return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
+  if (c.log_interval <= 0) return errorf("--log-interval must be positive");
+  if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
+  if (c.data_parallel != 1) return errorf("data-parallel %lld: this build trains on one GPU", (long long)c.data_parallel);
+  return Status::ok();
+}
+
+std::string format_config(TrainConfig& c) {
+  std::string out;
+  for (const auto& k : config_keys(c)) {
+    std::string name = k.name;
+    std::replace(name.begin(), name.end(), '-', '_');
+    out += name + " = " + k.get() + "\n";
+  }
+  return out;
+}
+
+}  // namespace nb

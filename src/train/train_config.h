@@ -1,0 +1,64 @@
+// The training job's configuration: one registry of keys drives the command-line flags (Megatron
+// spelling, e.g. --micro-batch-size), the TOML config file (same names, dashes or underscores),
+// the resolved-config printout and the unknown-key check, so a key is declared exactly once.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+#include "core/status.h"
+#include "model/llama_config.h"
+
+namespace nb {
+
+struct TrainConfig {
+  // model
+  std::string model = "tiny";
+  int64_t num_layers = 0;        // 0 = preset's
+  // batch and schedule
+  int64_t seq_length = 0;        // 0 = preset default (tiny 64, proxies 4096, others 4096)
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0; // 0 = micro_batch_size * data_parallel (one accumulation step)
+  int64_t train_iters = 20;
+  double lr = 3e-4, min_lr = 3e-5;
+  int64_t lr_warmup_iters = 0;
+  std::string lr_decay_style = "cosine";  // cosine | wsd | constant | linear
+  int64_t lr_wsd_decay_iters = 0;         // wsd: length of the final decay phase
+  int64_t lr_decay_iters = 0;             // 0 = train_iters
+  double weight_decay = 0.1, adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8, clip_grad = 1.0;
+  int64_t seed = 1234;
+  std::string recompute = "none";         // none | selective | full
+  // data
+  bool mock_data = true;
+  std::string data_path;                  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."
+  std::string split = "969,30,1";
+  std::string tokenizer;                  // tokenizer.json or .tiktoken, for real data
+  int64_t eval_interval = 0, eval_iters = 10;
+  // run
+  std::string device = "auto";            // auto | cuda | cpu
+  int64_t log_interval = 1;
+  std::string save;                       // output folder: resolved config, metrics.jsonl
+  std::string on_nan = "stop";            // stop | skip
+  double peak_tflops = 0;                 // 0 = measured/datasheet BF16 peak of the device
+  int64_t data_parallel = 1;
+};
+
+struct ConfigKey {
+  std::string name;   // dashed: "micro-batch-size"
+  std::string help;
+  std::function<Status(const std::string&)> set;
+  std::function<std::string()> get;
+};
+
+// The registry over a TrainConfig instance (captures pointers into `c`).
+std::vector<ConfigKey> config_keys(TrainConfig& c);
+// Applies a TOML file's keys; unknown keys and bad values are errors naming the file and key.
+Status apply_config_file(const std::string& path, TrainConfig& c);
+// Cross-field checks that need no GPU (batch divisibility, schedule, model shape).
+Status validate_train_config(const TrainConfig& c, const LlamaConfig& model);
+// Resolves the model from the preset plus overrides, and defaults that depend on it.
+Status resolve_model(TrainConfig& c, LlamaConfig* model);
+// "key = value" lines in registry order (valid TOML), for the printout and run folder.
+std::string format_config(TrainConfig& c);
+
+}  // namespace nb

@@ -1,0 +1,276 @@
+// run_training: the job from configuration to summary. Order matters for users: every check that
+// needs no GPU runs before the first allocation, and the memory estimate prints before step 1.
+#include "train/trainer.h"
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include "core/device_info.h"
+#include "core/log.h"
+#include "core/tensor.h"
+#include "data/token_source.h"
+#include "model/llama_model.h"
+#include "ops/adamw.h"
+#include "ops/elementwise.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+
+namespace nb {
+
+namespace {
+
+double gib(double bytes) { return bytes / 1073741824.0; }
+
+std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
+  return strprintf("needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
+                   "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)",
+                   need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length);
+}
+
+struct Timer {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double ms() const { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(); }
+};
+
+}  // namespace
+
+Status run_training(TrainConfig cfg, TrainSummary* summary) {
+  // ---- configuration: everything that needs no GPU is checked first
+  LlamaConfig model_cfg;
+  NB_TRY(resolve_model(cfg, &model_cfg));
+  NB_TRY(validate_train_config(cfg, model_cfg));
+  Recompute rc;
+  NB_TRY(parse_recompute(cfg.recompute, &rc));
+
+  Device dev = Device::cpu;
+  std::string why, device_name = "CPU (reference backend)";
+  if (cfg.device != "cpu") {
+    auto gpus = query_gpus(&why);
+    if (!gpus.empty()) {
+      dev = Device::cuda;
+      device_name = gpus[0].name;
+    } else if (cfg.device == "cuda") {
+      return errorf("--device cuda was asked for but %s", why.c_str());
+    } else {
+      NB_LOG_WARN("no GPU (%s): training on the CPU backend, which is meant for tiny models", why.c_str());
+    }
+  }
+  std::printf("---------------- nibble train: resolved configuration ----------------\n%s", format_config(cfg).c_str());
+  std::printf("device = \"%s\"\n", device_name.c_str());
+  const int64_t accum = cfg.global_batch_size / (cfg.micro_batch_size * cfg.data_parallel);
+  const int64_t tokens_per_step = cfg.global_batch_size * cfg.seq_length;
+  const double flops_per_token = model_cfg.flops_per_token(cfg.seq_length);
+  std::printf("model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld/%lld kv, vocab %lld, %.2f M parameters\n",
+              model_cfg.name.c_str(), (long long)model_cfg.layers, (long long)model_cfg.hidden, (long long)model_cfg.ffn,
+              (long long)model_cfg.heads, (long long)model_cfg.kv_heads, (long long)model_cfg.vocab,
+              model_cfg.total_params() / 1e6);
+  std::printf("batch: %lld tokens/step = global batch %lld x seq %lld (micro-batch %lld, %lld accumulation steps); "
+              "%.2f GFLOP/token\n",
+              (long long)tokens_per_step, (long long)cfg.global_batch_size, (long long)cfg.seq_length,
+              (long long)cfg.micro_batch_size, (long long)accum, flops_per_token / 1e9);
+  if (!cfg.save.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg.save, ec);
+    if (ec) return errorf("cannot create output folder %s: %s", cfg.save.c_str(), ec.message().c_str());
+    std::ofstream(cfg.save + "/config.toml") << format_config(cfg);
+  }
+
+  // ---- memory estimate before step 1
+  MicroBatchShape shape{cfg.micro_batch_size, cfg.seq_length};
+  const double param_bytes = double(LlamaModel::parameter_bytes(model_cfg, dev));
+  const double act_bytes = double(LlamaModel::plan_activation_bytes(model_cfg, dev, shape, rc));
+  const double workspace = dev == Device::cuda ? 512.0 * 1048576 : 0;  // cuBLASLt/cuDNN workspaces, allocator slack
+  size_t free_b = 0, total_b = 0;
+  device_memory_info(&free_b, &total_b);
+  std::printf("memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
+              "of %lld, workspaces %.2f GiB, total %.2f GiB",
+              gib(param_bytes), param_bytes / double(model_cfg.total_params()), gib(act_bytes),
+              (long long)cfg.micro_batch_size, gib(workspace), gib(param_bytes + act_bytes + workspace));
+  if (dev == Device::cuda) {
+    int64_t best = 0;
+    for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
+      double need = param_bytes + workspace +
+                    double(LlamaModel::plan_activation_bytes(model_cfg, dev, {mbs, cfg.seq_length}, rc));
+      if (need <= double(free_b)) best = mbs; else break;
+    }
+    std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_b)),
+                gib(double(total_b)), (long long)best);
+    if (param_bytes + act_bytes + workspace > double(free_b))
+      return Status::error("out of GPU memory before step 1: this job " +
+                           oom_advice(cfg, gib(param_bytes + act_bytes + workspace), gib(double(free_b))));
+  } else {
+    std::printf("\n");
+  }
+  size_t base_used = total_b - free_b;
+
+  // ---- model and data
+  LlamaModel model;
+  Status st = model.init(model_cfg, dev, shape, rc, uint64_t(cfg.seed));
+  if (!st) {
+    if (st.message().find("out of GPU memory") != std::string::npos)
+      return Status::error("out of GPU memory while allocating: this job " +
+                           oom_advice(cfg, gib(param_bytes + act_bytes + workspace), gib(double(free_b))));
+    return st;
+  }
+  std::unique_ptr<TokenSource> train_src, valid_src;
+  const int64_t train_samples = cfg.train_iters * cfg.global_batch_size;
+  if (cfg.mock_data) {
+    NB_TRY(make_mock_source(model_cfg.vocab, cfg.seq_length, cfg.micro_batch_size, uint64_t(cfg.seed), train_samples, 0,
+                            &train_src));
+  } else {
+    DataConfig dc;
+    dc.data_path = cfg.data_path;
+    dc.split = cfg.split;
+    dc.seq_length = cfg.seq_length;
+    dc.seed = uint64_t(cfg.seed);
+    dc.num_samples[0] = train_samples;
+    int64_t evals = cfg.eval_interval > 0 ? cfg.train_iters / cfg.eval_interval + 1 : 1;
+    dc.num_samples[1] = evals * cfg.eval_iters * cfg.micro_batch_size;
+    NB_TRY(make_gpt_source(dc, Split::train, cfg.micro_batch_size, 0, &train_src));
+    Status vs = make_gpt_source(dc, Split::valid, cfg.micro_batch_size, 0, &valid_src);
+    if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
+  }
+
+  LrSchedule sched;
+  sched.lr = cfg.lr; sched.min_lr = cfg.min_lr; sched.warmup = cfg.lr_warmup_iters;
+  sched.decay_iters = cfg.lr_decay_iters; sched.wsd_decay_iters = cfg.lr_wsd_decay_iters; sched.style = cfg.lr_decay_style;
+  double peak = cfg.peak_tflops > 0 ? cfg.peak_tflops : (dev == Device::cuda ? bf16_peak_tflops(device_name) : 0);
+  if (dev == Device::cuda)
+    std::printf("MFU is reported against %.1f TFLOP/s (%s)\n", peak,
+                cfg.peak_tflops > 0 ? "--peak-tflops" : "dense BF16 datasheet peak of this GPU");
+
+  std::ofstream jsonl;
+  if (!cfg.save.empty()) jsonl.open(cfg.save + "/metrics.jsonl", std::ios::trunc);
+  ParamStore& P = model.params();
+  Buffer norm_sq;
+  NB_TRY(Buffer::allocate(&norm_sq, DType::f32, dev, {1}));
+
+  auto validate_now = [&](int64_t iteration) -> Status {
+    if (!valid_src) return Status::ok();
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t i = 0; i < cfg.eval_iters; ++i) {
+      Batch b;
+      NB_TRY(valid_src->next(&b));
+      NB_TRY(model.forward_loss(b.tokens.data(), b.labels.data(), &sum));
+      n += int64_t(b.tokens.size());
+    }
+    double loss = sum / double(n);
+    std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
+                loss, std::exp(loss));
+    if (jsonl) jsonl << "{\"iteration\":" << iteration << ",\"val_loss\":" << loss << ",\"val_ppl\":" << std::exp(loss) << "}\n";
+    summary->final_val_loss = loss;
+    return Status::ok();
+  };
+
+  // ---- the loop
+  StepMetrics m;
+  m.total_iters = cfg.train_iters;
+  m.global_batch = cfg.global_batch_size;
+  double peak_mem = 0, time_sum_ms = 0;
+  int64_t timed_steps = 0;
+  Timer run_timer;
+  for (int64_t it = 0; it < cfg.train_iters; ++it) {
+    Timer step_timer;
+    ops::fill(P.flat_grad(), 0.0f, nullptr);
+    double loss_sum = 0, wait_ms = 0;
+    const float grad_scale = 1.0f / float(tokens_per_step);
+    for (int64_t micro = 0; micro < accum; ++micro) {
+      Batch b;
+      Timer wait;
+      NB_TRY(train_src->next(&b));
+      wait_ms += wait.ms();
+      NB_TRY(model.forward_backward(b.tokens.data(), b.labels.data(), grad_scale, &loss_sum));
+      if (dev == Device::cuda) {
+        size_t f = 0, t = 0;
+        device_memory_info(&f, &t);
+        peak_mem = std::max(peak_mem, double(t - f - base_used));
+      }
+    }
+    const double loss = loss_sum / double(tokens_per_step);
+    // Global gradient norm over the flat FP32 gradient buffer.
+    ops::fill(norm_sq.tensor(), 0.0f, nullptr);
+    ops::sum_squares_accumulate(P.flat_grad(), norm_sq.ptr<float>(), nullptr);
+    float norm_sq_h = 0;
+    NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq.data(), dev, 4));
+    const double grad_norm = std::sqrt(double(norm_sq_h));
+    const double lr = sched.at(it);
+    m.iteration = it + 1;
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+      m.nan_iters++;
+      if (cfg.on_nan == "stop")
+        return errorf("step %lld: %s is not finite (loss %g, grad norm %g); stopping. Lower --lr, raise "
+                      "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
+                      (long long)(it + 1), std::isfinite(loss) ? "the gradient norm" : "the loss", loss, grad_norm);
+      m.skipped++;
+      NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
+    } else {
+      float clip = 1.0f;
+      if (cfg.clip_grad > 0 && grad_norm > cfg.clip_grad) clip = float(cfg.clip_grad / (grad_norm + 1e-6));
+      ops::AdamWParams ap{float(lr), float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_eps),
+                          float(cfg.weight_decay), it + 1 - m.skipped, clip};
+      // Weight decay only on the 2-D weights, which the ParamStore keeps first.
+      ops::adamw_update(P.range(P.flat_master(), 0, P.decayed_count()), P.range(P.flat_grad(), 0, P.decayed_count()),
+                        P.range(P.flat_m(), 0, P.decayed_count()), P.range(P.flat_v(), 0, P.decayed_count()),
+                        P.range(P.flat_compute(), 0, P.decayed_count()), ap, nullptr);
+      ap.weight_decay = 0;
+      ops::adamw_update(P.range(P.flat_master(), P.decayed_count(), P.total()),
+                        P.range(P.flat_grad(), P.decayed_count(), P.total()),
+                        P.range(P.flat_m(), P.decayed_count(), P.total()), P.range(P.flat_v(), P.decayed_count(), P.total()),
+                        P.range(P.flat_compute(), P.decayed_count(), P.total()), ap, nullptr);
+    }
+    if (dev == Device::cuda) device_synchronize();
+    const double step_ms = step_timer.ms();
+    if (it > 0) { time_sum_ms += step_ms; timed_steps++; }  // step 1 includes warm-up (plans, autotuning)
+    m.consumed_samples = (it + 1) * cfg.global_batch_size;
+    m.step_ms = step_ms;
+    m.tokens_per_s = double(tokens_per_step) / (step_ms / 1000.0);
+    m.tflops = flops_per_token * double(tokens_per_step) / (step_ms / 1000.0) / 1e12;
+    m.mfu = peak > 0 ? m.tflops / peak : 0;
+    m.lr = lr;
+    m.loss = loss;
+    m.grad_norm = grad_norm;
+    m.data_wait_ms = wait_ms;
+    m.peak_mem_gib = dev == Device::cuda ? gib(peak_mem) : gib(param_bytes + act_bytes);
+    double mean_ms = timed_steps ? time_sum_ms / double(timed_steps) : step_ms;
+    m.eta_s = mean_ms / 1000.0 * double(cfg.train_iters - it - 1);
+    if ((it + 1) % cfg.log_interval == 0 || it + 1 == cfg.train_iters) std::printf("%s\n", format_log_line(m).c_str());
+    std::fflush(stdout);
+    if (jsonl) jsonl << format_jsonl(m) << "\n" << std::flush;
+    if (it == 0) summary->first_loss = loss;
+    summary->final_loss = loss;
+    summary->losses.push_back(loss);
+    if (cfg.eval_interval > 0 && (it + 1) % cfg.eval_interval == 0 && it + 1 != cfg.train_iters) NB_TRY(validate_now(it + 1));
+  }
+  NB_TRY(validate_now(cfg.train_iters));
+
+  // ---- summary
+  summary->steps = cfg.train_iters;
+  summary->skipped = m.skipped;
+  summary->device = device_name;
+  summary->mean_step_ms = timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms;
+  summary->tokens_per_s = double(tokens_per_step) / (summary->mean_step_ms / 1000.0);
+  summary->tflops = flops_per_token * double(tokens_per_step) / (summary->mean_step_ms / 1000.0) / 1e12;
+  summary->mfu = peak > 0 ? summary->tflops / peak : 0;
+  summary->peak_mem_gib = m.peak_mem_gib;
+  std::printf("\n==================== nibble train: summary ====================\n");
+  std::printf("| %-34s | %-22s |\n", "device", device_name.c_str());
+  std::printf("| %-34s | %-22s |\n", "model", model_cfg.name.c_str());
+  std::printf("| %-34s | %22lld |\n", "steps (skipped)", (long long)summary->steps);
+  std::printf("| %-34s | %22.4f |\n", "loss: first step", summary->first_loss);
+  std::printf("| %-34s | %22.4f |\n", "loss: last step", summary->final_loss);
+  if (summary->final_val_loss >= 0) std::printf("| %-34s | %22.4f |\n", "validation loss", summary->final_val_loss);
+  std::printf("| %-34s | %22.1f |\n", "step time (ms, mean after step 1)", summary->mean_step_ms);
+  std::printf("| %-34s | %22.0f |\n", "tokens/s/GPU", summary->tokens_per_s);
+  std::printf("| %-34s | %22.1f |\n", "model TFLOP/s/GPU", summary->tflops);
+  if (peak > 0) std::printf("| %-34s | %21.1f%% |\n", "MFU", 100.0 * summary->mfu);
+  std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", summary->peak_mem_gib);
+  double wait_total = train_src->wait_ms_total();
+  std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", wait_total / double(cfg.train_iters));
+  (void)run_timer;
+  return Status::ok();
+}
+
+}  // namespace nb
