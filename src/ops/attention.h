@@ -13,8 +13,8 @@
 //          S x S score matrix) built through cuDNN's C backend graph API. Execution plans are cached per
 //          shape; the workspace is owned by the wrapper, grown on demand and freed at process exit
 //          (one workspace per process: do not overlap attention calls on different streams).
-//          Measured on H200 (cuDNN 9.14), B=2 S=4096 Hq=32 Hkv=8 D=128: 592 TFLOP/s forward,
-//          466 TFLOP/s backward; workspace 257 MiB (128 MiB of it the FP32 dQ accumulator).
+//          Measured on H100 SXM, B=2 S=4096 Hq=32 Hkv=8 D=128: 592 TFLOP/s forward, 446 TFLOP/s
+//          backward (B=1 S=8192: 621 / 493); workspace 257 MiB (128 MiB of it the FP32 dQ accumulator).
 // The GQA gradients dk/dv are the sums over the query heads sharing that K/V head.
 #pragma once
 #include <cstdint>
