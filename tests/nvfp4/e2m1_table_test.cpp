@@ -78,3 +78,47 @@ TEST(E2M1, StochasticRoundingPicksNeighboursWithExactFrequency) {
 
 }  // namespace
 }  // namespace nb
+
+// The quantizer's faster encoders (nvfp4_math.h) must equal the shared codecs on every input class.
+#include "formats/nvfp4/nvfp4_math.h"
+namespace nb {
+namespace {
+
+TEST(E2M1, FastEncodersEqualTheCodecs) {
+  // Every float bit pattern with a stride (covers all exponents, NaN, Inf, subnormals, both signs),
+  // plus a dense sweep around each rounding boundary.
+  int64_t nans = 0;
+  for (uint64_t b = 0; b < (1ull << 32); b += 251) {
+    float x = bits_f32(uint32_t(b));
+    if (std::isnan(x)) {  // documented difference: NaN -> code 7 (the block is flagged non-finite)
+      // The quantizer encodes products x * enc, which are never signaling NaNs: test quiet ones.
+      x = bits_f32(uint32_t(b) | 0x00400000u);
+      ASSERT_EQ(nvfp4::e2m1_code_rne(x), 7u);
+      ASSERT_EQ(nvfp4::e2m1_code_sr(x, uint32_t(b) & 0xFF), 7u);
+      ++nans;
+      continue;
+    }
+    ASSERT_EQ(nvfp4::e2m1_code_rne(x), f32_to_e2m1_rne(x)) << std::hex << b;
+    ASSERT_EQ(nvfp4::e2m1_code_sr(x, uint32_t(b) & 0xFF), f32_to_e2m1_sr(x, uint32_t(b) & 0xFF)) << std::hex << b;
+  }
+  EXPECT_GT(nans, 0);
+  for (float bound : {0.25f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f, 4.0f, 5.0f, 6.0f, 0.5f, 1.5f, 3.0f}) {
+    float x = bound;
+    for (int i = 0; i < 2000; ++i) x = std::nextafter(x, 0.0f);
+    for (int i = 0; i < 4000; ++i, x = std::nextafter(x, 100.0f)) {
+      ASSERT_EQ(nvfp4::e2m1_code_rne(x), f32_to_e2m1_rne(x)) << x;
+      ASSERT_EQ(nvfp4::e2m1_code_rne(-x), f32_to_e2m1_rne(-x)) << -x;
+      for (uint32_t r = 0; r < 256; r += 5) ASSERT_EQ(nvfp4::e2m1_code_sr(x, r), f32_to_e2m1_sr(x, r)) << x;
+    }
+  }
+  // Stochastic rounding: every BF16 pattern (all magnitudes the quantizer can see after scaling by a
+  // power of two) with every random byte.
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float x = bits_f32(h << 16) * ((h & 1) ? 0.75f : 1.0f);
+    if (std::isnan(x)) continue;
+    for (uint32_t r = 0; r < 256; ++r) ASSERT_EQ(nvfp4::e2m1_code_sr(x, r), f32_to_e2m1_sr(x, r)) << x << " " << r;
+  }
+}
+
+}  // namespace
+}  // namespace nb

@@ -32,10 +32,21 @@ NB_UNROLL
 }
 
 // In place: the transform followed by rounding each output to BF16 (what the quantizer consumes).
+// CUDA rounds two values per instruction (cvt.rn.bf16x2.f32): the same RNE bits as f32_to_bf16 for
+// every non-NaN value; a NaN may carry a different payload (it stays a NaN, which is all callers use).
 NB_HD void rht16_bf16(float* v, uint32_t sign_mask = kSignMask16) {
   rht16_f32(v, sign_mask);
+#if defined(__CUDA_ARCH__)
 NB_UNROLL
+  for (int i = 0; i < 16; i += 2) {
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v[i + 1]), "f"(v[i]));
+    v[i] = __uint_as_float(packed << 16);
+    v[i + 1] = __uint_as_float(packed & 0xFFFF0000u);
+  }
+#else
   for (int i = 0; i < 16; ++i) v[i] = round_to_bf16(v[i]);
+#endif
 }
 
 // The inverse H^T = (1/4) * H16 * diag(s), in FP32 without rounding (for tests and for undoing the

@@ -30,9 +30,18 @@ NB_HD uint32_t block_scale_code(float block_amax, float s_enc) {
   return f32_to_e4m3_satfinite(block_amax * (s_enc * (1.0f / 6.0f)));
 }
 
-NB_HD float block_encode_scale(uint32_t scale_code, float s_enc) {
-  float s_dec = 1.0f / s_enc;
+// enc_b from the block scale code and S_dec = 1 / S_enc.
+NB_HD float block_encode_scale_dec(uint32_t scale_code, float s_dec) {
   return fminf(1.0f / (e4m3_to_f32(scale_code) * s_dec), FLT_MAX);
+}
+NB_HD float block_encode_scale(uint32_t scale_code, float s_enc) {
+  return block_encode_scale_dec(scale_code, 1.0f / s_enc);
+}
+
+// Tensor amax from the largest |x| bit pattern: any NaN becomes the one quiet NaN 0x7FC00000, so
+// the stored amax does not depend on NaN payloads (which differ between CPU and GPU arithmetic).
+NB_HD float amax_from_abs_bits(uint32_t max_abs_bits) {
+  return bits_f32(max_abs_bits < 0x7FC00000u ? max_abs_bits : 0x7FC00000u);
 }
 
 NB_HD float block_amax16(const float* v) {
@@ -42,13 +51,40 @@ NB_UNROLL
   return bits_f32(m);
 }
 
+// Branch-free E2M1 encoders for the quantizer's inner loop (it is compute-bound): the same codes as
+// f32_to_e2m1_rne / f32_to_e2m1_sr in scalar_codecs.h for every non-NaN input (a test sweeps the
+// float range against them). A NaN gives code 7 (+-6) instead of the codec's 0; NaN only arises from
+// non-finite input, which sets the non-finite flag, and CPU and CUDA share this code, so the bytes
+// still agree. Sign rule as the codec: negative -> 8 | magnitude, -0.0 -> 0. Inputs are products
+// (x * enc), so never signaling NaNs (fminf would pass those through on the CPU).
+NB_HD uint32_t e2m1_code_rne(float x) {
+  const float a = fminf(fabsf(x), 6.0f);  // saturate (NaN -> 6)
+  // a < 2: a + 2^22 rounds a to a multiple of 0.5 (ties to even), and the low bits count the halves.
+  const uint32_t lo = f32_bits(a + 4194304.0f) - 0x4A800000u;
+  // a >= 2: round the FP32 mantissa to 1 bit (ties to even, carry into the exponent); 2.0 -> code 4.
+  const uint32_t b = f32_bits(a);
+  const uint32_t hi = ((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u;
+  return (x < 0.0f ? 8u : 0u) | (a < 2.0f ? lo : hi);
+}
+
+// Stochastic rounding: t = |x| + rand8 * step / 256 (exact, as the codec), then floor onto the E2M1
+// grid: below 1 the grid is {0, 0.5}; from 1 up, truncating the mantissa to 1 bit is the floor.
+NB_HD uint32_t e2m1_code_sr(float x, uint32_t rand8) {
+  const float a = fabsf(x);
+  const float step_over_256 = a < 2.0f ? 0.5f / 256.0f : (a < 4.0f ? 1.0f / 256.0f : 2.0f / 256.0f);
+  const float t = fminf(a + float(rand8 & 0xFFu) * step_over_256, 6.0f);  // >= 6 saturates (NaN -> 6)
+  const uint32_t hi = (f32_bits(t) >> 22) - 252u;
+  const uint32_t lo = t >= 0.5f ? 1u : 0u;
+  return (x < 0.0f ? 8u : 0u) | (t >= 1.0f ? hi : lo);
+}
+
 // 16 elements scaled by enc into 16 E2M1 codes packed little-nibble-first into 8 bytes.
 NB_HD uint64_t encode_block16(const float* v, float enc, bool sr, const Philox4x32& rand) {
   uint64_t packed = 0;
 NB_UNROLL
   for (int i = 0; i < 16; ++i) {
     float scaled = v[i] * enc;
-    uint32_t code = sr ? f32_to_e2m1_sr(scaled, philox_byte(rand, i)) : f32_to_e2m1_rne(scaled);
+    uint32_t code = sr ? e2m1_code_sr(scaled, philox_byte(rand, i)) : e2m1_code_rne(scaled);
     packed |= uint64_t(code) << (4 * i);
   }
   return packed;

@@ -103,8 +103,8 @@ void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float
         mc = std::max(mc, abs_bits(block_amax16(v)));
       }
   }
-  if (row_amax) *row_amax = bits_f32(m);
-  if (col_amax) *col_amax = bits_f32(mc);
+  if (row_amax) *row_amax = amax_from_abs_bits(m);
+  if (col_amax) *col_amax = amax_from_abs_bits(mc);
 }
 
 Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out) {
