@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include "formats/fp8/fp8.h"
+#include "formats/fp8/fp8_bench.h"
 
 namespace nb::fp8 {
 
@@ -74,6 +75,9 @@ Status quantize_current_cuda(const bf16*, Format, bool, const TensorView&, Strea
 }
 Status quantize_with_scale_cuda(const bf16*, Format, const float*, const TensorView&, Stream) {
   return errorf("FP8 quantize_with_scale_cuda: this nibble was built without CUDA; use the CPU path (--device cpu)");
+}
+Status bench_formats_cuda(int64_t, int64_t, int, FormatsBenchResult*) {
+  return errorf("FP8 bench_formats_cuda: this nibble was built without CUDA; benchmarks need a GPU build");
 }
 #endif
 
