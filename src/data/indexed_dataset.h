@@ -58,6 +58,9 @@ class IndexedDatasetWriter {
   ~IndexedDatasetWriter();
   static Status create(const std::string& prefix, IndexedDtype dtype, std::unique_ptr<IndexedDatasetWriter>* out);
   Status add_document(const int32_t* tokens, int64_t count);
+  // A document that produced no tokens: Megatron still records it in document_indices (repeating the
+  // previous sequence count) but writes no sequence.
+  void add_empty_document() { doc_indices_.push_back(static_cast<int64_t>(lengths_.size())); }
   Status finalize();  // writes the .idx and closes both files
   int64_t bytes_written() const { return bin_bytes_; }
 

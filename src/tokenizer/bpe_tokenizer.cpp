@@ -4,6 +4,7 @@
 
 #include <pcre2.h>
 
+#include <atomic>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,8 @@ namespace nb {
 const char* const kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const char* const kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+std::atomic<uint64_t> BpeTokenizer::next_instance_id_{1};
 
 namespace {
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
@@ -180,6 +183,21 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* ou
     if (id >= 0) { out->push_back(id); return; }
   }
   if (piece.size() == 1) { out->push_back(lookup(piece)); return; }
+  // Words repeat: remember the merges of pieces already seen by this thread (bounded).
+  struct PieceCache {
+    uint64_t owner = 0;  // instance id, not the address: a new tokenizer may reuse a freed one's address
+    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> map;
+  };
+  thread_local PieceCache cache;
+  if (cache.owner != instance_id_ || cache.map.size() > (1u << 18)) {
+    cache.map.clear();
+    cache.owner = instance_id_;
+  }
+  if (auto hit = cache.map.find(piece); hit != cache.map.end()) {
+    out->insert(out->end(), hit->second.begin(), hit->second.end());
+    return;
+  }
+  const size_t first = out->size();
   // parts[i] = (start byte, rank of merging part i with part i+1); two sentinels at the end.
   std::vector<std::pair<size_t, uint32_t>> parts;
   parts.reserve(piece.size() + 1);
@@ -201,6 +219,7 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* ou
     NB_CHECK(id >= 0, "BPE produced a part outside the vocabulary");
     out->push_back(id);
   }
+  cache.map.emplace(std::string(piece), std::vector<int32_t>(out->begin() + long(first), out->end()));
 }
 
 void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>* out) const {

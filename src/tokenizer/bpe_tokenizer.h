@@ -6,6 +6,7 @@
 // their own pieces, so encode -> decode reproduces any byte string exactly.
 // Sources: HF tokenizer.json (model.type BPE, byte-level), tiktoken rank files ("base64 rank" lines).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -54,7 +55,9 @@ class BpeTokenizer {
   const std::vector<SpecialToken>& specials() const { return specials_; }
 
  private:
-  BpeTokenizer() = default;
+  BpeTokenizer() : instance_id_(next_instance_id_++) {}
+  static std::atomic<uint64_t> next_instance_id_;
+  const uint64_t instance_id_;  // keys the per-thread piece cache
   Status finish(const std::string& where);  // compiles the regex, picks BOS/EOD
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) const;
   int32_t lookup(std::string_view bytes) const;

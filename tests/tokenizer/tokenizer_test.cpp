@@ -143,3 +143,26 @@ TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
   for (const auto& s : tricky_strings()) expect_round_trip(*tok, s);
   std::filesystem::remove(out);
 }
+
+// Expected ids printed by the npm packages' own JavaScript encoders (gpt-tokenizer 4.0.0
+// r50k_base.encode and llama3-tokenizer-js 1.2.0 encode(t, {bos: false, eos: false})).
+namespace {
+const char* kLongText = "The quick brown fox jumps over the lazy dog.\n\n  It's 2024: numbers 1234567 and   spaces\ttabs!";
+const char* kUnicodeText = "naïve café — 東京 🚀 Привет! I'VE don't";
+}  // namespace
+
+TEST(Gpt2Tokenizer, MatchesReferenceEncoder) {
+  LOAD_OR_SKIP(tok, "gpt2.tiktoken", "gpt2");
+  EXPECT_EQ(enc(*tok, kLongText), (std::vector<int32_t>{464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 628, 220, 632, 338,
+                                                        48609, 25, 3146, 17031, 2231, 3134, 290, 220, 220, 9029, 197, 8658, 82, 0}));
+  EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{2616, 38776, 40304, 851, 10545, 251, 109, 12859, 105, 12520, 248, 222, 12466,
+                                                           253, 21169, 18849, 38857, 16843, 20375, 0, 314, 6, 6089, 836, 470}));
+}
+
+TEST(Llama3Tokenizer, MatchesReferenceEncoder) {
+  LOAD_OR_SKIP(tok, "llama3.tiktoken", "llama3");
+  EXPECT_EQ(enc(*tok, kLongText), (std::vector<int32_t>{791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679, 382, 220, 1102, 596, 220,
+                                                        2366, 19, 25, 5219, 220, 4513, 10961, 22, 323, 256, 12908, 3324, 3518, 0}));
+  EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{3458, 38672, 588, 53050, 2001, 119109, 11410, 248, 222, 80584, 28089, 8341, 0,
+                                                           358, 6, 4592, 1541, 956}));
+}
