@@ -11,8 +11,6 @@ void add_quant_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_preprocess_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
-void add_preprocess_command(CLI::App& app);
-void add_tokenizer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 
 }  // namespace nb::cli
