@@ -79,15 +79,16 @@ NB_HD uint32_t e2m1_code_sr(float x, uint32_t rand8) {
 }
 
 // 16 elements scaled by enc into 16 E2M1 codes packed little-nibble-first into 8 bytes.
+// Packed in two 32-bit words (elements 0-7, 8-15) so the GPU needs no 64-bit shifts.
 NB_HD uint64_t encode_block16(const float* v, float enc, bool sr, const Philox4x32& rand) {
-  uint64_t packed = 0;
+  uint32_t word[2] = {0, 0};
 NB_UNROLL
   for (int i = 0; i < 16; ++i) {
     float scaled = v[i] * enc;
-    uint32_t code = sr ? e2m1_code_sr(scaled, philox_byte(rand, i)) : e2m1_code_rne(scaled);
-    packed |= uint64_t(code) << (4 * i);
+    uint32_t code = sr ? e2m1_code_sr(scaled, (rand.v[i / 4] >> (8 * (i % 4))) & 0xFFu) : e2m1_code_rne(scaled);
+    word[i / 8] |= code << (4 * (i % 8));
   }
-  return packed;
+  return uint64_t(word[0]) | (uint64_t(word[1]) << 32);
 }
 
 // Dequantized value of one element: e2m1(q) * float(s_b) * amax / (6*448), left to right.

@@ -2,7 +2,8 @@
 // once and writes the row-wise copy and the transposed column-wise copy (with optional RHT, SR, 2D
 // tiles). Bit-identical to nvfp4_ref.cpp: the per-block math is the shared nvfp4_math.h.
 //
-// Quantize pass: a CTA owns a 64 x 128 tile (16 KiB of BF16 in shared memory, 16-byte global loads).
+// Quantize pass: persistent CTAs walk 64 x 128 tiles (16 KiB of BF16 in shared memory, 16-byte global
+// loads, the next tile's loads in flight while the current one is encoded).
 //   row phase : 512 row blocks (1x16), 2 per thread; 8-byte code stores, 8 threads per 64 B of a row.
 //   col phase : thread = (column pair, 16-row chunk); a warp reads 32 consecutive 4-byte words of one
 //               smem row (conflict-free); codes are staged in smem so each column's 32 output bytes
@@ -77,6 +78,8 @@ NB_UNROLL
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int i = 1; i < int(blockDim.x / 32); ++i) { mr = max(mr, red[0][i]); mc = max(mc, red[1][i]); }
+    mr = f32_bits(amax_from_abs_bits(mr));  // one NaN pattern, as the reference stores it
+    mc = f32_bits(amax_from_abs_bits(mc));
     if (mr != 0 && row_amax) atomicMax(row_amax, mr);
     if (kRht && mc != 0 && col_amax) atomicMax(col_amax, mc);
     if (!kRht && mr != 0 && col_amax) atomicMax(col_amax, mr);
@@ -94,127 +97,200 @@ struct KernelArgs {
   int* nonfinite;
 };
 
+// Two packed BF16 magnitudes at once (sm_90 SIMD max): the amax of a block from its raw words.
+NB_DEVICE uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+constexpr uint32_t kAbs2 = 0x7FFF7FFFu;
+
+struct TileCoords {
+  int64_t r0, c0;
+  int valid_rows, valid_cols;
+};
+
+NB_DEVICE TileCoords tile_coords(const KernelArgs& a, int64_t tile_id, int64_t tiles_x) {
+  TileCoords tc;
+  tc.r0 = (tile_id / tiles_x) * kTileRows;
+  tc.c0 = (tile_id % tiles_x) * kTileCols;
+  tc.valid_rows = int(a.rows - tc.r0 < kTileRows ? a.rows - tc.r0 : kTileRows);
+  tc.valid_cols = int(a.cols - tc.c0 < kTileCols ? a.cols - tc.c0 : kTileCols);
+  return tc;
+}
+
+// The tile's 1024 16-byte pieces, 4 per thread; out-of-range pieces read as zero.
+NB_DEVICE void load_tile(const KernelArgs& a, const TileCoords& tc, uint4* piece) {
+NB_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int idx = threadIdx.x + kThreads * i, row = idx / 16, q = idx % 16;
+    piece[i] = make_uint4(0, 0, 0, 0);
+    if (row < tc.valid_rows && q * 8 < tc.valid_cols)
+      piece[i] = __ldg(reinterpret_cast<const uint4*>(a.x + (tc.r0 + row) * a.cols + tc.c0 + q * 8));
+  }
+}
+
+// Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; the next tile's global loads are
+// issued into registers before the current tile is processed, so memory stays busy during the math.
 template <bool kTwoD, bool kRht, bool kSr>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, (kRht && kSr) ? 2 : 3) quantize_kernel(KernelArgs a) {
   __shared__ __align__(16) uint32_t tile[kTileRows * kTileCols / 2];  // BF16 pairs, row pitch 64 words
   __shared__ uint32_t col_stage[kTileCols * kColStagePitchWords];
   __shared__ uint8_t col_scale_stage[kTileCols * 4];
   __shared__ uint8_t tile_scale[4 * 8];  // 2D: one code per 16x16 tile
+  __shared__ float enc_lut[2][256];      // enc_b for every scale code: [0] row-wise, [1] column-wise
 
   const int t = threadIdx.x;
-  const int64_t r0 = int64_t(blockIdx.y) * kTileRows, c0 = int64_t(blockIdx.x) * kTileCols;
-  const int valid_rows = int(a.rows - r0 < kTileRows ? a.rows - r0 : kTileRows);
-  const int valid_cols = int(a.cols - c0 < kTileCols ? a.cols - c0 : kTileCols);
-
   const float row_amax = a.row_amax ? *a.row_amax : *a.col_amax;
   const float col_amax = a.col_amax ? *a.col_amax : row_amax;
-  if (blockIdx.x == 0 && blockIdx.y == 0 && t == 0 && a.nonfinite &&
-      (!amax_is_finite(row_amax) || !amax_is_finite(col_amax)))
+  if (blockIdx.x == 0 && t == 0 && a.nonfinite && (!amax_is_finite(row_amax) || !amax_is_finite(col_amax)))
     *a.nonfinite = 1;
   const float s_enc_row = global_encode_scale(row_amax);
   const float s_enc_col = kTwoD ? s_enc_row : global_encode_scale(col_amax);
+  // One division per scale code instead of one per block (same expression as block_encode_scale).
+  enc_lut[0][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_row);
+  enc_lut[1][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_col);
+  const RngKey col_key = colwise_key(a.rng);
 
-  // Load the tile: 1024 16-byte pieces, 4 per thread, all issued before the first use.
+  const int64_t tiles_x = (a.cols + kTileCols - 1) / kTileCols;
+  const int64_t tiles = tiles_x * ((a.rows + kTileRows - 1) / kTileRows);
   uint4 piece[4];
-NB_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int idx = t + kThreads * i, row = idx / 16, q = idx % 16;
-    piece[i] = make_uint4(0, 0, 0, 0);
-    if (row < valid_rows && q * 8 < valid_cols)
-      piece[i] = __ldg(reinterpret_cast<const uint4*>(a.x + (r0 + row) * a.cols + c0 + q * 8));
-  }
-NB_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const int idx = t + kThreads * i;
-    reinterpret_cast<uint4*>(tile)[idx] = piece[i];
-  }
-  __syncthreads();
+  int64_t tile_id = blockIdx.x;
+  if (tile_id < tiles) load_tile(a, tile_coords(a, tile_id, tiles_x), piece);
 
-  if constexpr (kTwoD) {
-    // 32 tiles of 16x16; 8 threads per tile, 2 rows each, reduced by shuffles within the 8 lanes.
-    const int tl = t / 8, sub = t % 8, ti = tl / 8, tj = tl % 8;
-    uint32_t m = 0;
+  for (; tile_id < tiles; tile_id += gridDim.x) {
+    const TileCoords tc = tile_coords(a, tile_id, tiles_x);
+    const int64_t r0 = tc.r0, c0 = tc.c0;
+    const int valid_rows = tc.valid_rows, valid_cols = tc.valid_cols;
+    __syncthreads();  // the previous tile's readers of tile/col_stage/tile_scale are done
 NB_UNROLL
-    for (int rr = 0; rr < 2; ++rr) {
-      const uint4* src = reinterpret_cast<const uint4*>(tile) + (ti * 16 + sub * 2 + rr) * 16 + tj * 2;
-      float v[16];
-      unpack8(src[0], v);
-      unpack8(src[1], v + 8);
-      m = max(m, abs_bits(block_amax16(v)));
-    }
-NB_UNROLL
-    for (int o = 4; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-    if (sub == 0) tile_scale[tl] = uint8_t(block_scale_code(bits_f32(m), s_enc_row));
+    for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(tile)[t + kThreads * i] = piece[i];
     __syncthreads();
-  }
+    if (tile_id + gridDim.x < tiles) load_tile(a, tile_coords(a, tile_id + gridDim.x, tiles_x), piece);
 
-  // Row phase.
-  if (a.rowwise) {
-    const int blk = t % 8;
+    if constexpr (kTwoD) {
+      // 32 tiles of 16x16; 8 threads per tile, 2 rows each, reduced by shuffles within the 8 lanes.
+      const int tl = t / 8, sub = t % 8, ti = tl / 8, tj = tl % 8;
+      uint32_t m2 = 0;
 NB_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      const int row = t / 8 + 32 * i;
-      if (row >= valid_rows || blk * 16 >= valid_cols) continue;
-      const uint4* src = reinterpret_cast<const uint4*>(tile) + row * 16 + blk * 2;
-      const int h = (blk >> 2) & 1;  // halves in swapped order for blocks 4..7: conflict-free 16-byte reads
-      const uint4 first = src[h], second = src[h ^ 1];
-      float v[16];
-      unpack8(h ? second : first, v);
-      unpack8(h ? first : second, v + 8);
-      const uint32_t s = kTwoD ? tile_scale[(row / 16) * 8 + blk] : block_scale_code(block_amax16(v), s_enc_row);
-      const float enc = block_encode_scale(s, s_enc_row);
-      const int64_t grow = r0 + row, gblk = c0 / 16 + blk;
-      Philox4x32 rand{};
-      if constexpr (kSr) rand = philox_block(a.rng, uint64_t((grow * a.cols) / 16 + gblk));
-      const uint64_t packed = encode_block16(v, enc, kSr, rand);
-      *reinterpret_cast<uint2*>(a.row_data + grow * (a.cols / 2) + gblk * 8) =
-          make_uint2(uint32_t(packed), uint32_t(packed >> 32));
-      a.row_scales[grow * (a.cols / 16) + gblk] = uint8_t(s);
-    }
-  }
-
-  // Column phase: thread = (column pair p, 16-row chunk k).
-  if (a.colwise) {
-    const int warp = t / 32, lane = t % 32, p = (warp % 2) * 32 + lane, k = warp / 2;
-    if (k * 16 < valid_rows && p * 2 < valid_cols) {
-      float v0[16], v1[16];
-NB_UNROLL
-      for (int j = 0; j < 16; ++j) {
-        const uint32_t w = tile[(k * 16 + j) * (kTileCols / 2) + p];
-        v0[j] = bits_f32(w << 16);
-        v1[j] = bits_f32(w & 0xFFFF0000u);
+      for (int rr = 0; rr < 2; ++rr) {
+        const uint4* src = reinterpret_cast<const uint4*>(tile) + (ti * 16 + sub * 2 + rr) * 16 + tj * 2;
+        const uint4 p0 = src[0], p1 = src[1];
+        m2 = max_u16x2(m2, max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)));
+        m2 = max_u16x2(m2, max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
       }
-      const RngKey key = colwise_key(a.rng);
+      uint32_t m = max(m2 & 0xFFFFu, m2 >> 16) << 16;
 NB_UNROLL
-      for (int q = 0; q < 2; ++q) {
-        float* v = q ? v1 : v0;
-        if constexpr (kRht) hadamard::rht16_bf16(v);
-        const int col = 2 * p + q;
-        const uint32_t s = kTwoD ? tile_scale[k * 8 + col / 16] : block_scale_code(block_amax16(v), s_enc_col);
-        const float enc = block_encode_scale(s, s_enc_col);
+      for (int o = 4; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      if (sub == 0) tile_scale[tl] = uint8_t(block_scale_code(bits_f32(m), s_enc_row));
+      __syncthreads();
+    }
+
+    // Row phase: 2 row blocks per thread.
+    if (a.rowwise) {
+      const int blk = t % 8;
+NB_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int row = t / 8 + 32 * i;
+        if (row >= valid_rows || blk * 16 >= valid_cols) continue;
+        const uint4* src = reinterpret_cast<const uint4*>(tile) + row * 16 + blk * 2;
+        const int h = (blk >> 2) & 1;  // halves in swapped order for blocks 4..7: conflict-free 16-byte reads
+        const uint4 first = src[h], second = src[h ^ 1];
+        const uint4 p0 = h ? second : first, p1 = h ? first : second;
+        float v[16];
+        unpack8(p0, v);
+        unpack8(p1, v + 8);
+        uint32_t s;
+        if constexpr (kTwoD) {
+          s = tile_scale[(row / 16) * 8 + blk];
+        } else {
+          uint32_t m2 = max_u16x2(max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)),
+                                  max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
+          s = block_scale_code(bits_f32(max(m2 & 0xFFFFu, m2 >> 16) << 16), s_enc_row);
+        }
+        const float enc = enc_lut[0][s];
+        const int64_t grow = r0 + row, gblk = c0 / 16 + blk;
         Philox4x32 rand{};
-        if constexpr (kSr) rand = philox_block(key, uint64_t(((c0 + col) * a.rows + r0) / 16 + k));
+        if constexpr (kSr) rand = philox_block(a.rng, uint64_t((grow * a.cols) / 16 + gblk));
         const uint64_t packed = encode_block16(v, enc, kSr, rand);
-        col_stage[col * kColStagePitchWords + 2 * k] = uint32_t(packed);
-        col_stage[col * kColStagePitchWords + 2 * k + 1] = uint32_t(packed >> 32);
-        col_scale_stage[col * 4 + k] = uint8_t(s);
+        *reinterpret_cast<uint2*>(a.row_data + grow * (a.cols / 2) + gblk * 8) =
+            make_uint2(uint32_t(packed), uint32_t(packed >> 32));
+        a.row_scales[grow * (a.cols / 16) + gblk] = uint8_t(s);
       }
     }
-    __syncthreads();
-    // 128 columns x 32 bytes: two threads per column, 16 bytes each (two 8-byte stores, since a
-    // column's start is only 8-byte aligned when rows is an odd multiple of 16).
-    const int col = t / 2, half = t % 2;
-    if (col < valid_cols) {
-      uint8_t* dst = a.col_data + (c0 + col) * (a.rows / 2) + r0 / 2 + half * 16;
-      const uint32_t* src = col_stage + col * kColStagePitchWords + half * 4;
-      if (half * 32 < valid_rows) *reinterpret_cast<uint2*>(dst) = make_uint2(src[0], src[1]);
-      if (half * 32 + 16 < valid_rows) *reinterpret_cast<uint2*>(dst + 8) = make_uint2(src[2], src[3]);
-      if (half == 0) {
-        uint8_t* sdst = a.col_scales + (c0 + col) * (a.rows / 16) + r0 / 16;
-        for (int kk = 0; kk < 4 && kk * 16 < valid_rows; ++kk) sdst[kk] = col_scale_stage[col * 4 + kk];
+
+    // Column phase: thread = (column pair p, 16-row chunk k).
+    if (a.colwise) {
+      const int warp = t / 32, lane = t % 32, p = (warp % 2) * 32 + lane, k = warp / 2;
+      if (k * 16 < valid_rows && p * 2 < valid_cols) {
+        // Each column of the pair re-reads its 16 words (cheap, conflict-free) so that only one
+        // column's values are live in registers at a time.
+        const uint32_t* words = tile + k * 16 * (kTileCols / 2) + p;
+NB_UNROLL
+        for (int q = 0; q < 2; ++q) {
+          float v[16];
+          uint32_t m2 = 0;
+NB_UNROLL
+          for (int j = 0; j < 16; ++j) {
+            const uint32_t w = words[j * (kTileCols / 2)];
+            if constexpr (!kRht) m2 = max_u16x2(m2, w & kAbs2);
+            v[j] = bits_f32(q ? (w & 0xFFFF0000u) : (w << 16));
+          }
+          const int col = 2 * p + q;
+          uint32_t s;
+          if constexpr (kTwoD) {
+            s = tile_scale[k * 8 + col / 16];
+          } else if constexpr (kRht) {
+            hadamard::rht16_bf16(v);
+            s = block_scale_code(block_amax16(v), s_enc_col);
+          } else {
+            s = block_scale_code(bits_f32((q ? m2 >> 16 : m2 & 0xFFFFu) << 16), s_enc_col);
+          }
+          const float enc = enc_lut[1][s];
+          Philox4x32 rand{};
+          if constexpr (kSr) rand = philox_block(col_key, uint64_t(((c0 + col) * a.rows + r0) / 16 + k));
+          const uint64_t packed = encode_block16(v, enc, kSr, rand);
+          col_stage[col * kColStagePitchWords + 2 * k] = uint32_t(packed);
+          col_stage[col * kColStagePitchWords + 2 * k + 1] = uint32_t(packed >> 32);
+          col_scale_stage[col * 4 + k] = uint8_t(s);
+        }
+      }
+      __syncthreads();
+      // 128 columns x 32 bytes: two threads per column, 16 bytes each (two 8-byte stores, since a
+      // column's start is only 8-byte aligned when rows is an odd multiple of 16).
+      const int col = t / 2, half = t % 2;
+      if (col < valid_cols) {
+        uint8_t* dst = a.col_data + (c0 + col) * (a.rows / 2) + r0 / 2 + half * 16;
+        const uint32_t* src = col_stage + col * kColStagePitchWords + half * 4;
+        if (half * 32 < valid_rows) *reinterpret_cast<uint2*>(dst) = make_uint2(src[0], src[1]);
+        if (half * 32 + 16 < valid_rows) *reinterpret_cast<uint2*>(dst + 8) = make_uint2(src[2], src[3]);
+        if (half == 0) {
+          uint8_t* sdst = a.col_scales + (c0 + col) * (a.rows / 16) + r0 / 16;
+          for (int kk = 0; kk < 4 && kk * 16 < valid_rows; ++kk) sdst[kk] = col_scale_stage[col * 4 + kk];
+        }
       }
     }
   }
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// Persistent grid: as many CTAs as fit on the GPU at once (never more than there are tiles).
+template <bool kTwoD, bool kRht, bool kSr>
+void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
+  static int resident = [] {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, quantize_kernel<kTwoD, kRht, kSr>, kThreads, 0));
+    return std::max(per_sm, 1) * sm_count();
+  }();
+  const int grid = int(std::min<int64_t>(tiles, resident));
+  quantize_kernel<kTwoD, kRht, kSr><<<grid, kThreads, 0, s>>>(a);
+  CUDA_CHECK_LAUNCH();
 }
 
 Status check_view(const Options& opts, const QuantizedView& out) {
@@ -237,10 +313,7 @@ Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, fl
   if (row_amax) CUDA_CHECK(cudaMemsetAsync(row_amax, 0, sizeof(float), s));
   if (col_amax) CUDA_CHECK(cudaMemsetAsync(col_amax, 0, sizeof(float), s));
   const int64_t patches = (rows / 16) * (cols / 8);
-  int sms = 132;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count();
   const int grid = int(std::min<int64_t>((patches + 255) / 256, int64_t(sms) * 8));
   auto* ra = reinterpret_cast<uint32_t*>(row_amax);
   auto* ca = reinterpret_cast<uint32_t*>(col_amax);
@@ -255,15 +328,14 @@ Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const Quantiz
   KernelArgs a{x, out.rows, out.cols, opts.rowwise, opts.colwise, opts.rng, out.row_data, out.row_scales,
                out.col_data, out.col_scales, opts.rowwise ? out.row_amax : nullptr,
                opts.colwise ? out.col_amax : nullptr, out.nonfinite};
-  dim3 grid(unsigned((out.cols + kTileCols - 1) / kTileCols), unsigned((out.rows + kTileRows - 1) / kTileRows));
+  const int64_t tiles = ((out.cols + kTileCols - 1) / kTileCols) * ((out.rows + kTileRows - 1) / kTileRows);
   auto s = static_cast<cudaStream_t>(stream);
   const bool rht = opts.rht && opts.colwise;
-  if (opts.two_d) quantize_kernel<true, false, false><<<grid, kThreads, 0, s>>>(a);
-  else if (rht && opts.sr) quantize_kernel<false, true, true><<<grid, kThreads, 0, s>>>(a);
-  else if (rht) quantize_kernel<false, true, false><<<grid, kThreads, 0, s>>>(a);
-  else if (opts.sr) quantize_kernel<false, false, true><<<grid, kThreads, 0, s>>>(a);
-  else quantize_kernel<false, false, false><<<grid, kThreads, 0, s>>>(a);
-  CUDA_CHECK_LAUNCH();
+  if (opts.two_d) launch_quantize<true, false, false>(a, tiles, s);
+  else if (rht && opts.sr) launch_quantize<false, true, true>(a, tiles, s);
+  else if (rht) launch_quantize<false, true, false>(a, tiles, s);
+  else if (opts.sr) launch_quantize<false, false, true>(a, tiles, s);
+  else launch_quantize<false, false, false>(a, tiles, s);
   return Status::ok();
 }
 
