@@ -21,7 +21,9 @@ TEST(E2M1, DecodesAllSixteenCodes) {
 TEST(E2M1, EncodesEveryValueToItsCode) {
   for (uint32_t c = 0; c < 8; ++c) {
     EXPECT_EQ(f32_to_e2m1_rne(kMagnitudes[c]), c);
-    if (c != 0) EXPECT_EQ(f32_to_e2m1_rne(-kMagnitudes[c]), 8 + c);
+    if (c != 0) {
+      EXPECT_EQ(f32_to_e2m1_rne(-kMagnitudes[c]), 8 + c);
+    }
   }
 }
 

@@ -135,7 +135,9 @@ TEST(Nvfp4TwoD, RowAndColumnCopiesHoldIdenticalValues) {
       ASSERT_EQ(f32_bits(row_deq[r * cols + c]), f32_bits(col_deq[c * rows + r]));
       nonzero += row_deq[r * cols + c] != 0.0f;
     }
-  if (input == 0) EXPECT_GT(nonzero, rows * cols / 2);
+  if (input == 0) {
+    EXPECT_GT(nonzero, rows * cols / 2);
+  }
   // One scale per tile: the tile's amax sets it, so a 1D quantization must differ somewhere.
   HostQuantized q1{rows, cols};
   ASSERT_TRUE(quantize_ref(x.data(), Options{}, q1.view()));
