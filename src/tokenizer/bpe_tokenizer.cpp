@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include <atomic>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,12 @@ std::atomic<uint64_t> BpeTokenizer::next_instance_id_{1};
 
 namespace {
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
+
+inline uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+  return h ^ (h >> 29);
+}
 
 // GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100.. in order.
 struct ByteAlphabet {
@@ -140,6 +147,19 @@ Status BpeTokenizer::finish(const std::string& where) {
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
   code_ = code;
+  size_t cap = 16;
+  while (cap < 2 * bytes_to_id_.size()) cap *= 2;
+  std::vector<Slot> slots(cap, Slot{0, 0, 0, -1});
+  arena_.clear();
+  for (const auto& [key, id] : bytes_to_id_) {
+    const uint64_t h = fnv1a(key);
+    uint64_t i = h & (cap - 1);
+    while (slots[i].id >= 0) i = (i + 1) & (cap - 1);
+    slots[i] = Slot{h, uint32_t(arena_.size()), uint32_t(key.size()), id};
+    arena_ += key;
+  }
+  slot_mask_ = cap - 1;
+  slots_ = std::move(slots);
   for (int b = 0; b < 256; ++b)
     if (lookup(std::string(1, char(b))) < 0)
       return errorf("%s: byte 0x%02x has no token; a byte-level BPE vocabulary must contain all 256 bytes", where.c_str(), b);
@@ -155,8 +175,16 @@ Status BpeTokenizer::finish(const std::string& where) {
 }
 
 int32_t BpeTokenizer::lookup(std::string_view bytes) const {
-  auto it = bytes_to_id_.find(bytes);
-  return it == bytes_to_id_.end() ? -1 : it->second;
+  if (slots_.empty()) {  // still loading
+    auto it = bytes_to_id_.find(bytes);
+    return it == bytes_to_id_.end() ? -1 : it->second;
+  }
+  const uint64_t h = fnv1a(bytes);
+  for (uint64_t i = h & slot_mask_;; i = (i + 1) & slot_mask_) {
+    const Slot& s = slots_[i];
+    if (s.id < 0) return -1;
+    if (s.hash == h && s.length == bytes.size() && std::memcmp(arena_.data() + s.offset, bytes.data(), bytes.size()) == 0) return s.id;
+  }
 }
 
 int32_t BpeTokenizer::token_id(const std::string& text) const {

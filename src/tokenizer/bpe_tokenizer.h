@@ -70,7 +70,17 @@ class BpeTokenizer {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
-  std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> bytes_to_id_;
+  std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> bytes_to_id_;  // built while loading
+  // The same map as one open-addressing table over a contiguous key arena, built by finish():
+  // encoding does one lookup per piece and per BPE pair, and node-based maps miss the cache there.
+  struct Slot {
+    uint64_t hash;
+    uint32_t offset, length;
+    int32_t id;  // -1 = empty
+  };
+  std::vector<Slot> slots_;
+  std::string arena_;
+  uint64_t slot_mask_ = 0;
   // Merge mode (HF merges): (left id << 32 | right id) -> merge priority. Empty = rank mode.
   std::unordered_map<uint64_t, int32_t> merge_priority_;
   bool whole_piece_shortcut_ = true;
