@@ -17,8 +17,10 @@
 //   opts.rng with stream ^= 1 for the column-wise copy.
 //
 // Non-finite input: amax is the largest |x| by BF16 bit pattern, so a NaN anywhere makes amax NaN
-// and an Inf makes it Inf. Such an amax sets *nonfinite = 1 (never cleared here, so one flag can
-// collect a whole step) and uses S_enc = 1; the quantizer still finishes with defined bytes.
+// (stored as the quiet NaN 0x7FC00000) and an Inf makes it Inf. Such an amax sets *nonfinite = 1
+// (never cleared here, so one flag can collect a whole step) and uses S_enc = 1; the quantizer still
+// finishes with defined bytes (NaN elements get code 7, a NaN block gets scale byte 0x7F), identical
+// on CPU and CUDA.
 #pragma once
 #include <cstddef>
 #include <cstdint>
