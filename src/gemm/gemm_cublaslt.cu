@@ -9,8 +9,8 @@
 // Plans: the matmul descriptor, the four layouts and the algorithm picked by
 // cublasLtMatmulAlgoGetHeuristic are built once per (device, M, N, K, transposes, row strides,
 // dtypes, beta == 0 or not, pointer alignments) and cached; alpha and beta values are passed per
-// call. The heuristic is asked for several candidates; the first one that succeeds and fits the
-// workspace is kept. One cublasLt handle per process and one 32 MiB workspace per device are
+// call. The heuristic is asked for several candidates; the first one that succeeds, fits the
+// workspace and (if it splits K) adds its partial sums in FP32 is kept. One cublasLt handle per process and one 32 MiB workspace per device are
 // created on first use and deliberately never destroyed (tearing them down after the CUDA runtime
 // has unloaded at exit would crash).
 #include <cublasLt.h>
@@ -84,6 +84,21 @@ Backend& backend() {
   return *b;
 }
 
+// True unless the algorithm splits K and adds the partial sums in the output type.
+bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
+  int32_t split_k = 1;
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
+                                           &written) != CUBLAS_STATUS_SUCCESS)
+    return true;  // no split-K information: nothing to object to
+  if (split_k <= 1) return true;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
+                                           &written) != CUBLAS_STATUS_SUCCESS)
+    return false;
+  return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+}
+
 Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& key, Plan* plan) {
   const cublasOperation_t op_first = p.args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // our B
   const cublasOperation_t op_second = p.args.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // our A
@@ -117,15 +132,22 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
     NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof aligns[i]),
                   "alignment preference", p);
 
+  // Split-K is allowed only with partial sums kept in FP32 (the compute type). The in-place and
+  // output-type schemes add the partial products in C's type: with a bf16 C that is a BF16
+  // accumulation (seen on H200 for small M, N with beta != 0: results off by many bf16 ulps).
+  const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
+                                                     sizeof reduction_mask), "reduction scheme preference", p);
+
   cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
   int returned = 0;
   cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
                                                      kHeuristicCandidates, results, &returned);
   for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kWorkspaceBytes) {
-      plan->algo = results[i].algo;
-      return Status::ok();
-    }
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
+    if (!reduces_in_fp32(results[i].algo)) continue;  // in case the mask above was not honoured
+    plan->algo = results[i].algo;
+    return Status::ok();
   }
   return errorf("no cuBLASLt algorithm for M=%lld,N=%lld,K=%lld bf16 x bf16 -> %s (trans_a=%d, trans_b=%d, "
                 "lda=%lld, ldb=%lld, ldc=%lld)%s%s; check the shapes and the 16-byte alignment of the operands",

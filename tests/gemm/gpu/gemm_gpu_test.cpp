@@ -141,7 +141,10 @@ struct Shape { int64_t m, n, k; };
 
 TEST(GemmGpu, OddShapesAllTransposesMatchCpuReference) {
   NB_REQUIRE_GPU();
-  const Shape shapes[] = {{17, 33, 64}, {5, 7, 3}, {31, 1, 129}, {1, 40, 16}, {130, 257, 300}};
+  // Odd sizes (unaligned rows), aligned sizes (the fast kernels), and a small-M/N, long-K problem for
+  // which the heuristic likes to split K (partial sums must still be added in FP32).
+  const Shape shapes[] = {{17, 33, 64}, {5, 7, 3}, {31, 1, 129}, {1, 40, 16}, {130, 257, 300},
+                          {48, 72, 96}, {64, 128, 256}, {16, 32, 8192}};
   const float ab[][2] = {{1.f, 0.f}, {0.5f, -1.25f}};
   for (const Shape& s : shapes)
     for (int t = 0; t < 4; ++t)
