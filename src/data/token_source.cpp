@@ -143,8 +143,6 @@ Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uin
 Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<SampleSet>* out) {
   std::vector<BlendEntry> blend;
   NB_TRY(parse_blend(cfg.data_path, &blend));
-  if (blend.size() > 1 && blend[0].weight < 0)
-    return errorf("data path \"%s\": a blend of several prefixes needs weights (\"w1 prefix1 w2 prefix2 ...\")", cfg.data_path.c_str());
   if (cfg.seed > 0xffffffffull) return errorf("seed %llu does not fit numpy's RandomState (0 .. 2^32-1)", (unsigned long long)cfg.seed);
   const int s = static_cast<int>(split);
   const int64_t requested = cfg.num_samples[s];
@@ -152,8 +150,14 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
   std::string cache = cfg.cache_path;
   if (cache.empty()) cache = (std::filesystem::path(blend[0].prefix).parent_path() / "cache" / "nibble_indices").string();
   if (cache == "none") cache.clear();
+  // Megatron's BlendedMegatronDatasetBuilder: one prefix without weight -> a plain GPTDataset of the
+  // requested size; weights -> each component asked for ceil(ceil(S*w) * (1 + 0.005)) samples and a
+  // blend of sum(ceil(S*w)) samples; several prefixes without weights -> one epoch of each, weighted
+  // by their lengths, blend size min(S, sum of lengths).
+  const bool weighted = blend[0].weight >= 0;
   std::vector<std::unique_ptr<GptDataset>> parts;
   std::vector<double> weights;
+  int64_t blend_size = 0;
   for (const auto& e : blend) {
     std::unique_ptr<IndexedDataset> raw;
     NB_TRY(IndexedDataset::open(e.prefix, &raw));
@@ -164,18 +168,32 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
     if (r.first == r.second)
       return errorf("%s: the %s split \"%s\" selects no sequences of %lld; change --split", e.prefix.c_str(), split_name(split),
                     cfg.split.c_str(), (long long)data->size());
-    const bool weighted = e.weight >= 0 && blend.size() >= 1 && blend[0].weight >= 0;
-    // Megatron asks each blend component for ceil(ceil(S * w) * 1.005) samples.
-    const int64_t n = weighted ? static_cast<int64_t>(std::ceil(std::ceil(double(requested) * e.weight) * 1.005)) : requested;
+    int64_t n = requested;
+    if (weighted) {
+      const int64_t target = static_cast<int64_t>(std::ceil(double(requested) * e.weight));
+      n = static_cast<int64_t>(std::ceil(double(target) * (1.0 + 0.005)));
+      blend_size += target;
+    } else if (blend.size() > 1) {
+      n = -1;  // one epoch
+    }
     std::unique_ptr<GptDataset> ds;
     NB_TRY(GptDataset::create(data, r.first, r.second, cfg.seq_length, n, static_cast<uint32_t>(cfg.seed), cache, split_name(split), &ds));
+    weights.push_back(weighted ? e.weight : double(ds->size()));
     parts.push_back(std::move(ds));
-    weights.push_back(e.weight);
   }
-  if (blend[0].weight < 0)
+  if (!weighted && blend.size() == 1) {
     *out = std::make_shared<SingleSet>(std::move(parts[0]));
-  else
-    *out = std::make_shared<BlendedSet>(std::move(parts), weights, requested);
+    return Status::ok();
+  }
+  if (!weighted) {
+    int64_t total = 0;
+    for (double w : weights) total += int64_t(w);
+    blend_size = std::min(requested, total);
+  }
+  double sum = 0;  // BlendedDataset normalises (again), as Megatron does
+  for (double w : weights) sum += w;
+  for (double& w : weights) w /= sum;
+  *out = std::make_shared<BlendedSet>(std::move(parts), weights, blend_size);
   return Status::ok();
 }
 

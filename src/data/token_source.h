@@ -25,7 +25,7 @@ class TokenSource {
   virtual Status next(Batch* out) = 0;  // next micro-batch
   virtual int64_t consumed_samples() const = 0;
   virtual double wait_ms_total() const = 0;  // time next() spent waiting for the prefetch thread
-  virtual int64_t num_samples() const = 0;   // samples available before the source is exhausted
+  virtual int64_t num_samples() const { return -1; }  // samples available before exhaustion (-1: unknown)
 };
 
 struct DataConfig {

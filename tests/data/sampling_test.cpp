@@ -201,3 +201,62 @@ TEST(TokenSources, ExhaustionIsAClearError) {
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("exhausted"), std::string::npos) << st.message();
 }
+
+namespace {
+// Writes `count` sequences of pseudo-random lengths whose tokens encode (base + sequence, position).
+std::string write_dataset(const std::filesystem::path& dir, const std::string& name, int count, int base) {
+  std::string prefix = (dir / name).string();
+  std::unique_ptr<IndexedDatasetWriter> w;
+  EXPECT_TRUE(IndexedDatasetWriter::create(prefix, IndexedDtype::i32, &w).is_ok());
+  for (int i = 0; i < count; ++i) {
+    std::vector<int32_t> t;
+    for (int k = 0; k < 3 + (i * 7) % 11; ++k) t.push_back(base + 100 * i + k);
+    EXPECT_TRUE(w->add_document(t.data(), int64_t(t.size())).is_ok());
+  }
+  EXPECT_TRUE(w->finalize().is_ok());
+  return prefix;
+}
+}  // namespace
+
+TEST(GptBlends, WeightedBlendInterleavesComponentsLikeMegatron) {
+  auto dir = std::filesystem::temp_directory_path() / "nibble_blend_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string a = write_dataset(dir, "a", 40, 0), b = write_dataset(dir, "b", 30, 1000000);
+  DataConfig cfg;
+  cfg.data_path = "30 " + a + " 10 " + b;
+  cfg.split = "90,10";
+  cfg.seq_length = 8;
+  cfg.seed = 99;
+  cfg.num_samples = {20, 4, 0};
+  cfg.cache_path = "none";
+  std::shared_ptr<SampleSet> set;
+  Status st = make_gpt_samples(cfg, Split::train, &set);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  // Blend size = ceil(20 * 0.75) + ceil(20 * 0.25) = 20; components are asked for
+  // ceil(15 * 1.005) = 16 and ceil(5 * 1.005) = 6 samples of their train splits (36 and 27 sequences).
+  EXPECT_EQ(set->size(), 20);
+  std::vector<std::unique_ptr<GptDataset>> parts(2);
+  for (int d = 0; d < 2; ++d) {
+    std::unique_ptr<IndexedDataset> raw;
+    ASSERT_TRUE(IndexedDataset::open(d ? b : a, &raw).is_ok());
+    ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, d ? 27 : 36, 8, d ? 6 : 16, 99, "", "train", &parts[d]).is_ok());
+  }
+  std::vector<int16_t> which;
+  std::vector<int64_t> index;
+  build_blending_indices({0.75, 0.25}, 20, &which, &index);
+  std::vector<int32_t> got, want;
+  int from_b = 0;
+  for (int64_t k = 0; k < 20; ++k) {
+    set->sample(k, &got);
+    parts[which[k]]->sample(index[k], &want);
+    EXPECT_EQ(got, want) << "blended sample " << k;
+    from_b += got[0] >= 1000000;
+  }
+  EXPECT_EQ(from_b, 5);
+  // Several prefixes without weights: one epoch each, weighted by their sizes.
+  cfg.data_path = a + " " + b;
+  ASSERT_TRUE(make_gpt_samples(cfg, Split::train, &set).is_ok());
+  EXPECT_EQ(set->size(), 20);
+  std::filesystem::remove_all(dir);
+}
