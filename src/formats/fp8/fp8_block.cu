@@ -30,13 +30,16 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(const bf16* __
 
   float m = 0.0f;
   bool bad = false;
-  for (int i = threadIdx.x; i < kT * kT / 2; i += kThreads) {
-    int r = i / (kT / 2), cp = i % (kT / 2);
-    uint32_t w = *reinterpret_cast<const uint32_t*>(x + (r0 + r) * cols + c0 + 2 * cp);
-    float v0 = bits_f32(w << 16), v1 = bits_f32(w & 0xFFFF0000u);
-    m = fmaxf(m, fmaxf(fabsf(v0), fabsf(v1)));
-    bad |= !isfinite(v0) || !isfinite(v1);
-    *reinterpret_cast<uint32_t*>(&tile[r * kPitch + 2 * cp]) = w;
+  for (int i = threadIdx.x; i < kT * kT / 8; i += kThreads) {  // 16-byte chunks
+    const int r = i / (kT / 8), c = 8 * (i % (kT / 8));
+    const uint4 w = *reinterpret_cast<const uint4*>(x + (r0 + r) * cols + c0 + c);
+    const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+    for (int j = 0; j < 4; ++j) {
+      float v0 = bits_f32(u[j] << 16), v1 = bits_f32(u[j] & 0xFFFF0000u);
+      m = fmaxf(m, fmaxf(fabsf(v0), fabsf(v1)));
+      bad |= !isfinite(v0) || !isfinite(v1);
+      *reinterpret_cast<uint32_t*>(&tile[r * kPitch + c + 2 * j]) = u[j];
+    }
   }
   m = warp_max(m);
   if (lane == 0) warp_amax[warp] = m;
@@ -70,7 +73,13 @@ __global__ void __launch_bounds__(kThreads) block_quantize_kernel(const bf16* __
     for (int k = 0; k < kT / 8; ++k) {
       int c = warp * (kT / 8) + k;
       float v[4];
-      for (int j = 0; j < 4; ++j) v[j] = bf16_bits_to_f32(tile[(4 * lane + j) * kPitch + c]);
+      // Lane groups of 8 read their 4 rows in rotated order so the 32 lanes hit 32 distinct banks
+      // (row pitch 65 words); the values are put back in row order with constant indices.
+      const int g = lane / 8;
+      float rot[4];
+      for (int j = 0; j < 4; ++j) rot[j] = bf16_bits_to_f32(tile[(4 * lane + ((j + g) & 3)) * kPitch + c]);
+      for (int k2 = 0; k2 < 4; ++k2)  // v[k2] = rot[(k2 - g) & 3]
+        v[k2] = g == 0 ? rot[k2] : g == 1 ? rot[(k2 + 3) & 3] : g == 2 ? rot[(k2 + 2) & 3] : rot[(k2 + 1) & 3];
       float scale = tile_scale_value;
       if (!tile_scale) {
         float a = warp_max(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));

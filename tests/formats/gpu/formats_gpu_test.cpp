@@ -118,7 +118,7 @@ void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, boo
 
 TEST(FormatsGpu, Mxfp8MatchesReferenceSmall) {
   NB_REQUIRE_GPU();
-  for (auto [r, c] : {std::pair<int64_t, int64_t>{32, 32}, {96, 160}, {64, 64}, {160, 96}})
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{32, 32}, {96, 160}, {64, 64}, {160, 96}, {64, 544}})
     for (Dist d : kDists) check_mxfp8(r, c, d, false);
   check_mxfp8(96, 160, Dist::normal, true);
 }
@@ -131,7 +131,7 @@ TEST(FormatsGpu, Mxfp8MatchesReferenceLarge) {
 
 TEST(FormatsGpu, Fp8PerTensorMatchesReferenceSmall) {
   NB_REQUIRE_GPU();
-  for (auto [r, c] : {std::pair<int64_t, int64_t>{1, 1}, {37, 53}, {64, 64}, {130, 7}})
+  for (auto [r, c] : {std::pair<int64_t, int64_t>{1, 1}, {37, 53}, {64, 64}, {130, 7}, {72, 136}, {8, 8}})
     for (Dist d : kDists)
       for (auto f : {fp8::Format::e4m3, fp8::Format::e5m2}) {
         check_fp8(r, c, d, f, false, false, false);
