@@ -21,7 +21,11 @@
 //         over k per output element.
 //   cuda: A, B bf16; C bf16 or f32 (f32 with beta = 1 is the weight-gradient accumulation).
 //         cuBLASLt, FP32 accumulation (CUBLAS_COMPUTE_32F), FP32 alpha/beta, one rounding of the
-//         result to C's type. Plans are cached per problem (see gemm_cublaslt.cu). Calls on one
+//         result to C's type. Exception: with a bf16 C and beta != 0, cuBLASLt may round
+//         alpha * op(A) @ op(B) to bf16 before adding beta * C, i.e. C = rne(rne(alpha * acc) + beta * C)
+//         (measured on H200, cuBLAS 13, beta = 1 with 16-byte-aligned rows) -- the numerics of an
+//         unfused "y = residual + linear(x)" in BF16. Use an f32 C where one rounding matters.
+//         Plans are cached per problem (see gemm_cublaslt.cu). Calls on one
 //         device share one 32 MiB workspace, so GEMMs on different streams of the same device
 //         must not run concurrently (the engine issues its GEMMs on one compute stream).
 #pragma once

@@ -133,8 +133,8 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
                   "alignment preference", p);
 
   // Split-K is allowed only with partial sums kept in FP32 (the compute type). The in-place and
-  // output-type schemes add the partial products in C's type: with a bf16 C that is a BF16
-  // accumulation (seen on H200 for small M, N with beta != 0: results off by many bf16 ulps).
+  // output-type schemes add the partial sums in C's type, which for a bf16 C would be a BF16
+  // accumulation (a known cuBLASLt heuristic pitfall on some GPUs); FP32 accumulation is promised.
   const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
                                                      sizeof reduction_mask), "reduction scheme preference", p);

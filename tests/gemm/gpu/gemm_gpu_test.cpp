@@ -12,6 +12,10 @@
 //      acc = (K + 3) * 2 * u32 * S   (gamma bound for the GPU, doubled to allow truncating adds)
 //      |gpu - cpu| <= acc_gpu + acc_cpu + u_out * (|cpu| + acc_gpu + acc_cpu), u_out = 2^-8 for a
 //      bf16 C (one rounding of an 8-bit significand) and 2^-24 for an f32 C.
+// A bf16 C with beta != 0 may see two roundings (gemm.h: rne(rne(alpha * acc) + beta * C), which
+// cuBLASLt does on H200 for beta = 1): exact data then accepts that value as well as the singly
+// rounded one, and full data uses the two-rounding bound, with t = alpha * acc, |t| <= S:
+//      e1 = acc_gpu + acc_cpu + u_out * (S + acc_gpu + acc_cpu);   |gpu - cpu| <= e1 + u_out * (|cpu| + e1).
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 #include <cmath>
@@ -114,6 +118,10 @@ void check_vs_cpu(int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha
   HostMat abs_a = abs_of(a), abs_b = abs_of(b);
   ASSERT_TRUE(matmul(abs_a.cpu_tensor(), abs_b.cpu_tensor(), mag.cpu_tensor(),
                      {ta, tb, std::fabs(alpha), std::fabs(beta)}, nullptr).is_ok());
+  // alpha * op(A) @ op(B) alone, for the two-rounding case of a bf16 C with beta != 0.
+  const bool two_roundings = c_dt == DType::bf16 && beta != 0.f;
+  HostMat product = c;
+  ASSERT_TRUE(matmul(a.cpu_tensor(), b.cpu_tensor(), product.cpu_tensor(), {ta, tb, alpha, 0.f}, nullptr).is_ok());
   const double u_out = c_dt == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -24);
   int64_t bad = 0;
   for (int64_t i = 0; i < m; ++i) {
@@ -123,11 +131,18 @@ void check_vs_cpu(int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha
       bool ok;
       if (kind == Data::exact) {
         const float want = c_dt == DType::bf16 ? round_to_bf16(r) : r;
-        ok = std::memcmp(&want, &g, 4) == 0;
+        // Exact data: rne(t) + beta * c is exact in FP32, so this is the two-rounding result.
+        const float want2 = round_to_bf16(round_to_bf16(product.v[at]) + beta * c.v[at]);
+        ok = std::memcmp(&want, &g, 4) == 0 || (two_roundings && std::memcmp(&want2, &g, 4) == 0);
       } else {
         const double acc = double(k + 3) * std::ldexp(1.0, -23) * mag.v[at];
         const double acc_cpu = double(k + 3) * std::ldexp(1.0, -24) * mag.v[at];
-        ok = std::fabs(double(g) - r) <= acc + acc_cpu + u_out * (std::fabs(r) + acc + acc_cpu);
+        double tol = acc + acc_cpu + u_out * (std::fabs(r) + acc + acc_cpu);
+        if (two_roundings) {
+          const double e1 = acc + acc_cpu + u_out * (mag.v[at] + acc + acc_cpu);
+          tol = e1 + u_out * (std::fabs(r) + e1);
+        }
+        ok = std::fabs(double(g) - r) <= tol;
       }
       if (!ok && ++bad <= 5) ADD_FAILURE() << "C[" << i << "," << j << "] gpu " << g << " cpu " << r;
     }
