@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <atomic>
 #include <cstdint>
 #include "core/bf16.h"
 #include "core/cuda_check.h"
@@ -83,9 +84,24 @@ NB_DEVICE float block_sum(float v, float* shared) {
   return r;
 }
 
+// The default pool returns freed memory to the driver at every synchronization unless told to keep
+// some; keeping 64 MiB makes the per-call scratch below cheap. Only ever raises the threshold.
+inline void keep_scratch_pool_warm() {
+  static std::atomic<bool> done[64];
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64 || done[dev].exchange(true)) return;
+  cudaMemPool_t pool;
+  CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, dev));
+  uint64_t current = 0, wanted = uint64_t(64) << 20;
+  CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &current));
+  if (current < wanted) CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &wanted));
+}
+
 // Stream-ordered scratch memory, freed on the same stream (no device-wide synchronization).
 template <typename T>
 T* scratch_alloc(size_t count, cudaStream_t s) {
+  keep_scratch_pool_warm();
   void* p = nullptr;
   CUDA_CHECK(cudaMallocAsync(&p, count * sizeof(T) + 16, s));
   return static_cast<T*>(p);

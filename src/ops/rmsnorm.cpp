@@ -52,6 +52,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
     check_same_device(op, x, *t);
     check_numel(op, "dy/dx", *t, x.numel());
   }
+  NB_CHECK(dx.data != dy.data, "%s: dx must not alias dy (dw is computed from dy after dx is written)", op);
   check_contiguous(op, "dw_f32", dw_f32);
   check_dtype(op, "dw_f32", dw_f32, DType::f32);
   check_same_device(op, x, dw_f32);

@@ -1,6 +1,6 @@
 // CUDA kernels for RMSNorm (see rmsnorm.h). Forward and dx: one block per row, 16-byte accesses when
 // the row allows (H a multiple of the vector width), FP32 sums via a fixed-order block reduction; the
-// row is read twice (the second read hits L1/L2). dw: blocks own 64 columns x a chunk of 256 rows and
+// row is read twice (the second read hits L1/L2). dw: blocks own 256 columns x a chunk of 256 rows and
 // write FP32 partials; a second kernel sums the chunks in order into dw (deterministic, no atomics).
 #include "ops/cuda_common.cuh"
 #include "ops/ops_common.h"
@@ -63,36 +63,36 @@ __global__ void rmsnorm_dx_kernel(const T* x, const W* w, const float* rstd, con
   }
 }
 
-constexpr int kDwCols = 64;    // columns per block: 32 threads x 2
 constexpr int kDwRowsY = 8;    // thread rows per block
 constexpr int kDwChunk = 256;  // rows per partial
 
-// partial[chunk][col] = sum over rows of the chunk of dy * x * rstd, summed in a fixed order.
-template <typename T>
+// partial[chunk][col] = sum over the chunk's rows of dy * x * rstd. A block is 32 x 8 threads over
+// 32*V columns; each thread sums its V columns over rows y, y+8, ... of the chunk, then the 8 row
+// groups are added in a fixed order. V = 8 uses 16-byte loads (BF16) when H allows.
+template <typename T, int V>
 __global__ void rmsnorm_dw_partial_kernel(const T* x, const T* dy, const float* rstd, int64_t rows, int64_t H,
                                           float* partial) {
-  __shared__ float sh[kDwRowsY][kDwCols];
-  int64_t col0 = int64_t(blockIdx.x) * kDwCols + threadIdx.x * 2;
+  __shared__ float sh[kDwRowsY][32 * V];
+  int64_t col0 = (int64_t(blockIdx.x) * 32 + threadIdx.x) * V;
   int64_t r0 = int64_t(blockIdx.y) * kDwChunk;
   int64_t r1 = r0 + kDwChunk < rows ? r0 + kDwChunk : rows;
-  float a0 = 0.f, a1 = 0.f;
-  for (int64_t r = r0 + threadIdx.y; r < r1; r += kDwRowsY) {
-    float rs = rstd[r];
-    const T* xr = x + r * H;
-    const T* gr = dy + r * H;
-    if (col0 < H) a0 += to_f32(gr[col0]) * to_f32(xr[col0]) * rs;
-    if (col0 + 1 < H) a1 += to_f32(gr[col0 + 1]) * to_f32(xr[col0 + 1]) * rs;
+  float acc[V];
+  NB_UNROLL for (int k = 0; k < V; ++k) acc[k] = 0.f;
+  if (col0 < H) {  // with V > 1, H is a multiple of V, so the whole vector is in range
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kDwRowsY) {
+      float rs = rstd[r], xv[V], gv[V];
+      load_vec<T, V>(x + r * H + col0, xv);
+      load_vec<T, V>(dy + r * H + col0, gv);
+      NB_UNROLL for (int k = 0; k < V; ++k) acc[k] += gv[k] * xv[k] * rs;
+    }
   }
-  sh[threadIdx.y][threadIdx.x * 2] = a0;
-  sh[threadIdx.y][threadIdx.x * 2 + 1] = a1;
+  NB_UNROLL for (int k = 0; k < V; ++k) sh[threadIdx.y][threadIdx.x * V + k] = acc[k];
   __syncthreads();
-  if (threadIdx.y == 0) {
-    for (int k = 0; k < 2; ++k) {
-      int64_t col = col0 + k;
-      if (col >= H) continue;
+  if (threadIdx.y == 0 && col0 < H) {
+    NB_UNROLL for (int k = 0; k < V; ++k) {
       float s = 0.f;
-      for (int yy = 0; yy < kDwRowsY; ++yy) s += sh[yy][threadIdx.x * 2 + k];
-      partial[int64_t(blockIdx.y) * H + col] = s;
+      for (int yy = 0; yy < kDwRowsY; ++yy) s += sh[yy][threadIdx.x * V + k];
+      partial[int64_t(blockIdx.y) * H + col0 + k] = s;
     }
   }
 }
@@ -159,9 +159,15 @@ void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd,
     CUDA_CHECK_LAUNCH();
     int64_t chunks = (rows + kDwChunk - 1) / kDwChunk;
     float* partial = scratch_alloc<float>(size_t(chunks * H), cs);
-    dim3 grid(unsigned((H + kDwCols - 1) / kDwCols), unsigned(chunks));
-    rmsnorm_dw_partial_kernel<T><<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(),
-                                                                     rows, H, partial);
+    if (vec) {
+      dim3 grid(unsigned((H + 32 * 8 - 1) / (32 * 8)), unsigned(chunks));
+      rmsnorm_dw_partial_kernel<T, 8><<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(),
+                                                                         rows, H, partial);
+    } else {
+      dim3 grid(unsigned((H + 31) / 32), unsigned(chunks));
+      rmsnorm_dw_partial_kernel<T, 1><<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(),
+                                                                         rows, H, partial);
+    }
     CUDA_CHECK_LAUNCH();
     rmsnorm_dw_final_kernel<<<grid_for(H, 256), 256, 0, cs>>>(partial, chunks, H, dw_f32.ptr<float>());
     CUDA_CHECK_LAUNCH();

@@ -75,3 +75,10 @@ TEST(SwiGLU, BackwardMatchesFiniteDifferences) {
   swiglu_backward(host_f32(alias, {T, 2 * F}), host_f32(r, {T, F}), host_f32(alias, {T, 2 * F}), nullptr);
   for (size_t i = 0; i < dgu.size(); ++i) EXPECT_EQ(alias[i], dgu[i]);
 }
+
+TEST(RMSNormDeathTest, DxMustNotAliasDy) {
+  std::vector<float> x(8, 1.f), w(4, 1.f), rstd(2, 1.f), g(8, 1.f), dw(4);
+  EXPECT_DEATH(rmsnorm_backward(host_f32(x, {2, 4}), host_f32(w, {4}), host_f32(rstd, {2}), host_f32(g, {2, 4}),
+                                host_f32(g, {2, 4}), host_f32(dw, {4}), nullptr),
+               "must not alias");
+}

@@ -10,6 +10,8 @@
 #include "ops/adamw.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/swiglu.h"
 #include "ops/rmsnorm.h"
 
 using namespace nb;
@@ -131,9 +133,25 @@ TEST(OpsBandwidth, Report) {
   double ms = time_ms([&] { rmsnorm_forward(gx.t(), gw.t(), 1e-5f, gy.t(), gr.t(), nullptr); });
   printf("rmsnorm_forward  [%lld,%lld] bf16: %.3f ms, %.0f GB/s\n", (long long)T, (long long)H, ms,
          2.0 * T * H * 2 / ms / 1e6);
-  ms = time_ms([&] { rmsnorm_backward(gx.t(), gw.t(), gr.t(), gy.t(), gy.t(), gdw.t(), nullptr); });
+  auto gdx = upload(std::vector<float>(T * H), DType::bf16, {T, H});
+  ms = time_ms([&] { rmsnorm_backward(gx.t(), gw.t(), gr.t(), gy.t(), gdx.t(), gdw.t(), nullptr); });
   printf("rmsnorm_backward [%lld,%lld] bf16: %.3f ms, %.0f GB/s (min traffic: x, dy, dx)\n", (long long)T,
          (long long)H, ms, 3.0 * T * H * 2 / ms / 1e6);
+  {
+    const int64_t F = 14336;
+    auto gu = upload(std::vector<float>(T * 2 * F, 0.5f), DType::bf16, {T, 2 * F});
+    auto ga = upload(std::vector<float>(T * F), DType::bf16, {T, F});
+    ms = time_ms([&] { swiglu_forward(gu.t(), ga.t(), nullptr); });
+    printf("swiglu_forward [%lld,%lld] bf16: %.3f ms, %.0f GB/s\n", (long long)T, (long long)F, ms,
+           3.0 * T * F * 2 / ms / 1e6);
+    std::vector<int32_t> ids(T);
+    for (int64_t t = 0; t < T; ++t) ids[t] = int32_t((t * 7919) % 128256);
+    auto gids = upload_i32(ids, {T});
+    auto gtab = upload(std::vector<float>(size_t(128256) * H), DType::f32, {128256, H});
+    ms = time_ms([&] { embedding_backward(gids.t(), gx.t(), gtab.t(), nullptr); });
+    printf("embedding_backward T=%lld H=%lld (sort + owner sums): %.3f ms, %.0f GB/s\n", (long long)T,
+           (long long)H, ms, double(T) * H * (2 + 8) / ms / 1e6);
+  }
   const int64_t n = 1 << 28;
   auto p = upload(std::vector<float>(n, 0.1f), DType::f32, {n});
   auto g = upload(std::vector<float>(n, 0.1f), DType::f32, {n});
