@@ -231,6 +231,24 @@ void save_cache(const std::string& dir, const std::string& path, const std::stri
     std::filesystem::remove(tmp, ec);
   }
 }
+
+// A cache file is only trusted if every index it holds stays inside the data (a truncated or foreign
+// file is rebuilt instead of read out of bounds).
+bool indices_consistent(const GptIndices& idx, int64_t begin, int64_t end, const std::vector<int32_t>& lengths) {
+  const int64_t S = static_cast<int64_t>(idx.shuffle_index.size());
+  if (static_cast<int64_t>(idx.sample_index.size()) != 2 * (S + 1) || idx.document_index.empty()) return false;
+  for (int32_t d : idx.document_index)
+    if (d < begin || d >= end) return false;
+  for (int64_t v : idx.shuffle_index)
+    if (v < 0 || v >= S) return false;
+  const int64_t docs = static_cast<int64_t>(idx.document_index.size());
+  for (int64_t k = 0; k <= S; ++k) {
+    const int64_t pos = idx.sample_index[2 * k], off = idx.sample_index[2 * k + 1];
+    if (pos < 0 || pos >= docs || off < 0 || off >= std::max<int64_t>(1, lengths[size_t(idx.document_index[size_t(pos)])])) return false;
+    if (k > 0 && pos < idx.sample_index[2 * k - 2]) return false;
+  }
+  return true;
+}
 }  // namespace
 
 Status GptDataset::create(std::shared_ptr<LowLevelDataset> data, int64_t begin, int64_t end, int64_t seq_length, int64_t num_samples,
@@ -246,7 +264,7 @@ Status GptDataset::create(std::shared_ptr<LowLevelDataset> data, int64_t begin, 
                             (long long)num_samples, seed);
     path = strprintf("%s/%016llx-GPTDataset-%s.nbidx", cache_dir.c_str(), (unsigned long long)fnv1a64(description), split_label.c_str());
   }
-  if (path.empty() || !load_cache(path, &ds->idx_)) {
+  if (path.empty() || !load_cache(path, &ds->idx_) || !indices_consistent(ds->idx_, begin, end, ds->data_->lengths())) {
     NB_TRY(build_gpt_indices(ds->data_->lengths(), begin, end, seq_length, num_samples, seed, &ds->idx_));
     if (!path.empty()) save_cache(cache_dir, path, description, ds->idx_);
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
@@ -258,5 +259,38 @@ TEST(GptBlends, WeightedBlendInterleavesComponentsLikeMegatron) {
   cfg.data_path = a + " " + b;
   ASSERT_TRUE(make_gpt_samples(cfg, Split::train, &set).is_ok());
   EXPECT_EQ(set->size(), 20);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(GptDatasetSamples, CorruptCacheIsRebuiltNotTrusted) {
+  auto dir = std::filesystem::temp_directory_path() / "nibble_cache_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::string prefix = write_dataset(dir, "c", 20, 0);
+  auto open_ds = [&](std::unique_ptr<GptDataset>* ds) {
+    std::unique_ptr<IndexedDataset> raw;
+    ASSERT_TRUE(IndexedDataset::open(prefix, &raw).is_ok());
+    ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, 20, 5, 30, 3, (dir / "cache").string(), "train", ds).is_ok());
+  };
+  std::unique_ptr<GptDataset> first, second;
+  open_ds(&first);
+  // Overwrite the shuffle index part of every cache file with out-of-range values.
+  for (const auto& f : std::filesystem::directory_iterator(dir / "cache")) {
+    if (f.path().extension() != ".nbidx") continue;
+    auto size = std::filesystem::file_size(f.path());
+    std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(std::streamoff(size - 16));
+    const char junk[16] = {'\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f',
+                           '\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f', '\x7f'};
+    io.write(junk, 16);
+  }
+  open_ds(&second);
+  EXPECT_EQ(second->indices().shuffle_index, first->indices().shuffle_index);
+  std::vector<int32_t> a, b;
+  for (int64_t i = 0; i < first->size(); ++i) {
+    first->sample(i, &a);
+    second->sample(i, &b);
+    ASSERT_EQ(a, b);
+  }
   std::filesystem::remove_all(dir);
 }
