@@ -331,7 +331,20 @@ Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& p
 }
 
 Status BpeTokenizer::load(const std::string& path, const std::string& family, std::unique_ptr<BpeTokenizer>* out) {
-  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) return from_hf_json(path, out);
+  if (size_t comma = path.find(','); comma != std::string::npos) return from_vocab_merges(path.substr(0, comma), path.substr(comma + 1), out);
+  if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
+    std::string text;
+    NB_TRY(read_file(path, &text));
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && !j.contains("model")) {  // a bare vocab.json: find its merges.txt
+      std::string dir = path.substr(0, path.find_last_of('/') + 1);
+      std::string name = path.substr(dir.size());
+      for (std::string merges : {dir + "merges.txt", dir + name.substr(0, name.size() - 10) + "merges.txt"})
+        if (name.size() >= 10 && std::ifstream(merges).good()) return from_vocab_merges(path, merges, out);
+      return errorf("%s looks like a vocab.json but no merges.txt was found beside it; pass \"VOCAB.json,MERGES.txt\"", path.c_str());
+    }
+    return from_hf_json_text(text, path, out);
+  }
   std::string fam = family;
   if (fam == "auto") {
     std::ifstream f(path);
@@ -345,6 +358,28 @@ Status BpeTokenizer::load(const std::string& path, const std::string& family, st
   if (fam == "gpt2") return from_tiktoken(path, kGpt2Pattern, {{"<|endoftext|>", 50256}}, out);
   if (fam == "llama3") return from_tiktoken(path, kLlama3Pattern, llama3_specials(), out);
   return errorf("unknown tokenizer family \"%s\"; use gpt2, llama3 or a tokenizer.json file", fam.c_str());
+}
+
+Status BpeTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path, std::unique_ptr<BpeTokenizer>* out) {
+  using nlohmann::json;
+  std::string vocab_text, merges_text;
+  NB_TRY(read_file(vocab_path, &vocab_text));
+  NB_TRY(read_file(merges_path, &merges_text));
+  json vocab = json::parse(vocab_text, nullptr, false);
+  if (vocab.is_discarded() || !vocab.is_object()) return errorf("%s is not a JSON object of token -> id", vocab_path.c_str());
+  json merges = json::array();
+  std::istringstream in(merges_text);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    merges.push_back(line);
+  }
+  json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+            {"pre_tokenizer", {{"type", "ByteLevel"}, {"use_regex", true}}},
+            {"added_tokens", json::array()}};
+  if (vocab.contains("<|endoftext|>"))
+    j["added_tokens"].push_back({{"id", vocab["<|endoftext|>"]}, {"content", "<|endoftext|>"}, {"special", true}});
+  return from_hf_json_text(j.dump(), vocab_path + " + " + merges_path, out);
 }
 
 Status BpeTokenizer::from_hf_json(const std::string& path, std::unique_ptr<BpeTokenizer>* out) {

@@ -29,7 +29,8 @@ struct SpecialToken {
 class BpeTokenizer {
  public:
   ~BpeTokenizer();
-  // Loads a tokenizer by file: *.json = HF tokenizer.json; otherwise a tiktoken rank file whose family
+  // Loads a tokenizer by file: *.json = HF tokenizer.json, or a GPT-2 vocab.json with merges.txt beside
+  // it (or "VOCAB.json,MERGES.txt"); otherwise a tiktoken rank file whose family
   // (gpt2 or llama3 specials and regex) is given by `family` ("auto" guesses from the rank count:
   // 50,256 -> gpt2, 128,000 -> llama3).
   static Status load(const std::string& path, const std::string& family, std::unique_ptr<BpeTokenizer>* out);
@@ -37,6 +38,9 @@ class BpeTokenizer {
                               std::unique_ptr<BpeTokenizer>* out);
   static Status from_hf_json(const std::string& path, std::unique_ptr<BpeTokenizer>* out);
   static Status from_hf_json_text(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out);
+  // GPT-2's original pair (Megatron's GPT2BPETokenizer files): vocab.json {token: id} + merges.txt
+  // ("#version" line, then "a b" per line). "<|endoftext|>" becomes the special EOD token.
+  static Status from_vocab_merges(const std::string& vocab_path, const std::string& merges_path, std::unique_ptr<BpeTokenizer>* out);
 
   // Ordinary text: special-token strings in `text` are encoded as plain text, like tiktoken's
   // encode_ordinary. Appends to `out`. Thread-safe.

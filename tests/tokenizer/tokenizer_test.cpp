@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include "tokenizer/bpe_tokenizer.h"
 
@@ -165,4 +167,33 @@ TEST(Llama3Tokenizer, MatchesReferenceEncoder) {
                                                         2366, 19, 25, 5219, 220, 4513, 10961, 22, 323, 256, 12908, 3324, 3518, 0}));
   EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{3458, 38672, 588, 53050, 2001, 119109, 11410, 248, 222, 80584, 28089, 8341, 0,
                                                            358, 6, 4592, 1541, 956}));
+}
+
+TEST(BpeTraining, Gpt2StyleVocabAndMergesFilesEncodeLikeTheTokenizerJson) {
+  // Splits a trained tokenizer.json into GPT-2's vocab.json + merges.txt and loads that pair.
+  auto dir = std::filesystem::temp_directory_path() / "nibble_vocab_merges_test";
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> corpus(50, "merges are applied in order: the theme of these themes is the thesis");
+  BpeTrainOptions opt;
+  opt.vocab_size = 290;
+  std::string json_path = (dir / "tok.json").string();
+  ASSERT_TRUE(train_bpe(corpus, opt, json_path, nullptr).is_ok());
+  std::ifstream f(json_path);
+  auto j = nlohmann::json::parse(f);
+  nlohmann::json vocab = j["model"]["vocab"];
+  vocab["<|endoftext|>"] = j["added_tokens"][0]["id"];
+  std::ofstream(dir / "vocab.json") << vocab.dump();
+  {
+    std::ofstream m(dir / "merges.txt");
+    m << "#version: 0.2\n";
+    for (const auto& pair : j["model"]["merges"]) m << pair[0].get<std::string>() << " " << pair[1].get<std::string>() << "\n";
+  }
+  std::unique_ptr<BpeTokenizer> a, b;
+  ASSERT_TRUE(BpeTokenizer::from_hf_json(json_path, &a).is_ok());
+  Status st = BpeTokenizer::load((dir / "vocab.json").string(), "auto", &b);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_EQ(b->eod(), a->eod());
+  for (const std::string s : {"the theme of these themes", "thesis: merges applied", "unseen words, too"}) EXPECT_EQ(enc(*b, s), enc(*a, s)) << s;
+  EXPECT_GT(enc(*a, "the theme of these themes").size(), 0u);
+  std::filesystem::remove_all(dir);
 }
