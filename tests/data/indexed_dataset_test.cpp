@@ -1,6 +1,7 @@
 // Megatron .bin/.idx: a file built by hand from the published byte layout, writer/reader round trip,
 // and one corrupt-file case per validation rule (each must fail with a message naming the field).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -9,9 +10,14 @@
 
 using namespace nb;
 
+// Per-process folder names: CTest may run the cases of this file in parallel processes.
+static std::filesystem::path unique_temp(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+}
+
 namespace {
 std::filesystem::path temp_dir() {
-  auto d = std::filesystem::temp_directory_path() / ("nibble_idx_test_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+  auto d = unique_temp("nibble_idx_test");
   std::filesystem::create_directories(d);
   return d;
 }

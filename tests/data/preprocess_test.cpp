@@ -1,6 +1,7 @@
 // `nibble preprocess` end to end: JSONL -> .bin/.idx read back must equal the tokenizer's own encoding
 // of each document plus EOD, with empty documents recorded like Megatron does, whatever --workers is.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,11 @@
 #include "tokenizer/bpe_tokenizer.h"
 
 using namespace nb;
+
+// Per-process folder names: CTest may run the cases of this file in parallel processes.
+static std::filesystem::path unique_temp(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+}
 
 namespace {
 std::vector<std::string> documents() {
@@ -24,7 +30,7 @@ std::vector<std::string> documents() {
 }  // namespace
 
 TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
-  auto dir = std::filesystem::temp_directory_path() / "nibble_preprocess_test";
+  auto dir = unique_temp("nibble_preprocess_test");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   auto docs = documents();
@@ -85,7 +91,7 @@ TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
 }
 
 TEST(Preprocess, BadInputIsAClearError) {
-  auto dir = std::filesystem::temp_directory_path() / "nibble_preprocess_bad";
+  auto dir = unique_temp("nibble_preprocess_bad");
   std::filesystem::create_directories(dir);
   {
     std::ofstream f(dir / "in.jsonl");

@@ -3,6 +3,7 @@
 // Megatron's _build_document_index / build_sample_idx / _build_shuffle_index / build_blending_indices
 // statement for statement (numpy 1.24, Debian 12). Re-run it to regenerate.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,11 @@
 #include "data/token_source.h"
 
 using namespace nb;
+
+// Per-process folder names: CTest may run the cases of this file in parallel processes.
+static std::filesystem::path unique_temp(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+}
 
 TEST(NumpyRandom, RandomStateRawOutputsAndRandint) {
   LegacyRandomState raw(1234);
@@ -112,7 +118,7 @@ TEST(GptIndices, SplitRangesRoundLikePython) {
 
 TEST(GptDatasetSamples, SamplesSpanDocumentsWithOverlap) {
   // Sequence i holds tokens 100*i + k; a sample is seq_len + 1 tokens, the next starting at its last token.
-  auto dir = std::filesystem::temp_directory_path() / "nibble_sampling_test";
+  auto dir = unique_temp("nibble_sampling_test");
   std::filesystem::create_directories(dir);
   std::string prefix = (dir / "tiny").string();
   {
@@ -220,7 +226,7 @@ std::string write_dataset(const std::filesystem::path& dir, const std::string& n
 }  // namespace
 
 TEST(GptBlends, WeightedBlendInterleavesComponentsLikeMegatron) {
-  auto dir = std::filesystem::temp_directory_path() / "nibble_blend_test";
+  auto dir = unique_temp("nibble_blend_test");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::string a = write_dataset(dir, "a", 40, 0), b = write_dataset(dir, "b", 30, 1000000);
@@ -263,7 +269,7 @@ TEST(GptBlends, WeightedBlendInterleavesComponentsLikeMegatron) {
 }
 
 TEST(GptDatasetSamples, CorruptCacheIsRebuiltNotTrusted) {
-  auto dir = std::filesystem::temp_directory_path() / "nibble_cache_test";
+  auto dir = unique_temp("nibble_cache_test");
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   std::string prefix = write_dataset(dir, "c", 20, 0);

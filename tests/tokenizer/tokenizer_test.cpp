@@ -2,6 +2,7 @@
 // those tests skip with the reason when the files are absent), byte-exact round trips including invalid
 // UTF-8, HF tokenizer.json merge-order semantics, and training.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -11,6 +12,11 @@
 #include "tokenizer/bpe_tokenizer.h"
 
 using namespace nb;
+
+// Per-process folder names: CTest may run the cases of this file in parallel processes.
+static std::filesystem::path unique_temp(const std::string& name) {
+  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+}
 
 namespace {
 std::string data_dir() {
@@ -127,7 +133,7 @@ TEST(HfTokenizerJson, RejectsBrokenFiles) {
 TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
   std::vector<std::string> corpus;
   for (int i = 0; i < 200; ++i) corpus.push_back("the lowest lower low newest widest the the low " + std::to_string(i % 7));
-  auto out = (std::filesystem::temp_directory_path() / "nibble_bpe_train_test.json").string();
+  auto out = (unique_temp("nibble_bpe_train_test.json")).string();
   BpeTrainOptions opt;
   opt.vocab_size = 300;
   std::string summary;
@@ -171,7 +177,7 @@ TEST(Llama3Tokenizer, MatchesReferenceEncoder) {
 
 TEST(BpeTraining, Gpt2StyleVocabAndMergesFilesEncodeLikeTheTokenizerJson) {
   // Splits a trained tokenizer.json into GPT-2's vocab.json + merges.txt and loads that pair.
-  auto dir = std::filesystem::temp_directory_path() / "nibble_vocab_merges_test";
+  auto dir = unique_temp("nibble_vocab_merges_test");
   std::filesystem::create_directories(dir);
   std::vector<std::string> corpus(50, "merges are applied in order: the theme of these themes is the thesis");
   BpeTrainOptions opt;
