@@ -203,3 +203,28 @@ TEST(BpeTraining, Gpt2StyleVocabAndMergesFilesEncodeLikeTheTokenizerJson) {
   EXPECT_GT(enc(*a, "the theme of these themes").size(), 0u);
   std::filesystem::remove_all(dir);
 }
+
+// llama3-tokenizer.json (HF form: vocab + 280,147 merges applied in order, ignore_merges) must encode
+// exactly like the rank file; vectors from llama3-tokenizer-js's own test suite, then real prose.
+TEST(Llama3Tokenizer, HfJsonWithMergesEqualsRankFile) {
+  LOAD_OR_SKIP(ranks, "llama3.tiktoken", "llama3");
+  LOAD_OR_SKIP(hf, "llama3-tokenizer.json", "auto");
+  EXPECT_TRUE(hf->adds_bos());
+  EXPECT_EQ(hf->bos(), 128000);
+  EXPECT_EQ(hf->eod(), 128001);
+  EXPECT_EQ(hf->vocab_size(), 128256);
+  EXPECT_EQ(enc(*hf, "grabbed"), (std::vector<int32_t>{59312, 2788}));
+  EXPECT_EQ(enc(*hf, "           grabbed"), (std::vector<int32_t>{1881, 30418}));
+  EXPECT_EQ(enc(*hf, "\ttabs\t\t\t\tout here"), (std::vector<int32_t>{3324, 3518, 573, 14294, 1618}));
+  EXPECT_EQ(enc(*hf, "ax\n####\nboo"), (std::vector<int32_t>{710, 198, 71050, 34093}));
+  EXPECT_EQ(enc(*hf, "🦙Ꙋ"), (std::vector<int32_t>{9468, 99, 247, 166, 247, 232}));
+  EXPECT_EQ(enc(*hf, "This is a test sentence."), (std::vector<int32_t>{2028, 374, 264, 1296, 11914, 13}));
+  std::ifstream corpus(data_dir() + "/corpus.jsonl");
+  std::string line;
+  int checked = 0;
+  for (; checked < 200 && std::getline(corpus, line); ++checked) {
+    std::string text = nlohmann::json::parse(line)["text"].get<std::string>();
+    ASSERT_EQ(enc(*hf, text), enc(*ranks, text)) << "corpus document " << checked;
+  }
+  for (const auto& s : tricky_strings()) ASSERT_EQ(enc(*hf, s), enc(*ranks, s));
+}
