@@ -22,6 +22,21 @@ namespace {
 
 constexpr int kTileRows = 64, kTileCols = 128, kThreads = 256;
 constexpr int kColStagePitchWords = 9;  // 32 code bytes per column + 4 pad bytes: fewer bank conflicts
+// Tiles in the shared-memory ring: kStages - 1 tiles are in flight while one is encoded.
+#ifndef NB_NVFP4_STAGES
+#define NB_NVFP4_STAGES 2
+#endif
+constexpr int kStages = NB_NVFP4_STAGES;
+static_assert(kStages >= 2, "the ring needs a slot being encoded and one in flight");
+constexpr int kTilePieces = kTileRows * kTileCols / 8;  // 16-byte pieces per tile
+constexpr size_t kRingBytes = size_t(kStages) * kTilePieces * 16;
+// CTAs per SM the register budget is set for (RHT + SR needs more registers per thread).
+#ifndef NB_NVFP4_MIN_CTAS
+#define NB_NVFP4_MIN_CTAS 4
+#endif
+#ifndef NB_NVFP4_MIN_CTAS_RHT_SR
+#define NB_NVFP4_MIN_CTAS_RHT_SR 2
+#endif
 
 NB_DEVICE void unpack8(const uint4& q, float* v) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
@@ -119,22 +134,36 @@ NB_DEVICE TileCoords tile_coords(const KernelArgs& a, int64_t tile_id, int64_t t
   return tc;
 }
 
-// The tile's 1024 16-byte pieces, 4 per thread; out-of-range pieces read as zero.
-NB_DEVICE void load_tile(const KernelArgs& a, const TileCoords& tc, uint4* piece) {
+// The tile's 1024 16-byte pieces, 4 per thread, copied global -> shared with cp.async (no registers
+// held while in flight); out-of-range pieces are zero-filled (source size 0).
+NB_DEVICE void load_tile_async(const KernelArgs& a, const TileCoords& tc, uint4* stage) {
 NB_UNROLL
   for (int i = 0; i < 4; ++i) {
     const int idx = threadIdx.x + kThreads * i, row = idx / 16, q = idx % 16;
-    piece[i] = make_uint4(0, 0, 0, 0);
-    if (row < tc.valid_rows && q * 8 < tc.valid_cols)
-      piece[i] = __ldg(reinterpret_cast<const uint4*>(a.x + (tc.r0 + row) * a.cols + tc.c0 + q * 8));
+    const bool valid = row < tc.valid_rows && q * 8 < tc.valid_cols;
+    const bf16* src = valid ? a.x + (tc.r0 + row) * a.cols + tc.c0 + q * 8 : a.x;
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(stage + idx));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
   }
 }
+NB_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+NB_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
 
-// Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; the next tile's global loads are
-// issued into registers before the current tile is processed, so memory stays busy during the math.
+// E4M3 block scale code with the sm_90 conversion instruction (RNE, satfinite, NaN -> 0x7F): the same
+// byte as f32_to_e4m3_satfinite for every input (block_scale_code with s_enc_div6 = s_enc * (1/6)).
+NB_DEVICE uint32_t block_scale_code_hw(float block_amax, float s_enc_div6) {
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(block_amax * s_enc_div6));
+  return pair & 0xFFu;
+}
+
+// Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; a ring of kStages tiles in shared
+// memory keeps the next kStages - 1 tiles' loads in flight while the current one is encoded.
 template <bool kTwoD, bool kRht, bool kSr>
-__global__ void __launch_bounds__(kThreads, (kRht && kSr) ? 2 : 3) quantize_kernel(KernelArgs a) {
-  __shared__ __align__(16) uint32_t tile[kTileRows * kTileCols / 2];  // BF16 pairs, row pitch 64 words
+__global__ void __launch_bounds__(kThreads, (kRht && kSr) ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS)
+    quantize_kernel(KernelArgs a) {
+  extern __shared__ __align__(16) uint4 ring[];  // kStages tiles of BF16 pairs, row pitch 64 words
   __shared__ uint32_t col_stage[kTileCols * kColStagePitchWords];
   __shared__ uint8_t col_scale_stage[kTileCols * 4];
   __shared__ uint8_t tile_scale[4 * 8];  // 2D: one code per 16x16 tile
@@ -147,6 +176,7 @@ __global__ void __launch_bounds__(kThreads, (kRht && kSr) ? 2 : 3) quantize_kern
     *a.nonfinite = 1;
   const float s_enc_row = global_encode_scale(row_amax);
   const float s_enc_col = kTwoD ? s_enc_row : global_encode_scale(col_amax);
+  const float s_enc_row_div6 = s_enc_row * (1.0f / 6.0f), s_enc_col_div6 = s_enc_col * (1.0f / 6.0f);
   // One division per scale code instead of one per block (same expression as block_encode_scale).
   enc_lut[0][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_row);
   enc_lut[1][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_col);
@@ -154,19 +184,29 @@ __global__ void __launch_bounds__(kThreads, (kRht && kSr) ? 2 : 3) quantize_kern
 
   const int64_t tiles_x = (a.cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = tiles_x * ((a.rows + kTileRows - 1) / kTileRows);
-  uint4 piece[4];
-  int64_t tile_id = blockIdx.x;
-  if (tile_id < tiles) load_tile(a, tile_coords(a, tile_id, tiles_x), piece);
+NB_UNROLL
+  for (int st = 0; st < kStages - 1; ++st) {
+    const int64_t id = blockIdx.x + int64_t(st) * gridDim.x;
+    if (id < tiles) load_tile_async(a, tile_coords(a, id, tiles_x), ring + st * kTilePieces);
+    cp_async_commit();  // one group per ring slot, empty or not, so the wait count below holds
+  }
 
-  for (; tile_id < tiles; tile_id += gridDim.x) {
+  int stage = 0;
+  for (int64_t tile_id = blockIdx.x; tile_id < tiles; tile_id += gridDim.x) {
     const TileCoords tc = tile_coords(a, tile_id, tiles_x);
     const int64_t r0 = tc.r0, c0 = tc.c0;
     const int valid_rows = tc.valid_rows, valid_cols = tc.valid_cols;
-    __syncthreads();  // the previous tile's readers of tile/col_stage/tile_scale are done
-NB_UNROLL
-    for (int i = 0; i < 4; ++i) reinterpret_cast<uint4*>(tile)[t + kThreads * i] = piece[i];
-    __syncthreads();
-    if (tile_id + gridDim.x < tiles) load_tile(a, tile_coords(a, tile_id + gridDim.x, tiles_x), piece);
+    cp_async_wait<kStages - 2>();  // this thread's pieces of the current tile have landed
+    __syncthreads();  // everyone's pieces landed; the previous tile's readers of the ring slot, col_stage and
+                      // tile_scale are done
+    {
+      const int64_t next = tile_id + int64_t(kStages - 1) * gridDim.x;
+      const int slot = stage == 0 ? kStages - 1 : stage - 1;  // the slot the previous tile used
+      if (next < tiles) load_tile_async(a, tile_coords(a, next, tiles_x), ring + slot * kTilePieces);
+      cp_async_commit();
+    }
+    const uint32_t* tile = reinterpret_cast<const uint32_t*>(ring + stage * kTilePieces);
+    stage = stage + 1 == kStages ? 0 : stage + 1;
 
     if constexpr (kTwoD) {
       // 32 tiles of 16x16; 8 threads per tile, 2 rows each, reduced by shuffles within the 8 lanes.
@@ -182,7 +222,7 @@ NB_UNROLL
       uint32_t m = max(m2 & 0xFFFFu, m2 >> 16) << 16;
 NB_UNROLL
       for (int o = 4; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (sub == 0) tile_scale[tl] = uint8_t(block_scale_code(bits_f32(m), s_enc_row));
+      if (sub == 0) tile_scale[tl] = uint8_t(block_scale_code_hw(bits_f32(m), s_enc_row_div6));
       __syncthreads();
     }
 
@@ -206,7 +246,7 @@ NB_UNROLL
         } else {
           uint32_t m2 = max_u16x2(max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)),
                                   max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
-          s = block_scale_code(bits_f32(max(m2 & 0xFFFFu, m2 >> 16) << 16), s_enc_row);
+          s = block_scale_code_hw(bits_f32(max(m2 & 0xFFFFu, m2 >> 16) << 16), s_enc_row_div6);
         }
         const float enc = enc_lut[0][s];
         const int64_t grow = r0 + row, gblk = c0 / 16 + blk;
@@ -226,14 +266,14 @@ NB_UNROLL
         // Each column of the pair re-reads its 16 words (cheap, conflict-free) so that only one
         // column's values are live in registers at a time.
         const uint32_t* words = tile + k * 16 * (kTileCols / 2) + p;
+        uint32_t m2 = 0;  // both columns' block amaxes (BF16 pairs), taken on the first pass only
 NB_UNROLL
         for (int q = 0; q < 2; ++q) {
           float v[16];
-          uint32_t m2 = 0;
 NB_UNROLL
           for (int j = 0; j < 16; ++j) {
             const uint32_t w = words[j * (kTileCols / 2)];
-            if constexpr (!kRht) m2 = max_u16x2(m2, w & kAbs2);
+            if constexpr (!kRht && !kTwoD) if (q == 0) m2 = max_u16x2(m2, w & kAbs2);
             v[j] = bits_f32(q ? (w & 0xFFFF0000u) : (w << 16));
           }
           const int col = 2 * p + q;
@@ -242,9 +282,9 @@ NB_UNROLL
             s = tile_scale[k * 8 + col / 16];
           } else if constexpr (kRht) {
             hadamard::rht16_bf16(v);
-            s = block_scale_code(block_amax16(v), s_enc_col);
+            s = block_scale_code_hw(block_amax16(v), s_enc_col_div6);
           } else {
-            s = block_scale_code(bits_f32((q ? m2 >> 16 : m2 & 0xFFFFu) << 16), s_enc_col);
+            s = block_scale_code_hw(bits_f32((q ? m2 >> 16 : m2 & 0xFFFFu) << 16), s_enc_col_div6);
           }
           const float enc = enc_lut[1][s];
           Philox4x32 rand{};
@@ -284,12 +324,15 @@ int sm_count() {
 template <bool kTwoD, bool kRht, bool kSr>
 void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
   static int resident = [] {
+    auto* kernel = quantize_kernel<kTwoD, kRht, kSr>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRingBytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, quantize_kernel<kTwoD, kRht, kSr>, kThreads, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kRingBytes));
     return std::max(per_sm, 1) * sm_count();
   }();
   const int grid = int(std::min<int64_t>(tiles, resident));
-  quantize_kernel<kTwoD, kRht, kSr><<<grid, kThreads, 0, s>>>(a);
+  quantize_kernel<kTwoD, kRht, kSr><<<grid, kThreads, kRingBytes, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
