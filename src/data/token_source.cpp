@@ -42,8 +42,12 @@ class BlendedSet final : public SampleSet {
 // Fills a bounded queue of batches on a background thread, in sample order from `consumed`.
 class PrefetchSource final : public TokenSource {
  public:
-  PrefetchSource(std::shared_ptr<SampleSet> set, int64_t seq_len, int64_t micro_batch, int64_t consumed)
-      : set_(std::move(set)), seq_len_(seq_len), mbs_(micro_batch), consumed_(consumed), produce_at_(consumed) {
+  // Data parallelism as Megatron's pretraining sampler: each global micro-batch is mbs * dp_size
+  // consecutive sample ids, rank r takes rows [r * mbs, (r + 1) * mbs); consumed counts global samples.
+  PrefetchSource(std::shared_ptr<SampleSet> set, int64_t seq_len, int64_t micro_batch, int64_t consumed, int64_t dp_rank = 0,
+                 int64_t dp_size = 1)
+      : set_(std::move(set)), seq_len_(seq_len), mbs_(micro_batch), global_(micro_batch * dp_size), offset_(dp_rank * micro_batch),
+        consumed_(consumed), produce_at_(consumed) {
     worker_ = std::thread([this] { run(); });
   }
   ~PrefetchSource() override {
@@ -57,13 +61,13 @@ class PrefetchSource final : public TokenSource {
   Status next(Batch* out) override {
     auto t0 = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mu_);
-    if (consumed_ + mbs_ > set_->size())
+    if (consumed_ + global_ > set_->size())
       return errorf("the data is exhausted: %lld samples consumed of %lld; ask for more samples (train iterations) when building the source",
                     (long long)consumed_, (long long)set_->size());
     cv_.wait(lock, [this] { return !queue_.empty(); });
     *out = std::move(queue_.front());
     queue_.pop_front();
-    consumed_ += mbs_;
+    consumed_ += global_;
     wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     lock.unlock();
     cv_.notify_all();
@@ -81,7 +85,7 @@ class PrefetchSource final : public TokenSource {
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || queue_.size() < kDepth; });
-        if (stop_ || produce_at_ + mbs_ > set_->size()) return;
+        if (stop_ || produce_at_ + global_ > set_->size()) return;
       }
       Batch b;
       b.micro_batch = mbs_;
@@ -89,7 +93,7 @@ class PrefetchSource final : public TokenSource {
       b.tokens.resize(static_cast<size_t>(mbs_ * seq_len_));
       b.labels.resize(static_cast<size_t>(mbs_ * seq_len_));
       for (int64_t r = 0; r < mbs_; ++r) {
-        set_->sample(produce_at_ + r, &text);
+        set_->sample(produce_at_ + offset_ + r, &text);
         NB_CHECK(static_cast<int64_t>(text.size()) == seq_len_ + 1, "sample of %zu tokens", text.size());
         std::copy(text.begin(), text.end() - 1, b.tokens.begin() + r * seq_len_);
         std::copy(text.begin() + 1, text.end(), b.labels.begin() + r * seq_len_);
@@ -97,14 +101,14 @@ class PrefetchSource final : public TokenSource {
       {
         std::lock_guard<std::mutex> lock(mu_);
         queue_.push_back(std::move(b));
-        produce_at_ += mbs_;
+        produce_at_ += global_;
       }
       cv_.notify_all();
     }
   }
 
   std::shared_ptr<SampleSet> set_;
-  int64_t seq_len_, mbs_, consumed_, produce_at_;
+  int64_t seq_len_, mbs_, global_, offset_, consumed_, produce_at_;
   double wait_ms_ = 0;
   bool stop_ = false;
   std::deque<Batch> queue_;
@@ -198,10 +202,17 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
 }
 
 Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed, std::unique_ptr<TokenSource>* out) {
+  return make_gpt_source_dp(cfg, split, micro_batch, 0, 1, consumed, out);
+}
+
+Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size, int64_t consumed,
+                          std::unique_ptr<TokenSource>* out) {
   NB_TRY(check_args(cfg.seq_length, micro_batch, consumed));
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
+    return errorf("data-parallel rank %lld of %lld is invalid", (long long)dp_rank, (long long)dp_size);
   std::shared_ptr<SampleSet> set;
   NB_TRY(make_gpt_samples(cfg, split, &set));
-  *out = std::make_unique<PrefetchSource>(std::move(set), cfg.seq_length, micro_batch, consumed);
+  *out = std::make_unique<PrefetchSource>(std::move(set), cfg.seq_length, micro_batch, consumed, dp_rank, dp_size);
   return Status::ok();
 }
 

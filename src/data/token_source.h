@@ -45,6 +45,10 @@ Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uin
 Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split, int64_t samples,
                               int64_t consumed, std::unique_ptr<TokenSource>* out);
 Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed, std::unique_ptr<TokenSource>* out);
+// Data-parallel rank `dp_rank` of `dp_size`: next() returns this rank's rows of each global
+// micro-batch (mbs * dp_size samples); consumed_samples() counts global samples, as Megatron logs them.
+Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size, int64_t consumed,
+                          std::unique_ptr<TokenSource>* out);
 
 // Without the prefetch thread: the samples of a split as one indexable sequence (tests, tools).
 class SampleSet {

@@ -84,6 +84,25 @@ TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
   Batch b;
   ASSERT_TRUE(src->next(&b).is_ok());
   EXPECT_EQ(b.tokens.size(), 64u);
+  // Data parallelism: ranks 0 and 1 of 2 with micro-batch 2 see the rows of one rank with micro-batch 4,
+  // also when resumed mid-way (consumed = 8 global samples).
+  for (int64_t consumed : {0, 8}) {
+    std::unique_ptr<TokenSource> one, r0, r1;
+    ASSERT_TRUE(make_gpt_source(cfg, Split::train, 4, consumed, &one).is_ok());
+    ASSERT_TRUE(make_gpt_source_dp(cfg, Split::train, 2, 0, 2, consumed, &r0).is_ok());
+    ASSERT_TRUE(make_gpt_source_dp(cfg, Split::train, 2, 1, 2, consumed, &r1).is_ok());
+    for (int step = 0; step < 3; ++step) {
+      Batch all, a0, a1;
+      ASSERT_TRUE(one->next(&all).is_ok());
+      ASSERT_TRUE(r0->next(&a0).is_ok());
+      ASSERT_TRUE(r1->next(&a1).is_ok());
+      a0.tokens.insert(a0.tokens.end(), a1.tokens.begin(), a1.tokens.end());
+      EXPECT_EQ(a0.tokens, all.tokens) << "consumed " << consumed << " step " << step;
+    }
+    EXPECT_EQ(r1->consumed_samples(), consumed + 12);
+  }
+  std::unique_ptr<TokenSource> bad;
+  EXPECT_FALSE(make_gpt_source_dp(cfg, Split::train, 2, 2, 2, 0, &bad).is_ok());
   std::unique_ptr<TokenSource> valid;
   ASSERT_TRUE(make_gpt_source(cfg, Split::valid, 1, 0, &valid).is_ok());
   EXPECT_TRUE(std::filesystem::exists(dir / "cache" / "nibble_indices"));
