@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
+# Usage: bash scripts/benchmark.sh [build-dir] [results-dir] [parts] [workloads]
 # Runs nibble and the PyTorch peer on the standard workloads in one GPU job and regenerates
 # BENCHMARKS.md. Usage (on a GPU machine, from the repository root, with a built nibble):
 #   bash scripts/benchmark.sh [build-dir] [results-dir] [parts]
-# parts: a comma list of quant,gemm,train,peer (default all). Results (logs, JSON) go to results-dir;
+# parts: a comma list of quant,gemm,train,peer (default all); workloads: proxy,deep (default both). Results (logs, JSON) go to results-dir;
 # BENCHMARKS.md is rewritten from whatever results-dir holds.
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench}
 parts=${3:-quant,gemm,train,peer}
+only=${4:-proxy,deep}
 mkdir -p "$out"
 nb="$build/nibble"
 has() { [[ ",$parts," == *",$1,"* ]]; }
@@ -19,6 +21,7 @@ if has gemm; then "$nb" bench gemm --markdown > "$out/gemm.md" 2> "$out/gemm.err
 workloads=("proxy llama3-8b-proxy 2" "deep llama3-8b-proxy-deep 1")
 for w in "${workloads[@]}"; do
   read -r tag model mbs <<< "$w"
+  [[ ",$only," == *",$tag,"* ]] || continue
   gbs=$((mbs * 8))
   if has train; then
     "$nb" train --model "$model" --micro-batch-size "$mbs" --global-batch-size "$gbs" --seq-length 4096 \

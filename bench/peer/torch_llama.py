@@ -83,7 +83,7 @@ class Llama(nn.Module):
         for b in self.blocks:
             x = b(x, self.cos, self.sin)
         logits = self.lm_head(self.norm(x))
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.reshape(-1))
 
 
 def matmul_params(c):

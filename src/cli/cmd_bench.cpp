@@ -89,6 +89,7 @@ void add_bench_command(CLI::App& app) {
   q->add_option("--iters", a->iters, "timed runs per quantizer (the median is reported)")->check(CLI::PositiveNumber);
   q->add_flag("--markdown", a->markdown, "print a Markdown table for BENCHMARKS.md");
   q->callback([a] { exit_code() = run_bench_quant(*a); });
+  add_bench_gemm_command(*cmd);
 }
 
 }  // namespace nb::cli

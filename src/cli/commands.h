@@ -9,6 +9,7 @@ int& exit_code();
 void add_info_command(CLI::App& app);
 void add_quant_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
+void add_bench_gemm_command(CLI::App& bench);  // registers `bench gemm` under `bench`
 void add_preprocess_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
