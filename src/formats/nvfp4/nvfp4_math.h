@@ -60,15 +60,17 @@ NB_UNROLL
 //
 // RNE: one magic add whose ulp is the grid step of a's binade, so the FPU does the rounding (ties to an
 // even multiple of the step, which is the even code): M = 2^22 (step 0.5) for a < 2, 2^23 (step 1) for
-// 2 <= a < 4, 2^24 (step 2) for a >= 4. With e = max(exponent field of a, 127) (a <= 6, so e <= 129),
-// M's bits are (e << 23) + 0x0B000000 and the code is bits(a + M) - bits(M) + 2 * (e - 127), i.e.
-// bits(a + M) - (e * (2^23 - 2) + 0x0B0000FE): about 7 instructions instead of two rounded paths.
+// 2 <= a < 4, 2^24 (step 2) for a >= 4, i.e. M = 2^(e - 105) with e = max(exponent field of a, 127)
+// (a <= 6, so e <= 129). The code is the number of steps plus 2 * (e - 127); adding those 2 * (e - 127)
+// steps to M itself (an even number of steps, so tie parity is unchanged, and M stays in its binade)
+// makes the low 3 bits of a + M' the code: M' bits = (e << 23) + 0x0B000000 + 2 * (e - 127)
+// = e * 0x800002 + 0x0AFFFF02. About 5 instructions for the magnitude.
 NB_HD uint32_t e2m1_code_rne(float x) {
   const float a = fminf(fabsf(x), 6.0f);  // saturate (NaN -> 6)
-  const uint32_t e = f32_bits(a) >> 23 > 127u ? f32_bits(a) >> 23 : 127u;
-  const float magic = bits_f32((e << 23) + 0x0B000000u);
-  const uint32_t magnitude = f32_bits(a + magic) - (e * 0x7FFFFEu + 0x0B0000FEu);
-  return (x < 0.0f ? 8u : 0u) | magnitude;
+  const uint32_t ab = f32_bits(a);
+  const uint32_t e = (ab > 0x3F800000u ? ab : 0x3F800000u) >> 23;
+  const float magic = bits_f32(e * 0x800002u + 0x0AFFFF02u);
+  return (x < 0.0f ? 8u : 0u) | (f32_bits(a + magic) & 7u);
 }
 
 // Stochastic rounding: t = |x| + rand8 * step / 256 (exact, as the codec), then floor onto the E2M1
@@ -77,9 +79,11 @@ NB_HD uint32_t e2m1_code_sr(float x, uint32_t rand8) {
   const float a = fabsf(x);
   const float step_over_256 = a < 2.0f ? 0.5f / 256.0f : (a < 4.0f ? 1.0f / 256.0f : 2.0f / 256.0f);
   const float t = fminf(a + float(rand8 & 0xFFu) * step_over_256, 6.0f);  // >= 6 saturates (NaN -> 6)
-  const uint32_t hi = (f32_bits(t) >> 22) - 252u;
-  const uint32_t lo = t >= 0.5f ? 1u : 0u;
-  return (x < 0.0f ? 8u : 0u) | (t >= 1.0f ? hi : lo);
+  // From 1 up the code is (bits >> 22) - 252; below 1 that is <= 1 (negative below 0.5), so the
+  // larger of it and (t >= 0.5) is the floor everywhere: one max instead of a second compare + select.
+  const int hi = int(f32_bits(t) >> 22) - 252;
+  const int lo = t >= 0.5f ? 1 : 0;
+  return (x < 0.0f ? 8u : 0u) | uint32_t(hi > lo ? hi : lo);
 }
 
 // 16 elements scaled by enc into 16 E2M1 codes packed little-nibble-first into 8 bytes.

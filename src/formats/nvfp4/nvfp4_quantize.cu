@@ -2,8 +2,11 @@
 // once and writes the row-wise copy and the transposed column-wise copy (with optional RHT, SR, 2D
 // tiles). Bit-identical to nvfp4_ref.cpp: the per-block math is the shared nvfp4_math.h.
 //
-// Quantize pass: persistent CTAs walk 64 x 128 tiles (16 KiB of BF16 in shared memory, 16-byte global
-// loads, the next tile's loads in flight while the current one is encoded).
+// Quantize pass: persistent CTAs walk 64 x 128 tiles (16 KiB of BF16) through a ring of kStages tiles in
+// shared memory filled by cp.async (16-byte pieces, no registers held while in flight), so the next
+// tiles' loads are in flight while the current one is encoded. The pass is instruction-bound (see
+// docs/NVFP4_QUANTIZER.md), so the per-element work is kept minimal: hardware E4M3 scale conversion, a
+// magic-add E2M1 encoder, SIMD BF16 amaxes, a swizzled tile layout that needs no register shuffling.
 //   row phase : 512 row blocks (1x16), 2 per thread; 8-byte code stores, 8 threads per 64 B of a row.
 //   col phase : thread = (column pair, 16-row chunk); a warp reads 32 consecutive 4-byte words of one
 //               smem row (conflict-free); codes are staged in smem so each column's 32 output bytes
@@ -33,6 +36,9 @@ constexpr size_t kRingBytes = size_t(kStages) * kTilePieces * 16;
 // CTAs per SM the register budget is set for (RHT + SR needs more registers per thread).
 #ifndef NB_NVFP4_MIN_CTAS
 #define NB_NVFP4_MIN_CTAS 4
+#endif
+#ifndef NB_NVFP4_MIN_CTAS_SR
+#define NB_NVFP4_MIN_CTAS_SR 3
 #endif
 #ifndef NB_NVFP4_MIN_CTAS_RHT_SR
 #define NB_NVFP4_MIN_CTAS_RHT_SR 2
@@ -134,6 +140,13 @@ NB_DEVICE TileCoords tile_coords(const KernelArgs& a, int64_t tile_id, int64_t t
   return tc;
 }
 
+// Shared-memory tile layout: row pitch 16 pieces of 16 bytes; in the right half of a row (pieces 8..15)
+// the two halves of each row block trade places. A 64-word row spans the 32 banks twice, so row blocks
+// j and j + 4 sit on the same banks: with the trade, the 8 threads reading one row's first halves hit
+// 8 different 16-byte bank groups (and the column phase's 32 consecutive words stay one 128-byte line).
+NB_DEVICE int swizzled_piece(int row, int piece) { return row * 16 + (piece ^ (piece >> 3)); }
+NB_DEVICE int swizzled_word(int row, int word) { return row * 64 + (word ^ ((word >> 5) << 2)); }
+
 // The tile's 1024 16-byte pieces, 4 per thread, copied global -> shared with cp.async (no registers
 // held while in flight); out-of-range pieces are zero-filled (source size 0).
 NB_DEVICE void load_tile_async(const KernelArgs& a, const TileCoords& tc, uint4* stage) {
@@ -142,13 +155,30 @@ NB_UNROLL
     const int idx = threadIdx.x + kThreads * i, row = idx / 16, q = idx % 16;
     const bool valid = row < tc.valid_rows && q * 8 < tc.valid_cols;
     const bf16* src = valid ? a.x + (tc.r0 + row) * a.cols + tc.c0 + q * 8 : a.x;
-    const uint32_t dst = uint32_t(__cvta_generic_to_shared(stage + idx));
+    const uint32_t dst = uint32_t(__cvta_generic_to_shared(stage + swizzled_piece(row, q)));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
   }
 }
 NB_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
 NB_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+
+// hadamard::rht16_bf16 (the same FP32 butterfly and bf16x2 RNE rounding) that also returns the
+// block's largest |value| as a BF16 bit pattern, taken two at a time on the packed pairs (SIMD max)
+// instead of 16 scalar compares on the unpacked floats.
+NB_DEVICE uint32_t rht16_bf16_amax(float* v) {
+  hadamard::rht16_f32(v);
+  uint32_t m2 = 0;
+NB_UNROLL
+  for (int i = 0; i < 16; i += 2) {
+    uint32_t packed;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v[i + 1]), "f"(v[i]));
+    v[i] = bits_f32(packed << 16);
+    v[i + 1] = bits_f32(packed & 0xFFFF0000u);
+    m2 = max_u16x2(m2, packed & kAbs2);
+  }
+  return max(m2 & 0xFFFFu, m2 >> 16);
+}
 
 // E4M3 block scale code with the sm_90 conversion instruction (RNE, satfinite, NaN -> 0x7F): the same
 // byte as f32_to_e4m3_satfinite for every input (block_scale_code with s_enc_div6 = s_enc * (1/6)).
@@ -161,7 +191,7 @@ NB_DEVICE uint32_t block_scale_code_hw(float block_amax, float s_enc_div6) {
 // Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; a ring of kStages tiles in shared
 // memory keeps the next kStages - 1 tiles' loads in flight while the current one is encoded.
 template <bool kTwoD, bool kRht, bool kSr>
-__global__ void __launch_bounds__(kThreads, (kRht && kSr) ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS)
+__global__ void __launch_bounds__(kThreads, !kSr ? NB_NVFP4_MIN_CTAS : kRht ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS_SR)
     quantize_kernel(KernelArgs a) {
   extern __shared__ __align__(16) uint4 ring[];  // kStages tiles of BF16 pairs, row pitch 64 words
   __shared__ uint32_t col_stage[kTileCols * kColStagePitchWords];
@@ -214,6 +244,7 @@ NB_UNROLL
       uint32_t m2 = 0;
 NB_UNROLL
       for (int rr = 0; rr < 2; ++rr) {
+        // The tile's two pieces of this row (possibly traded by the swizzle: the max does not care).
         const uint4* src = reinterpret_cast<const uint4*>(tile) + (ti * 16 + sub * 2 + rr) * 16 + tj * 2;
         const uint4 p0 = src[0], p1 = src[1];
         m2 = max_u16x2(m2, max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)));
@@ -233,10 +264,8 @@ NB_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int row = t / 8 + 32 * i;
         if (row >= valid_rows || blk * 16 >= valid_cols) continue;
-        const uint4* src = reinterpret_cast<const uint4*>(tile) + row * 16 + blk * 2;
-        const int h = (blk >> 2) & 1;  // halves in swapped order for blocks 4..7: conflict-free 16-byte reads
-        const uint4 first = src[h], second = src[h ^ 1];
-        const uint4 p0 = h ? second : first, p1 = h ? first : second;
+        const uint4* pieces = reinterpret_cast<const uint4*>(tile);
+        const uint4 p0 = pieces[swizzled_piece(row, 2 * blk)], p1 = pieces[swizzled_piece(row, 2 * blk + 1)];
         float v[16];
         unpack8(p0, v);
         unpack8(p1, v + 8);
@@ -265,7 +294,7 @@ NB_UNROLL
       if (k * 16 < valid_rows && p * 2 < valid_cols) {
         // Each column of the pair re-reads its 16 words (cheap, conflict-free) so that only one
         // column's values are live in registers at a time.
-        const uint32_t* words = tile + k * 16 * (kTileCols / 2) + p;
+        const uint32_t* words = tile + swizzled_word(k * 16, p);
         uint32_t m2 = 0;  // both columns' block amaxes (BF16 pairs), taken on the first pass only
 NB_UNROLL
         for (int q = 0; q < 2; ++q) {
@@ -281,8 +310,7 @@ NB_UNROLL
           if constexpr (kTwoD) {
             s = tile_scale[k * 8 + col / 16];
           } else if constexpr (kRht) {
-            hadamard::rht16_bf16(v);
-            s = block_scale_code_hw(block_amax16(v), s_enc_col_div6);
+            s = block_scale_code_hw(bits_f32(rht16_bf16_amax(v) << 16), s_enc_col_div6);
           } else {
             s = block_scale_code_hw(bits_f32((q ? m2 >> 16 : m2 & 0xFFFFu) << 16), s_enc_col_div6);
           }
