@@ -112,8 +112,11 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
 
 namespace {
 // LM-head chunk: at most 2^29 logits at a time (1 GiB of BF16), i.e. 4096 tokens for V = 128256.
+// Rounded down to a multiple of 128 tokens so the LM-head GEMMs get whole tiles (4096 for V = 128256).
 int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
-  return std::min<int64_t>(shape.tokens(), std::max<int64_t>(1, (int64_t(1) << 29) / cfg.vocab));
+  int64_t c = std::max<int64_t>(1, (int64_t(1) << 29) / cfg.vocab);
+  if (c >= 128) c = c / 128 * 128;
+  return std::min<int64_t>(shape.tokens(), c);
 }
 }  // namespace
 
@@ -150,19 +153,48 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
   NB_TRY(copy_bytes(rope_cos_.data(), dev, cos_h.data(), Device::cpu, cos_h.size() * 4));
   NB_TRY(copy_bytes(rope_sin_.data(), dev, sin_h.data(), Device::cpu, sin_h.size() * 4));
-  NB_TRY(Buffer::allocate(&ids_, DType::i32, dev, {shape.tokens()}));
-  NB_TRY(Buffer::allocate(&targets_, DType::i32, dev, {shape.tokens()}));
+  NB_TRY(Buffer::allocate(&loss_acc_, DType::f32, dev, {shape.tokens()}));
+  ops::fill(loss_acc_.tensor(), 0.0f, nullptr);
   return Status::ok();
 }
 
-Status LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum) {
-  return run(tokens, labels, grad_scale, loss_sum, true);
-}
-Status LlamaModel::forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum) {
-  return run(tokens, labels, 0.f, loss_sum, false);
+Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n) {
+  const int64_t T = shape_.tokens();
+  if (n > staged_capacity_) {
+    NB_TRY(Buffer::allocate(&ids_, DType::i32, dev_, {n, T}));
+    NB_TRY(Buffer::allocate(&targets_, DType::i32, dev_, {n, T}));
+    staged_capacity_ = n;
+  }
+  NB_TRY(copy_bytes(ids_.data(), dev_, tokens, Device::cpu, size_t(n * T) * 4));
+  NB_TRY(copy_bytes(targets_.data(), dev_, labels, Device::cpu, size_t(n * T) * 4));
+  return Status::ok();
 }
 
-Status LlamaModel::run(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum, bool backward) {
+Status LlamaModel::take_loss_sum(double* loss_sum) {
+  std::vector<float> losses(static_cast<size_t>(shape_.tokens()));
+  NB_TRY(copy_bytes(losses.data(), Device::cpu, loss_acc_.data(), dev_, losses.size() * 4));
+  double sum = 0;
+  for (float x : losses) sum += x;
+  *loss_sum += sum;
+  ops::fill(loss_acc_.tensor(), 0.0f, nullptr);
+  return Status::ok();
+}
+
+Status LlamaModel::forward_backward_staged(int64_t i, float grad_scale) { return run(i, grad_scale, true); }
+Status LlamaModel::forward_loss_staged(int64_t i) { return run(i, 0.f, false); }
+
+Status LlamaModel::forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum) {
+  NB_TRY(stage_batches(tokens, labels, 1));
+  NB_TRY(run(0, grad_scale, true));
+  return take_loss_sum(loss_sum);
+}
+Status LlamaModel::forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum) {
+  NB_TRY(stage_batches(tokens, labels, 1));
+  NB_TRY(run(0, 0.f, false));
+  return take_loss_sum(loss_sum);
+}
+
+Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const LlamaConfig& c = cfg_;
   const int64_t T = shape_.tokens(), B = shape_.batch, S = shape_.seq, hd = c.head_dim;
   const DType dt = params_.compute_dtype();
@@ -172,9 +204,11 @@ Status LlamaModel::run(const int32_t* tokens, const int32_t* labels, float grad_
   Acts A;
   plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_);
   NB_TRY(P.st);
-  NB_TRY(copy_bytes(ids_.data(), dev_, tokens, Device::cpu, size_t(T) * 4));
-  NB_TRY(copy_bytes(targets_.data(), dev_, labels, Device::cpu, size_t(T) * 4));
-  const Tensor ids = ids_.tensor(), targets = targets_.tensor();
+  NB_CHECK(staged_index < staged_capacity_, "micro-batch %lld was not staged", (long long)staged_index);
+  const Tensor ids = rows(Tensor::make(ids_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,
+                          (staged_index + 1) * T);
+  const Tensor targets = rows(Tensor::make(targets_.data(), DType::i32, dev_, {staged_capacity_ * T}),
+                              staged_index * T, (staged_index + 1) * T);
   const Tensor cosT = rope_cos_.tensor(), sinT = rope_sin_.tensor();
   ops::AttentionShape ash{B, S, c.heads, c.kv_heads, hd, float(1.0 / std::sqrt(double(hd)))};
 
@@ -236,11 +270,7 @@ Status LlamaModel::run(const int32_t* tokens, const int32_t* labels, float grad_
       NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));              // dW += dlogits^T nf
     }
   }
-  std::vector<float> losses(static_cast<size_t>(T));
-  NB_TRY(copy_bytes(losses.data(), Device::cpu, A.losses.data, dev_, size_t(T) * 4));
-  double sum = 0;
-  for (float x : losses) sum += x;
-  *loss_sum += sum;
+  ops::add_inplace(loss_acc_.tensor(), A.losses, st);
   if (!backward) { arena_.release(mark); return Status::ok(); }
 
   // ---- backward

@@ -35,11 +35,18 @@ class LlamaModel {
   ParamStore& params() { return params_; }
   const LlamaConfig& config() const { return cfg_; }
 
-  // tokens/labels: host int32 [batch*seq]. grad_scale multiplies the summed token loss's gradient
-  // (1 / tokens per optimizer step gives the mean). Adds the summed token loss of this micro-batch
-  // into *loss_sum (host). Gradients accumulate (+=).
+  // The training loop's path, with one host synchronization per optimizer step: stage_batches()
+  // copies n micro-batches of host int32 tokens/labels ([n, batch*seq] each) to the device in one
+  // transfer; forward_backward_staged(i) runs micro-batch i, accumulating FP32 gradients (+=) and the
+  // per-token losses on the device; take_loss_sum() returns the summed token loss since the last
+  // call (this synchronizes). grad_scale multiplies the summed loss's gradient (1 / tokens per step
+  // gives the mean).
+  Status stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n);
+  Status forward_backward_staged(int64_t i, float grad_scale);
+  Status forward_loss_staged(int64_t i);
+  Status take_loss_sum(double* loss_sum);
+  // One micro-batch from host arrays, adding its summed token loss into *loss_sum (synchronizes).
   Status forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum);
-  // Forward and loss only (validation): adds the summed token loss into *loss_sum.
   Status forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum);
 
   // Internal: one layer's weight views and one micro-batch's activations (defined in the .cpp).
@@ -47,7 +54,7 @@ class LlamaModel {
   struct Acts;
 
  private:
-  Status run(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum, bool backward);
+  Status run(int64_t staged_index, float grad_scale, bool backward);
 
   LlamaConfig cfg_;
   Device dev_ = Device::cpu;
@@ -58,7 +65,8 @@ class LlamaModel {
   int64_t activation_bytes_ = 0;
   int64_t lm_chunk_tokens_ = 0;
   Buffer rope_cos_, rope_sin_;
-  Buffer ids_, targets_;
+  Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
+  int64_t staged_capacity_ = 0;
 };
 
 }  // namespace nb

@@ -1,6 +1,7 @@
 // run_training: the job from configuration to summary. Order matters for users: every check that
 // needs no GPU runs before the first allocation, and the memory estimate prints before step 1.
 #include "train/trainer.h"
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -116,9 +117,14 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   }
   std::unique_ptr<TokenSource> train_src, valid_src;
   const int64_t train_samples = cfg.train_iters * cfg.global_batch_size;
+  const int64_t evals = cfg.eval_interval > 0 ? cfg.train_iters / cfg.eval_interval + 1 : 1;
+  const int64_t valid_samples = evals * cfg.eval_iters * cfg.micro_batch_size;
   if (cfg.mock_data) {
     NB_TRY(make_mock_source(model_cfg.vocab, cfg.seq_length, cfg.micro_batch_size, uint64_t(cfg.seed), train_samples, 0,
                             &train_src));
+    if (cfg.eval_interval > 0)
+      NB_TRY(make_mock_source_split(model_cfg.vocab, cfg.seq_length, cfg.micro_batch_size, uint64_t(cfg.seed),
+                                    Split::valid, valid_samples, 0, &valid_src));
   } else {
     DataConfig dc;
     dc.data_path = cfg.data_path;
@@ -126,8 +132,7 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
     dc.seq_length = cfg.seq_length;
     dc.seed = uint64_t(cfg.seed);
     dc.num_samples[0] = train_samples;
-    int64_t evals = cfg.eval_interval > 0 ? cfg.train_iters / cfg.eval_interval + 1 : 1;
-    dc.num_samples[1] = evals * cfg.eval_iters * cfg.micro_batch_size;
+    dc.num_samples[1] = valid_samples;
     NB_TRY(make_gpt_source(dc, Split::train, cfg.micro_batch_size, 0, &train_src));
     Status vs = make_gpt_source(dc, Split::valid, cfg.micro_batch_size, 0, &valid_src);
     if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
@@ -154,9 +159,11 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
     for (int64_t i = 0; i < cfg.eval_iters; ++i) {
       Batch b;
       NB_TRY(valid_src->next(&b));
-      NB_TRY(model.forward_loss(b.tokens.data(), b.labels.data(), &sum));
+      NB_TRY(model.stage_batches(b.tokens.data(), b.labels.data(), 1));
+      NB_TRY(model.forward_loss_staged(0));
       n += int64_t(b.tokens.size());
     }
+    NB_TRY(model.take_loss_sum(&sum));
     double loss = sum / double(n);
     std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
                 loss, std::exp(loss));
@@ -172,22 +179,30 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   double peak_mem = 0, time_sum_ms = 0;
   int64_t timed_steps = 0;
   Timer run_timer;
+  std::vector<int32_t> step_tokens(size_t(accum * cfg.micro_batch_size * cfg.seq_length)), step_labels(step_tokens.size());
   for (int64_t it = 0; it < cfg.train_iters; ++it) {
     Timer step_timer;
     ops::fill(P.flat_grad(), 0.0f, nullptr);
     double loss_sum = 0, wait_ms = 0;
     const float grad_scale = 1.0f / float(tokens_per_step);
+    // All micro-batches of the step go to the device in one transfer; the only host synchronization
+    // of the step is reading the loss and gradient norm at its end.
+    const int64_t T = cfg.micro_batch_size * cfg.seq_length;
     for (int64_t micro = 0; micro < accum; ++micro) {
       Batch b;
       Timer wait;
       NB_TRY(train_src->next(&b));
       wait_ms += wait.ms();
-      NB_TRY(model.forward_backward(b.tokens.data(), b.labels.data(), grad_scale, &loss_sum));
-      if (dev == Device::cuda) {
-        size_t f = 0, t = 0;
-        device_memory_info(&f, &t);
-        peak_mem = std::max(peak_mem, double(t - f - base_used));
-      }
+      std::copy(b.tokens.begin(), b.tokens.end(), step_tokens.begin() + micro * T);
+      std::copy(b.labels.begin(), b.labels.end(), step_labels.begin() + micro * T);
+    }
+    NB_TRY(model.stage_batches(step_tokens.data(), step_labels.data(), accum));
+    for (int64_t micro = 0; micro < accum; ++micro) NB_TRY(model.forward_backward_staged(micro, grad_scale));
+    NB_TRY(model.take_loss_sum(&loss_sum));
+    if (dev == Device::cuda) {  // the arena is reserved up front, so use is at its peak after any micro-batch
+      size_t f = 0, t = 0;
+      device_memory_info(&f, &t);
+      peak_mem = std::max(peak_mem, double(t - f - base_used));
     }
     const double loss = loss_sum / double(tokens_per_step);
     // Global gradient norm over the flat FP32 gradient buffer.
