@@ -191,8 +191,8 @@ NB_DEVICE uint32_t block_scale_code_hw(float block_amax, float s_enc_div6) {
 // Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; a ring of kStages tiles in shared
 // memory keeps the next kStages - 1 tiles' loads in flight while the current one is encoded.
 template <bool kTwoD, bool kRht, bool kSr>
-__global__ void __launch_bounds__(kThreads, !kSr ? NB_NVFP4_MIN_CTAS : kRht ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS_SR)
-    quantize_kernel(KernelArgs a) {
+__global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS_SR)
+                                                : NB_NVFP4_MIN_CTAS) quantize_kernel(KernelArgs a) {
   extern __shared__ __align__(16) uint4 ring[];  // kStages tiles of BF16 pairs, row pitch 64 words
   __shared__ uint32_t col_stage[kTileCols * kColStagePitchWords];
   __shared__ uint8_t col_scale_stage[kTileCols * 4];
