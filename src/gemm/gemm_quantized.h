@@ -1,0 +1,114 @@
+// Quantized GEMMs of the precision recipes: C[M,N] = alpha * A . B^T + beta * C with A [M,K] and
+// B [N,K] quantized operands, both "K-major" (row-major with the reduction dim last), the TN form of
+// every linear-layer GEMM (X [M,K] tokens x in, W [N,K], dY [M,N]):
+//   Fprop  Y  = X W^T     a = X row-wise copy,    b = W row-wise copy        (fast_accum on, as TE)
+//   Dgrad  dX = dY W      a = dY row-wise copy,   b = W transposed copy      (fast_accum off)
+//   Wgrad  dW += dY^T X   a = dY transposed copy, b = X transposed copy, f32 C, beta = 1
+// MXFP8 keeps its column-wise copy un-transposed (formats/mxfp8/mxfp8.h), so an MXFP8 operand may
+// instead be given as that copy, stored [K, rows] with scales [K/32, rows] (`k_major = false`).
+//
+// Operand formats (QOperand.data / .scales), the layouts the format quantizers write:
+//   fp8_e4m3, fp8_e5m2  data [rows, K] FP8 codes; scales = const float* scale_inv (1 value)
+//   fp8_block128        1x128 E4M3 blocks along K; scales FP32 scale_inv [K/128, round4(rows)],
+//                       entry (kb, r) at kb*round4(rows) + r (fp8_block.h vec128, either copy)
+//   fp8_block128x128    128x128 E4M3 tiles; scales FP32 [rows/128, round4(K/128)] (fp8_block.h)
+//   mxfp8               E4M3; scales E8M0 [rows, K/32] (or [K/32, rows] with k_major = false)
+//   nvfp4               data [rows, K/2] packed E2M1; scales E4M3 [rows, K/16]; amax = the copy's
+//                       FP32 amax (global decode scale amax / (6*448))
+// Both operands must share the family (fp8 per-tensor x fp8 per-tensor, fp8 block x fp8 block,
+// mxfp8 x mxfp8, nvfp4 x nvfp4).
+//
+// Backends, chosen by C's device (operand pointers must live on the same side):
+//   cpu   the reference: every operand dequantized exactly in FP64 (code value x scale), products
+//         accumulated in FP64, then alpha (nvfp4: the FP32 product of the global scales), then
+//         + beta * C, rounded once to C (f32 only).
+//   cuda  fp8 per-tensor: cuBLASLt FP8 GEMM (scale_inv pointers as A/B scale pointers, FP32
+//         compute). Hopper supports E4M3xE4M3, E4M3xE5M2 and E5M2xE4M3; E5M2xE5M2 is an error.
+//         fp8 block: cuBLASLt VEC128_32F / BLK128x128_32F scale modes (CUDA >= 12.9, sm_90); no
+//         fast accumulation; 128x128 x 128x128 is rejected (cuBLASLt supports 1D x 1D, 1D x 2D,
+//         2D x 1D only).
+//         mxfp8, nvfp4 (emulated on Hopper): each operand dequantized to BF16 with its block scales
+//         only into a workspace owned here, then a BF16 cuBLASLt GEMM with FP32 accumulation and
+//         alpha (nvfp4: amax_a * amax_b / (6*6*448*448), computed on the device, no host sync).
+//         NVFP4: e2m1 x E4M3 needs at most 6 significant bits and lies in [2^-10, 2688]: exact in
+//         BF16. MXFP8: E4M3 x 2^e is exact in BF16 while the product is in [2^-126, 2^128) or its
+//         last bit is >= 2^-133 (BF16 subnormals). Outside that: a product >= 2^128 (possible only
+//         with E8M0 codes >= 247) becomes Inf, and blocks with codes <= 2 (block amax below about
+//         2^-116) may have elements rounded to nearest even in BF16.
+//         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper).
+//   C: bf16 or f32 on cuda, f32 on cpu; 2-D [M,N] with unit column stride (row stride >= N).
+//   beta == 0: C is write-only. K must be positive; M, N may be 0 (nothing to do).
+// Concurrency: like matmul(), calls on one device share workspaces: issue them on one stream.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include "core/status.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace nb::gemm {
+
+enum class QFormat : uint8_t { fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4 };
+const char* qformat_name(QFormat f);
+
+struct QOperand {
+  QFormat format = QFormat::fp8_e4m3;
+  int64_t rows = 0, k = 0;       // logical operand [rows, K]
+  const void* data = nullptr;
+  const void* scales = nullptr;  // see the header comment per format
+  const float* amax = nullptr;   // nvfp4 only
+  bool k_major = true;           // false: mxfp8 column-wise copy stored [K, rows], scales [K/32, rows]
+};
+
+struct QGemmOptions {
+  float beta = 0.f;
+  // Hopper FP8 "fast accumulation" (no periodic promotion of the tensor-core partial sums to FP32):
+  // TE turns it on for Fprop and off ("split accumulator") for Dgrad/Wgrad. Only for fp8 per-tensor.
+  bool fast_accum = false;
+};
+
+// C = alpha * A . B^T + beta * C (see the header comment for alpha per format).
+Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt,
+                        Stream stream);
+
+// Host, exact: the dequantized operand [rows, K] (K-major even for k_major = false), block scales
+// and per-tensor scale_inv applied, nvfp4 WITHOUT its global scale (see nvfp4_global_alpha).
+// Operand pointers must be host pointers.
+Status dequantize_operand_ref(const QOperand& op, double* out);
+// FP32 alpha of an nvfp4 x nvfp4 product: (amax_a * amax_b) / (6*6*448*448).
+float nvfp4_global_alpha(float amax_a, float amax_b);
+
+// Number of cached cuBLASLt plans of the quantized paths (0 on a CPU-only build); for tests.
+size_t quantized_plan_count();
+
+// ---- internal: shared by gemm_quantized.cpp and the CUDA files -----------------------------
+namespace detail {
+enum class ElemType : uint8_t { e4m3, e5m2, bf16 };
+enum class ScaleMode : uint8_t { none, tensor, vec128, blk128x128 };
+struct LtOperand {
+  const void* data = nullptr;
+  ElemType type = ElemType::bf16;
+  bool k_major = true;  // stored [rows, K]; else [K, rows]
+  ScaleMode scale_mode = ScaleMode::none;
+  const float* scale = nullptr;  // device scale_inv (tensor/vec128/blk128x128)
+};
+struct CView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t ld = 0;
+};
+struct LtProblem {
+  int64_t m = 0, n = 0, k = 0;
+  LtOperand a, b;
+  CView c;
+  bool fast_accum = false;
+  float alpha = 1.f, beta = 0.f;
+  const float* device_alpha_beta = nullptr;  // non-null: alpha, beta read from this device array
+};
+Status lt_matmul(const LtProblem& p, Stream stream);  // gemm_fp8_cublaslt.cu
+size_t lt_plan_count();
+Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c, int64_t m, int64_t n, int64_t k,
+                            float beta, Stream stream);  // gemm_emulated.cu
+}  // namespace detail
+
+}  // namespace nb::gemm
