@@ -1,0 +1,310 @@
+// matmul_quantized() on the GPU: every format at realistic and odd valid shapes, sources quantized
+// by the real CUDA quantizers, results checked on sampled output elements against the independent
+// reference (format dequantize_ref x_hat, FP64 sums; qgemm_test_util.h). Also TFLOP/s of the FP8
+// GEMMs and of the emulated NVFP4/MXFP8 paths against plain BF16.
+//
+// Tolerances, per element, S = sum_k |a_k b_k| (FP64), u = 2^-24:
+//   reference x_hat rounding (FP32, <= 3 roundings per operand)         8u * S
+//   emulated (BF16 GEMM, FP32 accumulation, any order, K terms)         acc = 2 (K + 3) u * S
+//   FP8 split accumulator: Hopper FP8 MMAs keep about 13-14 bits of the partial sums relative to
+//   their largest term inside each promotion interval (DeepSeek-V3 §3.3.2); cuBLASLt promotes them
+//   to FP32 regularly, so the intervals add at most 2^-12 of their own |terms|:
+//                                                                       acc = (2^-12 + 2 (K + 3) u) * S
+//   FP8 fast accumulation: no promotion, the running sum itself is truncated at each of the K/32
+//   MMA steps:                                                          acc = ((K/32 + 1) 2^-13 + 2 (K + 3) u) * S
+//   output rounding: bf16 C: 2^-8 (|ref| + acc); f32 C: 2^-24 (|ref| + acc); plus u |beta C| for beta != 0.
+// A wrong scale layout changes an element by roughly |ref| ~ S / sqrt(K) times the scale spread
+// (2^+-6 here), far above every tolerance except fast accumulation's (per-tensor scales only).
+#include <gtest/gtest.h>
+#include <cuda_runtime.h>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "common/gpu.h"
+#include "core/tensor.h"
+#include "gemm/gemm.h"
+#include "qgemm/qgemm_test_util.h"
+
+namespace nb::gemm {
+namespace {
+using namespace nb::gemm::testing;
+
+struct Dev {
+  void* p = nullptr;
+  size_t bytes = 0;
+  Dev() = default;
+  explicit Dev(size_t n) : bytes(n) { NB_CHECK(device_malloc(&p, n ? n : 1).is_ok(), "device_malloc %zu", n); }
+  ~Dev() { if (p) device_free(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+};
+
+__global__ void fill_bf16_kernel(bf16* x, int64_t n, uint32_t seed) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  uint32_t h = uint32_t(i) * 0x9E3779B9u ^ seed;
+  h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;
+  x[i] = f32_to_bf16(float(h >> 8) / 8388608.f - 1.f);
+}
+
+// One source tensor quantized on the GPU (both copies); host copies of the bytes for the reference.
+struct DevQuant {
+  QFormat f;
+  int64_t r, c;
+  Dev d[kSlots];
+  void* dp[kSlots];
+  std::vector<uint8_t> h[kSlots];
+  void* hp[kSlots];
+  DevQuant(QFormat fmt, int64_t rows, int64_t cols, uint64_t seed, bool host_copy = true) : f(fmt), r(rows), c(cols) {
+    size_t bytes[kSlots];
+    slot_bytes(f, r, c, bytes);
+    for (int i = 0; i < kSlots; ++i) {
+      new (&d[i]) Dev(bytes[i]);
+      dp[i] = d[i].p;
+    }
+    Dev src(size_t(r * c) * sizeof(bf16));
+    if (host_copy) {
+      const std::vector<bf16> x = make_source(r, c, seed);
+      NB_CHECK(copy_bytes(src.p, Device::cuda, x.data(), Device::cpu, src.bytes).is_ok(), "upload");
+    } else {
+      fill_bf16_kernel<<<unsigned((r * c + 255) / 256), 256>>>(static_cast<bf16*>(src.p), r * c, uint32_t(seed));
+    }
+    Status s = quantize_source(f, static_cast<const bf16*>(src.p), r, c, dp, true);
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    NB_CHECK(cudaDeviceSynchronize() == cudaSuccess, "quantize");
+    for (int i = 0; i < kSlots; ++i) {
+      if (host_copy) {
+        h[i].resize(bytes[i]);
+        NB_CHECK(copy_bytes(h[i].data(), Device::cpu, dp[i], Device::cuda, bytes[i]).is_ok(), "download");
+      }
+      hp[i] = h[i].data();
+    }
+  }
+  QOperand op(bool col) const { return operand_view(f, r, c, const_cast<void**>(dp), col); }
+  std::vector<float> xhat(bool col) const { return operand_xhat(f, r, c, const_cast<void**>(hp), col); }
+};
+
+enum class Accum { fp32, fp8_split, fp8_fast };
+
+struct Check {
+  DType c_dtype = DType::bf16;
+  float beta = 0.f;
+  bool fast_accum = false;
+  Accum accum = Accum::fp32;
+};
+
+// Runs C = A . B^T (+ beta C_old) on the GPU and checks sampled elements; prints the worst err / S.
+void check_gpu(const DevQuant& qa, bool a_col, const DevQuant& qb, bool b_col, const Check& ck) {
+  const QOperand a = qa.op(a_col), b = qb.op(b_col);
+  const int64_t m = a.rows, n = b.rows, k = a.k;
+  const size_t esz = ck.c_dtype == DType::bf16 ? 2 : 4;
+  Dev c(size_t(m * n) * esz);
+  std::vector<float> c_old(size_t(m * n), 0.f);
+  if (ck.beta != 0.f) {
+    Rng rng(99);
+    for (auto& v : c_old) v = round_to_bf16(rng.uniform() * 64.f);
+    std::vector<uint8_t> raw(c.bytes);
+    for (size_t i = 0; i < c_old.size(); ++i) {
+      if (ck.c_dtype == DType::bf16) { bf16 v = f32_to_bf16(c_old[i]); std::memcpy(&raw[i * 2], &v, 2); }
+      else std::memcpy(&raw[i * 4], &c_old[i], 4);
+    }
+    ASSERT_TRUE(copy_bytes(c.p, Device::cuda, raw.data(), Device::cpu, c.bytes).is_ok());
+  } else {
+    ASSERT_EQ(cudaMemset(c.p, 0xFF, c.bytes), cudaSuccess);  // NaN everywhere: beta = 0 must not read C
+  }
+  Tensor ct = Tensor::make(c.p, ck.c_dtype, Device::cuda, {m, n});
+  Status s = matmul_quantized(a, b, ct, {.beta = ck.beta, .fast_accum = ck.fast_accum}, nullptr);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> raw(c.bytes);
+  ASSERT_TRUE(copy_bytes(raw.data(), Device::cpu, c.p, Device::cuda, c.bytes).is_ok());
+  auto got_at = [&](int64_t i) {
+    if (ck.c_dtype == DType::f32) { float v; std::memcpy(&v, &raw[size_t(i) * 4], 4); return double(v); }
+    bf16 v; std::memcpy(&v, &raw[size_t(i) * 2], 2); return double(bf16_to_f32(v));
+  };
+  const std::vector<float> xa = qa.xhat(a_col), xb = qb.xhat(b_col);
+  const double u = std::ldexp(1.0, -24), gamma = 2.0 * double(k + 3) * u;
+  double acc_coef = gamma;
+  if (ck.accum == Accum::fp8_split) acc_coef += std::ldexp(1.0, -12);
+  if (ck.accum == Accum::fp8_fast) acc_coef += double(k / 32 + 1) * std::ldexp(1.0, -13);
+  const double u_out = ck.c_dtype == DType::bf16 ? std::ldexp(1.0, -8) : u;
+
+  std::vector<std::pair<int64_t, int64_t>> samples;
+  if (m * n <= 65536) {
+    for (int64_t i = 0; i < m; ++i) for (int64_t j = 0; j < n; ++j) samples.push_back({i, j});
+  } else {
+    Rng rng(1234);
+    samples = {{0, 0}, {m - 1, n - 1}, {0, n - 1}, {m - 1, 0}};
+    for (int t = 0; t < 4096; ++t) samples.push_back({int64_t(rng.next() % uint32_t(m)), int64_t(rng.next() % uint32_t(n))});
+  }
+  int bad = 0;
+  double worst = 0.0;
+  for (auto [i, j] : samples) {
+    double abs_sum = 0;
+    double ref = ref_dot(&xa[size_t(i * k)], &xb[size_t(j * k)], k, &abs_sum);
+    const double cterm = double(ck.beta) * c_old[size_t(i * n + j)];
+    ref += cterm;
+    const double acc = acc_coef * abs_sum;
+    const double tol = acc + 8 * u * abs_sum + u_out * (std::fabs(ref) + acc) + u * std::fabs(cterm);
+    const double got = got_at(i * n + j), err = std::fabs(got - ref);
+    if (abs_sum > 0) worst = std::max(worst, err / abs_sum);
+    if (!(err <= tol) && ++bad <= 5)
+      ADD_FAILURE() << qformat_name(a.format) << " x " << qformat_name(b.format) << " M=" << m << " N=" << n
+                    << " K=" << k << " at (" << i << "," << j << "): got " << got << " ref " << ref << " tol " << tol
+                    << " S " << abs_sum;
+  }
+  std::printf("  %-16s x %-16s M=%-5lld N=%-5lld K=%-5lld C=%s beta=%g%s: %zu elements, max |err|/S = %.3g\n",
+              qformat_name(a.format), qformat_name(b.format), (long long)m, (long long)n, (long long)k,
+              ck.c_dtype == DType::bf16 ? "bf16" : "f32", ck.beta, ck.fast_accum ? " fast_accum" : "",
+              samples.size(), worst);
+  EXPECT_EQ(bad, 0);
+}
+
+// ---- FP8 per-tensor ----------------------------------------------------------------------------
+TEST(QGemmGpu, Fp8FpropDgradWgrad) {
+  NB_REQUIRE_GPU();
+  // Fprop Y = X W^T: X [8192, 4096] E4M3, W [4096, 4096] E4M3, bf16 Y; fast accumulation and split.
+  DevQuant x(QFormat::fp8_e4m3, 8192, 4096, 1), w(QFormat::fp8_e4m3, 4096, 4096, 2);
+  check_gpu(x, false, w, false, {.accum = Accum::fp8_split});
+  check_gpu(x, false, w, false, {.fast_accum = true, .accum = Accum::fp8_fast});
+  // Dgrad dX = dY W: dY [8192, 14336] E5M2 (HYBRID), W [14336, 4096] -> W's transposed copy [4096, 14336].
+  DevQuant dy(QFormat::fp8_e5m2, 8192, 14336, 3), w2(QFormat::fp8_e4m3, 14336, 4096, 4);
+  check_gpu(dy, false, w2, true, {.accum = Accum::fp8_split});
+  // Wgrad dW += dY^T X: dY [4096 tokens, 1024] E5M2, X [4096, 2048] E4M3, f32 dW with beta = 1.
+  DevQuant dy2(QFormat::fp8_e5m2, 4096, 1024, 5), x2(QFormat::fp8_e4m3, 4096, 2048, 6);
+  check_gpu(dy2, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f, .accum = Accum::fp8_split});
+  // E4M3 x E5M2 as well (weights E5M2 is unusual but supported by cuBLASLt).
+  check_gpu(x2, true, dy2, true, {.c_dtype = DType::f32, .accum = Accum::fp8_split});
+}
+
+TEST(QGemmGpu, Fp8OddShapes) {
+  NB_REQUIRE_GPU();
+  DevQuant a(QFormat::fp8_e4m3, 48, 144, 7), b(QFormat::fp8_e4m3, 80, 144, 8);
+  check_gpu(a, false, b, false, {.accum = Accum::fp8_split});
+  check_gpu(a, false, b, false, {.c_dtype = DType::f32, .beta = 1.f, .accum = Accum::fp8_split});
+}
+
+// ---- FP8 sub-channel (1x128 activations/gradients, 128x128 weights) ---------------------------
+TEST(QGemmGpu, Fp8BlockScaled) {
+  NB_REQUIRE_GPU();
+  DevQuant x(QFormat::fp8_block128, 8192, 4096, 11), w(QFormat::fp8_block128x128, 4096, 4096, 12);
+  check_gpu(x, false, w, false, {.accum = Accum::fp8_split});                  // Fprop: 1D x 2D
+  DevQuant dy(QFormat::fp8_block128, 8192, 4096, 13);
+  check_gpu(dy, false, w, true, {.accum = Accum::fp8_split});                  // Dgrad: W's transposed copy
+  DevQuant dy2(QFormat::fp8_block128, 4096, 1024, 14), x2(QFormat::fp8_block128, 4096, 2048, 15);
+  check_gpu(dy2, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f, .accum = Accum::fp8_split});  // Wgrad 1D x 1D
+  DevQuant wa(QFormat::fp8_block128x128, 384, 640, 16), xb(QFormat::fp8_block128, 256, 640, 17);
+  check_gpu(wa, false, xb, false, {.accum = Accum::fp8_split});                // 2D x 1D, odd multiples of 128
+}
+
+// ---- MXFP8 and NVFP4 (emulated) ------------------------------------------------------------------
+TEST(QGemmGpu, Mxfp8Emulated) {
+  NB_REQUIRE_GPU();
+  DevQuant x(QFormat::mxfp8, 8192, 4096, 21), w(QFormat::mxfp8, 4096, 4096, 22);
+  check_gpu(x, false, w, false, {});
+  // Wgrad from the un-transposed column-wise copies: dY [4096, 1024], X [4096, 2048], f32 beta = 1.
+  DevQuant dy(QFormat::mxfp8, 4096, 1024, 23), x2(QFormat::mxfp8, 4096, 2048, 24);
+  check_gpu(dy, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f});
+  check_gpu(dy, true, x2, false, {.c_dtype = DType::f32});  // mixed: transposed storage x K-major
+  DevQuant a(QFormat::mxfp8, 96, 224, 25), b(QFormat::mxfp8, 160, 224, 26);
+  check_gpu(a, false, b, false, {});
+}
+
+TEST(QGemmGpu, Nvfp4Emulated) {
+  NB_REQUIRE_GPU();
+  DevQuant x(QFormat::nvfp4, 8192, 14336, 31), w(QFormat::nvfp4, 4096, 14336, 32);
+  check_gpu(x, false, w, false, {});                                           // down-projection Fprop
+  DevQuant dy(QFormat::nvfp4, 4096, 1024, 33), x2(QFormat::nvfp4, 4096, 2048, 34);
+  check_gpu(dy, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f});         // Wgrad
+  DevQuant a(QFormat::nvfp4, 48, 96, 35), b(QFormat::nvfp4, 80, 96, 36);
+  check_gpu(a, false, b, false, {});
+  check_gpu(a, false, b, false, {.c_dtype = DType::f32, .beta = 1.f});
+}
+
+TEST(QGemmGpu, PlansAreCached) {
+  NB_REQUIRE_GPU();
+  DevQuant a(QFormat::fp8_e4m3, 256, 512, 41), b(QFormat::fp8_e4m3, 128, 512, 42);
+  Dev c(256 * 128 * 2);
+  Tensor ct = Tensor::make(c.p, DType::bf16, Device::cuda, {256, 128});
+  ASSERT_TRUE(matmul_quantized(a.op(false), b.op(false), ct, {}, nullptr).is_ok());
+  const size_t plans = quantized_plan_count();
+  ASSERT_TRUE(matmul_quantized(a.op(false), b.op(false), ct, {}, nullptr).is_ok());
+  EXPECT_EQ(quantized_plan_count(), plans);
+  ASSERT_TRUE(matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = true}, nullptr).is_ok());
+  EXPECT_EQ(quantized_plan_count(), plans + 1);
+}
+
+// ---- Throughput -----------------------------------------------------------------------------------
+template <typename F>
+double time_ms(F&& f, int iters = 20) {
+  for (int i = 0; i < 3; ++i) f();
+  cudaEvent_t t0, t1;
+  cudaEventCreate(&t0);
+  cudaEventCreate(&t1);
+  cudaEventRecord(t0);
+  for (int i = 0; i < iters; ++i) f();
+  cudaEventRecord(t1);
+  cudaEventSynchronize(t1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, t0, t1);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  return double(ms) / iters;
+}
+
+double bench_quantized(QFormat fa, QFormat fb, int64_t m, int64_t n, int64_t k, bool fast_accum) {
+  DevQuant a(fa, m, k, 51, false), b(fb, n, k, 52, false);
+  Dev c(size_t(m * n) * 2);
+  Tensor ct = Tensor::make(c.p, DType::bf16, Device::cuda, {m, n});
+  Status s = matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = fast_accum}, nullptr);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  if (!s.is_ok()) return 0;
+  const double ms = time_ms([&] { (void)matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = fast_accum}, nullptr); });
+  const double tflops = 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12;
+  std::printf("  %-16s x %-16s M=%-5lld N=%-5lld K=%-5lld%s: %.3f ms, %.0f TFLOP/s\n", qformat_name(fa),
+              qformat_name(fb), (long long)m, (long long)n, (long long)k, fast_accum ? " fast_accum" : "", ms, tflops);
+  return ms;
+}
+
+double bench_bf16(int64_t m, int64_t n, int64_t k) {
+  Dev a(size_t(m * k) * 2), b(size_t(n * k) * 2), c(size_t(m * n) * 2);
+  fill_bf16_kernel<<<unsigned((m * k + 255) / 256), 256>>>(static_cast<bf16*>(a.p), m * k, 1);
+  fill_bf16_kernel<<<unsigned((n * k + 255) / 256), 256>>>(static_cast<bf16*>(b.p), n * k, 2);
+  Tensor at = Tensor::make(a.p, DType::bf16, Device::cuda, {m, k});
+  Tensor bt = Tensor::make(b.p, DType::bf16, Device::cuda, {n, k});
+  Tensor ct = Tensor::make(c.p, DType::bf16, Device::cuda, {m, n});
+  EXPECT_TRUE(matmul(at, bt, ct, {.trans_b = true}, nullptr).is_ok());
+  const double ms = time_ms([&] { (void)matmul(at, bt, ct, {.trans_b = true}, nullptr); });
+  std::printf("  bf16 x bf16 (plain matmul)          M=%-5lld N=%-5lld K=%-5lld: %.3f ms, %.0f TFLOP/s\n",
+              (long long)m, (long long)n, (long long)k, ms, 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12);
+  return ms;
+}
+
+TEST(QGemmGpu, Throughput) {
+  NB_REQUIRE_GPU();
+  std::printf("FP8 per-tensor (cuBLASLt):\n");
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 8192, 8192, true);
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 8192, 8192, false);
+  bench_quantized(QFormat::fp8_e5m2, QFormat::fp8_e4m3, 8192, 8192, 8192, false);
+  std::printf("FP8 per-tensor, Llama-3 8B linears, 8192 tokens (Fprop, fast accumulation):\n");
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 6144, 4096, true);   // QKV
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 4096, 4096, true);   // O
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 28672, 4096, true);  // gate + up
+  bench_quantized(QFormat::fp8_e4m3, QFormat::fp8_e4m3, 8192, 4096, 14336, true);  // down
+  std::printf("FP8 sub-channel (1x128 x 128x128):\n");
+  bench_quantized(QFormat::fp8_block128, QFormat::fp8_block128x128, 8192, 8192, 8192, false);
+  std::printf("Emulated (dequantize to BF16 + BF16 GEMM) vs plain BF16:\n");
+  const double bf = bench_bf16(8192, 8192, 8192);
+  const double nv = bench_quantized(QFormat::nvfp4, QFormat::nvfp4, 8192, 8192, 8192, false);
+  const double mx = bench_quantized(QFormat::mxfp8, QFormat::mxfp8, 8192, 8192, 8192, false);
+  std::printf("  overhead vs BF16 at 8192^3: nvfp4 %+.1f%%, mxfp8 %+.1f%%\n", 100.0 * (nv / bf - 1.0),
+              100.0 * (mx / bf - 1.0));
+  const double bf_down = bench_bf16(8192, 4096, 14336);
+  const double nv_down = bench_quantized(QFormat::nvfp4, QFormat::nvfp4, 8192, 4096, 14336, false);
+  std::printf("  overhead vs BF16 at the down projection: nvfp4 %+.1f%%\n", 100.0 * (nv_down / bf_down - 1.0));
+}
+
+}  // namespace
+}  // namespace nb::gemm

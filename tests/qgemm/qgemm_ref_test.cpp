@@ -1,0 +1,159 @@
+// CPU reference of matmul_quantized() on small shapes, every format, against an independent
+// computation: the format's own dequantize_ref (FP32 x_hat) and an FP64 sum of products.
+// Tolerance: the reference here rounds each x_hat to FP32 (at most 3 roundings per operand for
+// NVFP4, x_hat = e2m1 * s_b * amax / 2688; 1 for FP8), the GEMM rounds alpha to FP32 (2 roundings)
+// and its result to FP32, so per element, with S = sum |products| and u = 2^-24:
+//   |gemm - ref| <= 8u * S + 2u * (|ref| + |beta C|)   (written as 2^-21 S + 2^-23 (...))
+// Also: beta = 1 accumulation into an f32 C, the MXFP8 un-transposed column copy, and the error
+// Statuses of unsupported combinations.
+#include <gtest/gtest.h>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+#include "qgemm/qgemm_test_util.h"
+
+namespace nb::gemm {
+namespace {
+using namespace nb::gemm::testing;
+
+// One source quantized on the host: buffers + views.
+struct HostQuant {
+  QFormat f;
+  int64_t r, c;
+  std::vector<uint8_t> buf[kSlots];
+  void* p[kSlots];
+  HostQuant(QFormat fmt, int64_t rows, int64_t cols, uint64_t seed) : f(fmt), r(rows), c(cols) {
+    size_t bytes[kSlots];
+    slot_bytes(f, r, c, bytes);
+    for (int i = 0; i < kSlots; ++i) { buf[i].assign(bytes[i], 0); p[i] = buf[i].data(); }
+    const std::vector<bf16> x = make_source(r, c, seed);
+    Status s = quantize_source(f, x.data(), r, c, p, false);
+    EXPECT_TRUE(s.is_ok()) << s.message();
+  }
+  QOperand op(bool col) const { return operand_view(f, r, c, p, col); }
+  std::vector<float> xhat(bool col) const { return operand_xhat(f, r, c, p, col); }
+};
+
+// C = A . B^T (+ beta C_old) on the CPU backend, checked element by element.
+void check_cpu(const HostQuant& qa, bool a_col, const HostQuant& qb, bool b_col, float beta) {
+  const QOperand a = qa.op(a_col), b = qb.op(b_col);
+  const int64_t m = a.rows, n = b.rows, k = a.k;
+  ASSERT_EQ(k, b.k);
+  std::vector<float> c(size_t(m * n)), c_old(size_t(m * n));
+  Rng rng(77);
+  for (auto& v : c_old) v = beta != 0.f ? rng.uniform() * 64.f : NAN;  // beta = 0: C must never be read
+  c = c_old;
+  Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {m, n});
+  Status s = matmul_quantized(a, b, ct, {.beta = beta}, nullptr);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  const std::vector<float> xa = qa.xhat(a_col), xb = qb.xhat(b_col);
+  const double u = std::ldexp(1.0, -24);
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double abs_sum = 0;
+      double ref = ref_dot(&xa[size_t(i * k)], &xb[size_t(j * k)], k, &abs_sum);
+      const double cterm = beta != 0.f ? double(beta) * c_old[size_t(i * n + j)] : 0.0;
+      ref += cterm;
+      const double tol = 8 * u * abs_sum + 2 * u * (std::fabs(ref) + std::fabs(cterm));
+      const double got = c[size_t(i * n + j)];
+      if (!(std::fabs(got - ref) <= tol) && ++bad <= 5)
+        ADD_FAILURE() << qformat_name(a.format) << " x " << qformat_name(b.format) << " at (" << i << "," << j
+                      << "): got " << got << " ref " << ref << " tol " << tol;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+struct Case { QFormat a, b; };
+
+class CpuQGemm : public ::testing::TestWithParam<Case> {};
+
+// Fprop-like: row-wise copies, A [M,K] x B [N,K]; beta = 0 with a NaN-filled C.
+TEST_P(CpuQGemm, RowCopies) {
+  const Case cs = GetParam();
+  HostQuant x(cs.a, 256, 384, 1), w(cs.b, 128, 384, 2);
+  check_cpu(x, false, w, false, 0.f);
+}
+
+// Wgrad-like: column-wise copies (K = the token dim), f32 C accumulated with beta = 1.
+TEST_P(CpuQGemm, ColumnCopiesAccumulate) {
+  const Case cs = GetParam();
+  HostQuant dy(cs.a, 384, 128, 3), x(cs.b, 384, 256, 4);
+  check_cpu(dy, true, x, true, 1.f);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, CpuQGemm,
+    ::testing::Values(Case{QFormat::fp8_e4m3, QFormat::fp8_e4m3}, Case{QFormat::fp8_e5m2, QFormat::fp8_e4m3},
+                      Case{QFormat::fp8_e4m3, QFormat::fp8_e5m2},
+                      Case{QFormat::fp8_block128, QFormat::fp8_block128x128},
+                      Case{QFormat::fp8_block128x128, QFormat::fp8_block128},
+                      Case{QFormat::fp8_block128, QFormat::fp8_block128}, Case{QFormat::mxfp8, QFormat::mxfp8},
+                      Case{QFormat::nvfp4, QFormat::nvfp4}),
+    [](const auto& info) {
+      return std::string(qformat_name(info.param.a)) + "_x_" + qformat_name(info.param.b);
+    });
+
+// The decoder of the GEMM reference agrees with the format's dequantizer (nvfp4: without the
+// global scale, which the GEMM applies as alpha).
+TEST(CpuQGemm, DequantizeOperandMatchesFormatDecoder) {
+  for (QFormat f : {QFormat::fp8_e5m2, QFormat::fp8_block128, QFormat::fp8_block128x128, QFormat::mxfp8,
+                    QFormat::nvfp4}) {
+    HostQuant q(f, 256, 128, 9);
+    for (bool col : {false, true}) {
+      const QOperand op = q.op(col);
+      std::vector<double> mine(size_t(op.rows * op.k));
+      ASSERT_TRUE(dequantize_operand_ref(op, mine.data()).is_ok());
+      const std::vector<float> theirs = q.xhat(col);
+      const double global = f == QFormat::nvfp4 ? double(*op.amax) / (6.0 * 448.0) : 1.0;
+      for (size_t i = 0; i < mine.size(); ++i) {
+        const double want = theirs[i], got = mine[i] * global;
+        ASSERT_LE(std::fabs(got - want), std::ldexp(std::fabs(want), -22))
+            << qformat_name(f) << (col ? " col" : " row") << " element " << i;
+      }
+    }
+  }
+}
+
+// Odd but valid shapes (per-tensor FP8: K a multiple of 16 only).
+TEST(CpuQGemm, OddShapes) {
+  HostQuant a(QFormat::fp8_e4m3, 48, 80, 5), b(QFormat::fp8_e4m3, 16, 80, 6);
+  check_cpu(a, false, b, false, 0.f);
+  HostQuant na(QFormat::nvfp4, 48, 96, 7), nb4(QFormat::nvfp4, 80, 96, 8);
+  check_cpu(na, false, nb4, false, 0.f);
+}
+
+TEST(CpuQGemm, RejectsUnsupportedCombinations) {
+  HostQuant e5(QFormat::fp8_e5m2, 128, 128, 1), e4(QFormat::fp8_e4m3, 128, 128, 2);
+  HostQuant blk2(QFormat::fp8_block128x128, 128, 128, 3), nv(QFormat::nvfp4, 128, 128, 4);
+  std::vector<float> c(128 * 128);
+  Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {128, 128});
+  auto expect_error = [&](const QOperand& a, const QOperand& b, QGemmOptions o, const char* needle) {
+    Status s = matmul_quantized(a, b, ct, o, nullptr);
+    ASSERT_FALSE(s.is_ok()) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  expect_error(e5.op(false), e5.op(false), {}, "E5M2 x E5M2");
+  expect_error(blk2.op(false), blk2.op(false), {}, "fp8_block128x128 x fp8_block128x128");
+  expect_error(e4.op(false), nv.op(false), {}, "one recipe");
+  expect_error(nv.op(false), nv.op(false), {.fast_accum = true}, "fast_accum");
+  QOperand not_kmajor = e4.op(false);
+  not_kmajor.k_major = false;
+  expect_error(not_kmajor, e4.op(false), {}, "K-major");
+  QOperand bad_k = e4.op(false);
+  bad_k.k = 120;
+  expect_error(bad_k, e4.op(false), {}, "multiple of 16");
+  QOperand no_amax = nv.op(false);
+  no_amax.amax = nullptr;
+  expect_error(no_amax, nv.op(false), {}, "amax");
+  HostQuant wide(QFormat::fp8_e4m3, 128, 256, 5);
+  expect_error(e4.op(false), wide.op(false), {}, "same K");
+  std::vector<float> small(64 * 128);
+  Tensor wrong_c = Tensor::make(small.data(), DType::f32, Device::cpu, {64, 128});
+  Status s = matmul_quantized(e4.op(false), e4.op(false), wrong_c, {}, nullptr);
+  EXPECT_FALSE(s.is_ok());
+}
+
+}  // namespace
+}  // namespace nb::gemm
