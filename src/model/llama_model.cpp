@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "core/gpu_profile.h"
 #include "gemm/gemm.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
@@ -231,23 +232,33 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   auto forward_layer = [&](int64_t l, bool write_output) -> Status {
     const Layer w = layer_weights(l);
     auto& a = A.layer[size_t(l)];
+    NB_PROFILE_BEGIN("fwd: norm + qkv GEMMs");
     ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
     NB_TRY(gemm::matmul(a.n1, w.wq, a.q, nt(), st));
     NB_TRY(gemm::matmul(a.n1, w.wk, a.k, nt(), st));
     NB_TRY(gemm::matmul(a.n1, w.wv, a.v, nt(), st));
+    NB_PROFILE_END("fwd: norm + qkv GEMMs");
+    NB_PROFILE_BEGIN("fwd: rope");
     ops::rope_forward(reshape4(a.q, B, S, c.heads, hd), cosT, sinT, st);
     ops::rope_forward(reshape4(a.k, B, S, c.kv_heads, hd), cosT, sinT, st);
+    NB_PROFILE_END("fwd: rope");
+    NB_PROFILE_BEGIN("fwd: attention");
     NB_TRY(ops::attention_forward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
                                   reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd), a.lse, st));
+    NB_PROFILE_END("fwd: attention");
+    NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
     NB_TRY(gemm::matmul(a.o, w.wo, a.mid, nt(1.f), st));  // mid = resid + o Wo^T
     ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
     NB_TRY(gemm::matmul(a.n2, w.wgu, a.gu, nt(), st));
+    NB_PROFILE_END("fwd: o + norm + gate_up");
+    NB_PROFILE_BEGIN("fwd: swiglu + down");
     ops::swiglu_forward(a.gu, a.a, st);
     if (write_output) {
       NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
       NB_TRY(gemm::matmul(a.a, w.wdown, A.resid[l + 1], nt(1.f), st));  // resid' = mid + a Wdown^T
     }
+    NB_PROFILE_END("fwd: swiglu + down");
     return Status::ok();
   };
 
@@ -263,11 +274,19 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   for (int64_t t0 = 0; t0 < T; t0 += lm_chunk_tokens_) {
     int64_t t1 = std::min(T, t0 + lm_chunk_tokens_);
     Tensor nf_c = rows(A.nf, t0, t1), logits = rows(A.logits, 0, t1 - t0);
+    NB_PROFILE_BEGIN("lm: fprop GEMM");
     NB_TRY(gemm::matmul(nf_c, w_lm, logits, nt(), st));
+    NB_PROFILE_END("lm: fprop GEMM");
+    NB_PROFILE_BEGIN("lm: cross-entropy");
     ops::cross_entropy_fwd_bwd(logits, rows(targets, t0, t1), backward ? grad_scale : 0.f, rows(A.losses, t0, t1), st);
+    NB_PROFILE_END("lm: cross-entropy");
     if (backward) {
+      NB_PROFILE_BEGIN("lm: dgrad GEMM");
       NB_TRY(gemm::matmul(logits, w_lm, rows(A.dnf, t0, t1), nn(), st));  // d nf = dlogits W
+      NB_PROFILE_END("lm: dgrad GEMM");
+      NB_PROFILE_BEGIN("lm: wgrad GEMM (f32 +=)");
       NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));              // dW += dlogits^T nf
+      NB_PROFILE_END("lm: wgrad GEMM (f32 +=)");
     }
   }
   ops::add_inplace(loss_acc_.tensor(), A.losses, st);
@@ -287,30 +306,48 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
       ops::swiglu_forward(a.gu, a.a, st);
     }
     // MLP: resid' = mid + swiglu(n2 Wgu^T) Wdown^T
+    NB_PROFILE_BEGIN("bwd: down GEMMs");
     NB_TRY(gemm::matmul(dx, w.wdown, A.da, nn(), st));
     NB_TRY(gemm::matmul(dx, a.a, w.gdown, tn_acc(), st));
+    NB_PROFILE_END("bwd: down GEMMs");
+    NB_PROFILE_BEGIN("bwd: swiglu");
     ops::swiglu_backward(a.gu, A.da, A.dgu, st);
+    NB_PROFILE_END("bwd: swiglu");
+    NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
     NB_TRY(gemm::matmul(A.dgu, w.wgu, A.dn, nn(), st));
     NB_TRY(gemm::matmul(A.dgu, a.n2, w.ggu, tn_acc(), st));
+    NB_PROFILE_END("bwd: gate_up GEMMs");
+    NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
     ops::add_inplace(A.dmid, dx, st);
+    NB_PROFILE_END("bwd: norms + adds");
     // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
+    NB_PROFILE_BEGIN("bwd: o GEMMs");
     NB_TRY(gemm::matmul(A.dmid, w.wo, A.dout, nn(), st));
     NB_TRY(gemm::matmul(A.dmid, a.o, w.go, tn_acc(), st));
+    NB_PROFILE_END("bwd: o GEMMs");
+    NB_PROFILE_BEGIN("bwd: attention");
     NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
                                    reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd),
                                    reshape4(A.dout, B, S, c.heads, hd), a.lse, reshape4(A.dq, B, S, c.heads, hd),
                                    reshape4(A.dk, B, S, c.kv_heads, hd), reshape4(A.dv, B, S, c.kv_heads, hd), st));
+    NB_PROFILE_END("bwd: attention");
+    NB_PROFILE_BEGIN("bwd: rope");
     ops::rope_backward(reshape4(A.dq, B, S, c.heads, hd), cosT, sinT, st);
     ops::rope_backward(reshape4(A.dk, B, S, c.kv_heads, hd), cosT, sinT, st);
+    NB_PROFILE_END("bwd: rope");
+    NB_PROFILE_BEGIN("bwd: qkv GEMMs");
     NB_TRY(gemm::matmul(A.dq, w.wq, A.dn, nn(), st));
     NB_TRY(gemm::matmul(A.dk, w.wk, A.dn, nn(1.f), st));
     NB_TRY(gemm::matmul(A.dv, w.wv, A.dn, nn(1.f), st));
     NB_TRY(gemm::matmul(A.dq, a.n1, w.gq, tn_acc(), st));
     NB_TRY(gemm::matmul(A.dk, a.n1, w.gk, tn_acc(), st));
     NB_TRY(gemm::matmul(A.dv, a.n1, w.gv, tn_acc(), st));
+    NB_PROFILE_END("bwd: qkv GEMMs");
+    NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);
     ops::add_inplace(dx_next, A.dmid, st);
+    NB_PROFILE_END("bwd: norms + adds");
     std::swap(dx, dx_next);
   }
   ops::embedding_backward(ids, dx, params_.grad("model.embed_tokens.weight"), st);

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include "core/device_info.h"
+#include "core/gpu_profile.h"
 #include "core/log.h"
 #include "core/tensor.h"
 #include "data/token_source.h"
@@ -205,6 +206,7 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
       peak_mem = std::max(peak_mem, double(t - f - base_used));
     }
     const double loss = loss_sum / double(tokens_per_step);
+    NB_PROFILE_BEGIN("optimizer: norm + AdamW");
     // Global gradient norm over the flat FP32 gradient buffer.
     ops::fill(norm_sq.tensor(), 0.0f, nullptr);
     ops::sum_squares_accumulate(P.flat_grad(), norm_sq.ptr<float>(), nullptr);
@@ -236,7 +238,11 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
                         P.range(P.flat_m(), P.decayed_count(), P.total()), P.range(P.flat_v(), P.decayed_count(), P.total()),
                         P.range(P.flat_compute(), P.decayed_count(), P.total()), ap, nullptr);
     }
+    NB_PROFILE_END("optimizer: norm + AdamW");
     if (dev == Device::cuda) device_synchronize();
+    if (dev == Device::cuda && profile::enabled()) {  // step 1 (plans, autotuning) is left out
+      if (it == 0) profile::reset(); else profile::collect(it + 1 == cfg.train_iters);
+    }
     const double step_ms = step_timer.ms();
     if (it > 0) { time_sum_ms += step_ms; timed_steps++; }  // step 1 includes warm-up (plans, autotuning)
     m.consumed_samples = (it + 1) * cfg.global_batch_size;
