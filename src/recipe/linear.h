@@ -1,0 +1,63 @@
+// Linear: one linear layer Y = X W^T (X [M,K] tokens x in features, W [N,K]) in one precision recipe.
+// It owns the quantized copies of its operands and runs the three GEMMs of precision spec §6:
+//   forward   Fprop  y  = x w^T + beta*y      (y bf16 on cuda, f32 on cpu)
+//   backward  Dgrad  dx = dy w + dx_beta*dx    Wgrad  dw_f32 += dy^T x  (FP32 accumulation)
+// Tensors: cuda backend x, w, dy, dx bf16; cpu backend all f32 (the BF16 source of a quantizer is the
+// f32 value rounded to BF16 first, so CPU and CUDA quantize the same numbers). All 2-D, contiguous.
+// Quantization schedule: x once per forward into every copy the layer needs (row-wise for Fprop,
+// column-wise for Wgrad, kept until backward); w once per optimizer step (row-wise and column-wise,
+// reused by every micro-batch until new_step); dy once per backward (row-wise for Dgrad, column-wise
+// for Wgrad). A BF16 layer (or bf16_mixed) quantizes nothing and calls the BF16 GEMM.
+// Stochastic-rounding key: RngKey{recipe.seed, step, (tensor_id << 8) | (micro_batch % 64) << 2 | role << 1},
+// role 0 = input, 1 = grad; the NVFP4 quantizer flips bit 0 for the column-wise copy.
+// backward() pairs with the latest forward() (the forward/backward of one micro-batch run back to back).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include "core/status.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "recipe/recipe.h"
+
+namespace nb::recipe {
+
+struct LinearHealth {
+  int64_t nonfinite = 0;             // quantizations whose source held NaN/Inf since the last take_health
+  std::string first_nonfinite_role;  // "input" | "weight" | "grad" (first role in that order with a count)
+  double flushed = 0, saturated = 0, sqnr_db = 0;  // worst over the roles seen (set_collect_stats)
+  bool has_stats = false;
+};
+
+class Linear {
+ public:
+  Linear();
+  ~Linear();
+  Linear(Linear&&) noexcept;
+  Linear& operator=(Linear&&) noexcept;
+  Linear(const Linear&) = delete;
+  Linear& operator=(const Linear&) = delete;
+
+  // tensor_id: unique per linear (used in the SR random key); max_tokens: largest M it will see.
+  Status init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
+              int64_t in_features, int64_t out_features, Device dev);
+  // Fprop: y = x w^T + beta*y.
+  Status forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
+  // Dgrad dx = dy w + dx_beta*dx; Wgrad dw_f32 += dy^T x (FP32). A quantized recipe uses its kept copy
+  // of x (the caller may have overwritten x); a BF16 layer reads x.
+  Status backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
+                  const Tensor& dw_f32, Stream stream);
+  void new_step(uint32_t step);     // weights changed: requantize on next forward; SR key step; delayed-scaling roll
+  void set_collect_stats(bool on);  // per-operand flushed/saturated/SQNR (extra passes; off by default)
+  Status take_health(LinearHealth* out);  // since the last call; may synchronize
+  bool keeps_quantized_input() const;     // true when backward() does not read x
+  size_t bytes() const;                   // device bytes of the quantized copies it owns
+
+  struct Impl;  // linear.cpp
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nb::recipe

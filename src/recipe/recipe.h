@@ -1,0 +1,69 @@
+// Precision recipes as data: which number format each operand role (input X, weight W, gradient dY)
+// of a linear layer's three GEMMs gets, with the NVFP4 techniques (RHT, stochastic rounding, 2D weight
+// tiles), FP8 scaling mode, and which transformer layers stay BF16. Names follow Megatron-Bridge's
+// mixed-precision recipes; the numerics are the precision spec's (§6 decides which copy each GEMM uses):
+//   Fprop  Y  = X W^T    input (row-wise)            x weight (row-wise)
+//   Dgrad  dX = dY W     grad (row-wise)             x weight (column-wise copy)
+//   Wgrad  dW = dY^T X   grad (column-wise, +RHT/SR) x input (column-wise, +RHT)
+// RHT and SR flags describe the NVFP4 operand of that role: RHT applies to its column-wise (Wgrad)
+// copy only, SR to every copy of that role (only the gradient uses it in the presets).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "core/status.h"
+
+namespace nb::recipe {
+
+enum class Fmt { bf16, fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4 };
+const char* fmt_name(Fmt f);
+
+struct RoleSpec {
+  Fmt fmt = Fmt::bf16;
+  bool rht = false, sr = false, two_d = false;
+};
+
+enum class Fp8Scaling { none, current, delayed };
+
+struct Recipe {
+  std::string name = "bf16_mixed";
+  RoleSpec input, weight, grad;  // Fprop: input x weight; Dgrad: grad x weight; Wgrad: grad x input
+  Fp8Scaling fp8_scaling = Fp8Scaling::none;
+  int64_t amax_history_len = 1024;  // delayed scaling
+  bool fp8_pow2_scales = false;     // sub-channel
+  int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;
+  uint64_t seed = 0;  // stochastic-rounding key seed (RngKey.seed); addition to the agreed API
+
+  // True when transformer layer `layer` (0-based) of `num_layers` keeps its linears in BF16.
+  bool layer_in_bf16(int64_t layer, int64_t num_layers) const;
+  bool quantized() const;  // any role not bf16
+};
+
+// Megatron-Bridge names: bf16_mixed, bf16_with_fp8_current_scaling_mixed (E4M3 input/weight, E5M2 grad:
+// HYBRID; first and last layer BF16 as [MB] sets), bf16_with_fp8_delayed_scaling_mixed (HYBRID, history
+// 1024), bf16_with_fp8_subchannel_scaling_mixed (1x128 input/grad, 128x128 weight),
+// bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed (input nvfp4; weight nvfp4 2D; grad nvfp4 + SR; RHT on
+// the Wgrad operands; last 4 layers BF16 as the Llama 3.1 8B playbook does).
+Status recipe_preset(const std::string& name, Recipe* out);
+std::vector<std::string> recipe_names();
+
+// Command-line / config knobs. -1 = keep the preset's count. first_last_layers_bf16 turns on the layer
+// counts ([MB]: with it off, both counts are ignored, i.e. 0); when on and a count is -1 the preset's
+// count is kept, or 1 if the preset has 0.
+struct RecipeKnobs {
+  bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false,
+       first_last_layers_bf16 = false;
+  int64_t layers_at_start_bf16 = -1, layers_at_end_bf16 = -1;
+};
+// --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
+// the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing).
+Status apply_knobs(const RecipeKnobs& knobs, Recipe* r);
+
+// One line per layer kind: "Fprop nvfp4 x nvfp4 (emulated) | Dgrad nvfp4+sr x nvfp4 (emulated) | Wgrad
+// nvfp4+rht+sr x nvfp4+rht (emulated)". cc_major <= 0 describes the CPU reference.
+std::string describe_gemms(const Recipe& r, bool bf16_layer, int cc_major, int cc_minor);
+// OK when a GPU of compute capability cc_major.cc_minor runs every GEMM of the recipe; otherwise one
+// sentence naming the recipe, the GPU and what to do. cc_major <= 0 (CPU reference) runs everything.
+Status check_supported(const Recipe& r, int cc_major, int cc_minor);
+
+}  // namespace nb::recipe
