@@ -24,9 +24,9 @@
 //         + beta * C, rounded once to C (f32 only).
 //   cuda  fp8 per-tensor: cuBLASLt FP8 GEMM (scale_inv pointers as A/B scale pointers, FP32
 //         compute). Hopper supports E4M3xE4M3, E4M3xE5M2 and E5M2xE4M3; E5M2xE5M2 is an error.
-//         fp8 block: cuBLASLt VEC128_32F / BLK128x128_32F scale modes (CUDA >= 12.9, sm_90); no
-//         fast accumulation; 128x128 x 128x128 is rejected (cuBLASLt supports 1D x 1D, 1D x 2D,
-//         2D x 1D only).
+//         fp8 block: cuBLASLt VEC128_32F / BLK128x128_32F scale modes (CUDA >= 12.9, sm_90), the
+//         fp8_block quantizer's layouts passed unchanged; no fast accumulation; 128x128 x 128x128
+//         is rejected (cuBLASLt supports 1D x 1D, 1D x 2D, 2D x 1D only; measured on H200).
 //         mxfp8, nvfp4 (emulated on Hopper): each operand dequantized to BF16 with its block scales
 //         only into a workspace owned here, then a BF16 cuBLASLt GEMM with FP32 accumulation and
 //         alpha (nvfp4: amax_a * amax_b / (6*6*448*448), computed on the device, no host sync).
