@@ -47,9 +47,9 @@ struct Recipe {
 Status recipe_preset(const std::string& name, Recipe* out);
 std::vector<std::string> recipe_names();
 
-// Command-line / config knobs. -1 = keep the preset's count. first_last_layers_bf16 turns on the layer
-// counts ([MB]: with it off, both counts are ignored, i.e. 0); when on and a count is -1 the preset's
-// count is kept, or 1 if the preset has 0.
+// Command-line / config knobs. Counts: -1 = keep the preset's; a count >= 0 replaces it.
+// first_last_layers_bf16 sets a count the preset left at 0 to 1 ([MB]'s default counts), before the
+// given counts apply.
 struct RecipeKnobs {
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false,
        first_last_layers_bf16 = false;

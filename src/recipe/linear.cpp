@@ -1,0 +1,184 @@
+// Linear (linear.h): the quantized copies of X, W and dY of one linear layer and its three GEMMs.
+// One code path for both backends: the format quantizers' *_ref (host) or *_cuda (device) functions
+// write the same layouts, and gemm::matmul_quantized picks its backend from the output tensor.
+#include "recipe/linear.h"
+
+#include <cmath>
+#include <vector>
+#include "core/bf16.h"
+#include "formats/fp8/fp8.h"
+#include "formats/fp8/fp8_block.h"
+#include "formats/mxfp8/mxfp8.h"
+#include "formats/nvfp4/nvfp4.h"
+#include "gemm/gemm.h"
+#include "gemm/gemm_quantized.h"
+#include "recipe/linear_device.h"
+#include "recipe/linear_internal.h"
+
+namespace nb::recipe {
+
+using namespace detail;
+
+static gemm::QFormat qformat(Fmt f) {
+  switch (f) {
+    case Fmt::fp8_e5m2: return gemm::QFormat::fp8_e5m2;
+    case Fmt::fp8_block128: return gemm::QFormat::fp8_block128;
+    case Fmt::fp8_block128x128: return gemm::QFormat::fp8_block128x128;
+    case Fmt::mxfp8: return gemm::QFormat::mxfp8;
+    case Fmt::nvfp4: return gemm::QFormat::nvfp4;
+    default: return gemm::QFormat::fp8_e4m3;
+  }
+}
+
+static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
+  return Buffer::allocate(b, DType::u8, dev, {bytes > 0 ? bytes : 1});
+}
+
+Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_) {
+  role = role_; spec = s; cols = cols_; dev = dev_; rows = 0;
+  const int64_t n = rows_cap * cols;
+  int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
+  switch (s.fmt) {
+    case Fmt::bf16: return Status::ok();
+    case Fmt::fp8_e4m3:
+    case Fmt::fp8_e5m2: break;
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: {
+      auto kind = s.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+      row_scale_bytes = 4 * fp8::block_scale_count(kind, rows_cap, cols, false);
+      col_scale_bytes = 4 * fp8::block_scale_count(kind, rows_cap, cols, true);
+      break;
+    }
+    case Fmt::mxfp8: row_scale_bytes = col_scale_bytes = n / 32; break;
+    case Fmt::nvfp4: data_bytes = n / 2; row_scale_bytes = col_scale_bytes = n / 16; break;
+  }
+  NB_TRY(alloc_bytes(&row_data, dev, data_bytes));
+  NB_TRY(alloc_bytes(&col_data, dev, data_bytes));
+  NB_TRY(alloc_bytes(&row_scales, dev, row_scale_bytes));
+  NB_TRY(alloc_bytes(&col_scales, dev, col_scale_bytes));
+  NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
+  NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
+  owned_bytes = size_t(2 * data_bytes + row_scale_bytes + col_scale_bytes) + kStateFloats * 4 + kStateInts * 4;
+  float f[kStateFloats] = {0.f, 0.f, 1.f, 1.f, 0.f};
+  int i[kStateInts] = {0, 0};
+  NB_TRY(copy_bytes(state_f.data(), dev, f, Device::cpu, sizeof f));
+  NB_TRY(copy_bytes(state_i.data(), dev, i, Device::cpu, sizeof i));
+  if (s.fmt == Fmt::fp8_e4m3 || s.fmt == Fmt::fp8_e5m2)
+    delayed = fp8::DelayedScaling(s.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2, 1024);
+  return Status::ok();
+}
+
+Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
+  rows = rows_;
+  const bool cuda = dev == Device::cuda;
+  float* sf = state_f.ptr<float>();
+  int* si = state_i.ptr<int>();
+  // The NVFP4 quantizer only ever sets its flag; the others clear it themselves. Clear it for all.
+  if (cuda) NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
+  else si[kFlag] = 0;
+  auto* rd = row_data.ptr<uint8_t>();
+  auto* cd = col_data.ptr<uint8_t>();
+  switch (spec.fmt) {
+    case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
+    case Fmt::fp8_e4m3:
+    case Fmt::fp8_e5m2: {
+      auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
+      fp8::TensorView v{rows, cols, rd, cd, sf + kScaleInv, sf + kRowAmax, si + kFlag};
+      if (a.scaling == Fp8Scaling::delayed) {
+        NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
+                    : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
+      } else {
+        NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream) : fp8::quantize_current_ref(src, f, false, v));
+      }
+      // The transposed copy has the same scale and amax.
+      if (cuda) NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
+      else sf[kColAmax] = 0.f;
+      break;
+    }
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: {
+      fp8::BlockOptions o;
+      o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+      o.pow2_scales = a.pow2_scales;
+      fp8::BlockView v{rows, cols, rd, row_scales.ptr<float>(), cd, col_scales.ptr<float>(), si + kFlag};
+      NB_TRY(cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v));
+      break;
+    }
+    case Fmt::mxfp8: {
+      mxfp8::QuantizedView v{rows, cols, rd, row_scales.ptr<uint8_t>(), cd, col_scales.ptr<uint8_t>(), si + kFlag};
+      NB_TRY(cuda ? mxfp8::quantize_cuda(src, {}, v, stream) : mxfp8::quantize_ref(src, {}, v));
+      break;
+    }
+    case Fmt::nvfp4: {
+      nvfp4::Options o;
+      o.two_d = spec.two_d;
+      o.rht = spec.rht;
+      o.sr = spec.sr;
+      o.rng = a.rng;
+      nvfp4::QuantizedView v{rows, cols, rd, row_scales.ptr<uint8_t>(), cd, col_scales.ptr<uint8_t>(),
+                             sf + kRowAmax, sf + kColAmax, si + kFlag};
+      NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
+      break;
+    }
+  }
+  // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
+  if (spec.fmt == Fmt::fp8_block128 || spec.fmt == Fmt::fp8_block128x128 || spec.fmt == Fmt::mxfp8) {
+    if (cuda) NB_TRY(memset_cuda(sf, 0, 2 * sizeof(float), stream));
+    else sf[kRowAmax] = sf[kColAmax] = 0.f;
+  }
+  used_in_step = true;
+  if (cuda) return fold_role_state_cuda(sf, si, stream);
+  fold_role_state_host(sf, si);
+  return Status::ok();
+}
+
+gemm::QOperand QCopies::row_operand() const {
+  gemm::QOperand op;
+  op.format = qformat(spec.fmt);
+  op.rows = rows; op.k = cols;
+  op.data = row_data.data();
+  const float* sf = state_f.ptr<float>();
+  op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
+                                                                        : row_scales.data();
+  op.amax = sf + kRowAmax;
+  return op;
+}
+
+gemm::QOperand QCopies::col_operand() const {
+  gemm::QOperand op = row_operand();
+  op.rows = cols; op.k = rows;
+  op.data = col_data.data();
+  if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = col_scales.data();
+  op.amax = state_f.ptr<float>() + kColAmax;
+  op.k_major = spec.fmt != Fmt::mxfp8;  // MXFP8 keeps its column-wise copy un-transposed
+  return op;
+}
+
+Status QCopies::read_state(float* floats, int* ints, Stream stream) const {
+  if (dev == Device::cuda) {
+    NB_TRY(copy_to_host_cuda(floats, state_f.data(), kStateFloats * sizeof(float), stream));
+    return copy_to_host_cuda(ints, state_i.data(), kStateInts * sizeof(int), stream);
+  }
+  std::copy(state_f.ptr<float>(), state_f.ptr<float>() + kStateFloats, floats);
+  std::copy(state_i.ptr<int>(), state_i.ptr<int>() + kStateInts, ints);
+  return Status::ok();
+}
+
+Status QCopies::clear_nonfinite_count() {
+  int* si = state_i.ptr<int>();
+  if (dev == Device::cuda) return memset_cuda(si + kNonfiniteCount, 0, sizeof(int), nullptr);
+  si[kNonfiniteCount] = 0;
+  return Status::ok();
+}
+
+Status QCopies::write_state(const float* floats, const int* ints, Stream stream) {
+  if (dev == Device::cuda) {
+    NB_TRY(copy_to_device_cuda(state_f.data(), floats, kStateFloats * sizeof(float), stream));
+    return copy_to_device_cuda(state_i.data(), ints, kStateInts * sizeof(int), stream);
+  }
+  std::copy(floats, floats + kStateFloats, state_f.ptr<float>());
+  std::copy(ints, ints + kStateInts, state_i.ptr<int>());
+  return Status::ok();
+}
+
+}  // namespace nb::recipe

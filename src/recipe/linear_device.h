@@ -1,0 +1,25 @@
+// Small device-side helpers of Linear (linear_device.cu; the CPU-only build answers with an error).
+// Per-role state lives in device memory so a step needs no host synchronization:
+//   floats [row_amax, col_amax, scale, scale_inv, step_amax]   ints [flag, nonfinite_count]
+// After each quantization fold_role_state adds the quantizer's non-finite flag into the count and
+// folds the copy's amax into step_amax (NaN once a non-finite source was seen in the step), which
+// delayed scaling reads once per step.
+#pragma once
+#include <cstddef>
+#include "core/status.h"
+#include "core/stream.h"
+
+namespace nb::recipe::detail {
+
+enum : int { kRowAmax = 0, kColAmax = 1, kScale = 2, kScaleInv = 3, kStepAmax = 4, kStateFloats = 5 };
+enum : int { kFlag = 0, kNonfiniteCount = 1, kStateInts = 2 };
+
+// Host version of the fold (CPU backend and tests).
+void fold_role_state_host(float* floats, int* ints);
+Status fold_role_state_cuda(float* floats, int* ints, Stream stream);
+Status memset_cuda(void* p, int value, size_t bytes, Stream stream);
+// Synchronous host <-> device copies on `stream` (waits for the stream).
+Status copy_to_host_cuda(void* dst, const void* src, size_t bytes, Stream stream);
+Status copy_to_device_cuda(void* dst, const void* src, size_t bytes, Stream stream);
+
+}  // namespace nb::recipe::detail

@@ -1,0 +1,62 @@
+// Internals of Linear shared by linear.cpp (quantized copies of one role) and linear_layer.cpp (the
+// layer: schedule, GEMMs, health). Not part of the public API.
+//
+// QCopies holds the two copies of one role's source [rows, cols] (rows <= the capacity given at init):
+//   row copy   blocks along cols (the Fprop / Dgrad operand)
+//   col copy   blocks along rows, stored transposed [cols, rows] (MXFP8: un-transposed, as its quantizer
+//              writes it); the Dgrad weight operand and both Wgrad operands
+// plus a small state block (linear_device.h): amaxes, FP8 scale/scale_inv, non-finite flag and count.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+#include "core/bf16.h"
+#include "core/philox.h"
+#include "core/tensor.h"
+#include "formats/fp8/fp8.h"
+#include "gemm/gemm_quantized.h"
+#include "recipe/linear.h"
+
+namespace nb::recipe {
+
+enum class Role : int { input = 0, weight = 1, grad = 2 };
+
+// Granularity each format's GEMMs need of every dimension that is some GEMM's rows or K
+// (gemm_quantized.cpp validates the same numbers; NVFP4's GEMM K must be a multiple of 32).
+inline int64_t fmt_multiple(Fmt f) {
+  switch (f) {
+    case Fmt::fp8_e4m3: case Fmt::fp8_e5m2: return 16;
+    case Fmt::fp8_block128: case Fmt::fp8_block128x128: return 128;
+    case Fmt::mxfp8: case Fmt::nvfp4: return 32;
+    default: return 1;
+  }
+}
+
+struct QuantizeArgs {
+  Fp8Scaling scaling = Fp8Scaling::none;
+  bool pow2_scales = false;
+  RngKey rng{};
+};
+
+struct QCopies {
+  Role role = Role::input;
+  RoleSpec spec;
+  int64_t rows = 0, cols = 0;
+  Device dev = Device::cpu;
+  Buffer row_data, row_scales, col_data, col_scales, state_f, state_i;
+  size_t owned_bytes = 0;
+  fp8::DelayedScaling delayed;  // host history (delayed scaling only)
+  bool used_in_step = false;
+
+  Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev);
+  // src: BF16 [rows, cols] on dev. Writes both copies, then folds flag/amax into the state.
+  Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
+  gemm::QOperand row_operand() const;  // [rows, cols]
+  gemm::QOperand col_operand() const;  // [cols, rows]
+  // Whole state block to / from the host (synchronizes on cuda).
+  Status read_state(float* floats, int* ints, Stream stream) const;
+  Status write_state(const float* floats, const int* ints, Stream stream);
+  Status clear_nonfinite_count();
+};
+
+}  // namespace nb::recipe

@@ -1,0 +1,262 @@
+// Linear's schedule (linear.h): when each role is quantized, which copies each GEMM takes (spec §6),
+// the BF16 path, delayed-scaling bookkeeping per step, and the health report.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+#include "core/bf16.h"
+#include "gemm/gemm.h"
+#include "gemm/gemm_quantized.h"
+#include "recipe/linear.h"
+#include "recipe/linear_device.h"
+#include "recipe/linear_internal.h"
+#include "recipe/linear_stats.h"
+
+namespace nb::recipe {
+
+using namespace detail;
+
+struct Linear::Impl {
+  Recipe recipe;
+  bool all_bf16 = true;  // BF16 layer or bf16_mixed: no quantization at all
+  std::string name;
+  uint32_t tensor_id = 0;
+  int64_t max_tokens = 0, in = 0, out = 0;
+  Device dev = Device::cpu;
+  QCopies q[3];  // input, weight, grad
+  bool weight_valid = false;
+  bool have_input = false;
+  uint32_t step = 0, micro = 0;
+  bool collect_stats = false;
+  StatsAccumulator stats;
+  // CPU backend: BF16-rounded sources of the quantizers, and of the BF16 path's GEMMs.
+  std::vector<bf16> host_bf16;
+  std::vector<float> host_round[3];
+
+  RngKey rng_key(Role role) const {
+    uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
+    return RngKey{recipe.seed, step, stream};
+  }
+  QuantizeArgs args(Role role) const {
+    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)};
+  }
+  Status quantize(Role role, const Tensor& src, Stream stream);
+};
+
+Linear::Linear() = default;
+Linear::~Linear() = default;
+Linear::Linear(Linear&&) noexcept = default;
+Linear& Linear::operator=(Linear&&) noexcept = default;
+
+static const char* kRoleNames[3] = {"input", "weight", "grad"};
+
+static Status check_2d(const Tensor& t, const char* what, const std::string& layer, int64_t rows, int64_t cols,
+                       DType dt, Device dev) {
+  if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols || !t.is_contiguous())
+    return errorf("linear '%s': %s is %s; need a contiguous [%lld, %lld]", layer.c_str(), what, t.shape_str().c_str(),
+                  (long long)rows, (long long)cols);
+  if (t.dtype != dt || t.device != dev)
+    return errorf("linear '%s': %s is %s on %s; need %s on %s", layer.c_str(), what, dtype_name(t.dtype),
+                  device_name(t.device), dtype_name(dt), device_name(dev));
+  return Status::ok();
+}
+
+// The quantizers read BF16: on the CPU backend the f32 tensor is rounded to BF16 first.
+Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
+  QCopies& c = q[int(role)];
+  const int64_t rows = src.shape[0];
+  const bf16* p = nullptr;
+  if (dev == Device::cuda) {
+    p = src.ptr<bf16>();
+  } else {
+    host_bf16.resize(size_t(src.numel()));
+    const float* f = src.ptr<float>();
+    for (int64_t i = 0; i < src.numel(); ++i) host_bf16[size_t(i)] = f32_to_bf16(f[i]);
+    p = host_bf16.data();
+  }
+  NB_TRY(c.quantize(p, rows, args(role), stream).context("linear '" + name + "' " + kRoleNames[int(role)]));
+  if (collect_stats) NB_TRY(stats.add(c, p, stream));
+  return Status::ok();
+}
+
+Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
+                    int64_t in_features, int64_t out_features, Device dev) {
+  if (tensor_id >= (1u << 24))
+    return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
+  if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
+    return errorf("linear '%s': tokens %lld, in %lld, out %lld must all be positive", name.c_str(),
+                  (long long)max_tokens, (long long)in_features, (long long)out_features);
+  auto impl = std::make_unique<Impl>();
+  impl->recipe = r;
+  impl->all_bf16 = bf16_layer || !r.quantized();
+  impl->name = name;
+  impl->tensor_id = tensor_id;
+  impl->max_tokens = max_tokens;
+  impl->in = in_features;
+  impl->out = out_features;
+  impl->dev = dev;
+  if (!impl->all_bf16) {
+    const RoleSpec* roles[3] = {&r.input, &r.weight, &r.grad};
+    for (int i = 0; i < 3; ++i) {
+      if (roles[i]->fmt == Fmt::bf16)
+        return errorf("linear '%s': recipe '%s' quantizes some roles but leaves %s in bf16; every GEMM needs both "
+                      "operands in one format family (quantize all three roles or none)", name.c_str(),
+                      r.name.c_str(), kRoleNames[i]);
+    }
+    // Every dimension is the reduction dim of one GEMM (K of Fprop, N of Dgrad, M of Wgrad).
+    int64_t mult = 1;
+    for (const RoleSpec* s : roles) mult = std::max(mult, fmt_multiple(s->fmt));
+    if (in_features % mult != 0 || out_features % mult != 0)
+      return errorf("linear '%s': [%lld out x %lld in] cannot run recipe '%s': its formats need in and out features "
+                    "that are multiples of %lld (keep this layer in BF16 or pad it)", name.c_str(),
+                    (long long)out_features, (long long)in_features, r.name.c_str(), (long long)mult);
+    const int64_t tokens_cap = (max_tokens + mult - 1) / mult * mult;
+    NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in_features, dev));
+    NB_TRY(impl->q[1].init(Role::weight, r.weight, out_features, in_features, dev));
+    NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out_features, dev));
+    for (QCopies& c : impl->q)
+      if (r.fp8_scaling == Fp8Scaling::delayed)
+        c.delayed = fp8::DelayedScaling(c.delayed.format, int(r.amax_history_len));
+  }
+  impl_ = std::move(impl);
+  return Status::ok();
+}
+
+static Status check_tokens(const Linear::Impl& s, int64_t m) {
+  if (m > s.max_tokens)
+    return errorf("linear '%s': %lld tokens exceed the %lld given at init", s.name.c_str(), (long long)m,
+                  (long long)s.max_tokens);
+  if (s.all_bf16) return Status::ok();
+  const int64_t mult = std::max(fmt_multiple(s.recipe.input.fmt), fmt_multiple(s.recipe.grad.fmt));
+  if (m % mult != 0)
+    return errorf("linear '%s': %lld tokens is not a multiple of %lld, which recipe '%s' needs for the Wgrad "
+                  "reduction over tokens (pad the micro-batch)", s.name.c_str(), (long long)m, (long long)mult,
+                  s.recipe.name.c_str());
+  return Status::ok();
+}
+
+// CPU BF16 path: the f32 operands rounded to BF16 (as the cuda path's BF16 tensors are).
+static Tensor rounded_copy(const Tensor& t, std::vector<float>* store) {
+  store->resize(size_t(t.numel()));
+  const float* f = t.ptr<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) (*store)[size_t(i)] = bf16_to_f32(f32_to_bf16(f[i]));
+  return Tensor::make(store->data(), DType::f32, Device::cpu, {t.shape[0], t.shape[1]});
+}
+
+Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream) {
+  if (!impl_) return errorf("Linear::forward before a successful init");
+  Impl& s = *impl_;
+  const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
+  const int64_t m = x.ndim == 2 ? x.shape[0] : -1;
+  NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
+  NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
+  NB_TRY(check_2d(y, "y", s.name, m, s.out, act, s.dev));
+  NB_TRY(check_tokens(s, m));
+  if (s.all_bf16) {
+    if (s.dev == Device::cuda) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
+    Tensor xr = rounded_copy(x, &s.host_round[0]), wr = rounded_copy(w, &s.host_round[1]);
+    return gemm::matmul(xr, wr, y, {.trans_b = true, .beta = beta}, stream);
+  }
+  if (!s.weight_valid) {
+    NB_TRY(s.quantize(Role::weight, w, stream));
+    s.weight_valid = true;
+  }
+  NB_TRY(s.quantize(Role::input, x, stream));
+  s.have_input = true;
+  const bool per_tensor = s.recipe.input.fmt == Fmt::fp8_e4m3 || s.recipe.input.fmt == Fmt::fp8_e5m2;
+  gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor};
+  return gemm::matmul_quantized(s.q[0].row_operand(), s.q[1].row_operand(), y, o, stream)
+      .context("linear '" + s.name + "' Fprop");
+}
+
+Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
+                        const Tensor& dw_f32, Stream stream) {
+  if (!impl_) return errorf("Linear::backward before a successful init");
+  Impl& s = *impl_;
+  const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
+  const int64_t m = dy.ndim == 2 ? dy.shape[0] : -1;
+  NB_TRY(check_2d(dy, "dy", s.name, m, s.out, act, s.dev));
+  NB_TRY(check_2d(dx, "dx", s.name, m, s.in, act, s.dev));
+  NB_TRY(check_2d(dw_f32, "dw", s.name, s.out, s.in, DType::f32, s.dev));
+  NB_TRY(check_tokens(s, m));
+  if (s.all_bf16) {
+    NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
+    NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
+    if (s.dev == Device::cuda) {
+      NB_TRY(gemm::matmul(dy, w, dx, {.beta = dx_beta}, stream));
+      return gemm::matmul(dy, x, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
+    }
+    Tensor dyr = rounded_copy(dy, &s.host_round[2]);
+    Tensor wr = rounded_copy(w, &s.host_round[1]);
+    NB_TRY(gemm::matmul(dyr, wr, dx, {.beta = dx_beta}, stream));
+    Tensor xr = rounded_copy(x, &s.host_round[0]);
+    return gemm::matmul(dyr, xr, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
+  }
+  if (!s.have_input || !s.weight_valid || s.q[0].rows != m)
+    return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",
+                  s.name.c_str(), (long long)m);
+  NB_TRY(s.quantize(Role::grad, dy, stream));
+  NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), s.q[1].col_operand(), dx, {dx_beta, false}, stream)
+             .context("linear '" + s.name + "' Dgrad"));
+  NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
+             .context("linear '" + s.name + "' Wgrad"));
+  s.have_input = false;
+  ++s.micro;
+  return Status::ok();
+}
+
+void Linear::new_step(uint32_t step) {
+  if (!impl_) return;
+  Impl& s = *impl_;
+  s.weight_valid = false;
+  s.step = step;
+  s.micro = 0;
+  if (s.all_bf16 || s.recipe.fp8_scaling != Fp8Scaling::delayed) return;
+  // Delayed scaling: this step's amaxes into each history, then the next step's scales (one sync per step).
+  for (QCopies& c : s.q) {
+    if (!c.used_in_step) continue;
+    float f[kStateFloats];
+    int i[kStateInts];
+    Status st = c.read_state(f, i, nullptr);
+    NB_CHECK(st.is_ok(), "%s", st.message().c_str());
+    c.delayed.record(f[kStepAmax]);
+    c.delayed.update();
+    f[kScale] = c.delayed.scale;
+    f[kStepAmax] = 0.f;
+    st = c.write_state(f, i, nullptr);
+    NB_CHECK(st.is_ok(), "%s", st.message().c_str());
+    c.used_in_step = false;
+  }
+}
+
+void Linear::set_collect_stats(bool on) {
+  if (impl_) impl_->collect_stats = on;
+}
+
+Status Linear::take_health(LinearHealth* out) {
+  *out = LinearHealth{};
+  if (!impl_ || impl_->all_bf16) return Status::ok();
+  Impl& s = *impl_;
+  for (int r = 0; r < 3; ++r) {
+    float f[kStateFloats];
+    int i[kStateInts];
+    NB_TRY(s.q[r].read_state(f, i, nullptr));
+    if (i[kNonfiniteCount] > 0) {
+      if (out->nonfinite == 0) out->first_nonfinite_role = kRoleNames[r];
+      out->nonfinite += i[kNonfiniteCount];
+      NB_TRY(s.q[r].clear_nonfinite_count());
+    }
+  }
+  s.stats.take(out);
+  return Status::ok();
+}
+
+bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
+
+size_t Linear::bytes() const {
+  if (!impl_ || impl_->dev != Device::cuda) return 0;
+  size_t n = 0;
+  for (const QCopies& c : impl_->q) n += c.owned_bytes;
+  return n;
+}
+
+}  // namespace nb::recipe

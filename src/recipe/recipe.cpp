@@ -1,0 +1,165 @@
+// Recipe presets (Megatron-Bridge names), knobs, GEMM descriptions and GPU support checks. Pure data:
+// no numerics here; linear.cpp applies a Recipe to one linear layer.
+#include "recipe/recipe.h"
+
+namespace nb::recipe {
+
+const char* fmt_name(Fmt f) {
+  switch (f) {
+    case Fmt::bf16: return "bf16";
+    case Fmt::fp8_e4m3: return "fp8_e4m3";
+    case Fmt::fp8_e5m2: return "fp8_e5m2";
+    case Fmt::fp8_block128: return "fp8_block128";
+    case Fmt::fp8_block128x128: return "fp8_block128x128";
+    case Fmt::mxfp8: return "mxfp8";
+    case Fmt::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
+bool Recipe::layer_in_bf16(int64_t layer, int64_t num_layers) const {
+  if (!quantized()) return true;
+  return layer < bf16_layers_at_start || layer >= num_layers - bf16_layers_at_end;
+}
+
+bool Recipe::quantized() const {
+  return input.fmt != Fmt::bf16 || weight.fmt != Fmt::bf16 || grad.fmt != Fmt::bf16;
+}
+
+std::vector<std::string> recipe_names() {
+  return {"bf16_mixed",
+          "bf16_with_fp8_current_scaling_mixed",
+          "bf16_with_fp8_delayed_scaling_mixed",
+          "bf16_with_fp8_subchannel_scaling_mixed",
+          "bf16_with_mxfp8_mixed",
+          "bf16_with_nvfp4_mixed"};
+}
+
+Status recipe_preset(const std::string& name, Recipe* out) {
+  Recipe r;
+  r.name = name;
+  if (name == "bf16_mixed") {
+    // all roles bf16 (the defaults)
+  } else if (name == "bf16_with_fp8_current_scaling_mixed") {
+    // [MB]: fp8 "hybrid", fp8_recipe "tensorwise", first_last_layers_bf16 with one layer at each end.
+    r.input.fmt = r.weight.fmt = Fmt::fp8_e4m3;
+    r.grad.fmt = Fmt::fp8_e5m2;
+    r.fp8_scaling = Fp8Scaling::current;
+    r.bf16_layers_at_start = r.bf16_layers_at_end = 1;
+  } else if (name == "bf16_with_fp8_delayed_scaling_mixed") {
+    // [MB]: fp8 "hybrid", fp8_recipe "delayed", amax history 1024, amax_compute_algo "max", margin 0.
+    r.input.fmt = r.weight.fmt = Fmt::fp8_e4m3;
+    r.grad.fmt = Fmt::fp8_e5m2;
+    r.fp8_scaling = Fp8Scaling::delayed;
+    r.amax_history_len = 1024;
+  } else if (name == "bf16_with_fp8_subchannel_scaling_mixed") {
+    // [MB]: fp8 "e4m3", fp8_recipe "blockwise": 1x128 activations and gradients, 128x128 weights.
+    r.input.fmt = r.grad.fmt = Fmt::fp8_block128;
+    r.weight.fmt = Fmt::fp8_block128x128;
+  } else if (name == "bf16_with_mxfp8_mixed") {
+    r.input.fmt = r.weight.fmt = r.grad.fmt = Fmt::mxfp8;
+  } else if (name == "bf16_with_nvfp4_mixed") {
+    r.input = {Fmt::nvfp4, /*rht=*/true, /*sr=*/false, /*two_d=*/false};
+    r.weight = {Fmt::nvfp4, false, false, /*two_d=*/true};
+    r.grad = {Fmt::nvfp4, /*rht=*/true, /*sr=*/true, false};
+    r.bf16_layers_at_end = 4;  // Llama 3.1 8B NVFP4 playbook (spec §5)
+  } else {
+    std::string known;
+    for (const std::string& n : recipe_names()) known += (known.empty() ? "" : ", ") + n;
+    return errorf("unknown precision recipe '%s'; choose one of: %s", name.c_str(), known.c_str());
+  }
+  *out = r;
+  return Status::ok();
+}
+
+static bool uses_nvfp4(const Recipe& r) {
+  return r.input.fmt == Fmt::nvfp4 || r.weight.fmt == Fmt::nvfp4 || r.grad.fmt == Fmt::nvfp4;
+}
+
+Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
+  if (k.layers_at_start_bf16 < -1 || k.layers_at_end_bf16 < -1)
+    return errorf("recipe '%s': BF16 layer counts must be >= 0 (got start %lld, end %lld)", r->name.c_str(),
+                  (long long)k.layers_at_start_bf16, (long long)k.layers_at_end_bf16);
+  if (k.disable_fp4 && uses_nvfp4(*r)) {
+    // The playbook's switch: the same job, all in BF16.
+    uint64_t seed = r->seed;
+    *r = Recipe{};
+    r->seed = seed;
+    return Status::ok();
+  }
+  bool fp4_knob = k.fp4_disable_rht || k.fp4_disable_sr || k.fp4_disable_2d;
+  if (fp4_knob && !uses_nvfp4(*r))
+    return errorf("recipe '%s' has no NVFP4 operands, so the fp4 RHT/SR/2D switches would do nothing; drop them "
+                  "or choose bf16_with_nvfp4_mixed", r->name.c_str());
+  for (RoleSpec* role : {&r->input, &r->weight, &r->grad}) {
+    if (role->fmt != Fmt::nvfp4) continue;
+    if (k.fp4_disable_rht) role->rht = false;
+    if (k.fp4_disable_sr) role->sr = false;
+    if (k.fp4_disable_2d) role->two_d = false;
+  }
+  // A given count always wins; first_last_layers_bf16 alone keeps one layer at each end that the
+  // preset left quantized ([MB]'s defaults for num_layers_at_start/end_in_bf16 are 1).
+  if (k.first_last_layers_bf16) {
+    if (r->bf16_layers_at_start == 0) r->bf16_layers_at_start = 1;
+    if (r->bf16_layers_at_end == 0) r->bf16_layers_at_end = 1;
+  }
+  if (k.layers_at_start_bf16 >= 0) r->bf16_layers_at_start = k.layers_at_start_bf16;
+  if (k.layers_at_end_bf16 >= 0) r->bf16_layers_at_end = k.layers_at_end_bf16;
+  return Status::ok();
+}
+
+static std::string role_str(const RoleSpec& s, bool wgrad_copy) {
+  std::string out = fmt_name(s.fmt);
+  if (s.fmt != Fmt::nvfp4) return out;
+  if (s.two_d) out += "+2d";
+  if (s.rht && wgrad_copy) out += "+rht";
+  if (s.sr) out += "+sr";
+  return out;
+}
+
+static std::string gemm_engine(Fmt a, int cc_major) {
+  if (cc_major <= 0) return " (cpu reference)";
+  switch (a) {
+    case Fmt::bf16: return " (cublaslt bf16)";
+    case Fmt::fp8_e4m3:
+    case Fmt::fp8_e5m2:
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: return " (cublaslt fp8)";
+    case Fmt::mxfp8:
+    case Fmt::nvfp4: return " (emulated)";
+  }
+  return "";
+}
+
+std::string describe_gemms(const Recipe& r, bool bf16_layer, int cc_major, int /*cc_minor*/) {
+  RoleSpec in = r.input, w = r.weight, g = r.grad;
+  if (bf16_layer || !r.quantized()) in = w = g = RoleSpec{};
+  std::string e = gemm_engine(in.fmt, cc_major);
+  std::string fast = (in.fmt == Fmt::fp8_e4m3 || in.fmt == Fmt::fp8_e5m2) ? ", fast accum" : "";
+  std::string out = "Fprop " + role_str(in, false) + " x " + role_str(w, false) + e;
+  if (!fast.empty()) out.insert(out.size() - 1, fast);
+  out += " | Dgrad " + role_str(g, false) + " x " + role_str(w, false) + e;
+  out += " | Wgrad " + role_str(g, true) + " x " + role_str(in, true) + e + " fp32 accumulate";
+  return out;
+}
+
+Status check_supported(const Recipe& r, int cc_major, int cc_minor) {
+  if (cc_major <= 0) return Status::ok();
+  int cc = cc_major * 10 + cc_minor;
+  Fmt fmts[3] = {r.input.fmt, r.weight.fmt, r.grad.fmt};
+  if (cc < 80)
+    return errorf("recipe '%s' needs BF16 tensor cores (sm_80 or newer) but this GPU is sm_%d%d; use an Ampere or "
+                  "newer GPU", r.name.c_str(), cc_major, cc_minor);
+  for (Fmt f : fmts) {
+    if ((f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2) && cc < 89)
+      return errorf("recipe '%s' needs FP8 tensor cores (sm_89 or newer) but this GPU is sm_%d%d; use "
+                    "bf16_mixed or an Ada/Hopper/Blackwell GPU", r.name.c_str(), cc_major, cc_minor);
+    if ((f == Fmt::fp8_block128 || f == Fmt::fp8_block128x128) && cc_major != 9)
+      return errorf("recipe '%s' needs cuBLASLt's FP8 block-scaled GEMMs, which nibble runs on Hopper (sm_90) only, "
+                    "but this GPU is sm_%d%d; use bf16_with_fp8_current_scaling_mixed or a Hopper GPU",
+                    r.name.c_str(), cc_major, cc_minor);
+  }
+  return Status::ok();
+}
+
+}  // namespace nb::recipe
