@@ -16,12 +16,22 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
 #include "recipe/recipe.h"
 
 namespace nb::recipe {
+
+// Host copy of one role's quantized copies, in the format quantizers' layouts (see recipe/linear_internal.h
+// and formats/*): for tests and diagnostics (addition to the agreed API).
+struct QuantizedBytes {
+  Fmt fmt = Fmt::bf16;
+  int64_t rows = 0, cols = 0;  // the source [rows, cols] of the latest quantization
+  std::vector<uint8_t> row_data, row_scales, col_data, col_scales;
+  float row_amax = 0, col_amax = 0, scale_inv = 1;  // nvfp4 amaxes; fp8 per-tensor scale_inv
+};
 
 struct LinearHealth {
   int64_t nonfinite = 0;             // quantizations whose source held NaN/Inf since the last take_health
@@ -53,6 +63,8 @@ class Linear {
   Status take_health(LinearHealth* out);  // since the last call; may synchronize
   bool keeps_quantized_input() const;     // true when backward() does not read x
   size_t bytes() const;                   // device bytes of the quantized copies it owns
+  // role 0 = input, 1 = weight, 2 = grad (synchronizes on cuda); an error for a BF16 layer.
+  Status debug_copies(int role, QuantizedBytes* out) const;
 
   struct Impl;  // linear.cpp
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 #include "core/bf16.h"
+#include "formats/fp8/fp8_block.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
@@ -55,8 +56,9 @@ static Status check_2d(const Tensor& t, const char* what, const std::string& lay
     return errorf("linear '%s': %s is %s; need a contiguous [%lld, %lld]", layer.c_str(), what, t.shape_str().c_str(),
                   (long long)rows, (long long)cols);
   if (t.dtype != dt || t.device != dev)
-    return errorf("linear '%s': %s is %s on %s; need %s on %s", layer.c_str(), what, dtype_name(t.dtype),
-                  device_name(t.device), dtype_name(dt), device_name(dev));
+    return errorf("linear '%s': %s is %s on %s; need %s on %s", layer.c_str(), what,
+                  std::string(dtype_name(t.dtype)).c_str(), device_name(t.device), std::string(dtype_name(dt)).c_str(),
+                  device_name(dev));
   return Status::ok();
 }
 
@@ -257,6 +259,48 @@ size_t Linear::bytes() const {
   size_t n = 0;
   for (const QCopies& c : impl_->q) n += c.owned_bytes;
   return n;
+}
+
+Status Linear::debug_copies(int role, QuantizedBytes* out) const {
+  if (!impl_ || impl_->all_bf16 || role < 0 || role > 2)
+    return errorf("Linear::debug_copies: no quantized copies (BF16 layer, no init, or role %d not in 0..2)", role);
+  const QCopies& c = impl_->q[role];
+  *out = QuantizedBytes{};
+  out->fmt = c.spec.fmt;
+  out->rows = c.rows;
+  out->cols = c.cols;
+  const int64_t n = c.rows * c.cols;
+  size_t data = size_t(c.spec.fmt == Fmt::nvfp4 ? n / 2 : n), row_sc = 0, col_sc = 0;
+  switch (c.spec.fmt) {
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: {
+      auto kind = c.spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+      row_sc = 4 * size_t(fp8::block_scale_count(kind, c.rows, c.cols, false));
+      col_sc = 4 * size_t(fp8::block_scale_count(kind, c.rows, c.cols, true));
+      break;
+    }
+    case Fmt::mxfp8: row_sc = col_sc = size_t(n / 32); break;
+    case Fmt::nvfp4: row_sc = col_sc = size_t(n / 16); break;
+    default: break;
+  }
+  auto fetch = [&](std::vector<uint8_t>* v, const Buffer& b, size_t bytes) -> Status {
+    v->resize(bytes);
+    if (bytes == 0) return Status::ok();
+    if (c.dev == Device::cuda) return copy_to_host_cuda(v->data(), b.data(), bytes, nullptr);
+    std::copy(b.ptr<uint8_t>(), b.ptr<uint8_t>() + bytes, v->data());
+    return Status::ok();
+  };
+  NB_TRY(fetch(&out->row_data, c.row_data, data));
+  NB_TRY(fetch(&out->col_data, c.col_data, data));
+  NB_TRY(fetch(&out->row_scales, c.row_scales, row_sc));
+  NB_TRY(fetch(&out->col_scales, c.col_scales, col_sc));
+  float f[kStateFloats];
+  int i[kStateInts];
+  NB_TRY(c.read_state(f, i, nullptr));
+  out->row_amax = f[kRowAmax];
+  out->col_amax = f[kColAmax];
+  out->scale_inv = f[kScaleInv];
+  return Status::ok();
 }
 
 }  // namespace nb::recipe
