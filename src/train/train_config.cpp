@@ -85,6 +85,7 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
   return {
       string_key("model", "model preset (llama3.1-8b, llama3-8b-proxy, tiny, ...)", &c.model),
       int_key("num-layers", "override the preset's layer count (0 = preset)", &c.num_layers),
+      int_key("vocab-size", "override the preset's vocabulary (0 = preset), padded to a multiple of 128", &c.vocab_size),
       int_key("seq-length", "tokens per sample (0 = preset default)", &c.seq_length),
       int_key("micro-batch-size", "samples per micro-batch per GPU", &c.micro_batch_size),
       int_key("global-batch-size", "samples per optimizer step (0 = micro-batch x data-parallel)", &c.global_batch_size),
@@ -158,6 +159,7 @@ Status apply_config_file(const std::string& path, TrainConfig& c) {
 Status resolve_model(TrainConfig& c, LlamaConfig* model) {
   NB_TRY(llama_preset(c.model, model));
   if (c.num_layers > 0) model->layers = c.num_layers;
+  if (c.vocab_size > 0) model->vocab = (c.vocab_size + 127) / 128 * 128;
   if (c.seq_length == 0) c.seq_length = c.model == "tiny" ? 64 : (c.model == "llama-125m" ? 1024 : 4096);
   if (c.global_batch_size == 0) c.global_batch_size = c.micro_batch_size * c.data_parallel;
   if (c.lr_decay_iters == 0) c.lr_decay_iters = c.train_iters;

@@ -15,6 +15,7 @@ struct TrainConfig {
   // model
   std::string model = "tiny";
   int64_t num_layers = 0;        // 0 = preset's
+  int64_t vocab_size = 0;        // 0 = preset's; else padded up to a multiple of 128 (Megatron's default)
   // batch and schedule
   int64_t seq_length = 0;        // 0 = preset default (tiny 64, proxies 4096, others 4096)
   int64_t micro_batch_size = 1;

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "data/token_source.h"
 #include "model/llama_model.h"
+#include "tokenizer/bpe_tokenizer.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "train/lr_schedule.h"
@@ -45,6 +46,19 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   NB_TRY(validate_train_config(cfg, model_cfg));
   Recompute rc;
   NB_TRY(parse_recompute(cfg.recompute, &rc));
+
+  // Real data: the tokenizer's ids must fit the model's vocabulary (a CUDA embedding cannot report it).
+  if (!cfg.mock_data && !cfg.tokenizer.empty()) {
+    std::unique_ptr<BpeTokenizer> tok;
+    NB_TRY(BpeTokenizer::load(cfg.tokenizer, "auto", &tok).context("--tokenizer"));
+    if (tok->vocab_size() > model_cfg.vocab)
+      return errorf("the tokenizer %s has %lld tokens but model %s has a vocabulary of %lld; pass --vocab-size %lld "
+                    "or a preset with a larger vocabulary", cfg.tokenizer.c_str(), (long long)tok->vocab_size(),
+                    model_cfg.name.c_str(), (long long)model_cfg.vocab, (long long)tok->vocab_size());
+  } else if (!cfg.mock_data) {
+    NB_LOG_WARN("no --tokenizer given: nibble cannot check that the data's token ids fit the vocabulary (%lld)",
+                (long long)model_cfg.vocab);
+  }
 
   Device dev = Device::cpu;
   std::string why, device_name = "CPU (reference backend)";
