@@ -1,0 +1,200 @@
+// CPU tests of recipe::Linear: every preset's Fprop/Dgrad/Wgrad against an FP64 model on the same
+// quantized operands, RHT's effect on Wgrad, 2D weight copies, delayed scaling and non-finite health.
+#include <gtest/gtest.h>
+#include <cmath>
+#include "recipe/recipe_test_util.h"
+
+namespace nb::recipe {
+namespace {
+
+using namespace testing;
+
+constexpr int64_t kM = 128, kK = 256, kN = 128;  // multiples of 128: every preset accepts them
+
+struct Inputs {
+  std::vector<float> x = random_bf16_values(kM * kK, 1.0, 1);
+  std::vector<float> w = random_bf16_values(kN * kK, 0.05, 2);
+  std::vector<float> dy = random_bf16_values(kM * kN, 1e-3, 3);
+};
+
+class PresetTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PresetTest, ThreeGemmsMatchFp64OnTheQuantizedOperands) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset(GetParam(), &r).is_ok());
+  Inputs in;
+  LinearRun run;
+  Status st = run_linear(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, &run);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  double dist = check_run(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, run);
+  // Quantization must show (a recipe that silently ran in BF16 would pass the bound above) and stay
+  // within what the format can do on Gaussian data.
+  if (r.quantized()) {
+    EXPECT_GT(dist, 1e-4) << "no quantization error at all";
+    EXPECT_LT(dist, r.input.fmt == Fmt::nvfp4 ? 0.3 : 0.1);
+  } else {
+    EXPECT_LT(dist, 1e-2);
+  }
+  EXPECT_EQ(run.health.nonfinite, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPresets, PresetTest, ::testing::ValuesIn(recipe_names()));
+
+// Test-side Hadamard, independent of the quantizer's: (1/4) diag(s) H16 on 16-chunks.
+static void rht16_fp64(const double* x, double* y) {
+  for (int j = 0; j < 16; ++j) {
+    double s = 0;
+    for (int i = 0; i < 16; ++i) {
+      double sign = (nvfp4::kRhtSignMask >> i) & 1u ? -1.0 : 1.0;
+      double h = __builtin_popcount(unsigned(i & j)) % 2 ? -1.0 : 1.0;
+      s += x[i] * sign * h;
+    }
+    y[j] = s / 4;
+  }
+}
+
+// Rows of a [rows, cols] tensor transformed along the row (token) direction: chunks of 16 of each column.
+static std::vector<double> rht_tokens(const std::vector<double>& a, int64_t rows, int64_t cols) {
+  std::vector<double> t = transpose(a, rows, cols), out(t.size());
+  for (size_t c = 0; c < t.size(); c += 16) rht16_fp64(&t[c], &out[c]);
+  return out;  // [cols, rows]
+}
+
+TEST(Rht, LeavesTheExactWgradProductUnchangedAndMatchesTheQuantizerTransform) {
+  Inputs in;
+  std::vector<double> xd = to_double(in.x), dyd = to_double(in.dy);
+  std::vector<double> exact, mag, rotated, mag2;
+  product_nt(transpose(dyd, kM, kN), transpose(xd, kM, kK), kN, kK, kM, &exact, &mag);
+  product_nt(rht_tokens(dyd, kM, kN), rht_tokens(xd, kM, kK), kN, kK, kM, &rotated, &mag2);
+  for (size_t i = 0; i < exact.size(); ++i) ASSERT_NEAR(rotated[i], exact[i], 1e-12 * mag[i] + 1e-300) << i;
+  // The quantizer's transform is this one rounded to BF16.
+  float xs[16], ys[16];
+  double xdd[16], yd[16];
+  for (int i = 0; i < 16; ++i) xdd[i] = xs[i] = in.x[size_t(i) * kK];
+  nvfp4::rht16_ref(xs, ys);
+  rht16_fp64(xdd, yd);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(ys[i], bf16_to_f32(f32_to_bf16(float(yd[i])))) << i;
+}
+
+TEST(Rht, LowersWgradErrorOnOutlierHeavyInputs) {
+  Inputs in;
+  // A few outlier tokens per 16-token block, as activations with massive values have.
+  for (int64_t t = 0; t < kM; t += 16)
+    for (int64_t c = 0; c < kK; ++c) in.x[size_t((t + 5) * kK + c)] = bf16_to_f32(f32_to_bf16(in.x[size_t((t + 5) * kK + c)] * 60.f));
+  for (int64_t t = 0; t < kM; t += 16)
+    for (int64_t c = 0; c < kN; ++c) in.dy[size_t((t + 9) * kN + c)] = bf16_to_f32(f32_to_bf16(in.dy[size_t((t + 9) * kN + c)] * 60.f));
+  std::vector<double> exact, mag;
+  product_nt(transpose(to_double(in.dy), kM, kN), transpose(to_double(in.x), kM, kK), kN, kK, kM, &exact, &mag);
+  auto wgrad_error = [&](bool rht) {
+    Recipe r;
+    EXPECT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+    RecipeKnobs k;
+    k.fp4_disable_sr = true;  // deterministic comparison
+    k.fp4_disable_rht = !rht;
+    EXPECT_TRUE(apply_knobs(k, &r).is_ok());
+    LinearRun run;
+    Status st = run_linear(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, &run);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    double num = 0, den = 0;
+    for (size_t i = 0; i < exact.size(); ++i) {
+      num += (run.dw[i] - exact[i]) * (run.dw[i] - exact[i]);
+      den += exact[i] * exact[i];
+    }
+    return std::sqrt(num / den);
+  };
+  double with = wgrad_error(true), without = wgrad_error(false);
+  EXPECT_LT(with, 0.8 * without) << "RHT " << with << " vs none " << without;
+}
+
+TEST(TwoD, FpropAndDgradSeeBitIdenticalWeights) {
+  for (bool two_d : {true, false}) {
+    Recipe r;
+    ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+    RecipeKnobs k;
+    k.fp4_disable_2d = !two_d;
+    ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+    Inputs in;
+    LinearRun run;
+    ASSERT_TRUE(run_linear(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, &run).is_ok());
+    std::vector<double> row = dequant_copy(run.q[1], false), col = transpose(dequant_copy(run.q[1], true), kK, kN);
+    int64_t differ = 0;
+    for (size_t i = 0; i < row.size(); ++i) differ += row[i] != col[i];
+    if (two_d) EXPECT_EQ(differ, 0);
+    else EXPECT_GT(differ, 0) << "1D weight copies should differ (else this test cannot fail)";
+  }
+}
+
+TEST(DelayedScaling, NextStepUsesTheAmaxOfThePreviousStep) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_delayed_scaling_mixed", &r).is_ok());
+  Inputs in;
+  float amax = 0;
+  for (float v : in.x) amax = std::max(amax, std::fabs(v));
+  Buffer bx, bw, by;
+  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
+  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
+  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  Linear lin;
+  ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
+  QuantizedBytes q;
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  ASSERT_TRUE(lin.debug_copies(0, &q).is_ok());
+  EXPECT_EQ(q.scale_inv, 1.0f);  // the first step has no history: scale 1, as TE starts
+  lin.new_step(1);
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  ASSERT_TRUE(lin.debug_copies(0, &q).is_ok());
+  EXPECT_EQ(q.scale_inv, 1.0f / (448.0f / amax));
+}
+
+TEST(Health, NonFiniteInputIsCountedWithItsRole) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  Inputs in;
+  in.x[17] = NAN;
+  LinearRun run;
+  ASSERT_TRUE(run_linear(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, &run).is_ok());
+  EXPECT_GT(run.health.nonfinite, 0);
+  EXPECT_EQ(run.health.first_nonfinite_role, "input");
+}
+
+TEST(Health, StatsReportFlushAndSqnr) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &r).is_ok());
+  Inputs in;
+  in.x[0] = 4000.f;  // one outlier squeezes the per-tensor scale: small values flush
+  Buffer bx, bw, by;
+  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
+  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
+  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  Linear lin;
+  ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
+  lin.set_collect_stats(true);
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  LinearHealth h;
+  ASSERT_TRUE(lin.take_health(&h).is_ok());
+  EXPECT_TRUE(h.has_stats);
+  EXPECT_GT(h.flushed, 0.0);                 // |x| < 2^-9 * 4000/448 ... rounds to 0 in E4M3
+  EXPECT_GT(h.saturated, 0.0);               // the outlier sits at 448 * scale_inv
+  EXPECT_GT(h.sqnr_db, 10.0);
+  EXPECT_LT(h.sqnr_db, 60.0);
+  ASSERT_TRUE(lin.take_health(&h).is_ok());  // reset after take
+  EXPECT_FALSE(h.has_stats);
+}
+
+TEST(LinearInit, RejectsShapesTheFormatCannotTake) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_subchannel_scaling_mixed", &r).is_ok());
+  Linear lin;
+  Status st = lin.init(r, false, "layers.3.mlp.fc1", 1, 128, 256, 200, Device::cpu);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("layers.3.mlp.fc1"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("128"), std::string::npos) << st.message();
+  EXPECT_TRUE(lin.init(r, true, "layers.3.mlp.fc1", 1, 128, 256, 200, Device::cpu).is_ok());  // BF16 layer: any shape
+}
+
+}  // namespace
+}  // namespace nb::recipe
