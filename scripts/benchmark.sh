@@ -3,12 +3,14 @@
 # Runs nibble and the PyTorch peer on the standard workloads in one GPU job and regenerates
 # BENCHMARKS.md. Usage (on a GPU machine, from the repository root, with a built nibble):
 #   bash scripts/benchmark.sh [build-dir] [results-dir] [parts]
-# parts: a comma list of quant,gemm,train,peer (default all); workloads: proxy,deep (default both). Results (logs, JSON) go to results-dir;
+# parts: a comma list of quant,gemm,train,peer,data (default all); workloads: proxy,deep (default both).
+# The data part needs NIBBLE_BENCH_DATA=<folder> holding shuf_gpt2_text_document.{bin,idx}, gpt2.tiktoken,
+# llama3small_text_document.{bin,idx} and llama3.tiktoken (made by scripts/benchmark_data.sh on any machine). Results (logs, JSON) go to results-dir;
 # BENCHMARKS.md is rewritten from whatever results-dir holds.
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench}
-parts=${3:-quant,gemm,train,peer}
+parts=${3:-quant,gemm,train,peer,data}
 only=${4:-proxy,deep}
 mkdir -p "$out"
 nb="$build/nibble"
@@ -34,4 +36,15 @@ for w in "${workloads[@]}"; do
     done
   fi
 done
+if has data && [ -n "${NIBBLE_BENCH_DATA:-}" ]; then
+  D=$NIBBLE_BENCH_DATA
+  # Data-loader cost on the proxy with real Megatron data (Llama 3 tokens).
+  "$nb" train --model llama3-8b-proxy --mock-data false --data-path "$D/llama3small_text_document" \
+    --tokenizer "$D/llama3.tiktoken" --micro-batch-size 2 --global-batch-size 16 --seq-length 4096 --train-iters 4 \
+    --log-interval 1 --save "$out/data-proxy" > "$out/data-proxy.log" 2>&1
+  # Convergence on real text: llama-125m, GPT-2 tokens, under one epoch, validation every 50 steps.
+  "$nb" train --model llama-125m --mock-data false --data-path "$D/shuf_gpt2_text_document" --tokenizer "$D/gpt2.tiktoken" \
+    --seq-length 1024 --micro-batch-size 16 --global-batch-size 32 --train-iters 250 --lr 1e-3 --min-lr 1e-4 \
+    --lr-warmup-iters 25 --eval-interval 50 --eval-iters 20 --log-interval 50 --save "$out/data-125m" > "$out/data-125m.log" 2>&1
+fi
 python3 scripts/benchmark_report.py "$out" > BENCHMARKS.md && echo "BENCHMARKS.md regenerated from $out"

@@ -58,7 +58,34 @@ for tag in ["proxy", "deep"]:
     else:
         print(f"| {tag} | n/a | n/a | not run | | | | {pcell(pa)} | {pcell(pb)} |")
 
-for name, title in [("gemm.md", "GEMM ceiling (same run)"), ("quant.md", "Quantizers (same run)")]:
+def summary_value(log, label):
+    m = re.search(r"\| " + re.escape(label) + r"\s*\|\s*([0-9.]+)", log)
+    return float(m.group(1)) if m else None
+
+
+proxy_log = read("data-proxy.log")
+if proxy_log:
+    wait, step = summary_value(proxy_log, "data wait per step (ms)"), summary_value(proxy_log, "step time (ms, mean after step 1)")
+    print("\n## Data loader on llama3-8b-proxy (real Megatron data, same run)\n")
+    print("`nibble train --model llama3-8b-proxy --data-path ...` on Llama 3 tokens of English prose (GPT sampling, "
+          "background prefetch), 4 steps of 65,536 tokens:\n")
+    if wait is not None and step:
+        print(f"| data wait per step | step time | share |\n|---:|---:|---:|\n| {wait:.3f} ms | {step:.1f} ms | "
+              f"{100 * wait / step:.3f}% |")
+small_log = read("data-125m.log")
+if small_log:
+    print("\n## Real text: llama-125m on GPT-2 tokens (same run)\n")
+    print("24 MB of English prose (shuffled Linux kernel documentation), split 969/30/1, seq 1024, 32 sequences per "
+          "step, 250 steps (under one epoch), validation on the held-out split every 50 steps:\n")
+    print("| iteration | training loss | validation loss |\n|---:|---:|---:|")
+    train = {int(m.group(1)): float(m.group(2)) for m in
+             re.finditer(r"iteration\s+(\d+)/.*?lm loss: ([0-9.E+-]+)", small_log)}
+    for m in re.finditer(r"validation loss at iteration (\d+) \| lm loss value: ([0-9.E+-]+)", small_log):
+        it = int(m.group(1))
+        print(f"| {it} | {train.get(it, float('nan')):.3f} | {float(m.group(2)):.3f} |")
+
+for name, title in [("gemm.md", "GEMM ceiling (same run)"), ("quant.md", "Quantizers (same run)"),
+                    ("preprocess.md", "Preprocessing throughput (CPU machine, `scripts/benchmark_data.sh`)")]:
     body = read(name).strip()
     if body:
         print(f"\n## {title}\n")
