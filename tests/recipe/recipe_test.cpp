@@ -1,0 +1,135 @@
+// CPU tests of the recipe data: presets, knobs (--disable-fp4, layer counts), GEMM descriptions and
+// GPU support checks.
+#include <gtest/gtest.h>
+#include "recipe/recipe.h"
+
+namespace nb::recipe {
+namespace {
+
+std::vector<int64_t> bf16_layers(const Recipe& r, int64_t n) {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < n; ++l)
+    if (r.layer_in_bf16(l, n)) out.push_back(l);
+  return out;
+}
+
+TEST(Presets, EveryNameLoadsAndUnknownNamesAreRejected) {
+  for (const std::string& n : recipe_names()) {
+    Recipe r;
+    ASSERT_TRUE(recipe_preset(n, &r).is_ok()) << n;
+    EXPECT_EQ(r.name, n);
+    EXPECT_EQ(r.quantized(), n != "bf16_mixed") << n;
+  }
+  Recipe r;
+  Status st = recipe_preset("bf16_with_fp4_mixed", &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("bf16_with_nvfp4_mixed"), std::string::npos) << st.message();
+}
+
+TEST(Presets, OperandFormatsFollowTheSpecTable) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  EXPECT_TRUE(r.input.fmt == Fmt::nvfp4 && r.input.rht && !r.input.sr && !r.input.two_d);
+  EXPECT_TRUE(r.weight.fmt == Fmt::nvfp4 && r.weight.two_d && !r.weight.rht && !r.weight.sr);
+  EXPECT_TRUE(r.grad.fmt == Fmt::nvfp4 && r.grad.rht && r.grad.sr);
+  EXPECT_EQ(bf16_layers(r, 32), (std::vector<int64_t>{28, 29, 30, 31}));
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &r).is_ok());
+  EXPECT_TRUE(r.input.fmt == Fmt::fp8_e4m3 && r.weight.fmt == Fmt::fp8_e4m3 && r.grad.fmt == Fmt::fp8_e5m2);
+  EXPECT_EQ(r.fp8_scaling, Fp8Scaling::current);
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_delayed_scaling_mixed", &r).is_ok());
+  EXPECT_EQ(r.fp8_scaling, Fp8Scaling::delayed);
+  EXPECT_EQ(r.amax_history_len, 1024);
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_subchannel_scaling_mixed", &r).is_ok());
+  EXPECT_TRUE(r.input.fmt == Fmt::fp8_block128 && r.weight.fmt == Fmt::fp8_block128x128 &&
+              r.grad.fmt == Fmt::fp8_block128);
+  ASSERT_TRUE(recipe_preset("bf16_with_mxfp8_mixed", &r).is_ok());
+  EXPECT_TRUE(r.input.fmt == Fmt::mxfp8 && r.weight.fmt == Fmt::mxfp8 && r.grad.fmt == Fmt::mxfp8);
+  ASSERT_TRUE(recipe_preset("bf16_mixed", &r).is_ok());
+  EXPECT_EQ(bf16_layers(r, 4).size(), 4u);
+}
+
+TEST(Knobs, DisableFp4RunsTheJobInBf16Mixed) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  RecipeKnobs k;
+  k.disable_fp4 = true;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(r.name, "bf16_mixed");
+  EXPECT_FALSE(r.quantized());
+}
+
+TEST(Knobs, Fp4SwitchesActOnNvfp4RolesAndAreRejectedElsewhere) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  RecipeKnobs k;
+  k.fp4_disable_rht = k.fp4_disable_sr = k.fp4_disable_2d = true;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_FALSE(r.input.rht || r.grad.rht || r.grad.sr || r.weight.two_d);
+  ASSERT_TRUE(recipe_preset("bf16_with_mxfp8_mixed", &r).is_ok());
+  Status st = apply_knobs(k, &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("bf16_with_mxfp8_mixed"), std::string::npos) << st.message();
+}
+
+TEST(Knobs, LayerCountsSelectExactlyTheIntendedLayers) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  RecipeKnobs k;
+  k.layers_at_start_bf16 = 2;
+  k.layers_at_end_bf16 = 8;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(bf16_layers(r, 32), (std::vector<int64_t>{0, 1, 24, 25, 26, 27, 28, 29, 30, 31}));
+  ASSERT_TRUE(recipe_preset("bf16_with_mxfp8_mixed", &r).is_ok());
+  EXPECT_TRUE(bf16_layers(r, 16).empty());
+  RecipeKnobs fl;
+  fl.first_last_layers_bf16 = true;
+  ASSERT_TRUE(apply_knobs(fl, &r).is_ok());
+  EXPECT_EQ(bf16_layers(r, 16), (std::vector<int64_t>{0, 15}));
+  RecipeKnobs zero;
+  zero.layers_at_end_bf16 = 0;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  ASSERT_TRUE(apply_knobs(zero, &r).is_ok());
+  EXPECT_TRUE(bf16_layers(r, 32).empty());
+  RecipeKnobs bad;
+  bad.layers_at_start_bf16 = -3;
+  EXPECT_FALSE(apply_knobs(bad, &r).is_ok());
+}
+
+TEST(Describe, NamesEveryOperandOfTheThreeGemms) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  EXPECT_EQ(describe_gemms(r, false, 9, 0),
+            "Fprop nvfp4 x nvfp4+2d (emulated) | Dgrad nvfp4+sr x nvfp4+2d (emulated) | "
+            "Wgrad nvfp4+rht+sr x nvfp4+rht (emulated) fp32 accumulate");
+  EXPECT_EQ(describe_gemms(r, true, 9, 0),
+            "Fprop bf16 x bf16 (cublaslt bf16) | Dgrad bf16 x bf16 (cublaslt bf16) | "
+            "Wgrad bf16 x bf16 (cublaslt bf16) fp32 accumulate");
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &r).is_ok());
+  std::string d = describe_gemms(r, false, 0, 0);
+  EXPECT_NE(d.find("Fprop fp8_e4m3 x fp8_e4m3 (cpu reference, fast accum)"), std::string::npos) << d;
+  EXPECT_NE(d.find("Dgrad fp8_e5m2 x fp8_e4m3"), std::string::npos) << d;
+}
+
+TEST(Supported, EachGpuGetsAClearAnswer) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &r).is_ok());
+  Status st = check_supported(r, 8, 0);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("sm_89"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("sm_80"), std::string::npos) << st.message();
+  EXPECT_TRUE(check_supported(r, 8, 9).is_ok());
+  EXPECT_TRUE(check_supported(r, 9, 0).is_ok());
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_subchannel_scaling_mixed", &r).is_ok());
+  EXPECT_TRUE(check_supported(r, 9, 0).is_ok());
+  st = check_supported(r, 10, 0);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Hopper"), std::string::npos) << st.message();
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  EXPECT_TRUE(check_supported(r, 9, 0).is_ok());
+  EXPECT_TRUE(check_supported(r, 0, 0).is_ok());  // the CPU reference runs everything
+  ASSERT_TRUE(recipe_preset("bf16_mixed", &r).is_ok());
+  EXPECT_FALSE(check_supported(r, 7, 5).is_ok());
+}
+
+}  // namespace
+}  // namespace nb::recipe
