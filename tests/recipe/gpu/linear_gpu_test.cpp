@@ -1,0 +1,83 @@
+// GPU tests of recipe::Linear: for every preset, the CUDA Linear's quantized operands equal the CPU
+// Linear's byte for byte (same inputs, same SR key), and its three GEMMs match the FP64 model on those
+// operands within the bound of FP32 accumulation (FP8 fast accumulation for the FP8 Fprop) and BF16 outputs.
+#include <gtest/gtest.h>
+#include "common/gpu.h"
+#include "recipe/recipe_test_util.h"
+
+namespace nb::recipe {
+namespace {
+
+using namespace testing;
+
+constexpr int64_t kM = 256, kK = 384, kN = 128;
+
+class PresetGpuTest : public ::testing::TestWithParam<std::string> {};
+
+static void expect_same_bytes(const QuantizedBytes& c, const QuantizedBytes& g, const char* role) {
+  EXPECT_EQ(c.rows, g.rows) << role;
+  EXPECT_EQ(c.cols, g.cols) << role;
+  EXPECT_TRUE(c.row_data == g.row_data) << role << " row data differ";
+  EXPECT_TRUE(c.row_scales == g.row_scales) << role << " row scales differ";
+  EXPECT_TRUE(c.col_data == g.col_data) << role << " column data differ";
+  EXPECT_TRUE(c.col_scales == g.col_scales) << role << " column scales differ";
+  EXPECT_EQ(c.row_amax, g.row_amax) << role;
+  EXPECT_EQ(c.col_amax, g.col_amax) << role;
+  EXPECT_EQ(c.scale_inv, g.scale_inv) << role;
+}
+
+TEST_P(PresetGpuTest, SameOperandsAsCpuAndGemmsWithinTheFp32Bound) {
+  NB_REQUIRE_GPU();
+  Recipe r;
+  ASSERT_TRUE(recipe_preset(GetParam(), &r).is_ok());
+  r.seed = 0x1234abcd;
+  std::vector<float> x = random_bf16_values(kM * kK, 1.0, 21), w = random_bf16_values(kN * kK, 0.05, 22),
+                     dy = random_bf16_values(kM * kN, 1e-3, 23);
+  LinearRun cpu, gpu;
+  Status st = run_linear(r, Device::cpu, kM, kK, kN, x, w, dy, &cpu);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  st = run_linear(r, Device::cuda, kM, kK, kN, x, w, dy, &gpu);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  if (r.quantized()) {
+    const char* names[3] = {"input", "weight", "grad"};
+    for (int i = 0; i < 3; ++i) expect_same_bytes(cpu.q[i], gpu.q[i], names[i]);
+  }
+  double dist = check_run(r, Device::cuda, kM, kK, kN, x, w, dy, gpu);
+  if (r.quantized()) EXPECT_GT(dist, 1e-4);
+  EXPECT_LT(dist, r.input.fmt == Fmt::nvfp4 ? 0.3 : 0.1);
+  EXPECT_EQ(gpu.health.nonfinite, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPresets, PresetGpuTest, ::testing::ValuesIn(recipe_names()));
+
+TEST(LinearGpu, NonFiniteGradientIsReportedAndWeightsAreQuantizedOncePerStep) {
+  NB_REQUIRE_GPU();
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  std::vector<float> x = random_bf16_values(kM * kK, 1.0, 31), w = random_bf16_values(kN * kK, 0.05, 32),
+                     dy = random_bf16_values(kM * kN, 1e-3, 33);
+  dy[5] = INFINITY;
+  LinearRun gpu;
+  ASSERT_TRUE(run_linear(r, Device::cuda, kM, kK, kN, x, w, dy, &gpu).is_ok());
+  EXPECT_GT(gpu.health.nonfinite, 0);
+  EXPECT_EQ(gpu.health.first_nonfinite_role, "grad");
+}
+
+TEST(LinearGpu, BytesCountsTheQuantizedCopies) {
+  NB_REQUIRE_GPU();
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  Linear lin;
+  ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cuda).is_ok());
+  // Two NVFP4 copies per role: 2 x (n/2 data + n/16 scales) = 9n/8 bytes, plus 28 bytes of state each.
+  const size_t n = size_t(kM * kK + kN * kK + kM * kN);
+  EXPECT_EQ(lin.bytes(), n * 9 / 8 + 3 * 28);
+  EXPECT_TRUE(lin.keeps_quantized_input());
+  Linear bf;
+  ASSERT_TRUE(bf.init(r, true, "l", 2, kM, kK, kN, Device::cuda).is_ok());
+  EXPECT_EQ(bf.bytes(), 0u);
+  EXPECT_FALSE(bf.keeps_quantized_input());
+}
+
+}  // namespace
+}  // namespace nb::recipe
