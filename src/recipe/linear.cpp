@@ -59,7 +59,8 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
   owned_bytes = size_t(2 * data_bytes + row_scale_bytes + col_scale_bytes) + kStateFloats * 4 + kStateInts * 4;
-  float f[kStateFloats] = {0.f, 0.f, 1.f, 1.f, 0.f};
+  float f[kStateFloats] = {};
+  f[kScale] = f[kScaleInv] = 1.f;
   int i[kStateInts] = {0, 0};
   NB_TRY(copy_bytes(state_f.data(), dev, f, Device::cpu, sizeof f));
   NB_TRY(copy_bytes(state_i.data(), dev, i, Device::cpu, sizeof i));
@@ -123,7 +124,8 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   }
   // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
   if (spec.fmt == Fmt::fp8_block128 || spec.fmt == Fmt::fp8_block128x128 || spec.fmt == Fmt::mxfp8) {
-    if (cuda) NB_TRY(memset_cuda(sf, 0, 2 * sizeof(float), stream));
+    if (cuda) NB_TRY(memset_cuda(sf + kRowAmax, 0, sizeof(float), stream));
+    if (cuda) NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
     else sf[kRowAmax] = sf[kColAmax] = 0.f;
   }
   used_in_step = true;

@@ -1,6 +1,7 @@
 // Small device-side helpers of Linear (linear_device.cu; the CPU-only build answers with an error).
 // Per-role state lives in device memory so a step needs no host synchronization:
-//   floats [row_amax, col_amax, scale, scale_inv, step_amax]   ints [flag, nonfinite_count]
+//   floats [scale_inv, row_amax, col_amax, scale, step_amax]   ints [flag, nonfinite_count]
+// scale_inv comes first: it is cuBLASLt's FP8 scale pointer, kept 16-byte aligned.
 // After each quantization fold_role_state adds the quantizer's non-finite flag into the count and
 // folds the copy's amax into step_amax (NaN once a non-finite source was seen in the step), which
 // delayed scaling reads once per step.
@@ -11,7 +12,7 @@
 
 namespace nb::recipe::detail {
 
-enum : int { kRowAmax = 0, kColAmax = 1, kScale = 2, kScaleInv = 3, kStepAmax = 4, kStateFloats = 5 };
+enum : int { kScaleInv = 0, kRowAmax = 1, kColAmax = 2, kScale = 3, kStepAmax = 4, kStateFloats = 5 };
 enum : int { kFlag = 0, kNonfiniteCount = 1, kStateInts = 2 };
 
 // Host version of the fold (CPU backend and tests).
