@@ -149,6 +149,29 @@ TEST(DelayedScaling, NextStepUsesTheAmaxOfThePreviousStep) {
   EXPECT_EQ(q.scale_inv, 1.0f / (448.0f / amax));
 }
 
+TEST(Schedule, WeightsAreQuantizedOncePerStep) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_mxfp8_mixed", &r).is_ok());
+  Inputs in;
+  Buffer bx, bw, by;
+  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
+  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
+  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  Linear lin;
+  ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
+  lin.new_step(0);
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  std::vector<float> y0(by.ptr<float>(), by.ptr<float>() + kM * kN);
+  for (int64_t i = 0; i < kN * kK; ++i) bw.ptr<float>()[i] *= 2.f;  // the optimizer changed W
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  EXPECT_TRUE(std::equal(y0.begin(), y0.end(), by.ptr<float>())) << "same step: the kept weight copy is reused";
+  lin.new_step(1);
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  for (int64_t i = 0; i < kM * kN; ++i) ASSERT_EQ(by.ptr<float>()[i], 2.f * y0[size_t(i)]) << i;  // MXFP8: x2 exact
+}
+
 TEST(Health, NonFiniteInputIsCountedWithItsRole) {
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
