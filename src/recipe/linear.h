@@ -3,7 +3,8 @@
 //   forward   Fprop  y  = x w^T + beta*y      (y bf16 on cuda, f32 on cpu)
 //   backward  Dgrad  dx = dy w + dx_beta*dx    Wgrad  dw_f32 += dy^T x  (FP32 accumulation)
 // Tensors: cuda backend x, w, dy, dx bf16; cpu backend all f32 (the BF16 source of a quantizer is the
-// f32 value rounded to BF16 first, so CPU and CUDA quantize the same numbers). All 2-D, contiguous.
+// f32 value rounded to BF16 first, so CPU and CUDA quantize the same numbers; a BF16 layer on the cpu
+// runs its GEMMs in FP32 on the given values, unrounded: the FP32 reference of the model). All 2-D, contiguous.
 // Quantization schedule: x once per forward into every copy the layer needs (row-wise for Fprop,
 // column-wise for Wgrad, kept until backward); w once per optimizer step (row-wise and column-wise,
 // reused by every micro-batch until new_step); dy once per backward (row-wise for Dgrad, column-wise

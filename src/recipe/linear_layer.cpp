@@ -29,9 +29,8 @@ struct Linear::Impl {
   uint32_t step = 0, micro = 0;
   bool collect_stats = false;
   StatsAccumulator stats;
-  // CPU backend: BF16-rounded sources of the quantizers, and of the BF16 path's GEMMs.
+  // CPU backend: BF16-rounded sources of the quantizers.
   std::vector<bf16> host_bf16;
-  std::vector<float> host_round[3];
 
   RngKey rng_key(Role role) const {
     uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
@@ -136,14 +135,6 @@ static Status check_tokens(const Linear::Impl& s, int64_t m) {
   return Status::ok();
 }
 
-// CPU BF16 path: the f32 operands rounded to BF16 (as the cuda path's BF16 tensors are).
-static Tensor rounded_copy(const Tensor& t, std::vector<float>* store) {
-  store->resize(size_t(t.numel()));
-  const float* f = t.ptr<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) (*store)[size_t(i)] = bf16_to_f32(f32_to_bf16(f[i]));
-  return Tensor::make(store->data(), DType::f32, Device::cpu, {t.shape[0], t.shape[1]});
-}
-
 Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream) {
   if (!impl_) return errorf("Linear::forward before a successful init");
   Impl& s = *impl_;
@@ -154,9 +145,8 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   NB_TRY(check_2d(y, "y", s.name, m, s.out, act, s.dev));
   NB_TRY(check_tokens(s, m));
   if (s.all_bf16) {
-    if (s.dev == Device::cuda) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
-    Tensor xr = rounded_copy(x, &s.host_round[0]), wr = rounded_copy(w, &s.host_round[1]);
-    return gemm::matmul(xr, wr, y, {.trans_b = true, .beta = beta}, stream);
+    // The CPU backend is the FP32 reference of the model (finite-difference tests): no BF16 rounding there.
+    return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
   }
   if (!s.weight_valid) {
     NB_TRY(s.quantize(Role::weight, w, stream));
@@ -183,15 +173,8 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   if (s.all_bf16) {
     NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
     NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
-    if (s.dev == Device::cuda) {
-      NB_TRY(gemm::matmul(dy, w, dx, {.beta = dx_beta}, stream));
-      return gemm::matmul(dy, x, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
-    }
-    Tensor dyr = rounded_copy(dy, &s.host_round[2]);
-    Tensor wr = rounded_copy(w, &s.host_round[1]);
-    NB_TRY(gemm::matmul(dyr, wr, dx, {.beta = dx_beta}, stream));
-    Tensor xr = rounded_copy(x, &s.host_round[0]);
-    return gemm::matmul(dyr, xr, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
+    NB_TRY(gemm::matmul(dy, w, dx, {.beta = dx_beta}, stream));
+    return gemm::matmul(dy, x, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
   }
   if (!s.have_input || !s.weight_valid || s.q[0].rows != m)
     return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",

@@ -45,7 +45,7 @@ TEST_P(PresetGpuTest, SameOperandsAsCpuAndGemmsWithinTheFp32Bound) {
     for (int i = 0; i < 3; ++i) expect_same_bytes(cpu.q[i], gpu.q[i], names[i]);
   }
   double dist = check_run(r, Device::cuda, kM, kK, kN, x, w, dy, gpu);
-  if (r.quantized()) EXPECT_GT(dist, 1e-4);
+  if (r.quantized()) { EXPECT_GT(dist, 1e-4); }
   EXPECT_LT(dist, r.input.fmt == Fmt::nvfp4 ? 0.3 : 0.1);
   EXPECT_EQ(gpu.health.nonfinite, 0);
 }
@@ -105,7 +105,7 @@ TEST(LinearGpu, Fp8ScalePointerAlignment) {
     gemm::QOperand qb{gemm::QFormat::fp8_e4m3, 128, 384, b.data(), s.ptr<float>() + off};
     Status st = gemm::matmul_quantized(qa, qb, c.tensor(), {0.f, true}, nullptr);
     std::printf("fp8 scale pointer at float offset %d: %s\n", off, st.is_ok() ? "ok" : st.message().c_str());
-    if (off == 0) EXPECT_TRUE(st.is_ok()) << st.message();
+    if (off == 0) { EXPECT_TRUE(st.is_ok()) << st.message(); }
   }
 }
 
