@@ -59,9 +59,10 @@ Status llama_preset(const std::string& name, LlamaConfig* out) {
     c.hidden = 768; c.ffn = 2048; c.layers = 12; c.heads = 12; c.kv_heads = 4; c.head_dim = 64; c.vocab = 50304;
     c.rope_theta = 10000.0; c.rope_factor = 1.0; c.tied_embeddings = true; c.max_seq = 2048;
   } else if (name == "tiny") {
-    // For tests: every dimension a multiple of 32 so that every recipe's block shapes apply.
+    // For tests: every GEMM dimension a multiple of 128 so that every recipe's block shapes apply
+    // (FP8 sub-channel needs 128x128 weight tiles).
     c.name = name;
-    c.hidden = 64; c.ffn = 128; c.layers = 2; c.heads = 4; c.kv_heads = 2; c.head_dim = 16; c.vocab = 256;
+    c.hidden = 256; c.ffn = 512; c.layers = 2; c.heads = 8; c.kv_heads = 4; c.head_dim = 32; c.vocab = 256;
     c.rope_theta = 10000.0; c.rope_factor = 1.0; c.max_seq = 256;
   } else {
     std::string list;

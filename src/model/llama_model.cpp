@@ -77,8 +77,16 @@ struct LlamaModel::Acts {
 };
 
 namespace {
+// Layers whose linears keep quantized copies of their inputs need no BF16 n1, n2 and SwiGLU output:
+// those then live in shared scratch (written by the forward, read by no backward).
+std::vector<bool> quantized_layers(const LlamaConfig& c, const recipe::Recipe& r) {
+  std::vector<bool> q(size_t(c.layers));
+  for (int64_t l = 0; l < c.layers; ++l) q[size_t(l)] = r.quantized() && !r.layer_in_bf16(l, c.layers);
+  return q;
+}
+
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk) {
+               int64_t chunk, const std::vector<bool>& quantized) {
   const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim();
   a->resid.clear();
   for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
@@ -97,10 +105,14 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
     make_layer(scratch, true, true);
     for (auto& p : a->layer) p = scratch;
   } else {
-    if (rc == Recompute::selective) make_layer(scratch, true, false);
-    for (auto& p : a->layer) {
-      make_layer(p, rc == Recompute::none, true);
-      if (rc == Recompute::selective) { p.n1 = scratch.n1; p.n2 = scratch.n2; p.a = scratch.a; }
+    bool any_shared = rc == Recompute::selective;
+    for (bool q : quantized) any_shared = any_shared || q;
+    if (any_shared) make_layer(scratch, true, false);
+    for (size_t l = 0; l < a->layer.size(); ++l) {
+      auto& p = a->layer[l];
+      const bool shared = rc == Recompute::selective || quantized[l];
+      make_layer(p, !shared, true);
+      if (shared) { p.n1 = scratch.n1; p.n2 = scratch.n2; p.a = scratch.a; }
     }
   }
   a->nf = P(dt, {T, H}); a->rstdf = P(DType::f32, {T});
@@ -121,24 +133,80 @@ int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
 }
 }  // namespace
 
-int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc) {
+int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                          const recipe::Recipe& recipe) {
   Planner plan;
   plan.dev = dev;
   Acts probe;
-  plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32, lm_chunk_tokens(cfg, shape));
+  plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32, lm_chunk_tokens(cfg, shape),
+            quantized_layers(cfg, recipe));
   return plan.bytes;
+}
+
+size_t LlamaModel::quantized_copy_bytes() const {
+  size_t n = 0;
+  for (const auto& layer : linears_) for (const auto& lin : layer) n += lin.bytes();
+  return n;
+}
+
+void LlamaModel::begin_step(uint32_t step) {
+  for (auto& layer : linears_) for (auto& lin : layer) lin.new_step(step);
+}
+
+void LlamaModel::set_collect_stats(bool on) {
+  for (auto& layer : linears_) for (auto& lin : layer) lin.set_collect_stats(on);
+}
+
+namespace {
+const char* const kLinearNames[6] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                     "mlp.gate_up_proj", "mlp.down_proj"};
+}  // namespace
+
+Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealth* worst) {
+  nonfinite_where->clear();
+  *worst = recipe::LinearHealth{};
+  for (size_t l = 0; l < linears_.size(); ++l) {
+    for (size_t i = 0; i < linears_[l].size(); ++i) {
+      recipe::LinearHealth h;
+      NB_TRY(linears_[l][i].take_health(&h));
+      if (h.nonfinite > 0 && nonfinite_where->empty())
+        *nonfinite_where = "layer " + std::to_string(l) + " " + kLinearNames[i] + " " + h.first_nonfinite_role;
+      worst->nonfinite += h.nonfinite;
+      if (h.has_stats) {
+        if (!worst->has_stats || h.sqnr_db < worst->sqnr_db) worst->sqnr_db = h.sqnr_db;
+        worst->flushed = std::max(worst->flushed, h.flushed);
+        worst->saturated = std::max(worst->saturated, h.saturated);
+        worst->has_stats = true;
+      }
+    }
+  }
+  return Status::ok();
 }
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev) {
   return cfg.total_params() * (16 + (dev == Device::cuda ? 2 : 4));
 }
 
-Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed) {
-  cfg_ = cfg; dev_ = dev; shape_ = shape; recompute_ = rc;
+Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
+                        const recipe::Recipe& recipe) {
+  cfg_ = cfg; dev_ = dev; shape_ = shape; recompute_ = rc; recipe_ = recipe;
   NB_TRY(validate(cfg));
   if (shape.seq > cfg.max_seq) return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
   lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
-  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc);
+  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe);
+  // The linear layers in the recipe's formats (q, k, v, o, gate_up, down per layer): {in, out} features.
+  const int64_t dims[6][2] = {{cfg.hidden, cfg.q_dim()}, {cfg.hidden, cfg.kv_dim()}, {cfg.hidden, cfg.kv_dim()},
+                              {cfg.q_dim(), cfg.hidden}, {cfg.hidden, 2 * cfg.ffn},   {cfg.ffn, cfg.hidden}};
+  linears_.clear();
+  linears_.resize(size_t(cfg.layers));
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    linears_[size_t(l)].resize(6);
+    for (int i = 0; i < 6; ++i) {
+      std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
+      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name,
+                                                 uint32_t(l * 8 + i), shape.tokens(), dims[i][0], dims[i][1], dev));
+    }
+  }
   NB_TRY(params_.allocate(cfg, dev));
   NB_TRY(params_.initialize(seed));
   NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
@@ -203,7 +271,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   size_t mark = arena_.mark();
   Planner P; P.arena = &arena_; P.dev = dev_;
   Acts A;
-  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_);
+  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, quantized_layers(c, recipe_));
   NB_TRY(P.st);
   NB_CHECK(staged_index < staged_capacity_, "micro-batch %lld was not staged", (long long)staged_index);
   const Tensor ids = rows(Tensor::make(ids_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,
@@ -234,9 +302,10 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     auto& a = A.layer[size_t(l)];
     NB_PROFILE_BEGIN("fwd: norm + qkv GEMMs");
     ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
-    NB_TRY(gemm::matmul(a.n1, w.wq, a.q, nt(), st));
-    NB_TRY(gemm::matmul(a.n1, w.wk, a.k, nt(), st));
-    NB_TRY(gemm::matmul(a.n1, w.wv, a.v, nt(), st));
+    auto& lin = linears_[size_t(l)];
+    NB_TRY(lin[0].forward(a.n1, w.wq, a.q, 0.f, st));
+    NB_TRY(lin[1].forward(a.n1, w.wk, a.k, 0.f, st));
+    NB_TRY(lin[2].forward(a.n1, w.wv, a.v, 0.f, st));
     NB_PROFILE_END("fwd: norm + qkv GEMMs");
     NB_PROFILE_BEGIN("fwd: rope");
     ops::rope_forward(reshape4(a.q, B, S, c.heads, hd), cosT, sinT, st);
@@ -248,15 +317,15 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("fwd: attention");
     NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
-    NB_TRY(gemm::matmul(a.o, w.wo, a.mid, nt(1.f), st));  // mid = resid + o Wo^T
+    NB_TRY(lin[3].forward(a.o, w.wo, a.mid, 1.f, st));  // mid = resid + o Wo^T
     ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
-    NB_TRY(gemm::matmul(a.n2, w.wgu, a.gu, nt(), st));
+    NB_TRY(lin[4].forward(a.n2, w.wgu, a.gu, 0.f, st));
     NB_PROFILE_END("fwd: o + norm + gate_up");
     NB_PROFILE_BEGIN("fwd: swiglu + down");
     ops::swiglu_forward(a.gu, a.a, st);
     if (write_output) {
       NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
-      NB_TRY(gemm::matmul(a.a, w.wdown, A.resid[l + 1], nt(1.f), st));  // resid' = mid + a Wdown^T
+      NB_TRY(lin[5].forward(a.a, w.wdown, A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
     }
     NB_PROFILE_END("fwd: swiglu + down");
     return Status::ok();
@@ -307,15 +376,14 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     }
     // MLP: resid' = mid + swiglu(n2 Wgu^T) Wdown^T
     NB_PROFILE_BEGIN("bwd: down GEMMs");
-    NB_TRY(gemm::matmul(dx, w.wdown, A.da, nn(), st));
-    NB_TRY(gemm::matmul(dx, a.a, w.gdown, tn_acc(), st));
+    auto& lin = linears_[size_t(l)];
+    NB_TRY(lin[5].backward(dx, a.a, w.wdown, A.da, 0.f, w.gdown, st));
     NB_PROFILE_END("bwd: down GEMMs");
     NB_PROFILE_BEGIN("bwd: swiglu");
     ops::swiglu_backward(a.gu, A.da, A.dgu, st);
     NB_PROFILE_END("bwd: swiglu");
     NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
-    NB_TRY(gemm::matmul(A.dgu, w.wgu, A.dn, nn(), st));
-    NB_TRY(gemm::matmul(A.dgu, a.n2, w.ggu, tn_acc(), st));
+    NB_TRY(lin[4].backward(A.dgu, a.n2, w.wgu, A.dn, 0.f, w.ggu, st));
     NB_PROFILE_END("bwd: gate_up GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
@@ -323,8 +391,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("bwd: norms + adds");
     // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
     NB_PROFILE_BEGIN("bwd: o GEMMs");
-    NB_TRY(gemm::matmul(A.dmid, w.wo, A.dout, nn(), st));
-    NB_TRY(gemm::matmul(A.dmid, a.o, w.go, tn_acc(), st));
+    NB_TRY(lin[3].backward(A.dmid, a.o, w.wo, A.dout, 0.f, w.go, st));
     NB_PROFILE_END("bwd: o GEMMs");
     NB_PROFILE_BEGIN("bwd: attention");
     NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
@@ -337,12 +404,9 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     ops::rope_backward(reshape4(A.dk, B, S, c.kv_heads, hd), cosT, sinT, st);
     NB_PROFILE_END("bwd: rope");
     NB_PROFILE_BEGIN("bwd: qkv GEMMs");
-    NB_TRY(gemm::matmul(A.dq, w.wq, A.dn, nn(), st));
-    NB_TRY(gemm::matmul(A.dk, w.wk, A.dn, nn(1.f), st));
-    NB_TRY(gemm::matmul(A.dv, w.wv, A.dn, nn(1.f), st));
-    NB_TRY(gemm::matmul(A.dq, a.n1, w.gq, tn_acc(), st));
-    NB_TRY(gemm::matmul(A.dk, a.n1, w.gk, tn_acc(), st));
-    NB_TRY(gemm::matmul(A.dv, a.n1, w.gv, tn_acc(), st));
+    NB_TRY(lin[0].backward(A.dq, a.n1, w.wq, A.dn, 0.f, w.gq, st));
+    NB_TRY(lin[1].backward(A.dk, a.n1, w.wk, A.dn, 1.f, w.gk, st));
+    NB_TRY(lin[2].backward(A.dv, a.n1, w.wv, A.dn, 1.f, w.gv, st));
     NB_PROFILE_END("bwd: qkv GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);

@@ -13,6 +13,7 @@
 #include "core/arena.h"
 #include "model/llama_config.h"
 #include "model/params.h"
+#include "recipe/linear.h"
 
 namespace nb {
 
@@ -26,10 +27,23 @@ struct MicroBatchShape {
 
 class LlamaModel {
  public:
-  Status init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed);
+  // `recipe` chooses the format of every linear layer's three GEMMs (bf16_mixed by default).
+  Status init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
+              const recipe::Recipe& recipe = recipe::Recipe{});
   // Bytes of activations and temporaries one micro-batch needs (exact: the same plan allocates them).
   int64_t activation_bytes() const { return activation_bytes_; }
-  static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc);
+  // Quantized layers keep their linears' inputs as quantized copies (owned by the Linear), not in BF16.
+  static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                       const recipe::Recipe& recipe = recipe::Recipe{});
+  // Device bytes of the quantized copies the recipe's linears hold (outside the activation arena).
+  size_t quantized_copy_bytes() const;
+  // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
+  void begin_step(uint32_t step);
+  // Non-finite quantizer inputs since the last call ("layer 3 mlp.down_proj grad", or empty) and the
+  // worst per-linear quantization statistics when collection is on.
+  Status take_health(std::string* nonfinite_where, recipe::LinearHealth* worst);
+  void set_collect_stats(bool on);
+  const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev);
   ParamStore& params() { return params_; }
@@ -65,6 +79,8 @@ class LlamaModel {
   int64_t activation_bytes_ = 0;
   int64_t lm_chunk_tokens_ = 0;
   Buffer rope_cos_, rope_sin_;
+  recipe::Recipe recipe_;
+  std::vector<std::vector<recipe::Linear>> linears_;  // per layer: q, k, v, o, gate_up, down
   Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
   int64_t staged_capacity_ = 0;
 };

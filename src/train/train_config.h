@@ -29,6 +29,12 @@ struct TrainConfig {
   double weight_decay = 0.1, adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8, clip_grad = 1.0;
   int64_t seed = 1234;
   std::string recompute = "none";         // none | selective | full
+  // precision recipe (Megatron-Bridge names and knobs)
+  std::string recipe = "bf16_mixed";
+  bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false;
+  bool first_last_layers_bf16 = false;
+  int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
+  bool quant_stats = false;  // per-layer quantization statistics in the JSONL each log interval
   // data
   bool mock_data = true;
   std::string data_path;                  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "data/token_source.h"
 #include "model/llama_model.h"
+#include "recipe/recipe.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
@@ -46,6 +47,15 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   NB_TRY(validate_train_config(cfg, model_cfg));
   Recompute rc;
   NB_TRY(parse_recompute(cfg.recompute, &rc));
+  recipe::Recipe rcp;
+  NB_TRY(recipe::recipe_preset(cfg.recipe, &rcp).context("--recipe"));
+  recipe::RecipeKnobs knobs;
+  knobs.disable_fp4 = cfg.disable_fp4; knobs.fp4_disable_rht = cfg.fp4_disable_rht;
+  knobs.fp4_disable_sr = cfg.fp4_disable_sr; knobs.fp4_disable_2d = cfg.fp4_disable_2d;
+  knobs.first_last_layers_bf16 = cfg.first_last_layers_bf16;
+  knobs.layers_at_start_bf16 = cfg.num_layers_at_start_in_bf16; knobs.layers_at_end_bf16 = cfg.num_layers_at_end_in_bf16;
+  NB_TRY(recipe::apply_knobs(knobs, &rcp));
+  rcp.seed = uint64_t(cfg.seed);
 
   // Real data: the tokenizer's ids must fit the model's vocabulary (a CUDA embedding cannot report it).
   if (!cfg.mock_data && !cfg.tokenizer.empty()) {
@@ -61,18 +71,22 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   }
 
   Device dev = Device::cpu;
+  int cc_major = 0, cc_minor = 0;
   std::string why, device_name = "CPU (reference backend)";
   if (cfg.device != "cpu") {
     auto gpus = query_gpus(&why);
     if (!gpus.empty()) {
       dev = Device::cuda;
       device_name = gpus[0].name;
+      cc_major = gpus[0].cc_major;
+      cc_minor = gpus[0].cc_minor;
     } else if (cfg.device == "cuda") {
       return errorf("--device cuda was asked for but %s", why.c_str());
     } else {
       NB_LOG_WARN("no GPU (%s): training on the CPU backend, which is meant for tiny models", why.c_str());
     }
   }
+  NB_TRY(recipe::check_supported(rcp, cc_major, cc_minor));
   std::printf("---------------- nibble train: resolved configuration ----------------\n%s", format_config(cfg).c_str());
   std::printf("device = \"%s\"\n", device_name.c_str());
   const int64_t accum = cfg.global_batch_size / (cfg.micro_batch_size * cfg.data_parallel);
@@ -86,6 +100,17 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
               "%.2f GFLOP/token\n",
               (long long)tokens_per_step, (long long)cfg.global_batch_size, (long long)cfg.seq_length,
               (long long)cfg.micro_batch_size, (long long)accum, flops_per_token / 1e9);
+  // Which layer runs which format, per GEMM, and whether this GPU runs it natively.
+  std::printf("recipe %s:\n", rcp.name.c_str());
+  for (int64_t l = 0; l < model_cfg.layers;) {
+    const bool bf16 = rcp.layer_in_bf16(l, model_cfg.layers);
+    int64_t e = l;
+    while (e + 1 < model_cfg.layers && rcp.layer_in_bf16(e + 1, model_cfg.layers) == bf16) ++e;
+    std::printf("  layers %lld-%lld: %s\n", (long long)l, (long long)e,
+                recipe::describe_gemms(rcp, bf16, cc_major, cc_minor).c_str());
+    l = e + 1;
+  }
+  std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
   if (!cfg.save.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(cfg.save, ec);
@@ -96,8 +121,11 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   // ---- memory estimate before step 1
   MicroBatchShape shape{cfg.micro_batch_size, cfg.seq_length};
   const double param_bytes = double(LlamaModel::parameter_bytes(model_cfg, dev));
-  const double act_bytes = double(LlamaModel::plan_activation_bytes(model_cfg, dev, shape, rc));
-  const double workspace = dev == Device::cuda ? 512.0 * 1048576 : 0;  // cuBLASLt/cuDNN workspaces, allocator slack
+  const double act_bytes = double(LlamaModel::plan_activation_bytes(model_cfg, dev, shape, rc, rcp));
+  // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
+  // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
+  double workspace = dev == Device::cuda ? 512.0 * 1048576 : 0;
+  if (rcp.quantized()) workspace += double(model_cfg.matmul_params() - model_cfg.hidden * model_cfg.vocab) * 1.0;
   size_t free_b = 0, total_b = 0;
   device_memory_info(&free_b, &total_b);
   std::printf("memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
@@ -108,7 +136,7 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
     int64_t best = 0;
     for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
       double need = param_bytes + workspace +
-                    double(LlamaModel::plan_activation_bytes(model_cfg, dev, {mbs, cfg.seq_length}, rc));
+                    double(LlamaModel::plan_activation_bytes(model_cfg, dev, {mbs, cfg.seq_length}, rc, rcp));
       if (need <= double(free_b)) best = mbs; else break;
     }
     std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_b)),
@@ -123,7 +151,7 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
 
   // ---- model and data
   LlamaModel model;
-  Status st = model.init(model_cfg, dev, shape, rc, uint64_t(cfg.seed));
+  Status st = model.init(model_cfg, dev, shape, rc, uint64_t(cfg.seed), rcp);
   if (!st) {
     if (st.message().find("out of GPU memory") != std::string::npos)
       return Status::error("out of GPU memory while allocating: this job " +
@@ -211,6 +239,8 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
       std::copy(b.tokens.begin(), b.tokens.end(), step_tokens.begin() + micro * T);
       std::copy(b.labels.begin(), b.labels.end(), step_labels.begin() + micro * T);
     }
+    model.begin_step(uint32_t(it));
+    model.set_collect_stats(cfg.quant_stats && ((it + 1) % cfg.log_interval == 0 || it + 1 == cfg.train_iters));
     NB_TRY(model.stage_batches(step_tokens.data(), step_labels.data(), accum));
     for (int64_t micro = 0; micro < accum; ++micro) NB_TRY(model.forward_backward_staged(micro, grad_scale));
     NB_TRY(model.take_loss_sum(&loss_sum));
@@ -229,12 +259,23 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
     const double grad_norm = std::sqrt(double(norm_sq_h));
     const double lr = sched.at(it);
     m.iteration = it + 1;
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+    std::string nonfinite_where;
+    recipe::LinearHealth health;
+    NB_TRY(model.take_health(&nonfinite_where, &health));
+    if (!nonfinite_where.empty())
+      NB_LOG_WARN("step %lld: a non-finite amax reached the quantizer of %s (%lld quantizations)", (long long)(it + 1),
+                  nonfinite_where.c_str(), (long long)health.nonfinite);
+    if (health.has_stats && jsonl)
+      jsonl << "{\"iteration\":" << it + 1 << ",\"quant_worst_sqnr_db\":" << health.sqnr_db
+            << ",\"quant_max_flushed\":" << health.flushed << ",\"quant_max_saturated\":" << health.saturated << "}\n";
+    if (!std::isfinite(loss) || !std::isfinite(grad_norm) || !nonfinite_where.empty()) {
       m.nan_iters++;
       if (cfg.on_nan == "stop")
-        return errorf("step %lld: %s is not finite (loss %g, grad norm %g); stopping. Lower --lr, raise "
+        return errorf("step %lld: %s is not finite (loss %g, grad norm %g%s%s); stopping. Lower --lr, raise "
                       "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
-                      (long long)(it + 1), std::isfinite(loss) ? "the gradient norm" : "the loss", loss, grad_norm);
+                      (long long)(it + 1), !std::isfinite(loss) ? "the loss" : !std::isfinite(grad_norm) ?
+                      "the gradient norm" : "a quantizer input", loss, grad_norm,
+                      nonfinite_where.empty() ? "" : "; first non-finite amax in ", nonfinite_where.c_str());
       m.skipped++;
       NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
     } else {

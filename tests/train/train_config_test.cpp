@@ -42,10 +42,10 @@ TEST(LlamaConfig, RejectsImpossibleShapes) {
   LlamaConfig c;
   ASSERT_TRUE(llama_preset("tiny", &c).is_ok());
   c.heads = 3;
-  EXPECT_NE(validate(c).message().find("heads (3) must divide hidden (64)"), std::string::npos);
+  EXPECT_NE(validate(c).message().find("heads (3) must divide hidden (256)"), std::string::npos);
   ASSERT_TRUE(llama_preset("tiny", &c).is_ok());
   c.kv_heads = 3;
-  EXPECT_NE(validate(c).message().find("kv-heads (3) must divide heads (4)"), std::string::npos);
+  EXPECT_NE(validate(c).message().find("kv-heads (3) must divide heads (8)"), std::string::npos);
   EXPECT_NE(llama_preset("llama9", &c).message().find("unknown model preset 'llama9'"), std::string::npos);
 }
 
