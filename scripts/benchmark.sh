@@ -3,14 +3,14 @@
 # Runs nibble and the PyTorch peer on the standard workloads in one GPU job and regenerates
 # BENCHMARKS.md. Usage (on a GPU machine, from the repository root, with a built nibble):
 #   bash scripts/benchmark.sh [build-dir] [results-dir] [parts]
-# parts: a comma list of quant,gemm,train,peer,data (default all); workloads: proxy,deep (default both).
+# parts: a comma list of quant,gemm,train,recipes,peer,data (default all); workloads: proxy,deep (default both).
 # The data part needs NIBBLE_BENCH_DATA=<folder> holding shuf_gpt2_text_document.{bin,idx}, gpt2.tiktoken,
 # llama3small_text_document.{bin,idx} and llama3.tiktoken (made by scripts/benchmark_data.sh on any machine). Results (logs, JSON) go to results-dir;
 # BENCHMARKS.md is rewritten from whatever results-dir holds.
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench}
-parts=${3:-quant,gemm,train,peer,data}
+parts=${3:-quant,gemm,train,recipes,peer,data}
 only=${4:-proxy,deep}
 mkdir -p "$out"
 nb="$build/nibble"
@@ -28,6 +28,16 @@ for w in "${workloads[@]}"; do
   if has train; then
     "$nb" train --model "$model" --micro-batch-size "$mbs" --global-batch-size "$gbs" --seq-length 4096 \
       --train-iters 6 --lr-warmup-iters 1 --log-interval 1 --save "$out/nibble-$tag-bf16" > "$out/nibble-$tag-bf16.log" 2>&1
+  fi
+  if has recipes; then
+    # Every layer in the recipe's format (the presets' BF16 layer counts would leave few or none of the
+    # proxies' 4-8 layers quantized), so the table shows what each format costs per layer.
+    for recipe in bf16_with_fp8_current_scaling_mixed bf16_with_fp8_delayed_scaling_mixed \
+                  bf16_with_fp8_subchannel_scaling_mixed bf16_with_mxfp8_mixed bf16_with_nvfp4_mixed; do
+      "$nb" train --model "$model" --recipe "$recipe" --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 \
+        --micro-batch-size "$mbs" --global-batch-size "$gbs" --seq-length 4096 --train-iters 6 --lr-warmup-iters 1 \
+        --log-interval 1 --save "$out/nibble-$tag-$recipe" > "$out/nibble-$tag-$recipe.log" 2>&1
+    done
   fi
   if has peer; then
     for numerics in autocast bf16; do

@@ -9,8 +9,8 @@ def read(name, default=""):
     return open(p).read() if os.path.exists(p) else default
 
 
-def nibble_run(tag):
-    p = os.path.join(out, f"nibble-{tag}-bf16", "metrics.jsonl")
+def nibble_run(tag, recipe="bf16"):
+    p = os.path.join(out, f"nibble-{tag}-{recipe}", "metrics.jsonl")
     if not os.path.exists(p):
         return None
     steps = [json.loads(l) for l in open(p) if l.strip() and '"step_ms"' in l]
@@ -57,6 +57,30 @@ for tag in ["proxy", "deep"]:
               f"{n['peak_mem_gib']:.1f} | {pcell(pa)} | {pcell(pb)} |")
     else:
         print(f"| {tag} | n/a | n/a | not run | | | | {pcell(pa)} | {pcell(pb)} |")
+
+RECIPES = ["bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
+           "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"]
+if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in ["proxy", "deep"] for r in RECIPES):
+    print("\n## Precision recipes vs nibble BF16 (same run)\n")
+    print("Every transformer layer in the recipe's format (`--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0`); "
+          "embedding, attention, LM head and loss stay BF16. On Hopper FP8 runs on FP8 tensor cores (cuBLASLt); MXFP8 and "
+          "NVFP4 are exact emulation (dequantize to BF16, BF16 tensor cores). Ratios are recipe / BF16 of the same workload; "
+          "model TFLOP/s counts the model's FLOPs only.\n")
+    print("| workload | recipe | tokens/s ratio | step time ratio | peak memory ratio | tokens/s | TFLOP/s | step ms | peak GiB | final loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for tag in ["proxy", "deep"]:
+        base = nibble_run(tag)
+        for r in RECIPES:
+            n = nibble_run(tag, r)
+            if not n:
+                if os.path.exists(os.path.join(out, f"nibble-{tag}-{r}.log")):
+                    err = read(f"nibble-{tag}-{r}.log").strip().splitlines()
+                    print(f"| {tag} | {r} | failed: {err[-1][:120] if err else '?'} | | | | | | | |")
+                continue
+            ratio = lambda k: f"{n[k] / base[k]:.2f}x" if base else "n/a"
+            print(f"| {tag} | `{r}` | **{ratio('tokens_per_s')}** | {ratio('step_ms')} | {ratio('peak_mem_gib')} | "
+                  f"{n['tokens_per_s']:.0f} | {n['tflops']:.0f} | {n['step_ms']:.0f} | {n['peak_mem_gib']:.1f} | {n['loss']:.3f} |")
+
 
 def summary_value(log, label):
     m = re.search(r"\| " + re.escape(label) + r"\s*\|\s*([0-9.]+)", log)
