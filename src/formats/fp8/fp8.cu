@@ -3,6 +3,7 @@
 // and stores when rows and cols are multiples of 8, else 64x64 tiles element by element). The scale is derived from
 // the device-side amax inside each block with the same NB_HD formula as the CPU reference, so no
 // host round trip is needed and every block uses the identical FP32 scale.
+#include <cuda_fp8.h>
 #include "core/cuda_check.h"
 #include "formats/fp8/fp8.h"
 
@@ -15,6 +16,16 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+// Two values to FP8 (a in the low byte) with the hardware's round-to-nearest-even satfinite
+// conversion (sm_89+), about 20x fewer instructions than the software encode(). Finite values and
+// +-Inf give encode()'s bytes; NaN, where the hardware's NaN byte may differ, takes encode()'s.
+__device__ __forceinline__ uint32_t encode2(float a, float b, Format fmt) {
+  uint32_t q = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, fmt == Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+  if (a != a) q = (q & 0xFF00u) | encode(a, fmt);
+  if (b != b) q = (q & 0x00FFu) | (encode(b, fmt) << 8);
+  return q;
 }
 
 // Block-wide max of non-negative floats, folded into *amax with an integer atomicMax (the bit
@@ -122,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const bf16* __re
       float a = bits_f32(u[j] << 16), b = bits_f32(u[j] & 0xFFFF0000u);
       m = fmaxf(m, fmaxf(fabsf(a), fabsf(b)));
       bad |= !isfinite(a) || !isfinite(b);
-      q[j / 2] |= (encode(a * scale, fmt) | (encode(b * scale, fmt) << 8)) << (16 * (j % 2));
+      q[j / 2] |= encode2(a * scale, b * scale, fmt) << (16 * (j % 2));
       *reinterpret_cast<uint32_t*>(&tile[r][c + 2 * j]) = u[j];
     }
     if (in && data) *reinterpret_cast<uint2*>(data + (r0 + r) * cols + c0 + c) = make_uint2(q[0], q[1]);
@@ -137,8 +148,9 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const bf16* __re
     const int c = i / (kVR / 8), r = 8 * (i % (kVR / 8));
     if (c0 + c >= cols || r0 + r >= rows) continue;
     uint32_t q[2] = {0, 0};
-    for (int j = 0; j < 8; ++j)
-      q[j / 4] |= encode(bits_f32(uint32_t(tile[r + j][c]) << 16) * scale, fmt) << (8 * (j % 4));
+    for (int j = 0; j < 8; j += 2)
+      q[j / 4] |= encode2(bits_f32(uint32_t(tile[r + j][c]) << 16) * scale,
+                          bits_f32(uint32_t(tile[r + j + 1][c]) << 16) * scale, fmt) << (8 * (j % 4));
     *reinterpret_cast<uint2*>(data_t + (c0 + c) * rows + r0 + r) = make_uint2(q[0], q[1]);
   }
 }
