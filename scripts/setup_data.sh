@@ -80,9 +80,12 @@ if [ ! -s "$DIR/corpus.jsonl" ]; then
     (apt-get install -y linux-doc >/dev/null 2>&1) || { apt-get update >/dev/null && apt-get install -y linux-doc >/dev/null; }
   fi
   python3 - "$DIR/corpus.jsonl" <<'PY'
-import glob, gzip, json, sys
+import glob, gzip, json, random, sys
 files = sorted(glob.glob("/usr/share/doc/linux-doc*/Documentation/**/*.rst*", recursive=True)
                + glob.glob("/usr/share/doc/linux-doc*/Documentation/**/*.txt*", recursive=True))
+# Shuffled with a fixed seed: in folder order, Megatron's contiguous validation split ("969,30,1")
+# would be the translations folder, a different language from the training split.
+random.Random(0).shuffle(files)
 total = 0
 with open(sys.argv[1], "w", encoding="utf-8") as out:
     for f in files:

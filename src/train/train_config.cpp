@@ -2,6 +2,7 @@
 #include "train/train_config.h"
 #include <algorithm>
 #include <sstream>
+#include <vector>
 #include <toml++/toml.h>
 
 namespace nb {
@@ -35,7 +36,8 @@ Status parse_bool(const std::string& key, const std::string& v, bool* out) {
   if (v == "false" || v == "0" || v == "off") { *out = false; return Status::ok(); }
   return errorf("%s expects true or false, got '%s'", key.c_str(), v.c_str());
 }
-Status parse_choice(const std::string& key, const std::string& v, std::initializer_list<const char*> choices, std::string* out) {
+Status parse_choice(const std::string& key, const std::string& v, const std::vector<const char*>& choices,
+                    std::string* out) {
   std::string list;
   for (const char* c : choices) {
     if (v == c) { *out = v; return Status::ok(); }
@@ -69,13 +71,7 @@ ConfigKey string_key(const char* name, const char* help, std::string* p) {
 }
 ConfigKey choice_key(const char* name, const char* help, std::string* p, std::initializer_list<const char*> choices) {
   std::vector<const char*> cs(choices);
-  return {name, help,
-          [=](const std::string& v) {
-            for (const char* c : cs) if (v == c) { *p = v; return Status::ok(); }
-            std::string list;
-            for (const char* c : cs) list += (list.empty() ? "" : ", ") + std::string(c);
-            return errorf("--%s must be one of %s; got '%s'", name, list.c_str(), v.c_str());
-          },
+  return {name, help, [=](const std::string& v) { return parse_choice(std::string("--") + name, v, cs, p); },
           [=] { return quoted(*p); }};
 }
 
