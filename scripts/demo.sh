@@ -17,5 +17,5 @@ if nvidia-smi -L >/dev/null 2>&1; then
 else
   echo "demo: no GPU found: training the tiny preset on nibble's CPU backend instead"
   ./build/nibble train --device cpu --model tiny --seq-length 128 --micro-batch-size 8 --global-batch-size 16 \
-    --train-iters 250 --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 20 --log-interval 25 --save runs/demo
+    --train-iters 80 --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 8 --log-interval 10 --save runs/demo
 fi
