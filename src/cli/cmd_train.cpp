@@ -11,7 +11,6 @@ namespace nb::cli {
 namespace {
 struct TrainArgs {
   std::string config_file;
-  std::vector<std::pair<std::string, std::string>> flags;  // in command-line order
   std::map<std::string, std::string> values;
 };
 }  // namespace

@@ -31,7 +31,6 @@ class LlamaModel {
   Status init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
               const recipe::Recipe& recipe = recipe::Recipe{});
   // Bytes of activations and temporaries one micro-batch needs (exact: the same plan allocates them).
-  int64_t activation_bytes() const { return activation_bytes_; }
   // Quantized layers keep their linears' inputs as quantized copies (owned by the Linear), not in BF16.
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                        const recipe::Recipe& recipe = recipe::Recipe{});

@@ -158,6 +158,8 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
                            oom_advice(cfg, gib(param_bytes + act_bytes + workspace), gib(double(free_b))));
     return st;
   }
+  if (rcp.quantized())  // the estimate above guessed these; now they are allocated and known
+    std::printf("quantized copies held by the linear layers: %.2f GiB\n", gib(double(model.quantized_copy_bytes())));
   std::unique_ptr<TokenSource> train_src, valid_src;
   const int64_t train_samples = cfg.train_iters * cfg.global_batch_size;
   const int64_t evals = cfg.eval_interval > 0 ? cfg.train_iters / cfg.eval_interval + 1 : 1;
@@ -221,7 +223,6 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   m.global_batch = cfg.global_batch_size;
   double peak_mem = 0, time_sum_ms = 0;
   int64_t timed_steps = 0;
-  Timer run_timer;
   std::vector<int32_t> step_tokens(size_t(accum * cfg.micro_batch_size * cfg.seq_length)), step_labels(step_tokens.size());
   for (int64_t it = 0; it < cfg.train_iters; ++it) {
     Timer step_timer;
@@ -345,7 +346,6 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
   std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", summary->peak_mem_gib);
   double wait_total = train_src->wait_ms_total();
   std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", wait_total / double(cfg.train_iters));
-  (void)run_timer;
   return Status::ok();
 }
 
