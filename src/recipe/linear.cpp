@@ -34,7 +34,10 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
   return Buffer::allocate(b, DType::u8, dev, {bytes > 0 ? bytes : 1});
 }
 
-Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_) {
+static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
+Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
+                     LinearWorkspace* workspace_) {
   role = role_; spec = s; cols = cols_; dev = dev_; rows = 0;
   const int64_t n = rows_cap * cols;
   int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
@@ -52,13 +55,31 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
     case Fmt::mxfp8: row_scale_bytes = col_scale_bytes = n / 32; break;
     case Fmt::nvfp4: data_bytes = n / 2; row_scale_bytes = col_scale_bytes = n / 16; break;
   }
-  NB_TRY(alloc_bytes(&row_data, dev, data_bytes));
-  NB_TRY(alloc_bytes(&col_data, dev, data_bytes));
-  NB_TRY(alloc_bytes(&row_scales, dev, row_scale_bytes));
-  NB_TRY(alloc_bytes(&col_scales, dev, col_scale_bytes));
+  // Transient pieces: the input's row copy (Fprop only) and both grad copies (backward only).
+  const bool row_transient = workspace_ && role != Role::weight;
+  const bool col_transient = workspace_ && role == Role::grad;
+  workspace = (row_transient || col_transient) ? workspace_ : nullptr;
+  slot = role == Role::grad ? LinearWorkspace::Slot::grad : LinearWorkspace::Slot::input_row;
+  slot_bytes = 0;
+  owned_bytes = 0;
+  auto place = [&](Piece* p, bool transient, int64_t bytes) -> Status {
+    p->transient = transient;
+    if (transient) {
+      p->offset = slot_bytes;
+      slot_bytes += align256(size_t(bytes));
+      return Status::ok();
+    }
+    owned_bytes += size_t(bytes);
+    return alloc_bytes(&p->owned, dev, bytes);
+  };
+  NB_TRY(place(&row_data, row_transient, data_bytes));
+  NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
+  NB_TRY(place(&col_data, col_transient, data_bytes));
+  NB_TRY(place(&col_scales, col_transient, col_scale_bytes));
+  if (workspace) workspace->reserve(slot, slot_bytes);
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
-  owned_bytes = size_t(2 * data_bytes + row_scale_bytes + col_scale_bytes) + kStateFloats * 4 + kStateInts * 4;
+  owned_bytes += kStateFloats * 4 + kStateInts * 4;
   float f[kStateFloats] = {};
   f[kScale] = f[kScaleInv] = 1.f;
   int i[kStateInts] = {0, 0};
@@ -72,13 +93,20 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
 Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
   rows = rows_;
   const bool cuda = dev == Device::cuda;
+  // The slot may be unallocated (no allocate() yet) or smaller (a larger Linear registered later).
+  if (workspace) {
+    uint8_t* base = nullptr;
+    NB_TRY(workspace->acquire(slot, slot_bytes, &base));
+  }
   float* sf = state_f.ptr<float>();
   int* si = state_i.ptr<int>();
   // The NVFP4 quantizer only ever sets its flag; the others clear it themselves. Clear it for all.
   if (cuda) NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
   else si[kFlag] = 0;
-  auto* rd = row_data.ptr<uint8_t>();
-  auto* cd = col_data.ptr<uint8_t>();
+  uint8_t* rd = ptr(row_data);
+  uint8_t* cd = ptr(col_data);
+  auto* rs = ptr(row_scales);
+  auto* cs = ptr(col_scales);
   switch (spec.fmt) {
     case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
     case Fmt::fp8_e4m3:
@@ -101,12 +129,12 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       fp8::BlockOptions o;
       o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
       o.pow2_scales = a.pow2_scales;
-      fp8::BlockView v{rows, cols, rd, row_scales.ptr<float>(), cd, col_scales.ptr<float>(), si + kFlag};
+      fp8::BlockView v{rows, cols, rd, reinterpret_cast<float*>(rs), cd, reinterpret_cast<float*>(cs), si + kFlag};
       NB_TRY(cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v));
       break;
     }
     case Fmt::mxfp8: {
-      mxfp8::QuantizedView v{rows, cols, rd, row_scales.ptr<uint8_t>(), cd, col_scales.ptr<uint8_t>(), si + kFlag};
+      mxfp8::QuantizedView v{rows, cols, rd, rs, cd, cs, si + kFlag};
       NB_TRY(cuda ? mxfp8::quantize_cuda(src, {}, v, stream) : mxfp8::quantize_ref(src, {}, v));
       break;
     }
@@ -116,7 +144,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       o.rht = spec.rht;
       o.sr = spec.sr;
       o.rng = a.rng;
-      nvfp4::QuantizedView v{rows, cols, rd, row_scales.ptr<uint8_t>(), cd, col_scales.ptr<uint8_t>(),
+      nvfp4::QuantizedView v{rows, cols, rd, rs, cd, cs,
                              sf + kRowAmax, sf + kColAmax, si + kFlag};
       NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
       break;
@@ -134,14 +162,20 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   return Status::ok();
 }
 
+uint8_t* QCopies::ptr(const Piece& p) const {
+  if (!p.transient) return p.owned.ptr<uint8_t>();
+  uint8_t* base = workspace->data(slot);
+  return base ? base + p.offset : nullptr;
+}
+
 gemm::QOperand QCopies::row_operand() const {
   gemm::QOperand op;
   op.format = qformat(spec.fmt);
   op.rows = rows; op.k = cols;
-  op.data = row_data.data();
+  op.data = ptr(row_data);
   const float* sf = state_f.ptr<float>();
   op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
-                                                                        : row_scales.data();
+                                                                        : static_cast<const void*>(ptr(row_scales));
   op.amax = sf + kRowAmax;
   return op;
 }
@@ -149,8 +183,8 @@ gemm::QOperand QCopies::row_operand() const {
 gemm::QOperand QCopies::col_operand() const {
   gemm::QOperand op = row_operand();
   op.rows = cols; op.k = rows;
-  op.data = col_data.data();
-  if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = col_scales.data();
+  op.data = ptr(col_data);
+  if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = ptr(col_scales);
   op.amax = state_f.ptr<float>() + kColAmax;
   op.k_major = spec.fmt != Fmt::mxfp8;  // MXFP8 keeps its column-wise copy un-transposed
   return op;

@@ -1,5 +1,5 @@
 // Linear: one linear layer Y = X W^T (X [M,K] tokens x in features, W [N,K]) in one precision recipe.
-// It owns the quantized copies of its operands and runs the three GEMMs of precision spec §6:
+// It holds the quantized copies of its operands and runs the three GEMMs of precision spec §6:
 //   forward   Fprop  y  = x w^T + beta*y      (y bf16 on cuda, f32 on cpu)
 //   backward  Dgrad  dx = dy w + dx_beta*dx    Wgrad  dw_f32 += dy^T x  (FP32 accumulation)
 // Tensors: cuda backend x, w, dy, dx bf16; cpu backend all f32 (the BF16 source of a quantizer is the
@@ -9,6 +9,9 @@
 // column-wise for Wgrad, kept until backward); w once per optimizer step (row-wise and column-wise,
 // reused by every micro-batch until new_step); dy once per backward (row-wise for Dgrad, column-wise
 // for Wgrad). A BF16 layer (or bf16_mixed) quantizes nothing and calls the BF16 GEMM.
+// Memory: the copies kept across calls (input column-wise, weight both) are owned by the Linear; the
+// transient ones (input row-wise: forward only; grad both: backward only) live in a LinearWorkspace,
+// shared by all Linears of a model (they run one after another on one stream) or private to this one.
 // Stochastic-rounding key: RngKey{recipe.seed, step, (tensor_id << 8) | (micro_batch % 64) << 2 | role << 1},
 // role 0 = input, 1 = grad; the NVFP4 quantizer flips bit 0 for the column-wise copy.
 // backward() pairs with the latest forward() (the forward/backward of one micro-batch run back to back).
@@ -21,6 +24,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "recipe/linear_workspace.h"
 #include "recipe/recipe.h"
 
 namespace nb::recipe {
@@ -51,8 +55,12 @@ class Linear {
   Linear& operator=(const Linear&) = delete;
 
   // tensor_id: unique per linear (used in the SR random key); max_tokens: largest M it will see.
+  // workspace: where the transient copies go; init registers this Linear's needs in it (the owner calls
+  // allocate() after all inits; until then the first use allocates). nullptr: a private workspace,
+  // allocated here. Its device must be dev.
   Status init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
-              int64_t in_features, int64_t out_features, Device dev);
+              int64_t in_features, int64_t out_features, Device dev,
+              std::shared_ptr<LinearWorkspace> workspace = nullptr);
   // Fprop: y = x w^T + beta*y.
   Status forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
   // Dgrad dx = dy w + dx_beta*dx; Wgrad dw_f32 += dy^T x (FP32). A quantized recipe uses its kept copy
@@ -63,8 +71,14 @@ class Linear {
   void set_collect_stats(bool on);  // per-operand flushed/saturated/SQNR (extra passes; off by default)
   Status take_health(LinearHealth* out);  // since the last call; may synchronize
   bool keeps_quantized_input() const;     // true when backward() does not read x
-  size_t bytes() const;                   // device bytes of the quantized copies it owns
+  // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
+  // copies, the per-role state blocks. The workspace's bytes are not included: count them once, where
+  // the workspace is owned (workspace()->bytes() for a private one).
+  size_t bytes() const;
+  std::shared_ptr<LinearWorkspace> workspace() const;  // nullptr for a BF16 layer or before init
   // role 0 = input, 1 = weight, 2 = grad (synchronizes on cuda); an error for a BF16 layer.
+  // The transient copies (input row-wise, grad both) are read from the workspace: they are valid only
+  // until another Linear sharing the workspace runs its forward (input) or backward (grad).
   Status debug_copies(int role, QuantizedBytes* out) const;
 
   struct Impl;  // linear.cpp

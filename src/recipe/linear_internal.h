@@ -6,6 +6,12 @@
 //   col copy   blocks along rows, stored transposed [cols, rows] (MXFP8: un-transposed, as its quantizer
 //              writes it); the Dgrad weight operand and both Wgrad operands
 // plus a small state block (linear_device.h): amaxes, FP8 scale/scale_inv, non-finite flag and count.
+// Where the copies live: owned Buffers for the copies kept across calls (input column, weight both), a
+// LinearWorkspace slot for the transient ones (input row -> input_row slot, grad both -> grad slot). In a
+// slot the pieces sit at 256-byte-aligned offsets (as separate cudaMalloc'd buffers were):
+//   [row data | row scales | col data | col scales]  (only the transient pieces of the role)
+// The state block and the delayed-scaling history are always owned. Pointers into a slot are looked up
+// at each use: another Linear may have grown (reallocated) the slot since this one last quantized.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +22,7 @@
 #include "formats/fp8/fp8.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
+#include "recipe/linear_workspace.h"
 
 namespace nb::recipe {
 
@@ -39,20 +46,33 @@ struct QuantizeArgs {
 };
 
 struct QCopies {
+  // One piece of a copy: an owned buffer, or `offset` bytes into the workspace slot.
+  struct Piece {
+    Buffer owned;
+    bool transient = false;
+    size_t offset = 0;
+  };
   Role role = Role::input;
   RoleSpec spec;
   int64_t rows = 0, cols = 0;
   Device dev = Device::cpu;
-  Buffer row_data, row_scales, col_data, col_scales, state_f, state_i;
-  size_t owned_bytes = 0;
+  Piece row_data, row_scales, col_data, col_scales;
+  Buffer state_f, state_i;
+  LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
+  LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
+  size_t slot_bytes = 0;   // this role's need in the slot (registered at init)
+  size_t owned_bytes = 0;  // bytes of the owned pieces and the state block
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
   bool used_in_step = false;
 
-  Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev);
+  // workspace == nullptr: every piece owned. Otherwise the input role's row pieces (or all the grad
+  // role's pieces) go into the workspace, whose need is registered here.
+  Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace);
   // src: BF16 [rows, cols] on dev. Writes both copies, then folds flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
   gemm::QOperand row_operand() const;  // [rows, cols]
   gemm::QOperand col_operand() const;  // [cols, rows]
+  uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;
   Status write_state(const float* floats, const int* ints, Stream stream);

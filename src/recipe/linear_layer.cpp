@@ -23,6 +23,7 @@ struct Linear::Impl {
   uint32_t tensor_id = 0;
   int64_t max_tokens = 0, in = 0, out = 0;
   Device dev = Device::cpu;
+  std::shared_ptr<LinearWorkspace> workspace;  // transient copies (shared with the model's other Linears)
   QCopies q[3];  // input, weight, grad
   bool weight_valid = false;
   bool have_input = false;
@@ -80,12 +81,16 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
 }
 
 Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
-                    int64_t in_features, int64_t out_features, Device dev) {
+                    int64_t in_features, int64_t out_features, Device dev,
+                    std::shared_ptr<LinearWorkspace> workspace) {
   if (tensor_id >= (1u << 24))
     return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
   if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
     return errorf("linear '%s': tokens %lld, in %lld, out %lld must all be positive", name.c_str(),
                   (long long)max_tokens, (long long)in_features, (long long)out_features);
+  if (workspace && workspace->device() != dev)
+    return errorf("linear '%s': its workspace is on %s but the linear on %s; create the workspace on the "
+                  "linear's device", name.c_str(), device_name(workspace->device()), device_name(dev));
   auto impl = std::make_unique<Impl>();
   impl->recipe = r;
   impl->all_bf16 = bf16_layer || !r.quantized();
@@ -111,9 +116,15 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
                     "that are multiples of %lld (keep this layer in BF16 or pad it)", name.c_str(),
                     (long long)out_features, (long long)in_features, r.name.c_str(), (long long)mult);
     const int64_t tokens_cap = (max_tokens + mult - 1) / mult * mult;
-    NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in_features, dev));
-    NB_TRY(impl->q[1].init(Role::weight, r.weight, out_features, in_features, dev));
-    NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out_features, dev));
+    // A private workspace is allocated here, so a lone Linear fails at init on out-of-memory as it did
+    // with owned copies; a shared one is allocated by its owner after every init (or grows on first use).
+    const bool private_workspace = !workspace;
+    impl->workspace = private_workspace ? std::make_shared<LinearWorkspace>(dev) : std::move(workspace);
+    LinearWorkspace* ws = impl->workspace.get();
+    NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in_features, dev, ws));
+    NB_TRY(impl->q[1].init(Role::weight, r.weight, out_features, in_features, dev, nullptr));
+    NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out_features, dev, ws));
+    if (private_workspace) NB_TRY(ws->allocate().context("linear '" + name + "'"));
     for (QCopies& c : impl->q)
       if (r.fp8_scaling == Fp8Scaling::delayed)
         c.delayed = fp8::DelayedScaling(c.delayed.format, int(r.amax_history_len));
@@ -237,6 +248,8 @@ Status Linear::take_health(LinearHealth* out) {
 
 bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
 
+std::shared_ptr<LinearWorkspace> Linear::workspace() const { return impl_ ? impl_->workspace : nullptr; }
+
 size_t Linear::bytes() const {
   if (!impl_ || impl_->dev != Device::cuda) return 0;
   size_t n = 0;
@@ -266,11 +279,13 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
     case Fmt::nvfp4: row_sc = col_sc = size_t(n / 16); break;
     default: break;
   }
-  auto fetch = [&](std::vector<uint8_t>* v, const Buffer& b, size_t bytes) -> Status {
+  auto fetch = [&](std::vector<uint8_t>* v, const QCopies::Piece& p, size_t bytes) -> Status {
     v->resize(bytes);
     if (bytes == 0) return Status::ok();
-    if (c.dev == Device::cuda) return copy_to_host_cuda(v->data(), b.data(), bytes, nullptr);
-    std::copy(b.ptr<uint8_t>(), b.ptr<uint8_t>() + bytes, v->data());
+    const uint8_t* src = c.ptr(p);
+    if (!src) return errorf("Linear::debug_copies: role %d has not been quantized yet", role);
+    if (c.dev == Device::cuda) return copy_to_host_cuda(v->data(), src, bytes, nullptr);
+    std::copy(src, src + bytes, v->data());
     return Status::ok();
   };
   NB_TRY(fetch(&out->row_data, c.row_data, data));

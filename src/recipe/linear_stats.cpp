@@ -39,8 +39,8 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   std::vector<uint8_t> data(data_bytes), scales(scale_bytes + 4);
   float state[kStateFloats];
   NB_TRY(to_host(x.data(), src, size_t(n) * sizeof(bf16), c.dev, stream));
-  NB_TRY(to_host(data.data(), c.row_data.data(), data_bytes, c.dev, stream));
-  NB_TRY(to_host(scales.data(), c.row_scales.data(), scale_bytes, c.dev, stream));
+  NB_TRY(to_host(data.data(), c.ptr(c.row_data), data_bytes, c.dev, stream));
+  NB_TRY(to_host(scales.data(), c.ptr(c.row_scales), scale_bytes, c.dev, stream));
   NB_TRY(to_host(state, c.state_f.data(), sizeof state, c.dev, stream));
   gemm::QOperand op = c.row_operand();
   op.data = data.data();

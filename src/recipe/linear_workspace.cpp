@@ -1,0 +1,46 @@
+// LinearWorkspace (linear_workspace.h): the two transient slots shared by a model's Linears.
+#include "recipe/linear_workspace.h"
+
+#include <algorithm>
+
+namespace nb::recipe {
+
+static const char* slot_name(LinearWorkspace::Slot s) {
+  return s == LinearWorkspace::Slot::input_row ? "input-row" : "grad";
+}
+
+void LinearWorkspace::reserve(Slot slot, size_t bytes) {
+  need_[int(slot)] = std::max(need_[int(slot)], bytes);
+}
+
+size_t LinearWorkspace::bytes() const { return allocated_[0] + allocated_[1]; }
+
+Status LinearWorkspace::grow(Slot slot, size_t bytes) {
+  const int i = int(slot);
+  if (bytes <= allocated_[i]) return Status::ok();
+  // Kernels queued before this call may still read the old buffer: wait for them before freeing it.
+  if (dev_ == Device::cuda && allocated_[i] > 0) device_synchronize();
+  slots_[i].reset();
+  allocated_[i] = 0;
+  Status st = Buffer::allocate(&slots_[i], DType::u8, dev_, {int64_t(bytes)});
+  if (!st)
+    return errorf("linear workspace: cannot allocate the %s slot of %zu bytes on %s (%s); lower the micro-batch "
+                  "tokens or use a recipe with smaller quantized copies", slot_name(slot), bytes,
+                  device_name(dev_), st.message().c_str());
+  allocated_[i] = bytes;
+  return Status::ok();
+}
+
+Status LinearWorkspace::allocate() {
+  for (int i = 0; i < kSlots; ++i) NB_TRY(grow(Slot(i), need_[i]));
+  return Status::ok();
+}
+
+Status LinearWorkspace::acquire(Slot slot, size_t bytes, uint8_t** out) {
+  reserve(slot, bytes);
+  NB_TRY(grow(slot, need_[int(slot)]));
+  *out = data(slot);
+  return Status::ok();
+}
+
+}  // namespace nb::recipe
