@@ -1,6 +1,7 @@
 // LlamaModel: forward, chunked LM head + loss, and backward for one micro-batch, in ops and GEMMs.
 // Shapes (T = batch*seq tokens, H hidden, F ffn, qd = heads*head_dim, kvd = kv_heads*head_dim):
-//   residual stream [T,H]; q [T,qd] = [B,S,heads,hd]; k, v [T,kvd]; gate_up [T,2F]; logits chunk [C,V].
+//   residual stream [T,H]; qkv [T,qd+2kvd] (one fused projection, split by rope_split_qkv);
+//   q [T,qd] = [B,S,heads,hd]; k, v [T,kvd]; gate_up [T,2F]; logits chunk [C,V].
 // Activations use the compute dtype (BF16 on CUDA, FP32 on CPU); norm statistics, attention
 // softmax statistics, losses and all weight gradients are FP32.
 #include "model/llama_model.h"
@@ -62,9 +63,10 @@ gemm::GemmArgs tn_acc() { gemm::GemmArgs a; a.trans_a = true; a.beta = 1.f; retu
 }  // namespace
 
 // The weights of one layer as views into the ParamStore.
+// q, k and v are adjacent in the ParamStore, so wqkv / gqkv view them as one [qd + 2 kvd, H] weight.
 struct LlamaModel::Layer {
-  Tensor w_in, wq, wk, wv, wo, w_post, wgu, wdown;          // compute copies
-  Tensor g_in, gq, gk, gv, go, g_post, ggu, gdown;          // FP32 gradients
+  Tensor w_in, wqkv, wo, w_post, wgu, wdown;  // compute copies
+  Tensor g_in, gqkv, go, g_post, ggu, gdown;  // FP32 gradients
 };
 
 // One micro-batch's activations. Per-layer tensors that recompute does not keep point into shared scratch.
@@ -74,6 +76,7 @@ struct LlamaModel::Acts {
   std::vector<PerLayer> layer;     // L
   Tensor nf, rstdf, logits, losses, dnf;
   Tensor dx, dx2, dmid, dn, da, dgu, dout, dq, dk, dv;
+  Tensor qkv, dqkv;  // the fused projection's output and gradient; only when they cannot borrow gu / dgu
 };
 
 namespace {
@@ -120,6 +123,16 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
   a->dx = P(dt, {T, H}); a->dx2 = P(dt, {T, H}); a->dmid = P(dt, {T, H}); a->dn = P(dt, {T, H});
   a->da = P(dt, {T, F}); a->dgu = P(dt, {T, 2 * F}); a->dout = P(dt, {T, qd});
   a->dq = P(dt, {T, qd}); a->dk = P(dt, {T, kvd}); a->dv = P(dt, {T, kvd});
+  // The fused QKV output lives only until rope_split_qkv, before the layer writes gu; its gradient only
+  // after gate_up's backward has consumed dgu. Both borrow those buffers when they are large enough.
+  if (2 * F < qd + 2 * kvd) { a->qkv = P(dt, {T, qd + 2 * kvd}); a->dqkv = P(dt, {T, qd + 2 * kvd}); }
+}
+
+// A [rows, cols] view of the start of `t` (which must hold at least that many elements).
+Tensor borrow(const Tensor& t, int64_t rows, int64_t cols) {
+  NB_CHECK(t.numel() >= rows * cols, "internal: borrowing [%lld, %lld] from %s", (long long)rows, (long long)cols,
+           t.shape_str().c_str());
+  return Tensor::make(t.data, t.dtype, t.device, {rows, cols});
 }
 }  // namespace
 
@@ -158,8 +171,7 @@ void LlamaModel::set_collect_stats(bool on) {
 }
 
 namespace {
-const char* const kLinearNames[6] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                     "mlp.gate_up_proj", "mlp.down_proj"};
+const char* const kLinearNames[4] = {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"};
 }  // namespace
 
 Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealth* worst) {
@@ -194,14 +206,14 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   if (shape.seq > cfg.max_seq) return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
   lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
   activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe);
-  // The linear layers in the recipe's formats (q, k, v, o, gate_up, down per layer): {in, out} features.
-  const int64_t dims[6][2] = {{cfg.hidden, cfg.q_dim()}, {cfg.hidden, cfg.kv_dim()}, {cfg.hidden, cfg.kv_dim()},
-                              {cfg.q_dim(), cfg.hidden}, {cfg.hidden, 2 * cfg.ffn},   {cfg.ffn, cfg.hidden}};
+  // The linear layers in the recipe's formats (qkv, o, gate_up, down per layer): {in, out} features.
+  const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()}, {cfg.q_dim(), cfg.hidden},
+                              {cfg.hidden, 2 * cfg.ffn}, {cfg.ffn, cfg.hidden}};
   linears_.clear();
   linears_.resize(size_t(cfg.layers));
   for (int64_t l = 0; l < cfg.layers; ++l) {
-    linears_[size_t(l)].resize(6);
-    for (int i = 0; i < 6; ++i) {
+    linears_[size_t(l)].resize(4);
+    for (int i = 0; i < 4; ++i) {
       std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
       NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name,
                                                  uint32_t(l * 8 + i), shape.tokens(), dims[i][0], dims[i][1], dev));
@@ -280,14 +292,24 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
                               staged_index * T, (staged_index + 1) * T);
   const Tensor cosT = rope_cos_.tensor(), sinT = rope_sin_.tensor();
   ops::AttentionShape ash{B, S, c.heads, c.kv_heads, hd, float(1.0 / std::sqrt(double(hd)))};
+  const int64_t qkv_heads = c.heads + 2 * c.kv_heads, qkv_dim = qkv_heads * hd;
 
+  // q_proj, k_proj, v_proj are consecutive in every flat buffer (params.cpp): one [qd + 2 kvd, H] view.
+  auto fused_qkv = [&](const std::string& p, bool grad) {
+    auto view = [&](const char* n) { return grad ? params_.grad(p + n) : params_.compute(p + n); };
+    const Tensor q = view("self_attn.q_proj.weight"), k = view("self_attn.k_proj.weight"),
+                 v = view("self_attn.v_proj.weight");
+    NB_CHECK(static_cast<uint8_t*>(k.data) == static_cast<uint8_t*>(q.data) + q.bytes() &&
+                 static_cast<uint8_t*>(v.data) == static_cast<uint8_t*>(k.data) + k.bytes(),
+             "internal: q, k and v projections of %s are not adjacent in the parameter store", p.c_str());
+    return Tensor::make(q.data, q.dtype, q.device, {q.shape[0] + k.shape[0] + v.shape[0], q.shape[1]});
+  };
   auto layer_weights = [&](int64_t l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
     w.w_in = params_.compute(p + "input_layernorm.weight"); w.g_in = params_.grad(p + "input_layernorm.weight");
-    w.wq = params_.compute(p + "self_attn.q_proj.weight"); w.gq = params_.grad(p + "self_attn.q_proj.weight");
-    w.wk = params_.compute(p + "self_attn.k_proj.weight"); w.gk = params_.grad(p + "self_attn.k_proj.weight");
-    w.wv = params_.compute(p + "self_attn.v_proj.weight"); w.gv = params_.grad(p + "self_attn.v_proj.weight");
+    w.wqkv = fused_qkv(p, false);
+    w.gqkv = fused_qkv(p, true);
     w.wo = params_.compute(p + "self_attn.o_proj.weight"); w.go = params_.grad(p + "self_attn.o_proj.weight");
     w.w_post = params_.compute(p + "post_attention_layernorm.weight");
     w.g_post = params_.grad(p + "post_attention_layernorm.weight");
@@ -300,32 +322,31 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   auto forward_layer = [&](int64_t l, bool write_output) -> Status {
     const Layer w = layer_weights(l);
     auto& a = A.layer[size_t(l)];
-    NB_PROFILE_BEGIN("fwd: norm + qkv GEMMs");
+    NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
     ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
     auto& lin = linears_[size_t(l)];
-    NB_TRY(lin[0].forward(a.n1, w.wq, a.q, 0.f, st));
-    NB_TRY(lin[1].forward(a.n1, w.wk, a.k, 0.f, st));
-    NB_TRY(lin[2].forward(a.n1, w.wv, a.v, 0.f, st));
-    NB_PROFILE_END("fwd: norm + qkv GEMMs");
-    NB_PROFILE_BEGIN("fwd: rope");
-    ops::rope_forward(reshape4(a.q, B, S, c.heads, hd), cosT, sinT, st);
-    ops::rope_forward(reshape4(a.k, B, S, c.kv_heads, hd), cosT, sinT, st);
-    NB_PROFILE_END("fwd: rope");
+    const Tensor qkv = A.qkv.data ? A.qkv : borrow(a.gu, T, qkv_dim);  // gu is written later in this layer
+    NB_TRY(lin[0].forward(a.n1, w.wqkv, qkv, 0.f, st));
+    NB_PROFILE_END("fwd: norm + qkv GEMM");
+    NB_PROFILE_BEGIN("fwd: rope + split");
+    ops::rope_split_qkv(reshape4(qkv, B, S, qkv_heads, hd), cosT, sinT, reshape4(a.q, B, S, c.heads, hd),
+                        reshape4(a.k, B, S, c.kv_heads, hd), reshape4(a.v, B, S, c.kv_heads, hd), st);
+    NB_PROFILE_END("fwd: rope + split");
     NB_PROFILE_BEGIN("fwd: attention");
     NB_TRY(ops::attention_forward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
                                   reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd), a.lse, st));
     NB_PROFILE_END("fwd: attention");
     NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
-    NB_TRY(lin[3].forward(a.o, w.wo, a.mid, 1.f, st));  // mid = resid + o Wo^T
+    NB_TRY(lin[1].forward(a.o, w.wo, a.mid, 1.f, st));  // mid = resid + o Wo^T
     ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
-    NB_TRY(lin[4].forward(a.n2, w.wgu, a.gu, 0.f, st));
+    NB_TRY(lin[2].forward(a.n2, w.wgu, a.gu, 0.f, st));
     NB_PROFILE_END("fwd: o + norm + gate_up");
     NB_PROFILE_BEGIN("fwd: swiglu + down");
     ops::swiglu_forward(a.gu, a.a, st);
     if (write_output) {
       NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
-      NB_TRY(lin[5].forward(a.a, w.wdown, A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
+      NB_TRY(lin[3].forward(a.a, w.wdown, A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
     }
     NB_PROFILE_END("fwd: swiglu + down");
     return Status::ok();
@@ -377,13 +398,13 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     // MLP: resid' = mid + swiglu(n2 Wgu^T) Wdown^T
     NB_PROFILE_BEGIN("bwd: down GEMMs");
     auto& lin = linears_[size_t(l)];
-    NB_TRY(lin[5].backward(dx, a.a, w.wdown, A.da, 0.f, w.gdown, st));
+    NB_TRY(lin[3].backward(dx, a.a, w.wdown, A.da, 0.f, w.gdown, st));
     NB_PROFILE_END("bwd: down GEMMs");
     NB_PROFILE_BEGIN("bwd: swiglu");
     ops::swiglu_backward(a.gu, A.da, A.dgu, st);
     NB_PROFILE_END("bwd: swiglu");
     NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
-    NB_TRY(lin[4].backward(A.dgu, a.n2, w.wgu, A.dn, 0.f, w.ggu, st));
+    NB_TRY(lin[2].backward(A.dgu, a.n2, w.wgu, A.dn, 0.f, w.ggu, st));
     NB_PROFILE_END("bwd: gate_up GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
@@ -391,7 +412,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("bwd: norms + adds");
     // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
     NB_PROFILE_BEGIN("bwd: o GEMMs");
-    NB_TRY(lin[3].backward(A.dmid, a.o, w.wo, A.dout, 0.f, w.go, st));
+    NB_TRY(lin[1].backward(A.dmid, a.o, w.wo, A.dout, 0.f, w.go, st));
     NB_PROFILE_END("bwd: o GEMMs");
     NB_PROFILE_BEGIN("bwd: attention");
     NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
@@ -399,14 +420,13 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
                                    reshape4(A.dout, B, S, c.heads, hd), a.lse, reshape4(A.dq, B, S, c.heads, hd),
                                    reshape4(A.dk, B, S, c.kv_heads, hd), reshape4(A.dv, B, S, c.kv_heads, hd), st));
     NB_PROFILE_END("bwd: attention");
-    NB_PROFILE_BEGIN("bwd: rope");
-    ops::rope_backward(reshape4(A.dq, B, S, c.heads, hd), cosT, sinT, st);
-    ops::rope_backward(reshape4(A.dk, B, S, c.kv_heads, hd), cosT, sinT, st);
-    NB_PROFILE_END("bwd: rope");
+    NB_PROFILE_BEGIN("bwd: rope + merge");
+    const Tensor dqkv = A.dqkv.data ? A.dqkv : borrow(A.dgu, T, qkv_dim);  // dgu is dead after gate_up's backward
+    ops::rope_merge_qkv_grad(reshape4(A.dq, B, S, c.heads, hd), reshape4(A.dk, B, S, c.kv_heads, hd),
+                             reshape4(A.dv, B, S, c.kv_heads, hd), cosT, sinT, reshape4(dqkv, B, S, qkv_heads, hd), st);
+    NB_PROFILE_END("bwd: rope + merge");
     NB_PROFILE_BEGIN("bwd: qkv GEMMs");
-    NB_TRY(lin[0].backward(A.dq, a.n1, w.wq, A.dn, 0.f, w.gq, st));
-    NB_TRY(lin[1].backward(A.dk, a.n1, w.wk, A.dn, 1.f, w.gk, st));
-    NB_TRY(lin[2].backward(A.dv, a.n1, w.wv, A.dn, 1.f, w.gv, st));
+    NB_TRY(lin[0].backward(dqkv, a.n1, w.wqkv, A.dn, 0.f, w.gqkv, st));
     NB_PROFILE_END("bwd: qkv GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);

@@ -1,5 +1,6 @@
 // CPU reference and device dispatch for RoPE (see rope.h), and the host table builder.
 #include "ops/rope.h"
+#include <algorithm>
 #include <cmath>
 #include <vector>
 #include "ops/ops_common.h"
@@ -79,6 +80,67 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream 
 }
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream) {
   rope_apply("rope_backward", dx, cos, sin, true, stream);
+}
+
+
+// Shared by the split and its backward: shapes and the per-head rotation (or copy for v heads).
+static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& cos, const Tensor& sin, bool merge, Stream stream) {
+  for (const Tensor* t : {&qkv, &q, &k, &v}) {
+    NB_CHECK(t->ndim == 4, "%s: tensors must be [B, S, heads, hd], got %s", op, t->shape_str().c_str());
+    check_contiguous(op, "qkv/q/k/v", *t);
+    check_float(op, "qkv/q/k/v", *t);
+    NB_CHECK(t->dtype == qkv.dtype, "%s: qkv, q, k and v must share one dtype", op);
+    check_same_device(op, qkv, *t);
+  }
+  const int64_t B = q.shape[0], S = q.shape[1], hq = q.shape[2], hkv = k.shape[2], hd = q.shape[3], half = hd / 2;
+  NB_CHECK(hd % 2 == 0, "%s: head_dim %lld must be even", op, (long long)hd);
+  for (const Tensor* t : {&qkv, &k, &v})
+    NB_CHECK(t->shape[0] == B && t->shape[1] == S && t->shape[3] == hd, "%s: %s does not match q %s", op,
+             t->shape_str().c_str(), q.shape_str().c_str());
+  NB_CHECK(v.shape[2] == hkv && qkv.shape[2] == hq + 2 * hkv, "%s: qkv %s must hold q %s, k %s and v %s heads", op,
+           qkv.shape_str().c_str(), q.shape_str().c_str(), k.shape_str().c_str(), v.shape_str().c_str());
+  check_dtype(op, "cos", cos, DType::f32);
+  check_dtype(op, "sin", sin, DType::f32);
+  check_same_device(op, qkv, cos);
+  check_same_device(op, qkv, sin);
+  NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S && sin.ndim == 2 &&
+           sin.shape[0] == cos.shape[0] && sin.shape[1] == half,
+           "%s: cos and sin must be [>=%lld, %lld]", op, (long long)S, (long long)half);
+  if (qkv.device == Device::cuda) NB_OPS_CUDA(op, rope_qkv_cuda(qkv, q, k, v, cos, sin, merge, stream));
+  const int64_t heads = hq + 2 * hkv;
+  const float sign = merge ? -1.f : 1.f;
+  for (int64_t t = 0; t < B * S; ++t) {
+    const int64_t s = t % S;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* fused = qkv.ptr<float>() + (t * heads + h) * hd;
+      float* sep = h < hq         ? q.ptr<float>() + (t * hq + h) * hd
+                   : h < hq + hkv ? k.ptr<float>() + (t * hkv + h - hq) * hd
+                                  : v.ptr<float>() + (t * hkv + h - hq - hkv) * hd;
+      const float* src = merge ? sep : fused;
+      float* dst = merge ? fused : sep;
+      if (h >= hq + hkv) {
+        std::copy(src, src + hd, dst);
+        continue;
+      }
+      for (int64_t i = 0; i < half; ++i) {
+        float c = cos.ptr<float>()[s * half + i], sn = sign * sin.ptr<float>()[s * half + i];
+        float x1 = src[i], x2 = src[i + half];
+        dst[i] = x1 * c - x2 * sn;
+        dst[i + half] = x2 * c + x1 * sn;
+      }
+    }
+  }
+}
+
+void rope_split_qkv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& q, const Tensor& k,
+                    const Tensor& v, Stream stream) {
+  rope_qkv("rope_split_qkv", qkv, q, k, v, cos, sin, false, stream);
+}
+
+void rope_merge_qkv_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& dqkv, Stream stream) {
+  rope_qkv("rope_merge_qkv_grad", dqkv, dq, dk, dv, cos, sin, true, stream);
 }
 
 }  // namespace nb::ops

@@ -1,4 +1,4 @@
-// CUDA kernel for RoPE (see rope.h). One thread rotates V consecutive pairs of one head (16-byte
+// CUDA kernels for RoPE and the fused-QKV split (see rope.h). One thread rotates V consecutive pairs of one head (16-byte
 // accesses on both halves when hd/2 is a multiple of V); FP32 math, the same formula as the CPU.
 #include "ops/cuda_common.cuh"
 #include "ops/ops_common.h"
@@ -35,9 +35,73 @@ __global__ void rope_kernel(T* x, const float* cosv, const float* sinv, int64_t 
   }
 }
 
+// Fused QKV split (merge = false) or its backward (merge = true). Item = (token, head, pair group) over
+// the Hq + 2*Hkv heads of qkv; q and k heads rotate (sign -1 when merging: the inverse), v heads copy.
+template <typename T, int V>
+__global__ void rope_qkv_kernel(T* qkv, T* q, T* k, T* v, const float* cosv, const float* sinv, int64_t tokens,
+                                int64_t S, int64_t hq, int64_t hkv, int64_t half, bool merge) {
+  const int64_t groups = half / V, heads = hq + 2 * hkv;
+  const int64_t items = tokens * heads * groups;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const float sign = merge ? -1.f : 1.f;
+  for (int64_t it = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; it < items; it += stride) {
+    const int64_t row = it / groups, i = (it % groups) * V;  // row = token * heads + head
+    const int64_t t = row / heads, h = row % heads, s = t % S;
+    T* fused = qkv + row * 2 * half;
+    T* sep = h < hq ? q + (t * hq + h) * 2 * half
+                    : (h < hq + hkv ? k + (t * hkv + h - hq) * 2 * half : v + (t * hkv + h - hq - hkv) * 2 * half);
+    const T* src = merge ? sep : fused;
+    T* dst = merge ? fused : sep;
+    float x1[V], x2[V];
+    load_vec<T, V>(src + i, x1);
+    load_vec<T, V>(src + half + i, x2);
+    if (h < hq + hkv) {
+      float c[V], sn[V];
+      load_vec<float, V>(cosv + s * half + i, c);
+      load_vec<float, V>(sinv + s * half + i, sn);
+      float o1[V], o2[V];
+      NB_UNROLL for (int j = 0; j < V; ++j) {
+        float sj = sign * sn[j];
+        o1[j] = x1[j] * c[j] - x2[j] * sj;
+        o2[j] = x2[j] * c[j] + x1[j] * sj;
+      }
+      store_vec<T, V>(dst + i, o1);
+      store_vec<T, V>(dst + half + i, o2);
+    } else {
+      store_vec<T, V>(dst + i, x1);  // a BF16 -> FP32 -> BF16 round trip is exact
+      store_vec<T, V>(dst + half + i, x2);
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
+
+void rope_qkv_cuda(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                   const Tensor& sin, bool merge, Stream s) {
+  const int64_t S = q.shape[1], hq = q.shape[2], hkv = k.shape[2], half = q.shape[3] / 2;
+  const int64_t tokens = q.shape[0] * S;
+  const int64_t items = tokens * (hq + 2 * hkv) * half;
+  if (items == 0) return;
+  auto launch = [&](auto tt) {
+    using T = decltype(tt);
+    bool vec = half % 8 == 0 && vec_ok<float>(cos.data, half) && vec_ok<float>(sin.data, half);
+    for (const Tensor* t : {&qkv, &q, &k, &v}) vec = vec && vec_ok<T>(t->data, half);
+    if (vec) {
+      rope_qkv_kernel<T, 8><<<grid_for(items / 8, 256, 8192), 256, 0, as_cuda(s)>>>(
+          qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cos.ptr<float>(), sin.ptr<float>(), tokens, S, hq, hkv,
+          half, merge);
+    } else {
+      rope_qkv_kernel<T, 1><<<grid_for(items, 256, 8192), 256, 0, as_cuda(s)>>>(
+          qkv.ptr<T>(), q.ptr<T>(), k.ptr<T>(), v.ptr<T>(), cos.ptr<float>(), sin.ptr<float>(), tokens, S, hq, hkv,
+          half, merge);
+    }
+    CUDA_CHECK_LAUNCH();
+  };
+  if (qkv.dtype == DType::bf16) launch(bf16{});
+  else launch(float{});
+}
 
 void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, Stream s) {
   const int64_t B = x.shape[0], S = x.shape[1], nh = x.shape[2], half = x.shape[3] / 2;

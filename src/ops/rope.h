@@ -31,8 +31,21 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream 
 // The transpose (= inverse) rotation, applied to the gradient in place.
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream);
 
+// The fused QKV projection's output qkv [B, S, Hq + 2*Hkv, hd] (per token: the Hq query heads, then the
+// Hkv key heads, then the Hkv value heads) split into q [B, S, Hq, hd] and k [B, S, Hkv, hd], both rotated
+// (exactly rope_forward's arithmetic), and v [B, S, Hkv, hd], copied: one pass instead of a split copy
+// and two in-place rotations.
+void rope_split_qkv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& q, const Tensor& k,
+                    const Tensor& v, Stream stream);
+// Its backward: dqkv = [rope_backward(dq) | rope_backward(dk) | dv] per token.
+void rope_merge_qkv_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos, const Tensor& sin,
+                         const Tensor& dqkv, Stream stream);
+
 namespace detail {
 void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, Stream stream);
+// merge == false: qkv -> q, k, v (forward rotation); merge == true: q, k, v -> qkv (inverse rotation).
+void rope_qkv_cuda(const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cos,
+                   const Tensor& sin, bool merge, Stream stream);
 }  // namespace detail
 
 }  // namespace nb::ops

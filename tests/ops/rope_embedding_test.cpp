@@ -78,6 +78,48 @@ TEST(RoPE, ForwardRotatesHalvesAndBackwardIsTranspose) {
   for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(rx[i], x[i], 1e-6);
 }
 
+// The fused-QKV split equals slicing the heads and rotating q and k in place (the same arithmetic, so
+// bit for bit), and its backward equals rope_backward on dq, dk and dv copied, gathered per token.
+TEST(RoPE, FusedQkvSplitAndMergeMatchSeparateOps) {
+  const int64_t B = 2, S = 6, hq = 4, hkv = 2, hd = 8, half = 4, T = B * S, heads = hq + 2 * hkv;
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  const Tensor hc = host_f32(c, {S, half}), hs = host_f32(s, {S, half});
+  auto qkv = random_vec(T * heads * hd, 21);
+  // Expected: slice per token, then the existing in-place rotation.
+  std::vector<float> eq(T * hq * hd), ek(T * hkv * hd), ev(T * hkv * hd);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < hd; ++d) {
+        float x = qkv[(t * heads + h) * hd + d];
+        if (h < hq) eq[(t * hq + h) * hd + d] = x;
+        else if (h < hq + hkv) ek[(t * hkv + h - hq) * hd + d] = x;
+        else ev[(t * hkv + h - hq - hkv) * hd + d] = x;
+      }
+  rope_forward(host_f32(eq, {B, S, hq, hd}), hc, hs, nullptr);
+  rope_forward(host_f32(ek, {B, S, hkv, hd}), hc, hs, nullptr);
+  std::vector<float> q(eq.size()), k(ek.size()), v(ev.size());
+  rope_split_qkv(host_f32(qkv, {B, S, heads, hd}), hc, hs, host_f32(q, {B, S, hq, hd}), host_f32(k, {B, S, hkv, hd}),
+                 host_f32(v, {B, S, hkv, hd}), nullptr);
+  EXPECT_EQ(q, eq);
+  EXPECT_EQ(k, ek);
+  EXPECT_EQ(v, ev);
+  // Backward: gather of the inverse rotations.
+  auto dq = random_vec(eq.size(), 22), dk = random_vec(ek.size(), 23), dv = random_vec(ev.size(), 24);
+  std::vector<float> dqkv(qkv.size(), 7.f);
+  rope_merge_qkv_grad(host_f32(dq, {B, S, hq, hd}), host_f32(dk, {B, S, hkv, hd}), host_f32(dv, {B, S, hkv, hd}), hc,
+                      hs, host_f32(dqkv, {B, S, heads, hd}), nullptr);
+  rope_backward(host_f32(dq, {B, S, hq, hd}), hc, hs, nullptr);
+  rope_backward(host_f32(dk, {B, S, hkv, hd}), hc, hs, nullptr);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < hd; ++d) {
+        float want = h < hq ? dq[(t * hq + h) * hd + d]
+                     : h < hq + hkv ? dk[(t * hkv + h - hq) * hd + d] : dv[(t * hkv + h - hq - hkv) * hd + d];
+        ASSERT_EQ(dqkv[(t * heads + h) * hd + d], want) << "token " << t << " head " << h << " dim " << d;
+      }
+}
+
 TEST(Embedding, ForwardGathersRowsBackwardScattersInOrder) {
   const int64_t V = 6, H = 4, T = 7;
   auto table = random_vec(V * H, 13);

@@ -98,6 +98,40 @@ TEST_P(RoPEGpu, ForwardBackwardMatchCpu) {
   }
 }
 
+// The fused-QKV split and its backward on CUDA against the CPU reference: the same FP32 arithmetic per
+// element, one rounding to the storage type.
+TEST(RoPEGpu, FusedQkvSplitAndMergeMatchCpu) {
+  NB_REQUIRE_GPU();
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const int64_t B = 2, S = 64, hq = 8, hkv = 2, hd = 64, half = 32, heads = hq + 2 * hkv;
+    const int64_t nq = B * S * hq * hd, nkv = B * S * hkv * hd, nf = B * S * heads * hd;
+    std::vector<float> c(S * half), s(S * half);
+    rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+    auto gc = upload(c, DType::f32, {S, half}), gs = upload(s, DType::f32, {S, half});
+    const Tensor hc = host_f32(c, {S, half}), hs = host_f32(s, {S, half});
+    auto qkv = rounded(random_vec(nf, 51, -3.f, 3.f), dt);
+    std::vector<float> q(nq), k(nkv), v(nkv);
+    rope_split_qkv(host_f32(qkv, {B, S, heads, hd}), hc, hs, host_f32(q, {B, S, hq, hd}), host_f32(k, {B, S, hkv, hd}),
+                   host_f32(v, {B, S, hkv, hd}), nullptr);
+    auto gqkv = upload(qkv, dt, {B, S, heads, hd});
+    auto gq = upload(std::vector<float>(nq), dt, {B, S, hq, hd});
+    auto gk = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd}), gv = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd});
+    rope_split_qkv(gqkv.t(), gc.t(), gs.t(), gq.t(), gk.t(), gv.t(), nullptr);
+    const double rel = dt == DType::bf16 ? kBf16Rel : 1e-6;
+    EXPECT_EQ(count_bad(download(gq.t()), q, rel, std::vector<double>(nq, 1e-30), "split q"), 0);
+    EXPECT_EQ(count_bad(download(gk.t()), k, rel, std::vector<double>(nkv, 1e-30), "split k"), 0);
+    EXPECT_TRUE(same_bits(download(gv.t()), v)) << "v is a copy";
+    auto dq = rounded(random_vec(nq, 52), dt), dk = rounded(random_vec(nkv, 53), dt), dv = rounded(random_vec(nkv, 54), dt);
+    std::vector<float> dqkv(nf);
+    rope_merge_qkv_grad(host_f32(dq, {B, S, hq, hd}), host_f32(dk, {B, S, hkv, hd}), host_f32(dv, {B, S, hkv, hd}), hc,
+                        hs, host_f32(dqkv, {B, S, heads, hd}), nullptr);
+    auto gdq = upload(dq, dt, {B, S, hq, hd}), gdk = upload(dk, dt, {B, S, hkv, hd}), gdv = upload(dv, dt, {B, S, hkv, hd});
+    auto gdqkv = upload(std::vector<float>(nf), dt, {B, S, heads, hd});
+    rope_merge_qkv_grad(gdq.t(), gdk.t(), gdv.t(), gc.t(), gs.t(), gdqkv.t(), nullptr);
+    EXPECT_EQ(count_bad(download(gdqkv.t()), dqkv, rel, std::vector<double>(nf, 1e-30), "merge dqkv"), 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, RoPEGpu,
                          ::testing::Values(RopeShape{3, 7, 5, 6, DType::bf16}, RopeShape{2, 9, 3, 16, DType::f32},
                                            RopeShape{1, 8192, 32, 128, DType::bf16}));
