@@ -157,7 +157,7 @@ int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, Mi
 }
 
 size_t LlamaModel::quantized_copy_bytes() const {
-  size_t n = 0;
+  size_t n = linear_workspace_ ? linear_workspace_->bytes() : 0;
   for (const auto& layer : linears_) for (const auto& lin : layer) n += lin.bytes();
   return n;
 }
@@ -211,14 +211,19 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
                               {cfg.hidden, 2 * cfg.ffn}, {cfg.ffn, cfg.hidden}};
   linears_.clear();
   linears_.resize(size_t(cfg.layers));
+  // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
+  // forward, both grad copies in backward) share one workspace sized for the largest layer.
+  linear_workspace_ = std::make_shared<recipe::LinearWorkspace>(dev);
   for (int64_t l = 0; l < cfg.layers; ++l) {
     linears_[size_t(l)].resize(4);
     for (int i = 0; i < 4; ++i) {
       std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
       NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name,
-                                                 uint32_t(l * 8 + i), shape.tokens(), dims[i][0], dims[i][1], dev));
+                                                 uint32_t(l * 8 + i), shape.tokens(), dims[i][0], dims[i][1], dev,
+                                                 linear_workspace_));
     }
   }
+  NB_TRY(linear_workspace_->allocate());
   NB_TRY(params_.allocate(cfg, dev));
   NB_TRY(params_.initialize(seed));
   NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));

@@ -8,6 +8,7 @@
 // after the backward.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 #include "core/arena.h"
@@ -79,6 +80,7 @@ class LlamaModel {
   int64_t lm_chunk_tokens_ = 0;
   Buffer rope_cos_, rope_sin_;
   recipe::Recipe recipe_;
+  std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;  // shared transient quantized copies
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
   Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
   int64_t staged_capacity_ = 0;
