@@ -113,7 +113,10 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
     case Fmt::fp8_e5m2: {
       auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
       fp8::TensorView v{rows, cols, rd, cd, sf + kScaleInv, sf + kRowAmax, si + kFlag};
-      if (a.scaling == Fp8Scaling::delayed) {
+      // Delayed scaling needs a history: a role's first step (nothing recorded yet) scales by its current
+      // amax. TE starts from scale 1 instead, which flushes the whole first step's gradients to zero
+      // when they are below E5M2's 2^-16 (e.g. the loss gradient of 65,536 tokens, ~1.5e-5 per token).
+      if (a.scaling == Fp8Scaling::delayed && has_history) {
         NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
                     : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
       } else {

@@ -63,6 +63,7 @@ struct QCopies {
   size_t slot_bytes = 0;   // this role's need in the slot (registered at init)
   size_t owned_bytes = 0;  // bytes of the owned pieces and the state block
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
+  bool has_history = false;     // delayed scaling: some step's amax was recorded (else current scaling)
   bool used_in_step = false;
 
   // workspace == nullptr: every piece owned. Otherwise the input role's row pieces (or all the grad

@@ -216,6 +216,7 @@ void Linear::new_step(uint32_t step) {
     NB_CHECK(st.is_ok(), "%s", st.message().c_str());
     c.delayed.record(f[kStepAmax]);
     c.delayed.update();
+    c.has_history = true;
     f[kScale] = c.delayed.scale;
     f[kStepAmax] = 0.f;
     st = c.write_state(f, i, nullptr);

@@ -142,11 +142,38 @@ TEST(DelayedScaling, NextStepUsesTheAmaxOfThePreviousStep) {
   QuantizedBytes q;
   ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
   ASSERT_TRUE(lin.debug_copies(0, &q).is_ok());
-  EXPECT_EQ(q.scale_inv, 1.0f);  // the first step has no history: scale 1, as TE starts
+  EXPECT_EQ(q.scale_inv, 1.0f / (448.0f / amax));  // no history yet: the current amax (TE would use 1)
   lin.new_step(1);
+  for (int64_t i = 0; i < kM * kK; ++i) bx.ptr<float>()[i] *= 0.5f;  // this step's amax halves
   ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
   ASSERT_TRUE(lin.debug_copies(0, &q).is_ok());
-  EXPECT_EQ(q.scale_inv, 1.0f / (448.0f / amax));
+  EXPECT_EQ(q.scale_inv, 1.0f / (448.0f / amax));  // the history's (previous step's) amax, not the current one
+}
+
+// The first step's tiny gradients (below E5M2's smallest subnormal 2^-16 at scale 1) survive: they are
+// scaled by their own amax, so Wgrad is not all zeros.
+TEST(DelayedScaling, FirstStepTinyGradientsAreNotFlushed) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_delayed_scaling_mixed", &r).is_ok());
+  Inputs in;
+  Buffer bx, bw, by, bdy, bdx, bdw;
+  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bdy, DType::f32, Device::cpu, {kM, kN}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bdx, DType::f32, Device::cpu, {kM, kK}).is_ok());
+  ASSERT_TRUE(Buffer::allocate(&bdw, DType::f32, Device::cpu, {kN, kK}).is_ok());
+  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
+  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  for (int64_t i = 0; i < kM * kN; ++i) bdy.ptr<float>()[i] = 1e-3f * in.dy[size_t(i)];  // ~1e-6
+  std::fill(bdw.ptr<float>(), bdw.ptr<float>() + kN * kK, 0.f);
+  Linear lin;
+  ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
+  ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
+  ASSERT_TRUE(lin.backward(bdy.tensor(), bx.tensor(), bw.tensor(), bdx.tensor(), 0.f, bdw.tensor(), nullptr).is_ok());
+  int64_t nonzero = 0;
+  for (int64_t i = 0; i < kN * kK; ++i) nonzero += bdw.ptr<float>()[i] != 0.f;
+  EXPECT_GT(nonzero, kN * kK * 9 / 10);
 }
 
 TEST(Schedule, WeightsAreQuantizedOncePerStep) {
