@@ -87,6 +87,14 @@ Status bench_formats_cuda(int64_t rows, int64_t cols, int iters, FormatsBenchRes
   TensorView tv{rows, cols, d0, d1, scale_inv, amax, flag};
   ms = median_ms([&] { keep(quantize_current_cuda(x, Format::e4m3, false, tv)); }, iters);
   r->quantizers.push_back({"FP8 current scaling E4M3, row + transposed", ms, 2.0 * n + 2.0 * n + 8});
+  // The quantize pass alone (no amax pass): delayed scaling with a given scale; current - delayed
+  // is about the amax pass.
+  float* scale = nullptr;
+  NB_TRY(b.alloc(&scale, 4));
+  const float one = 1.0f;
+  CUDA_CHECK(cudaMemcpy(scale, &one, sizeof one, cudaMemcpyHostToDevice));
+  ms = median_ms([&] { keep(quantize_with_scale_cuda(x, Format::e4m3, scale, tv)); }, iters);
+  r->quantizers.push_back({"FP8 delayed scaling E4M3, row + transposed", ms, 2.0 * n + 2.0 * n + 8});
 
   for (BlockKind kind : {BlockKind::vec128, BlockKind::blk128x128}) {
     BlockView bv{rows, cols, d0, f0, d1, f1, flag};
