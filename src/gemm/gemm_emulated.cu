@@ -1,9 +1,11 @@
 // MXFP8 and NVFP4 GEMMs on GPUs without block-scaled tensor cores (Hopper): each operand is
-// dequantized to BF16 with its block scales only, then one BF16 cuBLASLt GEMM with FP32
-// accumulation applies alpha (the product of the global scales) -- spec §6 "On Hopper".
+// dequantized to BF16 with its block scales only, then BF16 cuBLASLt GEMMs with FP32 accumulation
+// apply alpha (the product of the global scales) -- spec §6 "On Hopper".
 //
 //   NVFP4 operand [rows, K]: data [rows, K/2] packed E2M1 (low nibble first), scales E4M3 [rows, K/16]
 //          -> BF16 [rows, K], value e2m1 x e4m3 (exact: <= 6 significant bits, |v| in [2^-10, 2688]).
+//          Or stored [K, rows] (k_major = false: a 2D weight's row copy as the Dgrad operand): data
+//          [K, rows/2], scales [K, rows/16], dequantized in its stored layout (the GEMM transposes).
 //          alpha = (amax_a * amax_b) / (6*6*448*448) in FP32, computed by a one-thread kernel into
 //          device memory and read by cuBLASLt in device pointer mode (no host synchronization).
 //   MXFP8  row copy [rows, K] with E8M0 [rows, K/32], or the column-wise copy [K, rows] with E8M0
@@ -11,10 +13,18 @@
 //          e4m3 x 2^(code-127) in FP32 (exact), then rounded to BF16 (exact in the range stated in
 //          gemm_quantized.h). alpha = 1.
 // Kernels: one thread per 16 consecutive stored elements (one NVFP4 block, half an MXFP8 block),
-// 16-byte loads and two 16-byte stores; memory bound.
-// Scratch: a per-device buffer holding both BF16 operands (+ the two device scalars), grown on demand;
-// growing waits for `stream` first, because earlier GEMMs on it may still read the old buffer.
+// 16-byte loads and two 16-byte stores; memory bound. They read a window of each stored row (source
+// row pitch >= window width) and write it densely, so a block of an operand's rows is dequantized
+// on its own whether those rows are stored rows (K-major) or stored columns ([K, rows]).
+// Scratch: a per-device buffer, grown on demand and kept: [block of the chunked operand | the other
+// operand | 2 device scalars]. plan_emulation() (gemm_quantized.cpp) caps the chunked operand's
+// block at emulation_chunk_elements() (the gate+up Wgrad of Llama-3-8B at 8192 tokens needs 192 MiB
+// instead of 534 MB); each block is one GEMM writing its rows (or columns) of C. Blocks reuse the
+// buffer: the next block's dequantization is queued on `stream` after the previous GEMM, so it
+// cannot overwrite what that GEMM reads. Growing waits for `stream` first, because earlier GEMMs on
+// it may still read the old buffer.
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include "core/bf16.h"
@@ -32,13 +42,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return uint32_t(f32_to_bf16(lo).bits) | (uint32_t(f32_to_bf16(hi).bits) << 16);
 }
 
-// One NVFP4 block (8 bytes, 16 elements) per thread.
+// One NVFP4 block (8 bytes, 16 elements) per thread: `outer` stored rows of `inner_blocks` blocks each,
+// consecutive source rows `pitch_blocks` blocks apart (data in 8-byte units, scales in bytes).
 __global__ void dequant_nvfp4_kernel(const uint2* __restrict__ data, const uint8_t* __restrict__ scales,
-                                     uint4* __restrict__ out, int64_t blocks) {
+                                     uint4* __restrict__ out, int64_t outer, int64_t inner_blocks,
+                                     int64_t pitch_blocks) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= blocks) return;
-  const uint2 packed = data[i];
-  const float s = e4m3_to_f32(scales[i]);
+  if (i >= outer * inner_blocks) return;
+  const int64_t src = pitch_blocks == inner_blocks ? i : (i / inner_blocks) * pitch_blocks + i % inner_blocks;
+  const uint2 packed = data[src];
+  const float s = e4m3_to_f32(scales[src]);
   uint32_t w[8];
   NB_UNROLL
   for (int j = 0; j < 8; ++j) {
@@ -49,21 +62,23 @@ __global__ void dequant_nvfp4_kernel(const uint2* __restrict__ data, const uint8
   out[2 * i + 1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
-// 16 stored MXFP8 elements per thread; `colwise`: scales [rows/32, cols], else [rows, cols/32].
-__global__ void dequant_mxfp8_kernel(const uint4* __restrict__ data, const uint8_t* __restrict__ scales,
-                                     uint4* __restrict__ out, int64_t rows, int64_t cols, bool colwise) {
+// 16 stored MXFP8 elements per thread over a window of `cols` elements of each of `rows` stored rows,
+// source rows `pitch` elements apart; `colwise`: scales [rows/32, pitch], else [rows, pitch/32].
+__global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales,
+                                     uint4* __restrict__ out, int64_t rows, int64_t cols, int64_t pitch,
+                                     bool colwise) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t chunks_per_row = cols / 16;
   if (i >= rows * chunks_per_row) return;
   const int64_t r = i / chunks_per_row, c0 = (i % chunks_per_row) * 16;
-  const uint4 q = data[i];
+  const uint4 q = *reinterpret_cast<const uint4*>(data + r * pitch + c0);
   const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
   uint32_t sw[4];
   if (colwise) {
-    const uint4 s = *reinterpret_cast<const uint4*>(scales + (r / 32) * cols + c0);
+    const uint4 s = *reinterpret_cast<const uint4*>(scales + (r / 32) * pitch + c0);
     sw[0] = s.x; sw[1] = s.y; sw[2] = s.z; sw[3] = s.w;
   } else {
-    const uint32_t code = scales[r * (cols / 32) + c0 / 32];
+    const uint32_t code = scales[r * (pitch / 32) + c0 / 32];
     const uint32_t rep = code * 0x01010101u;
     sw[0] = sw[1] = sw[2] = sw[3] = rep;
   }
@@ -127,24 +142,29 @@ Status get_scratch(size_t need, Stream stream, char** out) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Dequantizes one operand into `out` (BF16, stored layout) and describes it for the BF16 GEMM.
-Status dequantize_operand(const QOperand& q, bf16* out, Stream stream, LtOperand* lt, const char* name) {
+// Dequantizes rows [r0, r0 + rows) of one operand into `out` (BF16, dense, in the stored layout:
+// [rows, K] or [K, rows]) and describes that block for the BF16 GEMM.
+Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, Stream stream, LtOperand* lt,
+                       const char* name) {
   if (!aligned16(q.data) || !aligned16(q.scales))
     return errorf("matmul_quantized: %s operand %s needs 16-byte aligned data and scales pointers",
                   qformat_name(q.format), name);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
-  const int64_t elems = q.rows * q.k;
+  const auto* data = static_cast<const uint8_t*>(q.data);
+  const auto* scales = static_cast<const uint8_t*>(q.scales);
+  // Stored [outer, inner] with row pitch `pitch` elements; the block is a window of it.
+  const int64_t outer = q.k_major ? rows : q.k, inner = q.k_major ? q.k : rows, pitch = q.k_major ? q.k : q.rows;
+  const int64_t first = q.k_major ? r0 * pitch : r0;  // element offset of the window's first element
+  const int64_t chunks = outer * inner / 16;
+  const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
   if (q.format == QFormat::nvfp4) {
-    const int64_t blocks = elems / 16;
-    dequant_nvfp4_kernel<<<unsigned((blocks + kThreads - 1) / kThreads), kThreads, 0, st>>>(
-        static_cast<const uint2*>(q.data), static_cast<const uint8_t*>(q.scales), reinterpret_cast<uint4*>(out),
-        blocks);
+    dequant_nvfp4_kernel<<<grid, kThreads, 0, st>>>(reinterpret_cast<const uint2*>(data + first / 2), scales + first / 16,
+                                                    reinterpret_cast<uint4*>(out), outer, inner / 16, pitch / 16);
   } else {
-    const int64_t stored_rows = q.k_major ? q.rows : q.k, stored_cols = q.k_major ? q.k : q.rows;
-    const int64_t chunks = elems / 16;
-    dequant_mxfp8_kernel<<<unsigned((chunks + kThreads - 1) / kThreads), kThreads, 0, st>>>(
-        static_cast<const uint4*>(q.data), static_cast<const uint8_t*>(q.scales), reinterpret_cast<uint4*>(out),
-        stored_rows, stored_cols, !q.k_major);
+    // MXFP8 scales: row-wise [rows, K/32] (offset first/32); column-wise [K/32, rows] (offset r0).
+    const uint8_t* s = q.k_major ? scales + first / 32 : scales + r0;
+    dequant_mxfp8_kernel<<<grid, kThreads, 0, st>>>(data + first, s, reinterpret_cast<uint4*>(out), outer, inner,
+                                                    pitch, !q.k_major);
   }
   CUDA_CHECK_LAUNCH();
   lt->data = out;
@@ -159,16 +179,21 @@ Status dequantize_operand(const QOperand& q, bf16* out, Stream stream, LtOperand
 
 Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c, int64_t m, int64_t n, int64_t k,
                             float beta, Stream stream) {
-  const size_t a_bytes = align_up(size_t(m * k) * sizeof(bf16)), b_bytes = align_up(size_t(n * k) * sizeof(bf16));
+  const EmulationPlan plan = plan_emulation(m, n, k);
+  const QOperand& chunked = plan.chunk_b ? b : a;
+  const QOperand& whole = plan.chunk_b ? a : b;
+  const size_t chunk_bytes = align_up(size_t(plan.chunk_rows * k) * sizeof(bf16));
+  const size_t whole_bytes = align_up(size_t(whole.rows * k) * sizeof(bf16));
   char* scratch = nullptr;
-  NB_TRY(get_scratch(a_bytes + b_bytes + kAlign, stream, &scratch));
+  NB_TRY(get_scratch(plan.scratch_bytes, stream, &scratch));
   LtProblem p;
-  p.m = m; p.n = n; p.k = k;
-  p.c = c;
-  NB_TRY(dequantize_operand(a, reinterpret_cast<bf16*>(scratch), stream, &p.a, "A"));
-  NB_TRY(dequantize_operand(b, reinterpret_cast<bf16*>(scratch + a_bytes), stream, &p.b, "B"));
+  p.k = k;
+  LtOperand whole_lt;
+  NB_TRY(dequantize_rows(whole, 0, whole.rows, reinterpret_cast<bf16*>(scratch + chunk_bytes), stream, &whole_lt,
+                         plan.chunk_b ? "A" : "B"));
+  (plan.chunk_b ? p.a : p.b) = whole_lt;
   if (a.format == QFormat::nvfp4) {
-    float* scalars = reinterpret_cast<float*>(scratch + a_bytes + b_bytes);
+    float* scalars = reinterpret_cast<float*>(scratch + chunk_bytes + whole_bytes);
     nvfp4_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(a.amax, b.amax, beta, scalars);
     CUDA_CHECK_LAUNCH();
     p.device_alpha_beta = scalars;
@@ -177,7 +202,26 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
     p.alpha = 1.f;
     p.beta = beta;
   }
-  return lt_matmul(p, stream);
+  const size_t c_elem = c.dtype == DType::bf16 ? 2 : 4;
+  for (int64_t r0 = 0; r0 < chunked.rows; r0 += plan.chunk_rows) {
+    const int64_t rows = std::min(plan.chunk_rows, chunked.rows - r0);
+    LtOperand block;
+    NB_TRY(dequantize_rows(chunked, r0, rows, reinterpret_cast<bf16*>(scratch), stream, &block,
+                           plan.chunk_b ? "B" : "A"));
+    p.c = c;
+    if (plan.chunk_b) {
+      // Rows of B are columns of C: the block writes C[:, r0:r0+rows] (same row stride).
+      p.b = block;
+      p.m = m; p.n = rows;
+      p.c.data = static_cast<char*>(c.data) + size_t(r0) * c_elem;
+    } else {
+      p.a = block;
+      p.m = rows; p.n = n;
+      p.c.data = static_cast<char*>(c.data) + size_t(r0 * c.ld) * c_elem;
+    }
+    NB_TRY(lt_matmul(p, stream));
+  }
+  return Status::ok();
 }
 
 }  // namespace nb::gemm::detail

@@ -3,6 +3,8 @@
 // gemm_fp8_cublaslt.cu, the BF16 emulation of MXFP8/NVFP4 in gemm_emulated.cu). On a CPU-only build
 // the CUDA entry points answer with a Status.
 #include "gemm/gemm_quantized.h"
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -35,8 +37,8 @@ Status check_operand(const QOperand& op, const char* name) {
                   (long long)op.rows, (long long)op.k);
   if (op.rows > 0 && (op.data == nullptr || op.scales == nullptr))
     return errorf("matmul_quantized: operand %s (%s) has no data or no scales pointer", name, fmt);
-  if (!op.k_major && op.format != QFormat::mxfp8)
-    return errorf("matmul_quantized: operand %s (%s) is not K-major; only mxfp8 accepts its column-wise copy "
+  if (!op.k_major && op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4)
+    return errorf("matmul_quantized: operand %s (%s) is not K-major; only mxfp8 and nvfp4 accept an operand "
                   "stored [K, rows] -- pass the transposed copy the quantizer writes", name, fmt);
   int64_t rows_mult = 1, k_mult = 1;
   switch (op.format) {
@@ -100,9 +102,11 @@ struct RefDecoder {
         return double(e4m3_to_f32(bytes()[kk * op.rows + r])) * double(e8m0_to_f32(s[(kk / 32) * op.rows + r]));
       }
       case QFormat::nvfp4: {
-        const uint8_t byte = bytes()[r * (op.k / 2) + kk / 2];
-        const uint32_t code = (kk & 1) ? (byte >> 4) : (byte & 0xFu);
-        const uint8_t scale = static_cast<const uint8_t*>(op.scales)[r * (op.k / 16) + kk / 16];
+        // Stored [outer, inner]: K-major [rows, K], else [K, rows]; 16-blocks along inner.
+        const int64_t o = op.k_major ? r : kk, i = op.k_major ? kk : r, inner = op.k_major ? op.k : op.rows;
+        const uint8_t byte = bytes()[o * (inner / 2) + i / 2];
+        const uint32_t code = (i & 1) ? (byte >> 4) : (byte & 0xFu);
+        const uint8_t scale = static_cast<const uint8_t*>(op.scales)[o * (inner / 16) + i / 16];
         return double(e2m1_to_f32(code)) * double(e4m3_to_f32(scale));
       }
     }
@@ -207,6 +211,34 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
 }
 
 size_t quantized_plan_count() { return detail::lt_plan_count(); }
+
+namespace detail {
+namespace {
+std::atomic<int64_t> g_emulation_chunk_elements{kDefaultEmulationChunkElements};
+size_t align256(size_t v) { return (v + 255) / 256 * 256; }
+}  // namespace
+
+int64_t emulation_chunk_elements() { return g_emulation_chunk_elements.load(); }
+
+int64_t set_emulation_chunk_elements(int64_t elements) {
+  return g_emulation_chunk_elements.exchange(elements > 0 ? elements : kDefaultEmulationChunkElements);
+}
+
+EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k) {
+  EmulationPlan p;
+  p.chunk_b = n > m;  // the operand with more elements (they share K); A on a tie (contiguous C rows)
+  const int64_t big = p.chunk_b ? n : m, small = p.chunk_b ? m : n;
+  p.chunk_rows = big;
+  const int64_t cap = emulation_chunk_elements();
+  if (big * k > cap) {
+    // Blocks of 128 rows keep every block's pointers (operand data/scales, C) as aligned as the whole.
+    const int64_t rows = std::max<int64_t>(128, cap / k / 128 * 128);
+    if (rows < big) p.chunk_rows = rows;
+  }
+  p.scratch_bytes = align256(size_t(p.chunk_rows * k) * 2) + align256(size_t(small * k) * 2) + 256;
+  return p;
+}
+}  // namespace detail
 
 #if !defined(NIBBLE_HAVE_CUDA)
 namespace detail {

@@ -6,6 +6,9 @@
 //   Wgrad  dW += dY^T X   a = dY transposed copy, b = X transposed copy, f32 C, beta = 1
 // MXFP8 keeps its column-wise copy un-transposed (formats/mxfp8/mxfp8.h), so an MXFP8 operand may
 // instead be given as that copy, stored [K, rows] with scales [K/32, rows] (`k_major = false`).
+// An NVFP4 operand may be given stored [K, rows] too (`k_major = false`): the Dgrad weight operand of
+// a 2D (16x16-tile) NVFP4 weight is its row-wise copy [N, K_in] read as [K = N, rows = K_in] (both
+// copies of a 2D weight hold the same values, so the column-wise copy need not exist).
 //
 // Operand formats (QOperand.data / .scales), the layouts the format quantizers write:
 //   fp8_e4m3, fp8_e5m2  data [rows, K] FP8 codes; scales = const float* scale_inv (1 value)
@@ -14,7 +17,8 @@
 //   fp8_block128x128    128x128 E4M3 tiles; scales FP32 [rows/128, round4(K/128)] (fp8_block.h)
 //   mxfp8               E4M3; scales E8M0 [rows, K/32] (or [K/32, rows] with k_major = false)
 //   nvfp4               data [rows, K/2] packed E2M1; scales E4M3 [rows, K/16]; amax = the copy's
-//                       FP32 amax (global decode scale amax / (6*448))
+//                       FP32 amax (global decode scale amax / (6*448)); with k_major = false data
+//                       [K, rows/2] and scales [K, rows/16] (blocks of 16 consecutive stored elements)
 // Both operands must share the family (fp8 per-tensor x fp8 per-tensor, fp8 block x fp8 block,
 // mxfp8 x mxfp8, nvfp4 x nvfp4).
 //
@@ -30,12 +34,19 @@
 //         mxfp8, nvfp4 (emulated on Hopper): each operand dequantized to BF16 with its block scales
 //         only into a workspace owned here, then a BF16 cuBLASLt GEMM with FP32 accumulation and
 //         alpha (nvfp4: amax_a * amax_b / (6*6*448*448), computed on the device, no host sync).
+//         The scratch is bounded: an operand of more than emulation_chunk_elements() elements is
+//         dequantized a block of rows at a time, one BF16 GEMM per block (rows of A = rows of C,
+//         rows of B = columns of C); see plan_emulation(). Each block's GEMM is a smaller cuBLASLt
+//         problem, which may pick another algorithm: chunked results stay within the FP32-accumulation
+//         bound of the unchunked GEMM but are not promised to be bit-identical to it.
 //         NVFP4: e2m1 x E4M3 needs at most 6 significant bits and lies in [2^-10, 2688]: exact in
 //         BF16. MXFP8: E4M3 x 2^e is exact in BF16 while the product is in [2^-126, 2^128) or its
 //         last bit is >= 2^-133 (BF16 subnormals). Outside that: a product >= 2^128 (possible only
 //         with E8M0 codes >= 247) becomes Inf, and blocks with codes <= 2 (block amax below about
 //         2^-116) may have elements rounded to nearest even in BF16.
-//         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper).
+//         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper). Native
+//         FP4 tensor cores need both operands K-major, so a native path would need the real
+//         column-wise copy of a 2D NVFP4 weight (not the k_major = false row copy).
 //   C: bf16 or f32 on cuda, f32 on cpu; 2-D [M,N] with unit column stride (row stride >= N).
 //   beta == 0: C is write-only. K must be positive; M, N may be 0 (nothing to do).
 // Concurrency: like matmul(), calls on one device share workspaces: issue them on one stream.
@@ -57,7 +68,7 @@ struct QOperand {
   const void* data = nullptr;
   const void* scales = nullptr;  // see the header comment per format
   const float* amax = nullptr;   // nvfp4 only
-  bool k_major = true;           // false: mxfp8 column-wise copy stored [K, rows], scales [K/32, rows]
+  bool k_major = true;           // false (mxfp8, nvfp4): stored [K, rows], see the header comment
 };
 
 struct QGemmOptions {
@@ -109,6 +120,23 @@ Status lt_matmul(const LtProblem& p, Stream stream);  // gemm_fp8_cublaslt.cu
 size_t lt_plan_count();
 Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c, int64_t m, int64_t n, int64_t k,
                             float beta, Stream stream);  // gemm_emulated.cu
+
+// Bounded scratch of the emulated MXFP8/NVFP4 GEMM (gemm_emulated.cu). The operand with more elements
+// (A on a tie) is "chunked" when it holds more than the cap: dequantized `chunk_rows` rows at a time
+// (a multiple of 128, at least 128, the last block the remainder), one GEMM per block.
+constexpr int64_t kDefaultEmulationChunkElements = int64_t(64) << 20;  // 128 MiB of BF16
+struct EmulationPlan {
+  bool chunk_b = false;      // blocks of B's rows (C column blocks) instead of A's (C row blocks)
+  int64_t chunk_rows = 0;    // rows of the chunked operand per GEMM (all of its rows when not chunked)
+  size_t scratch_bytes = 0;  // one block of the chunked operand + the other operand whole (BF16) + 2 scalars,
+                             // each piece 256-byte aligned
+};
+EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k);
+// The cap in elements (default kDefaultEmulationChunkElements); set returns the previous cap, and a
+// value <= 0 restores the default. For tests (forcing chunking on small shapes); not thread-safe with
+// GEMMs in flight on other threads.
+int64_t emulation_chunk_elements();
+int64_t set_emulation_chunk_elements(int64_t elements);
 }  // namespace detail
 
 }  // namespace nb::gemm

@@ -39,6 +39,7 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
                      LinearWorkspace* workspace_) {
   role = role_; spec = s; cols = cols_; dev = dev_; rows = 0;
+  col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
   const int64_t n = rows_cap * cols;
   int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
   switch (s.fmt) {
@@ -74,8 +75,10 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   };
   NB_TRY(place(&row_data, row_transient, data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
-  NB_TRY(place(&col_data, col_transient, data_bytes));
-  NB_TRY(place(&col_scales, col_transient, col_scale_bytes));
+  if (!col_is_row) {
+    NB_TRY(place(&col_data, col_transient, data_bytes));
+    NB_TRY(place(&col_scales, col_transient, col_scale_bytes));
+  }
   if (workspace) workspace->reserve(slot, slot_bytes);
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
@@ -147,8 +150,11 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       o.rht = spec.rht;
       o.sr = spec.sr;
       o.rng = a.rng;
+      // col_is_row: row copy only; the column amax slot is left as init set it (0) on both backends
+      // (col_operand() uses the row amax, which is the column one for 2D).
+      o.colwise = !col_is_row;
       nvfp4::QuantizedView v{rows, cols, rd, rs, cd, cs,
-                             sf + kRowAmax, sf + kColAmax, si + kFlag};
+                             sf + kRowAmax, col_is_row ? nullptr : sf + kColAmax, si + kFlag};
       NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
       break;
     }
@@ -186,6 +192,13 @@ gemm::QOperand QCopies::row_operand() const {
 gemm::QOperand QCopies::col_operand() const {
   gemm::QOperand op = row_operand();
   op.rows = cols; op.k = rows;
+  if (col_is_row) {
+    // The row copy [rows, cols] is the column operand [cols, K = rows] stored K-first; same values,
+    // same amax (2D: one scale per 16x16 tile serves both directions). Native sm_100 FP4 GEMMs would
+    // need a K-major column-wise copy instead (see linear_internal.h).
+    op.k_major = false;
+    return op;
+  }
   op.data = ptr(col_data);
   if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = ptr(col_scales);
   op.amax = state_f.ptr<float>() + kColAmax;

@@ -5,6 +5,10 @@
 //   row copy   blocks along cols (the Fprop / Dgrad operand)
 //   col copy   blocks along rows, stored transposed [cols, rows] (MXFP8: un-transposed, as its quantizer
 //              writes it); the Dgrad weight operand and both Wgrad operands
+//              2D NVFP4 (16x16 tiles, the weight): not stored. Both copies would hold the same values,
+//              so col_operand() is the row copy read as [K = rows, cols] (k_major = false) with the row
+//              amax; this saves 9/16 byte per element. A native FP4 GEMM (sm_100, not implemented)
+//              needs K-major operands and would need the real column-wise copy here again.
 // plus a small state block (linear_device.h): amaxes, FP8 scale/scale_inv, non-finite flag and count.
 // Where the copies live: owned Buffers for the copies kept across calls (input column, weight both), a
 // LinearWorkspace slot for the transient ones (input row -> input_row slot, grad both -> grad slot). In a
@@ -57,6 +61,7 @@ struct QCopies {
   int64_t rows = 0, cols = 0;
   Device dev = Device::cpu;
   Piece row_data, row_scales, col_data, col_scales;
+  bool col_is_row = false;  // 2D NVFP4: no column-wise copy; col_operand() reads the row copy
   Buffer state_f, state_i;
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
@@ -69,10 +74,11 @@ struct QCopies {
   // workspace == nullptr: every piece owned. Otherwise the input role's row pieces (or all the grad
   // role's pieces) go into the workspace, whose need is registered here.
   Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace);
-  // src: BF16 [rows, cols] on dev. Writes both copies, then folds flag/amax into the state.
+  // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row), then folds
+  // flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
   gemm::QOperand row_operand() const;  // [rows, cols]
-  gemm::QOperand col_operand() const;  // [cols, rows]
+  gemm::QOperand col_operand() const;  // [cols, rows] (col_is_row: the row copy, stored [rows, cols])
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;

@@ -280,6 +280,8 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
     case Fmt::nvfp4: row_sc = col_sc = size_t(n / 16); break;
     default: break;
   }
+  const size_t col_data = c.col_is_row ? 0 : data;  // 2D NVFP4: no column-wise copy (col_operand reads the row copy)
+  if (c.col_is_row) col_sc = 0;
   auto fetch = [&](std::vector<uint8_t>* v, const QCopies::Piece& p, size_t bytes) -> Status {
     v->resize(bytes);
     if (bytes == 0) return Status::ok();
@@ -290,14 +292,14 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
     return Status::ok();
   };
   NB_TRY(fetch(&out->row_data, c.row_data, data));
-  NB_TRY(fetch(&out->col_data, c.col_data, data));
+  NB_TRY(fetch(&out->col_data, c.col_data, col_data));
   NB_TRY(fetch(&out->row_scales, c.row_scales, row_sc));
   NB_TRY(fetch(&out->col_scales, c.col_scales, col_sc));
   float f[kStateFloats];
   int i[kStateInts];
   NB_TRY(c.read_state(f, i, nullptr));
   out->row_amax = f[kRowAmax];
-  out->col_amax = f[kColAmax];
+  out->col_amax = c.col_is_row ? f[kRowAmax] : f[kColAmax];  // the amax the column operand is used with
   out->scale_inv = f[kScaleInv];
   return Status::ok();
 }

@@ -2,6 +2,7 @@
 // quantized operands, RHT's effect on Wgrad, 2D weight copies, delayed scaling and non-finite health.
 #include <gtest/gtest.h>
 #include <cmath>
+#include "gemm/gemm_quantized.h"
 #include "recipe/recipe_test_util.h"
 
 namespace nb::recipe {
@@ -107,8 +108,13 @@ TEST(Rht, WgradWithRhtStaysAsAccurateAsWithout) {
   EXPECT_LT(with, 1.25 * without) << "RHT " << with << " vs none " << without;
 }
 
-TEST(TwoD, FpropAndDgradSeeBitIdenticalWeights) {
+// 2D weights: the Linear keeps only the row copy (Dgrad reads it as a [K, rows] operand). The quantizer
+// run directly with both copies shows that this loses nothing: its column copy holds the row copy's
+// values transposed, and Dgrad through that explicit column copy (the path before the row-copy reuse)
+// gives bit for bit what the Linear computed. 1D weights keep their own column copy, which differs.
+TEST(TwoD, DgradReadsTheRowCopyAndMatchesTheExplicitColumnCopyBitForBit) {
   for (bool two_d : {true, false}) {
+    SCOPED_TRACE(two_d ? "2D" : "1D");
     Recipe r;
     ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
     RecipeKnobs k;
@@ -117,11 +123,46 @@ TEST(TwoD, FpropAndDgradSeeBitIdenticalWeights) {
     Inputs in;
     LinearRun run;
     ASSERT_TRUE(run_linear(r, Device::cpu, kM, kK, kN, in.x, in.w, in.dy, &run).is_ok());
-    std::vector<double> row = dequant_copy(run.q[1], false), col = transpose(dequant_copy(run.q[1], true), kK, kN);
+    const QuantizedBytes& wq = run.q[1];
+    if (!two_d) {
+      ASSERT_FALSE(wq.col_data.empty());
+      std::vector<double> row = dequant_copy(wq, false), col = transpose(dequant_copy(wq, true), kK, kN);
+      int64_t differ = 0;
+      for (size_t i = 0; i < row.size(); ++i) differ += row[i] != col[i];
+      EXPECT_GT(differ, 0) << "1D weight copies should differ (else the 2D check below cannot fail)";
+      continue;
+    }
+    EXPECT_TRUE(wq.col_data.empty() && wq.col_scales.empty()) << "2D weights keep no column-wise copy";
+    EXPECT_EQ(wq.col_amax, wq.row_amax);
+    // Both copies straight from the quantizer, from the same BF16 weight.
+    std::vector<bf16> wb(in.w.size());
+    for (size_t i = 0; i < wb.size(); ++i) wb[i] = f32_to_bf16(in.w[i]);
+    std::vector<uint8_t> rd(kN * kK / 2), rs(kN * kK / 16), cd(kN * kK / 2), cs(kN * kK / 16);
+    float ra = 0, ca = 0;
+    nvfp4::Options o;
+    o.two_d = true;
+    ASSERT_TRUE(nvfp4::quantize_ref(wb.data(), o, {kN, kK, rd.data(), rs.data(), cd.data(), cs.data(), &ra, &ca}).is_ok());
+    EXPECT_TRUE(rd == wq.row_data && rs == wq.row_scales) << "the Linear's row copy is the quantizer's";
+    EXPECT_EQ(ra, wq.row_amax);
+    EXPECT_EQ(ca, ra);
+    QuantizedBytes full = wq;
+    full.col_data = cd;
+    full.col_scales = cs;
+    full.col_amax = ca;
+    std::vector<double> row = dequant_copy(full, false), col = transpose(dequant_copy(full, true), kK, kN);
     int64_t differ = 0;
     for (size_t i = 0; i < row.size(); ++i) differ += row[i] != col[i];
-    if (two_d) EXPECT_EQ(differ, 0);
-    else EXPECT_GT(differ, 0) << "1D weight copies should differ (else this test cannot fail)";
+    EXPECT_EQ(differ, 0) << "2D copies must hold identical values";
+    // Dgrad the old way: dY row copy x the explicit K-major column copy [kK, K = kN].
+    const QuantizedBytes& g = run.q[2];
+    gemm::QOperand a{gemm::QFormat::nvfp4, kM, kN, g.row_data.data(), g.row_scales.data(), &g.row_amax};
+    gemm::QOperand b{gemm::QFormat::nvfp4, kK, kN, cd.data(), cs.data(), &ca};
+    std::vector<float> dx(size_t(kM * kK));
+    Tensor dxt = Tensor::make(dx.data(), DType::f32, Device::cpu, {kM, kK});
+    ASSERT_TRUE(gemm::matmul_quantized(a, b, dxt, {}, nullptr).is_ok());
+    int64_t dx_differ = 0;
+    for (size_t i = 0; i < dx.size(); ++i) dx_differ += double(dx[i]) != run.dx[i];
+    EXPECT_EQ(dx_differ, 0) << "Dgrad through the row copy differs from Dgrad through the column copy";
   }
 }
 

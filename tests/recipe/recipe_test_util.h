@@ -1,7 +1,8 @@
 // Shared by the recipe tests (CPU and GPU): an independent FP64 model of one Linear's three GEMMs.
 // The Linear's quantized copies (Linear::debug_copies) are decoded with the formats' own dequantizers
 // (not the GEMM layer's), the products are formed in FP64 over the operands spec §6 assigns:
-//   Fprop  y  = X_row . W_row^T     Dgrad dx = dY_row . W_col^T (W_col = W^T [K, N])
+//   Fprop  y  = X_row . W_row^T     Dgrad dx = dY_row . W_col^T (W_col = W^T [K, N]; a 2D NVFP4 weight
+//                                   has no column copy: W_row read transposed)
 //   Wgrad  dw = dY_col . X_col^T    (dY_col [N, M], X_col [K, M])
 // and the result is compared within a bound derived from the accumulation precision only.
 #pragma once
@@ -29,7 +30,8 @@ inline std::vector<float> random_bf16_values(int64_t n, double sigma, uint32_t s
   return v;
 }
 
-// Exact value of each element of the row copy, [rows, cols] (nvfp4 with its global scale in FP64).
+// Exact value of each element of the row copy [rows, cols] or of the column copy [cols, rows] (nvfp4
+// with its global scale in FP64).
 inline std::vector<double> dequant_copy(const QuantizedBytes& q, bool col) {
   const int64_t r = q.rows, c = q.cols, n = r * c;
   std::vector<float> f(static_cast<size_t>(n));
@@ -223,7 +225,8 @@ inline double check_run(const Recipe& r, Device dev, int64_t m, int64_t k, int64
     a_y = dequant_copy(run.q[0], false);
     b_y = dequant_copy(run.q[1], false);
     a_dx = dequant_copy(run.q[2], false);
-    b_dx = dequant_copy(run.q[1], true);
+    // A 2D NVFP4 weight keeps no column-wise copy: Dgrad reads its row copy transposed.
+    b_dx = run.q[1].col_data.empty() ? transpose(dequant_copy(run.q[1], false), n, k) : dequant_copy(run.q[1], true);
     a_dw = dequant_copy(run.q[2], true);
     b_dw = dequant_copy(run.q[0], true);
   }
