@@ -4,8 +4,8 @@
 // NVFP4, x_hat = e2m1 * s_b * amax / 2688; 1 for FP8), the GEMM rounds alpha to FP32 (2 roundings)
 // and its result to FP32, so per element, with S = sum |products| and u = 2^-24:
 //   |gemm - ref| <= 8u * S + 2u * (|ref| + |beta C|)   (written as 2^-21 S + 2^-23 (...))
-// Also: beta = 1 accumulation into an f32 C, the MXFP8 un-transposed column copy, and the error
-// Statuses of unsupported combinations.
+// Also: beta = 1 accumulation into an f32 C, the MXFP8 un-transposed column copy, NVFP4 stored
+// [K, rows], the emulated GPU GEMM's chunk plan, and the error Statuses of unsupported combinations.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <cstring>
@@ -35,9 +35,10 @@ struct HostQuant {
   std::vector<float> xhat(bool col) const { return operand_xhat(f, r, c, p, col); }
 };
 
-// C = A . B^T (+ beta C_old) on the CPU backend, checked element by element.
-void check_cpu(const HostQuant& qa, bool a_col, const HostQuant& qb, bool b_col, float beta) {
-  const QOperand a = qa.op(a_col), b = qb.op(b_col);
+// C = A . B^T (+ beta C_old) on the CPU backend, checked element by element against x_hat [rows, K]
+// of each operand.
+void check_cpu_ops(const QOperand& a, const std::vector<float>& xa, const QOperand& b, const std::vector<float>& xb,
+                   float beta) {
   const int64_t m = a.rows, n = b.rows, k = a.k;
   ASSERT_EQ(k, b.k);
   std::vector<float> c(size_t(m * n)), c_old(size_t(m * n));
@@ -47,7 +48,6 @@ void check_cpu(const HostQuant& qa, bool a_col, const HostQuant& qb, bool b_col,
   Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {m, n});
   Status s = matmul_quantized(a, b, ct, {.beta = beta}, nullptr);
   ASSERT_TRUE(s.is_ok()) << s.message();
-  const std::vector<float> xa = qa.xhat(a_col), xb = qb.xhat(b_col);
   const double u = std::ldexp(1.0, -24);
   int bad = 0;
   for (int64_t i = 0; i < m; ++i)
@@ -63,6 +63,17 @@ void check_cpu(const HostQuant& qa, bool a_col, const HostQuant& qb, bool b_col,
                       << "): got " << got << " ref " << ref << " tol " << tol;
     }
   EXPECT_EQ(bad, 0);
+}
+
+void check_cpu(const HostQuant& qa, bool a_col, const HostQuant& qb, bool b_col, float beta) {
+  check_cpu_ops(qa.op(a_col), qa.xhat(a_col), qb.op(b_col), qb.xhat(b_col), beta);
+}
+
+std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> t(v.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = v[size_t(i * cols + j)];
+  return t;
 }
 
 struct Case { QFormat a, b; };
@@ -116,6 +127,72 @@ TEST(CpuQGemm, DequantizeOperandMatchesFormatDecoder) {
   }
 }
 
+// NVFP4 stored [K, rows] (k_major = false; how a 2D weight's row copy is Dgrad's operand): the row copy
+// of a [256, 160] source is the operand [160, K = 256]. Its decoder gives the row copy transposed, and
+// the GEMM matches the reference on those values (as A and as B, with beta = 1 accumulation).
+TEST(CpuQGemm, Nvfp4StoredKFirst) {
+  HostQuant src(QFormat::nvfp4, 256, 160, 61), a(QFormat::nvfp4, 96, 256, 62), b(QFormat::nvfp4, 64, 256, 63);
+  QOperand kfirst = src.op(false);
+  kfirst.rows = 160;
+  kfirst.k = 256;
+  kfirst.k_major = false;
+  const std::vector<float> xk = transposed(src.xhat(false), 256, 160);  // [160, 256]
+  std::vector<double> mine(size_t(160 * 256));
+  ASSERT_TRUE(dequantize_operand_ref(kfirst, mine.data()).is_ok());
+  const double global = double(*kfirst.amax) / (6.0 * 448.0);
+  for (size_t i = 0; i < mine.size(); ++i)
+    ASSERT_LE(std::fabs(mine[i] * global - xk[i]), std::ldexp(std::fabs(double(xk[i])), -22)) << "element " << i;
+  check_cpu_ops(a.op(false), a.xhat(false), kfirst, xk, 0.f);
+  check_cpu_ops(kfirst, xk, b.op(false), b.xhat(false), 1.f);
+  // The layout rules still apply: rows (the stored row length) must hold whole 16-blocks.
+  QOperand odd = kfirst;
+  odd.rows = 152;
+  std::vector<float> c(size_t(96 * 152));
+  Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {96, 152});
+  EXPECT_FALSE(matmul_quantized(a.op(false), odd, ct, {}, nullptr).is_ok());
+}
+
+// The emulated GPU GEMM's scratch plan (pure host arithmetic): the operand with more elements is
+// dequantized in blocks of a multiple of 128 rows under the cap; the scratch holds one block.
+TEST(EmulationPlan, LargerOperandIsChunkedUnderTheCap) {
+  using namespace detail;
+  ASSERT_EQ(emulation_chunk_elements(), kDefaultEmulationChunkElements);
+  const size_t mib = size_t(1) << 20;
+  // Llama-3-8B gate+up Wgrad at 8192 tokens: dY^T [28672, 8192] x X^T [4096, 8192]: 534 MB unchunked.
+  EmulationPlan p = plan_emulation(28672, 4096, 8192);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 8192);
+  EXPECT_EQ(p.scratch_bytes, 128 * mib + 64 * mib + 256);
+  // Its Dgrad: dY [8192, K = 28672] x W [4096, K = 28672]: 64 Mi / 28672 = 2340 rows -> 2304.
+  p = plan_emulation(8192, 4096, 28672);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 2304);
+  EXPECT_EQ(p.scratch_bytes, size_t(2304 * 28672) * 2 + size_t(4096 * 28672) * 2 + 256);
+  // Down-projection Wgrad: dY^T [4096, 8192] x X^T [14336, 8192]: B is the larger one (C column blocks).
+  p = plan_emulation(4096, 14336, 8192);
+  EXPECT_TRUE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 8192);
+  // Under the cap: one block, the scratch of both operands whole (as before chunking existed).
+  p = plan_emulation(8192, 4096, 4096);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 8192);
+  EXPECT_EQ(p.scratch_bytes, size_t(8192 + 4096) * 4096 * 2 + 256);
+  // A tie chunks A; a cap below 128 rows still gives 128-row blocks; the cap can be set and restored.
+  EXPECT_EQ(set_emulation_chunk_elements(100 * 384), kDefaultEmulationChunkElements);
+  p = plan_emulation(512, 512, 384);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 128);
+  EXPECT_EQ(p.scratch_bytes, size_t(128 * 384) * 2 + size_t(512 * 384) * 2 + 256);
+  set_emulation_chunk_elements(300 * 384);
+  p = plan_emulation(256, 704, 384);
+  EXPECT_TRUE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 256);
+  p = plan_emulation(256, 128, 384);  // 256 * 384 <= cap: not chunked
+  EXPECT_EQ(p.chunk_rows, 256);
+  EXPECT_EQ(set_emulation_chunk_elements(0), 300 * 384);
+  EXPECT_EQ(emulation_chunk_elements(), kDefaultEmulationChunkElements);
+}
+
 // Odd but valid shapes (per-tensor FP8: K a multiple of 16 only).
 TEST(CpuQGemm, OddShapes) {
   HostQuant a(QFormat::fp8_e4m3, 48, 80, 5), b(QFormat::fp8_e4m3, 16, 80, 6);
@@ -141,6 +218,9 @@ TEST(CpuQGemm, RejectsUnsupportedCombinations) {
   QOperand not_kmajor = e4.op(false);
   not_kmajor.k_major = false;
   expect_error(not_kmajor, e4.op(false), {}, "K-major");
+  QOperand blk_not_kmajor = blk2.op(false);
+  blk_not_kmajor.k_major = false;
+  expect_error(blk_not_kmajor, blk2.op(false), {}, "K-major");
   QOperand bad_k = e4.op(false);
   bad_k.k = 120;
   expect_error(bad_k, e4.op(false), {}, "multiple of 16");

@@ -19,6 +19,7 @@
 // (2^+-6 here), far above every tolerance except fast accumulation's (per-tensor scales only).
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -97,9 +98,10 @@ struct Check {
   Accum accum = Accum::fp32;
 };
 
-// Runs C = A . B^T (+ beta C_old) on the GPU and checks sampled elements; prints the worst err / S.
-void check_gpu(const DevQuant& qa, bool a_col, const DevQuant& qb, bool b_col, const Check& ck) {
-  const QOperand a = qa.op(a_col), b = qb.op(b_col);
+// Runs C = A . B^T (+ beta C_old) on the GPU and checks sampled elements against x_hat [rows, K] of
+// each operand; prints the worst err / S. C's bytes go to *raw_out when given.
+void check_gpu_ops(const QOperand& a, const std::vector<float>& xa, const QOperand& b, const std::vector<float>& xb,
+                   const Check& ck, std::vector<uint8_t>* raw_out = nullptr) {
   const int64_t m = a.rows, n = b.rows, k = a.k;
   const size_t esz = ck.c_dtype == DType::bf16 ? 2 : 4;
   Dev c(size_t(m * n) * esz);
@@ -122,11 +124,11 @@ void check_gpu(const DevQuant& qa, bool a_col, const DevQuant& qb, bool b_col, c
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> raw(c.bytes);
   ASSERT_TRUE(copy_bytes(raw.data(), Device::cpu, c.p, Device::cuda, c.bytes).is_ok());
+  if (raw_out) *raw_out = raw;
   auto got_at = [&](int64_t i) {
     if (ck.c_dtype == DType::f32) { float v; std::memcpy(&v, &raw[size_t(i) * 4], 4); return double(v); }
     bf16 v; std::memcpy(&v, &raw[size_t(i) * 2], 2); return double(bf16_to_f32(v));
   };
-  const std::vector<float> xa = qa.xhat(a_col), xb = qb.xhat(b_col);
   const double u = std::ldexp(1.0, -24), gamma = 2.0 * double(k + 3) * u;
   double acc_coef = gamma;
   if (ck.accum == Accum::fp8_split) acc_coef += std::ldexp(1.0, -10);
@@ -162,6 +164,25 @@ void check_gpu(const DevQuant& qa, bool a_col, const DevQuant& qb, bool b_col, c
               ck.c_dtype == DType::bf16 ? "bf16" : "f32", ck.beta, ck.fast_accum ? " fast_accum" : "",
               samples.size(), worst);
   EXPECT_EQ(bad, 0);
+}
+
+void check_gpu(const DevQuant& qa, bool a_col, const DevQuant& qb, bool b_col, const Check& ck,
+               std::vector<uint8_t>* raw_out = nullptr) {
+  check_gpu_ops(qa.op(a_col), qa.xhat(a_col), qb.op(b_col), qb.xhat(b_col), ck, raw_out);
+}
+
+std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  std::vector<float> t(v.size());
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = v[size_t(i * cols + j)];
+  return t;
+}
+
+// Elements whose bytes differ between two C buffers of `esz`-byte elements.
+int64_t differing_elements(const std::vector<uint8_t>& x, const std::vector<uint8_t>& y, size_t esz) {
+  int64_t d = 0;
+  for (size_t i = 0; i + esz <= x.size() && i + esz <= y.size(); i += esz) d += std::memcmp(&x[i], &y[i], esz) != 0;
+  return d + (x.size() != y.size() ? 1 : 0);
 }
 
 // ---- FP8 per-tensor ----------------------------------------------------------------------------
@@ -224,6 +245,104 @@ TEST(QGemmGpu, Nvfp4Emulated) {
   DevQuant a(QFormat::nvfp4, 48, 96, 35), b(QFormat::nvfp4, 80, 96, 36);
   check_gpu(a, false, b, false, {});
   check_gpu(a, false, b, false, {.c_dtype = DType::f32, .beta = 1.f});
+}
+
+// The emulated GEMM with its scratch capped so that the larger operand is dequantized in 128-row
+// blocks (one GEMM each, rows of A = rows of C, rows of B = columns of C, remainders included), for
+// K-major and [K, rows]-stored operands of both formats, bf16 C and f32 C with beta = 1. Each chunked
+// result is checked against the reference within the bound of the unchunked GEMM (the smaller
+// cuBLASLt problems may use other algorithms, so bit identity is not asserted); how many elements
+// differ from the unchunked result is printed.
+TEST(QGemmGpu, ChunkedEmulationStaysWithinTheBoundOfTheUnchunkedGemm) {
+  NB_REQUIRE_GPU();
+  struct ChunkCase {
+    const char* what;
+    QFormat f;
+    int64_t ar, ac, br, bc;  // sources: A [ar, ac], B [br, bc]
+    bool a_col, b_col;
+    Check ck;
+    bool expect_chunk_b;
+  };
+  const ChunkCase cases[] = {
+      {"A blocks, K-major", QFormat::nvfp4, 704, 384, 256, 384, false, false, {}, false},
+      {"B blocks, K-major", QFormat::nvfp4, 256, 384, 704, 384, false, false, {.c_dtype = DType::f32, .beta = 1.f}, true},
+      {"A blocks, Wgrad transposed copies", QFormat::nvfp4, 384, 704, 384, 256, true, true,
+       {.c_dtype = DType::f32, .beta = 1.f}, false},
+      {"A blocks, [K, rows] storage", QFormat::mxfp8, 384, 704, 384, 256, true, true, {.c_dtype = DType::f32, .beta = 1.f},
+       false},
+      {"B blocks, [K, rows] storage", QFormat::mxfp8, 384, 256, 384, 704, true, true, {}, true},
+  };
+  for (const ChunkCase& cs : cases) {
+    std::printf(" %s %s:\n", qformat_name(cs.f), cs.what);
+    DevQuant qa(cs.f, cs.ar, cs.ac, 71), qb(cs.f, cs.br, cs.bc, 72);
+    const QOperand a = qa.op(cs.a_col), b = qb.op(cs.b_col);
+    std::vector<uint8_t> whole, chunked;
+    check_gpu(qa, cs.a_col, qb, cs.b_col, cs.ck, &whole);
+    ASSERT_EQ(detail::plan_emulation(a.rows, b.rows, a.k).chunk_rows, std::max(a.rows, b.rows)) << "unchunked";
+    detail::set_emulation_chunk_elements(128 * a.k);
+    const detail::EmulationPlan plan = detail::plan_emulation(a.rows, b.rows, a.k);
+    EXPECT_EQ(plan.chunk_b, cs.expect_chunk_b);
+    EXPECT_EQ(plan.chunk_rows, 128);
+    check_gpu(qa, cs.a_col, qb, cs.b_col, cs.ck, &chunked);
+    detail::set_emulation_chunk_elements(0);
+    const size_t esz = cs.ck.c_dtype == DType::bf16 ? 2 : 4;
+    std::printf("   chunked vs unchunked: %lld of %lld elements differ in their bits\n",
+                (long long)differing_elements(whole, chunked, esz), (long long)(whole.size() / esz));
+  }
+  // The NVFP4 [K, rows] operand chunked as B (a 2D weight's row copy in a Dgrad wider than the cap).
+  DevQuant dy(QFormat::nvfp4, 256, 384, 73), w(QFormat::nvfp4, 384, 704, 74);
+  QOperand wk = w.op(false);
+  wk.rows = 704; wk.k = 384; wk.k_major = false;
+  const std::vector<float> xw = transposed(w.xhat(false), 384, 704);
+  std::vector<uint8_t> whole, chunked;
+  check_gpu_ops(dy.op(false), dy.xhat(false), wk, xw, {}, &whole);
+  detail::set_emulation_chunk_elements(128 * 384);
+  EXPECT_TRUE(detail::plan_emulation(256, 704, 384).chunk_b);
+  check_gpu_ops(dy.op(false), dy.xhat(false), wk, xw, {}, &chunked);
+  detail::set_emulation_chunk_elements(0);
+  std::printf("   nvfp4 [K, rows] B chunked vs unchunked: %lld of %lld elements differ in their bits\n",
+              (long long)differing_elements(whole, chunked, 2), (long long)(whole.size() / 2));
+}
+
+// A 2D NVFP4 weight's Dgrad through its row copy read as [K, rows] (what Linear does) against the
+// explicit K-major column copy (what it did before): same values, so both match the reference within
+// the emulated bound; the number of elements whose bits differ is printed (the two BF16 GEMMs have
+// different operand layouts, so cuBLASLt may run different kernels).
+TEST(QGemmGpu, Nvfp4TwoDRowCopyAsDgradOperand) {
+  NB_REQUIRE_GPU();
+  const int64_t out = 1024, in = 2048;  // W [out, in]; dY [2048 tokens, out]
+  DevQuant dy(QFormat::nvfp4, 2048, out, 81);
+  const std::vector<bf16> wsrc = make_source(out, in, 82);
+  Dev src(wsrc.size() * 2), rd(size_t(out * in / 2)), rs(size_t(out * in / 16)), cd(size_t(out * in / 2)),
+      cs(size_t(out * in / 16)), amax(8);
+  ASSERT_TRUE(copy_bytes(src.p, Device::cuda, wsrc.data(), Device::cpu, src.bytes).is_ok());
+  nvfp4::Options o;
+  o.two_d = true;
+  float* am = static_cast<float*>(amax.p);
+  nvfp4::QuantizedView v{out, in, static_cast<uint8_t*>(rd.p), static_cast<uint8_t*>(rs.p), static_cast<uint8_t*>(cd.p),
+                         static_cast<uint8_t*>(cs.p), am, am + 1, nullptr};
+  ASSERT_TRUE(nvfp4::quantize_cuda(static_cast<const bf16*>(src.p), o, v, nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<uint8_t> hrd(rd.bytes), hrs(rs.bytes), hcd(cd.bytes), hcs(cs.bytes);
+  float hamax[2];
+  ASSERT_TRUE(copy_bytes(hrd.data(), Device::cpu, rd.p, Device::cuda, rd.bytes).is_ok());
+  ASSERT_TRUE(copy_bytes(hrs.data(), Device::cpu, rs.p, Device::cuda, rs.bytes).is_ok());
+  ASSERT_TRUE(copy_bytes(hcd.data(), Device::cpu, cd.p, Device::cuda, cd.bytes).is_ok());
+  ASSERT_TRUE(copy_bytes(hcs.data(), Device::cpu, cs.p, Device::cuda, cs.bytes).is_ok());
+  ASSERT_TRUE(copy_bytes(hamax, Device::cpu, amax.p, Device::cuda, sizeof hamax).is_ok());
+  ASSERT_EQ(hamax[0], hamax[1]);
+  std::vector<float> xrow(size_t(out * in)), xcol(size_t(out * in));
+  nvfp4::dequantize_ref(hrd.data(), hrs.data(), hamax[0], out, in, xrow.data());
+  nvfp4::dequantize_ref(hcd.data(), hcs.data(), hamax[1], in, out, xcol.data());
+  const std::vector<float> xrow_t = transposed(xrow, out, in);  // [in, out]
+  ASSERT_TRUE(xrow_t == xcol) << "2D copies must hold identical values";
+  const QOperand col{QFormat::nvfp4, in, out, cd.p, cs.p, am + 1};
+  const QOperand row_kfirst{QFormat::nvfp4, in, out, rd.p, rs.p, am, false};
+  std::vector<uint8_t> via_col, via_row;
+  check_gpu_ops(dy.op(false), dy.xhat(false), col, xcol, {}, &via_col);
+  check_gpu_ops(dy.op(false), dy.xhat(false), row_kfirst, xcol, {}, &via_row);
+  std::printf("   Dgrad via the row copy vs via the column copy: %lld of %lld elements differ in their bits\n",
+              (long long)differing_elements(via_col, via_row, 2), (long long)(via_col.size() / 2));
 }
 
 // The combinations matmul_quantized() rejects up front are indeed rejected by cuBLASLt on this GPU

@@ -71,10 +71,12 @@ TEST(LinearGpu, BytesCountsTheQuantizedCopies) {
   ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cuda).is_ok());
-  // Two NVFP4 copies per role: 2 x (n/2 data + n/16 scales) = 9n/8 bytes, plus 28 bytes of state each;
-  // the transient halves (input row copy, both grad copies) sit in the Linear's private workspace.
-  const size_t n = size_t(kM * kK + kN * kK + kM * kN);
-  EXPECT_EQ(lin.bytes() + lin.workspace()->bytes(), n * 9 / 8 + 3 * 28);
+  // Two NVFP4 copies per role: 2 x (n/2 data + n/16 scales) = 9n/8 bytes, plus 28 bytes of state each,
+  // except the 2D weight: its row copy only (9n/16; Dgrad reads it as the column operand). The
+  // transient copies (input row copy, both grad copies) sit in the Linear's private workspace.
+  const size_t n = size_t(kM * kK + kM * kN);
+  EXPECT_EQ(lin.bytes() + lin.workspace()->bytes(), n * 9 / 8 + size_t(kN * kK) * 9 / 16 + 3 * 28);
+  EXPECT_EQ(lin.bytes(), size_t(kM * kK) * 9 / 16 + size_t(kN * kK) * 9 / 16 + 3 * 28);
   EXPECT_EQ(lin.workspace()->bytes(), size_t(kM * kK) * 9 / 16 + size_t(kM * kN) * 9 / 8);
   EXPECT_TRUE(lin.keeps_quantized_input());
   Linear bf;

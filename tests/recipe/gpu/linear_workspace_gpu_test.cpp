@@ -47,17 +47,25 @@ INSTANTIATE_TEST_SUITE_P(QuantizedPresets, SharedWorkspaceGpuTest, ::testing::Va
 
 // NVFP4, M = in = out = 64. Before the workspace, bytes() counted every copy of the three roles:
 //   3 roles x (2 copies x (data 2048 + scales 256) + state 28) = 3 x 4636 = 13908
-// Now the Linear owns input column (2304) + its state (28), weight (4636), grad state (28) = 6996 and its
-// private workspace holds input row (2304) + grad both (4608) = 6912: the same 13908 in total.
-TEST(LinearWorkspaceGpu, OwnedPlusWorkspaceBytesEqualTheFormerTotal) {
+// Now the Linear owns input column (2304) + its state (28), the 2D weight's row copy only (2304: Dgrad
+// reads it as the column operand) + its state (28), grad state (28) = 4692 and its private workspace
+// holds input row (2304) + grad both (4608) = 6912: the former 13908 less the weight column copy (2304).
+TEST(LinearWorkspaceGpu, OwnedPlusWorkspaceBytesEqualTheFormerTotalLessTheWeightColumnCopy) {
   NB_REQUIRE_GPU();
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, 64, 64, 64, Device::cuda).is_ok());
-  EXPECT_EQ(lin.bytes(), 6996u);
+  EXPECT_EQ(lin.bytes(), 4692u);
   EXPECT_EQ(lin.workspace()->bytes(), 6912u);
-  EXPECT_EQ(lin.bytes() + lin.workspace()->bytes(), 13908u);
+  EXPECT_EQ(lin.bytes() + lin.workspace()->bytes(), 13908u - 2304u);
+  // With 1D weights (--fp4-disable-2d) the weight keeps both copies again.
+  RecipeKnobs k;
+  k.fp4_disable_2d = true;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  Linear lin1d;
+  ASSERT_TRUE(lin1d.init(r, false, "l", 1, 64, 64, 64, Device::cuda).is_ok());
+  EXPECT_EQ(lin1d.bytes(), 6996u);
 }
 
 }  // namespace
