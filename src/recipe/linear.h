@@ -6,8 +6,9 @@
 // f32 value rounded to BF16 first, so CPU and CUDA quantize the same numbers; a BF16 layer on the cpu
 // runs its GEMMs in FP32 on the given values, unrounded: the FP32 reference of the model). All 2-D, contiguous.
 // Quantization schedule: x once per forward into every copy the layer needs (row-wise for Fprop,
-// column-wise for Wgrad, kept until backward); w once per optimizer step (row-wise and column-wise,
-// reused by every micro-batch until new_step); dy once per backward (row-wise for Dgrad, column-wise
+// column-wise for Wgrad, kept until backward); w once per optimizer step (row-wise and column-wise --
+// a 2D NVFP4 weight row-wise only, which Dgrad reads as its column operand -- reused by every
+// micro-batch until new_step); dy once per backward (row-wise for Dgrad, column-wise
 // for Wgrad). A BF16 layer (or bf16_mixed) quantizes nothing and calls the BF16 GEMM.
 // Memory: the copies kept across calls (input column-wise, weight both) are owned by the Linear; the
 // transient ones (input row-wise: forward only; grad both: backward only) live in a LinearWorkspace,
@@ -30,7 +31,8 @@
 namespace nb::recipe {
 
 // Host copy of one role's quantized copies, in the format quantizers' layouts (see recipe/linear_internal.h
-// and formats/*): for tests and diagnostics (addition to the agreed API).
+// and formats/*): for tests and diagnostics (addition to the agreed API). A 2D NVFP4 weight has no
+// column-wise copy: col_data/col_scales are empty and col_amax = row_amax.
 struct QuantizedBytes {
   Fmt fmt = Fmt::bf16;
   int64_t rows = 0, cols = 0;  // the source [rows, cols] of the latest quantization
