@@ -64,9 +64,11 @@ gemm::GemmArgs tn_acc() { gemm::GemmArgs a; a.trans_a = true; a.beta = 1.f; retu
 
 // The weights of one layer as views into the ParamStore.
 // q, k and v are adjacent in the ParamStore, so wqkv / gqkv view them as one [qd + 2 kvd, H] weight.
+// A quantized layer's linear weights have no compute copy (data == nullptr): m* are their FP32 masters.
 struct LlamaModel::Layer {
   Tensor w_in, wqkv, wo, w_post, wgu, wdown;  // compute copies
   Tensor g_in, gqkv, go, g_post, ggu, gdown;  // FP32 gradients
+  Tensor mqkv, mo, mgu, mdown;                // FP32 masters of the linear weights
 };
 
 // One micro-batch's activations. Per-layer tensors that recompute does not keep point into shared scratch.
@@ -164,6 +166,7 @@ size_t LlamaModel::quantized_copy_bytes() const {
 
 void LlamaModel::begin_step(uint32_t step) {
   for (auto& layer : linears_) for (auto& lin : layer) lin.new_step(step);
+  std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
 }
 
 void LlamaModel::set_collect_stats(bool on) {
@@ -195,8 +198,13 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
   return Status::ok();
 }
 
-int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev) {
-  return cfg.total_params() * (16 + (dev == Device::cuda ? 2 : 4));
+int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe) {
+  // Quantized layers' linear weights have no compute copy (params.h).
+  const int64_t per_layer = (cfg.q_dim() + 2 * cfg.kv_dim()) * cfg.hidden + cfg.hidden * cfg.q_dim() +
+                            3 * cfg.ffn * cfg.hidden;
+  int64_t master_only = 0;
+  for (bool q : quantized_layers(cfg, recipe)) master_only += q ? per_layer : 0;
+  return cfg.total_params() * 16 + (cfg.total_params() - master_only) * (dev == Device::cuda ? 2 : 4);
 }
 
 Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
@@ -224,7 +232,22 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     }
   }
   NB_TRY(linear_workspace_->allocate());
-  NB_TRY(params_.allocate(cfg, dev));
+  // Quantized layers (one contiguous block: BF16 layers are counted from either end) keep no compute copy
+  // of their linear weights; a staging buffer of the largest such weight feeds their quantizers.
+  const std::vector<bool> quantized = quantized_layers(cfg, recipe);
+  int64_t qb = 0;
+  while (qb < cfg.layers && !quantized[size_t(qb)]) ++qb;
+  int64_t qe = qb;
+  while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
+  for (int64_t l = qe; l < cfg.layers; ++l) NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
+  if (!master_only_quantized_weights) qe = qb;  // an empty master-only range
+  NB_TRY(params_.allocate(cfg, dev, qb, qe));
+  weight_staged_.assign(size_t(cfg.layers * 4), char(0));
+  if (qe > qb) {
+    int64_t most = 0;
+    for (const auto& d : dims) most = std::max(most, d[0] * d[1]);
+    NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
+  }
   NB_TRY(params_.initialize(seed));
   NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
   // RoPE tables [S, hd/2], FP32.
@@ -300,8 +323,12 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const int64_t qkv_heads = c.heads + 2 * c.kv_heads, qkv_dim = qkv_heads * hd;
 
   // q_proj, k_proj, v_proj are consecutive in every flat buffer (params.cpp): one [qd + 2 kvd, H] view.
-  auto fused_qkv = [&](const std::string& p, bool grad) {
-    auto view = [&](const char* n) { return grad ? params_.grad(p + n) : params_.compute(p + n); };
+  enum class Buf { compute, grad, master };
+  auto fused_qkv = [&](const std::string& p, Buf b) {
+    if (b == Buf::compute && !params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
+    auto view = [&](const char* n) {
+      return b == Buf::grad ? params_.grad(p + n) : b == Buf::master ? params_.master(p + n) : params_.compute(p + n);
+    };
     const Tensor q = view("self_attn.q_proj.weight"), k = view("self_attn.k_proj.weight"),
                  v = view("self_attn.v_proj.weight");
     NB_CHECK(static_cast<uint8_t*>(k.data) == static_cast<uint8_t*>(q.data) + q.bytes() &&
@@ -313,25 +340,45 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
     w.w_in = params_.compute(p + "input_layernorm.weight"); w.g_in = params_.grad(p + "input_layernorm.weight");
-    w.wqkv = fused_qkv(p, false);
-    w.gqkv = fused_qkv(p, true);
-    w.wo = params_.compute(p + "self_attn.o_proj.weight"); w.go = params_.grad(p + "self_attn.o_proj.weight");
+    auto compute = [&](const std::string& n) { return params_.has_compute(n) ? params_.compute(n) : Tensor{}; };
+    w.wqkv = fused_qkv(p, Buf::compute);
+    w.gqkv = fused_qkv(p, Buf::grad);
+    w.mqkv = fused_qkv(p, Buf::master);
+    w.mo = params_.master(p + "self_attn.o_proj.weight");
+    w.mgu = params_.master(p + "mlp.gate_up_proj.weight");
+    w.mdown = params_.master(p + "mlp.down_proj.weight");
+    w.wo = compute(p + "self_attn.o_proj.weight"); w.go = params_.grad(p + "self_attn.o_proj.weight");
     w.w_post = params_.compute(p + "post_attention_layernorm.weight");
     w.g_post = params_.grad(p + "post_attention_layernorm.weight");
-    w.wgu = params_.compute(p + "mlp.gate_up_proj.weight"); w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
-    w.wdown = params_.compute(p + "mlp.down_proj.weight"); w.gdown = params_.grad(p + "mlp.down_proj.weight");
+    w.wgu = compute(p + "mlp.gate_up_proj.weight"); w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
+    w.wdown = compute(p + "mlp.down_proj.weight"); w.gdown = params_.grad(p + "mlp.down_proj.weight");
     return w;
+  };
+
+  // The weight Linear i of layer l is given: its compute copy, or for a master-only weight the staging
+  // buffer, filled from the FP32 master (RNE, as the optimizer writes compute copies) only when the
+  // Linear quantizes it -- its first forward after begin_step. Later calls get the (stale) buffer,
+  // which a quantized Linear does not read.
+  auto weight = [&](int64_t l, int i, const Tensor& compute, const Tensor& master) -> Tensor {
+    if (compute.data) return compute;
+    const Tensor stage = Tensor::make(weight_stage_.data(), dt, dev_, {master.shape[0], master.shape[1]});
+    char& staged = weight_staged_[size_t(l * 4 + i)];
+    if (!staged) {
+      ops::cast(master, stage, st);
+      staged = 1;
+    }
+    return stage;
   };
 
   // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
   auto forward_layer = [&](int64_t l, bool write_output) -> Status {
-    const Layer w = layer_weights(l);
+    Layer w = layer_weights(l);
     auto& a = A.layer[size_t(l)];
     NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
     ops::rmsnorm_forward(A.resid[l], w.w_in, c.norm_eps, a.n1, a.rstd1, st);
     auto& lin = linears_[size_t(l)];
     const Tensor qkv = A.qkv.data ? A.qkv : borrow(a.gu, T, qkv_dim);  // gu is written later in this layer
-    NB_TRY(lin[0].forward(a.n1, w.wqkv, qkv, 0.f, st));
+    NB_TRY(lin[0].forward(a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv, 0.f, st));
     NB_PROFILE_END("fwd: norm + qkv GEMM");
     NB_PROFILE_BEGIN("fwd: rope + split");
     ops::rope_split_qkv(reshape4(qkv, B, S, qkv_heads, hd), cosT, sinT, reshape4(a.q, B, S, c.heads, hd),
@@ -343,15 +390,15 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("fwd: attention");
     NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
-    NB_TRY(lin[1].forward(a.o, w.wo, a.mid, 1.f, st));  // mid = resid + o Wo^T
+    NB_TRY(lin[1].forward(a.o, weight(l, 1, w.wo, w.mo), a.mid, 1.f, st));  // mid = resid + o Wo^T
     ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
-    NB_TRY(lin[2].forward(a.n2, w.wgu, a.gu, 0.f, st));
+    NB_TRY(lin[2].forward(a.n2, weight(l, 2, w.wgu, w.mgu), a.gu, 0.f, st));
     NB_PROFILE_END("fwd: o + norm + gate_up");
     NB_PROFILE_BEGIN("fwd: swiglu + down");
     ops::swiglu_forward(a.gu, a.a, st);
     if (write_output) {
       NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
-      NB_TRY(lin[3].forward(a.a, w.wdown, A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
+      NB_TRY(lin[3].forward(a.a, weight(l, 3, w.wdown, w.mdown), A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
     }
     NB_PROFILE_END("fwd: swiglu + down");
     return Status::ok();
@@ -403,13 +450,13 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     // MLP: resid' = mid + swiglu(n2 Wgu^T) Wdown^T
     NB_PROFILE_BEGIN("bwd: down GEMMs");
     auto& lin = linears_[size_t(l)];
-    NB_TRY(lin[3].backward(dx, a.a, w.wdown, A.da, 0.f, w.gdown, st));
+    NB_TRY(lin[3].backward(dx, a.a, weight(l, 3, w.wdown, w.mdown), A.da, 0.f, w.gdown, st));
     NB_PROFILE_END("bwd: down GEMMs");
     NB_PROFILE_BEGIN("bwd: swiglu");
     ops::swiglu_backward(a.gu, A.da, A.dgu, st);
     NB_PROFILE_END("bwd: swiglu");
     NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
-    NB_TRY(lin[2].backward(A.dgu, a.n2, w.wgu, A.dn, 0.f, w.ggu, st));
+    NB_TRY(lin[2].backward(A.dgu, a.n2, weight(l, 2, w.wgu, w.mgu), A.dn, 0.f, w.ggu, st));
     NB_PROFILE_END("bwd: gate_up GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
@@ -417,7 +464,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("bwd: norms + adds");
     // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
     NB_PROFILE_BEGIN("bwd: o GEMMs");
-    NB_TRY(lin[1].backward(A.dmid, a.o, w.wo, A.dout, 0.f, w.go, st));
+    NB_TRY(lin[1].backward(A.dmid, a.o, weight(l, 1, w.wo, w.mo), A.dout, 0.f, w.go, st));
     NB_PROFILE_END("bwd: o GEMMs");
     NB_PROFILE_BEGIN("bwd: attention");
     NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
@@ -431,7 +478,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
                              reshape4(A.dv, B, S, c.kv_heads, hd), cosT, sinT, reshape4(dqkv, B, S, qkv_heads, hd), st);
     NB_PROFILE_END("bwd: rope + merge");
     NB_PROFILE_BEGIN("bwd: qkv GEMMs");
-    NB_TRY(lin[0].backward(dqkv, a.n1, w.wqkv, A.dn, 0.f, w.gqkv, st));
+    NB_TRY(lin[0].backward(dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), A.dn, 0.f, w.gqkv, st));
     NB_PROFILE_END("bwd: qkv GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);

@@ -45,9 +45,12 @@ class LlamaModel {
   void set_collect_stats(bool on);
   const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
-  static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev);
+  // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)
+  static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{});
   ParamStore& params() { return params_; }
   const LlamaConfig& config() const { return cfg_; }
+  // Set before init: false keeps compute copies of quantized layers' weights too (tests compare both paths).
+  bool master_only_quantized_weights = true;
 
   // The training loop's path, with one host synchronization per optimizer step: stage_batches()
   // copies n micro-batches of host int32 tokens/labels ([n, batch*seq] each) to the device in one
@@ -80,7 +83,9 @@ class LlamaModel {
   int64_t lm_chunk_tokens_ = 0;
   Buffer rope_cos_, rope_sin_;
   recipe::Recipe recipe_;
-  std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;  // shared transient quantized copies
+  std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;
+  Buffer weight_stage_;               // a quantized layer's weight cast from its FP32 master (see params.h)
+  std::vector<char> weight_staged_;   // per (layer, linear): staged since the last begin_step  // shared transient quantized copies
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
   Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
   int64_t staged_capacity_ = 0;

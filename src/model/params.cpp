@@ -1,5 +1,6 @@
 // ParamStore: layout, allocation and seeded initialization of the model's parameters.
 #include "model/params.h"
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -48,7 +49,7 @@ void normal_fill(float* out, int64_t n, uint64_t seed, uint32_t stream, float st
 }
 }  // namespace
 
-Status ParamStore::allocate(const LlamaConfig& cfg, Device dev) {
+Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end) {
   device_ = dev;
   params_ = llama_param_list(cfg);
   int64_t off = 0;
@@ -60,11 +61,21 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev) {
     if (p.decay) decayed_end_ = off;
   }
   total_ = off;
+  hole_begin_ = hole_end_ = 0;
+  if (master_only_begin < master_only_end) {
+    NB_CHECK(master_only_begin >= 0 && master_only_end <= cfg.layers, "master-only layers [%lld, %lld) out of range",
+             (long long)master_only_begin, (long long)master_only_end);
+    // Per layer the six linear weights are consecutive (q, k, v, o, gate_up, down); norms live elsewhere.
+    const ParamInfo& first = info("model.layers." + std::to_string(master_only_begin) + ".self_attn.q_proj.weight");
+    const ParamInfo& last = info("model.layers." + std::to_string(master_only_end - 1) + ".mlp.down_proj.weight");
+    hole_begin_ = first.offset;
+    hole_end_ = last.offset + (last.numel + kAlign - 1) / kAlign * kAlign;
+  }
   NB_TRY(Buffer::allocate(&master_, DType::f32, dev, {total_}));
   NB_TRY(Buffer::allocate(&grad_, DType::f32, dev, {total_}));
   NB_TRY(Buffer::allocate(&m_, DType::f32, dev, {total_}));
   NB_TRY(Buffer::allocate(&v_, DType::f32, dev, {total_}));
-  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {total_}));
+  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {std::max<int64_t>(1, total_ - (hole_end_ - hole_begin_))}));
   return Status::ok();
 }
 
@@ -88,7 +99,8 @@ Status ParamStore::initialize(uint64_t seed) {
   ops::fill(flat_m(), 0.0f, nullptr);
   ops::fill(flat_v(), 0.0f, nullptr);
   ops::fill(flat_grad(), 0.0f, nullptr);
-  ops::cast(flat_master(), flat_compute(), nullptr);
+  for (const Piece& p : compute_pieces(0, total_))
+    if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
   return Status::ok();
 }
 
@@ -109,9 +121,36 @@ Tensor ParamStore::shaped(const Buffer& b, DType dt, const ParamInfo& p) const {
 Tensor ParamStore::range(const Tensor& flat, int64_t begin, int64_t end) const {
   return Tensor::make(static_cast<uint8_t*>(flat.data) + dtype_bytes(flat.dtype, begin), flat.dtype, device_, {end - begin});
 }
-Tensor ParamStore::compute(const std::string& n) const { return shaped(compute_, compute_dtype(), info(n)); }
+bool ParamStore::has_compute(const std::string& n) const {
+  const ParamInfo& p = info(n);
+  return p.offset < hole_begin_ || p.offset >= hole_end_;
+}
+Tensor ParamStore::compute(const std::string& n) const {
+  NB_CHECK(has_compute(n), "internal: %s has no compute copy (its layer reads the FP32 master)", n.c_str());
+  ParamInfo p = info(n);
+  p.offset = compute_offset(p.offset);
+  return shaped(compute_, compute_dtype(), p);
+}
+Tensor ParamStore::flat_compute() const {
+  NB_CHECK(hole_end_ == hole_begin_, "internal: flat_compute with a master-only range; use compute_pieces");
+  return view(compute_, compute_dtype(), 0, total_);
+}
+std::vector<ParamStore::Piece> ParamStore::compute_pieces(int64_t begin, int64_t end) const {
+  std::vector<Piece> out;
+  const int64_t cuts[4] = {begin, std::clamp(hole_begin_, begin, end), std::clamp(hole_end_, begin, end), end};
+  for (int i = 0; i < 3; ++i) {
+    if (cuts[i + 1] <= cuts[i]) continue;
+    Piece p{cuts[i], cuts[i + 1], Tensor{}};
+    const bool inside = cuts[i] >= hole_begin_ && cuts[i + 1] <= hole_end_ && hole_end_ > hole_begin_;
+    if (!inside) p.compute = view(compute_, compute_dtype(), compute_offset(cuts[i]), cuts[i + 1] - cuts[i]);
+    out.push_back(p);
+  }
+  return out;
+}
 Tensor ParamStore::grad(const std::string& n) const { return shaped(grad_, DType::f32, info(n)); }
 Tensor ParamStore::master(const std::string& n) const { return shaped(master_, DType::f32, info(n)); }
-size_t ParamStore::bytes() const { return size_t(total_) * (16 + size_t(dtype_bits(compute_dtype()) / 8)); }
+size_t ParamStore::bytes() const {
+  return size_t(total_) * 16 + size_t(total_ - (hole_end_ - hole_begin_)) * size_t(dtype_bits(compute_dtype()) / 8);
+}
 
 }  // namespace nb

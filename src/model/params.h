@@ -3,6 +3,10 @@
 // slice at the same offset in all five. Flat storage lets zeroing, the global gradient norm and
 // AdamW run as a few launches over contiguous memory. Weight-decayed (2-D) parameters come first,
 // so decayed and non-decayed parameters are two contiguous ranges.
+// Master-only range: the linear weights of a contiguous block of layers (those a precision recipe
+// quantizes) can be left without a compute copy. Their Linears quantize from the FP32 master once per
+// step (through a staging buffer the model owns), so a BF16 copy would only cost 2 bytes per weight.
+// The compute buffer then skips that range: compute offsets past it shift down by its length.
 #pragma once
 #include <string>
 #include <vector>
@@ -22,7 +26,8 @@ struct ParamInfo {
 
 class ParamStore {
  public:
-  Status allocate(const LlamaConfig& cfg, Device dev);
+  // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
+  Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0);
   // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
   Status initialize(uint64_t seed);
 
@@ -33,8 +38,9 @@ class ParamStore {
   Device device() const { return device_; }
   DType compute_dtype() const { return device_ == Device::cuda ? DType::bf16 : DType::f32; }
 
-  // Views of one parameter (2-D or 1-D) in each buffer.
+  // Views of one parameter (2-D or 1-D) in each buffer. compute() of a master-only parameter is an error.
   Tensor compute(const std::string& name) const;
+  bool has_compute(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   Tensor master(const std::string& name) const;
   // Flat views, for the optimizer and reductions.
@@ -42,15 +48,22 @@ class ParamStore {
   Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
   Tensor flat_m() const { return view(m_, DType::f32, 0, total_); }
   Tensor flat_v() const { return view(v_, DType::f32, 0, total_); }
-  Tensor flat_compute() const { return view(compute_, compute_dtype(), 0, total_); }
+  Tensor flat_compute() const;  // only without a master-only range
   Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
+  // [begin, end) of the flat element space cut at the master-only range: each piece with its compute
+  // view (data == nullptr inside the range), for the optimizer, which writes the compute copy.
+  struct Piece { int64_t begin, end; Tensor compute; };
+  std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
+  int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
   size_t bytes() const;
 
  private:
   Tensor view(const Buffer& b, DType dt, int64_t offset, int64_t n) const;
   Tensor shaped(const Buffer& b, DType dt, const ParamInfo& p) const;
   std::vector<ParamInfo> params_;
+  int64_t compute_offset(int64_t offset) const { return offset < hole_begin_ ? offset : offset - (hole_end_ - hole_begin_); }
   int64_t total_ = 0, decayed_end_ = 0;
+  int64_t hole_begin_ = 0, hole_end_ = 0;  // the master-only range (elements)
   Device device_ = Device::cpu;
   Buffer master_, grad_, m_, v_, compute_;
 };

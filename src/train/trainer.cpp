@@ -120,7 +120,7 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
 
   // ---- memory estimate before step 1
   MicroBatchShape shape{cfg.micro_batch_size, cfg.seq_length};
-  const double param_bytes = double(LlamaModel::parameter_bytes(model_cfg, dev));
+  const double param_bytes = double(LlamaModel::parameter_bytes(model_cfg, dev, rcp));
   const double act_bytes = double(LlamaModel::plan_activation_bytes(model_cfg, dev, shape, rc, rcp));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
@@ -284,15 +284,16 @@ Status run_training(TrainConfig cfg, TrainSummary* summary) {
       if (cfg.clip_grad > 0 && grad_norm > cfg.clip_grad) clip = float(cfg.clip_grad / (grad_norm + 1e-6));
       ops::AdamWParams ap{float(lr), float(cfg.adam_beta1), float(cfg.adam_beta2), float(cfg.adam_eps),
                           float(cfg.weight_decay), it + 1 - m.skipped, clip};
-      // Weight decay only on the 2-D weights, which the ParamStore keeps first.
-      ops::adamw_update(P.range(P.flat_master(), 0, P.decayed_count()), P.range(P.flat_grad(), 0, P.decayed_count()),
-                        P.range(P.flat_m(), 0, P.decayed_count()), P.range(P.flat_v(), 0, P.decayed_count()),
-                        P.range(P.flat_compute(), 0, P.decayed_count()), ap, nullptr);
-      ap.weight_decay = 0;
-      ops::adamw_update(P.range(P.flat_master(), P.decayed_count(), P.total()),
-                        P.range(P.flat_grad(), P.decayed_count(), P.total()),
-                        P.range(P.flat_m(), P.decayed_count(), P.total()), P.range(P.flat_v(), P.decayed_count(), P.total()),
-                        P.range(P.flat_compute(), P.decayed_count(), P.total()), ap, nullptr);
+      // Weight decay only on the 2-D weights, which the ParamStore keeps first. Master-only weights (quantized
+      // layers) get no compute copy: their pieces pass an empty one.
+      for (bool decayed : {true, false}) {
+        ap.weight_decay = decayed ? float(cfg.weight_decay) : 0.f;
+        const int64_t b = decayed ? 0 : P.decayed_count(), e = decayed ? P.decayed_count() : P.total();
+        for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
+          ops::adamw_update(P.range(P.flat_master(), pc.begin, pc.end), P.range(P.flat_grad(), pc.begin, pc.end),
+                            P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute,
+                            ap, nullptr);
+      }
     }
     NB_PROFILE_END("optimizer: norm + AdamW");
     if (dev == Device::cuda) device_synchronize();
