@@ -1,4 +1,5 @@
 // Build and device facts of the CUDA backend.
+#include <atomic>
 #include <cublasLt.h>
 #include <cudnn.h>
 #include "core/cuda_check.h"
@@ -43,6 +44,18 @@ std::vector<GpuInfo> query_gpus(std::string* why) {
     out.push_back(g);
   }
   return out;
+}
+
+int current_device_sm_count() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev].load(std::memory_order_relaxed);
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev < kMaxDevices) cached[dev].store(sms, std::memory_order_relaxed);
+  return sms;
 }
 
 }  // namespace nb

@@ -23,5 +23,8 @@ struct BuildInfo {
 BuildInfo build_info();
 // Empty with `why` set when no GPU is usable.
 std::vector<GpuInfo> query_gpus(std::string* why);
+// SM count of the current CUDA device, queried once per device and cached (for launch sizing on hot
+// paths; CUDA builds only).
+int current_device_sm_count();
 
 }  // namespace nb

@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include "core/cuda_check.h"
+#include "core/device_info.h"
 #include "formats/fp8/fp8.h"
 
 namespace nb::fp8 {
@@ -303,9 +304,7 @@ Status quantize_current_cuda(const bf16* x, Format fmt, bool pow2_scales, const 
   if (out.nonfinite) CUDA_CHECK(cudaMemsetAsync(out.nonfinite, 0, sizeof(int32_t), s));
   const int64_t n = out.rows * out.cols;
   // Enough blocks to fill every SM (8 resident blocks of 256 threads each), no more: each then strides.
-  int device = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = current_device_sm_count();
   int64_t blocks = (n / 8 + kThreads * kAmaxLoads - 1) / (kThreads * kAmaxLoads);
   blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sms) * (2048 / kThreads)));
   amax_kernel<<<unsigned(blocks), kThreads, 0, s>>>(x, n, out.amax, out.nonfinite);

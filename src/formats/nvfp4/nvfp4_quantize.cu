@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cfloat>
 #include "core/cuda_check.h"
+#include "core/device_info.h"
 #include "formats/hadamard/hadamard.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "formats/nvfp4/nvfp4_math.h"
@@ -341,13 +342,6 @@ NB_UNROLL
   }
 }
 
-int sm_count() {
-  int dev = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // Persistent grid: as many CTAs as fit on the GPU at once (never more than there are tiles).
 template <bool kTwoD, bool kRht, bool kSr>
 void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
@@ -357,7 +351,7 @@ void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kRingBytes));
-    return std::max(per_sm, 1) * sm_count();
+    return std::max(per_sm, 1) * current_device_sm_count();
   }();
   const int grid = int(std::min<int64_t>(tiles, resident));
   quantize_kernel<kTwoD, kRht, kSr><<<grid, kThreads, kRingBytes, s>>>(a);
@@ -384,7 +378,7 @@ Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, fl
   if (row_amax) CUDA_CHECK(cudaMemsetAsync(row_amax, 0, sizeof(float), s));
   if (col_amax) CUDA_CHECK(cudaMemsetAsync(col_amax, 0, sizeof(float), s));
   const int64_t patches = (rows / 16) * (cols / 8);
-  const int sms = sm_count();
+  const int sms = current_device_sm_count();
   const int grid = int(std::min<int64_t>((patches + 255) / 256, int64_t(sms) * 8));
   auto* ra = reinterpret_cast<uint32_t*>(row_amax);
   auto* ca = reinterpret_cast<uint32_t*>(col_amax);
