@@ -42,6 +42,17 @@ void rope_table(const RopeConfig& cfg, int64_t seq_len, int64_t head_dim, float*
     }
 }
 
+// Rotates the pairs (src[i], src[i + half]) of one head by one row of the tables into dst (may equal src).
+static void rotate_head(const float* src, float* dst, const float* cos_row, const float* sin_row, int64_t half,
+                        float sign) {
+  for (int64_t i = 0; i < half; ++i) {
+    float c = cos_row[i], sn = sign * sin_row[i];
+    float x1 = src[i], x2 = src[i + half];
+    dst[i] = x1 * c - x2 * sn;
+    dst[i + half] = x2 * c + x1 * sn;
+  }
+}
+
 static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
                        Stream stream) {
   NB_CHECK(x.ndim == 4, "%s: x must be [B, S, nheads, hd], got %s", op, x.shape_str().c_str());
@@ -66,12 +77,7 @@ static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const
     for (int64_t s = 0; s < S; ++s)
       for (int64_t h = 0; h < nh; ++h) {
         float* head = p + ((b * S + s) * nh + h) * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          float c = cos.ptr<float>()[s * half + i], sn = sign * sin.ptr<float>()[s * half + i];
-          float x1 = head[i], x2 = head[i + half];
-          head[i] = x1 * c - x2 * sn;
-          head[i + half] = x2 * c + x1 * sn;
-        }
+        rotate_head(head, head, cos.ptr<float>() + s * half, sin.ptr<float>() + s * half, half, sign);
       }
 }
 
@@ -123,12 +129,7 @@ static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const T
         std::copy(src, src + hd, dst);
         continue;
       }
-      for (int64_t i = 0; i < half; ++i) {
-        float c = cos.ptr<float>()[s * half + i], sn = sign * sin.ptr<float>()[s * half + i];
-        float x1 = src[i], x2 = src[i + half];
-        dst[i] = x1 * c - x2 * sn;
-        dst[i + half] = x2 * c + x1 * sn;
-      }
+      rotate_head(src, dst, cos.ptr<float>() + s * half, sin.ptr<float>() + s * half, half, sign);
     }
   }
 }

@@ -8,6 +8,26 @@ namespace nb::ops {
 namespace {
 using namespace cuda;
 
+// Rotates V pairs (src[i + k], src[half + i + k]) of one head by position row `cs` of the tables into
+// dst (may equal src): the one rotation formula of both kernels, FP32 math, as the CPU reference.
+template <typename T, int V>
+__device__ __forceinline__ void rotate_pairs(const T* src, T* dst, const float* cs, const float* sn_row, int64_t i,
+                                             int64_t half, float sign) {
+  float x1[V], x2[V], c[V], sn[V];
+  load_vec<T, V>(src + i, x1);
+  load_vec<T, V>(src + half + i, x2);
+  load_vec<float, V>(cs + i, c);
+  load_vec<float, V>(sn_row + i, sn);
+  float o1[V], o2[V];
+  NB_UNROLL for (int k = 0; k < V; ++k) {
+    float sk = sign * sn[k];
+    o1[k] = x1[k] * c[k] - x2[k] * sk;
+    o2[k] = x2[k] * c[k] + x1[k] * sk;
+  }
+  store_vec<T, V>(dst + i, o1);
+  store_vec<T, V>(dst + half + i, o2);
+}
+
 // x [rows = B*S*nh, hd]; item = (row, pair group). Position s = (row / nh) % S.
 template <typename T, int V>
 __global__ void rope_kernel(T* x, const float* cosv, const float* sinv, int64_t rows, int64_t S, int64_t nh,
@@ -19,19 +39,7 @@ __global__ void rope_kernel(T* x, const float* cosv, const float* sinv, int64_t 
     int64_t row = it / groups, i = (it % groups) * V;
     int64_t s = (row / nh) % S;
     T* head = x + row * 2 * half;
-    float x1[V], x2[V], c[V], sn[V];
-    load_vec<T, V>(head + i, x1);
-    load_vec<T, V>(head + half + i, x2);
-    load_vec<float, V>(cosv + s * half + i, c);
-    load_vec<float, V>(sinv + s * half + i, sn);
-    float o1[V], o2[V];
-    NB_UNROLL for (int k = 0; k < V; ++k) {
-      float sk = sign * sn[k];
-      o1[k] = x1[k] * c[k] - x2[k] * sk;
-      o2[k] = x2[k] * c[k] + x1[k] * sk;
-    }
-    store_vec<T, V>(head + i, o1);
-    store_vec<T, V>(head + half + i, o2);
+    rotate_pairs<T, V>(head, head, cosv + s * half, sinv + s * half, i, half, sign);
   }
 }
 
@@ -52,23 +60,13 @@ __global__ void rope_qkv_kernel(T* qkv, T* q, T* k, T* v, const float* cosv, con
                     : (h < hq + hkv ? k + (t * hkv + h - hq) * 2 * half : v + (t * hkv + h - hq - hkv) * 2 * half);
     const T* src = merge ? sep : fused;
     T* dst = merge ? fused : sep;
-    float x1[V], x2[V];
-    load_vec<T, V>(src + i, x1);
-    load_vec<T, V>(src + half + i, x2);
     if (h < hq + hkv) {
-      float c[V], sn[V];
-      load_vec<float, V>(cosv + s * half + i, c);
-      load_vec<float, V>(sinv + s * half + i, sn);
-      float o1[V], o2[V];
-      NB_UNROLL for (int j = 0; j < V; ++j) {
-        float sj = sign * sn[j];
-        o1[j] = x1[j] * c[j] - x2[j] * sj;
-        o2[j] = x2[j] * c[j] + x1[j] * sj;
-      }
-      store_vec<T, V>(dst + i, o1);
-      store_vec<T, V>(dst + half + i, o2);
+      rotate_pairs<T, V>(src, dst, cosv + s * half, sinv + s * half, i, half, sign);
     } else {
-      store_vec<T, V>(dst + i, x1);  // a BF16 -> FP32 -> BF16 round trip is exact
+      float x1[V], x2[V];  // v heads: a BF16 -> FP32 -> BF16 round trip is exact
+      load_vec<T, V>(src + i, x1);
+      load_vec<T, V>(src + half + i, x2);
+      store_vec<T, V>(dst + i, x1);
       store_vec<T, V>(dst + half + i, x2);
     }
   }
