@@ -3,10 +3,11 @@
 
 namespace nb {
 
-int64_t LlamaConfig::matmul_params() const {
-  int64_t per_layer = hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * ffn;
-  return layers * per_layer + hidden * vocab;
+int64_t LlamaConfig::linear_params_per_layer() const {
+  return hidden * (q_dim() + 2 * kv_dim()) + q_dim() * hidden + 3 * hidden * ffn;
 }
+
+int64_t LlamaConfig::matmul_params() const { return layers * linear_params_per_layer() + hidden * vocab; }
 
 int64_t LlamaConfig::total_params() const {
   int64_t norms = layers * 2 * hidden + hidden;

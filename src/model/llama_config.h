@@ -23,6 +23,7 @@ struct LlamaConfig {
   int64_t q_dim() const { return heads * head_dim; }
   int64_t kv_dim() const { return kv_heads * head_dim; }
   // Parameters in the GEMMs (LM head counted, embedding not), as the FLOP formula wants them.
+  int64_t linear_params_per_layer() const;  // q, k, v, o, gate, up, down weights of one layer
   int64_t matmul_params() const;
   int64_t total_params() const;
   // 6 * matmul_params + 6 * L * d_q * s: forward and backward, causal attention.

@@ -200,10 +200,8 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe) {
   // Quantized layers' linear weights have no compute copy (params.h).
-  const int64_t per_layer = (cfg.q_dim() + 2 * cfg.kv_dim()) * cfg.hidden + cfg.hidden * cfg.q_dim() +
-                            3 * cfg.ffn * cfg.hidden;
   int64_t master_only = 0;
-  for (bool q : quantized_layers(cfg, recipe)) master_only += q ? per_layer : 0;
+  for (bool q : quantized_layers(cfg, recipe)) master_only += q ? cfg.linear_params_per_layer() : 0;
   return cfg.total_params() * 16 + (cfg.total_params() - master_only) * (dev == Device::cuda ? 2 : 4);
 }
 
