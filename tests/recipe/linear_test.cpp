@@ -166,18 +166,28 @@ TEST(TwoD, DgradReadsTheRowCopyAndMatchesTheExplicitColumnCopyBitForBit) {
   }
 }
 
+// Host f32 tensors of one [kM x kK] -> [kN] Linear holding the Inputs' x and w (y, dy, dx, dw zeroed).
+struct HostLinearTensors {
+  Buffer x, w, y, dy, dx, dw;
+  explicit HostLinearTensors(const Inputs& in) {
+    auto zeros = [](Buffer* b, int64_t rows, int64_t cols) {
+      EXPECT_TRUE(Buffer::allocate(b, DType::f32, Device::cpu, {rows, cols}).is_ok());
+      std::fill(b->ptr<float>(), b->ptr<float>() + rows * cols, 0.f);
+    };
+    zeros(&x, kM, kK); zeros(&w, kN, kK); zeros(&y, kM, kN); zeros(&dy, kM, kN); zeros(&dx, kM, kK); zeros(&dw, kN, kK);
+    std::copy(in.x.begin(), in.x.end(), x.ptr<float>());
+    std::copy(in.w.begin(), in.w.end(), w.ptr<float>());
+  }
+};
+
 TEST(DelayedScaling, NextStepUsesTheAmaxOfThePreviousStep) {
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_fp8_delayed_scaling_mixed", &r).is_ok());
   Inputs in;
   float amax = 0;
   for (float v : in.x) amax = std::max(amax, std::fabs(v));
-  Buffer bx, bw, by;
-  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
-  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
-  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  HostLinearTensors t(in);
+  Buffer &bx = t.x, &bw = t.w, &by = t.y;
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
   QuantizedBytes q;
@@ -197,17 +207,9 @@ TEST(DelayedScaling, FirstStepTinyGradientsAreNotFlushed) {
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_fp8_delayed_scaling_mixed", &r).is_ok());
   Inputs in;
-  Buffer bx, bw, by, bdy, bdx, bdw;
-  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bdy, DType::f32, Device::cpu, {kM, kN}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bdx, DType::f32, Device::cpu, {kM, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bdw, DType::f32, Device::cpu, {kN, kK}).is_ok());
-  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
-  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  HostLinearTensors t(in);
+  Buffer &bx = t.x, &bw = t.w, &by = t.y, &bdy = t.dy, &bdx = t.dx, &bdw = t.dw;
   for (int64_t i = 0; i < kM * kN; ++i) bdy.ptr<float>()[i] = 1e-3f * in.dy[size_t(i)];  // ~1e-6
-  std::fill(bdw.ptr<float>(), bdw.ptr<float>() + kN * kK, 0.f);
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
   ASSERT_TRUE(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr).is_ok());
@@ -221,12 +223,8 @@ TEST(Schedule, WeightsAreQuantizedOncePerStep) {
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_mxfp8_mixed", &r).is_ok());
   Inputs in;
-  Buffer bx, bw, by;
-  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
-  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
-  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  HostLinearTensors t(in);
+  Buffer &bx = t.x, &bw = t.w, &by = t.y;
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
   lin.new_step(0);
@@ -256,12 +254,8 @@ TEST(Health, StatsReportFlushAndSqnr) {
   ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &r).is_ok());
   Inputs in;
   in.x[0] = 4000.f;  // one outlier squeezes the per-tensor scale: small values flush
-  Buffer bx, bw, by;
-  ASSERT_TRUE(Buffer::allocate(&bx, DType::f32, Device::cpu, {kM, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&bw, DType::f32, Device::cpu, {kN, kK}).is_ok());
-  ASSERT_TRUE(Buffer::allocate(&by, DType::f32, Device::cpu, {kM, kN}).is_ok());
-  std::copy(in.x.begin(), in.x.end(), bx.ptr<float>());
-  std::copy(in.w.begin(), in.w.end(), bw.ptr<float>());
+  HostLinearTensors t(in);
+  Buffer &bx = t.x, &bw = t.w, &by = t.y;
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "l", 1, kM, kK, kN, Device::cpu).is_ok());
   lin.set_collect_stats(true);
