@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#include "core/bf16.h"
 #include "core/gpu_profile.h"
 #include "gemm/gemm.h"
 #include "ops/attention.h"
@@ -301,6 +302,24 @@ Status LlamaModel::forward_loss(const int32_t* tokens, const int32_t* labels, do
   return take_loss_sum(loss_sum);
 }
 
+Status LlamaModel::forward_logits(const int32_t* tokens, const int32_t* labels, float* logits, double* loss_sum) {
+  NB_TRY(stage_batches(tokens, labels, 1));
+  logits_sink_ = logits;
+  Status st = run(0, 0.f, false);
+  logits_sink_ = nullptr;
+  NB_TRY(st);
+  return take_loss_sum(loss_sum);
+}
+
+Status LlamaModel::copy_logits_to_host(const Tensor& logits, float* out) const {
+  const size_t n = size_t(logits.numel());
+  if (logits.dtype == DType::f32) return copy_bytes(out, Device::cpu, logits.data, dev_, n * 4);
+  std::vector<bf16> h(n);
+  NB_TRY(copy_bytes(h.data(), Device::cpu, logits.data, dev_, n * 2));
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+  return Status::ok();
+}
+
 Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const LlamaConfig& c = cfg_;
   const int64_t T = shape_.tokens(), B = shape_.batch, S = shape_.seq, hd = c.head_dim;
@@ -417,6 +436,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_BEGIN("lm: fprop GEMM");
     NB_TRY(gemm::matmul(nf_c, w_lm, logits, nt(), st));
     NB_PROFILE_END("lm: fprop GEMM");
+    if (logits_sink_) NB_TRY(copy_logits_to_host(logits, logits_sink_ + t0 * c.vocab));  // before CE overwrites them
     NB_PROFILE_BEGIN("lm: cross-entropy");
     ops::cross_entropy_fwd_bwd(logits, rows(targets, t0, t1), backward ? grad_scale : 0.f, rows(A.losses, t0, t1), st);
     NB_PROFILE_END("lm: cross-entropy");

@@ -65,6 +65,9 @@ class LlamaModel {
   // One micro-batch from host arrays, adding its summed token loss into *loss_sum (synchronizes).
   Status forward_backward(const int32_t* tokens, const int32_t* labels, float grad_scale, double* loss_sum);
   Status forward_loss(const int32_t* tokens, const int32_t* labels, double* loss_sum);
+  // forward_loss that also copies the logits [batch*seq, vocab] to the host as FP32 (parity checks
+  // against other implementations; BF16 logits on CUDA are widened).
+  Status forward_logits(const int32_t* tokens, const int32_t* labels, float* logits, double* loss_sum);
 
   // Internal: one layer's weight views and one micro-batch's activations (defined in the .cpp).
   struct Layer;
@@ -72,6 +75,7 @@ class LlamaModel {
 
  private:
   Status run(int64_t staged_index, float grad_scale, bool backward);
+  Status copy_logits_to_host(const Tensor& logits, float* out) const;
 
   LlamaConfig cfg_;
   Device dev_ = Device::cpu;
@@ -89,6 +93,7 @@ class LlamaModel {
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
   Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
   int64_t staged_capacity_ = 0;
+  float* logits_sink_ = nullptr;     // forward_logits: host destination of the LM head's logits
 };
 
 }  // namespace nb

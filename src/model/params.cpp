@@ -95,10 +95,20 @@ Status ParamStore::initialize(uint64_t seed) {
     });
   }
   for (auto& th : pool) th.join();
-  NB_TRY(copy_bytes(master_.data(), device_, host.data(), Device::cpu, size_t(total_) * 4));
   ops::fill(flat_m(), 0.0f, nullptr);
   ops::fill(flat_v(), 0.0f, nullptr);
   ops::fill(flat_grad(), 0.0f, nullptr);
+  return set_master(host.data());
+}
+
+Status ParamStore::get_flat(const Tensor& flat, float* host) const {
+  return copy_bytes(host, Device::cpu, flat.data, device_, size_t(total_) * 4);
+}
+Status ParamStore::set_flat(const Tensor& flat, const float* host) {
+  return copy_bytes(flat.data, device_, host, Device::cpu, size_t(total_) * 4);
+}
+Status ParamStore::set_master(const float* host) {
+  NB_TRY(set_flat(flat_master(), host));
   for (const Piece& p : compute_pieces(0, total_))
     if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
   return Status::ok();

@@ -55,6 +55,11 @@ class ParamStore {
   struct Piece { int64_t begin, end; Tensor compute; };
   std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
   int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
+  // Whole-store transfers for checkpoints and imported weights (host arrays of total() FP32 elements;
+  // the alignment padding between parameters is zero). set_master also rewrites the compute copy.
+  Status get_flat(const Tensor& flat, float* host) const;
+  Status set_flat(const Tensor& flat, const float* host);
+  Status set_master(const float* host);
   size_t bytes() const;
 
  private:
