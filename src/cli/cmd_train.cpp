@@ -22,10 +22,15 @@ void add_train_command(CLI::App& app) {
   static TrainConfig defaults;  // only for the help text's defaults
   for (const auto& key : config_keys(defaults)) {
     std::string name = key.name;
-    cmd->add_option_function<std::string>(
-           "--" + name, [args, name](const std::string& v) { args->values[name] = v; },
-           key.help + " [default: " + key.get() + "]")
-        ->type_name("");
+    auto* opt = cmd->add_option_function<std::string>(
+                       "--" + name, [args, name](const std::string& v) { args->values[name] = v; },
+                       key.help + " [default: " + key.get() + "]")
+                    ->type_name("");
+    // Booleans are typed bare (`--disable-fp4 --save X`, or last on the line) as well as with a value
+    // (`--disable-fp4 false`, `--disable-fp4=true`): zero or one value, and CLI11 passes default_str
+    // when none follows. A following word that is not a flag is taken as the value, so a bad one
+    // (`maybe`) reaches parse_bool's one-sentence error instead of being silently ignored.
+    if (key.is_flag) opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
   }
   cmd->callback([args] {
     TrainConfig cfg;

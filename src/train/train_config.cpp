@@ -64,7 +64,7 @@ ConfigKey double_key(const char* name, const char* help, double* p) {
 }
 ConfigKey bool_key(const char* name, const char* help, bool* p) {
   return {name, help, [=](const std::string& v) { return parse_bool(std::string("--") + name, v, p); },
-          [=] { return std::string(*p ? "true" : "false"); }};
+          [=] { return std::string(*p ? "true" : "false"); }, true};
 }
 ConfigKey string_key(const char* name, const char* help, std::string* p) {
   return {name, help, [=](const std::string& v) { *p = v; return Status::ok(); }, [=] { return quoted(*p); }};

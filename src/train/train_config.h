@@ -55,6 +55,7 @@ struct ConfigKey {
   std::string help;
   std::function<Status(const std::string&)> set;
   std::function<std::string()> get;
+  bool is_flag = false;  // boolean: the command line accepts it bare (= true) as well as with a value
 };
 
 // The registry over a TrainConfig instance (captures pointers into `c`).
