@@ -2,7 +2,7 @@
 # Installs nibble's build dependencies from Debian packages; downloads nothing else.
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is optional: without nvcc nibble builds its CPU backend only.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev)
+pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

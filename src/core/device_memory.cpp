@@ -1,5 +1,6 @@
 // Device memory primitives for builds without the CUDA backend: every call explains itself.
 #include "core/tensor.h"
+#include <cstdlib>
 #include <cstring>
 
 #if !defined(NIBBLE_HAVE_CUDA)
@@ -10,6 +11,11 @@ static const char* kNoCuda = "this nibble was built without the CUDA backend (no
 
 Status device_malloc(void** p, size_t) { *p = nullptr; return Status::error(kNoCuda); }
 void device_free(void*) {}
+Status pinned_host_malloc(void** p, size_t bytes) {
+  *p = std::malloc(bytes);
+  return *p || bytes == 0 ? Status::ok() : errorf("cannot allocate %.2f GiB of host memory", double(bytes) / 1073741824.0);
+}
+void pinned_host_free(void* p) { std::free(p); }
 Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   if (dd != Device::cpu || sd != Device::cpu) return Status::error(kNoCuda);
   std::memcpy(dst, src, bytes);

@@ -20,6 +20,15 @@ Status device_malloc(void** p, size_t bytes) {
 }
 
 void device_free(void* p) { CUDA_CHECK(cudaFree(p)); }
+Status pinned_host_malloc(void** p, size_t bytes) {
+  if (cudaMallocHost(p, bytes) != cudaSuccess) {
+    cudaGetLastError();
+    *p = nullptr;
+    return errorf("cannot allocate %.2f GiB of page-locked host memory", double(bytes) / 1073741824.0);
+  }
+  return Status::ok();
+}
+void pinned_host_free(void* p) { if (p) CUDA_CHECK(cudaFreeHost(p)); }
 
 Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
   if (dd == Device::cpu && sd == Device::cpu) { std::memcpy(dst, src, bytes); return Status::ok(); }

@@ -47,6 +47,9 @@ struct Tensor {
 // Device memory primitives; the CPU-only build answers every device call with a clear Status.
 Status device_malloc(void** p, size_t bytes);
 void device_free(void* p);
+// Page-locked host memory (fast, asynchronous device-to-host copies; plain malloc without CUDA).
+Status pinned_host_malloc(void** p, size_t bytes);
+void pinned_host_free(void* p);
 Status copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
 // True if a CUDA device is usable; otherwise `why` says why not (no driver, no GPU, CPU-only build).
 bool cuda_device_available(std::string* why);

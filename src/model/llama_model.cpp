@@ -199,6 +199,35 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
   return Status::ok();
 }
 
+Status LlamaModel::scaling_states(std::vector<LinearScaling>* out) const {
+  out->clear();
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    for (int i = 0; i < 4; ++i) {
+      LinearScaling ls{"model.layers." + std::to_string(l) + "." + kLinearNames[i], {}};
+      NB_TRY(linears_[size_t(l)][size_t(i)].scaling_state(&ls.roles));
+      if (!ls.roles.empty()) out->push_back(std::move(ls));
+    }
+  return Status::ok();
+}
+
+Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
+  std::vector<LinearScaling> mine;
+  NB_TRY(scaling_states(&mine));
+  if (in.size() != mine.size())
+    return errorf("the checkpoint has FP8 delayed-scaling state for %zu linear layers, this model and recipe %zu",
+                  in.size(), mine.size());
+  size_t k = 0;
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    for (int i = 0; i < 4; ++i) {
+      if (k >= in.size() || in[k].linear != "model.layers." + std::to_string(l) + "." + kLinearNames[i]) continue;
+      NB_TRY(linears_[size_t(l)][size_t(i)].set_scaling_state(in[k].roles));
+      ++k;
+    }
+  if (k != in.size()) return errorf("the checkpoint's delayed-scaling state names linear '%s', which this model lacks",
+                                    in[k].linear.c_str());
+  return Status::ok();
+}
+
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe) {
   // Quantized layers' linear weights have no compute copy (params.h).
   int64_t master_only = 0;

@@ -43,6 +43,13 @@ class LlamaModel {
   // worst per-linear quantization statistics when collection is on.
   Status take_health(std::string* nonfinite_where, recipe::LinearHealth* worst);
   void set_collect_stats(bool on);
+  // FP8 delayed-scaling state of every Linear (empty for other recipes), for checkpoints.
+  struct LinearScaling {
+    std::string linear;  // "model.layers.3.mlp.down_proj"
+    std::vector<recipe::ScalingState> roles;
+  };
+  Status scaling_states(std::vector<LinearScaling>* out) const;
+  Status set_scaling_states(const std::vector<LinearScaling>& in);
   const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)

@@ -47,6 +47,16 @@ struct LinearHealth {
   bool has_stats = false;
 };
 
+// FP8 delayed-scaling state of one role of one Linear: what a checkpoint must carry for the next step to
+// scale exactly as an uninterrupted run would (the amax history window, the scale it produced, and the
+// amax this step recorded, which new_step() folds into the history).
+struct ScalingState {
+  int role = 0;                 // 0 input, 1 weight, 2 grad
+  bool has_history = false, used_in_step = false;
+  float scale = 1.f, step_amax = 0.f;
+  std::vector<float> history;
+};
+
 class Linear {
  public:
   Linear();
@@ -82,6 +92,10 @@ class Linear {
   // The transient copies (input row-wise, grad both) are read from the workspace: they are valid only
   // until another Linear sharing the workspace runs its forward (input) or backward (grad).
   Status debug_copies(int role, QuantizedBytes* out) const;
+  // Delayed scaling only (otherwise empty / ignored): the roles' scaling state, for checkpoints.
+  // set_scaling_state refuses a state whose roles or history lengths differ from this Linear's.
+  Status scaling_state(std::vector<ScalingState>* out) const;
+  Status set_scaling_state(const std::vector<ScalingState>& in);
 
   struct Impl;  // linear.cpp
 

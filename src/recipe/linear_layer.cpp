@@ -305,3 +305,46 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
 }
 
 }  // namespace nb::recipe
+
+namespace nb::recipe {
+
+Status Linear::scaling_state(std::vector<ScalingState>* out) const {
+  out->clear();
+  if (!impl_ || impl_->all_bf16 || impl_->recipe.fp8_scaling != Fp8Scaling::delayed) return Status::ok();
+  for (int r = 0; r < 3; ++r) {
+    const QCopies& c = impl_->q[r];
+    float f[kStateFloats];
+    int i[kStateInts];
+    NB_TRY(c.read_state(f, i, nullptr));
+    out->push_back({r, c.has_history, c.used_in_step, c.delayed.scale, f[kStepAmax], c.delayed.history});
+  }
+  return Status::ok();
+}
+
+Status Linear::set_scaling_state(const std::vector<ScalingState>& in) {
+  std::vector<ScalingState> mine;
+  NB_TRY(scaling_state(&mine));
+  if (in.size() != mine.size())
+    return errorf("linear '%s': the checkpoint has delayed-scaling state for %zu roles, this recipe %zu",
+                  impl_ ? impl_->name.c_str() : "?", in.size(), mine.size());
+  for (const ScalingState& s : in) {
+    if (s.role < 0 || s.role > 2 || s.history.size() != mine[size_t(s.role)].history.size())
+      return errorf("linear '%s' %s: the checkpoint's amax history has %zu entries, this recipe's %zu",
+                    impl_->name.c_str(), kRoleNames[std::clamp(s.role, 0, 2)], s.history.size(),
+                    mine[size_t(std::clamp(s.role, 0, 2))].history.size());
+    QCopies& c = impl_->q[s.role];
+    float f[kStateFloats];
+    int i[kStateInts];
+    NB_TRY(c.read_state(f, i, nullptr));
+    c.has_history = s.has_history;
+    c.used_in_step = s.used_in_step;
+    c.delayed.scale = s.scale;
+    c.delayed.history = s.history;
+    f[kScale] = s.scale;
+    f[kStepAmax] = s.step_amax;
+    NB_TRY(c.write_state(f, i, nullptr));
+  }
+  return Status::ok();
+}
+
+}  // namespace nb::recipe

@@ -126,8 +126,26 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       string_key("save", "output folder for config.toml and metrics.jsonl", &c.save),
       choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
       double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
+      int_key("save-interval", "write a checkpoint to --save every N iterations and at the end (0 = none)",
+              &c.save_interval),
+      int_key("save-keep", "keep only the newest N checkpoints in --save (0 = all)", &c.save_keep),
+      bool_key("async-save", "write checkpoint files on a background thread (the step waits only for the copy)",
+               &c.async_save),
+      int_key("exit-interval", "save a checkpoint and exit when the iteration is a multiple of N (0 = off)",
+              &c.exit_interval),
+      string_key("load", "resume from the latest checkpoint in this folder (Megatron layout)", &c.load),
+      int_key("ckpt-step", "with --load: the iteration to load instead of the latest (-1 = latest)", &c.ckpt_step),
+      bool_key("no-load-optim", "with --load: do not load the AdamW state (fresh moments)", &c.no_load_optim),
+      bool_key("no-load-rng", "with --load: do not load the RNG state (stochastic rounding restarts its stream)",
+               &c.no_load_rng),
+      bool_key("finetune", "with --load: load the weights only and start at iteration 0", &c.finetune),
+      string_key("load-hf", "start from a Hugging Face Llama folder (config.json + safetensors)", &c.load_hf),
   };
 }
+
+namespace {
+Status apply_config_table(const toml::table& tbl, const std::string& path, TrainConfig& c);
+}  // namespace
 
 Status apply_config_file(const std::string& path, TrainConfig& c) {
   toml::table tbl;
@@ -137,6 +155,22 @@ Status apply_config_file(const std::string& path, TrainConfig& c) {
     return errorf("config file %s: %s (line %u)", path.c_str(), std::string(e.description()).c_str(),
                   e.source().begin.line);
   }
+  return apply_config_table(tbl, path, c);
+}
+
+Status apply_config_text(const std::string& text, const std::string& origin, TrainConfig& c) {
+  toml::table tbl;
+  try {
+    tbl = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    return errorf("configuration in %s: %s (line %u)", origin.c_str(), std::string(e.description()).c_str(),
+                  e.source().begin.line);
+  }
+  return apply_config_table(tbl, origin, c);
+}
+
+namespace {
+Status apply_config_table(const toml::table& tbl, const std::string& path, TrainConfig& c) {
   auto keys = config_keys(c);
   Status result = Status::ok();
   // Flatten one level of tables so "[training] micro-batch-size = 2" and "micro-batch-size = 2" both work.
@@ -165,6 +199,7 @@ Status apply_config_file(const std::string& path, TrainConfig& c) {
   visit(tbl);
   return result;
 }
+}  // namespace
 
 Status resolve_model(TrainConfig& c, LlamaConfig* model) {
   NB_TRY(llama_preset(c.model, model));
@@ -199,6 +234,12 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
   if (c.data_parallel != 1) return errorf("data-parallel %lld: this build trains on one GPU", (long long)c.data_parallel);
+  if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
+    return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
+  if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())
+    return errorf("--save-interval / --exit-interval write checkpoints: pass --save DIR to say where");
+  if ((c.finetune || c.no_load_optim || c.no_load_rng || c.ckpt_step >= 0) && c.load.empty())
+    return errorf("--finetune, --no-load-optim, --no-load-rng and --ckpt-step apply to a checkpoint: pass --load DIR");
   return Status::ok();
 }
 

@@ -48,6 +48,16 @@ struct TrainConfig {
   std::string on_nan = "stop";            // stop | skip
   double peak_tflops = 0;                 // 0 = measured/datasheet BF16 peak of the device
   int64_t data_parallel = 1;
+  // checkpoints (Megatron's flags; see train/checkpoint.h)
+  int64_t save_interval = 0;              // checkpoint every N iterations and at the end (0 = none)
+  int64_t save_keep = 0;                  // keep the newest N checkpoints (0 = all)
+  bool async_save = true;                 // write checkpoint files on a background thread
+  int64_t exit_interval = 0;              // save and exit when the iteration is a multiple of N
+  std::string load;                       // resume from this folder's latest checkpoint
+  int64_t ckpt_step = -1;                 // load this iteration instead of the latest
+  bool no_load_optim = false, no_load_rng = false;
+  bool finetune = false;                  // --load: weights only, iteration 0
+  std::string load_hf;                    // start from a Hugging Face Llama folder
 };
 
 struct ConfigKey {
@@ -62,6 +72,8 @@ struct ConfigKey {
 std::vector<ConfigKey> config_keys(TrainConfig& c);
 // Applies a TOML file's keys; unknown keys and bad values are errors naming the file and key.
 Status apply_config_file(const std::string& path, TrainConfig& c);
+// The same for TOML text (a checkpoint's saved configuration); `origin` names it in errors.
+Status apply_config_text(const std::string& text, const std::string& origin, TrainConfig& c);
 // Cross-field checks that need no GPU (batch divisibility, schedule, model shape).
 Status validate_train_config(const TrainConfig& c, const LlamaConfig& model);
 // Resolves the model from the preset plus overrides, and defaults that depend on it.

@@ -1,20 +1,105 @@
-// The training job: resolves and prints the configuration, estimates memory before step 1, runs
-// the optimizer loop (gradient accumulation, clipping, AdamW, LR schedule), validates, and reports
-// per-step metrics (log lines and JSONL) and an end-of-run summary.
+// The training job as a small Trainer with explicit phases, each with one obvious place:
+//   setup      configuration, tokenizer check, device, recipe, memory estimate, model, data  (trainer_setup.cpp)
+//   load       a checkpoint (--load: resume or --finetune) or Hugging Face weights (--load-hf)
+//                                                                                  (trainer_checkpoint.cpp)
+//   step       one optimizer step: micro-batches, gradient norm, clipping, AdamW      (trainer.cpp)
+//   evaluate   validation loss over --eval-iters global batches (Megatron's meaning)  (trainer.cpp)
+//   save       checkpoint: device-to-host copy, then files on a background thread     (trainer_checkpoint.cpp)
+//   summary    the end-of-run table                                                   (trainer.cpp)
+// run_training() is setup + train loop + summary. Every failure is one sentence; nothing saved is lost.
 #pragma once
+#include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 #include "core/status.h"
+#include "data/token_source.h"
+#include "model/llama_model.h"
+#include "recipe/recipe.h"
+#include "train/checkpoint.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
 #include "train/train_config.h"
 
 namespace nb {
 
 struct TrainSummary {
   int64_t steps = 0, skipped = 0;
+  int64_t start_iteration = 0, end_iteration = 0;  // resumed from / stopped at
   double first_loss = 0, final_loss = 0, final_val_loss = -1;
   double mean_step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, peak_mem_gib = 0;
-  std::string device;
-  std::vector<double> losses;  // per step
+  int64_t saves = 0;
+  double save_stall_ms_max = 0, save_write_s_max = 0, checkpoint_gib = 0;  // async save figures
+  std::string device, stopped_by;  // stopped_by: "", "exit-interval" or "SIGTERM"
+  std::vector<double> losses;      // per step run here
+};
+
+class Trainer {
+ public:
+  Trainer();
+  ~Trainer();
+  Status setup(TrainConfig cfg);
+  Status train(TrainSummary* summary);  // load, loop (step, evaluate, save), final save
+
+ private:
+  // setup phases (trainer_setup.cpp)
+  Status resolve_config();
+  Status check_tokenizer();
+  Status pick_device();
+  void print_plan();
+  Status estimate_memory();
+  Status build_model();
+  Status build_data();
+  // checkpoint phases (trainer_checkpoint.cpp)
+  Status load();
+  Status load_checkpoint(const CheckpointRef& ref);
+  Status check_resume_compatible(const TrainConfig& saved, const LlamaConfig& saved_model) const;
+  Status restore_state(const nlohmann::json& state);
+  nlohmann::json trainer_state() const;
+  Status save(TrainSummary* summary);
+  Status finish_saves(TrainSummary* summary);  // waits for the save in flight and reports it
+  void note_written(const CheckpointWriteStats& ws, TrainSummary* summary);
+  // loop phases (trainer.cpp)
+  Status step(StepMetrics* m);
+  Status evaluate(int64_t iteration, TrainSummary* summary);
+  void report(const TrainSummary& s) const;
+
+  TrainConfig cfg_;
+  LlamaConfig model_cfg_;
+  recipe::Recipe recipe_;
+  Recompute recompute_ = Recompute::none;
+  Device dev_ = Device::cpu;
+  std::string device_name_;
+  int cc_major_ = 0, cc_minor_ = 0;
+  int64_t accum_ = 1, tokens_per_step_ = 0;
+  double flops_per_token_ = 0, peak_tflops_ = 0;
+  double param_bytes_ = 0, act_bytes_ = 0, workspace_bytes_ = 0;
+  size_t free_bytes_ = 0, total_bytes_ = 0, base_used_ = 0;
+  LlamaModel model_;
+  std::unique_ptr<TokenSource> train_src_, valid_src_;
+  LrSchedule sched_;
+  Buffer norm_sq_;
+  std::vector<int32_t> step_tokens_, step_labels_;
+  std::ofstream jsonl_;
+  // Training state that a checkpoint carries (besides weights and AdamW moments).
+  int64_t iteration_ = 0;         // completed optimizer steps
+  int64_t consumed_valid_ = 0;    // validation samples read so far
+  int64_t adam_step_ = 0;         // AdamW's bias-correction step count (reset by --no-load-optim)
+  int64_t rng_step_ = 0;          // stochastic-rounding key counter (reset by --no-load-rng)
+  int64_t skipped_ = 0, nan_iters_ = 0;
+  double peak_mem_ = 0;
+  // Checkpoint saving: host copies of master, m, v (page-locked on CUDA) and the writer thread.
+  struct HostCopies {
+    float* master = nullptr;
+    float* m = nullptr;
+    float* v = nullptr;
+    bool pinned = false;  // page-locked (CUDA) or plain malloc (CPU backend)
+    ~HostCopies();
+    Status allocate(int64_t n, bool page_locked);
+  };
+  std::unique_ptr<HostCopies> host_;
+  std::unique_ptr<AsyncCheckpointWriter> writer_;
+  int64_t pending_save_ = -1, last_saved_ = -1;  // iterations: the save in flight, the newest written
 };
 
 // Runs the whole job. Every failure comes back as one sentence; nothing already saved is touched.

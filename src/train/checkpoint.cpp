@@ -1,0 +1,304 @@
+// Checkpoint folders: durable writes (temporary folder, fsync, rename, tracker), retention, lookup,
+// verification (CRC-32 per file) and streaming reads of the safetensors files.
+#include "train/checkpoint.h"
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include "io/file_util.h"
+
+namespace nb {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kTracker = "latest_checkpointed_iteration.txt";
+
+// One group of tensors: every layout tensor under "<name><suffix>", read from a host flat array.
+struct TensorGroup {
+  std::string suffix;
+  const float* host_flat;
+};
+
+// safetensors header for F32 tensors written group by group in `layout` order, padded to 8 bytes.
+std::string safetensors_header(const std::vector<HfTensor>& layout, const std::vector<TensorGroup>& groups) {
+  nlohmann::json h;
+  h["__metadata__"] = {{"format", "pt"}};
+  uint64_t off = 0;
+  for (const TensorGroup& g : groups)
+    for (const HfTensor& t : layout) {
+      const uint64_t bytes = uint64_t(t.numel) * 4;
+      h[t.name + g.suffix] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {off, off + bytes}}};
+      off += bytes;
+    }
+  std::string s = h.dump();
+  s.append((8 - s.size() % 8) % 8, ' ');
+  return s;
+}
+
+Status write_tensor_file(const std::string& path, const std::vector<HfTensor>& layout,
+                         const std::vector<TensorGroup>& groups, nlohmann::json* entry) {
+  const std::string header = safetensors_header(layout, groups);
+  const uint64_t n = header.size();
+  DurableFile f;
+  NB_TRY(f.open(path));
+  NB_TRY(f.write(&n, 8));  // little-endian hosts only (x86-64, aarch64)
+  NB_TRY(f.write(header.data(), header.size()));
+  for (const TensorGroup& g : groups)
+    for (const HfTensor& t : layout) NB_TRY(f.write(g.host_flat + t.flat_offset, size_t(t.numel) * 4));
+  NB_TRY(f.finish());
+  *entry = {{"bytes", f.size()}, {"crc32", f.crc32()}};
+  return Status::ok();
+}
+
+// CRC-32 of the state's canonical dump without the field itself.
+uint32_t state_crc(nlohmann::json state) {
+  state.erase("state_crc32");
+  const std::string s = state.dump();
+  return crc32_of(s.data(), s.size());
+}
+
+Status remove_tree(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  if (ec) return errorf("cannot remove %s: %s", p.c_str(), ec.message().c_str());
+  return Status::ok();
+}
+
+// Deletes every iter_* folder (complete or left by a killed save) but the newest `keep` complete ones;
+// the tracker's folder is always kept.
+Status prune(const std::string& save_dir, int64_t keep, int64_t tracked) {
+  std::vector<std::pair<int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(save_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("iter_", 0) != 0 || !e.is_directory()) continue;
+    const bool tmp = name.find(".tmp") != std::string::npos || name.find(".old") != std::string::npos;
+    int64_t it = -1;
+    if (!tmp && std::sscanf(name.c_str(), "iter_%ld", &it) != 1) continue;
+    found.push_back({tmp ? -1 : it, e.path()});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  int64_t kept = 0;
+  for (const auto& [it, path] : found) {
+    if (it == tracked || (it >= 0 && it <= tracked && ++kept <= keep - 1)) continue;
+    if (it > tracked) continue;  // newer than the tracker: another job's? leave it alone
+    NB_TRY(remove_tree(path));
+  }
+  return Status::ok();
+}
+
+Status read_exact(std::FILE* f, void* dst, size_t bytes, const std::string& path) {
+  if (std::fread(dst, 1, bytes, f) != bytes) return errorf("%s is truncated", path.c_str());
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string checkpoint_folder_name(int64_t iteration) { return strprintf("iter_%07lld", (long long)iteration); }
+
+Status write_checkpoint(const std::string& save_dir, const CheckpointData& data, int64_t keep,
+                        CheckpointWriteStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const fs::path final_dir = fs::path(save_dir) / checkpoint_folder_name(data.iteration);
+  const fs::path tmp_dir = final_dir.string() + ".tmp";
+  NB_TRY(remove_tree(tmp_dir));  // a killed save of the same iteration
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return errorf("cannot create checkpoint folder %s: %s", tmp_dir.c_str(), ec.message().c_str());
+  nlohmann::json state = data.state, files;
+  Status st = write_tensor_file((tmp_dir / "model.safetensors").string(), data.layout, {{"", data.master}},
+                                &files["model.safetensors"]);
+  if (st) st = write_tensor_file((tmp_dir / "optimizer.safetensors").string(), data.layout,
+                                 {{".exp_avg", data.exp_avg}, {".exp_avg_sq", data.exp_avg_sq}},
+                                 &files["optimizer.safetensors"]);
+  if (st) {
+    state["files"] = files;
+    state["state_crc32"] = state_crc(state);
+    DurableFile f;
+    const std::string text = state.dump(1);
+    st = f.open((tmp_dir / "trainer_state.json").string());
+    if (st) st = f.write(text.data(), text.size());
+    if (st) st = f.finish();
+  }
+  if (st) st = sync_folder(tmp_dir.string());
+  if (st && fs::exists(final_dir)) {  // the same iteration saved again (a resume that stops at once)
+    const fs::path old = final_dir.string() + ".old";
+    NB_TRY(remove_tree(old));
+    fs::rename(final_dir, old, ec);
+    if (ec) st = errorf("cannot move aside %s: %s", final_dir.c_str(), ec.message().c_str());
+  }
+  if (st) {
+    fs::rename(tmp_dir, final_dir, ec);
+    if (ec) st = errorf("cannot rename %s to %s: %s", tmp_dir.c_str(), final_dir.c_str(), ec.message().c_str());
+  }
+  if (st) st = sync_folder(save_dir);
+  if (!st) {
+    (void)remove_tree(tmp_dir);  // free the space; the tracker still names the previous checkpoint
+    return st;
+  }
+  NB_TRY(replace_file_atomically((fs::path(save_dir) / kTracker).string(), std::to_string(data.iteration) + "\n"));
+  (void)remove_tree(final_dir.string() + ".old");
+  if (keep > 0) NB_TRY(prune(save_dir, keep, data.iteration));
+  if (stats) {
+    stats->bytes = 0;
+    for (const auto& [name, e] : files.items()) stats->bytes += e["bytes"].get<uint64_t>();
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return Status::ok();
+}
+
+Status find_checkpoint(const std::string& load_dir, int64_t step, CheckpointRef* out, bool* found) {
+  if (found) *found = true;
+  if (step < 0) {
+    std::ifstream in(fs::path(load_dir) / kTracker);
+    if (!in) {
+      if (found) { *found = false; return Status::ok(); }
+      return errorf("no checkpoint in %s: it has no %s (pass the --save folder of an earlier run)", load_dir.c_str(),
+                    kTracker);
+    }
+    std::string text;
+    in >> text;
+    char* end = nullptr;
+    step = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || step < 0)
+      return errorf("%s/%s holds '%s', not an iteration number; pass --ckpt-step N to pick a checkpoint",
+                    load_dir.c_str(), kTracker, text.c_str());
+  }
+  out->iteration = step;
+  out->dir = (fs::path(load_dir) / checkpoint_folder_name(step)).string();
+  if (!fs::is_directory(out->dir))
+    return errorf("checkpoint folder %s does not exist (iteration %lld)", out->dir.c_str(), (long long)step);
+  return Status::ok();
+}
+
+Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
+  const std::string path = ref.dir + "/trainer_state.json";
+  std::ifstream in(path);
+  if (!in) return errorf("checkpoint %s is incomplete: %s is missing", ref.dir.c_str(), path.c_str());
+  try {
+    *state = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    return errorf("%s fails its checksum: it is not valid JSON (%s); the file is damaged, load an older checkpoint "
+                  "with --ckpt-step N", path.c_str(), e.what());
+  }
+  if (!state->contains("state_crc32") || !(*state)["state_crc32"].is_number_unsigned() ||
+      (*state)["state_crc32"].get<uint32_t>() != state_crc(*state))
+    return errorf("%s fails its checksum: the file is damaged; load an older checkpoint with --ckpt-step N",
+                  path.c_str());
+  for (const auto& [name, e] : (*state)["files"].items()) {
+    uint32_t crc = 0;
+    uint64_t size = 0;
+    NB_TRY(file_crc32(ref.dir + "/" + name, &crc, &size).context("checkpoint " + ref.dir));
+    if (size != e["bytes"].get<uint64_t>() || crc != e["crc32"].get<uint32_t>())
+      return errorf("%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08x): "
+                    "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
+                    ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc,
+                    (unsigned long long)e["bytes"].get<uint64_t>(), e["crc32"].get<uint32_t>());
+  }
+  return Status::ok();
+}
+
+Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTensor>& layout, const std::string& suffix,
+                               float* host_flat) {
+  std::FILE* f = std::fopen(file.c_str(), "rb");
+  if (!f) return errorf("cannot open %s: %s", file.c_str(), std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, std::fclose);
+  uint64_t n = 0;
+  NB_TRY(read_exact(f, &n, 8, file));
+  if (n > (100u << 20)) return errorf("%s: header of %llu bytes is not a safetensors header", file.c_str(), (unsigned long long)n);
+  std::string header(n, '\0');
+  NB_TRY(read_exact(f, header.data(), n, file));
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    return errorf("%s: the safetensors header is not valid JSON (%s)", file.c_str(), e.what());
+  }
+  for (const HfTensor& t : layout) {
+    const std::string name = t.name + suffix;
+    if (!h.contains(name)) return errorf("%s has no tensor %s", file.c_str(), name.c_str());
+    const auto& e = h[name];
+    const auto shape = e.value("shape", std::vector<int64_t>{});
+    if (e.value("dtype", "") != "F32" || shape != t.shape)
+      return errorf("%s: tensor %s is %s %s, expected F32 with this model's shape", file.c_str(), name.c_str(),
+                    e.value("dtype", "?").c_str(), nlohmann::json(shape).dump().c_str());
+    const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
+    if (std::fseek(f, long(8 + n + begin), SEEK_SET) != 0) return errorf("%s is truncated", file.c_str());
+    NB_TRY(read_exact(f, host_flat + t.flat_offset, size_t(t.numel) * 4, file));
+  }
+  return Status::ok();
+}
+
+nlohmann::json model_config_json(const LlamaConfig& c) {
+  return {{"name", c.name}, {"hidden", c.hidden}, {"ffn", c.ffn}, {"layers", c.layers}, {"heads", c.heads},
+          {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim}, {"vocab", c.vocab}, {"rope_theta", c.rope_theta},
+          {"rope_factor", c.rope_factor}, {"rope_low_freq_factor", c.rope_low_freq_factor},
+          {"rope_high_freq_factor", c.rope_high_freq_factor}, {"rope_original_max_pos", c.rope_original_max_pos},
+          {"norm_eps", c.norm_eps}, {"tied_embeddings", c.tied_embeddings}, {"max_seq", c.max_seq}};
+}
+
+Status model_config_from_json(const nlohmann::json& j, const std::string& where, LlamaConfig* out) {
+  try {
+    LlamaConfig c;
+    c.name = j.at("name").get<std::string>();
+    c.hidden = j.at("hidden"); c.ffn = j.at("ffn"); c.layers = j.at("layers"); c.heads = j.at("heads");
+    c.kv_heads = j.at("kv_heads"); c.head_dim = j.at("head_dim"); c.vocab = j.at("vocab");
+    c.rope_theta = j.at("rope_theta"); c.rope_factor = j.at("rope_factor");
+    c.rope_low_freq_factor = j.at("rope_low_freq_factor"); c.rope_high_freq_factor = j.at("rope_high_freq_factor");
+    c.rope_original_max_pos = j.at("rope_original_max_pos"); c.norm_eps = j.at("norm_eps");
+    c.tied_embeddings = j.at("tied_embeddings"); c.max_seq = j.at("max_seq");
+    *out = c;
+  } catch (const std::exception& e) {
+    return errorf("%s: the model description is incomplete (%s)", where.c_str(), e.what());
+  }
+  return validate(*out).context(where);
+}
+
+Status checkpoint_config(const CheckpointRef& ref, TrainConfig* cfg, LlamaConfig* model) {
+  nlohmann::json state;
+  NB_TRY(read_checkpoint_state(ref, &state));
+  const std::string where = ref.dir + "/trainer_state.json";
+  if (!state.contains("config") || !state["config"].is_string() || !state.contains("model"))
+    return errorf("%s has no configuration; it was not written by nibble", where.c_str());
+  *cfg = TrainConfig{};
+  NB_TRY(apply_config_text(state["config"].get<std::string>(), where, *cfg));
+  return model_config_from_json(state["model"], where, model);
+}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() { (void)wait(); }
+
+Status AsyncCheckpointWriter::start(CheckpointData data) {
+  NB_TRY(wait());
+  done_ = false;
+  thread_ = std::thread([this, d = std::move(data)] {
+    CheckpointWriteStats stats;
+    Status st = write_checkpoint(save_dir_, d, keep_, &stats)
+                    .context("saving the checkpoint of iteration " + std::to_string(d.iteration));
+    std::lock_guard<std::mutex> lock(mu_);
+    result_ = st;
+    stats_ = stats;
+    done_ = true;
+  });
+  return Status::ok();
+}
+
+Status AsyncCheckpointWriter::wait(CheckpointWriteStats* last) {
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (last) *last = stats_;
+  Status st = result_;
+  result_ = Status::ok();
+  return st;
+}
+
+bool AsyncCheckpointWriter::failed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ && !result_.is_ok();
+}
+
+}  // namespace nb

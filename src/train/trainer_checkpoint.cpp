@@ -1,0 +1,261 @@
+// Trainer checkpoint phases: load (resume, --finetune, --load-hf) with Megatron's resume rules, the
+// trainer state a checkpoint carries, and save (device-to-host copy, then the background writer).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include "core/log.h"
+#include "io/hf_llama.h"
+#include "model/hf_layout.h"
+#include "train/trainer.h"
+
+#ifndef NIBBLE_VERSION
+#define NIBBLE_VERSION "unknown"
+#endif
+
+namespace nb {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Keys a resume may change freely (Megatron accepts them too); every other change is printed.
+bool free_on_resume(const std::string& key) {
+  static const char* kFree[] = {"train-iters", "min-lr", "eval-interval", "eval-iters", "log-interval", "save",
+                                "save-interval", "save-keep", "async-save", "exit-interval", "load", "ckpt-step",
+                                "no-load-optim", "no-load-rng", "finetune", "load-hf", "device", "quant-stats",
+                                "on-nan", "peak-tflops", "lr-decay-iters"};
+  for (const char* k : kFree) if (key == k) return true;
+  return false;
+}
+
+// Keys that fix the data order or the optimizer's step: a different value cannot continue the run.
+bool fixed_on_resume(const std::string& key) {
+  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path", "split"};
+  for (const char* k : kFixed) if (key == k) return true;
+  return false;
+}
+
+}  // namespace
+
+Trainer::HostCopies::~HostCopies() {
+  for (float* p : {master, m, v}) {
+    if (pinned) pinned_host_free(p);
+    else std::free(p);
+  }
+}
+
+Status Trainer::HostCopies::allocate(int64_t n, bool page_locked) {
+  const size_t bytes = size_t(n) * sizeof(float);
+  pinned = page_locked;
+  for (float** p : {&master, &m, &v}) {
+    if (page_locked) {
+      NB_TRY(pinned_host_malloc(reinterpret_cast<void**>(p), bytes));
+    } else if (!(*p = static_cast<float*>(std::malloc(bytes)))) {
+      return errorf("cannot allocate %.2f GiB of host memory", double(bytes) / 1073741824.0);
+    }
+  }
+  return Status::ok();
+}
+
+Status Trainer::load() {
+  if (!cfg_.load.empty()) {
+    namespace fs = std::filesystem;
+    if (!fs::is_directory(cfg_.load) && cfg_.load != cfg_.save)
+      return errorf("--load %s is not a folder; pass the --save folder of an earlier run", cfg_.load.c_str());
+    CheckpointRef ref;
+    bool found = true;
+    NB_TRY(find_checkpoint(cfg_.load, cfg_.ckpt_step, &ref, &found));
+    if (found) return load_checkpoint(ref);
+    std::printf("no checkpoint in %s yet (no latest_checkpointed_iteration.txt): starting a new run\n",
+                cfg_.load.c_str());
+  }
+  if (!cfg_.load_hf.empty()) {
+    NB_TRY(load_hf_weights(cfg_.load_hf, model_cfg_, model_.params()).context("--load-hf"));
+    std::printf("loaded Hugging Face weights from %s (AdamW state fresh, iteration 0)\n", cfg_.load_hf.c_str());
+  }
+  return Status::ok();
+}
+
+Status Trainer::load_checkpoint(const CheckpointRef& ref) {
+  const auto t0 = std::chrono::steady_clock::now();
+  nlohmann::json state;
+  NB_TRY(read_checkpoint_state(ref, &state));
+  TrainConfig saved;
+  LlamaConfig saved_model;
+  NB_TRY(checkpoint_config(ref, &saved, &saved_model));
+  NB_TRY(check_resume_compatible(saved, saved_model));
+  ParamStore& P = model_.params();
+  const std::vector<HfTensor> layout = hf_tensors(P);
+  std::vector<float> host(size_t(P.total()), 0.0f);
+  NB_TRY(read_checkpoint_tensors(checkpoint_model_file(ref), layout, "", host.data()));
+  NB_TRY(P.set_master(host.data()));
+  const bool optim = !cfg_.finetune && !cfg_.no_load_optim;
+  if (optim) {
+    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, ".exp_avg", host.data()));
+    NB_TRY(P.set_flat(P.flat_m(), host.data()));
+    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, ".exp_avg_sq", host.data()));
+    NB_TRY(P.set_flat(P.flat_v(), host.data()));
+  }
+  if (!cfg_.finetune) NB_TRY(restore_state(state).context("checkpoint " + ref.dir));
+  std::printf("loaded checkpoint %s in %.1f s: %s%s%s\n", ref.dir.c_str(), ms_since(t0) / 1000.0,
+              cfg_.finetune ? "weights only (--finetune), starting at iteration 0" :
+                              strprintf("resuming after iteration %lld", (long long)iteration_).c_str(),
+              cfg_.finetune ? "" : (optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
+              cfg_.finetune ? "" : (cfg_.no_load_rng ? ", RNG streams restarted (--no-load-rng)" : ", RNG state loaded"));
+  return Status::ok();
+}
+
+// Refuses what cannot continue the saved run (model shape; data order and batch, unless --finetune;
+// a recipe whose state differs), names the field and both values, and prints every other change.
+Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaConfig& m) const {
+  const LlamaConfig& c = model_cfg_;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
+      {"hidden size", {m.hidden, c.hidden}}, {"FFN size", {m.ffn, c.ffn}}, {"layers", {m.layers, c.layers}},
+      {"attention heads", {m.heads, c.heads}}, {"KV heads", {m.kv_heads, c.kv_heads}},
+      {"head dim", {m.head_dim, c.head_dim}}, {"vocabulary", {m.vocab, c.vocab}},
+      {"tied embeddings", {m.tied_embeddings, c.tied_embeddings}}};
+  for (const auto& [field, v] : shape)
+    if (v.first != v.second)
+      return errorf("cannot load the checkpoint: its model has %s %lld but this run's model (%s) has %lld; pass "
+                    "the model of the checkpoint (%s)", field, (long long)v.first, c.name.c_str(), (long long)v.second,
+                    m.name.c_str());
+  TrainConfig saved_copy = saved, now = cfg_;
+  auto then_keys = config_keys(saved_copy), now_keys = config_keys(now);
+  for (size_t i = 0; i < now_keys.size(); ++i) {
+    const std::string a = then_keys[i].get(), b = now_keys[i].get(), key = now_keys[i].name;
+    if (a == b || free_on_resume(key)) continue;
+    if (fixed_on_resume(key) && !cfg_.finetune)
+      return errorf("cannot resume: --%s is %s in the checkpoint but %s now (it fixes the data order and the "
+                    "samples per step); pass --%s %s, or --finetune to start a new run from the checkpoint's weights",
+                    key.c_str(), a.c_str(), b.c_str(), key.c_str(), a.c_str());
+    if (!cfg_.finetune) std::printf("note: --%s changed on resume: %s -> %s\n", key.c_str(), a.c_str(), b.c_str());
+  }
+  return Status::ok();
+}
+
+Status Trainer::restore_state(const nlohmann::json& s) {
+  try {
+    iteration_ = s.at("iteration");
+    consumed_valid_ = s.at("consumed_valid_samples");
+    const auto& opt = s.at("optimizer");
+    adam_step_ = cfg_.no_load_optim ? 0 : opt.at("step").get<int64_t>();
+    skipped_ = opt.at("skipped_iterations");
+    nan_iters_ = opt.at("nan_iterations");
+    rng_step_ = cfg_.no_load_rng ? 0 : s.at("rng").at("stochastic_rounding_step").get<int64_t>();
+    if (s.at("consumed_train_samples").get<int64_t>() != iteration_ * cfg_.global_batch_size)
+      return errorf("consumed_train_samples %lld is not iteration x global batch (%lld x %lld)",
+                    (long long)s.at("consumed_train_samples").get<int64_t>(), (long long)iteration_,
+                    (long long)cfg_.global_batch_size);
+    std::vector<LlamaModel::LinearScaling> scaling;
+    for (const auto& l : s.at("fp8_delayed_scaling")) {
+      LlamaModel::LinearScaling ls{l.at("linear"), {}};
+      for (const auto& r : l.at("roles"))
+        ls.roles.push_back({r.at("role"), r.at("has_history"), r.at("used_in_step"), r.at("scale"),
+                            r.at("step_amax"), r.at("history").get<std::vector<float>>()});
+      scaling.push_back(std::move(ls));
+    }
+    const std::string saved_recipe = s.at("recipe");
+    Status st = model_.set_scaling_states(scaling);
+    if (!st)
+      return errorf("the checkpoint's recipe %s and this run's %s keep different FP8 delayed-scaling state (%s); "
+                    "resume with --recipe %s, or pass --finetune", saved_recipe.c_str(), recipe_.name.c_str(),
+                    st.message().c_str(), saved_recipe.c_str());
+  } catch (const nlohmann::json::exception& e) {
+    return errorf("trainer_state.json lacks a field this nibble needs (%s)", e.what());
+  }
+  return Status::ok();
+}
+
+nlohmann::json Trainer::trainer_state() const {
+  nlohmann::json s;
+  s["format"] = "nibble checkpoint";
+  s["checkpoint_version"] = 1;
+  s["nibble_version"] = NIBBLE_VERSION;
+  s["iteration"] = iteration_;
+  s["consumed_train_samples"] = iteration_ * cfg_.global_batch_size;
+  s["consumed_valid_samples"] = consumed_valid_;
+  s["optimizer"] = {{"type", "adamw"}, {"step", adam_step_}, {"skipped_iterations", skipped_},
+                    {"nan_iterations", nan_iters_}};
+  s["lr_schedule"] = {{"iteration", iteration_}, {"next_lr", sched_.at(iteration_)}, {"style", sched_.style},
+                      {"lr", sched_.lr}, {"min_lr", sched_.min_lr}, {"warmup_iters", sched_.warmup},
+                      {"decay_iters", sched_.decay_iters}, {"wsd_decay_iters", sched_.wsd_decay_iters}};
+  // Stochastic rounding and the RHT signs draw from Philox4x32-10 keyed by {seed, step, tensor/micro/role}
+  // (recipe/linear.h): the seed and the step counter are the whole RNG state.
+  s["rng"] = {{"generator", "philox4x32-10"}, {"seed", cfg_.seed}, {"stochastic_rounding_step", rng_step_}};
+  s["data"] = {{"mock_data", cfg_.mock_data}, {"data_path", cfg_.data_path}, {"split", cfg_.split},
+               {"seq_length", cfg_.seq_length}, {"global_batch_size", cfg_.global_batch_size}};
+  std::vector<LlamaModel::LinearScaling> scaling;
+  Status st = model_.scaling_states(&scaling);
+  NB_CHECK(st.is_ok(), "%s", st.message().c_str());
+  s["fp8_delayed_scaling"] = nlohmann::json::array();
+  for (const auto& l : scaling) {
+    nlohmann::json roles = nlohmann::json::array();
+    for (const auto& r : l.roles)
+      roles.push_back({{"role", r.role}, {"has_history", r.has_history}, {"used_in_step", r.used_in_step},
+                       {"scale", r.scale}, {"step_amax", r.step_amax}, {"history", r.history}});
+    s["fp8_delayed_scaling"].push_back({{"linear", l.linear}, {"roles", roles}});
+  }
+  s["recipe"] = recipe_.name;
+  TrainConfig c = cfg_;
+  s["config"] = format_config(c);
+  s["model"] = model_config_json(model_cfg_);
+  return s;
+}
+
+// The step loop stalls only for the device-to-host copy; the previous save must have finished first
+// (its host copies are about to be overwritten), which finish_saves() also reports.
+Status Trainer::save(TrainSummary* summary) {
+  NB_TRY(finish_saves(summary));
+  ParamStore& P = model_.params();
+  if (!host_) {
+    host_ = std::make_unique<HostCopies>();
+    NB_TRY(host_->allocate(P.total(), dev_ == Device::cuda).context("checkpoint host copies"));
+  }
+  if (!writer_) writer_ = std::make_unique<AsyncCheckpointWriter>(cfg_.save, cfg_.save_keep);
+  const auto t0 = std::chrono::steady_clock::now();
+  NB_TRY(P.get_flat(P.flat_master(), host_->master));
+  NB_TRY(P.get_flat(P.flat_m(), host_->m));
+  NB_TRY(P.get_flat(P.flat_v(), host_->v));
+  CheckpointData d{iteration_, hf_tensors(P), host_->master, host_->m, host_->v, trainer_state()};
+  const double stall_ms = ms_since(t0);
+  summary->save_stall_ms_max = std::max(summary->save_stall_ms_max, stall_ms);
+  summary->saves++;
+  pending_save_ = iteration_;
+  if (cfg_.async_save) {
+    NB_TRY(writer_->start(std::move(d)));
+    std::printf("saving checkpoint iteration %lld to %s: step stalled %.1f ms for the device-to-host copy; files are "
+                "written in the background\n", (long long)iteration_, cfg_.save.c_str(), stall_ms);
+    return Status::ok();
+  }
+  CheckpointWriteStats ws;
+  NB_TRY(write_checkpoint(cfg_.save, d, cfg_.save_keep, &ws)
+             .context("saving the checkpoint of iteration " + std::to_string(iteration_)));
+  note_written(ws, summary);
+  return Status::ok();
+}
+
+Status Trainer::finish_saves(TrainSummary* summary) {
+  if (!writer_ || pending_save_ < 0) return Status::ok();
+  CheckpointWriteStats ws;
+  Status st = writer_->wait(&ws);
+  if (!st)
+    return Status::error(st.message() + (last_saved_ >= 0 ? strprintf("; the checkpoint of iteration %lld in %s is "
+                                                                        "intact", (long long)last_saved_, cfg_.save.c_str())
+                                                           : std::string("; no earlier checkpoint exists")));
+  note_written(ws, summary);
+  return Status::ok();
+}
+
+void Trainer::note_written(const CheckpointWriteStats& ws, TrainSummary* summary) {
+  std::printf("checkpoint iteration %lld written: %.2f GiB in %.1f s (%.2f GiB/s)\n", (long long)pending_save_,
+              double(ws.bytes) / 1073741824.0, ws.seconds, double(ws.bytes) / 1073741824.0 / std::max(ws.seconds, 1e-9));
+  summary->save_write_s_max = std::max(summary->save_write_s_max, ws.seconds);
+  summary->checkpoint_gib = double(ws.bytes) / 1073741824.0;
+  last_saved_ = pending_save_;
+  pending_save_ = -1;
+}
+
+}  // namespace nb

@@ -1,0 +1,224 @@
+// Trainer setup phases: everything that needs no GPU is checked first, the resolved configuration and
+// the per-layer recipe are printed, the memory estimate comes before the first allocation, then the
+// model and the data sources are built.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include "core/device_info.h"
+#include "core/log.h"
+#include "io/hf_llama.h"
+#include "tokenizer/bpe_tokenizer.h"
+#include "train/trainer.h"
+
+namespace nb {
+
+namespace {
+
+double gib(double bytes) { return bytes / 1073741824.0; }
+
+std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
+  return strprintf("needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
+                   "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)",
+                   need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length);
+}
+
+}  // namespace
+
+Status Trainer::setup(TrainConfig cfg) {
+  cfg_ = std::move(cfg);
+  NB_TRY(resolve_config());
+  NB_TRY(check_tokenizer());
+  NB_TRY(pick_device());
+  print_plan();
+  NB_TRY(estimate_memory());
+  NB_TRY(build_model());
+  NB_TRY(load());
+  return build_data();
+}
+
+// The model comes from --load-hf's config.json when one is given (and no preset was asked for).
+Status Trainer::resolve_config() {
+  NB_TRY(resolve_model(cfg_, &model_cfg_));
+  if (!cfg_.load_hf.empty()) {  // the model is the folder's config.json
+    NB_TRY(read_hf_config(cfg_.load_hf, &model_cfg_).context("--load-hf"));
+    if (cfg_.vocab_size > 0 && (cfg_.vocab_size + 127) / 128 * 128 != model_cfg_.vocab)
+      return errorf("--vocab-size %lld conflicts with the vocabulary %lld of --load-hf %s; leave --vocab-size out",
+                    (long long)cfg_.vocab_size, (long long)model_cfg_.vocab, cfg_.load_hf.c_str());
+  }
+  NB_TRY(validate_train_config(cfg_, model_cfg_));
+  NB_TRY(parse_recompute(cfg_.recompute, &recompute_));
+  NB_TRY(recipe::recipe_preset(cfg_.recipe, &recipe_).context("--recipe"));
+  recipe::RecipeKnobs knobs;
+  knobs.disable_fp4 = cfg_.disable_fp4; knobs.fp4_disable_rht = cfg_.fp4_disable_rht;
+  knobs.fp4_disable_sr = cfg_.fp4_disable_sr; knobs.fp4_disable_2d = cfg_.fp4_disable_2d;
+  knobs.first_last_layers_bf16 = cfg_.first_last_layers_bf16;
+  knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
+  knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
+  NB_TRY(recipe::apply_knobs(knobs, &recipe_));
+  recipe_.seed = uint64_t(cfg_.seed);
+  accum_ = cfg_.global_batch_size / (cfg_.micro_batch_size * cfg_.data_parallel);
+  tokens_per_step_ = cfg_.global_batch_size * cfg_.seq_length;
+  flops_per_token_ = model_cfg_.flops_per_token(cfg_.seq_length);
+  return Status::ok();
+}
+
+// Real data: the tokenizer's ids must fit the model's vocabulary (a CUDA embedding cannot report it).
+Status Trainer::check_tokenizer() {
+  if (!cfg_.mock_data && !cfg_.tokenizer.empty()) {
+    std::unique_ptr<BpeTokenizer> tok;
+    NB_TRY(BpeTokenizer::load(cfg_.tokenizer, "auto", &tok).context("--tokenizer"));
+    if (tok->vocab_size() > model_cfg_.vocab)
+      return errorf("the tokenizer %s has %lld tokens but model %s has a vocabulary of %lld; pass --vocab-size %lld "
+                    "or a preset with a larger vocabulary", cfg_.tokenizer.c_str(), (long long)tok->vocab_size(),
+                    model_cfg_.name.c_str(), (long long)model_cfg_.vocab, (long long)tok->vocab_size());
+  } else if (!cfg_.mock_data) {
+    NB_LOG_WARN("no --tokenizer given: nibble cannot check that the data's token ids fit the vocabulary (%lld)",
+                (long long)model_cfg_.vocab);
+  }
+  return Status::ok();
+}
+
+Status Trainer::pick_device() {
+  dev_ = Device::cpu;
+  device_name_ = "CPU (reference backend)";
+  std::string why;
+  if (cfg_.device != "cpu") {
+    auto gpus = query_gpus(&why);
+    if (!gpus.empty()) {
+      dev_ = Device::cuda;
+      device_name_ = gpus[0].name;
+      cc_major_ = gpus[0].cc_major;
+      cc_minor_ = gpus[0].cc_minor;
+    } else if (cfg_.device == "cuda") {
+      return errorf("--device cuda was asked for but %s", why.c_str());
+    } else {
+      NB_LOG_WARN("no GPU (%s): training on the CPU backend, which is meant for tiny models", why.c_str());
+    }
+  }
+  NB_TRY(recipe::check_supported(recipe_, cc_major_, cc_minor_));
+  peak_tflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops : (dev_ == Device::cuda ? bf16_peak_tflops(device_name_) : 0);
+  if (!cfg_.save.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(cfg_.save, ec);
+    if (ec) return errorf("cannot create the --save folder %s: %s", cfg_.save.c_str(), ec.message().c_str());
+  }
+  return Status::ok();
+}
+
+// The resolved configuration (valid TOML), the model, the batch and which layer runs which format.
+void Trainer::print_plan() {
+  std::printf("---------------- nibble train: resolved configuration ----------------\n%s",
+              format_config(cfg_).c_str());
+  std::printf("device = \"%s\"\n", device_name_.c_str());
+  const LlamaConfig& m = model_cfg_;
+  std::printf("model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld/%lld kv, vocab %lld, %.2f M parameters\n",
+              m.name.c_str(), (long long)m.layers, (long long)m.hidden, (long long)m.ffn, (long long)m.heads,
+              (long long)m.kv_heads, (long long)m.vocab, m.total_params() / 1e6);
+  std::printf("batch: %lld tokens/step = global batch %lld x seq %lld (micro-batch %lld, %lld accumulation steps); "
+              "%.2f GFLOP/token\n",
+              (long long)tokens_per_step_, (long long)cfg_.global_batch_size, (long long)cfg_.seq_length,
+              (long long)cfg_.micro_batch_size, (long long)accum_, flops_per_token_ / 1e9);
+  std::printf("recipe %s:\n", recipe_.name.c_str());
+  for (int64_t l = 0; l < m.layers;) {
+    const bool bf16 = recipe_.layer_in_bf16(l, m.layers);
+    int64_t e = l;
+    while (e + 1 < m.layers && recipe_.layer_in_bf16(e + 1, m.layers) == bf16) ++e;
+    std::printf("  layers %lld-%lld: %s\n", (long long)l, (long long)e,
+                recipe::describe_gemms(recipe_, bf16, cc_major_, cc_minor_).c_str());
+    l = e + 1;
+  }
+  std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
+  if (!cfg_.save.empty()) {
+    std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
+    if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
+      std::printf("checkpoints: %s every %lld iterations%s%s, keep %s, %s writes\n", cfg_.save.c_str(),
+                  (long long)cfg_.save_interval, cfg_.save_interval > 0 ? " and at the end" : " (none)",
+                  cfg_.exit_interval > 0 ? strprintf("; exit after a multiple of %lld", (long long)cfg_.exit_interval).c_str() : "",
+                  cfg_.save_keep > 0 ? std::to_string(cfg_.save_keep).c_str() : "all",
+                  cfg_.async_save ? "background" : "synchronous");
+  }
+}
+
+Status Trainer::estimate_memory() {
+  const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
+  param_bytes_ = double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_));
+  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, recipe_));
+  // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
+  // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
+  workspace_bytes_ = dev_ == Device::cuda ? 512.0 * 1048576 : 0;
+  if (recipe_.quantized()) workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
+  device_memory_info(&free_bytes_, &total_bytes_);
+  const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
+  std::printf("memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
+              "of %lld, workspaces %.2f GiB, total %.2f GiB",
+              gib(param_bytes_), param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_),
+              (long long)cfg_.micro_batch_size, gib(workspace_bytes_), gib(need));
+  base_used_ = total_bytes_ - free_bytes_;
+  if (dev_ != Device::cuda) { std::printf("\n"); return Status::ok(); }
+  int64_t best = 0;
+  for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
+    const double n = param_bytes_ + workspace_bytes_ +
+        double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_, recipe_));
+    if (n <= double(free_bytes_)) best = mbs; else break;
+  }
+  std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_bytes_)),
+              gib(double(total_bytes_)), (long long)best);
+  if (need > double(free_bytes_))
+    return Status::error("out of GPU memory before step 1: this job " + oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
+  return Status::ok();
+}
+
+Status Trainer::build_model() {
+  Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed),
+                          recipe_);
+  if (!st) {
+    if (st.message().find("out of GPU memory") != std::string::npos)
+      return Status::error("out of GPU memory while allocating: this job " +
+                           oom_advice(cfg_, gib(param_bytes_ + act_bytes_ + workspace_bytes_), gib(double(free_bytes_))));
+    return st;
+  }
+  if (recipe_.quantized())  // the estimate above guessed these; now they are allocated and known
+    std::printf("quantized copies held by the linear layers: %.2f GiB\n", gib(double(model_.quantized_copy_bytes())));
+  NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
+  step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
+  step_labels_.resize(step_tokens_.size());
+  sched_.lr = cfg_.lr; sched_.min_lr = cfg_.min_lr; sched_.warmup = cfg_.lr_warmup_iters;
+  sched_.decay_iters = cfg_.lr_decay_iters; sched_.wsd_decay_iters = cfg_.lr_wsd_decay_iters;
+  sched_.style = cfg_.lr_decay_style;
+  if (dev_ == Device::cuda)
+    std::printf("MFU is reported against %.1f TFLOP/s (%s)\n", peak_tflops_,
+                cfg_.peak_tflops > 0 ? "--peak-tflops" : "dense BF16 datasheet peak of this GPU");
+  return Status::ok();
+}
+
+// Sources start where the loaded state says (consumed samples); build_data runs again after a load.
+// Validation uses Megatron's sizes: (train_iters / eval_interval + 1) * eval_iters * global batch.
+Status Trainer::build_data() {
+  const int64_t train_samples = cfg_.train_iters * cfg_.global_batch_size;
+  const int64_t evals = cfg_.eval_interval > 0 ? cfg_.train_iters / cfg_.eval_interval + 1 : 1;
+  const int64_t valid_samples = evals * cfg_.eval_iters * cfg_.global_batch_size;
+  const int64_t consumed = iteration_ * cfg_.global_batch_size;
+  train_src_.reset();
+  valid_src_.reset();
+  if (cfg_.mock_data) {
+    NB_TRY(make_mock_source(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
+                            train_samples, consumed, &train_src_));
+    if (cfg_.eval_interval > 0)
+      NB_TRY(make_mock_source_split(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
+                                    Split::valid, valid_samples, consumed_valid_, &valid_src_));
+    return Status::ok();
+  }
+  DataConfig dc;
+  dc.data_path = cfg_.data_path;
+  dc.split = cfg_.split;
+  dc.seq_length = cfg_.seq_length;
+  dc.seed = uint64_t(cfg_.seed);
+  dc.num_samples[0] = train_samples;
+  dc.num_samples[1] = valid_samples;
+  NB_TRY(make_gpt_source(dc, Split::train, cfg_.micro_batch_size, consumed, &train_src_));
+  Status vs = make_gpt_source(dc, Split::valid, cfg_.micro_batch_size, consumed_valid_, &valid_src_);
+  if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
+  return Status::ok();
+}
+
+}  // namespace nb
