@@ -23,7 +23,7 @@ int safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
+Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -48,6 +48,7 @@ Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
   }
   if (!j.is_object()) return errorf("%s has a corrupt safetensors header: the JSON is not an object", path.c_str());
   const uint64_t buffer_size = file_size - 8 - n;
+  out->file_size = file_size;
   struct Span { uint64_t begin, end; std::string name; };
   std::vector<Span> spans;
   out->tensors.clear();
@@ -64,7 +65,7 @@ Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
         !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
       return errorf("%s: tensor '%s' needs string dtype, array shape and two data_offsets", path.c_str(), name.c_str());
-    SafeTensor t;
+    SafeTensorEntry t;
     t.dtype = v["dtype"].get<std::string>();
     int esize = safetensors_dtype_size(t.dtype);
     if (esize == 0) return errorf("%s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
@@ -87,6 +88,8 @@ Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
       return errorf("%s: tensor '%s' spans %llu bytes but its shape and dtype need %llu", path.c_str(), name.c_str(),
                     (unsigned long long)(e - b), (unsigned long long)(numel * esize));
     spans.push_back({b, e, name});
+    t.file_offset = 8 + n + b;
+    t.nbytes = e - b;
     out->tensors[name] = std::move(t);
   }
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
@@ -100,12 +103,24 @@ Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
   if (pos != buffer_size)
     return errorf("%s: tensors cover %llu bytes but the buffer holds %llu", path.c_str(), (unsigned long long)pos,
                   (unsigned long long)buffer_size);
-  for (const auto& s : spans) {
-    auto& t = out->tensors[s.name];
-    t.bytes.resize(s.end - s.begin);
-    f.seekg(std::streamoff(8 + n + s.begin));
+  return Status::ok();
+}
+
+Status read_safetensors(const std::string& path, SafeTensorsFile* out) {
+  SafeTensorsHeader h;
+  NB_TRY(read_safetensors_header(path, &h));
+  out->tensors.clear();
+  out->metadata = h.metadata;
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));
+  for (const auto& [name, e] : h.tensors) {
+    SafeTensor& t = out->tensors[name];
+    t.dtype = e.dtype;
+    t.shape = e.shape;
+    t.bytes.resize(e.nbytes);
+    f.seekg(std::streamoff(e.file_offset));
     f.read(reinterpret_cast<char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
-    if (!f) return errorf("%s: short read of tensor '%s'", path.c_str(), s.name.c_str());
+    if (!f) return errorf("%s: short read of tensor '%s'", path.c_str(), name.c_str());
   }
   return Status::ok();
 }

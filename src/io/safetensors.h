@@ -25,6 +25,23 @@ struct SafeTensorsFile {
 // Bytes per element of a safetensors dtype name; 0 if unknown.
 int safetensors_dtype_size(const std::string& dtype);
 
+// One tensor's header entry: where its bytes lie in the file, so large files can be read a tensor at
+// a time (Hugging Face checkpoints of many GB) instead of whole.
+struct SafeTensorEntry {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t file_offset = 0;  // absolute byte offset of the first byte in the file
+  uint64_t nbytes = 0;
+};
+
+struct SafeTensorsHeader {
+  std::map<std::string, SafeTensorEntry> tensors;
+  std::map<std::string, std::string> metadata;
+  uint64_t file_size = 0;
+};
+
+// Parses and validates the header (every rule read_safetensors applies) without reading tensor data.
+Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out);
 Status read_safetensors(const std::string& path, SafeTensorsFile* out);
 // Writes atomically (temporary file + rename): an existing file is never left half-written.
 // Adds __metadata__ {"format": "pt"} unless metadata already sets "format".
