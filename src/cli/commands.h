@@ -13,5 +13,7 @@ void add_bench_gemm_command(CLI::App& bench);  // registers `bench gemm` under `
 void add_preprocess_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_export_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 
 }  // namespace nb::cli

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   nb::cli::add_bench_command(app);
   nb::cli::add_preprocess_command(app);
   nb::cli::add_tokenizer_command(app);
+  nb::cli::add_export_command(app);
+  nb::cli::add_eval_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
