@@ -1,0 +1,87 @@
+// Bit-exact resume check shared by the CPU and CUDA tests: N steps uninterrupted to 2N versus N steps,
+// save and exit (--exit-interval), resume, N more steps. Losses (train and validation) must be equal as
+// doubles and the final checkpoints' master weights and AdamW state equal byte for byte.
+// Data: a Megatron .bin/.idx dataset of random documents written here, so the GPT sampler, its
+// shuffles and the validation split all have to continue where they stopped.
+#pragma once
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include "data/indexed_dataset.h"
+#include "train/trainer.h"
+
+namespace nb::test {
+
+inline std::string temp_folder(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("nibble_" + name + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+// 400 documents of 20..200 random tokens below `vocab`.
+inline std::string write_random_dataset(const std::string& dir, int64_t vocab) {
+  const std::string prefix = dir + "/docs_text_document";
+  std::unique_ptr<IndexedDatasetWriter> w;
+  EXPECT_TRUE(IndexedDatasetWriter::create(prefix, IndexedDtype::i32, &w).is_ok());
+  std::mt19937 rng(7);
+  for (int d = 0; d < 400; ++d) {
+    std::vector<int32_t> doc(20 + rng() % 181);
+    for (auto& t : doc) t = int32_t(rng() % uint32_t(vocab - 1));
+    doc.back() = int32_t(vocab - 1);  // eod
+    EXPECT_TRUE(w->add_document(doc.data(), int64_t(doc.size())).is_ok());
+  }
+  EXPECT_TRUE(w->finalize().is_ok());
+  return prefix;
+}
+
+inline std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline TrainConfig resume_job(const std::string& device, const std::string& recipe, const std::string& data_prefix) {
+  TrainConfig c;
+  c.device = device; c.model = "tiny"; c.recipe = recipe; c.train_iters = 6; c.lr = 3e-3; c.min_lr = 3e-4;
+  c.lr_warmup_iters = 1; c.micro_batch_size = 2; c.global_batch_size = 4; c.seq_length = 64; c.log_interval = 100;
+  c.num_layers_at_start_in_bf16 = 0; c.num_layers_at_end_in_bf16 = 0;  // every layer quantized (SR included)
+  c.mock_data = false; c.data_path = data_prefix; c.split = "90,10,0"; c.eval_interval = 2; c.eval_iters = 1;
+  return c;
+}
+
+// Runs the comparison; `dir` is a fresh folder holding the dataset.
+inline void expect_bit_exact_resume(const std::string& device, const std::string& recipe, const std::string& dir,
+                                    const std::string& data_prefix) {
+  const std::string a = dir + "/" + recipe + "_whole", b = dir + "/" + recipe + "_halves";
+  TrainConfig whole = resume_job(device, recipe, data_prefix);
+  whole.save = a; whole.save_interval = 6;
+  TrainSummary sw;
+  Status st = run_training(whole, &sw);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  TrainConfig first = resume_job(device, recipe, data_prefix);
+  first.save = b; first.save_interval = 6; first.exit_interval = 3;
+  TrainSummary s1, s2;
+  st = run_training(first, &s1);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(s1.end_iteration, 3);
+  TrainConfig second = resume_job(device, recipe, data_prefix);
+  second.save = b; second.load = b; second.save_interval = 6;
+  st = run_training(second, &s2);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(s2.start_iteration, 3);
+  ASSERT_EQ(sw.losses.size(), 6u);
+  std::vector<double> joined = s1.losses;
+  joined.insert(joined.end(), s2.losses.begin(), s2.losses.end());
+  EXPECT_EQ(joined, sw.losses) << recipe << " on " << device;  // exact double equality
+  EXPECT_EQ(s2.final_val_loss, sw.final_val_loss) << recipe;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string x = file_bytes(a + "/iter_0000006/" + f), y = file_bytes(b + "/iter_0000006/" + f);
+    ASSERT_FALSE(x.empty()) << f;
+    EXPECT_TRUE(x == y) << recipe << ": " << f << " differs between the whole run and the resumed one";
+  }
+}
+
+}  // namespace nb::test
