@@ -59,6 +59,7 @@ class Trainer {
   Status save(TrainSummary* summary);
   Status finish_saves(TrainSummary* summary);  // waits for the save in flight and reports it
   void note_written(const CheckpointWriteStats& ws, TrainSummary* summary);
+  Status with_surviving_checkpoint(const Status& failed) const;
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
   Status evaluate(int64_t iteration, TrainSummary* summary);
@@ -99,7 +100,7 @@ class Trainer {
   };
   std::unique_ptr<HostCopies> host_;
   std::unique_ptr<AsyncCheckpointWriter> writer_;
-  int64_t pending_save_ = -1, last_saved_ = -1;  // iterations: the save in flight, the newest written
+  int64_t pending_save_ = -1;  // the iteration of the save in flight
 };
 
 // Runs the whole job. Every failure comes back as one sentence; nothing already saved is touched.

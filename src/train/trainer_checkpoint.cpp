@@ -231,20 +231,29 @@ Status Trainer::save(TrainSummary* summary) {
     return Status::ok();
   }
   CheckpointWriteStats ws;
-  NB_TRY(write_checkpoint(cfg_.save, d, cfg_.save_keep, &ws)
-             .context("saving the checkpoint of iteration " + std::to_string(iteration_)));
+  Status st = write_checkpoint(cfg_.save, d, cfg_.save_keep, &ws)
+                  .context("saving the checkpoint of iteration " + std::to_string(iteration_));
+  if (!st) return with_surviving_checkpoint(st);
   note_written(ws, summary);
   return Status::ok();
+}
+
+// A failed save's sentence, completed with what survives: the tracker still names the newest
+// complete checkpoint (a failed save never touches it).
+Status Trainer::with_surviving_checkpoint(const Status& failed) const {
+  CheckpointRef ref;
+  bool found = false;
+  const bool ok = find_checkpoint(cfg_.save, -1, &ref, &found).is_ok() && found;
+  return Status::error(failed.message() + (ok ? strprintf("; the checkpoint of iteration %lld in %s is intact",
+                                                          (long long)ref.iteration, cfg_.save.c_str())
+                                              : std::string("; no earlier checkpoint exists in ") + cfg_.save));
 }
 
 Status Trainer::finish_saves(TrainSummary* summary) {
   if (!writer_ || pending_save_ < 0) return Status::ok();
   CheckpointWriteStats ws;
   Status st = writer_->wait(&ws);
-  if (!st)
-    return Status::error(st.message() + (last_saved_ >= 0 ? strprintf("; the checkpoint of iteration %lld in %s is "
-                                                                        "intact", (long long)last_saved_, cfg_.save.c_str())
-                                                           : std::string("; no earlier checkpoint exists")));
+  if (!st) return with_surviving_checkpoint(st);
   note_written(ws, summary);
   return Status::ok();
 }
@@ -254,7 +263,6 @@ void Trainer::note_written(const CheckpointWriteStats& ws, TrainSummary* summary
               double(ws.bytes) / 1073741824.0, ws.seconds, double(ws.bytes) / 1073741824.0 / std::max(ws.seconds, 1e-9));
   summary->save_write_s_max = std::max(summary->save_write_s_max, ws.seconds);
   summary->checkpoint_gib = double(ws.bytes) / 1073741824.0;
-  last_saved_ = pending_save_;
   pending_save_ = -1;
 }
 

@@ -1,0 +1,167 @@
+// Nothing lost: SIGKILL at random moments while the real binary saves a checkpoint every step (20
+// times; each time the newest complete checkpoint loads and the next run resumes from it), truncated
+// or bit-flipped checkpoint files refused by their checksums in one sentence, SIGTERM saves and exits
+// cleanly, and a full disk or an unwritable folder during a save reported with earlier checkpoints kept.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+#include "common/nibble_binary.h"
+#include "train/checkpoint.h"
+#include "train/resume_util.h"
+
+extern char** environ;
+using namespace nb;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kJob = " train --model tiny --device cpu --seq-length 64 --log-interval 1000 --lr-warmup-iters 1 ";
+
+// Starts `nibble ARGS...` (stdout/stderr to `log`) and returns its pid.
+pid_t spawn_nibble(const std::string& args, const std::string& log) {
+  const std::string cmd = "exec '" + test::nibble_binary() + "' " + args + " > '" + log + "' 2>&1";
+  const char* argv[] = {"sh", "-c", cmd.c_str(), nullptr};
+  pid_t pid = -1;
+  EXPECT_EQ(posix_spawn(&pid, "/bin/sh", nullptr, nullptr, const_cast<char**>(argv), environ), 0);
+  return pid;
+}
+
+// The tracker's checkpoint, fully verified (every checksum, every tensor read); -1 when none yet.
+int64_t verified_latest(const std::string& dir) {
+  CheckpointRef ref;
+  bool found = false;
+  Status st = find_checkpoint(dir, -1, &ref, &found);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  if (!st || !found) return -1;
+  TrainConfig cfg;
+  LlamaConfig model;
+  st = checkpoint_config(ref, &cfg, &model);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  return st ? ref.iteration : -2;
+}
+
+bool has_partial_save(const std::string& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().find(".tmp") != std::string::npos) return true;
+  return false;
+}
+
+std::string slurp(const std::string& path) { return test::file_bytes(path); }
+
+}  // namespace
+
+TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
+  const std::string dir = test::temp_folder("sigkill"), save = dir + "/run";
+  std::mt19937 rng(2026);
+  int64_t newest = -1, kills_mid_save = 0;
+  for (int round = 0; round < 20; ++round) {
+    pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save + " --load " + save +
+                             " --save-interval 1 --save-keep 2", dir + "/log.txt");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 900));
+    ASSERT_EQ(::kill(pid, SIGKILL), 0);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the run ended before the kill:\n" << slurp(dir + "/log.txt");
+    if (fs::exists(save) && has_partial_save(save)) ++kills_mid_save;
+    const int64_t latest = verified_latest(save);
+    ASSERT_GE(latest, newest) << "round " << round << ": the newest checkpoint went backwards";
+    newest = latest;
+    // Each round but the first starts by resuming: it must have resumed from the checkpoint found.
+    if (round > 0 && newest >= 0) EXPECT_NE(slurp(dir + "/log.txt").find("resuming after iteration"), std::string::npos);
+  }
+  std::printf("20 kills: %lld landed while a save was being written; newest checkpoint iteration %lld\n",
+              (long long)kills_mid_save, (long long)newest);
+  EXPECT_GT(kills_mid_save, 0) << "no kill landed during a save; the test did not exercise what it should";
+  ASSERT_GT(newest, 0);
+  const test::CliRun r = test::run_nibble(kJob + "--train-iters " + std::to_string(newest + 2) + " --save " + save +
+                                          " --load " + save + " --save-interval 1");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming after iteration " + std::to_string(newest)), std::string::npos) << r.out;
+}
+
+TEST(CrashSafety, SigtermSavesAndExitsCleanly) {
+  const std::string dir = test::temp_folder("sigterm"), save = dir + "/run";
+  pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save, dir + "/log.txt");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string log = slurp(dir + "/log.txt");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  EXPECT_NE(log.find("SIGTERM received"), std::string::npos) << log;
+  EXPECT_GT(verified_latest(save), 0);
+}
+
+class DamagedCheckpoint : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DamagedCheckpoint, IsRefusedByItsChecksumInOneSentence) {
+  const std::string dir = test::temp_folder(std::string("damaged_") + GetParam()), save = dir + "/run";
+  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 1").code, 0);
+  const std::string what = GetParam();
+  const std::string file = save + "/iter_0000002/" + (what == "truncate" ? "model.safetensors" :
+                                                      what == "flip_state" ? "trainer_state.json" : "optimizer.safetensors");
+  std::string bytes = slurp(file);
+  if (what == "truncate") bytes.resize(bytes.size() - 1000);
+  else bytes[bytes.size() / 2] ^= 0x10;  // one bit
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+  const test::CliRun r = test::run_nibble(kJob + "--train-iters 4 --load " + save);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("fails its checksum"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--ckpt-step"), std::string::npos) << r.out;  // what to do
+  // The older checkpoint is untouched and still loads.
+  const test::CliRun older = test::run_nibble(kJob + "--train-iters 3 --load " + save + " --ckpt-step 1");
+  EXPECT_EQ(older.code, 0) << older.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Damage, DamagedCheckpoint, ::testing::Values("truncate", "flip_model", "flip_state"));
+
+TEST(CrashSafety, FullDiskDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
+  const std::string dir = test::temp_folder("fulldisk"), save = dir + "/run";
+  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
+  // A file-size limit makes the next write fail the way a full disk does (works for root too);
+  // SIGXFSZ is ignored so the write returns the error instead of killing the process.
+  const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 512; exec '" + test::nibble_binary() + "' " + kJob +
+                          "--train-iters 4 --save " + save + " --load " + save + " --save-interval 2\" 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
+  const int status = pclose(p);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_NE(out.find("cannot write"), std::string::npos) << out;
+  EXPECT_NE(out.find("the checkpoint of iteration 2"), std::string::npos) << out;
+  EXPECT_EQ(verified_latest(save), 2);
+  EXPECT_FALSE(has_partial_save(save));  // the failed save's folder was removed
+}
+
+TEST(CrashSafety, UnwritableFolderDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
+  if (::geteuid() == 0) GTEST_SKIP() << "skipped: running as root, which writes into read-only folders anyway "
+                                        "(the full-disk test covers the failing-write path)";
+  const std::string dir = test::temp_folder("readonly"), save = dir + "/run";
+  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
+  fs::permissions(save, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
+                  fs::perm_options::remove);
+  const test::CliRun r = test::run_nibble(kJob + "--train-iters 4 --save " + save + " --load " + save +
+                                          " --save-interval 2");
+  fs::permissions(save, fs::perms::owner_write, fs::perm_options::add);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the checkpoint of iteration 2"), std::string::npos) << r.out;
+  EXPECT_EQ(verified_latest(save), 2);
+}
+
+TEST(CrashSafety, SaveFolderThatIsAFileIsRefusedAtStart) {
+  const std::string dir = test::temp_folder("savefile");
+  std::ofstream(dir + "/taken") << "x";
+  const test::CliRun r = test::run_nibble(kJob + "--train-iters 2 --save " + dir + "/taken/run --save-interval 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("cannot create the --save folder"), std::string::npos) << r.out;
+}
