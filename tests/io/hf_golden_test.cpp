@@ -8,12 +8,13 @@
 // rounding order: a dot product of length K summed in FP32 is off by at most K * u * sum|a_i b_i|
 // (Higham's gamma_K, u = 2^-24), and with O(1)-normalized activations sum|a_i b_i| is of the order of
 // the largest output. Counting the chained stages (per layer: norm, qkv, scores, softmax, PV, o, norm,
-// gate/up, SwiGLU, down: 10; 2 layers, final norm and head: 22) with K <= 64 gives a relative error
-// of at most 22 * 64 * 2^-24 = 8.4e-5. The RoPE tables add one more: transformers computes the angle
-// position * inv_freq in FP32 (error <= 15 * 3u = 2.7e-6 rad at position 15), nibble in FP64, which
-// moves cos/sin by < 3e-6. So |logit difference| <= 1e-4 * max(1, max|logit|) (rounded up), and the
-// mean loss, a 1-Lipschitz function of each token's logits in the max norm up to a factor 2 (the target
-// logit and the log-sum-exp), differs by at most 2e-4 * max(1, max|logit|) + 32 * u * loss (its sum).
+// gate/up, SwiGLU, down: 10; 2 layers, final norm and head: 22) with K <= 64, each side is within
+// 22 * 64 * 2^-24 = 8.4e-5 of exact, relative to the logits' scale, so the two within 1.7e-4. The RoPE
+// tables add little: transformers computes the angle position * inv_freq in FP32 (error <= 15 * 3u =
+// 2.7e-6 rad at position 15), nibble in FP64, which moves cos/sin by < 3e-6. Hence
+// |logit difference| <= 2e-4 * max(1, max|logit|), and the mean loss, per token a function of the
+// logits with max-norm Lipschitz constant 2 (the target logit and the log-sum-exp), differs by at most
+// 4e-4 * max(1, max|logit|) plus its own FP32 summation error (32 terms: 32 * u * loss).
 #include <gtest/gtest.h>
 #include <cmath>
 #include <cstring>
@@ -71,9 +72,9 @@ TEST(HfGolden, TinyLlamaMatchesTransformers) {
   }
   const double scale = std::max(1.0, max_ref);
   const double loss = loss_sum / double(B * S);
-  const double loss_bound = 2e-4 * scale + 32 * 0x1p-24 * loss;
+  const double loss_bound = 4e-4 * scale + 32 * 0x1p-24 * loss;
   std::printf("hf_tiny: max |logit| %.4f, max |diff| %.3g (bound %.3g); loss %.7f vs %.7f, diff %.3g (bound %.3g)\n",
-              max_ref, max_diff, 1e-4 * scale, loss, double(ref_loss), std::fabs(loss - ref_loss), loss_bound);
-  EXPECT_LE(max_diff, 1e-4 * scale);
+              max_ref, max_diff, 2e-4 * scale, loss, double(ref_loss), std::fabs(loss - ref_loss), loss_bound);
+  EXPECT_LE(max_diff, 2e-4 * scale);
   EXPECT_LE(std::fabs(loss - double(ref_loss)), loss_bound);
 }
