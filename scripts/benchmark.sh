@@ -3,14 +3,16 @@
 # Runs nibble and the PyTorch peer on the standard workloads in one GPU job and regenerates
 # BENCHMARKS.md. Usage (on a GPU machine, from the repository root, with a built nibble):
 #   bash scripts/benchmark.sh [build-dir] [results-dir] [parts]
-# parts: a comma list of quant,gemm,train,recipes,peer,data (default all); workloads: proxy,deep (default both).
+# parts: a comma list of quant,gemm,train,recipes,peer,data,ckpt (default all); workloads: proxy,deep (default both).
+# ckpt writes llama3-8b-proxy checkpoints (about 23 GB each) under NIBBLE_BENCH_CKPT (default /tmp) and deletes them.
+# NIBBLE_BENCH_MERGE=1 replaces only the sections this run measured in the existing BENCHMARKS.md.
 # The data part needs NIBBLE_BENCH_DATA=<folder> holding shuf_gpt2_text_document.{bin,idx}, gpt2.tiktoken,
 # llama3small_text_document.{bin,idx} and llama3.tiktoken (made by scripts/benchmark_data.sh on any machine). Results (logs, JSON) go to results-dir;
 # BENCHMARKS.md is rewritten from whatever results-dir holds.
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench}
-parts=${3:-quant,gemm,train,recipes,peer,data}
+parts=${3:-quant,gemm,train,recipes,peer,data,ckpt}
 only=${4:-proxy,deep}
 mkdir -p "$out"
 nb="$build/nibble"
@@ -57,4 +59,20 @@ if has data && [ -n "${NIBBLE_BENCH_DATA:-}" ]; then
     --seq-length 1024 --micro-batch-size 16 --global-batch-size 32 --train-iters 250 --lr 1e-3 --min-lr 1e-4 \
     --lr-warmup-iters 25 --eval-interval 50 --eval-iters 20 --log-interval 50 --save "$out/data-125m" > "$out/data-125m.log" 2>&1
 fi
-python3 scripts/benchmark_report.py "$out" > BENCHMARKS.md && echo "BENCHMARKS.md regenerated from $out"
+if has ckpt; then
+  # Async checkpoints of llama3-8b-proxy (masters + AdamW, FP32): saves at iterations 4 and 8, the newest
+  # kept; then a resume from the last one. The step stalls only for the device-to-host copy.
+  ck="${NIBBLE_BENCH_CKPT:-/tmp}/nibble-ckpt-proxy"
+  rm -rf "$ck"
+  "$nb" train --model llama3-8b-proxy --micro-batch-size 2 --global-batch-size 16 --seq-length 4096 --train-iters 8 \
+    --lr-warmup-iters 1 --log-interval 1 --save "$ck" --save-interval 4 --save-keep 1 > "$out/ckpt-proxy.log" 2>&1
+  "$nb" train --model llama3-8b-proxy --micro-batch-size 2 --global-batch-size 16 --seq-length 4096 --train-iters 9 \
+    --lr-warmup-iters 1 --log-interval 1 --load "$ck" > "$out/ckpt-proxy-resume.log" 2>&1
+  du -sb "$ck"/iter_* > "$out/ckpt-proxy-du.txt" 2>&1
+  rm -rf "$ck"
+fi
+if [ "${NIBBLE_BENCH_MERGE:-0}" = 1 ]; then
+  python3 scripts/benchmark_report.py "$out" --merge-into BENCHMARKS.md && echo "BENCHMARKS.md: sections from $out merged"
+else
+  python3 scripts/benchmark_report.py "$out" > BENCHMARKS.md && echo "BENCHMARKS.md regenerated from $out"
+fi

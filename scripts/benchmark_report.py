@@ -2,6 +2,11 @@
 import json, os, re, statistics, sys, datetime
 
 out = sys.argv[1]
+# --merge-into FILE: replace only the "## " sections this results folder has (and the header) in FILE.
+merge_into = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--merge-into" else None
+if merge_into:
+    import io
+    _captured, sys.stdout = sys.stdout, io.StringIO()
 
 
 def read(name, default=""):
@@ -114,3 +119,42 @@ for name, title in [("gemm.md", "GEMM ceiling (same run)"), ("quant.md", "Quanti
     if body:
         print(f"\n## {title}\n")
         print(body)
+
+ckpt_log = read("ckpt-proxy.log")
+if ckpt_log:
+    resume_log = read("ckpt-proxy-resume.log")
+    print("\n## Checkpoints: llama3-8b-proxy, asynchronous save (same run)\n")
+    print("`nibble train --model llama3-8b-proxy --micro-batch-size 2 --global-batch-size 16 --seq-length 4096 "
+          "--train-iters 8 --save DIR --save-interval 4 --save-keep 1`: FP32 master weights and AdamW moments as "
+          "safetensors under Hugging Face names, plus trainer_state.json with a CRC-32 per file. The step waits only "
+          "for the device-to-host copy into page-locked memory; a background thread writes, fsyncs and renames.\n")
+    stalls = [float(m.group(2)) for m in re.finditer(r"saving checkpoint iteration (\d+) .*?stalled ([0-9.]+) ms", ckpt_log)]
+    writes = [(float(m.group(2)), float(m.group(3))) for m in
+              re.finditer(r"checkpoint iteration (\d+) written: ([0-9.]+) GiB in ([0-9.]+) s", ckpt_log)]
+    step = summary_value(ckpt_log, "step time (ms, mean after step 1)")
+    loaded = re.search(r"loaded checkpoint .*? in ([0-9.]+) s", resume_log)
+    print("| save | checkpoint size | step stall (device-to-host copy) | background write (incl. fsync) | "
+          "write rate | mean step time |\n|---:|---:|---:|---:|---:|---:|")
+    for i, (st, (gb, sec)) in enumerate(zip(stalls, writes)):
+        print(f"| {i + 1} | {gb:.2f} GiB | {st:.0f} ms | {sec:.1f} s | {gb / max(sec, 1e-9):.2f} GiB/s | "
+              f"{step:.0f} ms |" if step else "")
+    if loaded:
+        print(f"\nResume from the last checkpoint (CRC-32 of every file checked, tensors read, uploaded): "
+              f"{float(loaded.group(1)):.1f} s.")
+
+if merge_into:
+    new_text, sys.stdout = sys.stdout.getvalue(), _captured
+    def sections(text):
+        parts = re.split(r"(?m)^(?=## )", text)
+        return parts[0], {p.splitlines()[0]: p for p in parts[1:]}
+    new_head, new_secs = sections(new_text)
+    old_head, old_secs = sections(open(merge_into).read())
+    merged, taken = dict(old_secs), []
+    for title, body in new_secs.items():
+        if title.startswith("## Training step") and not (nibble_run("proxy") or nibble_run("deep")):
+            continue  # printed with "not run" rows: this results folder has no training runs
+        merged[title] = body if body.endswith("\n") else body + "\n"
+        taken.append(title[3:])
+    old_head = old_head.rstrip() + "\n- merged: " + ", ".join(taken) + \
+        f" from {os.path.basename(out.rstrip('/'))} (commit {read('commit.txt').strip()})\n\n"
+    open(merge_into, "w").write(old_head + "".join(merged.values()))

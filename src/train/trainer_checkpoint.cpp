@@ -259,7 +259,7 @@ Status Trainer::finish_saves(TrainSummary* summary) {
 }
 
 void Trainer::note_written(const CheckpointWriteStats& ws, TrainSummary* summary) {
-  std::printf("checkpoint iteration %lld written: %.2f GiB in %.1f s (%.2f GiB/s)\n", (long long)pending_save_,
+  std::printf("checkpoint iteration %lld written: %.2f GiB in %.2f s (%.2f GiB/s)\n", (long long)pending_save_,
               double(ws.bytes) / 1073741824.0, ws.seconds, double(ws.bytes) / 1073741824.0 / std::max(ws.seconds, 1e-9));
   summary->save_write_s_max = std::max(summary->save_write_s_max, ws.seconds);
   summary->checkpoint_gib = double(ws.bytes) / 1073741824.0;
