@@ -48,11 +48,10 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
   }
   if (!j.is_object()) return errorf("%s has a corrupt safetensors header: the JSON is not an object", path.c_str());
   const uint64_t buffer_size = file_size - 8 - n;
-  out->file_size = file_size;
   struct Span { uint64_t begin, end; std::string name; };
   std::vector<Span> spans;
-  out->tensors.clear();
-  out->metadata.clear();
+  *out = SafeTensorsHeader{};
+  out->file_size = file_size;
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& name = it.key();
     const auto& v = it.value();
@@ -88,7 +87,7 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
       return errorf("%s: tensor '%s' spans %llu bytes but its shape and dtype need %llu", path.c_str(), name.c_str(),
                     (unsigned long long)(e - b), (unsigned long long)(numel * esize));
     spans.push_back({b, e, name});
-    t.file_offset = 8 + n + b;
+    t.file_offset = 8 + n + b;  // absolute: the buffer starts after the length and the header
     t.nbytes = e - b;
     out->tensors[name] = std::move(t);
   }
