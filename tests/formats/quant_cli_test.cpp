@@ -2,36 +2,21 @@
 // input writes a safetensors file whose codes dequantize to the printed error level.
 #include <gtest/gtest.h>
 #include <algorithm>
-#include <array>
-#include <cstdio>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <string>
-#include <sys/wait.h>
+#include "common/nibble_binary.h"
 #include "formats/mxfp8/mxfp8.h"
 #include "io/safetensors.h"
 
 using namespace nb;
+using nb::test::CliRun;
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out;  // stdout and stderr together
-};
-
-CliRun nibble(const std::string& args) {
-  CliRun r;
-  std::string cmd = std::string(NIBBLE_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf;
-  size_t got;
-  while ((got = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), got);
-  int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+CliRun nibble(const std::string& args) { return nb::test::run_nibble(args); }
 
 std::string tmp(const std::string& name) { return ::testing::TempDir() + "nibble_quant_" + name; }
 
@@ -118,4 +103,88 @@ TEST(QuantCli, WritesCodesThatDequantizeToThePrintedError) {
     EXPECT_EQ(rr.code, 0) << fmt << ": " << rr.out;
     EXPECT_NE(rr.out.find("SQNR dB"), std::string::npos) << rr.out;
   }
+}
+
+namespace {
+
+// F32 tensors of standard-normal values with `nans` NaN elements spread over the tensor.
+SafeTensor normal_f32(int64_t rows, int64_t cols, int nans) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(size_t(rows * cols));
+  for (auto& x : v) x = normal(rng);
+  for (int i = 0; i < nans; ++i) v[size_t(i) * v.size() / size_t(nans)] = NAN;
+  std::vector<uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return SafeTensor{"F32", {rows, cols}, b};
+}
+
+// The SQNR column of the table line of `copy`; NAN when the line is missing or not a number.
+double sqnr_of(const std::string& out, const std::string& copy) {
+  size_t at = out.find("\n" + copy + " ");
+  if (at == std::string::npos) return NAN;
+  char* end = nullptr;
+  const char* p = out.c_str() + at + 1 + copy.size();
+  double v = std::strtod(p, &end);
+  return end == p ? NAN : v;
+}
+
+}  // namespace
+
+// All-NaN input: no "inf" (a perfect copy) but the count, and a failing exit unless passed through.
+TEST(QuantCli, AllNanInputFailsWithTheCount) {
+  std::string in = tmp("all_nan.safetensors"), out = tmp("all_nan_out.safetensors");
+  write_tensor(in, "w", "F32", {64, 64}, 4, 0xFF);  // 0xFFFFFFFF = NaN
+  std::remove(out.c_str());
+  CliRun r = nibble("quant --input " + in + " --tensor w --format mxfp8 --device cpu --out " + out);
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("4096 non-finite"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("--allow-nonfinite"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(" inf "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("n/a"), std::string::npos) << r.out;
+  EXPECT_FALSE(std::ifstream(out).good()) << "a refused run must not write --out";
+
+  CliRun ok = nibble("quant --input " + in + " --tensor w --format mxfp8 --device cpu --allow-nonfinite --out " + out);
+  EXPECT_EQ(ok.code, 0) << ok.out;
+  EXPECT_NE(ok.out.find("non-finite inputs: 4096 of 4096"), std::string::npos) << ok.out;
+  EXPECT_TRUE(std::ifstream(out).good());
+}
+
+// A few NaNs among normal values: the error is measured over the finite ones, so it stays a real,
+// plausible SQNR (MXFP8 E4M3 on normal data is about 30 dB), never nan or inf.
+TEST(QuantCli, SomeNansReportTheErrorOverTheFiniteValues) {
+  std::string in = tmp("some_nan.safetensors");
+  SafeTensorsFile f;
+  f.tensors["w"] = normal_f32(64, 64, 3);
+  ASSERT_TRUE(write_safetensors(in, f).is_ok());
+  for (const char* fmt : {"mxfp8", "fp8-e4m3", "nvfp4"}) {
+    CliRun r = nibble("quant --input " + in + " --tensor w --device cpu --format " + std::string(fmt));
+    EXPECT_NE(r.code, 0) << fmt << ": " << r.out;
+    EXPECT_NE(r.out.find("3 non-finite"), std::string::npos) << fmt << ": " << r.out;
+    CliRun ok = nibble("quant --input " + in + " --tensor w --device cpu --allow-nonfinite --format " + std::string(fmt));
+    EXPECT_EQ(ok.code, 0) << fmt << ": " << ok.out;
+    EXPECT_NE(ok.out.find("non-finite inputs: 3 of 4096"), std::string::npos) << fmt << ": " << ok.out;
+  }
+  // MXFP8 scales per 32 elements, so a NaN costs only its own block; the rest is measured.
+  CliRun r = nibble("quant --input " + in + " --device cpu --allow-nonfinite --format mxfp8");
+  const double sqnr = sqnr_of(r.out, "row-wise 1x32");
+  EXPECT_TRUE(std::isfinite(sqnr)) << r.out;
+  EXPECT_GT(sqnr, 20.0) << r.out;
+  EXPECT_LT(sqnr, 45.0) << r.out;
+}
+
+TEST(QuantCli, TensorMayBeLeftOutWhenTheFileHoldsOne) {
+  std::string one = tmp("one.safetensors"), two = tmp("two.safetensors");
+  SafeTensorsFile f;
+  f.tensors["only"] = normal_f32(64, 64, 0);
+  ASSERT_TRUE(write_safetensors(one, f).is_ok());
+  CliRun r = nibble("quant --input " + one + " --format mxfp8 --device cpu");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_TRUE(std::isfinite(sqnr_of(r.out, "row-wise 1x32"))) << r.out;
+
+  f.tensors["other"] = normal_f32(64, 64, 0);
+  ASSERT_TRUE(write_safetensors(two, f).is_ok());
+  CliRun e = nibble("quant --input " + two + " --format mxfp8 --device cpu");
+  expect_error(e, "--tensor");
+  EXPECT_NE(e.out.find("only, other"), std::string::npos) << e.out;
 }
