@@ -4,6 +4,9 @@
 # Usage: scripts/gpu_test.sh [build-dir] ; prints one summary line at the end.
 set -uo pipefail
 build=${1:-build}
+# The CLI tests look next to themselves and one folder up as well; naming the binary makes it explicit.
+NIBBLE_BIN="$(cd "$build" && pwd)/nibble"
+export NIBBLE_BIN
 pass=0; fail=0; failed=()
 for t in "$build"/tests/test_*; do
   [ -x "$t" ] || continue

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include "common/nibble_binary.h"
 #include "data/indexed_dataset.h"
 #include "data/token_source.h"
 #include "tokenizer/bpe_tokenizer.h"
@@ -46,7 +47,7 @@ TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
   }
   for (int workers : {1, 2}) {
     std::string prefix = (dir / ("out" + std::to_string(workers))).string();
-    std::string cmd = std::string(NIBBLE_BINARY) + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + prefix + " -t " + tok_path +
+    std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + prefix + " -t " + tok_path +
                       " --append-eod --workers " + std::to_string(workers) + " > " + (dir / "log.txt").string() + " 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::unique_ptr<IndexedDataset> ds;
@@ -121,7 +122,7 @@ TEST(Preprocess, BadInputIsAClearError) {
   opt.vocab_size = 260;
   ASSERT_TRUE(train_bpe({"abc abc"}, opt, tok_path, nullptr).is_ok());
   std::string log = (dir / "log.txt").string();
-  std::string cmd = std::string(NIBBLE_BINARY) + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + (dir / "o").string() + " -t " +
+  std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + (dir / "o").string() + " -t " +
                     tok_path + " > " + log + " 2>&1";
   EXPECT_NE(std::system(cmd.c_str()), 0);
   std::ifstream f(log);
