@@ -102,3 +102,18 @@ TEST(ResumeRules, SaveFlagsWithoutASaveFolderAreRefused) {
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("--save DIR"), std::string::npos) << st.message();
 }
+
+TEST(EvalIters, CountGlobalBatchesAsMegatronDoes) {
+  // Megatron: each evaluation reads eval_iters global batches of 4 samples. The checkpoint at iteration 6
+  // follows the evaluations at 2 and 4 (the final one runs after the last save, as in Megatron): 2 x 2 x 4.
+  const std::string dir = test::temp_folder("eval_iters");
+  TrainConfig c = test::resume_job("cpu", "bf16_mixed", test::write_random_dataset(dir, 256));
+  c.eval_iters = 2; c.save = dir + "/run"; c.save_interval = 6;
+  TrainSummary s;
+  Status st = run_training(c, &s);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  nlohmann::json state;
+  ASSERT_TRUE(read_checkpoint_state({dir + "/run/iter_0000006", 6}, &state).is_ok());
+  EXPECT_EQ(state["consumed_valid_samples"].get<int64_t>(), 2 * 2 * 4);
+  EXPECT_EQ(state["consumed_train_samples"].get<int64_t>(), 6 * 4);
+}
