@@ -105,6 +105,7 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
                               strprintf("resuming after iteration %lld", (long long)iteration_).c_str(),
               cfg_.finetune ? "" : (optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
               cfg_.finetune ? "" : (cfg_.no_load_rng ? ", RNG streams restarted (--no-load-rng)" : ", RNG state loaded"));
+  std::fflush(stdout);  // a job killed right after still shows what it resumed from
   return Status::ok();
 }
 
@@ -228,6 +229,7 @@ Status Trainer::save(TrainSummary* summary) {
     NB_TRY(writer_->start(std::move(d)));
     std::printf("saving checkpoint iteration %lld to %s: step stalled %.1f ms for the device-to-host copy; files are "
                 "written in the background\n", (long long)iteration_, cfg_.save.c_str(), stall_ms);
+    std::fflush(stdout);
     return Status::ok();
   }
   CheckpointWriteStats ws;
