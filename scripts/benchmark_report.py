@@ -127,7 +127,9 @@ if ckpt_log:
     print("`nibble train --model llama3-8b-proxy --micro-batch-size 2 --global-batch-size 16 --seq-length 4096 "
           "--train-iters 8 --save DIR --save-interval 4 --save-keep 1`: FP32 master weights and AdamW moments as "
           "safetensors under Hugging Face names, plus trainer_state.json with a CRC-32 per file. The step waits only "
-          "for the device-to-host copy into page-locked memory; a background thread writes, fsyncs and renames.\n")
+          "for the device-to-host copy into page-locked memory; a background thread writes, fsyncs and renames. "
+          f"Device: {gpu.group(1).strip() if gpu else 'unknown'}; the background write is bound by that machine's "
+          "disk. The step time excludes the stall (timed separately); steps during a background write are not slower.\n")
     stalls = [float(m.group(2)) for m in re.finditer(r"saving checkpoint iteration (\d+) .*?stalled ([0-9.]+) ms", ckpt_log)]
     writes = [(float(m.group(2)), float(m.group(3))) for m in
               re.finditer(r"checkpoint iteration (\d+) written: ([0-9.]+) GiB in ([0-9.]+) s", ckpt_log)]
@@ -153,8 +155,8 @@ if merge_into:
     for title, body in new_secs.items():
         if title.startswith("## Training step") and not (nibble_run("proxy") or nibble_run("deep")):
             continue  # printed with "not run" rows: this results folder has no training runs
-        merged[title] = body if body.endswith("\n") else body + "\n"
+        merged[title] = body.rstrip("\n") + "\n\n"
         taken.append(title[3:])
     old_head = old_head.rstrip() + "\n- merged: " + ", ".join(taken) + \
         f" from {os.path.basename(out.rstrip('/'))} (commit {read('commit.txt').strip()})\n\n"
-    open(merge_into, "w").write(old_head + "".join(merged.values()))
+    open(merge_into, "w").write(old_head + "".join(b.rstrip("\n") + "\n\n" for b in merged.values()).rstrip("\n") + "\n")
