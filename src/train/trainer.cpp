@@ -100,21 +100,7 @@ Status Trainer::step(StepMetrics* m) {
     skipped_++;
     NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
   } else {
-    float clip = 1.0f;
-    if (cfg_.clip_grad > 0 && grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (grad_norm + 1e-6));
-    ++adam_step_;
-    ops::AdamWParams ap{float(lr), float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_eps),
-                        float(cfg_.weight_decay), adam_step_, clip};
-    // Weight decay only on the 2-D weights, which the ParamStore keeps first. Master-only weights (quantized
-    // layers) get no compute copy: their pieces pass an empty one.
-    for (bool decayed : {true, false}) {
-      ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
-      const int64_t b = decayed ? 0 : P.decayed_count(), e = decayed ? P.decayed_count() : P.total();
-      for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
-        ops::adamw_update(P.range(P.flat_master(), pc.begin, pc.end), P.range(P.flat_grad(), pc.begin, pc.end),
-                          P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute,
-                          ap, nullptr);
-    }
+    adamw_update(lr, grad_norm);
   }
   NB_PROFILE_END("optimizer: norm + AdamW");
   if (dev_ == Device::cuda) device_synchronize();
@@ -129,6 +115,25 @@ Status Trainer::step(StepMetrics* m) {
   m->nan_iters = nan_iters_;
   m->consumed_samples = iteration_ * cfg_.global_batch_size;
   return Status::ok();
+}
+
+// One AdamW update of every parameter with the clipped gradient. Weight decay only on the 2-D weights,
+// which the ParamStore keeps first; master-only weights (quantized layers) pass an empty compute copy.
+void Trainer::adamw_update(double lr, double grad_norm) {
+  ParamStore& P = model_.params();
+  float clip = 1.0f;
+  if (cfg_.clip_grad > 0 && grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (grad_norm + 1e-6));
+  ++adam_step_;
+  ops::AdamWParams ap{float(lr), float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_eps),
+                      float(cfg_.weight_decay), adam_step_, clip};
+  for (bool decayed : {true, false}) {
+    ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
+    const int64_t b = decayed ? 0 : P.decayed_count(), e = decayed ? P.decayed_count() : P.total();
+    for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
+      ops::adamw_update(P.range(P.flat_master(), pc.begin, pc.end), P.range(P.flat_grad(), pc.begin, pc.end),
+                        P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute,
+                        ap, nullptr);
+  }
 }
 
 // Megatron's --eval-iters: each evaluation reads eval_iters global batches (all their micro-batches).

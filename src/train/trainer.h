@@ -62,6 +62,7 @@ class Trainer {
   Status with_surviving_checkpoint(const Status& failed) const;
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
+  void adamw_update(double lr, double grad_norm);
   Status evaluate(int64_t iteration, TrainSummary* summary);
   void report(const TrainSummary& s) const;
 

@@ -74,11 +74,15 @@ TEST(ResumeRules, AcceptsNewTrainItersAndIntervals) {
   TrainConfig job;
   saved_run("rules_accept", &job);
   job.train_iters = 5; job.eval_interval = 1; job.log_interval = 2; job.min_lr = 1e-4;
+  job.async_save = false;  // and the synchronous writer saves the end checkpoint
   TrainSummary s;
   Status st = run_training(job, &s);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(s.start_iteration, 3);
   EXPECT_EQ(s.end_iteration, 5);
+  CheckpointRef ref;
+  ASSERT_TRUE(find_checkpoint(job.save, -1, &ref).is_ok());
+  EXPECT_EQ(ref.iteration, 5);
 }
 
 TEST(ResumeRules, NoLoadOptimStartsFreshMomentsAndDiffers) {
