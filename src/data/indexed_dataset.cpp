@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 namespace nb {
 
@@ -154,6 +155,35 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t length, std::vector
       case IndexedDtype::i64: dst[k] = static_cast<int32_t>(load<int64_t>(e)); break;
       default: dst[k] = 0; break;
     }
+  }
+}
+
+namespace {
+template <typename T>
+void scan_range(const uint8_t* bin, size_t bytes, int64_t* lo, int64_t* hi) {
+  T mn = std::numeric_limits<T>::max(), mx = std::numeric_limits<T>::lowest();
+  const size_t n = bytes / sizeof(T);
+  for (size_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, bin + i * sizeof(T), sizeof(T));
+    mn = v < mn ? v : mn;
+    mx = v > mx ? v : mx;
+  }
+  if (n == 0) { *lo = 0; *hi = -1; return; }
+  *lo = int64_t(mn);
+  *hi = int64_t(mx);
+}
+}  // namespace
+
+void IndexedDataset::token_id_range(int64_t* min_id, int64_t* max_id) const {
+  switch (dtype_) {
+    case IndexedDtype::u8: scan_range<uint8_t>(bin_, bin_size_, min_id, max_id); break;
+    case IndexedDtype::i8: scan_range<int8_t>(bin_, bin_size_, min_id, max_id); break;
+    case IndexedDtype::i16: scan_range<int16_t>(bin_, bin_size_, min_id, max_id); break;
+    case IndexedDtype::u16: scan_range<uint16_t>(bin_, bin_size_, min_id, max_id); break;
+    case IndexedDtype::i32: scan_range<int32_t>(bin_, bin_size_, min_id, max_id); break;
+    case IndexedDtype::i64: scan_range<int64_t>(bin_, bin_size_, min_id, max_id); break;
+    default: *min_id = 0; *max_id = -1; break;  // float dtypes are refused by open()
   }
 }
 

@@ -40,6 +40,9 @@ class IndexedDataset {
   const std::vector<int32_t>& sequence_lengths() const { return lengths_; }
   // Appends `length` tokens of sequence i starting at token `offset` (length < 0: to the end).
   void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>* out) const;
+  // Smallest and largest token id in the whole .bin (one pass over the mapped file).
+  void token_id_range(int64_t* min_id, int64_t* max_id) const;
+  size_t bin_bytes() const { return bin_size_; }
 
  private:
   std::string prefix_;

@@ -295,8 +295,21 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   return Status::ok();
 }
 
+static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      return errorf("a micro-batch holds the %s id %d at position %lld, outside the model's vocabulary [0, %lld); "
+                    "the data does not fit this model (check its tokenizer against --vocab-size)", what, ids[i],
+                    (long long)i, (long long)vocab);
+  return Status::ok();
+}
+
 Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n) {
   const int64_t T = shape_.tokens();
+  // The kernels guard their reads, but an id past the vocabulary must stop the run, never become a zero
+  // embedding row or a dropped target (on the host: one pass over n*T ids, microseconds).
+  NB_TRY(check_ids(tokens, n * T, cfg_.vocab, "token"));
+  NB_TRY(check_ids(labels, n * T, cfg_.vocab, "label"));
   if (n > staged_capacity_) {
     NB_TRY(Buffer::allocate(&ids_, DType::i32, dev_, {n, T}));
     NB_TRY(Buffer::allocate(&targets_, DType::i32, dev_, {n, T}));

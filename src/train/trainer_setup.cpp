@@ -6,6 +6,7 @@
 #include <filesystem>
 #include "core/device_info.h"
 #include "core/log.h"
+#include "data/token_check.h"
 #include "io/hf_llama.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "train/trainer.h"
@@ -62,7 +63,7 @@ Status Trainer::resolve_config() {
   return Status::ok();
 }
 
-// Real data: the tokenizer's ids must fit the model's vocabulary (a CUDA embedding cannot report it).
+// Real data: the tokenizer's and the data's ids must fit the model's vocabulary.
 Status Trainer::check_tokenizer() {
   if (!cfg_.mock_data && !cfg_.tokenizer.empty()) {
     std::unique_ptr<BpeTokenizer> tok;
@@ -71,10 +72,9 @@ Status Trainer::check_tokenizer() {
       return errorf("the tokenizer %s has %lld tokens but model %s has a vocabulary of %lld; pass --vocab-size %lld "
                     "or a preset with a larger vocabulary", cfg_.tokenizer.c_str(), (long long)tok->vocab_size(),
                     model_cfg_.name.c_str(), (long long)model_cfg_.vocab, (long long)tok->vocab_size());
-  } else if (!cfg_.mock_data) {
-    NB_LOG_WARN("no --tokenizer given: nibble cannot check that the data's token ids fit the vocabulary (%lld)",
-                (long long)model_cfg_.vocab);
   }
+  // The data itself, with or without a tokenizer: one scan per dataset (cached), before any allocation.
+  if (!cfg_.mock_data) NB_TRY(check_dataset_vocab(cfg_.data_path, "", model_cfg_.vocab, model_cfg_.name));
   return Status::ok();
 }
 
