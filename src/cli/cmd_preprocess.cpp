@@ -2,13 +2,14 @@
 // tools/preprocess_data.py (same files byte for byte for the same token ids; token dtype uint16 when
 // vocab < 65500, else int32). Documents are tokenized by --workers threads in rounds and written in
 // input order; a progress line shows MB/s and docs/s.
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <future>
-#include <nlohmann/json.hpp>
 #include "cli/commands.h"
+#include "data/jsonl.h"
 #include "data/indexed_dataset.h"
 #include "tokenizer/bpe_tokenizer.h"
 
@@ -129,14 +130,12 @@ int run_preprocess(const PreprocessArgs& a) {
           for (size_t k = 0; k < a.json_keys.size(); ++k) {
             std::string text;
             if (jsonl) {
-              auto j = nlohmann::json::parse(raw[i], nullptr, false);
-              if (j.is_discarded() || !j.is_object() || !j.contains(a.json_keys[k]) || !j[a.json_keys[k]].is_string()) {
+              if (!jsonl_field(raw[i], a.json_keys[k], &text)) {
                 if (errors[w].empty())
                   errors[w] = strprintf("input document %lld is not a JSON object with a string field \"%s\"", (long long)(docs + i + 1),
                                         a.json_keys[k].c_str());
                 continue;
               }
-              text = j[a.json_keys[k]].get<std::string>();
             } else {
               text = raw[i];
             }
@@ -191,7 +190,8 @@ int run_preprocess(const PreprocessArgs& a) {
 }  // namespace
 
 void add_preprocess_command(CLI::App& app) {
-  auto* a = new PreprocessArgs();  // lives as long as the app: CLI11 binds options by reference
+  // Shared with the callback, which the app keeps: CLI11 binds options to these fields by reference.
+  auto a = std::make_shared<PreprocessArgs>();
   auto* cmd = app.add_subcommand("preprocess", "Tokenize JSONL or text files into a Megatron indexed dataset (PREFIX_text_document.bin/.idx)");
   cmd->add_option("--input,-i", a->inputs, "Input files: *.jsonl/*.json (one JSON object per line) or plain text")->required();
   cmd->add_option("--output-prefix,-o", a->output_prefix, "Output prefix; writes PREFIX_<key>_document.{bin,idx}")->required();

@@ -1,5 +1,6 @@
 // `nibble tokenizer train|encode|decode`: train a byte-level BPE tokenizer (writes HF tokenizer.json)
 // for users who have none, and inspect how a tokenizer splits text.
+#include <memory>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,7 +94,8 @@ int run_decode(const TokenizerArgs& a) {
 }  // namespace
 
 void add_tokenizer_command(CLI::App& app) {
-  auto* a = new TokenizerArgs();  // lives as long as the app: CLI11 binds options by reference
+  // Shared with the callbacks, which the app keeps: CLI11 binds options to these fields by reference.
+  auto a = std::make_shared<TokenizerArgs>();
   auto* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode/decode with one");
   cmd->require_subcommand(1);
   auto* train = cmd->add_subcommand("train", "Train byte-level BPE on text/JSONL files and write a Hugging Face tokenizer.json");

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (clang, ASan + UBSan: the `fuzz` preset) and runs each for a fixed time
+# on a copy of its seed corpus (tests/fuzz/corpus/<name>), one summary line per target.
+# Usage: bash scripts/fuzz.sh [seconds per target, default 60] [jobs in parallel, default nproc]
+# Findings (crash-*, leak-*, timeout-* inputs) are kept in build-fuzz/findings/<name>/ and fail the run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+secs=${1:-60}
+jobs=${2:-$(nproc)}
+bash scripts/setup.sh --fuzz
+cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/dev/null || { echo "fuzz: build failed"; exit 1; }
+run_one() {
+  local t=$1 secs=$2 name=${1#fuzz_}
+  local work=build-fuzz/corpus/$name findings=build-fuzz/findings/$name log=build-fuzz/logs/$name.log
+  mkdir -p "$work" "$findings" build-fuzz/logs
+  cp -n tests/fuzz/corpus/"$name"/* "$work"/ 2>/dev/null
+  ASAN_OPTIONS=detect_leaks=1 build-fuzz/tests/"$t" "$work" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+    -print_final_stats=1 -artifact_prefix="$findings"/ > "$log" 2>&1
+  local rc=$?
+  local execs; execs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | grep -oE "[0-9]+$")
+  local found; found=$(ls "$findings" | wc -l)
+  echo "fuzz $name: ${execs:-0} executions in ${secs} s, corpus $(ls "$work" | wc -l) inputs, findings $found, rc $rc"
+}
+export -f run_one
+targets=$(ls build-fuzz/tests/ | grep -E "^fuzz_[a-z_]+$" | sort)
+[ -n "$targets" ] || { echo "fuzz: no targets were built"; exit 1; }
+printf '%s\n' $targets | xargs -P "$jobs" -I{} bash -c "run_one {} $secs" | sort | tee build-fuzz/summary.txt
+total=$(grep -oE "[0-9]+ executions" build-fuzz/summary.txt | awk '{s += $1} END {print s + 0}')
+echo "fuzz summary: $(wc -l < build-fuzz/summary.txt) targets, $total executions, $(grep -vc "findings 0, rc 0" build-fuzz/summary.txt) with findings"
+! grep -qv "findings 0, rc 0" build-fuzz/summary.txt
