@@ -1,4 +1,4 @@
-// Nothing lost: SIGKILL at random moments while the real binary saves a checkpoint every step (20
+// Nothing lost: SIGKILL at random moments of saves while the real binary saves a checkpoint every step (20
 // times; each time the newest complete checkpoint loads and the next run resumes from it), truncated
 // or bit-flipped checkpoint files refused by their checksums in one sentence, SIGTERM saves and exits
 // cleanly, and a full disk or an unwritable folder during a save reported with earlier checkpoints kept.
@@ -55,6 +55,12 @@ bool has_partial_save(const std::string& dir) {
 
 std::string slurp(const std::string& path) { return test::file_bytes(path); }
 
+int count_saves(const std::string& log) {
+  int n = 0;
+  for (size_t at = log.find("saving checkpoint"); at != std::string::npos; at = log.find("saving checkpoint", at + 1)) ++n;
+  return n;
+}
+
 }  // namespace
 
 TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
@@ -65,7 +71,13 @@ TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
     const int64_t before = newest;  // what this round must resume from
     pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save + " --load " + save +
                              " --save-interval 1 --save-keep 2", dir + "/log.txt");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 900));
+    // Kill at a random moment of a save, however slow this build runs (sanitizers): wait for the k-th
+    // "saving checkpoint" line of this round (k = 1..3; the background write starts then), then a random
+    // 0-40 ms, which lands in the middle of the write or just after it.
+    const int k = 1 + int(rng() % 3);
+    for (int waited = 0; waited < 60000 && count_saves(slurp(dir + "/log.txt")) < k; ++waited)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     int status = 0;
     ::waitpid(pid, &status, 0);
