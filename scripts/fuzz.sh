@@ -2,6 +2,8 @@
 # Builds the libFuzzer targets (clang, ASan + UBSan: the `fuzz` preset) and runs each for a fixed time
 # on a copy of its seed corpus (tests/fuzz/corpus/<name>), one summary line per target.
 # Usage: bash scripts/fuzz.sh [seconds per target, default 60] [jobs in parallel, default nproc]
+# NIBBLE_FUZZ_RUNS=N runs N inputs per target instead, and NIBBLE_FUZZ_SEED=S fixes libFuzzer's seed:
+# together they make a run repeatable (CI uses both).
 # Findings (crash-*, leak-*, timeout-* inputs) are kept in build-fuzz/findings/<name>/ and fail the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,12 +16,16 @@ run_one() {
   local work=build-fuzz/corpus/$name findings=build-fuzz/findings/$name log=build-fuzz/logs/$name.log
   mkdir -p "$work" "$findings" build-fuzz/logs
   cp -n tests/fuzz/corpus/"$name"/* "$work"/ 2>/dev/null
-  ASAN_OPTIONS=detect_leaks=1 build-fuzz/tests/"$t" "$work" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+  local limit="-max_total_time=$secs"
+  [ -n "${NIBBLE_FUZZ_RUNS:-}" ] && limit="-runs=$NIBBLE_FUZZ_RUNS"
+  ASAN_OPTIONS=detect_leaks=1 build-fuzz/tests/"$t" "$work" $limit ${NIBBLE_FUZZ_SEED:+-seed=$NIBBLE_FUZZ_SEED} \
+    -timeout=10 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$findings"/ > "$log" 2>&1
   local rc=$?
   local execs; execs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | grep -oE "[0-9]+$")
   local found; found=$(ls "$findings" | wc -l)
-  echo "fuzz $name: ${execs:-0} executions in ${secs} s, corpus $(ls "$work" | wc -l) inputs, findings $found, rc $rc"
+  local budget="$secs s"; [ -n "${NIBBLE_FUZZ_RUNS:-}" ] && budget="at most $NIBBLE_FUZZ_RUNS runs"
+  echo "fuzz $name: ${execs:-0} executions ($budget), corpus $(ls "$work" | wc -l) inputs, findings $found, rc $rc"
 }
 export -f run_one
 targets=$(ls build-fuzz/tests/ | grep -E "^fuzz_[a-z_]+$" | sort)

@@ -1,5 +1,6 @@
 // Byte-level BPE encode/decode and the tokenizer file loaders (see bpe_tokenizer.h).
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <algorithm>
 #include "tokenizer/bpe_tokenizer.h"
 
 #include <pcre2.h>
@@ -311,6 +312,7 @@ Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& p
   std::istringstream in(text);
   std::string line, bytes;
   int64_t line_no = 0;
+  const int64_t lines = int64_t(std::count(text.begin(), text.end(), '\n')) + 1, max_rank = lines + 1024;
   while (std::getline(in, line)) {
     ++line_no;
     if (line.empty()) continue;
@@ -319,6 +321,10 @@ Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& p
     if (sp != std::string::npos) rank = std::atoll(line.c_str() + sp + 1);
     if (sp == std::string::npos || rank < 0 || !base64_decode(std::string_view(line).substr(0, sp), &bytes))
       return errorf("%s line %lld: expected \"<base64 token> <rank>\"; is this a tiktoken rank file?", path.c_str(), (long long)line_no);
+    // Ranks are token ids, dense in real files: one far past the line count is not a rank file.
+    if (rank > max_rank)
+      return errorf("%s line %lld: rank %lld is far past the file's %lld lines; is this a tiktoken rank file?",
+                    path.c_str(), (long long)line_no, rank, (long long)lines);
     if (rank >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(rank) + 1);
     tok->id_to_bytes_[size_t(rank)] = bytes;
     tok->bytes_to_id_[bytes] = int32_t(rank);
@@ -388,7 +394,16 @@ Status BpeTokenizer::from_hf_json(const std::string& path, std::unique_ptr<BpeTo
   return from_hf_json_text(text, path, out);
 }
 
+// nlohmann throws on a field of an unexpected type: a malformed file is input, so it becomes a Status.
 Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out) {
+  try {
+    return from_hf_json_parsed(json_text, where, out);
+  } catch (const nlohmann::json::exception& e) {
+    return errorf("%s: not a tokenizer.json this reader understands (%s)", where.c_str(), e.what());
+  }
+}
+
+Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out) {
   using nlohmann::json;
   json j = json::parse(json_text, nullptr, false);
   if (j.is_discarded()) return errorf("%s is not valid JSON", where.c_str());
@@ -401,6 +416,8 @@ Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::
     if (!unicode_string_to_bytes(it.key(), &bytes))
       return errorf("%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) is supported",
                     where.c_str(), it.key().c_str());
+    if (!it.value().is_number_integer())
+      return errorf("%s: vocabulary entry \"%s\" has an id that is not an integer", where.c_str(), it.key().c_str());
     int64_t id = it.value().get<int64_t>();
     if (id < 0 || id > (1 << 24)) return errorf("%s: vocabulary id %lld out of range", where.c_str(), (long long)id);
     if (id >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(id) + 1);

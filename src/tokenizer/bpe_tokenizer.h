@@ -59,6 +59,8 @@ class BpeTokenizer {
   const std::vector<SpecialToken>& specials() const { return specials_; }
 
  private:
+  static Status from_hf_json_parsed(const std::string& json_text, const std::string& where,
+                                    std::unique_ptr<BpeTokenizer>* out);  // may throw nlohmann::json::exception
   BpeTokenizer() : instance_id_(next_instance_id_++) {}
   static std::atomic<uint64_t> next_instance_id_;
   const uint64_t instance_id_;  // keys the per-thread piece cache

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include "io/file_util.h"
+#include "io/json_checked.h"
 
 namespace nb {
 
@@ -190,15 +191,27 @@ Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
       (*state)["state_crc32"].get<uint32_t>() != state_crc(*state))
     return errorf("%s fails its checksum: the file is damaged; load an older checkpoint with --ckpt-step N",
                   path.c_str());
+  if (!state->contains("files") || !(*state)["files"].is_object())
+    return errorf("%s lists no files; the checkpoint is damaged, load an older one with --ckpt-step N", path.c_str());
   for (const auto& [name, e] : (*state)["files"].items()) {
+    uint64_t want_size = 0, want_crc = 0;
+    try {
+      want_size = json_uint(e, "bytes");
+      want_crc = json_uint(e, "crc32");
+    } catch (const std::exception& ex) {
+      return errorf("%s: the entry of %s is damaged (%s); load an older checkpoint with --ckpt-step N", path.c_str(),
+                    name.c_str(), ex.what());
+    }
+    if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
+      return errorf("%s names the file '%s' outside its folder; the checkpoint is damaged", path.c_str(), name.c_str());
     uint32_t crc = 0;
     uint64_t size = 0;
     NB_TRY(file_crc32(ref.dir + "/" + name, &crc, &size).context("checkpoint " + ref.dir));
-    if (size != e["bytes"].get<uint64_t>() || crc != e["crc32"].get<uint32_t>())
-      return errorf("%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08x): "
+    if (size != want_size || crc != want_crc)
+      return errorf("%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08llx): "
                     "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
-                    ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc,
-                    (unsigned long long)e["bytes"].get<uint64_t>(), e["crc32"].get<uint32_t>());
+                    ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc, (unsigned long long)want_size,
+                    (unsigned long long)want_crc);
   }
   return Status::ok();
 }
@@ -223,11 +236,15 @@ Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTens
     const std::string name = t.name + suffix;
     if (!h.contains(name)) return errorf("%s has no tensor %s", file.c_str(), name.c_str());
     const auto& e = h[name];
-    const auto shape = e.value("shape", std::vector<int64_t>{});
-    if (e.value("dtype", "") != "F32" || shape != t.shape)
-      return errorf("%s: tensor %s is %s %s, expected F32 with this model's shape", file.c_str(), name.c_str(),
-                    e.value("dtype", "?").c_str(), nlohmann::json(shape).dump().c_str());
+    const nlohmann::json want_shape(t.shape);
+    if (!e.is_object() || e.value("dtype", nlohmann::json()) != "F32" || e.value("shape", nlohmann::json()) != want_shape ||
+        !e.contains("data_offsets") || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2 ||
+        !e["data_offsets"][0].is_number_unsigned())
+      return errorf("%s: tensor %s is not F32 with this model's shape %s", file.c_str(), name.c_str(),
+                    want_shape.dump().c_str());
     const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
+    if (begin > (uint64_t(1) << 50)) return errorf("%s: tensor %s has offset %llu", file.c_str(), name.c_str(),
+                                                   (unsigned long long)begin);
     if (std::fseek(f, long(8 + n + begin), SEEK_SET) != 0) return errorf("%s is truncated", file.c_str());
     NB_TRY(read_exact(f, host_flat + t.flat_offset, size_t(t.numel) * 4, file));
   }
@@ -245,13 +262,15 @@ nlohmann::json model_config_json(const LlamaConfig& c) {
 Status model_config_from_json(const nlohmann::json& j, const std::string& where, LlamaConfig* out) {
   try {
     LlamaConfig c;
-    c.name = j.at("name").get<std::string>();
-    c.hidden = j.at("hidden"); c.ffn = j.at("ffn"); c.layers = j.at("layers"); c.heads = j.at("heads");
-    c.kv_heads = j.at("kv_heads"); c.head_dim = j.at("head_dim"); c.vocab = j.at("vocab");
-    c.rope_theta = j.at("rope_theta"); c.rope_factor = j.at("rope_factor");
-    c.rope_low_freq_factor = j.at("rope_low_freq_factor"); c.rope_high_freq_factor = j.at("rope_high_freq_factor");
-    c.rope_original_max_pos = j.at("rope_original_max_pos"); c.norm_eps = j.at("norm_eps");
-    c.tied_embeddings = j.at("tied_embeddings"); c.max_seq = j.at("max_seq");
+    c.name = json_string(j, "name");
+    c.hidden = json_int(j, "hidden"); c.ffn = json_int(j, "ffn"); c.layers = json_int(j, "layers");
+    c.heads = json_int(j, "heads"); c.kv_heads = json_int(j, "kv_heads"); c.head_dim = json_int(j, "head_dim");
+    c.vocab = json_int(j, "vocab"); c.rope_theta = json_number(j, "rope_theta");
+    c.rope_factor = json_number(j, "rope_factor"); c.rope_low_freq_factor = json_number(j, "rope_low_freq_factor");
+    c.rope_high_freq_factor = json_number(j, "rope_high_freq_factor");
+    c.rope_original_max_pos = json_int(j, "rope_original_max_pos");
+    c.norm_eps = float(json_number(j, "norm_eps"));
+    c.tied_embeddings = json_bool(j, "tied_embeddings"); c.max_seq = json_int(j, "max_seq");
     *out = c;
   } catch (const std::exception& e) {
     return errorf("%s: the model description is incomplete (%s)", where.c_str(), e.what());

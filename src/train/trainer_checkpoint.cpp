@@ -1,11 +1,13 @@
 // Trainer checkpoint phases: load (resume, --finetune, --load-hf) with Megatron's resume rules, the
 // trainer state a checkpoint carries, and save (device-to-host copy, then the background writer).
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include "core/log.h"
 #include "io/hf_llama.h"
+#include "io/json_checked.h"
 #include "model/hf_layout.h"
 #include "train/trainer.h"
 
@@ -139,33 +141,36 @@ Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaCon
 
 Status Trainer::restore_state(const nlohmann::json& s) {
   try {
-    iteration_ = s.at("iteration");
-    consumed_valid_ = s.at("consumed_valid_samples");
-    const auto& opt = s.at("optimizer");
-    adam_step_ = cfg_.no_load_optim ? 0 : opt.at("step").get<int64_t>();
-    skipped_ = opt.at("skipped_iterations");
-    nan_iters_ = opt.at("nan_iterations");
-    rng_step_ = cfg_.no_load_rng ? 0 : s.at("rng").at("stochastic_rounding_step").get<int64_t>();
-    if (s.at("consumed_train_samples").get<int64_t>() != iteration_ * cfg_.global_batch_size)
-      return errorf("consumed_train_samples %lld is not iteration x global batch (%lld x %lld)",
-                    (long long)s.at("consumed_train_samples").get<int64_t>(), (long long)iteration_,
-                    (long long)cfg_.global_batch_size);
+    iteration_ = json_int(s, "iteration");
+    consumed_valid_ = json_int(s, "consumed_valid_samples");
+    const auto& opt = json_field(s, "optimizer");
+    adam_step_ = cfg_.no_load_optim ? 0 : json_int(opt, "step");
+    skipped_ = json_int(opt, "skipped_iterations");
+    nan_iters_ = json_int(opt, "nan_iterations");
+    rng_step_ = cfg_.no_load_rng ? 0 : json_int(json_field(s, "rng"), "stochastic_rounding_step");
+    const int64_t consumed = json_int(s, "consumed_train_samples");
+    if (iteration_ < 0 || consumed != iteration_ * cfg_.global_batch_size)
+      return errorf("consumed_train_samples %lld is not iteration x global batch (%lld x %lld)", (long long)consumed,
+                    (long long)iteration_, (long long)cfg_.global_batch_size);
     std::vector<LlamaModel::LinearScaling> scaling;
-    for (const auto& l : s.at("fp8_delayed_scaling")) {
-      LlamaModel::LinearScaling ls{l.at("linear"), {}};
-      for (const auto& r : l.at("roles"))
-        ls.roles.push_back({r.at("role"), r.at("has_history"), r.at("used_in_step"), r.at("scale"),
-                            r.at("step_amax"), r.at("history").get<std::vector<float>>()});
+    for (const auto& l : json_field(s, "fp8_delayed_scaling")) {
+      LlamaModel::LinearScaling ls{json_string(l, "linear"), {}};
+      for (const auto& r : json_field(l, "roles")) {
+        std::vector<float> history;
+        for (const auto& h : json_field(r, "history")) history.push_back(h.is_number() ? h.get<float>() : NAN);
+        ls.roles.push_back({int(json_int(r, "role")), json_bool(r, "has_history"), json_bool(r, "used_in_step"),
+                            float(json_number(r, "scale")), float(json_number(r, "step_amax")), std::move(history)});
+      }
       scaling.push_back(std::move(ls));
     }
-    const std::string saved_recipe = s.at("recipe");
+    const std::string saved_recipe = json_string(s, "recipe");
     Status st = model_.set_scaling_states(scaling);
     if (!st)
       return errorf("the checkpoint's recipe %s and this run's %s keep different FP8 delayed-scaling state (%s); "
                     "resume with --recipe %s, or pass --finetune", saved_recipe.c_str(), recipe_.name.c_str(),
                     st.message().c_str(), saved_recipe.c_str());
-  } catch (const nlohmann::json::exception& e) {
-    return errorf("trainer_state.json lacks a field this nibble needs (%s)", e.what());
+  } catch (const std::exception& e) {
+    return errorf("trainer_state.json lacks a field this nibble needs, or has one of another type (%s)", e.what());
   }
   return Status::ok();
 }

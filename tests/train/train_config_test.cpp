@@ -123,3 +123,17 @@ TEST(Trainer, NonFiniteLossStopsOrSkips) {
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_GT(s.skipped, 0);
 }
+
+TEST(TrainConfig, NonAsciiTextIsRefusedAndNonAsciiValuesRoundTripAsEscapes) {
+  TrainConfig c;
+  Status st = apply_config_text("model = \"tiny\"\nsave = \"caf\xc3\xa9\"\n", "job.toml", c);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("job.toml line 2: a non-ASCII character"), std::string::npos) << st.message();
+  TrainConfig a;
+  a.save = "runs/caf\xc3\xa9 \"\\ \xf0\x9f\x98\x80";  // non-ASCII (2 and 4 bytes), a quote, a backslash
+  const std::string text = format_config(a);
+  for (char ch : text) ASSERT_LT(static_cast<unsigned char>(ch), 0x80) << text;
+  TrainConfig b;
+  ASSERT_TRUE(apply_config_text(text, "resolved", b).is_ok());
+  EXPECT_EQ(b.save, a.save);
+}
