@@ -8,16 +8,11 @@
 #include "core/log.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
+#include "data/token_source.h"
 
 namespace nb {
 
 namespace {
-
-std::string default_cache_dir(const std::string& prefix, const std::string& cache_path) {
-  if (cache_path == "none") return "";
-  if (!cache_path.empty()) return cache_path;
-  return (std::filesystem::path(prefix).parent_path() / "cache" / "nibble_indices").string();
-}
 
 // The cache file of one .bin: its name carries the file's size and modification time.
 std::string cache_file(const std::string& prefix, const std::string& dir) {
@@ -59,7 +54,7 @@ Status check_dataset_vocab(const std::string& data_path, const std::string& cach
   NB_TRY(parse_blend(data_path, &blend));
   for (const BlendEntry& e : blend) {
     TokenRange r;
-    NB_TRY(dataset_token_range(e.prefix, default_cache_dir(e.prefix, cache_path), &r));
+    NB_TRY(dataset_token_range(e.prefix, index_cache_dir(e.prefix, cache_path), &r));
     if (!r.cached) NB_LOG_INFO("token ids of %s.bin: %lld..%lld (scanned in %.1f ms; cached for the next run)",
                                e.prefix.c_str(), (long long)r.min_id, (long long)r.max_id, r.scan_ms);
     if (r.max_id < r.min_id) continue;  // no tokens

@@ -144,6 +144,12 @@ Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uin
   return make_mock_source_split(vocab, seq_len, micro_batch, seed, Split::train, train_samples, consumed, out);
 }
 
+std::string index_cache_dir(const std::string& prefix, const std::string& cache_path) {
+  if (cache_path == "none") return "";
+  if (!cache_path.empty()) return cache_path;
+  return (std::filesystem::path(prefix).parent_path() / "cache" / "nibble_indices").string();
+}
+
 Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<SampleSet>* out) {
   std::vector<BlendEntry> blend;
   NB_TRY(parse_blend(cfg.data_path, &blend));
@@ -151,9 +157,7 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
   const int s = static_cast<int>(split);
   const int64_t requested = cfg.num_samples[s];
   if (requested <= 0) return errorf("no %s samples were requested; set the number of %s samples", split_name(split), split_name(split));
-  std::string cache = cfg.cache_path;
-  if (cache.empty()) cache = (std::filesystem::path(blend[0].prefix).parent_path() / "cache" / "nibble_indices").string();
-  if (cache == "none") cache.clear();
+  const std::string cache = index_cache_dir(blend[0].prefix, cfg.cache_path);
   // Megatron's BlendedMegatronDatasetBuilder: one prefix without weight -> a plain GPTDataset of the
   // requested size; weights -> each component asked for ceil(ceil(S*w) * (1 + 0.005)) samples and a
   // blend of sum(ceil(S*w)) samples; several prefixes without weights -> one epoch of each, weighted

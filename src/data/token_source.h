@@ -36,6 +36,8 @@ struct DataConfig {
   std::array<int64_t, 3> num_samples{0, 0, 0};  // per split (train, valid, test)
   std::string cache_path;            // "" = <first prefix's folder>/cache/nibble_indices; "none" = no cache
 };
+// The cache folder that cache_path means for a dataset `prefix` ("" when caching is off).
+std::string index_cache_dir(const std::string& prefix, const std::string& cache_path);
 
 // Megatron --mock-data: MockGPTLowLevelDataset under GPTDataset with the default "969,30,1" split
 // (train part). eod = vocab - 1. `seed` seeds the sampling (Megatron --seed).

@@ -13,30 +13,27 @@ inline const nlohmann::json& json_field(const nlohmann::json& j, const char* key
   if (!j.is_object() || !j.contains(key)) throw std::invalid_argument(std::string("no field \"") + key + "\"");
   return j[key];
 }
-inline int64_t json_int(const nlohmann::json& j, const char* key) {
+// The field `key` after checking its type with `is` (nlohmann's is_number_integer, is_string, ...).
+inline const nlohmann::json& json_typed(const nlohmann::json& j, const char* key,
+                                        bool (nlohmann::json::*is)() const noexcept, const char* what) {
   const nlohmann::json& v = json_field(j, key);
-  if (!v.is_number_integer()) throw std::invalid_argument(std::string("\"") + key + "\" is not an integer");
-  return v.get<int64_t>();
+  if (!(v.*is)()) throw std::invalid_argument(std::string("\"") + key + "\" is not " + what);
+  return v;
+}
+inline int64_t json_int(const nlohmann::json& j, const char* key) {
+  return json_typed(j, key, &nlohmann::json::is_number_integer, "an integer").get<int64_t>();
 }
 inline uint64_t json_uint(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = json_field(j, key);
-  if (!v.is_number_unsigned()) throw std::invalid_argument(std::string("\"") + key + "\" is not a non-negative integer");
-  return v.get<uint64_t>();
+  return json_typed(j, key, &nlohmann::json::is_number_unsigned, "a non-negative integer").get<uint64_t>();
 }
 inline double json_number(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = json_field(j, key);
-  if (!v.is_number()) throw std::invalid_argument(std::string("\"") + key + "\" is not a number");
-  return v.get<double>();
+  return json_typed(j, key, &nlohmann::json::is_number, "a number").get<double>();
 }
 inline bool json_bool(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = json_field(j, key);
-  if (!v.is_boolean()) throw std::invalid_argument(std::string("\"") + key + "\" is not true or false");
-  return v.get<bool>();
+  return json_typed(j, key, &nlohmann::json::is_boolean, "true or false").get<bool>();
 }
 inline std::string json_string(const nlohmann::json& j, const char* key) {
-  const nlohmann::json& v = json_field(j, key);
-  if (!v.is_string()) throw std::invalid_argument(std::string("\"") + key + "\" is not a string");
-  return v.get<std::string>();
+  return json_typed(j, key, &nlohmann::json::is_string, "a string").get<std::string>();
 }
 
 }  // namespace nb

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 #include "io/file_util.h"
+#include "io/hf_llama.h"
 #include "io/json_checked.h"
 
 namespace nb {
@@ -84,17 +85,12 @@ Status prune(const std::string& save_dir, int64_t keep, int64_t tracked) {
     found.push_back({tmp ? -1 : it, e.path()});
   }
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  int64_t kept = 0;
+  int64_t kept = 1;  // the tracker's checkpoint
   for (const auto& [it, path] : found) {
-    if (it == tracked || (it >= 0 && it <= tracked && ++kept <= keep - 1)) continue;
-    if (it > tracked) continue;  // newer than the tracker: another job's? leave it alone
-    NB_TRY(remove_tree(path));
+    if (it >= tracked) continue;           // the tracked one, or newer (another timeline's): left alone
+    if (it >= 0 && kept < keep) { ++kept; continue; }
+    NB_TRY(remove_tree(path));             // older than the newest `keep`, or a killed save's .tmp/.old
   }
-  return Status::ok();
-}
-
-Status read_exact(std::FILE* f, void* dst, size_t bytes, const std::string& path) {
-  if (std::fread(dst, 1, bytes, f) != bytes) return errorf("%s is truncated", path.c_str());
   return Status::ok();
 }
 
@@ -216,37 +212,19 @@ Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
   return Status::ok();
 }
 
+// The file is a safetensors file like any Hugging Face shard: the HF reader validates its header and
+// reads each tensor; a checkpoint only adds that every tensor is F32 in this model's shape.
 Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTensor>& layout, const std::string& suffix,
                                float* host_flat) {
-  std::FILE* f = std::fopen(file.c_str(), "rb");
-  if (!f) return errorf("cannot open %s: %s", file.c_str(), std::strerror(errno));
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> guard(f, std::fclose);
-  uint64_t n = 0;
-  NB_TRY(read_exact(f, &n, 8, file));
-  if (n > (100u << 20)) return errorf("%s: header of %llu bytes is not a safetensors header", file.c_str(), (unsigned long long)n);
-  std::string header(n, '\0');
-  NB_TRY(read_exact(f, header.data(), n, file));
-  nlohmann::json h;
-  try {
-    h = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    return errorf("%s: the safetensors header is not valid JSON (%s)", file.c_str(), e.what());
-  }
+  HfCheckpointReader r;
+  NB_TRY(r.open_file(file));
   for (const HfTensor& t : layout) {
     const std::string name = t.name + suffix;
-    if (!h.contains(name)) return errorf("%s has no tensor %s", file.c_str(), name.c_str());
-    const auto& e = h[name];
-    const nlohmann::json want_shape(t.shape);
-    if (!e.is_object() || e.value("dtype", nlohmann::json()) != "F32" || e.value("shape", nlohmann::json()) != want_shape ||
-        !e.contains("data_offsets") || !e["data_offsets"].is_array() || e["data_offsets"].size() != 2 ||
-        !e["data_offsets"][0].is_number_unsigned())
-      return errorf("%s: tensor %s is not F32 with this model's shape %s", file.c_str(), name.c_str(),
-                    want_shape.dump().c_str());
-    const uint64_t begin = e["data_offsets"][0].get<uint64_t>();
-    if (begin > (uint64_t(1) << 50)) return errorf("%s: tensor %s has offset %llu", file.c_str(), name.c_str(),
-                                                   (unsigned long long)begin);
-    if (std::fseek(f, long(8 + n + begin), SEEK_SET) != 0) return errorf("%s is truncated", file.c_str());
-    NB_TRY(read_exact(f, host_flat + t.flat_offset, size_t(t.numel) * 4, file));
+    if (!r.has(name)) return errorf("%s has no tensor %s", file.c_str(), name.c_str());
+    if (r.dtype(name) != "F32" || r.shape(name) != t.shape)
+      return errorf("%s: tensor %s is %s %s, expected F32 %s", file.c_str(), name.c_str(), r.dtype(name).c_str(),
+                    nlohmann::json(r.shape(name)).dump().c_str(), nlohmann::json(t.shape).dump().c_str());
+    NB_TRY(r.read_f32(name, host_flat + t.flat_offset));
   }
   return Status::ok();
 }

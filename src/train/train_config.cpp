@@ -185,25 +185,16 @@ Status check_ascii(const std::string& text, const std::string& where) {
 Status apply_config_file(const std::string& path, TrainConfig& c) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return errorf("cannot read the config file %s", path.c_str());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  NB_TRY(check_ascii(text, path));
-  toml::table tbl;
-  try {
-    tbl = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    return errorf("config file %s: %s (line %u)", path.c_str(), std::string(e.description()).c_str(),
-                  e.source().begin.line);
-  }
-  return apply_config_table(tbl, path, c);
+  return apply_config_text(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path, c);
 }
 
 Status apply_config_text(const std::string& text, const std::string& origin, TrainConfig& c) {
   NB_TRY(check_ascii(text, origin));
   toml::table tbl;
   try {
-    tbl = toml::parse(text);
+    tbl = toml::parse(text, origin);
   } catch (const toml::parse_error& e) {
-    return errorf("configuration in %s: %s (line %u)", origin.c_str(), std::string(e.description()).c_str(),
+    return errorf("config file %s: %s (line %u)", origin.c_str(), std::string(e.description()).c_str(),
                   e.source().begin.line);
   }
   return apply_config_table(tbl, origin, c);

@@ -161,10 +161,7 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
 Status Trainer::train(TrainSummary* summary) {
   if (!cfg_.save.empty()) jsonl_.open(cfg_.save + "/metrics.jsonl", std::ios::app);
   const bool checkpoints = !cfg_.save.empty() && (cfg_.save_interval > 0 || cfg_.exit_interval > 0);
-  if (checkpoints) {  // page-locked host copies for the saves, allocated once before step 1
-    host_ = std::make_unique<HostCopies>();
-    NB_TRY(host_->allocate(model_.params().total(), dev_ == Device::cuda).context("checkpoint host copies"));
-  }
+  if (checkpoints) NB_TRY(prepare_saves());
   TermSignalScope term(!cfg_.save.empty());
   g_term_signal.store(0);
   summary->start_iteration = iteration_;

@@ -56,6 +56,7 @@ class Trainer {
   Status check_resume_compatible(const TrainConfig& saved, const LlamaConfig& saved_model) const;
   Status restore_state(const nlohmann::json& state);
   nlohmann::json trainer_state() const;
+  Status prepare_saves();
   Status save(TrainSummary* summary);
   Status finish_saves(TrainSummary* summary);  // waits for the save in flight and reports it
   void note_written(const CheckpointWriteStats& ws, TrainSummary* summary);

@@ -211,16 +211,23 @@ nlohmann::json Trainer::trainer_state() const {
   return s;
 }
 
+// Page-locked host copies of master, m and v (allocated once: before step 1 when saves are configured,
+// else at the first save, e.g. on SIGTERM) and the writer thread.
+Status Trainer::prepare_saves() {
+  if (!host_) {
+    host_ = std::make_unique<HostCopies>();
+    NB_TRY(host_->allocate(model_.params().total(), dev_ == Device::cuda).context("checkpoint host copies"));
+  }
+  if (!writer_) writer_ = std::make_unique<AsyncCheckpointWriter>(cfg_.save, cfg_.save_keep);
+  return Status::ok();
+}
+
 // The step loop stalls only for the device-to-host copy; the previous save must have finished first
 // (its host copies are about to be overwritten), which finish_saves() also reports.
 Status Trainer::save(TrainSummary* summary) {
   NB_TRY(finish_saves(summary));
   ParamStore& P = model_.params();
-  if (!host_) {
-    host_ = std::make_unique<HostCopies>();
-    NB_TRY(host_->allocate(P.total(), dev_ == Device::cuda).context("checkpoint host copies"));
-  }
-  if (!writer_) writer_ = std::make_unique<AsyncCheckpointWriter>(cfg_.save, cfg_.save_keep);
+  NB_TRY(prepare_saves());
   const auto t0 = std::chrono::steady_clock::now();
   NB_TRY(P.get_flat(P.flat_master(), host_->master));
   NB_TRY(P.get_flat(P.flat_m(), host_->m));

@@ -7,7 +7,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
+#include <vector>
+#include "data/indexed_dataset.h"
 
 namespace nb::fuzz {
 
@@ -42,6 +45,20 @@ inline void split(const uint8_t* data, size_t size, std::string* first, std::str
   n = n < left ? n : left;
   first->assign(reinterpret_cast<const char*>(p), n);
   rest->assign(reinterpret_cast<const char*>(p + n), left - n);
+}
+
+// Opens PREFIX.idx/.bin and, when accepted, reads every sequence (at most 4096) and scans the token ids:
+// what a lying index or a short .bin must not turn into an out-of-bounds read.
+inline void open_and_read_dataset(const std::string& prefix) {
+  std::unique_ptr<IndexedDataset> ds;
+  if (!IndexedDataset::open(prefix, &ds)) return;
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < ds->sequence_count() && i < 4096; ++i) {
+    tokens.clear();
+    ds->read(i, 0, -1, &tokens);
+  }
+  int64_t lo = 0, hi = 0;
+  ds->token_id_range(&lo, &hi);
 }
 
 }  // namespace nb::fuzz
