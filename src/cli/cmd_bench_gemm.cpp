@@ -14,7 +14,24 @@ namespace {
 struct BenchGemmArgs {
   int iters = 20;
   bool markdown = false;
+  double min_ceiling = -1;  // TFLOP/s the 8192^3 GEMM must reach; -1 = the device's expected floor
 };
+
+// The floor below which the ceiling GEMM means a broken set-up (a poor cuBLASLt algorithm, a throttled or
+// shared GPU), not a slow nibble: H100/H200 reach 760-810 TFLOP/s through cuBLAS. 0 = no expectation.
+double expected_ceiling_floor(const GpuInfo& g) { return g.cc_major == 9 ? 600.0 : 0.0; }
+
+// One sentence and a non-zero exit when the ceiling is under the floor, so the benchmark script stops
+// trusting the figures measured on this GPU.
+int check_ceiling(const GpuInfo& g, double ceiling, double floor) {
+  if (floor <= 0 || ceiling >= floor) return 0;
+  std::fprintf(stderr,
+               "bench gemm: the BF16 8192^3 ceiling on %s is %.0f TFLOP/s, below the expected %.0f; the GPU is "
+               "busy, throttled or misconfigured, so figures measured on it now are not comparable (check "
+               "nvidia-smi, or pass --min-ceiling-tflops 0 to measure anyway)\n",
+               g.name.c_str(), ceiling, floor);
+  return 3;
+}
 
 int run_bench_gemm(const BenchGemmArgs& a) {
   std::string why;
@@ -35,17 +52,19 @@ int run_bench_gemm(const BenchGemmArgs& a) {
   } else {
     std::printf("bench gemm on %s: D2D copy %.0f GB/s\n", gpus[0].name.c_str(), copy_gbs);
   }
+  double ceiling = 0;
   for (const Shape& sh : shapes) {
     double tflops = 0;
     s = gemm::measure_gemm_tflops(sh.m, sh.n, sh.k, a.iters, &tflops);
     if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+    if (ceiling == 0) ceiling = tflops;  // the first shape is the ceiling
     if (a.markdown)
       std::printf("| %s: %lld x %lld x %lld | %.0f |\n", sh.name, (long long)sh.m, (long long)sh.n, (long long)sh.k, tflops);
     else
       std::printf("%-34s %6lld x %6lld x %6lld  %7.1f TFLOP/s\n", sh.name, (long long)sh.m, (long long)sh.n,
                   (long long)sh.k, tflops);
   }
-  return 0;
+  return check_ceiling(gpus[0], ceiling, a.min_ceiling >= 0 ? a.min_ceiling : expected_ceiling_floor(gpus[0]));
 }
 }  // namespace
 
@@ -53,6 +72,8 @@ void add_bench_gemm_command(CLI::App& bench) {
   auto* g = bench.add_subcommand("gemm", "Time BF16 cuBLASLt GEMMs (the ceiling and Llama-8B shapes) and a D2D copy");
   auto a = std::make_shared<BenchGemmArgs>();
   g->add_option("--iters", a->iters, "timed runs per GEMM (the median is reported)")->check(CLI::PositiveNumber);
+  g->add_option("--min-ceiling-tflops", a->min_ceiling,
+                 "exit 3 if the 8192^3 GEMM is slower (default: 600 on Hopper, no check elsewhere; 0 = none)");
   g->add_flag("--markdown", a->markdown, "print a Markdown table for BENCHMARKS.md");
   g->callback([a] { exit_code() = run_bench_gemm(*a); });
 }

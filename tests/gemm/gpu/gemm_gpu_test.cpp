@@ -273,36 +273,20 @@ TEST(GemmGpu, ErrorsAreStatuses) {
   EXPECT_NE(st.message().find("K = 0"), std::string::npos) << st.message();
 }
 
-TEST(GemmBench, CeilingAndLlamaShapes) {
+// The timing helpers behind `nibble bench gemm` work and return positive figures. Speed itself is the
+// benchmark's business (its Hopper floor lives in cmd_bench_gemm.cpp): a test must not fail because the
+// GPU is busy, slower, or running under compute-sanitizer.
+TEST(GemmGpu, TimingHelpersReturnFigures) {
   NB_REQUIRE_GPU();
-  cudaDeviceProp prop{};
-  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
-  double ceiling = 0;
-  Status st = measure_gemm_tflops(8192, 8192, 8192, 30, &ceiling);
+  double square = 0, fprop = 0, wgrad = 0, gbps = 0;
+  Status st = measure_gemm_tflops(512, 512, 512, 3, &square);
   ASSERT_TRUE(st.is_ok()) << st.message();
-  std::printf("[gemm bench] %s: BF16 GEMM 8192^3: %.1f TFLOP/s\n", prop.name, ceiling);
-  // H100/H200 reference 760-810 TFLOP/s through cuBLAS; far below means a poor algorithm or layout.
-  if (prop.major == 9) EXPECT_GT(ceiling, 600.0);
-  EXPECT_GT(ceiling, 0.0);
-
-  const int64_t T = 8192, h = 4096, f = 14336;
-  const struct { const char* name; int64_t n, k; } layers[] = {
-      {"qkv", 6144, h}, {"proj", h, h}, {"fc1", 2 * f, h}, {"fc2", h, f}};
-  for (const auto& L : layers) {
-    double fprop = 0, dgrad = 0, wgrad = 0;
-    ASSERT_TRUE(measure_matmul_tflops(T, L.n, L.k, {.trans_b = true}, DType::bf16, 20, &fprop).is_ok());
-    ASSERT_TRUE(measure_matmul_tflops(T, L.k, L.n, {}, DType::bf16, 20, &dgrad).is_ok());
-    ASSERT_TRUE(measure_matmul_tflops(L.n, L.k, T, {.trans_a = true, .beta = 1.f}, DType::f32, 20, &wgrad).is_ok());
-    std::printf("[gemm bench] %-4s T=%lld N=%lld K=%lld: fprop %.1f, dgrad %.1f, wgrad(f32 += ) %.1f TFLOP/s\n",
-                L.name, (long long)T, (long long)L.n, (long long)L.k, fprop, dgrad, wgrad);
-    EXPECT_GT(fprop, 0.0);
-    EXPECT_GT(dgrad, 0.0);
-    EXPECT_GT(wgrad, 0.0);
-  }
-  double gbps = 0;
-  st = measure_copy_bandwidth(size_t(1) << 30, 20, &gbps);
-  ASSERT_TRUE(st.is_ok()) << st.message();
-  std::printf("[gemm bench] D2D copy 1 GiB: %.0f GB/s (read + write)\n", gbps);
+  ASSERT_TRUE(measure_matmul_tflops(256, 384, 128, {.trans_b = true}, DType::bf16, 3, &fprop).is_ok());
+  ASSERT_TRUE(measure_matmul_tflops(384, 128, 256, {.trans_a = true, .beta = 1.f}, DType::f32, 3, &wgrad).is_ok());
+  ASSERT_TRUE(measure_copy_bandwidth(size_t(1) << 24, 3, &gbps).is_ok());
+  EXPECT_GT(square, 0.0);
+  EXPECT_GT(fprop, 0.0);
+  EXPECT_GT(wgrad, 0.0);
   EXPECT_GT(gbps, 0.0);
 }
 
