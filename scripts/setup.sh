@@ -5,6 +5,8 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev zlib1g-dev)
 # --fuzz: also clang and libFuzzer (scripts/fuzz.sh).
 [ "${1:-}" = "--fuzz" ] && pkgs+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev)
+# --lint: clang-format and clang-tidy, pinned to 14 (scripts/format.sh, scripts/tidy.sh).
+[ "${1:-}" = "--lint" ] && pkgs+=(clang-format-14 clang-tidy-14)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
