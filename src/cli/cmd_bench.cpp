@@ -34,18 +34,28 @@ int run_bench_quant(const BenchQuantArgs& a) {
   }
   fp8::FormatsBenchResult fr;
   Status s = fp8::bench_formats_cuda(a.rows, a.cols, a.iters, &fr);
-  if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+  if (!s) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    return 1;
+  }
 
   std::vector<Row> rows;
-  struct NvCase { const char* name; nvfp4::Options opt; };
+  struct NvCase {
+    const char* name;
+    nvfp4::Options opt;
+  };
   nvfp4::Options rht_sr;
-  rht_sr.rht = true; rht_sr.sr = true;
+  rht_sr.rht = true;
+  rht_sr.sr = true;
   nvfp4::Options two_d;
   two_d.two_d = true;
   for (const NvCase& c : {NvCase{"NVFP4 row + column, RHT + SR", rht_sr}, NvCase{"NVFP4 2D 16x16 weights", two_d}}) {
     nvfp4::BenchResult nr;
     s = nvfp4::bench_nvfp4_cuda(a.rows, a.cols, c.opt, a.iters, &nr);
-    if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+    if (!s) {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      return 1;
+    }
     rows.push_back({std::string(c.name) + " (quantize, amax given)", nr.ms_quantize, nr.bytes_min});
     rows.push_back({std::string(c.name) + " (amax pass + quantize)", nr.ms_total, nr.bytes_min});
   }
@@ -55,8 +65,10 @@ int run_bench_quant(const BenchQuantArgs& a) {
   const std::string gpu = gpus.empty() ? "GPU" : gpus[0].name;
   const double copy_gbs = fr.copy_bytes / (fr.ms_copy * 1e6);
   if (a.markdown) {
-    std::printf("Quantizers on %s, %lldx%lld BF16 input, median of %d runs; copy = cudaMemcpy D2D of the input "
-                "(%.1f GB/s).\n\n", gpu.c_str(), (long long)a.rows, (long long)a.cols, a.iters, copy_gbs);
+    std::printf(
+        "Quantizers on %s, %lldx%lld BF16 input, median of %d runs; copy = cudaMemcpy D2D of the input "
+        "(%.1f GB/s).\n\n",
+        gpu.c_str(), (long long)a.rows, (long long)a.cols, a.iters, copy_gbs);
     std::printf("| Quantizer | ms | GB/s | vs. copy |\n|---|---:|---:|---:|\n");
     std::printf("| D2D copy (yardstick) | %.3f | %.1f | 1.00 |\n", fr.ms_copy, copy_gbs);
     for (const Row& r : rows) {

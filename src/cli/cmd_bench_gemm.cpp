@@ -36,19 +36,30 @@ int check_ceiling(const GpuInfo& g, double ceiling, double floor) {
 int run_bench_gemm(const BenchGemmArgs& a) {
   std::string why;
   auto gpus = query_gpus(&why);
-  if (gpus.empty()) { std::fprintf(stderr, "bench gemm needs a GPU: %s\n", why.c_str()); return 1; }
-  struct Shape { const char* name; int64_t m, n, k; };
+  if (gpus.empty()) {
+    std::fprintf(stderr, "bench gemm needs a GPU: %s\n", why.c_str());
+    return 1;
+  }
+  struct Shape {
+    const char* name;
+    int64_t m, n, k;
+  };
   // Fprop shapes of one Llama-3.1-8B layer at 8192 tokens (Y[M,N] = X[M,K] W[N,K]^T).
-  const Shape shapes[] = {{"8192^3 (ceiling)", 8192, 8192, 8192},  {"Llama-8B q/k/v fused (N 6144)", 8192, 6144, 4096},
-                          {"Llama-8B o_proj", 8192, 4096, 4096},    {"Llama-8B gate+up (N 28672)", 8192, 28672, 4096},
-                          {"Llama-8B down (K 14336)", 8192, 4096, 14336}, {"Llama-8B LM head (N 128256)", 8192, 128256, 4096}};
+  const Shape shapes[] = {
+      {"8192^3 (ceiling)", 8192, 8192, 8192},         {"Llama-8B q/k/v fused (N 6144)", 8192, 6144, 4096},
+      {"Llama-8B o_proj", 8192, 4096, 4096},          {"Llama-8B gate+up (N 28672)", 8192, 28672, 4096},
+      {"Llama-8B down (K 14336)", 8192, 4096, 14336}, {"Llama-8B LM head (N 128256)", 8192, 128256, 4096}};
   double copy_gbs = 0;
   Status s = gemm::measure_copy_bandwidth(size_t(1) << 30, a.iters, &copy_gbs);
-  if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+  if (!s) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    return 1;
+  }
   if (a.markdown) {
-    std::printf("BF16 GEMMs through cuBLASLt on %s (BF16 in and out, FP32 accumulation), median of %d runs; "
-                "device-to-device copy of 1 GiB: %.0f GB/s (read + write).\n\n| GEMM (M x N x K) | TFLOP/s |\n|---|---:|\n",
-                gpus[0].name.c_str(), a.iters, copy_gbs);
+    std::printf(
+        "BF16 GEMMs through cuBLASLt on %s (BF16 in and out, FP32 accumulation), median of %d runs; "
+        "device-to-device copy of 1 GiB: %.0f GB/s (read + write).\n\n| GEMM (M x N x K) | TFLOP/s |\n|---|---:|\n",
+        gpus[0].name.c_str(), a.iters, copy_gbs);
   } else {
     std::printf("bench gemm on %s: D2D copy %.0f GB/s\n", gpus[0].name.c_str(), copy_gbs);
   }
@@ -56,10 +67,14 @@ int run_bench_gemm(const BenchGemmArgs& a) {
   for (const Shape& sh : shapes) {
     double tflops = 0;
     s = gemm::measure_gemm_tflops(sh.m, sh.n, sh.k, a.iters, &tflops);
-    if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+    if (!s) {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      return 1;
+    }
     if (ceiling == 0) ceiling = tflops;  // the first shape is the ceiling
     if (a.markdown)
-      std::printf("| %s: %lld x %lld x %lld | %.0f |\n", sh.name, (long long)sh.m, (long long)sh.n, (long long)sh.k, tflops);
+      std::printf("| %s: %lld x %lld x %lld | %.0f |\n", sh.name, (long long)sh.m, (long long)sh.n, (long long)sh.k,
+                  tflops);
     else
       std::printf("%-34s %6lld x %6lld x %6lld  %7.1f TFLOP/s\n", sh.name, (long long)sh.m, (long long)sh.n,
                   (long long)sh.k, tflops);
@@ -73,7 +88,7 @@ void add_bench_gemm_command(CLI::App& bench) {
   auto a = std::make_shared<BenchGemmArgs>();
   g->add_option("--iters", a->iters, "timed runs per GEMM (the median is reported)")->check(CLI::PositiveNumber);
   g->add_option("--min-ceiling-tflops", a->min_ceiling,
-                 "exit 3 if the 8192^3 GEMM is slower (default: 600 on Hopper, no check elsewhere; 0 = none)");
+                "exit 3 if the 8192^3 GEMM is slower (default: 600 on Hopper, no check elsewhere; 0 = none)");
   g->add_flag("--markdown", a->markdown, "print a Markdown table for BENCHMARKS.md");
   g->callback([a] { exit_code() = run_bench_gemm(*a); });
 }

@@ -37,8 +37,12 @@ Status read_tokens(const std::string& path, int64_t vocab, MicroBatchShape* shap
     for (int64_t s = 0; s <= S; ++s) {
       const int64_t i = b * (S + 1) + s;
       int64_t v = 0;
-      if (t.dtype == "I32") { int32_t x; std::memcpy(&x, t.bytes.data() + 4 * i, 4); v = x; }
-      else std::memcpy(&v, t.bytes.data() + 8 * i, 8);
+      if (t.dtype == "I32") {
+        int32_t x;
+        std::memcpy(&x, t.bytes.data() + 4 * i, 4);
+        v = x;
+      } else
+        std::memcpy(&v, t.bytes.data() + 8 * i, 8);
       if (v < 0 || v >= vocab)
         return errorf("%s: token %lld at [%lld, %lld] is outside the vocabulary [0, %lld)", path.c_str(), (long long)v,
                       (long long)b, (long long)s, (long long)vocab);

@@ -51,7 +51,8 @@ void add_export_command(CLI::App& app) {
   cmd->add_option("--hf", a->out, "Output folder (must not exist, or be empty)")->required();
   cmd->add_option("--load", a->src.load, "A nibble checkpoint folder (the --save of a training run)");
   cmd->add_option("--ckpt-step", a->src.ckpt_step, "Iteration to export from --load (default: the newest)");
-  cmd->add_option("--load-hf", a->src.load_hf, "A Hugging Face Llama folder (re-export, e.g. to change dtype or shards)");
+  cmd->add_option("--load-hf", a->src.load_hf,
+                  "A Hugging Face Llama folder (re-export, e.g. to change dtype or shards)");
   cmd->add_option("--dtype", a->dtype, "Weight dtype of the export")
       ->check(CLI::IsMember({"bf16", "fp32"}))
       ->capture_default_str();

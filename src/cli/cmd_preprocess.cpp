@@ -31,7 +31,10 @@ struct Doc {
 };
 
 bool is_jsonl(const std::string& path) {
-  auto ends = [&](const char* e) { size_t n = std::strlen(e); return path.size() >= n && path.compare(path.size() - n, n, e) == 0; };
+  auto ends = [&](const char* e) {
+    size_t n = std::strlen(e);
+    return path.size() >= n && path.compare(path.size() - n, n, e) == 0;
+  };
   return ends(".jsonl") || ends(".json");
 }
 
@@ -44,12 +47,18 @@ class DocReader {
     size_t bytes = 0;
     while (bytes < size_t(a_.round_mb) << 20) {
       if (!in_.is_open()) {
-        if (file_ >= a_.inputs.size()) { *done = raw->empty(); return Status::ok(); }
+        if (file_ >= a_.inputs.size()) {
+          *done = raw->empty();
+          return Status::ok();
+        }
         const std::string& path = a_.inputs[file_];
         in_.open(path, std::ios::binary);
         if (!in_) return errorf("cannot open input %s", path.c_str());
         jsonl_ = is_jsonl(path);
-        if (!raw->empty() && jsonl_ != *jsonl) { in_.close(); break; }  // keep one kind per round
+        if (!raw->empty() && jsonl_ != *jsonl) {
+          in_.close();
+          break;
+        }  // keep one kind per round
         line_no_ = 0;
       }
       *jsonl = jsonl_;
@@ -63,15 +72,24 @@ class DocReader {
         while (std::getline(in_, line)) {
           got = true;
           if (line.empty() && !doc.empty()) break;
-          if (!line.empty()) { doc += line; doc += '\n'; }
+          if (!line.empty()) {
+            doc += line;
+            doc += '\n';
+          }
         }
       } else {  // the whole file is one document
         doc.assign(std::istreambuf_iterator<char>(in_), {});
         got = true;
         in_.setstate(std::ios::eofbit);
       }
-      if (got) { bytes += doc.size(); raw->push_back(std::move(doc)); }
-      if (!got || in_.eof()) { in_.close(); ++file_; }
+      if (got) {
+        bytes += doc.size();
+        raw->push_back(std::move(doc));
+      }
+      if (!got || in_.eof()) {
+        in_.close();
+        ++file_;
+      }
     }
     *done = false;
     return Status::ok();
@@ -102,7 +120,9 @@ int run_preprocess(const PreprocessArgs& a) {
   const IndexedDtype dtype = token_dtype_for_vocab(tok->vocab_size());
   std::vector<std::unique_ptr<IndexedDatasetWriter>> writers(a.json_keys.size());
   for (size_t k = 0; k < a.json_keys.size(); ++k)
-    if (Status st = IndexedDatasetWriter::create(a.output_prefix + "_" + a.json_keys[k] + "_document", dtype, &writers[k]); !st) {
+    if (Status st =
+            IndexedDatasetWriter::create(a.output_prefix + "_" + a.json_keys[k] + "_document", dtype, &writers[k]);
+        !st) {
       std::fprintf(stderr, "error: %s\n", st.message().c_str());
       return 1;
     }
@@ -121,7 +141,8 @@ int run_preprocess(const PreprocessArgs& a) {
     }
     if (done) break;
     // Each worker tokenizes a contiguous slice; results are written in input order.
-    std::vector<std::vector<std::vector<int32_t>>> ids(raw.size(), std::vector<std::vector<int32_t>>(a.json_keys.size()));
+    std::vector<std::vector<std::vector<int32_t>>> ids(raw.size(),
+                                                       std::vector<std::vector<int32_t>>(a.json_keys.size()));
     std::vector<std::string> errors(static_cast<size_t>(workers));
     std::vector<std::future<void>> futs;
     for (int w = 0; w < workers; ++w)
@@ -132,8 +153,8 @@ int run_preprocess(const PreprocessArgs& a) {
             if (jsonl) {
               if (!jsonl_field(raw[i], a.json_keys[k], &text)) {
                 if (errors[w].empty())
-                  errors[w] = strprintf("input document %lld is not a JSON object with a string field \"%s\"", (long long)(docs + i + 1),
-                                        a.json_keys[k].c_str());
+                  errors[w] = strprintf("input document %lld is not a JSON object with a string field \"%s\"",
+                                        (long long)(docs + i + 1), a.json_keys[k].c_str());
                 continue;
               }
             } else {
@@ -169,8 +190,8 @@ int run_preprocess(const PreprocessArgs& a) {
     auto now = std::chrono::steady_clock::now();
     if (std::chrono::duration<double>(now - last).count() > 1.0) {
       double s = std::chrono::duration<double>(now - t0).count();
-      std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   ", (long long)docs, mb, mb / s, docs / s,
-                   (long long)tokens);
+      std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   ", (long long)docs, mb,
+                   mb / s, docs / s, (long long)tokens);
       last = now;
     }
   }
@@ -180,11 +201,13 @@ int run_preprocess(const PreprocessArgs& a) {
       return 1;
     }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   \n", (long long)docs, mb, mb / s, docs / s,
-               (long long)tokens);
-  std::printf("wrote %s_%s_document.{bin,idx}: %lld documents, %lld tokens, dtype %s (vocab %lld), %.1f s, %.2f MB/s with %d workers\n",
-              a.output_prefix.c_str(), a.json_keys[0].c_str(), (long long)docs, (long long)tokens,
-              dtype == IndexedDtype::u16 ? "uint16" : "int32", (long long)tok->vocab_size(), s, mb / s, workers);
+  std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   \n", (long long)docs, mb,
+               mb / s, docs / s, (long long)tokens);
+  std::printf(
+      "wrote %s_%s_document.{bin,idx}: %lld documents, %lld tokens, dtype %s (vocab %lld), %.1f s, %.2f MB/s with %d "
+      "workers\n",
+      a.output_prefix.c_str(), a.json_keys[0].c_str(), (long long)docs, (long long)tokens,
+      dtype == IndexedDtype::u16 ? "uint16" : "int32", (long long)tok->vocab_size(), s, mb / s, workers);
   return 0;
 }
 }  // namespace
@@ -192,11 +215,16 @@ int run_preprocess(const PreprocessArgs& a) {
 void add_preprocess_command(CLI::App& app) {
   // Shared with the callback, which the app keeps: CLI11 binds options to these fields by reference.
   auto a = std::make_shared<PreprocessArgs>();
-  auto* cmd = app.add_subcommand("preprocess", "Tokenize JSONL or text files into a Megatron indexed dataset (PREFIX_text_document.bin/.idx)");
-  cmd->add_option("--input,-i", a->inputs, "Input files: *.jsonl/*.json (one JSON object per line) or plain text")->required();
-  cmd->add_option("--output-prefix,-o", a->output_prefix, "Output prefix; writes PREFIX_<key>_document.{bin,idx}")->required();
-  cmd->add_option("--tokenizer,-t", a->tokenizer, "tokenizer.json (HF byte-level BPE) or a tiktoken rank file")->required();
-  cmd->add_option("--tokenizer-family", a->family, "For tiktoken rank files: gpt2, llama3 or auto")->capture_default_str();
+  auto* cmd = app.add_subcommand(
+      "preprocess", "Tokenize JSONL or text files into a Megatron indexed dataset (PREFIX_text_document.bin/.idx)");
+  cmd->add_option("--input,-i", a->inputs, "Input files: *.jsonl/*.json (one JSON object per line) or plain text")
+      ->required();
+  cmd->add_option("--output-prefix,-o", a->output_prefix, "Output prefix; writes PREFIX_<key>_document.{bin,idx}")
+      ->required();
+  cmd->add_option("--tokenizer,-t", a->tokenizer, "tokenizer.json (HF byte-level BPE) or a tiktoken rank file")
+      ->required();
+  cmd->add_option("--tokenizer-family", a->family, "For tiktoken rank files: gpt2, llama3 or auto")
+      ->capture_default_str();
   cmd->add_option("--json-keys", a->json_keys, "JSON fields to tokenize, one dataset each")->capture_default_str();
   cmd->add_option("--text-unit", a->text_unit, "Plain text: one document per file, paragraph or line")
       ->check(CLI::IsMember({"file", "paragraph", "line"}))

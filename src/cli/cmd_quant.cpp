@@ -40,9 +40,15 @@ using Bytes = std::vector<uint8_t>;
 class Mirror {
  public:
   explicit Mirror(bool cuda) : cuda_(cuda) {}
-  ~Mirror() { for (auto& [h, d] : items_) device_free(d); }
-  template <typename T> Status map(Bytes& host, T** out) {
-    if (!cuda_) { *out = reinterpret_cast<T*>(host.data()); return Status::ok(); }
+  ~Mirror() {
+    for (auto& [h, d] : items_) device_free(d);
+  }
+  template <typename T>
+  Status map(Bytes& host, T** out) {
+    if (!cuda_) {
+      *out = reinterpret_cast<T*>(host.data());
+      return Status::ok();
+    }
     void* d = nullptr;
     NB_TRY(device_malloc(&d, host.size() ? host.size() : 1));
     items_.push_back({&host, d});
@@ -54,6 +60,7 @@ class Mirror {
     for (auto& [h, d] : items_) NB_TRY(copy_bytes(h->data(), Device::cpu, d, Device::cuda, h->size()));
     return Status::ok();
   }
+
  private:
   bool cuda_;
   std::vector<std::pair<Bytes*, void*>> items_;
@@ -71,7 +78,10 @@ Status pick_tensor(const QuantArgs& a, const SafeTensorsFile& f, const SafeTenso
   std::string names;
   for (auto& [n, t] : f.tensors) names += (names.empty() ? "" : ", ") + n;
   if (a.tensor.empty()) {
-    if (f.tensors.size() == 1) { *out = &f.tensors.begin()->second; return Status::ok(); }
+    if (f.tensors.size() == 1) {
+      *out = &f.tensors.begin()->second;
+      return Status::ok();
+    }
     if (f.tensors.empty()) return errorf("%s holds no tensors", a.input.c_str());
     return errorf("%s holds %zu tensors; pick one with --tensor NAME: %s", a.input.c_str(), f.tensors.size(),
                   names.c_str());
@@ -89,15 +99,18 @@ Status load_input(const QuantArgs& a, int64_t* rows, int64_t* cols, std::vector<
     char tail = 0;
     if (std::sscanf(a.random.c_str(), "%lld,%lld%c", &m, &k, &tail) != 2 || m <= 0 || k <= 0)
       return errorf("--random expects M,K with positive integers (e.g. 4096,4096); got '%s'", a.random.c_str());
-    *rows = m; *cols = k;
+    *rows = m;
+    *cols = k;
     std::mt19937_64 rng(a.seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
     std::uniform_real_distribution<float> unif(0.0f, 1.0f);
     x->resize(size_t(m * k));
     for (auto& v : *x) {
       float f = normal(rng);
-      if (a.dist == "lognormal") f = std::exp(2.0f * f) * (unif(rng) < 0.5f ? -1.0f : 1.0f);
-      else if (a.dist == "outliers" && unif(rng) < 0.01f) f *= 100.0f;
+      if (a.dist == "lognormal")
+        f = std::exp(2.0f * f) * (unif(rng) < 0.5f ? -1.0f : 1.0f);
+      else if (a.dist == "outliers" && unif(rng) < 0.01f)
+        f *= 100.0f;
       v = f32_to_bf16(f);
     }
     return Status::ok();
@@ -117,18 +130,33 @@ Status load_input(const QuantArgs& a, int64_t* rows, int64_t* cols, std::vector<
   for (size_t i = 0; i + 1 < t.shape.size(); ++i) *rows *= t.shape[i];
   const size_t n = size_t(*rows * *cols);
   x->resize(n);
-  if (t.dtype == "BF16") std::memcpy(x->data(), t.bytes.data(), 2 * n);
-  else if (t.dtype == "F16") for (size_t i = 0; i < n; ++i) { f16 h; std::memcpy(&h, &t.bytes[2 * i], 2); (*x)[i] = f32_to_bf16(f16_to_f32(h)); }
-  else if (t.dtype == "F32") for (size_t i = 0; i < n; ++i) { float v; std::memcpy(&v, &t.bytes[4 * i], 4); (*x)[i] = f32_to_bf16(v); }
-  else return errorf("tensor '%s' in %s has dtype %s; quant reads BF16, F16 or F32", name, a.input.c_str(),
-                     t.dtype.c_str());
+  if (t.dtype == "BF16")
+    std::memcpy(x->data(), t.bytes.data(), 2 * n);
+  else if (t.dtype == "F16")
+    for (size_t i = 0; i < n; ++i) {
+      f16 h;
+      std::memcpy(&h, &t.bytes[2 * i], 2);
+      (*x)[i] = f32_to_bf16(f16_to_f32(h));
+    }
+  else if (t.dtype == "F32")
+    for (size_t i = 0; i < n; ++i) {
+      float v;
+      std::memcpy(&v, &t.bytes[4 * i], 4);
+      (*x)[i] = f32_to_bf16(v);
+    }
+  else
+    return errorf("tensor '%s' in %s has dtype %s; quant reads BF16, F16 or F32", name, a.input.c_str(),
+                  t.dtype.c_str());
   return Status::ok();
 }
 
 void put(SafeTensorsFile* f, const std::string& name, const char* dtype, std::vector<int64_t> shape, const Bytes& b) {
   f->tensors[name] = SafeTensor{dtype, std::move(shape), b};
 }
-template <typename T> const T* as(const Bytes& b) { return reinterpret_cast<const T*>(b.data()); }
+template <typename T>
+const T* as(const Bytes& b) {
+  return reinterpret_cast<const T*>(b.data());
+}
 
 // Ratio beyond which a value at the largest code was clipped rather than rounded: (max + step/2) / max.
 double clip_ratio(uint32_t max_mag) {
@@ -149,19 +177,24 @@ int64_t count_saturated(const std::vector<float>& x, const std::vector<float>& x
 
 std::vector<float> transpose(const std::vector<float>& v, int64_t rows, int64_t cols) {  // [rows, cols] -> [cols, rows]
   std::vector<float> t(v.size());
-  for (int64_t r = 0; r < rows; ++r) for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = v[r * cols + c];
   return t;
 }
 
 // Adds a copy given its codes as bytes of 8-bit elements ([outer, inner]) and its dequantized values
 // in the same layout; `transposed` copies are turned back to [rows, cols] for the statistics.
-void add_fp8_copy(std::vector<CopyStats>* st, const std::string& name, const std::vector<float>& src, const Bytes& codes,
-                  std::vector<float> x_hat, uint32_t max_mag, bool transposed, int64_t rows, int64_t cols) {
+void add_fp8_copy(std::vector<CopyStats>* st, const std::string& name, const std::vector<float>& src,
+                  const Bytes& codes, std::vector<float> x_hat, uint32_t max_mag, bool transposed, int64_t rows,
+                  int64_t cols) {
   std::vector<float> ref = transposed ? transpose(src, rows, cols) : src;
   std::vector<uint32_t> mag(codes.size());
   for (size_t i = 0; i < codes.size(); ++i) mag[i] = codes[i] & 0x7Fu;
   int64_t sat = count_saturated(ref, x_hat, mag, max_mag);
-  if (transposed) { x_hat = transpose(x_hat, cols, rows); ref = src; }
+  if (transposed) {
+    x_hat = transpose(x_hat, cols, rows);
+    ref = src;
+  }
   st->push_back({name, std::move(ref), std::move(x_hat), sat});
 }
 
@@ -184,8 +217,18 @@ struct FormatRun {
 
   FormatRun(const QuantArgs& args, bool on_cuda, int64_t r, int64_t c, const std::vector<bf16>& input,
             SafeTensorsFile* out_file, std::vector<CopyStats>* stats)
-      : a(args), cuda(on_cuda), rows(r), cols(c), n(size_t(r * c)), x(input), file(out_file), st(stats), src(n),
-        xb(2 * n), flag(4, 0), m(on_cuda) {
+      : a(args),
+        cuda(on_cuda),
+        rows(r),
+        cols(c),
+        n(size_t(r * c)),
+        x(input),
+        file(out_file),
+        st(stats),
+        src(n),
+        xb(2 * n),
+        flag(4, 0),
+        m(on_cuda) {
     for (size_t i = 0; i < n; ++i) src[i] = bf16_to_f32(x[i]);
     std::memcpy(xb.data(), x.data(), xb.size());
   }
@@ -200,14 +243,19 @@ Status FormatRun::run_mxfp8() {
   NB_TRY(mxfp8::check_shape(rows, cols));
   Bytes rd(n), rs(n / 32), cd(n), cs(n / 32);
   mxfp8::QuantizedView v{rows, cols, nullptr, nullptr, nullptr, nullptr, dflag};
-  NB_TRY(m.map(rd, &v.row_data)); NB_TRY(m.map(rs, &v.row_scales)); NB_TRY(m.map(cd, &v.col_data)); NB_TRY(m.map(cs, &v.col_scales));
+  NB_TRY(m.map(rd, &v.row_data));
+  NB_TRY(m.map(rs, &v.row_scales));
+  NB_TRY(m.map(cd, &v.col_data));
+  NB_TRY(m.map(cs, &v.col_scales));
   NB_TRY(cuda ? mxfp8::quantize_cuda(dx, {}, v) : mxfp8::quantize_ref(x.data(), {}, v));
   NB_TRY(m.download());
   std::vector<float> rh(n), ch(n);
   mxfp8::dequantize_ref(rd.data(), rs.data(), rows, cols, false, rh.data());
   mxfp8::dequantize_ref(cd.data(), cs.data(), rows, cols, true, ch.data());
-  put(file, "row_data", "F8_E4M3", {rows, cols}, rd); put(file, "row_scales", "F8_E8M0", {rows, cols / 32}, rs);
-  put(file, "col_data", "F8_E4M3", {rows, cols}, cd); put(file, "col_scales", "F8_E8M0", {rows / 32, cols}, cs);
+  put(file, "row_data", "F8_E4M3", {rows, cols}, rd);
+  put(file, "row_scales", "F8_E8M0", {rows, cols / 32}, rs);
+  put(file, "col_data", "F8_E4M3", {rows, cols}, cd);
+  put(file, "col_scales", "F8_E8M0", {rows / 32, cols}, cs);
   add_fp8_copy(st, "row-wise 1x32", src, rd, rh, 0x7E, false, rows, cols);
   add_fp8_copy(st, "column-wise 32x1", src, cd, ch, 0x7E, false, rows, cols);
   return Status::ok();
@@ -218,7 +266,10 @@ Status FormatRun::run_fp8() {
   NB_TRY(fp8::check_shape(rows, cols));
   Bytes d(n), dt(n), si(4), am(4);
   fp8::TensorView v{rows, cols, nullptr, nullptr, nullptr, nullptr, dflag};
-  NB_TRY(m.map(d, &v.data)); NB_TRY(m.map(dt, &v.data_t)); NB_TRY(m.map(si, &v.scale_inv)); NB_TRY(m.map(am, &v.amax));
+  NB_TRY(m.map(d, &v.data));
+  NB_TRY(m.map(dt, &v.data_t));
+  NB_TRY(m.map(si, &v.scale_inv));
+  NB_TRY(m.map(am, &v.amax));
   NB_TRY(cuda ? fp8::quantize_current_cuda(dx, fmt, false, v) : fp8::quantize_current_ref(x.data(), fmt, false, v));
   NB_TRY(m.download());
   const float scale_inv = *as<float>(si);
@@ -226,8 +277,10 @@ Status FormatRun::run_fp8() {
   fp8::dequantize_ref(d.data(), int64_t(n), fmt, scale_inv, rh.data());
   fp8::dequantize_ref(dt.data(), int64_t(n), fmt, scale_inv, th.data());
   const char* dt_name = fmt == fp8::Format::e4m3 ? "F8_E4M3" : "F8_E5M2";
-  put(file, "row_data", dt_name, {rows, cols}, d); put(file, "col_data", dt_name, {cols, rows}, dt);
-  put(file, "scale_inv", "F32", {1}, si); put(file, "amax", "F32", {1}, am);
+  put(file, "row_data", dt_name, {rows, cols}, d);
+  put(file, "col_data", dt_name, {cols, rows}, dt);
+  put(file, "scale_inv", "F32", {1}, si);
+  put(file, "amax", "F32", {1}, am);
   const uint32_t max_mag = fmt == fp8::Format::e4m3 ? 0x7E : 0x7B;
   add_fp8_copy(st, "row-wise", src, d, rh, max_mag, false, rows, cols);
   add_fp8_copy(st, "transposed", src, dt, th, max_mag, true, rows, cols);
@@ -242,16 +295,22 @@ Status FormatRun::run_fp8_block() {
                ncs = size_t(fp8::block_scale_count(opt.kind, rows, cols, true));
   Bytes rd(n), cd(n), rs(4 * nrs), cs(4 * ncs);
   fp8::BlockView v{rows, cols, nullptr, nullptr, nullptr, nullptr, dflag};
-  NB_TRY(m.map(rd, &v.row_data)); NB_TRY(m.map(rs, &v.row_scale_inv)); NB_TRY(m.map(cd, &v.col_data)); NB_TRY(m.map(cs, &v.col_scale_inv));
+  NB_TRY(m.map(rd, &v.row_data));
+  NB_TRY(m.map(rs, &v.row_scale_inv));
+  NB_TRY(m.map(cd, &v.col_data));
+  NB_TRY(m.map(cs, &v.col_scale_inv));
   NB_TRY(cuda ? fp8::quantize_block_cuda(dx, opt, v) : fp8::quantize_block_ref(x.data(), opt, v));
   NB_TRY(m.download());
   std::vector<float> rh(n), th(n);
   fp8::dequantize_block_ref(rd.data(), as<float>(rs), opt.kind, rows, cols, false, rh.data());
   fp8::dequantize_block_ref(cd.data(), as<float>(cs), opt.kind, rows, cols, true, th.data());
   const bool vec = opt.kind == fp8::BlockKind::vec128;
-  put(file, "row_data", "F8_E4M3", {rows, cols}, rd); put(file, "col_data", "F8_E4M3", {cols, rows}, cd);
-  put(file, "row_scale_inv", "F32", {vec ? cols / 128 : rows / 128, vec ? fp8::round4(rows) : fp8::round4(cols / 128)}, rs);
-  put(file, "col_scale_inv", "F32", {vec ? rows / 128 : cols / 128, vec ? fp8::round4(cols) : fp8::round4(rows / 128)}, cs);
+  put(file, "row_data", "F8_E4M3", {rows, cols}, rd);
+  put(file, "col_data", "F8_E4M3", {cols, rows}, cd);
+  put(file, "row_scale_inv", "F32", {vec ? cols / 128 : rows / 128, vec ? fp8::round4(rows) : fp8::round4(cols / 128)},
+      rs);
+  put(file, "col_scale_inv", "F32", {vec ? rows / 128 : cols / 128, vec ? fp8::round4(cols) : fp8::round4(rows / 128)},
+      cs);
   add_fp8_copy(st, "row-wise", src, rd, rh, 0x7E, false, rows, cols);
   add_fp8_copy(st, "transposed", src, cd, th, 0x7E, true, rows, cols);
   return Status::ok();
@@ -259,30 +318,48 @@ Status FormatRun::run_fp8_block() {
 
 Status FormatRun::run_nvfp4() {
   nvfp4::Options opt;
-  opt.two_d = a.two_d; opt.rht = a.rht; opt.sr = a.sr; opt.rng = RngKey{a.seed, 0, 0};
+  opt.two_d = a.two_d;
+  opt.rht = a.rht;
+  opt.sr = a.sr;
+  opt.rng = RngKey{a.seed, 0, 0};
   NB_TRY(nvfp4::check_shape(rows, cols, opt));
   Bytes rd(n / 2), rs(n / 16), cd(n / 2), cs(n / 16), ra(4), ca(4);
   nvfp4::QuantizedView v{rows, cols};
-  NB_TRY(m.map(rd, &v.row_data)); NB_TRY(m.map(rs, &v.row_scales)); NB_TRY(m.map(cd, &v.col_data)); NB_TRY(m.map(cs, &v.col_scales));
-  NB_TRY(m.map(ra, &v.row_amax)); NB_TRY(m.map(ca, &v.col_amax)); NB_TRY(m.map(flag, &v.nonfinite));
+  NB_TRY(m.map(rd, &v.row_data));
+  NB_TRY(m.map(rs, &v.row_scales));
+  NB_TRY(m.map(cd, &v.col_data));
+  NB_TRY(m.map(cs, &v.col_scales));
+  NB_TRY(m.map(ra, &v.row_amax));
+  NB_TRY(m.map(ca, &v.col_amax));
+  NB_TRY(m.map(flag, &v.nonfinite));
   NB_TRY(cuda ? nvfp4::quantize_cuda(dx, opt, v, nullptr) : nvfp4::quantize_ref(x.data(), opt, v));
   NB_TRY(m.download());
   std::vector<float> rh(n), th(n);
   nvfp4::dequantize_ref(rd.data(), rs.data(), *as<float>(ra), rows, cols, rh.data());
   nvfp4::dequantize_ref(cd.data(), cs.data(), *as<float>(ca), cols, rows, th.data());
-  put(file, "row_data", "U8", {rows, cols / 2}, rd); put(file, "row_scales", "F8_E4M3", {rows, cols / 16}, rs);
-  put(file, "col_data", "U8", {cols, rows / 2}, cd); put(file, "col_scales", "F8_E4M3", {cols, rows / 16}, cs);
-  put(file, "row_amax", "F32", {1}, ra); put(file, "col_amax", "F32", {1}, ca);
+  put(file, "row_data", "U8", {rows, cols / 2}, rd);
+  put(file, "row_scales", "F8_E4M3", {rows, cols / 16}, rs);
+  put(file, "col_data", "U8", {cols, rows / 2}, cd);
+  put(file, "col_scales", "F8_E4M3", {cols, rows / 16}, cs);
+  put(file, "row_amax", "F32", {1}, ra);
+  put(file, "col_amax", "F32", {1}, ca);
   auto nibbles = [](const Bytes& b) {
     std::vector<uint32_t> mag(b.size() * 2);
-    for (size_t i = 0; i < b.size(); ++i) { mag[2 * i] = b[i] & 7u; mag[2 * i + 1] = (b[i] >> 4) & 7u; }
+    for (size_t i = 0; i < b.size(); ++i) {
+      mag[2 * i] = b[i] & 7u;
+      mag[2 * i + 1] = (b[i] >> 4) & 7u;
+    }
     return mag;
   };
   int64_t rsat = count_saturated(src, rh, nibbles(rd), 7);
   st->push_back({"row-wise 1x16" + std::string(a.two_d ? " (16x16 tiles)" : ""), src, rh, rsat});
   std::vector<float> col_ref = transpose(src, rows, cols);  // [cols, rows]
   if (a.rht)
-    for (size_t i = 0; i < n; i += 16) { float y[16]; nvfp4::rht16_ref(&col_ref[i], y); std::copy(y, y + 16, &col_ref[i]); }
+    for (size_t i = 0; i < n; i += 16) {
+      float y[16];
+      nvfp4::rht16_ref(&col_ref[i], y);
+      std::copy(y, y + 16, &col_ref[i]);
+    }
   int64_t csat = count_saturated(col_ref, th, nibbles(cd), 7);
   st->push_back({std::string("column-wise") + (a.rht ? " (vs. RHT of the source)" : ""), transpose(col_ref, cols, rows),
                  transpose(th, cols, rows), csat});
@@ -293,11 +370,17 @@ Status FormatRun::run() {
   NB_TRY(m.map(xb, &dx));
   NB_TRY(m.map(flag, &dflag));
   if ((a.two_d || a.rht || a.sr) && f != "nvfp4") return errorf("--2d, --rht and --sr apply to --format nvfp4 only");
-  if (f == "mxfp8") NB_TRY(run_mxfp8());
-  else if (f == "fp8-e4m3" || f == "fp8-e5m2") NB_TRY(run_fp8());
-  else if (f == "fp8-block128" || f == "fp8-block128x128") NB_TRY(run_fp8_block());
-  else if (f == "nvfp4") NB_TRY(run_nvfp4());
-  else return errorf("unknown --format '%s'; use nvfp4, mxfp8, fp8-e4m3, fp8-e5m2, fp8-block128 or fp8-block128x128", f.c_str());
+  if (f == "mxfp8")
+    NB_TRY(run_mxfp8());
+  else if (f == "fp8-e4m3" || f == "fp8-e5m2")
+    NB_TRY(run_fp8());
+  else if (f == "fp8-block128" || f == "fp8-block128x128")
+    NB_TRY(run_fp8_block());
+  else if (f == "nvfp4")
+    NB_TRY(run_nvfp4());
+  else
+    return errorf("unknown --format '%s'; use nvfp4, mxfp8, fp8-e4m3, fp8-e5m2, fp8-block128 or fp8-block128x128",
+                  f.c_str());
   put(file, "nonfinite", "I32", {1}, flag);
   file->metadata["format"] = "pt";
   file->metadata["nibble_format"] = f;
@@ -323,10 +406,17 @@ void print_stats(const std::vector<CopyStats>& st) {
     for (size_t i = 0; i < c.ref.size(); ++i) {
       double x = c.ref[i], e = x - double(c.x_hat[i]);
       if (!std::isfinite(x)) continue;
-      if (!std::isfinite(c.x_hat[i])) { ++lost; continue; }
+      if (!std::isfinite(c.x_hat[i])) {
+        ++lost;
+        continue;
+      }
       ++compared;
-      sig += x * x; err += e * e;
-      if (x != 0) { ++nonzero; flushed += c.x_hat[i] == 0.0f; }
+      sig += x * x;
+      err += e * e;
+      if (x != 0) {
+        ++nonzero;
+        flushed += c.x_hat[i] == 0.0f;
+      }
     }
     if (lost)
       lost_lines += "  " + c.name + ": " + std::to_string(lost) +
@@ -339,7 +429,8 @@ void print_stats(const std::vector<CopyStats>& st) {
     std::printf("%-34s %10.2f %12.4e %9.4f%% %12lld\n", c.name.c_str(), sqnr, sig > 0 ? std::sqrt(err / sig) : 0.0,
                 nonzero ? 100.0 * double(flushed) / double(nonzero) : 0.0, (long long)c.saturated);
   }
-  std::printf("saturated = clipped: code at the element format's largest magnitude and |x| beyond its rounding range\n");
+  std::printf(
+      "saturated = clipped: code at the element format's largest magnitude and |x| beyond its rounding range\n");
   std::printf("%s", lost_lines.c_str());
 }
 
@@ -353,7 +444,10 @@ int run_quant(const QuantArgs& a) {
   bool cuda = false;
   std::string why;
   if (a.device == "cuda") {
-    if (!cuda_device_available(&why)) { std::fprintf(stderr, "error: --device cuda: %s\n", why.c_str()); return 1; }
+    if (!cuda_device_available(&why)) {
+      std::fprintf(stderr, "error: --device cuda: %s\n", why.c_str());
+      return 1;
+    }
     cuda = true;
   } else if (a.device == "auto") {
     cuda = cuda_device_available(&why);
@@ -372,16 +466,24 @@ int run_quant(const QuantArgs& a) {
   const int64_t nonfinite = s ? count_nonfinite(x) : 0;
   const bool refuse = nonfinite > 0 && !a.allow_nonfinite;
   if (s && !refuse && !a.out.empty()) s = write_safetensors(a.out, out);
-  if (!s) { std::fprintf(stderr, "error: %s\n", s.message().c_str()); return 1; }
+  if (!s) {
+    std::fprintf(stderr, "error: %s\n", s.message().c_str());
+    return 1;
+  }
   std::printf("%s on %s: %lldx%lld BF16 -> %s\n", a.format.c_str(), cuda ? "cuda" : "cpu", (long long)rows,
-              (long long)cols, a.out.empty() ? "(no --out file)" : refuse ? "(--out not written)" : a.out.c_str());
+              (long long)cols,
+              a.out.empty() ? "(no --out file)"
+              : refuse      ? "(--out not written)"
+                            : a.out.c_str());
   if (nonfinite)
     std::printf("non-finite inputs: %lld of %lld (NaN or Inf); the statistics are over the finite ones\n",
                 (long long)nonfinite, (long long)x.size());
   print_stats(st);
   if (refuse) {
-    std::fprintf(stderr, "error: the input holds %lld non-finite values (NaN or Inf); pass --allow-nonfinite to "
-                 "quantize them anyway\n", (long long)nonfinite);
+    std::fprintf(stderr,
+                 "error: the input holds %lld non-finite values (NaN or Inf); pass --allow-nonfinite to "
+                 "quantize them anyway\n",
+                 (long long)nonfinite);
     return 1;
   }
   return 0;
@@ -390,15 +492,18 @@ int run_quant(const QuantArgs& a) {
 }  // namespace
 
 void add_quant_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("quant", "Quantize a tensor (safetensors or random) and report SQNR, flushes and saturation");
+  auto* cmd =
+      app.add_subcommand("quant", "Quantize a tensor (safetensors or random) and report SQNR, flushes and saturation");
   auto a = std::make_shared<QuantArgs>();
   cmd->add_option("--input", a->input, "safetensors file to read");
   cmd->add_option("--tensor", a->tensor,
                   "name of the tensor in --input (BF16, F16 or F32; converted to BF16); optional when it holds one");
   cmd->add_option("--random", a->random, "make a random M,K tensor instead of reading one");
-  cmd->add_option("--dist", a->dist, "distribution of --random")->check(CLI::IsMember({"normal", "lognormal", "outliers"}));
+  cmd->add_option("--dist", a->dist, "distribution of --random")
+      ->check(CLI::IsMember({"normal", "lognormal", "outliers"}));
   cmd->add_option("--seed", a->seed, "seed of --random and of stochastic rounding");
-  cmd->add_option("--format", a->format, "nvfp4, mxfp8, fp8-e4m3, fp8-e5m2, fp8-block128 or fp8-block128x128")->required();
+  cmd->add_option("--format", a->format, "nvfp4, mxfp8, fp8-e4m3, fp8-e5m2, fp8-block128 or fp8-block128x128")
+      ->required();
   cmd->add_flag("--2d", a->two_d, "NVFP4: 16x16 weight tiles");
   cmd->add_flag("--rht", a->rht, "NVFP4: random Hadamard transform on the column-wise copy");
   cmd->add_flag("--sr", a->sr, "NVFP4: stochastic rounding");

@@ -37,7 +37,8 @@ Status read_texts(const TokenizerArgs& a, std::vector<std::string>* texts) {
       if (line.empty()) continue;
       auto j = nlohmann::json::parse(line, nullptr, false);
       if (j.is_discarded() || !j.is_object() || !j.contains(a.json_key) || !j[a.json_key].is_string())
-        return errorf("%s line %lld: expected a JSON object with a string field \"%s\"", path.c_str(), (long long)n, a.json_key.c_str());
+        return errorf("%s line %lld: expected a JSON object with a string field \"%s\"", path.c_str(), (long long)n,
+                      a.json_key.c_str());
       texts->push_back(j[a.json_key].get<std::string>());
     }
   }
@@ -67,12 +68,14 @@ int run_encode(const TokenizerArgs& a) {
     text.assign(std::istreambuf_iterator<char>(in), {});
   }
   std::vector<int32_t> ids;
-  if (a.specials) tok->encode_with_specials(text, &ids);
-  else tok->encode(text, &ids);
+  if (a.specials)
+    tok->encode_with_specials(text, &ids);
+  else
+    tok->encode(text, &ids);
   for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);
   std::printf("\n");
-  std::fprintf(stderr, "%zu tokens, %zu bytes, vocab %lld, bos %d, eod %d\n", ids.size(), text.size(), (long long)tok->vocab_size(), tok->bos(),
-               tok->eod());
+  std::fprintf(stderr, "%zu tokens, %zu bytes, vocab %lld, bos %d, eod %d\n", ids.size(), text.size(),
+               (long long)tok->vocab_size(), tok->bos(), tok->eod());
   return 0;
 }
 
@@ -81,7 +84,8 @@ int run_decode(const TokenizerArgs& a) {
   if (Status st = BpeTokenizer::load(a.tokenizer, a.family, &tok); !st) return fail(st);
   std::vector<int32_t> ids;
   std::string ids_text = a.ids;
-  for (char& c : ids_text) if (c == ',') c = ' ';
+  for (char& c : ids_text)
+    if (c == ',') c = ' ';
   std::istringstream in(ids_text);
   for (long long v; in >> v;) ids.push_back(int32_t(v));
   if (!in.eof()) return fail(errorf("--ids must be integers separated by spaces or commas"));
@@ -98,24 +102,31 @@ void add_tokenizer_command(CLI::App& app) {
   auto a = std::make_shared<TokenizerArgs>();
   auto* cmd = app.add_subcommand("tokenizer", "Train a byte-level BPE tokenizer, or encode/decode with one");
   cmd->require_subcommand(1);
-  auto* train = cmd->add_subcommand("train", "Train byte-level BPE on text/JSONL files and write a Hugging Face tokenizer.json");
+  auto* train =
+      cmd->add_subcommand("train", "Train byte-level BPE on text/JSONL files and write a Hugging Face tokenizer.json");
   train->add_option("--input,-i", a->inputs, "Training files: plain text (one text each) or *.jsonl")->required();
-  train->add_option("--vocab-size", a->vocab_size, "Vocabulary size including 256 bytes and <|endoftext|>")->capture_default_str();
+  train->add_option("--vocab-size", a->vocab_size, "Vocabulary size including 256 bytes and <|endoftext|>")
+      ->capture_default_str();
   train->add_option("--out,-o", a->out, "Output tokenizer.json")->required();
-  train->add_option("--pattern", a->pattern, "Pre-tokenization regex family")->check(CLI::IsMember({"gpt2", "llama3"}))->capture_default_str();
-  train->add_option("--min-frequency", a->min_frequency, "Stop when the best pair occurs fewer times")->capture_default_str();
+  train->add_option("--pattern", a->pattern, "Pre-tokenization regex family")
+      ->check(CLI::IsMember({"gpt2", "llama3"}))
+      ->capture_default_str();
+  train->add_option("--min-frequency", a->min_frequency, "Stop when the best pair occurs fewer times")
+      ->capture_default_str();
   train->add_option("--json-key", a->json_key, "JSONL field holding the text")->capture_default_str();
   train->callback([a] { exit_code() = run_train(*a); });
   auto* encode = cmd->add_subcommand("encode", "Print the token ids of a text");
   encode->add_option("--tokenizer,-t", a->tokenizer, "tokenizer.json or tiktoken rank file")->required();
-  encode->add_option("--tokenizer-family", a->family, "For tiktoken files: gpt2, llama3 or auto")->capture_default_str();
+  encode->add_option("--tokenizer-family", a->family, "For tiktoken files: gpt2, llama3 or auto")
+      ->capture_default_str();
   auto* text_opt = encode->add_option("--text", a->text, "Text to encode");
   encode->add_option("--input,-i", a->inputs, "File to encode instead of --text")->excludes(text_opt);
   encode->add_flag("--specials", a->specials, "Recognise special-token strings such as <|endoftext|> in the text");
   encode->callback([a] { exit_code() = run_encode(*a); });
   auto* decode = cmd->add_subcommand("decode", "Print the text of token ids");
   decode->add_option("--tokenizer,-t", a->tokenizer, "tokenizer.json or tiktoken rank file")->required();
-  decode->add_option("--tokenizer-family", a->family, "For tiktoken files: gpt2, llama3 or auto")->capture_default_str();
+  decode->add_option("--tokenizer-family", a->family, "For tiktoken files: gpt2, llama3 or auto")
+      ->capture_default_str();
   decode->add_option("--ids", a->ids, "Token ids separated by spaces or commas")->required();
   decode->callback([a] { exit_code() = run_decode(*a); });
 }

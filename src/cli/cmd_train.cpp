@@ -36,19 +36,31 @@ void add_train_command(CLI::App& app) {
     TrainConfig cfg;
     if (!args->config_file.empty()) {
       Status st = apply_config_file(args->config_file, cfg);
-      if (!st) { std::fprintf(stderr, "nibble train: %s\n", st.message().c_str()); exit_code() = 2; return; }
+      if (!st) {
+        std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
+        exit_code() = 2;
+        return;
+      }
     }
     auto keys = config_keys(cfg);
     for (const auto& [name, value] : args->values) {
       for (const auto& k : keys) {
         if (k.name != name) continue;
         Status st = k.set(value);
-        if (!st) { std::fprintf(stderr, "nibble train: %s\n", st.message().c_str()); exit_code() = 2; return; }
+        if (!st) {
+          std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
+          exit_code() = 2;
+          return;
+        }
       }
     }
     TrainSummary summary;
     Status st = run_training(cfg, &summary);
-    if (!st) { std::fprintf(stderr, "nibble train: %s\n", st.message().c_str()); exit_code() = 1; return; }
+    if (!st) {
+      std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
+      exit_code() = 1;
+      return;
+    }
     exit_code() = 0;
   });
 }

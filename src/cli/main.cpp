@@ -3,7 +3,10 @@
 #include "cli/commands.h"
 
 namespace nb::cli {
-int& exit_code() { static int code = 0; return code; }
+int& exit_code() {
+  static int code = 0;
+  return code;
+}
 }  // namespace nb::cli
 
 int main(int argc, char** argv) {
@@ -19,8 +22,6 @@ int main(int argc, char** argv) {
   nb::cli::add_eval_command(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  }
+  } catch (const CLI::ParseError& e) { return app.exit(e); }
   return nb::cli::exit_code();
 }

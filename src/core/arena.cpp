@@ -6,8 +6,10 @@ namespace nb {
 
 Arena::~Arena() {
   if (!base_) return;
-  if (device_ == Device::cpu) std::free(base_);
-  else device_free(base_);
+  if (device_ == Device::cpu)
+    std::free(base_);
+  else
+    device_free(base_);
 }
 
 Status Arena::reserve(Device device, size_t capacity) {

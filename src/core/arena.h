@@ -22,7 +22,10 @@ class Arena {
   Status alloc_tensor(Tensor* t, DType dt, std::initializer_list<int64_t> dims);
 
   size_t mark() const { return used_; }
-  void release(size_t mark) { NB_CHECK(mark <= used_, "release past the current mark"); used_ = mark; }
+  void release(size_t mark) {
+    NB_CHECK(mark <= used_, "release past the current mark");
+    used_ = mark;
+  }
   size_t used() const { return used_; }
   size_t peak() const { return peak_; }
   size_t capacity() const { return capacity_; }

@@ -11,20 +11,28 @@ NB_HD uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
-  uint32_t u; std::memcpy(&u, &f, 4); return u;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
 #endif
 }
 NB_HD float bits_f32(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  float f; std::memcpy(&f, &u, 4); return f;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
 #endif
 }
 
 struct bf16 {
   uint16_t bits;
-  static NB_HD bf16 from_bits(uint16_t b) { bf16 r; r.bits = b; return r; }
+  static NB_HD bf16 from_bits(uint16_t b) {
+    bf16 r;
+    r.bits = b;
+    return r;
+  }
 };
 
 NB_HD bf16 f32_to_bf16(float f) {

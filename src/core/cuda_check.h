@@ -4,9 +4,9 @@
 #include <cuda_runtime.h>
 #include "core/status.h"
 
-#define CUDA_CHECK(expr)                                                                     \
-  do {                                                                                       \
-    cudaError_t nb_e_ = (expr);                                                              \
+#define CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                       \
+    cudaError_t nb_e_ = (expr);                                                                              \
     NB_CHECK(nb_e_ == cudaSuccess, "CUDA error %s: %s", cudaGetErrorName(nb_e_), cudaGetErrorString(nb_e_)); \
   } while (0)
 

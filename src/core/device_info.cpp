@@ -5,6 +5,9 @@
 #if !defined(NIBBLE_HAVE_CUDA)
 namespace nb {
 BuildInfo build_info() { return {}; }
-std::vector<GpuInfo> query_gpus(std::string* why) { cuda_device_available(why); return {}; }
+std::vector<GpuInfo> query_gpus(std::string* why) {
+  cuda_device_available(why);
+  return {};
+}
 }  // namespace nb
 #endif

@@ -51,7 +51,8 @@ int current_device_sm_count() {
   static std::atomic<int> cached[kMaxDevices] = {};
   int dev = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) > 0) return cached[dev].load(std::memory_order_relaxed);
+  if (dev < kMaxDevices && cached[dev].load(std::memory_order_relaxed) > 0)
+    return cached[dev].load(std::memory_order_relaxed);
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   if (dev < kMaxDevices) cached[dev].store(sms, std::memory_order_relaxed);

@@ -6,14 +6,19 @@
 #if !defined(NIBBLE_HAVE_CUDA)
 namespace nb {
 
-static const char* kNoCuda = "this nibble was built without the CUDA backend (no nvcc at configure time); "
-                             "rebuild with the CUDA toolkit installed to use a GPU";
+static const char* kNoCuda =
+    "this nibble was built without the CUDA backend (no nvcc at configure time); "
+    "rebuild with the CUDA toolkit installed to use a GPU";
 
-Status device_malloc(void** p, size_t) { *p = nullptr; return Status::error(kNoCuda); }
+Status device_malloc(void** p, size_t) {
+  *p = nullptr;
+  return Status::error(kNoCuda);
+}
 void device_free(void*) {}
 Status pinned_host_malloc(void** p, size_t bytes) {
   *p = std::malloc(bytes);
-  return *p || bytes == 0 ? Status::ok() : errorf("cannot allocate %.2f GiB of host memory", double(bytes) / 1073741824.0);
+  return *p || bytes == 0 ? Status::ok()
+                          : errorf("cannot allocate %.2f GiB of host memory", double(bytes) / 1073741824.0);
 }
 void pinned_host_free(void* p) { std::free(p); }
 Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
@@ -21,8 +26,14 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
   std::memcpy(dst, src, bytes);
   return Status::ok();
 }
-bool cuda_device_available(std::string* why) { if (why) *why = kNoCuda; return false; }
-void device_memory_info(size_t* f, size_t* t) { *f = 0; *t = 0; }
+bool cuda_device_available(std::string* why) {
+  if (why) *why = kNoCuda;
+  return false;
+}
+void device_memory_info(size_t* f, size_t* t) {
+  *f = 0;
+  *t = 0;
+}
 void device_synchronize() {}
 
 }  // namespace nb

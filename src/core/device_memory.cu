@@ -28,16 +28,25 @@ Status pinned_host_malloc(void** p, size_t bytes) {
   }
   return Status::ok();
 }
-void pinned_host_free(void* p) { if (p) CUDA_CHECK(cudaFreeHost(p)); }
+void pinned_host_free(void* p) {
+  if (p) CUDA_CHECK(cudaFreeHost(p));
+}
 
 Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes) {
-  if (dd == Device::cpu && sd == Device::cpu) { std::memcpy(dst, src, bytes); return Status::ok(); }
+  if (dd == Device::cpu && sd == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return Status::ok();
+  }
   CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
   return Status::ok();
 }
 
 void device_memory_info(size_t* f, size_t* t) {
-  if (cudaMemGetInfo(f, t) != cudaSuccess) { cudaGetLastError(); *f = 0; *t = 0; }  // no GPU: nothing to report
+  if (cudaMemGetInfo(f, t) != cudaSuccess) {
+    cudaGetLastError();
+    *f = 0;
+    *t = 0;
+  }  // no GPU: nothing to report
 }
 void device_synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
 
@@ -49,7 +58,10 @@ bool cuda_device_available(std::string* why) {
     if (why) *why = std::string("no usable CUDA device: ") + cudaGetErrorString(e);
     return false;
   }
-  if (n == 0) { if (why) *why = "no CUDA device found"; return false; }
+  if (n == 0) {
+    if (why) *why = "no CUDA device found";
+    return false;
+  }
   return true;
 }
 

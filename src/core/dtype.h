@@ -9,17 +9,17 @@
 
 namespace nb {
 
-#define NB_DTYPES(X)                 \
-  X(bf16, 16, "bf16", "BF16")        \
-  X(f16, 16, "f16", "F16")           \
-  X(f32, 32, "f32", "F32")           \
-  X(e4m3, 8, "e4m3", "F8_E4M3")      \
-  X(e5m2, 8, "e5m2", "F8_E5M2")      \
-  X(e2m1, 4, "e2m1", "U8")           \
-  X(ue4m3, 8, "ue4m3", "F8_E4M3")    \
-  X(e8m0, 8, "e8m0", "F8_E8M0")      \
-  X(u8, 8, "u8", "U8")               \
-  X(i32, 32, "i32", "I32")           \
+#define NB_DTYPES(X)              \
+  X(bf16, 16, "bf16", "BF16")     \
+  X(f16, 16, "f16", "F16")        \
+  X(f32, 32, "f32", "F32")        \
+  X(e4m3, 8, "e4m3", "F8_E4M3")   \
+  X(e5m2, 8, "e5m2", "F8_E5M2")   \
+  X(e2m1, 4, "e2m1", "U8")        \
+  X(ue4m3, 8, "ue4m3", "F8_E4M3") \
+  X(e8m0, 8, "e8m0", "F8_E8M0")   \
+  X(u8, 8, "u8", "U8")            \
+  X(i32, 32, "i32", "I32")        \
   X(i64, 64, "i64", "I64")
 
 enum class DType : uint8_t {
@@ -30,7 +30,8 @@ enum class DType : uint8_t {
 
 constexpr int dtype_bits(DType t) {
   switch (t) {
-#define NB_X(e, bits, name, st) case DType::e: return bits;
+#define NB_X(e, bits, name, st) \
+  case DType::e: return bits;
     NB_DTYPES(NB_X)
 #undef NB_X
   }
@@ -39,7 +40,8 @@ constexpr int dtype_bits(DType t) {
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-#define NB_X(e, bits, name, st) case DType::e: return name;
+#define NB_X(e, bits, name, st) \
+  case DType::e: return name;
     NB_DTYPES(NB_X)
 #undef NB_X
   }
@@ -48,7 +50,8 @@ constexpr std::string_view dtype_name(DType t) {
 
 constexpr std::string_view dtype_safetensors_name(DType t) {
   switch (t) {
-#define NB_X(e, bits, name, st) case DType::e: return st;
+#define NB_X(e, bits, name, st) \
+  case DType::e: return st;
     NB_DTYPES(NB_X)
 #undef NB_X
   }

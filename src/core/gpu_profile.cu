@@ -10,17 +10,27 @@
 namespace nb::profile {
 
 namespace {
-struct Interval { std::string name; cudaEvent_t start, stop; };
+struct Interval {
+  std::string name;
+  cudaEvent_t start, stop;
+};
 struct State {
   std::vector<Interval> open, done;
   std::vector<cudaEvent_t> pool;
   std::map<std::string, std::pair<double, long>> totals;  // ms, calls
   long reports = 0;
 };
-State& state() { static State s; return s; }
+State& state() {
+  static State s;
+  return s;
+}
 cudaEvent_t take() {
   auto& p = state().pool;
-  if (p.empty()) { cudaEvent_t e; CUDA_CHECK(cudaEventCreate(&e)); return e; }
+  if (p.empty()) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return e;
+  }
   cudaEvent_t e = p.back();
   p.pop_back();
   return e;
@@ -28,7 +38,10 @@ cudaEvent_t take() {
 }  // namespace
 
 bool enabled() {
-  static const bool on = [] { const char* v = std::getenv("NIBBLE_PROFILE"); return v && v[0] == '1'; }();
+  static const bool on = [] {
+    const char* v = std::getenv("NIBBLE_PROFILE");
+    return v && v[0] == '1';
+  }();
   return on;
 }
 

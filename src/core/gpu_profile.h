@@ -17,5 +17,11 @@ void reset();
 
 }  // namespace nb::profile
 
-#define NB_PROFILE_BEGIN(name) do { if (::nb::profile::enabled()) ::nb::profile::begin(name); } while (0)
-#define NB_PROFILE_END(name) do { if (::nb::profile::enabled()) ::nb::profile::end(name); } while (0)
+#define NB_PROFILE_BEGIN(name)                                \
+  do {                                                        \
+    if (::nb::profile::enabled()) ::nb::profile::begin(name); \
+  } while (0)
+#define NB_PROFILE_END(name)                                \
+  do {                                                      \
+    if (::nb::profile::enabled()) ::nb::profile::end(name); \
+  } while (0)

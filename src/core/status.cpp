@@ -17,8 +17,8 @@ std::string strprintf(const char* fmt, ...) {
 }
 
 void check_failed(const char* expr, const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "nibble: internal check failed: %s at %s:%d%s%s\n", expr, file, line,
-               msg.empty() ? "" : ": ", msg.c_str());
+  std::fprintf(stderr, "nibble: internal check failed: %s at %s:%d%s%s\n", expr, file, line, msg.empty() ? "" : ": ",
+               msg.c_str());
   std::fflush(stderr);
   std::abort();
 }

@@ -13,12 +13,20 @@ class [[nodiscard]] Status {
  public:
   Status() = default;
   static Status ok() { return {}; }
-  static Status error(std::string msg) { Status s; s.msg_ = std::move(msg); s.failed_ = true; return s; }
+  static Status error(std::string msg) {
+    Status s;
+    s.msg_ = std::move(msg);
+    s.failed_ = true;
+    return s;
+  }
   bool is_ok() const { return !failed_; }
   explicit operator bool() const { return !failed_; }
   const std::string& message() const { return msg_; }
   // Adds context in front: "reading x.safetensors: <original>".
-  Status& context(const std::string& where) { if (failed_) msg_ = where + ": " + msg_; return *this; }
+  Status& context(const std::string& where) {
+    if (failed_) msg_ = where + ": " + msg_;
+    return *this;
+  }
 
  private:
   std::string msg_;
@@ -42,14 +50,14 @@ inline Status errorf(const char* fmt, ...) {
 }  // namespace nb
 
 // Always on, also in release builds: a failed check is a bug in nibble, never bad user input.
-#define NB_CHECK(cond, ...)                                                              \
-  do {                                                                                   \
-    if (!(cond)) ::nb::check_failed(#cond, __FILE__, __LINE__, ::nb::strprintf(""  __VA_ARGS__)); \
+#define NB_CHECK(cond, ...)                                                                      \
+  do {                                                                                           \
+    if (!(cond)) ::nb::check_failed(#cond, __FILE__, __LINE__, ::nb::strprintf("" __VA_ARGS__)); \
   } while (0)
 
 // Propagates a failed Status to the caller.
-#define NB_TRY(expr)                         \
-  do {                                       \
-    ::nb::Status nb_try_status_ = (expr);    \
+#define NB_TRY(expr)                            \
+  do {                                          \
+    ::nb::Status nb_try_status_ = (expr);       \
     if (!nb_try_status_) return nb_try_status_; \
   } while (0)

@@ -29,8 +29,10 @@ Status Buffer::allocate(Buffer* out, DType dt, Device dev, std::initializer_list
 
 void Buffer::reset() {
   if (!t_.data) return;
-  if (t_.device == Device::cpu) std::free(t_.data);
-  else device_free(t_.data);
+  if (t_.device == Device::cpu)
+    std::free(t_.data);
+  else
+    device_free(t_.data);
   t_.data = nullptr;
 }
 

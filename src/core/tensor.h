@@ -25,22 +25,37 @@ struct Tensor {
 
   static Tensor make(void* data, DType dt, Device dev, std::initializer_list<int64_t> dims) {
     Tensor t;
-    t.data = data; t.dtype = dt; t.device = dev;
+    t.data = data;
+    t.dtype = dt;
+    t.device = dev;
     NB_CHECK(dims.size() <= size_t(kMaxDims), "at most %d dims", kMaxDims);
     for (int64_t d : dims) t.shape[t.ndim++] = d;
     int64_t s = 1;
-    for (int i = t.ndim - 1; i >= 0; --i) { t.stride[i] = s; s *= t.shape[i]; }
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      t.stride[i] = s;
+      s *= t.shape[i];
+    }
     return t;
   }
-  int64_t numel() const { int64_t n = 1; for (int i = 0; i < ndim; ++i) n *= shape[i]; return n; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
   int64_t bytes() const { return dtype_bytes(dtype, numel()); }
   int64_t size(int i) const { return shape[i < 0 ? ndim + i : i]; }
   bool is_contiguous() const {
     int64_t s = 1;
-    for (int i = ndim - 1; i >= 0; --i) { if (shape[i] != 1 && stride[i] != s) return false; s *= shape[i]; }
+    for (int i = ndim - 1; i >= 0; --i) {
+      if (shape[i] != 1 && stride[i] != s) return false;
+      s *= shape[i];
+    }
     return true;
   }
-  template <typename T> T* ptr() const { return static_cast<T*>(data); }
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
   std::string shape_str() const;
 };
 
@@ -65,12 +80,22 @@ class Buffer {
   static Status allocate(Buffer* out, DType dt, Device dev, std::initializer_list<int64_t> dims);
   ~Buffer() { reset(); }
   Buffer(Buffer&& o) noexcept : t_(o.t_) { o.t_.data = nullptr; }
-  Buffer& operator=(Buffer&& o) noexcept { if (this != &o) { reset(); t_ = o.t_; o.t_.data = nullptr; } return *this; }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      t_ = o.t_;
+      o.t_.data = nullptr;
+    }
+    return *this;
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   const Tensor& tensor() const { return t_; }
   void* data() const { return t_.data; }
-  template <typename T> T* ptr() const { return static_cast<T*>(t_.data); }
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(t_.data);
+  }
   void reset();
 
  private:

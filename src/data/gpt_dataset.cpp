@@ -28,13 +28,16 @@ class IndexedLowLevel final : public LowLevelDataset {
   explicit IndexedLowLevel(std::shared_ptr<IndexedDataset> ds) : ds_(std::move(ds)) {}
   int64_t size() const override { return ds_->sequence_count(); }
   const std::vector<int32_t>& lengths() const override { return ds_->sequence_lengths(); }
-  void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>* out) const override { ds_->read(i, offset, length, out); }
+  void read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>* out) const override {
+    ds_->read(i, offset, length, out);
+  }
   std::string describe() const override {
     std::error_code ec;
     auto abs = std::filesystem::absolute(ds_->prefix(), ec).string();
     auto bin_size = std::filesystem::file_size(ds_->prefix() + ".bin", ec);
-    return strprintf("indexed %s sequences=%lld documents=%lld dtype=%u bin_bytes=%llu", abs.c_str(), (long long)ds_->sequence_count(),
-                     (long long)ds_->document_count(), unsigned(ds_->dtype()), (unsigned long long)bin_size);
+    return strprintf("indexed %s sequences=%lld documents=%lld dtype=%u bin_bytes=%llu", abs.c_str(),
+                     (long long)ds_->sequence_count(), (long long)ds_->document_count(), unsigned(ds_->dtype()),
+                     (unsigned long long)bin_size);
   }
 
  private:
@@ -67,7 +70,9 @@ class MockLowLevel final : public LowLevelDataset {
 std::shared_ptr<LowLevelDataset> wrap_indexed_dataset(std::shared_ptr<IndexedDataset> ds) {
   return std::make_shared<IndexedLowLevel>(std::move(ds));
 }
-std::shared_ptr<LowLevelDataset> make_mock_low_level(int64_t vocab, int32_t eod) { return std::make_shared<MockLowLevel>(vocab, eod); }
+std::shared_ptr<LowLevelDataset> make_mock_low_level(int64_t vocab, int32_t eod) {
+  return std::make_shared<MockLowLevel>(vocab, eod);
+}
 
 // ------------------------------------------------------------------ splits
 Status split_ranges(const std::string& split, int64_t num_sequences, std::array<std::pair<int64_t, int64_t>, 3>* out) {
@@ -77,10 +82,12 @@ Status split_ranges(const std::string& split, int64_t num_sequences, std::array<
     char* end = nullptr;
     std::string tok = it->str();
     double v = std::strtod(tok.c_str(), &end);
-    if (end == tok.c_str()) return errorf("split \"%s\": \"%s\" is not a number; use e.g. \"969,30,1\"", split.c_str(), tok.c_str());
+    if (end == tok.c_str())
+      return errorf("split \"%s\": \"%s\" is not a number; use e.g. \"969,30,1\"", split.c_str(), tok.c_str());
     w.push_back(v);
   }
-  if (w.size() > 3) return errorf("split \"%s\" has %zu parts; give at most 3 (train,valid,test)", split.c_str(), w.size());
+  if (w.size() > 3)
+    return errorf("split \"%s\" has %zu parts; give at most 3 (train,valid,test)", split.c_str(), w.size());
   while (w.size() < 3) w.push_back(0.0);
   double sum = w[0] + w[1] + w[2];
   if (!(sum > 0)) return errorf("split \"%s\" sums to zero; use e.g. \"969,30,1\"", split.c_str());
@@ -101,8 +108,8 @@ Status split_ranges(const std::string& split, int64_t num_sequences, std::array<
 
 // ------------------------------------------------------------------ indices
 namespace {
-void build_document_index(const std::vector<int32_t>& docs, int64_t epochs, LegacyRandomState* rs, bool separate_final_epoch,
-                          std::vector<int32_t>* out) {
+void build_document_index(const std::vector<int32_t>& docs, int64_t epochs, LegacyRandomState* rs,
+                          bool separate_final_epoch, std::vector<int32_t>* out) {
   if (!separate_final_epoch || epochs == 1) {
     size_t base = out->size();
     for (int64_t e = 0; e < epochs; ++e) out->insert(out->end(), docs.begin(), docs.end());
@@ -121,8 +128,8 @@ void build_shuffle_index(int64_t num_samples, int64_t total_size, LegacyRandomSt
 }
 }  // namespace
 
-Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int64_t end, int64_t seq_length, int64_t num_samples,
-                         uint32_t seed, GptIndices* out) {
+Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int64_t end, int64_t seq_length,
+                         int64_t num_samples, uint32_t seed, GptIndices* out) {
   constexpr int64_t kExtra = 1;  // add_extra_token_to_sequence
   if (seq_length <= 0) return errorf("seq_length must be positive, got %lld", (long long)seq_length);
   std::vector<int32_t> docs;
@@ -132,13 +139,17 @@ Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int
     tokens_per_epoch += lengths[static_cast<size_t>(i)];
   }
   if (tokens_per_epoch <= kExtra)
-    return errorf("the split [%lld, %lld) holds %lld tokens, too few for one sample of %lld; use more data or another --split",
-                  (long long)begin, (long long)end, (long long)tokens_per_epoch, (long long)seq_length + 1);
+    return errorf(
+        "the split [%lld, %lld) holds %lld tokens, too few for one sample of %lld; use more data or another --split",
+        (long long)begin, (long long)end, (long long)tokens_per_epoch, (long long)seq_length + 1);
   int64_t epochs = 1;
   if (num_samples >= 0) {
     int64_t tokens = tokens_per_epoch;
     const int64_t requested = num_samples * seq_length + kExtra;
-    while (tokens < requested) { ++epochs; tokens += tokens_per_epoch; }
+    while (tokens < requested) {
+      ++epochs;
+      tokens += tokens_per_epoch;
+    }
   }
   bool separate = false;
   int64_t samples_sans_final = 0;
@@ -160,7 +171,8 @@ Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int
   for (int64_t s = 1; s <= S; ++s) {
     int64_t remaining = seq_length + kExtra;
     while (remaining != 0) {
-      const int64_t doc_len = lengths[static_cast<size_t>(out->document_index[static_cast<size_t>(doc_pos)])] - doc_offset;
+      const int64_t doc_len =
+          lengths[static_cast<size_t>(out->document_index[static_cast<size_t>(doc_pos)])] - doc_offset;
       remaining -= doc_len;
       if (remaining <= 0) {
         doc_offset += remaining + doc_len - kExtra;
@@ -183,7 +195,10 @@ Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int
 namespace {
 uint64_t fnv1a64(const std::string& s) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
   return h;
 }
 constexpr char kCacheMagic[8] = {'N', 'B', 'G', 'P', 'T', 'I', 'X', '1'};
@@ -200,22 +215,23 @@ bool load_cache(const std::string& path, GptIndices* idx) {
   char magic[8];
   int64_t h[5];
   bool ok = std::fread(magic, 1, 8, f) == 8 && std::memcmp(magic, kCacheMagic, 8) == 0 && std::fread(h, 8, 5, f) == 5 &&
-            h[0] >= 0 && h[1] >= 2 && h[2] >= 0 && read_vec(f, &idx->document_index, h[0]) && read_vec(f, &idx->sample_index, h[1]) &&
-            read_vec(f, &idx->shuffle_index, h[2]);
+            h[0] >= 0 && h[1] >= 2 && h[2] >= 0 && read_vec(f, &idx->document_index, h[0]) &&
+            read_vec(f, &idx->sample_index, h[1]) && read_vec(f, &idx->shuffle_index, h[2]);
   std::fclose(f);
   idx->num_epochs = h[3];
   idx->separate_final_epoch = h[4] != 0;
   return ok;
 }
 
-void save_cache(const std::string& dir, const std::string& path, const std::string& description, const GptIndices& idx) {
+void save_cache(const std::string& dir, const std::string& path, const std::string& description,
+                const GptIndices& idx) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return;  // a read-only data folder only costs the rebuild next time
-  int64_t h[5] = {int64_t(idx.document_index.size()), int64_t(idx.sample_index.size()), int64_t(idx.shuffle_index.size()),
-                  idx.num_epochs, idx.separate_final_epoch ? 1 : 0};
+  int64_t h[5] = {int64_t(idx.document_index.size()), int64_t(idx.sample_index.size()),
+                  int64_t(idx.shuffle_index.size()), idx.num_epochs, idx.separate_final_epoch ? 1 : 0};
   bool ok = std::fwrite(kCacheMagic, 1, 8, f) == 8 && std::fwrite(h, 8, 5, f) == 5;
   ok = ok && std::fwrite(idx.document_index.data(), 4, idx.document_index.size(), f) == idx.document_index.size();
   ok = ok && std::fwrite(idx.sample_index.data(), 8, idx.sample_index.size(), f) == idx.sample_index.size();
@@ -244,25 +260,30 @@ bool indices_consistent(const GptIndices& idx, int64_t begin, int64_t end, const
   const int64_t docs = static_cast<int64_t>(idx.document_index.size());
   for (int64_t k = 0; k <= S; ++k) {
     const int64_t pos = idx.sample_index[2 * k], off = idx.sample_index[2 * k + 1];
-    if (pos < 0 || pos >= docs || off < 0 || off >= std::max<int64_t>(1, lengths[size_t(idx.document_index[size_t(pos)])])) return false;
+    if (pos < 0 || pos >= docs || off < 0 ||
+        off >= std::max<int64_t>(1, lengths[size_t(idx.document_index[size_t(pos)])]))
+      return false;
     if (k > 0 && pos < idx.sample_index[2 * k - 2]) return false;
   }
   return true;
 }
 }  // namespace
 
-Status GptDataset::create(std::shared_ptr<LowLevelDataset> data, int64_t begin, int64_t end, int64_t seq_length, int64_t num_samples,
-                          uint32_t seed, const std::string& cache_dir, const std::string& split_label, std::unique_ptr<GptDataset>* out) {
+Status GptDataset::create(std::shared_ptr<LowLevelDataset> data, int64_t begin, int64_t end, int64_t seq_length,
+                          int64_t num_samples, uint32_t seed, const std::string& cache_dir,
+                          const std::string& split_label, std::unique_ptr<GptDataset>* out) {
   auto ds = std::unique_ptr<GptDataset>(new GptDataset());
   ds->data_ = std::move(data);
   ds->seq_length_ = seq_length;
   std::string path, description;
   if (!cache_dir.empty()) {
-    description = strprintf("nibble GPT sampling indices v1 (nibble's own cache, not Megatron's)\n%s\nsplit=%s [%lld,%lld)\n"
-                            "seq_length=%lld\nnum_samples=%lld\nseed=%u\nadd_extra_token=1\n",
-                            ds->data_->describe().c_str(), split_label.c_str(), (long long)begin, (long long)end, (long long)seq_length,
-                            (long long)num_samples, seed);
-    path = strprintf("%s/%016llx-GPTDataset-%s.nbidx", cache_dir.c_str(), (unsigned long long)fnv1a64(description), split_label.c_str());
+    description = strprintf(
+        "nibble GPT sampling indices v1 (nibble's own cache, not Megatron's)\n%s\nsplit=%s [%lld,%lld)\n"
+        "seq_length=%lld\nnum_samples=%lld\nseed=%u\nadd_extra_token=1\n",
+        ds->data_->describe().c_str(), split_label.c_str(), (long long)begin, (long long)end, (long long)seq_length,
+        (long long)num_samples, seed);
+    path = strprintf("%s/%016llx-GPTDataset-%s.nbidx", cache_dir.c_str(), (unsigned long long)fnv1a64(description),
+                     split_label.c_str());
   }
   if (path.empty() || !load_cache(path, &ds->idx_) || !indices_consistent(ds->idx_, begin, end, ds->data_->lengths())) {
     NB_TRY(build_gpt_indices(ds->data_->lengths(), begin, end, seq_length, num_samples, seed, &ds->idx_));
@@ -297,7 +318,10 @@ void build_blending_indices(const std::vector<double>& weights, int64_t size, st
     double best_err = weights[0] * kd - static_cast<double>(current[0]);
     for (size_t d = 1; d < weights.size(); ++d) {
       double err = weights[d] * kd - static_cast<double>(current[d]);
-      if (err > best_err) { best_err = err; best = d; }
+      if (err > best_err) {
+        best_err = err;
+        best = d;
+      }
     }
     (*dataset_index)[k] = static_cast<int16_t>(best);
     (*dataset_sample_index)[k] = current[best]++;
@@ -309,7 +333,8 @@ Status parse_blend(const std::string& data_path, std::vector<BlendEntry>* out) {
   std::vector<std::string> words;
   for (std::string w; in >> w;) words.push_back(w);
   out->clear();
-  if (words.empty()) return errorf("the data path is empty; give a prefix (PATH/name_text_document) or \"w1 prefix1 w2 prefix2 ...\"");
+  if (words.empty())
+    return errorf("the data path is empty; give a prefix (PATH/name_text_document) or \"w1 prefix1 w2 prefix2 ...\"");
   auto as_number = [](const std::string& s, double* v) {
     char* end = nullptr;
     *v = std::strtod(s.c_str(), &end);
@@ -320,8 +345,10 @@ Status parse_blend(const std::string& data_path, std::vector<BlendEntry>* out) {
     for (size_t i = 0; i < words.size(); i += 2) {
       double w;
       if (!as_number(words[i], &w) || w < 0)
-        return errorf("data path blend: \"%s\" in position %zu should be a non-negative weight (format: w1 prefix1 w2 prefix2 ...)",
-                      words[i].c_str(), i + 1);
+        return errorf(
+            "data path blend: \"%s\" in position %zu should be a non-negative weight (format: w1 prefix1 w2 prefix2 "
+            "...)",
+            words[i].c_str(), i + 1);
       out->push_back({w, words[i + 1]});
     }
     double sum = 0;

@@ -52,15 +52,16 @@ struct GptIndices {
 
 // Megatron GPTDataset._build_document_sample_shuffle_indices (add_extra_token = 1, drop last partial).
 // num_samples < 0 means "one epoch" (Megatron's None).
-Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int64_t end, int64_t seq_length, int64_t num_samples,
-                         uint32_t seed, GptIndices* out);
+Status build_gpt_indices(const std::vector<int32_t>& lengths, int64_t begin, int64_t end, int64_t seq_length,
+                         int64_t num_samples, uint32_t seed, GptIndices* out);
 
 class GptDataset {
  public:
   // cache_dir empty: no on-disk cache. Otherwise indices are stored there under nibble's own
   // FNV-1a-64 key of everything that determines them (not Megatron's md5 cache: the files differ).
-  static Status create(std::shared_ptr<LowLevelDataset> data, int64_t begin, int64_t end, int64_t seq_length, int64_t num_samples,
-                       uint32_t seed, const std::string& cache_dir, const std::string& split_label, std::unique_ptr<GptDataset>* out);
+  static Status create(std::shared_ptr<LowLevelDataset> data, int64_t begin, int64_t end, int64_t seq_length,
+                       int64_t num_samples, uint32_t seed, const std::string& cache_dir, const std::string& split_label,
+                       std::unique_ptr<GptDataset>* out);
   int64_t size() const { return static_cast<int64_t>(idx_.shuffle_index.size()); }
   // seq_length + 1 tokens of sample i (0 <= i < size()).
   void sample(int64_t i, std::vector<int32_t>* out) const;
@@ -76,7 +77,10 @@ class GptDataset {
 void build_blending_indices(const std::vector<double>& weights, int64_t size, std::vector<int16_t>* dataset_index,
                             std::vector<int64_t>* dataset_sample_index);
 
-struct BlendEntry { double weight; std::string prefix; };
+struct BlendEntry {
+  double weight;
+  std::string prefix;
+};
 // "prefix" | "w1 p1 w2 p2 ..." | "p1 p2 ..." (weights then come from the dataset sizes: weight < 0 here).
 Status parse_blend(const std::string& data_path, std::vector<BlendEntry>* out);
 

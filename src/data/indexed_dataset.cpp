@@ -25,7 +25,9 @@ T load(const uint8_t* p) {
 
 Status map_file(const std::string& path, const uint8_t** data, size_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) return errorf("cannot open %s: %s; check the data path prefix (without .bin/.idx)", path.c_str(), std::strerror(errno));
+  if (fd < 0)
+    return errorf("cannot open %s: %s; check the data path prefix (without .bin/.idx)", path.c_str(),
+                  std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     ::close(fd);
@@ -48,10 +50,14 @@ Status map_file(const std::string& path, const uint8_t** data, size_t* size) {
 
 int64_t indexed_dtype_size(IndexedDtype d) {
   switch (d) {
-    case IndexedDtype::u8: case IndexedDtype::i8: return 1;
-    case IndexedDtype::i16: case IndexedDtype::u16: return 2;
-    case IndexedDtype::i32: case IndexedDtype::f32: return 4;
-    case IndexedDtype::i64: case IndexedDtype::f64: return 8;
+    case IndexedDtype::u8:
+    case IndexedDtype::i8: return 1;
+    case IndexedDtype::i16:
+    case IndexedDtype::u16: return 2;
+    case IndexedDtype::i32:
+    case IndexedDtype::f32: return 4;
+    case IndexedDtype::i64:
+    case IndexedDtype::f64: return 8;
   }
   return 0;
 }
@@ -75,10 +81,12 @@ Status IndexedDataset::open(const std::string& prefix, std::unique_ptr<IndexedDa
   const int64_t isz = static_cast<int64_t>(ds->idx_size_);
   const char* f = idx_path.c_str();
   if (isz < kHeader)
-    return errorf("%s: header truncated: the file has %lld bytes, expected at least %lld; re-run preprocessing", f, (long long)isz,
-                  (long long)kHeader);
+    return errorf("%s: header truncated: the file has %lld bytes, expected at least %lld; re-run preprocessing", f,
+                  (long long)isz, (long long)kHeader);
   if (std::memcmp(p, kMagic, 9) != 0)
-    return errorf("%s: field magic: expected \"MMIDIDX\\0\\0\", found other bytes; this is not a Megatron indexed dataset index", f);
+    return errorf(
+        "%s: field magic: expected \"MMIDIDX\\0\\0\", found other bytes; this is not a Megatron indexed dataset index",
+        f);
   uint64_t version = load<uint64_t>(p + 9);
   if (version != 1) return errorf("%s: field version: expected 1, found %llu", f, (unsigned long long)version);
   uint8_t code = p[17];
@@ -86,17 +94,20 @@ Status IndexedDataset::open(const std::string& prefix, std::unique_ptr<IndexedDa
   if (indexed_dtype_size(ds->dtype_) == 0)
     return errorf("%s: field dtype: code %u is not one of Megatron's codes 1..8", f, unsigned(code));
   if (ds->dtype_ == IndexedDtype::f32 || ds->dtype_ == IndexedDtype::f64)
-    return errorf("%s: field dtype: code %u is a float type; token files must hold integers (uint16 code 8 or int32 code 4)", f,
-                  unsigned(code));
+    return errorf(
+        "%s: field dtype: code %u is a float type; token files must hold integers (uint16 code 8 or int32 code 4)", f,
+        unsigned(code));
   uint64_t n = load<uint64_t>(p + 18), d = load<uint64_t>(p + 26);
   // Sizes must match before any array is touched; 128-bit arithmetic so corrupt counts cannot overflow.
   const unsigned __int128 expected = (unsigned __int128)kHeader + (unsigned __int128)12 * n + (unsigned __int128)8 * d;
   // Multimodal files append one int8 mode per sequence; anything else is a mismatch.
   if ((unsigned __int128)isz != expected && (unsigned __int128)isz != expected + n) {
-    std::string want = expected > (unsigned __int128)INT64_MAX ? std::string("more than 2^63") : std::to_string((uint64_t)expected);
-    return errorf("%s: file size: expected %s bytes for the %llu sequences and %llu document indices its header declares "
-                  "(fields sequence_count, document_count), found %lld; the file is truncated or corrupt",
-                  f, want.c_str(), (unsigned long long)n, (unsigned long long)d, (long long)isz);
+    std::string want =
+        expected > (unsigned __int128)INT64_MAX ? std::string("more than 2^63") : std::to_string((uint64_t)expected);
+    return errorf(
+        "%s: file size: expected %s bytes for the %llu sequences and %llu document indices its header declares "
+        "(fields sequence_count, document_count), found %lld; the file is truncated or corrupt",
+        f, want.c_str(), (unsigned long long)n, (unsigned long long)d, (long long)isz);
   }
   ds->n_ = int64_t(n);
   ds->d_ = int64_t(d);
@@ -109,13 +120,15 @@ Status IndexedDataset::open(const std::string& prefix, std::unique_ptr<IndexedDa
     if (len < 0) return errorf("%s: field sequence_lengths[%lld]: expected >= 0, found %d", f, (long long)i, len);
     int64_t ptr = ds->sequence_pointer(i);
     if (ptr != expect_ptr)
-      return errorf("%s: field sequence_pointers[%lld]: expected %lld (running sum of length x %lld bytes), found %lld", f, (long long)i,
-                    (long long)expect_ptr, (long long)item, (long long)ptr);
+      return errorf("%s: field sequence_pointers[%lld]: expected %lld (running sum of length x %lld bytes), found %lld",
+                    f, (long long)i, (long long)expect_ptr, (long long)item, (long long)ptr);
     expect_ptr += int64_t(len) * item;
   }
   if (expect_ptr != static_cast<int64_t>(ds->bin_size_))
-    return errorf("%s: file size: expected %lld bytes (sum of sequence_lengths x %lld from %s), found %lld; the pair is mismatched or truncated",
-                  bin_path.c_str(), (long long)expect_ptr, (long long)item, f, (long long)ds->bin_size_);
+    return errorf(
+        "%s: file size: expected %lld bytes (sum of sequence_lengths x %lld from %s), found %lld; the pair is "
+        "mismatched or truncated",
+        bin_path.c_str(), (long long)expect_ptr, (long long)item, f, (long long)ds->bin_size_);
   if (ds->d_ < 1) return errorf("%s: field document_indices: expected at least one entry (0), found none", f);
   if (ds->document_index(0) != 0)
     return errorf("%s: field document_indices[0]: expected 0, found %lld", f, (long long)ds->document_index(0));
@@ -124,8 +137,8 @@ Status IndexedDataset::open(const std::string& prefix, std::unique_ptr<IndexedDa
       return errorf("%s: field document_indices[%lld]: expected >= %lld (non-decreasing), found %lld", f, (long long)i,
                     (long long)ds->document_index(i - 1), (long long)ds->document_index(i));
   if (ds->document_index(ds->d_ - 1) != ds->n_)
-    return errorf("%s: field document_indices[%lld]: expected the sequence count %lld, found %lld", f, (long long)(ds->d_ - 1),
-                  (long long)ds->n_, (long long)ds->document_index(ds->d_ - 1));
+    return errorf("%s: field document_indices[%lld]: expected the sequence count %lld, found %lld", f,
+                  (long long)(ds->d_ - 1), (long long)ds->n_, (long long)ds->document_index(ds->d_ - 1));
   *out = std::move(ds);
   return Status::ok();
 }
@@ -137,8 +150,8 @@ int64_t IndexedDataset::document_index(int64_t i) const { return load<int64_t>(i
 void IndexedDataset::read(int64_t i, int64_t offset, int64_t length, std::vector<int32_t>* out) const {
   const int64_t len = sequence_length(i);
   if (length < 0) length = len - offset;
-  NB_CHECK(offset >= 0 && offset + length <= len, "read(%lld, %lld, %lld) outside sequence of %lld tokens", (long long)i,
-           (long long)offset, (long long)length, (long long)len);
+  NB_CHECK(offset >= 0 && offset + length <= len, "read(%lld, %lld, %lld) outside sequence of %lld tokens",
+           (long long)i, (long long)offset, (long long)length, (long long)len);
   const int64_t item = indexed_dtype_size(dtype_);
   const uint8_t* src = bin_ + sequence_pointer(i) + offset * item;
   size_t base = out->size();
@@ -169,7 +182,11 @@ void scan_range(const uint8_t* bin, size_t bytes, int64_t* lo, int64_t* hi) {
     mn = v < mn ? v : mn;
     mx = v > mx ? v : mx;
   }
-  if (n == 0) { *lo = 0; *hi = -1; return; }
+  if (n == 0) {
+    *lo = 0;
+    *hi = -1;
+    return;
+  }
   *lo = int64_t(mn);
   *hi = int64_t(mx);
 }
@@ -183,7 +200,10 @@ void IndexedDataset::token_id_range(int64_t* min_id, int64_t* max_id) const {
     case IndexedDtype::u16: scan_range<uint16_t>(bin_, bin_size_, min_id, max_id); break;
     case IndexedDtype::i32: scan_range<int32_t>(bin_, bin_size_, min_id, max_id); break;
     case IndexedDtype::i64: scan_range<int64_t>(bin_, bin_size_, min_id, max_id); break;
-    default: *min_id = 0; *max_id = -1; break;  // float dtypes are refused by open()
+    default:
+      *min_id = 0;
+      *max_id = -1;
+      break;  // float dtypes are refused by open()
   }
 }
 
@@ -192,14 +212,17 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   if (bin_) std::fclose(bin_);
 }
 
-Status IndexedDatasetWriter::create(const std::string& prefix, IndexedDtype dtype, std::unique_ptr<IndexedDatasetWriter>* out) {
+Status IndexedDatasetWriter::create(const std::string& prefix, IndexedDtype dtype,
+                                    std::unique_ptr<IndexedDatasetWriter>* out) {
   if (indexed_dtype_size(dtype) == 0) return errorf("unknown indexed dataset dtype code %u", unsigned(dtype));
   auto w = std::unique_ptr<IndexedDatasetWriter>(new IndexedDatasetWriter());
   w->prefix_ = prefix;
   w->dtype_ = dtype;
   std::string path = prefix + ".bin";
   w->bin_ = std::fopen(path.c_str(), "wb");
-  if (!w->bin_) return errorf("cannot create %s: %s; check that the output folder exists and is writable", path.c_str(), std::strerror(errno));
+  if (!w->bin_)
+    return errorf("cannot create %s: %s; check that the output folder exists and is writable", path.c_str(),
+                  std::strerror(errno));
   *out = std::move(w);
   return Status::ok();
 }

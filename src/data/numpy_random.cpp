@@ -52,11 +52,9 @@ uint64_t LegacyRandomState::interval(uint64_t max) {
   mask |= mask >> 32;
   uint64_t value;
   if (max <= 0xffffffffull) {
-    while ((value = (next_u32() & mask)) > max) {
-    }
+    while ((value = (next_u32() & mask)) > max) {}
   } else {
-    while ((value = (next_u64() & mask)) > max) {
-    }
+    while ((value = (next_u64() & mask)) > max) {}
   }
   return value;
 }
@@ -83,7 +81,10 @@ uint32_t mix(uint32_t x, uint32_t y) {
 std::vector<uint32_t> seed_sequence_state(uint64_t seed, int n_words) {
   std::vector<uint32_t> entropy;
   if (seed == 0) entropy.push_back(0);
-  while (seed > 0) { entropy.push_back(static_cast<uint32_t>(seed)); seed >>= 32; }
+  while (seed > 0) {
+    entropy.push_back(static_cast<uint32_t>(seed));
+    seed >>= 32;
+  }
   uint32_t pool[4];
   uint32_t hc = kInitA;
   for (int i = 0; i < 4; ++i) pool[i] = hashmix(i < int(entropy.size()) ? entropy[i] : 0u, &hc);
@@ -105,7 +106,8 @@ std::vector<uint32_t> seed_sequence_state(uint64_t seed, int n_words) {
   return out;
 }
 
-const unsigned __int128 kPcgMult = (static_cast<unsigned __int128>(0x2360ED051FC65DA4ull) << 64) | 0x4385DF649FCCF645ull;
+const unsigned __int128 kPcgMult =
+    (static_cast<unsigned __int128>(0x2360ED051FC65DA4ull) << 64) | 0x4385DF649FCCF645ull;
 }  // namespace
 
 Pcg64Generator::Pcg64Generator(uint64_t seed) {
@@ -130,7 +132,10 @@ uint64_t Pcg64Generator::next_u64() {
 }
 
 uint32_t Pcg64Generator::next_u32() {
-  if (has_u32_) { has_u32_ = false; return u32_; }
+  if (has_u32_) {
+    has_u32_ = false;
+    return u32_;
+  }
   uint64_t next = next_u64();
   has_u32_ = true;
   u32_ = static_cast<uint32_t>(next >> 32);

@@ -30,7 +30,9 @@ class LegacyRandomState {
     }
   }
   template <typename T>
-  void shuffle(std::vector<T>& v) { shuffle(v.data(), static_cast<int64_t>(v.size())); }
+  void shuffle(std::vector<T>& v) {
+    shuffle(v.data(), static_cast<int64_t>(v.size()));
+  }
   // RandomState.randint(low, high) for a single int64 value (legacy path: interval(high-low-1)).
   int64_t randint(int64_t low, int64_t high) { return low + static_cast<int64_t>(interval(uint64_t(high - low - 1))); }
 

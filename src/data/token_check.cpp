@@ -55,17 +55,21 @@ Status check_dataset_vocab(const std::string& data_path, const std::string& cach
   for (const BlendEntry& e : blend) {
     TokenRange r;
     NB_TRY(dataset_token_range(e.prefix, index_cache_dir(e.prefix, cache_path), &r));
-    if (!r.cached) NB_LOG_INFO("token ids of %s.bin: %lld..%lld (scanned in %.1f ms; cached for the next run)",
-                               e.prefix.c_str(), (long long)r.min_id, (long long)r.max_id, r.scan_ms);
+    if (!r.cached)
+      NB_LOG_INFO("token ids of %s.bin: %lld..%lld (scanned in %.1f ms; cached for the next run)", e.prefix.c_str(),
+                  (long long)r.min_id, (long long)r.max_id, r.scan_ms);
     if (r.max_id < r.min_id) continue;  // no tokens
     if (r.min_id < 0)
-      return errorf("dataset %s.bin holds the negative token id %lld: the file is damaged or was written with "
-                    "another dtype; preprocess the data again", e.prefix.c_str(), (long long)r.min_id);
+      return errorf(
+          "dataset %s.bin holds the negative token id %lld: the file is damaged or was written with "
+          "another dtype; preprocess the data again",
+          e.prefix.c_str(), (long long)r.min_id);
     if (r.max_id >= vocab)
-      return errorf("dataset %s.bin holds token id %lld but model %s has a vocabulary of %lld, so the data was made "
-                    "with a larger tokenizer; pass --vocab-size %lld or more, a preset with a larger vocabulary, or "
-                    "preprocess the data with the model's tokenizer (pass it as --tokenizer)", e.prefix.c_str(),
-                    (long long)r.max_id, model_name.c_str(), (long long)vocab, (long long)(r.max_id + 1));
+      return errorf(
+          "dataset %s.bin holds token id %lld but model %s has a vocabulary of %lld, so the data was made "
+          "with a larger tokenizer; pass --vocab-size %lld or more, a preset with a larger vocabulary, or "
+          "preprocess the data with the model's tokenizer (pass it as --tokenizer)",
+          e.prefix.c_str(), (long long)r.max_id, model_name.c_str(), (long long)vocab, (long long)(r.max_id + 1));
   }
   return Status::ok();
 }

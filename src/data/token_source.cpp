@@ -27,7 +27,8 @@ class SingleSet final : public SampleSet {
 
 class BlendedSet final : public SampleSet {
  public:
-  BlendedSet(std::vector<std::unique_ptr<GptDataset>> parts, const std::vector<double>& weights, int64_t size) : parts_(std::move(parts)) {
+  BlendedSet(std::vector<std::unique_ptr<GptDataset>> parts, const std::vector<double>& weights, int64_t size)
+      : parts_(std::move(parts)) {
     build_blending_indices(weights, size, &which_, &index_);
   }
   int64_t size() const override { return static_cast<int64_t>(which_.size()); }
@@ -44,10 +45,15 @@ class PrefetchSource final : public TokenSource {
  public:
   // Data parallelism as Megatron's pretraining sampler: each global micro-batch is mbs * dp_size
   // consecutive sample ids, rank r takes rows [r * mbs, (r + 1) * mbs); consumed counts global samples.
-  PrefetchSource(std::shared_ptr<SampleSet> set, int64_t seq_len, int64_t micro_batch, int64_t consumed, int64_t dp_rank = 0,
-                 int64_t dp_size = 1)
-      : set_(std::move(set)), seq_len_(seq_len), mbs_(micro_batch), global_(micro_batch * dp_size), offset_(dp_rank * micro_batch),
-        consumed_(consumed), produce_at_(consumed) {
+  PrefetchSource(std::shared_ptr<SampleSet> set, int64_t seq_len, int64_t micro_batch, int64_t consumed,
+                 int64_t dp_rank = 0, int64_t dp_size = 1)
+      : set_(std::move(set)),
+        seq_len_(seq_len),
+        mbs_(micro_batch),
+        global_(micro_batch * dp_size),
+        offset_(dp_rank * micro_batch),
+        consumed_(consumed),
+        produce_at_(consumed) {
     worker_ = std::thread([this] { run(); });
   }
   ~PrefetchSource() override {
@@ -62,8 +68,10 @@ class PrefetchSource final : public TokenSource {
     auto t0 = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(mu_);
     if (consumed_ + global_ > set_->size())
-      return errorf("the data is exhausted: %lld samples consumed of %lld; ask for more samples (train iterations) when building the source",
-                    (long long)consumed_, (long long)set_->size());
+      return errorf(
+          "the data is exhausted: %lld samples consumed of %lld; ask for more samples (train iterations) when building "
+          "the source",
+          (long long)consumed_, (long long)set_->size());
     cv_.wait(lock, [this] { return !queue_.empty(); });
     *out = std::move(queue_.front());
     queue_.pop_front();
@@ -119,14 +127,15 @@ class PrefetchSource final : public TokenSource {
 
 Status check_args(int64_t seq_len, int64_t micro_batch, int64_t consumed) {
   if (seq_len <= 0 || micro_batch <= 0 || consumed < 0)
-    return errorf("data source: seq_len (%lld) and micro_batch (%lld) must be positive and consumed samples (%lld) non-negative",
-                  (long long)seq_len, (long long)micro_batch, (long long)consumed);
+    return errorf(
+        "data source: seq_len (%lld) and micro_batch (%lld) must be positive and consumed samples (%lld) non-negative",
+        (long long)seq_len, (long long)micro_batch, (long long)consumed);
   return Status::ok();
 }
 }  // namespace
 
-Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split, int64_t samples,
-                              int64_t consumed, std::unique_ptr<TokenSource>* out) {
+Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split,
+                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out) {
   NB_TRY(check_args(seq_len, micro_batch, consumed));
   if (vocab < 2) return errorf("mock data needs a vocabulary of at least 2 tokens, got %lld", (long long)vocab);
   auto data = make_mock_low_level(vocab, static_cast<int32_t>(vocab - 1));
@@ -134,13 +143,14 @@ Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batc
   NB_TRY(split_ranges("969,30,1", data->size(), &ranges));
   auto r = ranges[static_cast<int>(split)];
   std::unique_ptr<GptDataset> ds;
-  NB_TRY(GptDataset::create(data, r.first, r.second, seq_len, samples, static_cast<uint32_t>(seed), "", split_name(split), &ds));
+  NB_TRY(GptDataset::create(data, r.first, r.second, seq_len, samples, static_cast<uint32_t>(seed), "",
+                            split_name(split), &ds));
   *out = std::make_unique<PrefetchSource>(std::make_shared<SingleSet>(std::move(ds)), seq_len, micro_batch, consumed);
   return Status::ok();
 }
 
-Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples, int64_t consumed,
-                        std::unique_ptr<TokenSource>* out) {
+Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples,
+                        int64_t consumed, std::unique_ptr<TokenSource>* out) {
   return make_mock_source_split(vocab, seq_len, micro_batch, seed, Split::train, train_samples, consumed, out);
 }
 
@@ -153,10 +163,12 @@ std::string index_cache_dir(const std::string& prefix, const std::string& cache_
 Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<SampleSet>* out) {
   std::vector<BlendEntry> blend;
   NB_TRY(parse_blend(cfg.data_path, &blend));
-  if (cfg.seed > 0xffffffffull) return errorf("seed %llu does not fit numpy's RandomState (0 .. 2^32-1)", (unsigned long long)cfg.seed);
+  if (cfg.seed > 0xffffffffull)
+    return errorf("seed %llu does not fit numpy's RandomState (0 .. 2^32-1)", (unsigned long long)cfg.seed);
   const int s = static_cast<int>(split);
   const int64_t requested = cfg.num_samples[s];
-  if (requested <= 0) return errorf("no %s samples were requested; set the number of %s samples", split_name(split), split_name(split));
+  if (requested <= 0)
+    return errorf("no %s samples were requested; set the number of %s samples", split_name(split), split_name(split));
   const std::string cache = index_cache_dir(blend[0].prefix, cfg.cache_path);
   // Megatron's BlendedMegatronDatasetBuilder: one prefix without weight -> a plain GPTDataset of the
   // requested size; weights -> each component asked for ceil(ceil(S*w) * (1 + 0.005)) samples and a
@@ -174,8 +186,8 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
     NB_TRY(split_ranges(cfg.split, data->size(), &ranges));
     auto r = ranges[s];
     if (r.first == r.second)
-      return errorf("%s: the %s split \"%s\" selects no sequences of %lld; change --split", e.prefix.c_str(), split_name(split),
-                    cfg.split.c_str(), (long long)data->size());
+      return errorf("%s: the %s split \"%s\" selects no sequences of %lld; change --split", e.prefix.c_str(),
+                    split_name(split), cfg.split.c_str(), (long long)data->size());
     int64_t n = requested;
     if (weighted) {
       const int64_t target = static_cast<int64_t>(std::ceil(double(requested) * e.weight));
@@ -185,7 +197,8 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
       n = -1;  // one epoch
     }
     std::unique_ptr<GptDataset> ds;
-    NB_TRY(GptDataset::create(data, r.first, r.second, cfg.seq_length, n, static_cast<uint32_t>(cfg.seed), cache, split_name(split), &ds));
+    NB_TRY(GptDataset::create(data, r.first, r.second, cfg.seq_length, n, static_cast<uint32_t>(cfg.seed), cache,
+                              split_name(split), &ds));
     weights.push_back(weighted ? e.weight : double(ds->size()));
     parts.push_back(std::move(ds));
   }
@@ -205,12 +218,13 @@ Status make_gpt_samples(const DataConfig& cfg, Split split, std::shared_ptr<Samp
   return Status::ok();
 }
 
-Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed, std::unique_ptr<TokenSource>* out) {
+Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed,
+                       std::unique_ptr<TokenSource>* out) {
   return make_gpt_source_dp(cfg, split, micro_batch, 0, 1, consumed, out);
 }
 
-Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size, int64_t consumed,
-                          std::unique_ptr<TokenSource>* out) {
+Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size,
+                          int64_t consumed, std::unique_ptr<TokenSource>* out) {
   NB_TRY(check_args(cfg.seq_length, micro_batch, consumed));
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
     return errorf("data-parallel rank %lld of %lld is invalid", (long long)dp_rank, (long long)dp_size);

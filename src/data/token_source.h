@@ -24,33 +24,34 @@ class TokenSource {
   virtual ~TokenSource();
   virtual Status next(Batch* out) = 0;  // next micro-batch
   virtual int64_t consumed_samples() const = 0;
-  virtual double wait_ms_total() const = 0;  // time next() spent waiting for the prefetch thread
+  virtual double wait_ms_total() const = 0;           // time next() spent waiting for the prefetch thread
   virtual int64_t num_samples() const { return -1; }  // samples available before exhaustion (-1: unknown)
 };
 
 struct DataConfig {
-  std::string data_path;             // blend: "prefix" or "w1 prefix1 w2 prefix2 ..."
+  std::string data_path;  // blend: "prefix" or "w1 prefix1 w2 prefix2 ..."
   std::string split = "969,30,1";
   int64_t seq_length = 2048;
   uint64_t seed = 1234;
   std::array<int64_t, 3> num_samples{0, 0, 0};  // per split (train, valid, test)
-  std::string cache_path;            // "" = <first prefix's folder>/cache/nibble_indices; "none" = no cache
+  std::string cache_path;                       // "" = <first prefix's folder>/cache/nibble_indices; "none" = no cache
 };
 // The cache folder that cache_path means for a dataset `prefix` ("" when caching is off).
 std::string index_cache_dir(const std::string& prefix, const std::string& cache_path);
 
 // Megatron --mock-data: MockGPTLowLevelDataset under GPTDataset with the default "969,30,1" split
 // (train part). eod = vocab - 1. `seed` seeds the sampling (Megatron --seed).
-Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples, int64_t consumed,
-                        std::unique_ptr<TokenSource>* out);
+Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples,
+                        int64_t consumed, std::unique_ptr<TokenSource>* out);
 // The same for any split (validation loss uses Split::valid).
-Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split, int64_t samples,
-                              int64_t consumed, std::unique_ptr<TokenSource>* out);
-Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed, std::unique_ptr<TokenSource>* out);
+Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split,
+                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out);
+Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed,
+                       std::unique_ptr<TokenSource>* out);
 // Data-parallel rank `dp_rank` of `dp_size`: next() returns this rank's rows of each global
 // micro-batch (mbs * dp_size samples); consumed_samples() counts global samples, as Megatron logs them.
-Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size, int64_t consumed,
-                          std::unique_ptr<TokenSource>* out);
+Status make_gpt_source_dp(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t dp_rank, int64_t dp_size,
+                          int64_t consumed, std::unique_ptr<TokenSource>* out);
 
 // Without the prefetch thread: the samples of a split as one indexable sequence (tests, tools).
 class SampleSet {

@@ -94,9 +94,12 @@ NB_HD float e5m2_to_f32(uint32_t code) {
   code &= 0xFFu;
   uint32_t mag = code & 0x7Fu;
   float v;
-  if (mag == 0x7Cu) v = INFINITY;
-  else if (mag > 0x7Cu) v = NAN;
-  else v = minifloat_decode_magnitude<2, 15>(mag);
+  if (mag == 0x7Cu)
+    v = INFINITY;
+  else if (mag > 0x7Cu)
+    v = NAN;
+  else
+    v = minifloat_decode_magnitude<2, 15>(mag);
   return (code & 0x80u) ? -v : v;
 }
 NB_HD uint32_t f32_to_e5m2_satfinite(float x) {

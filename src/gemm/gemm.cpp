@@ -11,8 +11,10 @@ namespace {
 Status as_matrix(const Tensor& t, const char* name, MatrixView* out) {
   if (t.data == nullptr && t.numel() != 0) return errorf("matmul: operand %s has no data pointer", name);
   if (t.ndim < 2)
-    return errorf("matmul: operand %s has shape %s; a GEMM operand needs at least 2 dimensions (reshape it to "
-                  "[rows, cols])", name, t.shape_str().c_str());
+    return errorf(
+        "matmul: operand %s has shape %s; a GEMM operand needs at least 2 dimensions (reshape it to "
+        "[rows, cols])",
+        name, t.shape_str().c_str());
   MatrixView m;
   m.data = t.data;
   m.dtype = t.dtype;
@@ -20,8 +22,10 @@ Status as_matrix(const Tensor& t, const char* name, MatrixView* out) {
   if (t.ndim == 2) {
     m.rows = t.shape[0];
     if (m.cols > 1 && t.stride[1] != 1)
-      return errorf("matmul: operand %s %s has column stride %lld; the last dimension must be contiguous "
-                    "(make a contiguous copy first)", name, t.shape_str().c_str(), (long long)t.stride[1]);
+      return errorf(
+          "matmul: operand %s %s has column stride %lld; the last dimension must be contiguous "
+          "(make a contiguous copy first)",
+          name, t.shape_str().c_str(), (long long)t.stride[1]);
     m.ld = m.rows > 1 ? t.stride[0] : m.cols;
     if (m.ld < m.cols)
       return errorf("matmul: operand %s %s has row stride %lld smaller than its row length", name,
@@ -53,11 +57,11 @@ Status resolve_problem(const Tensor& a, const Tensor& b, const Tensor& c, const 
   const int64_t a_m = args.trans_a ? p.a.cols : p.a.rows, a_k = args.trans_a ? p.a.rows : p.a.cols;
   const int64_t b_k = args.trans_b ? p.b.cols : p.b.rows, b_n = args.trans_b ? p.b.rows : p.b.cols;
   if (a_k != b_k || p.c.rows != a_m || p.c.cols != b_n)
-    return errorf("matmul: shapes do not match: op(A) is [%lld,%lld] (A %s%s), op(B) is [%lld,%lld] (B %s%s), "
-                  "C is %s; need op(A) [M,K], op(B) [K,N], C [M,N]",
-                  (long long)a_m, (long long)a_k, a.shape_str().c_str(), args.trans_a ? " transposed" : "",
-                  (long long)b_k, (long long)b_n, b.shape_str().c_str(), args.trans_b ? " transposed" : "",
-                  c.shape_str().c_str());
+    return errorf(
+        "matmul: shapes do not match: op(A) is [%lld,%lld] (A %s%s), op(B) is [%lld,%lld] (B %s%s), "
+        "C is %s; need op(A) [M,K], op(B) [K,N], C [M,N]",
+        (long long)a_m, (long long)a_k, a.shape_str().c_str(), args.trans_a ? " transposed" : "", (long long)b_k,
+        (long long)b_n, b.shape_str().c_str(), args.trans_b ? " transposed" : "", c.shape_str().c_str());
   p.m = a_m;
   p.n = b_n;
   p.k = a_k;

@@ -76,14 +76,19 @@ struct StreamOwner {
 
 Status measure_matmul_tflops(int64_t m, int64_t n, int64_t k, const GemmArgs& args, DType c_dtype, int iters,
                              double* tflops) {
-  if (m < 1 || n < 1 || k < 1) return errorf("GEMM timing: M, N, K must be positive, got %lld, %lld, %lld",
-                                             (long long)m, (long long)n, (long long)k);
+  if (m < 1 || n < 1 || k < 1)
+    return errorf("GEMM timing: M, N, K must be positive, got %lld, %lld, %lld", (long long)m, (long long)n,
+                  (long long)k);
   if (c_dtype != DType::bf16 && c_dtype != DType::f32) return errorf("GEMM timing: C must be bf16 or f32");
   Buffer a, b, c;
-  if (args.trans_a) NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {k, m}).context("GEMM timing"));
-  else NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {m, k}).context("GEMM timing"));
-  if (args.trans_b) NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {n, k}).context("GEMM timing"));
-  else NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {k, n}).context("GEMM timing"));
+  if (args.trans_a)
+    NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {k, m}).context("GEMM timing"));
+  else
+    NB_TRY(Buffer::allocate(&a, DType::bf16, Device::cuda, {m, k}).context("GEMM timing"));
+  if (args.trans_b)
+    NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {n, k}).context("GEMM timing"));
+  else
+    NB_TRY(Buffer::allocate(&b, DType::bf16, Device::cuda, {k, n}).context("GEMM timing"));
   NB_TRY(Buffer::allocate(&c, c_dtype, Device::cuda, {m, n}).context("GEMM timing"));
   StreamOwner stream;
   fill_random(a.ptr<bf16>(), m * k, 1, stream.s);
@@ -91,7 +96,8 @@ Status measure_matmul_tflops(int64_t m, int64_t n, int64_t k, const GemmArgs& ar
   // C starts defined so that beta != 0 timings read real numbers, not leftover NaN bit patterns.
   CUDA_CHECK(cudaMemsetAsync(c.data(), 0, size_t(c.tensor().bytes()), stream.s));
   double ms = 0;
-  NB_TRY(median_ms(iters, stream.s, [&] { return matmul(a.tensor(), b.tensor(), c.tensor(), args, stream.s); }, &ms));
+  NB_TRY(median_ms(
+      iters, stream.s, [&] { return matmul(a.tensor(), b.tensor(), c.tensor(), args, stream.s); }, &ms));
   *tflops = 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12;
   return Status::ok();
 }
@@ -110,10 +116,13 @@ Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps) {
   StreamOwner stream;
   CUDA_CHECK(cudaMemsetAsync(src.data(), 0x5a, bytes, stream.s));
   double ms = 0;
-  NB_TRY(median_ms(iters, stream.s, [&] {
-    CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.s));
-    return Status::ok();
-  }, &ms));
+  NB_TRY(median_ms(
+      iters, stream.s,
+      [&] {
+        CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream.s));
+        return Status::ok();
+      },
+      &ms));
   *gbps = 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
   return Status::ok();
 }

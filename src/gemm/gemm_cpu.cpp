@@ -71,8 +71,8 @@ void block_multiply(const float* ap, const float* bp, int64_t rows, int64_t kc, 
 }
 
 // Computes the C rows [m0, m0 + rows) with scratch space owned by the calling thread.
-void compute_row_block(const GemmProblem& p, int64_t m0, int64_t rows, std::vector<float>& ap,
-                       std::vector<float>& bp, std::vector<float>& acc) {
+void compute_row_block(const GemmProblem& p, int64_t m0, int64_t rows, std::vector<float>& ap, std::vector<float>& bp,
+                       std::vector<float>& acc) {
   const float* a = static_cast<const float*>(p.a.data);
   const float* b = static_cast<const float*>(p.b.data);
   float* c = static_cast<float*>(p.c.data);

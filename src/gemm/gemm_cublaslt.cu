@@ -10,9 +10,9 @@
 // cublasLtMatmulAlgoGetHeuristic are built once per (device, M, N, K, transposes, row strides,
 // dtypes, beta == 0 or not, pointer alignments) and cached; alpha and beta values are passed per
 // call. The heuristic is asked for several candidates; the first one that succeeds, fits the
-// workspace and (if it splits K) adds its partial sums in FP32 is kept. One cublasLt handle per process and one 32 MiB workspace per device are
-// created on first use and deliberately never destroyed (tearing them down after the CUDA runtime
-// has unloaded at exit would crash).
+// workspace and (if it splits K) adds its partial sums in FP32 is kept. One cublasLt handle per process and one 32 MiB
+// workspace per device are created on first use and deliberately never destroyed (tearing them down after the CUDA
+// runtime has unloaded at exit would crash).
 #include <cublasLt.h>
 #include <map>
 #include <memory>
@@ -32,9 +32,9 @@ Status cublas_error(cublasStatus_t s, const char* what, const GemmProblem& p) {
                 (long long)p.k, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
 }
 
-#define NB_CUBLAS_TRY(expr, what, problem)                         \
-  do {                                                             \
-    cublasStatus_t nb_cs_ = (expr);                                \
+#define NB_CUBLAS_TRY(expr, what, problem)                                           \
+  do {                                                                               \
+    cublasStatus_t nb_cs_ = (expr);                                                  \
     if (nb_cs_ != CUBLAS_STATUS_SUCCESS) return cublas_error(nb_cs_, what, problem); \
   } while (0)
 
@@ -100,7 +100,7 @@ bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
 }
 
 Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& key, Plan* plan) {
-  const cublasOperation_t op_first = p.args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // our B
+  const cublasOperation_t op_first = p.args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   // our B
   const cublasOperation_t op_second = p.args.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // our A
   NB_CUBLAS_TRY(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor", p);
   NB_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first),
@@ -112,8 +112,9 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
                 "layout of B", p);
   NB_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&plan->b, CUDA_R_16BF, uint64_t(p.a.cols), uint64_t(p.a.rows), p.a.ld),
                 "layout of A", p);
-  NB_CUBLAS_TRY(cublasLtMatrixLayoutCreate(&plan->c, cuda_type(p.c.dtype), uint64_t(p.c.cols), uint64_t(p.c.rows),
-                                           p.c.ld), "layout of C", p);
+  NB_CUBLAS_TRY(
+      cublasLtMatrixLayoutCreate(&plan->c, cuda_type(p.c.dtype), uint64_t(p.c.cols), uint64_t(p.c.rows), p.c.ld),
+      "layout of C", p);
 
   cublasLtMatmulPreference_t pref = nullptr;
   NB_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference", p);
@@ -137,7 +138,8 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
   // accumulation (a known cuBLASLt heuristic pitfall on some GPUs); FP32 accumulation is promised.
   const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
-                                                     sizeof reduction_mask), "reduction scheme preference", p);
+                                                     sizeof reduction_mask),
+                "reduction scheme preference", p);
 
   cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
   int returned = 0;
@@ -149,20 +151,26 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
     plan->algo = results[i].algo;
     return Status::ok();
   }
-  return errorf("no cuBLASLt algorithm for M=%lld,N=%lld,K=%lld bf16 x bf16 -> %s (trans_a=%d, trans_b=%d, "
-                "lda=%lld, ldb=%lld, ldc=%lld)%s%s; check the shapes and the 16-byte alignment of the operands",
-                (long long)p.m, (long long)p.n, (long long)p.k, p.c.dtype == DType::bf16 ? "bf16" : "f32",
-                int(p.args.trans_a), int(p.args.trans_b), (long long)p.a.ld, (long long)p.b.ld, (long long)p.c.ld,
-                hs == CUBLAS_STATUS_SUCCESS ? "" : ": ", hs == CUBLAS_STATUS_SUCCESS ? "" : cublasLtGetStatusString(hs));
+  return errorf(
+      "no cuBLASLt algorithm for M=%lld,N=%lld,K=%lld bf16 x bf16 -> %s (trans_a=%d, trans_b=%d, "
+      "lda=%lld, ldb=%lld, ldc=%lld)%s%s; check the shapes and the 16-byte alignment of the operands",
+      (long long)p.m, (long long)p.n, (long long)p.k, p.c.dtype == DType::bf16 ? "bf16" : "f32", int(p.args.trans_a),
+      int(p.args.trans_b), (long long)p.a.ld, (long long)p.b.ld, (long long)p.c.ld,
+      hs == CUBLAS_STATUS_SUCCESS ? "" : ": ", hs == CUBLAS_STATUS_SUCCESS ? "" : cublasLtGetStatusString(hs));
 }
 
 // Finds or builds the plan and the device's workspace; holds the backend lock only while looking up.
 Status get_plan(const GemmProblem& p, const Plan** plan, void** workspace) {
   PlanKey key{};
   CUDA_CHECK(cudaGetDevice(&key.device));
-  key.m = p.m; key.n = p.n; key.k = p.k;
-  key.lda = p.a.ld; key.ldb = p.b.ld; key.ldc = p.c.ld;
-  key.trans_a = p.args.trans_a; key.trans_b = p.args.trans_b;
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.lda = p.a.ld;
+  key.ldb = p.b.ld;
+  key.ldc = p.c.ld;
+  key.trans_a = p.args.trans_a;
+  key.trans_b = p.args.trans_b;
   key.beta_zero = p.args.beta == 0.f;
   key.c_dtype = p.c.dtype;
   key.align_a = alignment_of(p.a.data);

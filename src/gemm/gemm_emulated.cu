@@ -65,8 +65,7 @@ __global__ void dequant_nvfp4_kernel(const uint2* __restrict__ data, const uint8
 // 16 stored MXFP8 elements per thread over a window of `cols` elements of each of `rows` stored rows,
 // source rows `pitch` elements apart; `colwise`: scales [rows/32, pitch], else [rows, pitch/32].
 __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales,
-                                     uint4* __restrict__ out, int64_t rows, int64_t cols, int64_t pitch,
-                                     bool colwise) {
+                                     uint4* __restrict__ out, int64_t rows, int64_t cols, int64_t pitch, bool colwise) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t chunks_per_row = cols / 16;
   if (i >= rows * chunks_per_row) return;
@@ -76,7 +75,10 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uin
   uint32_t sw[4];
   if (colwise) {
     const uint4 s = *reinterpret_cast<const uint4*>(scales + (r / 32) * pitch + c0);
-    sw[0] = s.x; sw[1] = s.y; sw[2] = s.z; sw[3] = s.w;
+    sw[0] = s.x;
+    sw[1] = s.y;
+    sw[2] = s.z;
+    sw[3] = s.w;
   } else {
     const uint32_t code = scales[r * (pitch / 32) + c0 / 32];
     const uint32_t rep = code * 0x01010101u;
@@ -86,8 +88,10 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uin
   NB_UNROLL
   for (int j = 0; j < 8; ++j) {
     const int e0 = 2 * j, e1 = 2 * j + 1;
-    const float v0 = e4m3_to_f32((qw[e0 / 4] >> (8 * (e0 & 3))) & 0xFFu) * e8m0_to_f32((sw[e0 / 4] >> (8 * (e0 & 3))) & 0xFFu);
-    const float v1 = e4m3_to_f32((qw[e1 / 4] >> (8 * (e1 & 3))) & 0xFFu) * e8m0_to_f32((sw[e1 / 4] >> (8 * (e1 & 3))) & 0xFFu);
+    const float v0 =
+        e4m3_to_f32((qw[e0 / 4] >> (8 * (e0 & 3))) & 0xFFu) * e8m0_to_f32((sw[e0 / 4] >> (8 * (e0 & 3))) & 0xFFu);
+    const float v1 =
+        e4m3_to_f32((qw[e1 / 4] >> (8 * (e1 & 3))) & 0xFFu) * e8m0_to_f32((sw[e1 / 4] >> (8 * (e1 & 3))) & 0xFFu);
     w[j] = pack_bf16x2(v0, v1);
   }
   out[2 * i] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -132,8 +136,7 @@ Status get_scratch(size_t need, Stream stream, char** out) {
       s.bytes = 0;
     }
     const size_t grown = align_up(need + need / 8);  // some headroom for the next larger shape
-    NB_TRY(device_malloc(&s.mem, grown)
-               .context("allocating the BF16 scratch of the emulated MXFP8/NVFP4 GEMM"));
+    NB_TRY(device_malloc(&s.mem, grown).context("allocating the BF16 scratch of the emulated MXFP8/NVFP4 GEMM"));
     s.bytes = grown;
   }
   *out = static_cast<char*>(s.mem);
@@ -158,13 +161,14 @@ Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, S
   const int64_t chunks = outer * inner / 16;
   const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
   if (q.format == QFormat::nvfp4) {
-    dequant_nvfp4_kernel<<<grid, kThreads, 0, st>>>(reinterpret_cast<const uint2*>(data + first / 2), scales + first / 16,
-                                                    reinterpret_cast<uint4*>(out), outer, inner / 16, pitch / 16);
+    dequant_nvfp4_kernel<<<grid, kThreads, 0, st>>>(reinterpret_cast<const uint2*>(data + first / 2),
+                                                    scales + first / 16, reinterpret_cast<uint4*>(out), outer,
+                                                    inner / 16, pitch / 16);
   } else {
     // MXFP8 scales: row-wise [rows, K/32] (offset first/32); column-wise [K/32, rows] (offset r0).
     const uint8_t* s = q.k_major ? scales + first / 32 : scales + r0;
-    dequant_mxfp8_kernel<<<grid, kThreads, 0, st>>>(data + first, s, reinterpret_cast<uint4*>(out), outer, inner,
-                                                    pitch, !q.k_major);
+    dequant_mxfp8_kernel<<<grid, kThreads, 0, st>>>(data + first, s, reinterpret_cast<uint4*>(out), outer, inner, pitch,
+                                                    !q.k_major);
   }
   CUDA_CHECK_LAUNCH();
   lt->data = out;
@@ -206,17 +210,19 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
   for (int64_t r0 = 0; r0 < chunked.rows; r0 += plan.chunk_rows) {
     const int64_t rows = std::min(plan.chunk_rows, chunked.rows - r0);
     LtOperand block;
-    NB_TRY(dequantize_rows(chunked, r0, rows, reinterpret_cast<bf16*>(scratch), stream, &block,
-                           plan.chunk_b ? "B" : "A"));
+    NB_TRY(
+        dequantize_rows(chunked, r0, rows, reinterpret_cast<bf16*>(scratch), stream, &block, plan.chunk_b ? "B" : "A"));
     p.c = c;
     if (plan.chunk_b) {
       // Rows of B are columns of C: the block writes C[:, r0:r0+rows] (same row stride).
       p.b = block;
-      p.m = m; p.n = rows;
+      p.m = m;
+      p.n = rows;
       p.c.data = static_cast<char*>(c.data) + size_t(r0) * c_elem;
     } else {
       p.a = block;
-      p.m = rows; p.n = n;
+      p.m = rows;
+      p.n = n;
       p.c.data = static_cast<char*>(c.data) + size_t(r0 * c.ld) * c_elem;
     }
     NB_TRY(lt_matmul(p, stream));

@@ -50,10 +50,10 @@ Status cublas_error(cublasStatus_t s, const char* what, const LtProblem& p) {
                 elem_name(p.b.type), scale_name(p.b.scale_mode), cublasLtGetStatusName(s), cublasLtGetStatusString(s));
 }
 
-#define NB_LT_TRY(expr, what, problem)                                                 \
-  do {                                                                                 \
-    cublasStatus_t nb_cs_ = (expr);                                                    \
-    if (nb_cs_ != CUBLAS_STATUS_SUCCESS) return cublas_error(nb_cs_, what, problem);   \
+#define NB_LT_TRY(expr, what, problem)                                               \
+  do {                                                                               \
+    cublasStatus_t nb_cs_ = (expr);                                                  \
+    if (nb_cs_ != CUBLAS_STATUS_SUCCESS) return cublas_error(nb_cs_, what, problem); \
   } while (0)
 
 cudaDataType_t cuda_type(ElemType t) {
@@ -199,14 +199,15 @@ Status build_plan(cublasLtHandle_t handle, const LtProblem& p, const PlanKey& ke
     plan->algo = results[i].algo;
     return Status::ok();
   }
-  return errorf("no cuBLASLt algorithm for the quantized GEMM M=%lld,N=%lld,K=%lld: A %s (%s scales%s) x B %s (%s "
-                "scales%s) -> %s%s%s%s; this GPU/cuBLASLt may not support the combination (FP8 needs sm_89+, block "
-                "scales need CUDA >= 12.9 on sm_90), or the operands are not 16-byte aligned",
-                (long long)p.m, (long long)p.n, (long long)p.k, elem_name(p.a.type), scale_name(p.a.scale_mode),
-                p.a.k_major ? "" : ", transposed storage", elem_name(p.b.type), scale_name(p.b.scale_mode),
-                p.b.k_major ? "" : ", transposed storage", p.c.dtype == DType::bf16 ? "bf16" : "f32",
-                p.fast_accum ? ", fast accumulation" : "", hs == CUBLAS_STATUS_SUCCESS ? "" : ": ",
-                hs == CUBLAS_STATUS_SUCCESS ? "" : cublasLtGetStatusString(hs));
+  return errorf(
+      "no cuBLASLt algorithm for the quantized GEMM M=%lld,N=%lld,K=%lld: A %s (%s scales%s) x B %s (%s "
+      "scales%s) -> %s%s%s%s; this GPU/cuBLASLt may not support the combination (FP8 needs sm_89+, block "
+      "scales need CUDA >= 12.9 on sm_90), or the operands are not 16-byte aligned",
+      (long long)p.m, (long long)p.n, (long long)p.k, elem_name(p.a.type), scale_name(p.a.scale_mode),
+      p.a.k_major ? "" : ", transposed storage", elem_name(p.b.type), scale_name(p.b.scale_mode),
+      p.b.k_major ? "" : ", transposed storage", p.c.dtype == DType::bf16 ? "bf16" : "f32",
+      p.fast_accum ? ", fast accumulation" : "", hs == CUBLAS_STATUS_SUCCESS ? "" : ": ",
+      hs == CUBLAS_STATUS_SUCCESS ? "" : cublasLtGetStatusString(hs));
 }
 
 }  // namespace
@@ -214,10 +215,16 @@ Status build_plan(cublasLtHandle_t handle, const LtProblem& p, const PlanKey& ke
 Status lt_matmul(const LtProblem& p, Stream stream) {
   PlanKey key{};
   CUDA_CHECK(cudaGetDevice(&key.device));
-  key.m = p.m; key.n = p.n; key.k = p.k; key.ldc = p.c.ld;
-  key.ta = p.a.type; key.tb = p.b.type;
-  key.a_kmajor = p.a.k_major; key.b_kmajor = p.b.k_major;
-  key.sa = p.a.scale_mode; key.sb = p.b.scale_mode;
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.ldc = p.c.ld;
+  key.ta = p.a.type;
+  key.tb = p.b.type;
+  key.a_kmajor = p.a.k_major;
+  key.b_kmajor = p.b.k_major;
+  key.sa = p.a.scale_mode;
+  key.sb = p.b.scale_mode;
   key.c_dtype = p.c.dtype;
   key.beta_zero = p.device_alpha_beta ? false : p.beta == 0.f;
   key.fast_accum = p.fast_accum;
@@ -251,10 +258,10 @@ Status lt_matmul(const LtProblem& p, Stream stream) {
   const float alpha = p.alpha, beta = p.beta;
   const void* alpha_ptr = p.device_alpha_beta ? static_cast<const void*>(p.device_alpha_beta) : &alpha;
   const void* beta_ptr = p.device_alpha_beta ? static_cast<const void*>(p.device_alpha_beta + 1) : &beta;
-  NB_LT_TRY(cublasLtMatmul(be.handle, plan.desc, alpha_ptr, p.b.data, plan.a, p.a.data, plan.b, beta_ptr, p.c.data,
-                           plan.c, p.c.data, plan.c, &plan.algo, ws->second, kWorkspaceBytes,
-                           static_cast<cudaStream_t>(stream)),
-            "matmul", p);
+  NB_LT_TRY(
+      cublasLtMatmul(be.handle, plan.desc, alpha_ptr, p.b.data, plan.a, p.a.data, plan.b, beta_ptr, p.c.data, plan.c,
+                     p.c.data, plan.c, &plan.algo, ws->second, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
+      "matmul", p);
   return Status::ok();
 }
 

@@ -38,21 +38,33 @@ Status check_operand(const QOperand& op, const char* name) {
   if (op.rows > 0 && (op.data == nullptr || op.scales == nullptr))
     return errorf("matmul_quantized: operand %s (%s) has no data or no scales pointer", name, fmt);
   if (!op.k_major && op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4)
-    return errorf("matmul_quantized: operand %s (%s) is not K-major; only mxfp8 and nvfp4 accept an operand "
-                  "stored [K, rows] -- pass the transposed copy the quantizer writes", name, fmt);
+    return errorf(
+        "matmul_quantized: operand %s (%s) is not K-major; only mxfp8 and nvfp4 accept an operand "
+        "stored [K, rows] -- pass the transposed copy the quantizer writes",
+        name, fmt);
   int64_t rows_mult = 1, k_mult = 1;
   switch (op.format) {
     case QFormat::fp8_e4m3:
     case QFormat::fp8_e5m2: k_mult = 16; break;  // cuBLASLt FP8: 16-byte aligned rows
     case QFormat::fp8_block128:
-    case QFormat::fp8_block128x128: rows_mult = 128; k_mult = 128; break;
-    case QFormat::mxfp8: rows_mult = 32; k_mult = 32; break;
-    case QFormat::nvfp4: rows_mult = 16; k_mult = 32; break;  // spec: the GEMM's K is a multiple of 32
+    case QFormat::fp8_block128x128:
+      rows_mult = 128;
+      k_mult = 128;
+      break;
+    case QFormat::mxfp8:
+      rows_mult = 32;
+      k_mult = 32;
+      break;
+    case QFormat::nvfp4:
+      rows_mult = 16;
+      k_mult = 32;
+      break;  // spec: the GEMM's K is a multiple of 32
   }
   if (op.rows % rows_mult != 0 || op.k % k_mult != 0)
-    return errorf("matmul_quantized: operand %s (%s) is [%lld, %lld]; this format needs rows a multiple of %lld "
-                  "and K a multiple of %lld (pad the tensor or use another recipe)", name, fmt, (long long)op.rows,
-                  (long long)op.k, (long long)rows_mult, (long long)k_mult);
+    return errorf(
+        "matmul_quantized: operand %s (%s) is [%lld, %lld]; this format needs rows a multiple of %lld "
+        "and K a multiple of %lld (pad the tensor or use another recipe)",
+        name, fmt, (long long)op.rows, (long long)op.k, (long long)rows_mult, (long long)k_mult);
   if (op.format == QFormat::nvfp4 && op.amax == nullptr)
     return errorf("matmul_quantized: nvfp4 operand %s has no amax pointer (the copy's FP32 amax)", name);
   return Status::ok();
@@ -162,8 +174,7 @@ Status dequantize_operand_ref(const QOperand& op, double* out) {
   return Status::ok();
 }
 
-Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt,
-                        Stream stream) {
+Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt, Stream stream) {
   NB_TRY(check_operand(a, "A"));
   NB_TRY(check_operand(b, "B"));
   if (a.k != b.k)
@@ -171,14 +182,18 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
                   (long long)a.rows, (long long)a.k, (long long)b.rows, (long long)b.k);
   const Family fa = family_of(a.format), fb = family_of(b.format);
   if (fa != fb)
-    return errorf("matmul_quantized: A is %s and B is %s; both operands must come from one recipe (fp8 per-tensor, "
-                  "fp8 block, mxfp8 or nvfp4)", qformat_name(a.format), qformat_name(b.format));
+    return errorf(
+        "matmul_quantized: A is %s and B is %s; both operands must come from one recipe (fp8 per-tensor, "
+        "fp8 block, mxfp8 or nvfp4)",
+        qformat_name(a.format), qformat_name(b.format));
   if (fa == Family::fp8_tensor && a.format == QFormat::fp8_e5m2 && b.format == QFormat::fp8_e5m2)
-    return errorf("matmul_quantized: E5M2 x E5M2 is not supported by cuBLASLt FP8 GEMMs; quantize one operand "
-                  "(the weights or activations) as E4M3, as the HYBRID recipe does");
+    return errorf(
+        "matmul_quantized: E5M2 x E5M2 is not supported by cuBLASLt FP8 GEMMs; quantize one operand "
+        "(the weights or activations) as E4M3, as the HYBRID recipe does");
   if (fa == Family::fp8_block && a.format == QFormat::fp8_block128x128 && b.format == QFormat::fp8_block128x128)
-    return errorf("matmul_quantized: fp8_block128x128 x fp8_block128x128 is not supported by cuBLASLt (1D x 1D, "
-                  "1D x 2D and 2D x 1D only); quantize one operand with 1x128 blocks");
+    return errorf(
+        "matmul_quantized: fp8_block128x128 x fp8_block128x128 is not supported by cuBLASLt (1D x 1D, "
+        "1D x 2D and 2D x 1D only); quantize one operand with 1x128 blocks");
   if (opt.fast_accum && fa != Family::fp8_tensor)
     return errorf("matmul_quantized: fast_accum is only available for fp8 per-tensor operands (got %s); turn it off",
                   qformat_name(a.format));
@@ -188,20 +203,23 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
   if (m == 0 || n == 0) return Status::ok();
   if (c.device == Device::cpu) return matmul_quantized_cpu(a, b, cv, opt.beta);
 
-  if (fa == Family::mxfp8 || fa == Family::nvfp4) return detail::emulated_matmul_cuda(a, b, cv, m, n, k, opt.beta, stream);
+  if (fa == Family::mxfp8 || fa == Family::nvfp4)
+    return detail::emulated_matmul_cuda(a, b, cv, m, n, k, opt.beta, stream);
   auto lt_operand = [](const QOperand& q) {
     detail::LtOperand o;
     o.data = q.data;
     o.type = q.format == QFormat::fp8_e5m2 ? detail::ElemType::e5m2 : detail::ElemType::e4m3;
     o.k_major = true;
-    o.scale_mode = q.format == QFormat::fp8_block128     ? detail::ScaleMode::vec128
+    o.scale_mode = q.format == QFormat::fp8_block128       ? detail::ScaleMode::vec128
                    : q.format == QFormat::fp8_block128x128 ? detail::ScaleMode::blk128x128
                                                            : detail::ScaleMode::tensor;
     o.scale = static_cast<const float*>(q.scales);
     return o;
   };
   detail::LtProblem p;
-  p.m = m; p.n = n; p.k = k;
+  p.m = m;
+  p.n = n;
+  p.k = k;
   p.a = lt_operand(a);
   p.b = lt_operand(b);
   p.c = cv;
@@ -243,11 +261,13 @@ EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k) {
 #if !defined(NIBBLE_HAVE_CUDA)
 namespace detail {
 Status lt_matmul(const LtProblem&, Stream) {
-  return errorf("matmul_quantized on cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
+  return errorf(
+      "matmul_quantized on cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
 }
 size_t lt_plan_count() { return 0; }
 Status emulated_matmul_cuda(const QOperand&, const QOperand&, const CView&, int64_t, int64_t, int64_t, float, Stream) {
-  return errorf("matmul_quantized on cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
+  return errorf(
+      "matmul_quantized on cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
 }
 }  // namespace detail
 #endif

@@ -64,7 +64,7 @@ const char* qformat_name(QFormat f);
 
 struct QOperand {
   QFormat format = QFormat::fp8_e4m3;
-  int64_t rows = 0, k = 0;       // logical operand [rows, K]
+  int64_t rows = 0, k = 0;  // logical operand [rows, K]
   const void* data = nullptr;
   const void* scales = nullptr;  // see the header comment per format
   const float* amax = nullptr;   // nvfp4 only
@@ -79,8 +79,7 @@ struct QGemmOptions {
 };
 
 // C = alpha * A . B^T + beta * C (see the header comment for alpha per format).
-Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt,
-                        Stream stream);
+Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt, Stream stream);
 
 // Host, exact: the dequantized operand [rows, K] (K-major even for k_major = false), block scales
 // and per-tensor scale_inv applied, nvfp4 WITHOUT its global scale (see nvfp4_global_alpha).

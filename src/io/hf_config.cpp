@@ -39,14 +39,16 @@ struct Fields {
       *out = dflt;
       return Status::ok();
     }
-    if (!obj[key].is_number()) return errorf("%s: '%s' is %s, expected a number", where.c_str(), key, obj[key].dump().c_str());
+    if (!obj[key].is_number())
+      return errorf("%s: '%s' is %s, expected a number", where.c_str(), key, obj[key].dump().c_str());
     *out = obj[key].get<double>();
     return Status::ok();
   }
   Status flag(const char* key, bool* out) const {
     *out = false;
     if (!j.contains(key) || j[key].is_null()) return Status::ok();
-    if (!j[key].is_boolean()) return errorf("%s: '%s' is %s, expected true or false", where.c_str(), key, j[key].dump().c_str());
+    if (!j[key].is_boolean())
+      return errorf("%s: '%s' is %s, expected true or false", where.c_str(), key, j[key].dump().c_str());
     *out = j[key].get<bool>();
     return Status::ok();
   }
@@ -63,7 +65,8 @@ Status check_architecture(const Fields& f) {
     bool found = false;
     for (const auto& a : j["architectures"]) found = found || a == "LlamaForCausalLM";
     if (!found)
-      return errorf("%s: architectures is %s; nibble loads only LlamaForCausalLM", w, j["architectures"].dump().c_str());
+      return errorf("%s: architectures is %s; nibble loads only LlamaForCausalLM", w,
+                    j["architectures"].dump().c_str());
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     return errorf("%s: hidden_act is %s; nibble's MLP is SwiGLU, so only \"silu\" is supported", w,
@@ -118,8 +121,9 @@ Status parse_rope(const Fields& f, LlamaConfig* c) {
   NB_TRY(f.number(*rope, "original_max_position_embeddings", &orig, true, 0));
   c->rope_original_max_pos = int64_t(orig);
   if (c->rope_factor <= 0 || c->rope_high_freq_factor <= c->rope_low_freq_factor || orig <= 0)
-    return errorf("%s: %s needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0",
-                  w, field);
+    return errorf(
+        "%s: %s needs factor > 0, high_freq_factor > low_freq_factor and original_max_position_embeddings > 0", w,
+        field);
   return Status::ok();
 }
 
@@ -144,9 +148,7 @@ Status parse_hf_config(const std::string& text, const std::string& where, LlamaC
   json j;
   try {
     j = json::parse(text);
-  } catch (const std::exception& e) {
-    return errorf("%s is not valid JSON (%s)", where.c_str(), e.what());
-  }
+  } catch (const std::exception& e) { return errorf("%s is not valid JSON (%s)", where.c_str(), e.what()); }
   if (!j.is_object()) return errorf("%s is not a JSON object", where.c_str());
   Fields f{j, where};
   NB_TRY(check_architecture(f));
@@ -159,7 +161,7 @@ Status parse_hf_config(const std::string& text, const std::string& where, LlamaC
   NB_TRY(f.integer("head_dim", &c.head_dim, false, c.hidden / c.heads));
   NB_TRY(f.integer("vocab_size", &c.vocab, true, 0));
   NB_TRY(f.integer("max_position_embeddings", &c.max_seq, false, 2048));  // transformers' default
-  double eps = 1e-6;                                                       // transformers' default
+  double eps = 1e-6;                                                      // transformers' default
   NB_TRY(f.number(j, "rms_norm_eps", &eps, false, 1e-6));
   c.norm_eps = float(eps);
   NB_TRY(f.flag("tie_word_embeddings", &c.tied_embeddings));
@@ -193,9 +195,11 @@ std::string hf_config_json(const LlamaConfig& c, const std::string& dtype_name, 
   const bool scaled = c.rope_factor != 1.0;
   nlohmann::ordered_json scaling = nullptr;
   if (scaled)
-    scaling = {{"factor", c.rope_factor}, {"high_freq_factor", c.rope_high_freq_factor},
+    scaling = {{"factor", c.rope_factor},
+               {"high_freq_factor", c.rope_high_freq_factor},
                {"low_freq_factor", c.rope_low_freq_factor},
-               {"original_max_position_embeddings", c.rope_original_max_pos}, {"rope_type", "llama3"}};
+               {"original_max_position_embeddings", c.rope_original_max_pos},
+               {"rope_type", "llama3"}};
   nlohmann::ordered_json params = {{"rope_theta", c.rope_theta}, {"rope_type", scaled ? "llama3" : "default"}};
   if (scaled)
     for (const char* k : {"factor", "high_freq_factor", "low_freq_factor", "original_max_position_embeddings"})

@@ -34,22 +34,30 @@ bool ignorable_extra(const std::string& name, bool tied) {
 
 // Shape fields of two configs; the first difference as a sentence.
 Status compare_shapes(const LlamaConfig& hf, const LlamaConfig& model, const std::string& where) {
-  struct F { const char* hf_name; int64_t a, b; };
-  const F fields[] = {{"hidden_size", hf.hidden, model.hidden},       {"intermediate_size", hf.ffn, model.ffn},
-                      {"num_hidden_layers", hf.layers, model.layers}, {"num_attention_heads", hf.heads, model.heads},
-                      {"num_key_value_heads", hf.kv_heads, model.kv_heads}, {"head_dim", hf.head_dim, model.head_dim},
+  struct F {
+    const char* hf_name;
+    int64_t a, b;
+  };
+  const F fields[] = {{"hidden_size", hf.hidden, model.hidden},
+                      {"intermediate_size", hf.ffn, model.ffn},
+                      {"num_hidden_layers", hf.layers, model.layers},
+                      {"num_attention_heads", hf.heads, model.heads},
+                      {"num_key_value_heads", hf.kv_heads, model.kv_heads},
+                      {"head_dim", hf.head_dim, model.head_dim},
                       {"vocab_size", hf.vocab, model.vocab},
                       {"tie_word_embeddings", hf.tied_embeddings, model.tied_embeddings}};
   for (const F& f : fields)
     if (f.a != f.b)
-      return errorf("%s: %s is %lld but model '%s' has %lld; load it with a model of the same shape (or without "
-                    "--model, so its config.json decides)", where.c_str(), f.hf_name, (long long)f.a,
-                    model.name.c_str(), (long long)f.b);
+      return errorf(
+          "%s: %s is %lld but model '%s' has %lld; load it with a model of the same shape (or without "
+          "--model, so its config.json decides)",
+          where.c_str(), f.hf_name, (long long)f.a, model.name.c_str(), (long long)f.b);
   if (hf.rope_theta != model.rope_theta || hf.rope_factor != model.rope_factor || hf.norm_eps != model.norm_eps)
-    NB_LOG_WARN("%s: RoPE or RMSNorm settings differ from model '%s' (rope_theta %g vs %g, rope factor %g vs %g, "
-                "eps %g vs %g); the weights are loaded, but the model keeps its own settings", where.c_str(),
-                model.name.c_str(), hf.rope_theta, model.rope_theta, hf.rope_factor, model.rope_factor,
-                double(hf.norm_eps), double(model.norm_eps));
+    NB_LOG_WARN(
+        "%s: RoPE or RMSNorm settings differ from model '%s' (rope_theta %g vs %g, rope factor %g vs %g, "
+        "eps %g vs %g); the weights are loaded, but the model keeps its own settings",
+        where.c_str(), model.name.c_str(), hf.rope_theta, model.rope_theta, hf.rope_factor, model.rope_factor,
+        double(hf.norm_eps), double(model.norm_eps));
   return Status::ok();
 }
 }  // namespace
@@ -84,8 +92,10 @@ Status check_hf_tensors(const HfCheckpointReader& r, const std::vector<HfTensor>
   for (const HfTensor& t : expected) {
     wanted.insert(t.name);
     if (!r.has(t.name))
-      return errorf("%s has no tensor '%s' (%s), which this Llama needs; the folder is incomplete or its config.json "
-                    "describes a different model", r.where().c_str(), t.name.c_str(), shape_text(t.shape).c_str());
+      return errorf(
+          "%s has no tensor '%s' (%s), which this Llama needs; the folder is incomplete or its config.json "
+          "describes a different model",
+          r.where().c_str(), t.name.c_str(), shape_text(t.shape).c_str());
     if (r.shape(t.name) != t.shape)
       return errorf("%s: tensor '%s' has shape %s but the config needs %s; config.json and the weights disagree",
                     r.file_of(t.name).c_str(), t.name.c_str(), shape_text(r.shape(t.name)).c_str(),
@@ -97,8 +107,10 @@ Status check_hf_tensors(const HfCheckpointReader& r, const std::vector<HfTensor>
   }
   for (const std::string& name : r.names())
     if (!wanted.count(name) && !ignorable_extra(name, tied))
-      return errorf("%s holds tensor '%s', which a Llama of this config has no place for (another architecture, or "
-                    "an adapter?); remove it or convert the checkpoint", r.file_of(name).c_str(), name.c_str());
+      return errorf(
+          "%s holds tensor '%s', which a Llama of this config has no place for (another architecture, or "
+          "an adapter?); remove it or convert the checkpoint",
+          r.file_of(name).c_str(), name.c_str());
   return Status::ok();
 }
 
@@ -129,15 +141,15 @@ Status parse_shard_size(const std::string& s, int64_t* bytes) {
   while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
   std::string unit = s.substr(i);
   for (char& ch : unit) ch = char(std::toupper(static_cast<unsigned char>(ch)));
-  const struct { const char* name; double mult; } units[] = {
-      {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0},
-      {"GIB", 1073741824.0}};
+  const struct {
+    const char* name;
+    double mult;
+  } units[] = {{"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+               {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
   double v = 0;
   try {
     v = i ? std::stod(s.substr(0, i)) : -1;
-  } catch (const std::exception&) {
-    v = -1;
-  }
+  } catch (const std::exception&) { v = -1; }
   for (const auto& u : units)
     if (unit == u.name && v > 0) {
       *bytes = int64_t(v * u.mult);

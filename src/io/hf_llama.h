@@ -55,7 +55,10 @@ class HfCheckpointReader {
   Status read_f32(const std::string& name, float* dst) const;
 
  private:
-  struct Entry { std::string file; SafeTensorEntry e; };
+  struct Entry {
+    std::string file;
+    SafeTensorEntry e;
+  };
   Status add_file(const std::string& path, const std::vector<std::string>* expected);
   std::map<std::string, Entry> entries_;
   std::string where_;  // the folder or file, for messages
@@ -64,8 +67,7 @@ class HfCheckpointReader {
 // Checks that `r` holds every tensor of `expected` with its shape (and nothing else but what transformers
 // ignores: rotary_emb.inv_freq, and lm_head.weight of a tied model), then reads them into host_flat at
 // their flat offsets. host_flat must hold the ParamStore's total() elements, zeroed.
-Status read_hf_weights(const HfCheckpointReader& r, const std::vector<HfTensor>& expected, bool tied,
-                       float* host_flat);
+Status read_hf_weights(const HfCheckpointReader& r, const std::vector<HfTensor>& expected, bool tied, float* host_flat);
 // The checks of read_hf_weights without reading data (export streams tensors afterwards).
 Status check_hf_tensors(const HfCheckpointReader& r, const std::vector<HfTensor>& expected, bool tied);
 // Loads an HF folder into params: its config must match model_cfg in every shape field.
@@ -74,9 +76,9 @@ Status load_hf_weights(const std::string& dir, const LlamaConfig& model_cfg, Par
 Status load_hf_weights(const HfCheckpointReader& r, const LlamaConfig& model_cfg, ParamStore& params);
 
 struct HfExportOptions {
-  std::string dtype = "bf16";                 // bf16 (round to nearest even) | fp32
-  int64_t max_shard_bytes = 5000000000;       // transformers' default "5GB"
-  std::string tokenizer_file;                 // copied as tokenizer.json when set
+  std::string dtype = "bf16";                    // bf16 (round to nearest even) | fp32
+  int64_t max_shard_bytes = 5000000000;          // transformers' default "5GB"
+  std::string tokenizer_file;                    // copied as tokenizer.json when set
   int64_t bos_token_id = -1, eos_token_id = -1;  // written to config.json; < 0 = null
 };
 // Supplies tensor t's t.numel FP32 values.

@@ -22,8 +22,10 @@ Status HfCheckpointReader::add_file(const std::string& path, const std::vector<s
   if (expected) {
     for (const auto& name : *expected)
       if (!h.tensors.count(name))
-        return errorf("%s maps tensor '%s' to %s, but that file does not hold it; the folder is inconsistent "
-                      "(re-download or re-export it)", where_.c_str(), name.c_str(), path.c_str());
+        return errorf(
+            "%s maps tensor '%s' to %s, but that file does not hold it; the folder is inconsistent "
+            "(re-download or re-export it)",
+            where_.c_str(), name.c_str(), path.c_str());
   }
   for (auto& [name, e] : h.tensors) {
     auto it = entries_.find(name);
@@ -48,8 +50,10 @@ Status HfCheckpointReader::open(const std::string& dir) {
   where_ = index.string();
   if (!fs::exists(index)) {
     if (!fs::exists(single))
-      return errorf("%s holds neither model.safetensors nor model.safetensors.index.json; pass a Hugging Face model "
-                    "folder saved with safetensors", dir.c_str());
+      return errorf(
+          "%s holds neither model.safetensors nor model.safetensors.index.json; pass a Hugging Face model "
+          "folder saved with safetensors",
+          dir.c_str());
     where_ = single.string();
     return add_file(single.string(), nullptr);
   }
@@ -58,14 +62,13 @@ Status HfCheckpointReader::open(const std::string& dir) {
     std::ifstream in(index);
     if (!in) return errorf("cannot open %s: %s", where_.c_str(), std::strerror(errno));
     j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    return errorf("%s is not valid JSON (%s)", where_.c_str(), e.what());
-  }
+  } catch (const std::exception& e) { return errorf("%s is not valid JSON (%s)", where_.c_str(), e.what()); }
   if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
     return errorf("%s has no \"weight_map\" object mapping tensor names to shard files", where_.c_str());
   std::map<std::string, std::vector<std::string>> by_file;
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) return errorf("%s: weight_map[\"%s\"] is not a file name", where_.c_str(), it.key().c_str());
+    if (!it.value().is_string())
+      return errorf("%s: weight_map[\"%s\"] is not a file name", where_.c_str(), it.key().c_str());
     const std::string file = it.value().get<std::string>();
     // Shards are plain names beside the index: never read outside the folder.
     if (file.empty() || file.find('/') != std::string::npos || file.find('\\') != std::string::npos || file == "..")

@@ -20,9 +20,10 @@ namespace fs = std::filesystem;
 namespace {
 // Position in LlamaForCausalLM's state dict: embedding, layers (attention, MLP, norms), final norm, head.
 std::tuple<int, int64_t, int> hf_order_key(const std::string& name) {
-  static const char* kInLayer[] = {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                                   "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
-                                   "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
+  static const char* kInLayer[] = {
+      "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+      "self_attn.o_proj.weight", "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+      "mlp.down_proj.weight",    "input_layernorm.weight",  "post_attention_layernorm.weight"};
   if (name == "model.embed_tokens.weight") return {0, 0, 0};
   if (name == "model.norm.weight") return {2, 0, 0};
   if (name == "lm_head.weight") return {3, 0, 0};
@@ -167,8 +168,9 @@ Status write_hf_folder(const std::string& out_dir, const LlamaConfig& c, const s
   if (st) {
     if (fs::exists(final_dir)) fs::remove(final_dir, ec);  // checked empty above
     fs::rename(stage, final_dir, ec);
-    if (ec) st = errorf("cannot rename %s to %s: %s", stage.string().c_str(), final_dir.string().c_str(),
-                        ec.message().c_str());
+    if (ec)
+      st = errorf("cannot rename %s to %s: %s", stage.string().c_str(), final_dir.string().c_str(),
+                  ec.message().c_str());
   }
   if (!st) fs::remove_all(stage, ec);
   return st;

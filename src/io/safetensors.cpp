@@ -12,14 +12,18 @@ namespace nb {
 namespace {
 constexpr uint64_t kMaxHeader = 100ull * 1000 * 1000;
 
-struct DTypeInfo { const char* name; int size; };
-constexpr DTypeInfo kDTypes[] = {
-    {"BOOL", 1}, {"U8", 1}, {"I8", 1}, {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1}, {"I16", 2}, {"U16", 2},
-    {"F16", 2},  {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4}, {"F64", 8}, {"I64", 8}, {"U64", 8}};
+struct DTypeInfo {
+  const char* name;
+  int size;
+};
+constexpr DTypeInfo kDTypes[] = {{"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"F8_E8M0", 1},
+                                 {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},     {"U32", 4},
+                                 {"F32", 4},  {"F64", 8}, {"I64", 8}, {"U64", 8}};
 }  // namespace
 
 int safetensors_dtype_size(const std::string& dtype) {
-  for (const auto& d : kDTypes) if (dtype == d.name) return d.size;
+  for (const auto& d : kDTypes)
+    if (dtype == d.name) return d.size;
   return 0;
 }
 
@@ -29,8 +33,9 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
   f.seekg(0, std::ios::end);
   const uint64_t file_size = uint64_t(f.tellg());
   f.seekg(0);
-  if (file_size < 8) return errorf("%s is not a safetensors file: %llu bytes, too short for the 8-byte header length",
-                                   path.c_str(), (unsigned long long)file_size);
+  if (file_size < 8)
+    return errorf("%s is not a safetensors file: %llu bytes, too short for the 8-byte header length", path.c_str(),
+                  (unsigned long long)file_size);
   uint8_t len_bytes[8];
   f.read(reinterpret_cast<char*>(len_bytes), 8);
   uint64_t n = 0;
@@ -48,7 +53,10 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
   }
   if (!j.is_object()) return errorf("%s has a corrupt safetensors header: the JSON is not an object", path.c_str());
   const uint64_t buffer_size = file_size - 8 - n;
-  struct Span { uint64_t begin, end; std::string name; };
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+  };
   std::vector<Span> spans;
   *out = SafeTensorsHeader{};
   out->file_size = file_size;
@@ -62,17 +70,21 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
       continue;
     }
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
-        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() || v["data_offsets"].size() != 2)
+        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2)
       return errorf("%s: tensor '%s' needs string dtype, array shape and two data_offsets", path.c_str(), name.c_str());
     SafeTensorEntry t;
     t.dtype = v["dtype"].get<std::string>();
     int esize = safetensors_dtype_size(t.dtype);
-    if (esize == 0) return errorf("%s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
+    if (esize == 0)
+      return errorf("%s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned()) return errorf("%s: tensor '%s' has a negative or non-integer dimension", path.c_str(), name.c_str());
+      if (!d.is_number_unsigned())
+        return errorf("%s: tensor '%s' has a negative or non-integer dimension", path.c_str(), name.c_str());
       uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > (1ull << 50) / dim) return errorf("%s: tensor '%s' shape overflows", path.c_str(), name.c_str());
+      if (dim != 0 && numel > (1ull << 50) / dim)
+        return errorf("%s: tensor '%s' shape overflows", path.c_str(), name.c_str());
       numel *= dim;
       t.shape.push_back(int64_t(dim));
     }
@@ -82,7 +94,8 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
     uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (e < b || e > buffer_size)
       return errorf("%s: tensor '%s' data_offsets [%llu, %llu) fall outside the %llu-byte buffer (truncated file?)",
-                    path.c_str(), name.c_str(), (unsigned long long)b, (unsigned long long)e, (unsigned long long)buffer_size);
+                    path.c_str(), name.c_str(), (unsigned long long)b, (unsigned long long)e,
+                    (unsigned long long)buffer_size);
     if (e - b != numel * uint64_t(esize))
       return errorf("%s: tensor '%s' spans %llu bytes but its shape and dtype need %llu", path.c_str(), name.c_str(),
                     (unsigned long long)(e - b), (unsigned long long)(numel * esize));
@@ -128,7 +141,8 @@ Status write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   std::vector<std::string> names;
   for (const auto& [name, t] : file.tensors) {
     int esize = safetensors_dtype_size(t.dtype);
-    if (esize == 0) return errorf("writing %s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
+    if (esize == 0)
+      return errorf("writing %s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
     uint64_t numel = 1;
     for (int64_t d : t.shape) numel *= uint64_t(d);
     if (numel * esize != t.bytes.size())

@@ -12,9 +12,9 @@
 namespace nb {
 
 struct SafeTensor {
-  std::string dtype;             // safetensors spelling: "BF16", "F32", "F8_E4M3", "U8", ...
+  std::string dtype;  // safetensors spelling: "BF16", "F32", "F8_E4M3", "U8", ...
   std::vector<int64_t> shape;
-  std::vector<uint8_t> bytes;    // row-major, little-endian
+  std::vector<uint8_t> bytes;  // row-major, little-endian
 };
 
 struct SafeTensorsFile {

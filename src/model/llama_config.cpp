@@ -23,15 +23,23 @@ namespace {
 LlamaConfig base_8b(const std::string& name, int64_t layers) {
   LlamaConfig c;
   c.name = name;
-  c.hidden = 4096; c.ffn = 14336; c.layers = layers; c.heads = 32; c.kv_heads = 8; c.head_dim = 128;
-  c.vocab = 128256; c.rope_theta = 500000.0; c.norm_eps = 1e-5f; c.max_seq = 131072;
+  c.hidden = 4096;
+  c.ffn = 14336;
+  c.layers = layers;
+  c.heads = 32;
+  c.kv_heads = 8;
+  c.head_dim = 128;
+  c.vocab = 128256;
+  c.rope_theta = 500000.0;
+  c.norm_eps = 1e-5f;
+  c.max_seq = 131072;
   return c;
 }
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"llama3.1-8b", "llama3.1-70b", "llama3.2-1b", "llama3.2-3b", "llama-125m", "tiny", "llama3-8b-proxy",
-          "llama3-8b-proxy-deep"};
+  return {"llama3.1-8b", "llama3.1-70b", "llama3.2-1b",     "llama3.2-3b",
+          "llama-125m",  "tiny",         "llama3-8b-proxy", "llama3-8b-proxy-deep"};
 }
 
 Status llama_preset(const std::string& name, LlamaConfig* out) {
@@ -39,12 +47,14 @@ Status llama_preset(const std::string& name, LlamaConfig* out) {
   if (name == "llama3.1-8b") {
     c = base_8b(name, 32);
   } else if (name == "llama3-8b-proxy") {
-    c = base_8b(name, 4);   // the benchmark protocol's 4-layer proxy of Llama 3.1 8B
+    c = base_8b(name, 4);  // the benchmark protocol's 4-layer proxy of Llama 3.1 8B
   } else if (name == "llama3-8b-proxy-deep") {
     c = base_8b(name, 8);
   } else if (name == "llama3.1-70b") {
     c = base_8b(name, 80);
-    c.hidden = 8192; c.ffn = 28672; c.heads = 64;
+    c.hidden = 8192;
+    c.ffn = 28672;
+    c.heads = 64;
   } else if (name == "llama3.2-1b" || name == "llama3.2-3b") {
     // Llama 3.2 small models: tied embeddings, RoPE scaling factor 32.
     c = base_8b(name, name == "llama3.2-1b" ? 16 : 28);
@@ -57,14 +67,31 @@ Status llama_preset(const std::string& name, LlamaConfig* out) {
   } else if (name == "llama-125m") {
     // A small Llama for convergence studies: GPT-2-sized vocabulary padded to a multiple of 128.
     c.name = name;
-    c.hidden = 768; c.ffn = 2048; c.layers = 12; c.heads = 12; c.kv_heads = 4; c.head_dim = 64; c.vocab = 50304;
-    c.rope_theta = 10000.0; c.rope_factor = 1.0; c.tied_embeddings = true; c.max_seq = 2048;
+    c.hidden = 768;
+    c.ffn = 2048;
+    c.layers = 12;
+    c.heads = 12;
+    c.kv_heads = 4;
+    c.head_dim = 64;
+    c.vocab = 50304;
+    c.rope_theta = 10000.0;
+    c.rope_factor = 1.0;
+    c.tied_embeddings = true;
+    c.max_seq = 2048;
   } else if (name == "tiny") {
     // For tests: every GEMM dimension a multiple of 128 so that every recipe's block shapes apply
     // (FP8 sub-channel needs 128x128 weight tiles).
     c.name = name;
-    c.hidden = 256; c.ffn = 512; c.layers = 2; c.heads = 8; c.kv_heads = 4; c.head_dim = 32; c.vocab = 256;
-    c.rope_theta = 10000.0; c.rope_factor = 1.0; c.max_seq = 256;
+    c.hidden = 256;
+    c.ffn = 512;
+    c.layers = 2;
+    c.heads = 8;
+    c.kv_heads = 4;
+    c.head_dim = 32;
+    c.vocab = 256;
+    c.rope_theta = 10000.0;
+    c.rope_factor = 1.0;
+    c.max_seq = 256;
   } else {
     std::string list;
     for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;
@@ -75,10 +102,13 @@ Status llama_preset(const std::string& name, LlamaConfig* out) {
 }
 
 Status validate(const LlamaConfig& c) {
-  if (c.hidden <= 0 || c.ffn <= 0 || c.layers <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 || c.vocab <= 0)
-    return errorf("model '%s': hidden, ffn, layers, heads, kv-heads, head-dim and vocab must all be positive", c.name.c_str());
+  if (c.hidden <= 0 || c.ffn <= 0 || c.layers <= 0 || c.heads <= 0 || c.kv_heads <= 0 || c.head_dim <= 0 ||
+      c.vocab <= 0)
+    return errorf("model '%s': hidden, ffn, layers, heads, kv-heads, head-dim and vocab must all be positive",
+                  c.name.c_str());
   if (c.hidden % c.heads != 0)
-    return errorf("model '%s': heads (%lld) must divide hidden (%lld)", c.name.c_str(), (long long)c.heads, (long long)c.hidden);
+    return errorf("model '%s': heads (%lld) must divide hidden (%lld)", c.name.c_str(), (long long)c.heads,
+                  (long long)c.hidden);
   if (c.heads % c.kv_heads != 0)
     return errorf("model '%s': kv-heads (%lld) must divide heads (%lld) for grouped-query attention", c.name.c_str(),
                   (long long)c.kv_heads, (long long)c.heads);

@@ -22,10 +22,14 @@
 namespace nb {
 
 Status parse_recompute(const std::string& s, Recompute* out) {
-  if (s == "none") *out = Recompute::none;
-  else if (s == "selective") *out = Recompute::selective;
-  else if (s == "full") *out = Recompute::full;
-  else return errorf("recompute must be none, selective or full; got '%s'", s.c_str());
+  if (s == "none")
+    *out = Recompute::none;
+  else if (s == "selective")
+    *out = Recompute::selective;
+  else if (s == "full")
+    *out = Recompute::full;
+  else
+    return errorf("recompute must be none, selective or full; got '%s'", s.c_str());
   return Status::ok();
 }
 
@@ -57,9 +61,23 @@ Tensor reshape4(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t d) {
 Status copy_tensor(const Tensor& dst, const Tensor& src) {
   return copy_bytes(dst.data, dst.device, src.data, src.device, size_t(src.bytes()));
 }
-gemm::GemmArgs nt(float beta = 0.f) { gemm::GemmArgs a; a.trans_b = true; a.beta = beta; return a; }
-gemm::GemmArgs nn(float beta = 0.f) { gemm::GemmArgs a; a.beta = beta; return a; }
-gemm::GemmArgs tn_acc() { gemm::GemmArgs a; a.trans_a = true; a.beta = 1.f; return a; }
+gemm::GemmArgs nt(float beta = 0.f) {
+  gemm::GemmArgs a;
+  a.trans_b = true;
+  a.beta = beta;
+  return a;
+}
+gemm::GemmArgs nn(float beta = 0.f) {
+  gemm::GemmArgs a;
+  a.beta = beta;
+  return a;
+}
+gemm::GemmArgs tn_acc() {
+  gemm::GemmArgs a;
+  a.trans_a = true;
+  a.beta = 1.f;
+  return a;
+}
 
 }  // namespace
 
@@ -74,9 +92,11 @@ struct LlamaModel::Layer {
 
 // One micro-batch's activations. Per-layer tensors that recompute does not keep point into shared scratch.
 struct LlamaModel::Acts {
-  struct PerLayer { Tensor n1, rstd1, q, k, v, o, lse, mid, n2, rstd2, gu, a; };
-  std::vector<Tensor> resid;       // L+1 residual-stream tensors [T,H]
-  std::vector<PerLayer> layer;     // L
+  struct PerLayer {
+    Tensor n1, rstd1, q, k, v, o, lse, mid, n2, rstd2, gu, a;
+  };
+  std::vector<Tensor> resid;    // L+1 residual-stream tensors [T,H]
+  std::vector<PerLayer> layer;  // L
   Tensor nf, rstdf, logits, losses, dnf;
   Tensor dx, dx2, dmid, dn, da, dgu, dout, dq, dk, dv;
   Tensor qkv, dqkv;  // the fused projection's output and gradient; only when they cannot borrow gu / dgu
@@ -98,11 +118,21 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
   for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
   auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest) {
     // keep_cheap: norms' outputs and the SwiGLU product (recomputed by selective recompute)
-    if (keep_cheap) { p.n1 = P(dt, {T, H}); p.n2 = P(dt, {T, H}); p.a = P(dt, {T, F}); }
+    if (keep_cheap) {
+      p.n1 = P(dt, {T, H});
+      p.n2 = P(dt, {T, H});
+      p.a = P(dt, {T, F});
+    }
     if (keep_rest) {
-      p.rstd1 = P(DType::f32, {T}); p.rstd2 = P(DType::f32, {T});
-      p.q = P(dt, {T, qd}); p.k = P(dt, {T, kvd}); p.v = P(dt, {T, kvd}); p.o = P(dt, {T, qd});
-      p.lse = P(DType::f32, {s.batch, c.heads, s.seq}); p.mid = P(dt, {T, H}); p.gu = P(dt, {T, 2 * F});
+      p.rstd1 = P(DType::f32, {T});
+      p.rstd2 = P(DType::f32, {T});
+      p.q = P(dt, {T, qd});
+      p.k = P(dt, {T, kvd});
+      p.v = P(dt, {T, kvd});
+      p.o = P(dt, {T, qd});
+      p.lse = P(DType::f32, {s.batch, c.heads, s.seq});
+      p.mid = P(dt, {T, H});
+      p.gu = P(dt, {T, 2 * F});
     }
   };
   a->layer.assign(size_t(c.layers), {});
@@ -118,17 +148,34 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
       auto& p = a->layer[l];
       const bool shared = rc == Recompute::selective || quantized[l];
       make_layer(p, !shared, true);
-      if (shared) { p.n1 = scratch.n1; p.n2 = scratch.n2; p.a = scratch.a; }
+      if (shared) {
+        p.n1 = scratch.n1;
+        p.n2 = scratch.n2;
+        p.a = scratch.a;
+      }
     }
   }
-  a->nf = P(dt, {T, H}); a->rstdf = P(DType::f32, {T});
-  a->logits = P(dt, {chunk, c.vocab}); a->losses = P(DType::f32, {T}); a->dnf = P(dt, {T, H});
-  a->dx = P(dt, {T, H}); a->dx2 = P(dt, {T, H}); a->dmid = P(dt, {T, H}); a->dn = P(dt, {T, H});
-  a->da = P(dt, {T, F}); a->dgu = P(dt, {T, 2 * F}); a->dout = P(dt, {T, qd});
-  a->dq = P(dt, {T, qd}); a->dk = P(dt, {T, kvd}); a->dv = P(dt, {T, kvd});
+  a->nf = P(dt, {T, H});
+  a->rstdf = P(DType::f32, {T});
+  a->logits = P(dt, {chunk, c.vocab});
+  a->losses = P(DType::f32, {T});
+  a->dnf = P(dt, {T, H});
+  a->dx = P(dt, {T, H});
+  a->dx2 = P(dt, {T, H});
+  a->dmid = P(dt, {T, H});
+  a->dn = P(dt, {T, H});
+  a->da = P(dt, {T, F});
+  a->dgu = P(dt, {T, 2 * F});
+  a->dout = P(dt, {T, qd});
+  a->dq = P(dt, {T, qd});
+  a->dk = P(dt, {T, kvd});
+  a->dv = P(dt, {T, kvd});
   // The fused QKV output lives only until rope_split_qkv, before the layer writes gu; its gradient only
   // after gate_up's backward has consumed dgu. Both borrow those buffers when they are large enough.
-  if (2 * F < qd + 2 * kvd) { a->qkv = P(dt, {T, qd + 2 * kvd}); a->dqkv = P(dt, {T, qd + 2 * kvd}); }
+  if (2 * F < qd + 2 * kvd) {
+    a->qkv = P(dt, {T, qd + 2 * kvd});
+    a->dqkv = P(dt, {T, qd + 2 * kvd});
+  }
 }
 
 // A [rows, cols] view of the start of `t` (which must hold at least that many elements).
@@ -161,17 +208,20 @@ int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, Mi
 
 size_t LlamaModel::quantized_copy_bytes() const {
   size_t n = linear_workspace_ ? linear_workspace_->bytes() : 0;
-  for (const auto& layer : linears_) for (const auto& lin : layer) n += lin.bytes();
+  for (const auto& layer : linears_)
+    for (const auto& lin : layer) n += lin.bytes();
   return n;
 }
 
 void LlamaModel::begin_step(uint32_t step) {
-  for (auto& layer : linears_) for (auto& lin : layer) lin.new_step(step);
+  for (auto& layer : linears_)
+    for (auto& lin : layer) lin.new_step(step);
   std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
 }
 
 void LlamaModel::set_collect_stats(bool on) {
-  for (auto& layer : linears_) for (auto& lin : layer) lin.set_collect_stats(on);
+  for (auto& layer : linears_)
+    for (auto& lin : layer) lin.set_collect_stats(on);
 }
 
 namespace {
@@ -223,8 +273,9 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
       NB_TRY(linears_[size_t(l)][size_t(i)].set_scaling_state(in[k].roles));
       ++k;
     }
-  if (k != in.size()) return errorf("the checkpoint's delayed-scaling state names linear '%s', which this model lacks",
-                                    in[k].linear.c_str());
+  if (k != in.size())
+    return errorf("the checkpoint's delayed-scaling state names linear '%s', which this model lacks",
+                  in[k].linear.c_str());
   return Status::ok();
 }
 
@@ -237,14 +288,21 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
 
 Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
                         const recipe::Recipe& recipe) {
-  cfg_ = cfg; dev_ = dev; shape_ = shape; recompute_ = rc; recipe_ = recipe;
+  cfg_ = cfg;
+  dev_ = dev;
+  shape_ = shape;
+  recompute_ = rc;
+  recipe_ = recipe;
   NB_TRY(validate(cfg));
-  if (shape.seq > cfg.max_seq) return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
+  if (shape.seq > cfg.max_seq)
+    return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
   lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
   activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe);
   // The linear layers in the recipe's formats (qkv, o, gate_up, down per layer): {in, out} features.
-  const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()}, {cfg.q_dim(), cfg.hidden},
-                              {cfg.hidden, 2 * cfg.ffn}, {cfg.ffn, cfg.hidden}};
+  const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
+                              {cfg.q_dim(), cfg.hidden},
+                              {cfg.hidden, 2 * cfg.ffn},
+                              {cfg.ffn, cfg.hidden}};
   linears_.clear();
   linears_.resize(size_t(cfg.layers));
   // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
@@ -254,9 +312,8 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     linears_[size_t(l)].resize(4);
     for (int i = 0; i < 4; ++i) {
       std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
-      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name,
-                                                 uint32_t(l * 8 + i), shape.tokens(), dims[i][0], dims[i][1], dev,
-                                                 linear_workspace_));
+      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name, uint32_t(l * 8 + i),
+                                                 shape.tokens(), dims[i][0], dims[i][1], dev, linear_workspace_));
     }
   }
   NB_TRY(linear_workspace_->allocate());
@@ -267,7 +324,8 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   while (qb < cfg.layers && !quantized[size_t(qb)]) ++qb;
   int64_t qe = qb;
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
-  for (int64_t l = qe; l < cfg.layers; ++l) NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
+  for (int64_t l = qe; l < cfg.layers; ++l)
+    NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
   if (!master_only_quantized_weights) qe = qb;  // an empty master-only range
   NB_TRY(params_.allocate(cfg, dev, qb, qe));
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
@@ -283,8 +341,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   ops::RopeConfig rcfg;
   rcfg.theta = cfg.rope_theta;
   rcfg.llama31_scaling = cfg.rope_factor != 1.0;
-  rcfg.factor = cfg.rope_factor; rcfg.low_freq_factor = cfg.rope_low_freq_factor;
-  rcfg.high_freq_factor = cfg.rope_high_freq_factor; rcfg.original_max_pos = cfg.rope_original_max_pos;
+  rcfg.factor = cfg.rope_factor;
+  rcfg.low_freq_factor = cfg.rope_low_freq_factor;
+  rcfg.high_freq_factor = cfg.rope_high_freq_factor;
+  rcfg.original_max_pos = cfg.rope_original_max_pos;
   ops::rope_table(rcfg, shape.seq, cfg.head_dim, cos_h.data(), sin_h.data());
   NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
   NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
@@ -298,9 +358,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
 static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] < 0 || ids[i] >= vocab)
-      return errorf("a micro-batch holds the %s id %d at position %lld, outside the model's vocabulary [0, %lld); "
-                    "the data does not fit this model (check its tokenizer against --vocab-size)", what, ids[i],
-                    (long long)i, (long long)vocab);
+      return errorf(
+          "a micro-batch holds the %s id %d at position %lld, outside the model's vocabulary [0, %lld); "
+          "the data does not fit this model (check its tokenizer against --vocab-size)",
+          what, ids[i], (long long)i, (long long)vocab);
   return Status::ok();
 }
 
@@ -368,15 +429,17 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const DType dt = params_.compute_dtype();
   const Stream st = nullptr;
   size_t mark = arena_.mark();
-  Planner P; P.arena = &arena_; P.dev = dev_;
+  Planner P;
+  P.arena = &arena_;
+  P.dev = dev_;
   Acts A;
   plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, quantized_layers(c, recipe_));
   NB_TRY(P.st);
   NB_CHECK(staged_index < staged_capacity_, "micro-batch %lld was not staged", (long long)staged_index);
   const Tensor ids = rows(Tensor::make(ids_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,
                           (staged_index + 1) * T);
-  const Tensor targets = rows(Tensor::make(targets_.data(), DType::i32, dev_, {staged_capacity_ * T}),
-                              staged_index * T, (staged_index + 1) * T);
+  const Tensor targets = rows(Tensor::make(targets_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,
+                              (staged_index + 1) * T);
   const Tensor cosT = rope_cos_.tensor(), sinT = rope_sin_.tensor();
   ops::AttentionShape ash{B, S, c.heads, c.kv_heads, hd, float(1.0 / std::sqrt(double(hd)))};
   const int64_t qkv_heads = c.heads + 2 * c.kv_heads, qkv_dim = qkv_heads * hd;
@@ -398,7 +461,8 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   auto layer_weights = [&](int64_t l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
-    w.w_in = params_.compute(p + "input_layernorm.weight"); w.g_in = params_.grad(p + "input_layernorm.weight");
+    w.w_in = params_.compute(p + "input_layernorm.weight");
+    w.g_in = params_.grad(p + "input_layernorm.weight");
     auto compute = [&](const std::string& n) { return params_.has_compute(n) ? params_.compute(n) : Tensor{}; };
     w.wqkv = fused_qkv(p, Buf::compute);
     w.gqkv = fused_qkv(p, Buf::grad);
@@ -406,11 +470,14 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     w.mo = params_.master(p + "self_attn.o_proj.weight");
     w.mgu = params_.master(p + "mlp.gate_up_proj.weight");
     w.mdown = params_.master(p + "mlp.down_proj.weight");
-    w.wo = compute(p + "self_attn.o_proj.weight"); w.go = params_.grad(p + "self_attn.o_proj.weight");
+    w.wo = compute(p + "self_attn.o_proj.weight");
+    w.go = params_.grad(p + "self_attn.o_proj.weight");
     w.w_post = params_.compute(p + "post_attention_layernorm.weight");
     w.g_post = params_.grad(p + "post_attention_layernorm.weight");
-    w.wgu = compute(p + "mlp.gate_up_proj.weight"); w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
-    w.wdown = compute(p + "mlp.down_proj.weight"); w.gdown = params_.grad(p + "mlp.down_proj.weight");
+    w.wgu = compute(p + "mlp.gate_up_proj.weight");
+    w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
+    w.wdown = compute(p + "mlp.down_proj.weight");
+    w.gdown = params_.grad(p + "mlp.down_proj.weight");
     return w;
   };
 
@@ -487,12 +554,15 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
       NB_TRY(gemm::matmul(logits, w_lm, rows(A.dnf, t0, t1), nn(), st));  // d nf = dlogits W
       NB_PROFILE_END("lm: dgrad GEMM");
       NB_PROFILE_BEGIN("lm: wgrad GEMM (f32 +=)");
-      NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));              // dW += dlogits^T nf
+      NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));  // dW += dlogits^T nf
       NB_PROFILE_END("lm: wgrad GEMM (f32 +=)");
     }
   }
   ops::add_inplace(loss_acc_.tensor(), A.losses, st);
-  if (!backward) { arena_.release(mark); return Status::ok(); }
+  if (!backward) {
+    arena_.release(mark);
+    return Status::ok();
+  }
 
   // ---- backward
   ops::rmsnorm_backward(A.resid[c.layers], w_final, A.rstdf, A.dnf, A.dx, params_.grad("model.norm.weight"), st);

@@ -95,12 +95,13 @@ class LlamaModel {
   Buffer rope_cos_, rope_sin_;
   recipe::Recipe recipe_;
   std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;
-  Buffer weight_stage_;               // a quantized layer's weight cast from its FP32 master (see params.h)
-  std::vector<char> weight_staged_;   // per (layer, linear): staged since the last begin_step  // shared transient quantized copies
+  Buffer weight_stage_;  // a quantized layer's weight cast from its FP32 master (see params.h)
+  std::vector<char>
+      weight_staged_;  // per (layer, linear): staged since the last begin_step  // shared transient quantized copies
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
-  Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
+  Buffer ids_, targets_, loss_acc_;                   // staged tokens [n, T] i32; per-token loss sums [T] f32
   int64_t staged_capacity_ = 0;
-  float* logits_sink_ = nullptr;     // forward_logits: host destination of the LM head's logits
+  float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits
 };
 
 }  // namespace nb

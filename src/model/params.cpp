@@ -89,8 +89,10 @@ Status ParamStore::initialize(uint64_t seed) {
       for (size_t i = t; i < params_.size(); i += nthreads) {
         const auto& p = params_[i];
         float* dst = host.data() + p.offset;
-        if (p.init_std == 0) std::fill(dst, dst + p.numel, 1.0f);
-        else normal_fill(dst, p.numel, seed, uint32_t(i), p.init_std);
+        if (p.init_std == 0)
+          std::fill(dst, dst + p.numel, 1.0f);
+        else
+          normal_fill(dst, p.numel, seed, uint32_t(i), p.init_std);
       }
     });
   }
@@ -115,7 +117,8 @@ Status ParamStore::set_master(const float* host) {
 }
 
 const ParamInfo& ParamStore::info(const std::string& name) const {
-  for (const auto& p : params_) if (p.name == name) return p;
+  for (const auto& p : params_)
+    if (p.name == name) return p;
   NB_CHECK(false, "no parameter named %s", name.c_str());
   return params_[0];
 }
@@ -129,7 +132,8 @@ Tensor ParamStore::shaped(const Buffer& b, DType dt, const ParamInfo& p) const {
   return Tensor::make(base, dt, device_, {p.shape[0], p.shape[1]});
 }
 Tensor ParamStore::range(const Tensor& flat, int64_t begin, int64_t end) const {
-  return Tensor::make(static_cast<uint8_t*>(flat.data) + dtype_bytes(flat.dtype, begin), flat.dtype, device_, {end - begin});
+  return Tensor::make(static_cast<uint8_t*>(flat.data) + dtype_bytes(flat.dtype, begin), flat.dtype, device_,
+                      {end - begin});
 }
 bool ParamStore::has_compute(const std::string& n) const {
   const ParamInfo& p = info(n);

@@ -16,12 +16,12 @@
 namespace nb {
 
 struct ParamInfo {
-  std::string name;           // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
-  std::vector<int64_t> shape; // [out, in] for linears
-  int64_t offset = 0;         // element offset in every flat buffer
+  std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
+  std::vector<int64_t> shape;  // [out, in] for linears
+  int64_t offset = 0;          // element offset in every flat buffer
   int64_t numel = 0;
-  bool decay = false;         // 2-D weights get weight decay; norms do not
-  float init_std = 0;         // 0 = constant 1 (norm weights)
+  bool decay = false;  // 2-D weights get weight decay; norms do not
+  float init_std = 0;  // 0 = constant 1 (norm weights)
 };
 
 class ParamStore {
@@ -52,7 +52,10 @@ class ParamStore {
   Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
   // [begin, end) of the flat element space cut at the master-only range: each piece with its compute
   // view (data == nullptr inside the range), for the optimizer, which writes the compute copy.
-  struct Piece { int64_t begin, end; Tensor compute; };
+  struct Piece {
+    int64_t begin, end;
+    Tensor compute;
+  };
   std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
   int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
   // Whole-store transfers for checkpoints and imported weights (host arrays of total() FP32 elements;
@@ -66,7 +69,9 @@ class ParamStore {
   Tensor view(const Buffer& b, DType dt, int64_t offset, int64_t n) const;
   Tensor shaped(const Buffer& b, DType dt, const ParamInfo& p) const;
   std::vector<ParamInfo> params_;
-  int64_t compute_offset(int64_t offset) const { return offset < hole_begin_ ? offset : offset - (hole_end_ - hole_begin_); }
+  int64_t compute_offset(int64_t offset) const {
+    return offset < hole_begin_ ? offset : offset - (hole_end_ - hole_begin_);
+  }
   int64_t total_ = 0, decayed_end_ = 0;
   int64_t hole_begin_ = 0, hole_end_ = 0;  // the master-only range (elements)
   Device device_ = Device::cpu;

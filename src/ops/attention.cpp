@@ -29,8 +29,8 @@ Status check_tensor(const char* name, const Tensor* t, Device dev, DType dt, std
   for (size_t i = 0; i < want.size(); ++i) want_str += (i ? "," : "") + std::to_string(want[i]);
   want_str += "]";
   if (!same)
-    return errorf("attention: tensor '%s' has shape %s but the attention shape needs %s", name,
-                  t->shape_str().c_str(), want_str.c_str());
+    return errorf("attention: tensor '%s' has shape %s but the attention shape needs %s", name, t->shape_str().c_str(),
+                  want_str.c_str());
   if (t->device != dev)
     return errorf("attention: tensor '%s' is on %s but q is on %s; put all attention tensors on one device", name,
                   device_name(t->device), device_name(dev));
@@ -46,10 +46,15 @@ Status check_tensor(const char* name, const Tensor* t, Device dev, DType dt, std
 template <typename Fn>
 void parallel_for(int64_t n, Fn fn) {
   int64_t workers = std::min<int64_t>(n, std::max(1u, std::thread::hardware_concurrency()));
-  if (workers <= 1) { for (int64_t i = 0; i < n; ++i) fn(i); return; }
+  if (workers <= 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
   std::vector<std::thread> pool;
   for (int64_t w = 0; w < workers; ++w)
-    pool.emplace_back([&, w] { for (int64_t i = w; i < n; i += workers) fn(i); });
+    pool.emplace_back([&, w] {
+      for (int64_t i = w; i < n; i += workers) fn(i);
+    });
   for (auto& t : pool) t.join();
 }
 
@@ -182,15 +187,15 @@ Status attention_backward_ref(const AttentionShape& sh, const Tensor& q, const T
   return Status::ok();
 }
 
-Status attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
-                         const Tensor& out, const Tensor& lse, Stream stream) {
+Status attention_forward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor& lse, Stream stream) {
   if (q.device == Device::cpu) return attention_forward_ref(sh, q, k, v, out, lse);
   return attention_forward_cudnn(sh, q, k, v, out, lse, stream);
 }
 
 Status attention_backward(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv, Stream stream) {
+                          const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv, Stream stream) {
   if (q.device == Device::cpu) return attention_backward_ref(sh, q, k, v, out, dout, lse, dq, dk, dv);
   return attention_backward_cudnn(sh, q, k, v, out, dout, lse, dq, dk, dv, stream);
 }

@@ -35,8 +35,8 @@ Status attention_forward(const AttentionShape& shape, const Tensor& q, const Ten
 
 // Causal attention backward from the forward's out and lse: writes dq, dk, dv (overwritten, not accumulated).
 Status attention_backward(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
-                          const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
-                          const Tensor& dk, const Tensor& dv, Stream stream);
+                          const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                          const Tensor& dv, Stream stream);
 
 // Bytes of device workspace the CUDA path holds right now (cuDNN workspace plus the backward's FP32
 // dQ accumulator and softmax-sum scratch); 0 before the first CUDA call.

@@ -36,7 +36,20 @@ namespace {
 
 // Unique ids of the tensors we bind at execution time; virtual tensors get ids from kFirstVirtual up.
 enum Uid : int64_t {
-  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV, kScale, kNegInf, kDQAccum, kSoftmaxSum, kOne,
+  kQ = 1,
+  kK,
+  kV,
+  kO,
+  kStats,
+  kDO,
+  kDQ,
+  kDK,
+  kDV,
+  kScale,
+  kNegInf,
+  kDQAccum,
+  kSoftmaxSum,
+  kOne,
   kFirstVirtual = 100
 };
 
@@ -51,7 +64,9 @@ std::string cudnn_error(const char* what, cudnnStatus_t st) {
 class Graph {
  public:
   Graph(cudnnHandle_t handle, const char* name) : handle_(handle), name_(name) {}
-  ~Graph() { for (auto d : owned_) cudnnBackendDestroyDescriptor(d); }
+  ~Graph() {
+    for (auto d : owned_) cudnnBackendDestroyDescriptor(d);
+  }
   Graph(const Graph&) = delete;
   Graph& operator=(const Graph&) = delete;
 
@@ -169,9 +184,12 @@ class Graph {
       std::vector<cudnnBackendDescriptor_t> cfgs(count);
       for (auto& c : cfgs) c = create(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config");
       if (!status_) return;
-      st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count,
-                                    &count, cfgs.data());
-      if (st != CUDNN_STATUS_SUCCESS) { fail(cudnn_error("reading the heuristics results", st)); return; }
+      st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &count,
+                                    cfgs.data());
+      if (st != CUDNN_STATUS_SUCCESS) {
+        fail(cudnn_error("reading the heuristics results", st));
+        return;
+      }
       for (int64_t i = 0; i < count; ++i) {
         auto plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
         set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_, "plan handle");
@@ -185,7 +203,10 @@ class Graph {
         int64_t n = 0;
         st = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
                                       &workspace_);
-        if (st != CUDNN_STATUS_SUCCESS) { fail(cudnn_error("reading the plan workspace size", st)); return; }
+        if (st != CUDNN_STATUS_SUCCESS) {
+          fail(cudnn_error("reading the plan workspace size", st));
+          return;
+        }
         plan_ = plan;
         return;
       }
@@ -198,7 +219,10 @@ class Graph {
     cudnnBackendDescriptor_t d = nullptr;
     if (!status_) return nullptr;
     cudnnStatus_t st = cudnnBackendCreateDescriptor(type, &d);
-    if (st != CUDNN_STATUS_SUCCESS) { fail(cudnn_error((std::string("creating the ") + what + " descriptor").c_str(), st)); return nullptr; }
+    if (st != CUDNN_STATUS_SUCCESS) {
+      fail(cudnn_error((std::string("creating the ") + what + " descriptor").c_str(), st));
+      return nullptr;
+    }
     owned_.push_back(d);
     return d;
   }
@@ -211,7 +235,8 @@ class Graph {
   void finalize(cudnnBackendDescriptor_t d, const char* what) {
     if (!status_) return;
     cudnnStatus_t st = cudnnBackendFinalize(d);
-    if (st != CUDNN_STATUS_SUCCESS) fail(cudnn_error((std::string("finalizing the ") + what + " descriptor").c_str(), st));
+    if (st != CUDNN_STATUS_SUCCESS)
+      fail(cudnn_error((std::string("finalizing the ") + what + " descriptor").c_str(), st));
   }
   void fail(const std::string& msg) {
     if (!status_) return;
@@ -400,12 +425,14 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, Graph** out)
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     auto g = std::make_unique<Graph>(h->second, backward ? "attention backward" : "attention forward");
-    if (backward) build_backward(*g, sh);
-    else build_forward(*g, sh);
+    if (backward)
+      build_backward(*g, sh);
+    else
+      build_forward(*g, sh);
     if (!g->status())
-      return Status(g->status()).context(strprintf("B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", (long long)sh.batch,
-                                                   (long long)sh.seq, (long long)sh.heads, (long long)sh.kv_heads,
-                                                   (long long)sh.head_dim));
+      return Status(g->status())
+          .context(strprintf("B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", (long long)sh.batch, (long long)sh.seq,
+                             (long long)sh.heads, (long long)sh.kv_heads, (long long)sh.head_dim));
     it = st.plans.emplace(key, std::move(g)).first;
   }
   *out = it->second.get();
@@ -475,8 +502,8 @@ Status attention_backward_cudnn(const AttentionShape& sh, const Tensor& q, const
   float scale = sh.scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
   return execute(st, *g, static_cast<cudaStream_t>(stream),
                  {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDQAccum, kSoftmaxSum, kScale, kNegInf, kOne},
-                 {q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data, dk.data, dv.data, base,
-                  base + accum, &scale, &neg_inf, &one},
+                 {q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data, dk.data, dv.data, base, base + accum,
+                  &scale, &neg_inf, &one},
                  base + accum + sums);
 }
 

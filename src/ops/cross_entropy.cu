@@ -50,7 +50,10 @@ __global__ void ce_kernel(T* logits, const int32_t* targets, float grad_scale, f
     merge(m, s, m2, s2);
   }
   int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  if (lane == 0) { sh_m[warp] = m; sh_s[warp] = s; }
+  if (lane == 0) {
+    sh_m[warp] = m;
+    sh_s[warp] = s;
+  }
   __syncthreads();
   m = lane < nwarps ? sh_m[lane] : -INFINITY;
   s = lane < nwarps ? sh_s[lane] : 0.f;
@@ -91,8 +94,10 @@ void cross_entropy_fwd_bwd_cuda(const Tensor& logits, const Tensor& targets, flo
                                                                 losses.ptr<float>(), V);
     CUDA_CHECK_LAUNCH();
   };
-  if (logits.dtype == DType::bf16) launch(bf16{});
-  else launch(float{});
+  if (logits.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
 }
 
 }  // namespace detail

@@ -15,13 +15,21 @@ namespace nb::ops::cuda {
 inline cudaStream_t as_cuda(Stream s) { return static_cast<cudaStream_t>(s); }
 
 // Elements per 16-byte access.
-template <typename T> constexpr int kVec = 16 / int(sizeof(T));
+template <typename T>
+constexpr int kVec = 16 / int(sizeof(T));
 
 NB_DEVICE float to_f32(float x) { return x; }
 NB_DEVICE float to_f32(bf16 x) { return __uint_as_float(uint32_t(x.bits) << 16); }
-template <typename T> NB_DEVICE T from_f32(float x);
-template <> NB_DEVICE float from_f32<float>(float x) { return x; }
-template <> NB_DEVICE bf16 from_f32<bf16>(float x) { return f32_to_bf16(x); }  // RNE, same bits as the host
+template <typename T>
+NB_DEVICE T from_f32(float x);
+template <>
+NB_DEVICE float from_f32<float>(float x) {
+  return x;
+}
+template <>
+NB_DEVICE bf16 from_f32<bf16>(float x) {
+  return f32_to_bf16(x);
+}  // RNE, same bits as the host
 
 // Loads N consecutive elements as FP32; when N*sizeof(T) is a multiple of 16 bytes the access is made
 // of 16-byte vector loads (the pointer must then be 16-byte aligned).

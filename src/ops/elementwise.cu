@@ -13,8 +13,10 @@ constexpr int kElems = 8;
 
 template <typename F>
 void dispatch_float(DType t, F&& f) {
-  if (t == DType::bf16) f(bf16{});
-  else f(float{});
+  if (t == DType::bf16)
+    f(bf16{});
+  else
+    f(float{});
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -44,10 +46,20 @@ void launch_binary(D* dst, const A* a, const B* b, int64_t n, Op op, Stream s) {
   CUDA_CHECK_LAUNCH();
 }
 
-struct TakeFirst { NB_DEVICE float operator()(float a, float) const { return a; } };
-struct Add { NB_DEVICE float operator()(float a, float b) const { return a + b; } };
-struct Scale { float s; NB_DEVICE float operator()(float a, float) const { return a * s; } };
-struct Constant { float v; NB_DEVICE float operator()(float, float) const { return v; } };
+struct TakeFirst {
+  NB_DEVICE float operator()(float a, float) const { return a; }
+};
+struct Add {
+  NB_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+struct Scale {
+  float s;
+  NB_DEVICE float operator()(float a, float) const { return a * s; }
+};
+struct Constant {
+  float v;
+  NB_DEVICE float operator()(float, float) const { return v; }
+};
 
 template <typename T>
 __global__ void nonfinite_kernel(const T* x, int64_t n, int* flag) {
@@ -69,7 +81,10 @@ __global__ void sumsq_partial_kernel(const T* x, int64_t n, bool vec, float* par
     load_vec<T, kElems>(x + i * kElems, v);
     NB_UNROLL for (int k = 0; k < kElems; ++k) acc += v[k] * v[k];
   }
-  for (int64_t i = nvec * kElems + tid; i < n; i += stride) { float v = to_f32(x[i]); acc += v * v; }
+  for (int64_t i = nvec * kElems + tid; i < n; i += stride) {
+    float v = to_f32(x[i]);
+    acc += v * v;
+  }
   float total = block_sum(acc, shared);
   if (threadIdx.x == 0) partial[blockIdx.x] = total;
 }

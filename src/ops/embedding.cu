@@ -75,15 +75,17 @@ void embedding_forward_cuda(const Tensor& table, const Tensor& ids, const Tensor
   auto launch = [&](auto tt) {
     using E = decltype(tt);
     if (H % 8 == 0 && vec_ok<E>(table.data, H) && vec_ok<E>(out.data, H))
-      embedding_fwd_kernel<E, 8><<<unsigned(T), row_threads(H / 8), 0, as_cuda(s)>>>(
-          table.ptr<E>(), ids.ptr<int32_t>(), out.ptr<E>(), V, H);
+      embedding_fwd_kernel<E, 8>
+          <<<unsigned(T), row_threads(H / 8), 0, as_cuda(s)>>>(table.ptr<E>(), ids.ptr<int32_t>(), out.ptr<E>(), V, H);
     else
-      embedding_fwd_kernel<E, 1><<<unsigned(T), row_threads(H), 0, as_cuda(s)>>>(
-          table.ptr<E>(), ids.ptr<int32_t>(), out.ptr<E>(), V, H);
+      embedding_fwd_kernel<E, 1>
+          <<<unsigned(T), row_threads(H), 0, as_cuda(s)>>>(table.ptr<E>(), ids.ptr<int32_t>(), out.ptr<E>(), V, H);
     CUDA_CHECK_LAUNCH();
   };
-  if (table.dtype == DType::bf16) launch(bf16{});
-  else launch(float{});
+  if (table.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
 }
 
 void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor& dtable_f32, Stream s) {
@@ -98,23 +100,24 @@ void embedding_backward_cuda(const Tensor& ids, const Tensor& dout, const Tensor
   embedding_keys_kernel<<<grid_for(T, 256), 256, 0, cs>>>(ids.ptr<int32_t>(), T, int32_t(V), keys, vals);
   CUDA_CHECK_LAUNCH();
   size_t temp_bytes = 0;
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, keys + T, vals, vals + T, int(T), 0, end_bit,
-                                             cs));
+  CUDA_CHECK(
+      cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys, keys + T, vals, vals + T, int(T), 0, end_bit, cs));
   void* temp = scratch_alloc<char>(temp_bytes, cs);
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys + T, vals, vals + T, int(T), 0, end_bit,
-                                             cs));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys, keys + T, vals, vals + T, int(T), 0, end_bit, cs));
   auto launch = [&](auto tt) {
     using E = decltype(tt);
     if (H % 8 == 0 && vec_ok<E>(dout.data, H) && vec_ok<float>(dtable_f32.data, H))
       embedding_bwd_kernel<E, 8><<<unsigned(T), row_threads(H / 8), 0, cs>>>(
           keys + T, vals + T, dout.ptr<E>(), dtable_f32.ptr<float>(), T, uint32_t(V), H);
     else
-      embedding_bwd_kernel<E, 1><<<unsigned(T), row_threads(H), 0, cs>>>(
-          keys + T, vals + T, dout.ptr<E>(), dtable_f32.ptr<float>(), T, uint32_t(V), H);
+      embedding_bwd_kernel<E, 1><<<unsigned(T), row_threads(H), 0, cs>>>(keys + T, vals + T, dout.ptr<E>(),
+                                                                         dtable_f32.ptr<float>(), T, uint32_t(V), H);
     CUDA_CHECK_LAUNCH();
   };
-  if (dout.dtype == DType::bf16) launch(bf16{});
-  else launch(float{});
+  if (dout.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
   scratch_free(temp, cs);
   scratch_free(vals, cs);
   scratch_free(keys, cs);

@@ -14,15 +14,17 @@ inline void check_contiguous(const char* op, const char* name, const Tensor& t) 
 }
 
 inline void check_dtype(const char* op, const char* name, const Tensor& t, DType want) {
-  NB_CHECK(t.dtype == want, "%s: tensor '%s' must be %s, got %s", op, name,
-           std::string(dtype_name(want)).c_str(), std::string(dtype_name(t.dtype)).c_str());
+  NB_CHECK(t.dtype == want, "%s: tensor '%s' must be %s, got %s", op, name, std::string(dtype_name(want)).c_str(),
+           std::string(dtype_name(t.dtype)).c_str());
 }
 
 // Activations on the CPU backend are FP32; on CUDA they are BF16 or FP32.
 inline void check_float(const char* op, const char* name, const Tensor& t) {
-  if (t.device == Device::cpu) check_dtype(op, name, t, DType::f32);
-  else NB_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "%s: tensor '%s' must be bf16 or f32, got %s",
-                op, name, std::string(dtype_name(t.dtype)).c_str());
+  if (t.device == Device::cpu)
+    check_dtype(op, name, t, DType::f32);
+  else
+    NB_CHECK(t.dtype == DType::bf16 || t.dtype == DType::f32, "%s: tensor '%s' must be bf16 or f32, got %s", op, name,
+             std::string(dtype_name(t.dtype)).c_str());
 }
 
 inline void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
@@ -44,13 +46,17 @@ inline float load_host(const Tensor& t, int64_t i) {
   return t.dtype == DType::bf16 ? bf16_to_f32(t.ptr<bf16>()[i]) : t.ptr<float>()[i];
 }
 inline void store_host(const Tensor& t, int64_t i, float v) {
-  if (t.dtype == DType::bf16) t.ptr<bf16>()[i] = f32_to_bf16(v);
-  else t.ptr<float>()[i] = v;
+  if (t.dtype == DType::bf16)
+    t.ptr<bf16>()[i] = f32_to_bf16(v);
+  else
+    t.ptr<float>()[i] = v;
 }
 
 [[noreturn]] inline void no_cuda(const char* op) {
-  NB_CHECK(false, "%s: tensor is on cuda but this nibble was built without the CUDA backend; rebuild with the "
-                  "CUDA toolkit installed", op);
+  NB_CHECK(false,
+           "%s: tensor is on cuda but this nibble was built without the CUDA backend; rebuild with the "
+           "CUDA toolkit installed",
+           op);
   __builtin_unreachable();
 }
 

@@ -108,11 +108,15 @@ __global__ void rmsnorm_dw_final_kernel(const float* partial, int64_t chunks, in
 template <typename F>
 void dispatch_tw(const Tensor& x, const Tensor& w, F&& f) {
   auto with_w = [&](auto tt) {
-    if (w.dtype == DType::bf16) f(tt, bf16{});
-    else f(tt, float{});
+    if (w.dtype == DType::bf16)
+      f(tt, bf16{});
+    else
+      f(tt, float{});
   };
-  if (x.dtype == DType::bf16) with_w(bf16{});
-  else with_w(float{});
+  if (x.dtype == DType::bf16)
+    with_w(bf16{});
+  else
+    with_w(float{});
 }
 
 }  // namespace
@@ -147,8 +151,8 @@ void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd,
   dispatch_tw(x, w, [&](auto tt, auto wt) {
     using T = decltype(tt);
     using W = decltype(wt);
-    bool vec = vec_ok<T>(x.data, H) && vec_ok<T>(dy.data, H) && vec_ok<T>(dx.data, H) && vec_ok<W>(w.data, H) &&
-               H % 8 == 0;
+    bool vec =
+        vec_ok<T>(x.data, H) && vec_ok<T>(dy.data, H) && vec_ok<T>(dx.data, H) && vec_ok<W>(w.data, H) && H % 8 == 0;
     if (vec) {
       rmsnorm_dx_kernel<T, W, 8><<<unsigned(rows), row_threads(H, 8), 0, cs>>>(
           x.ptr<T>(), w.ptr<W>(), rstd.ptr<float>(), dy.ptr<T>(), dx.ptr<T>(), H);
@@ -161,12 +165,12 @@ void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd,
     float* partial = scratch_alloc<float>(size_t(chunks * H), cs);
     if (vec) {
       dim3 grid(unsigned((H + 32 * 8 - 1) / (32 * 8)), unsigned(chunks));
-      rmsnorm_dw_partial_kernel<T, 8><<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(),
-                                                                         rows, H, partial);
+      rmsnorm_dw_partial_kernel<T, 8>
+          <<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(), rows, H, partial);
     } else {
       dim3 grid(unsigned((H + 31) / 32), unsigned(chunks));
-      rmsnorm_dw_partial_kernel<T, 1><<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(),
-                                                                         rows, H, partial);
+      rmsnorm_dw_partial_kernel<T, 1>
+          <<<grid, dim3(32, kDwRowsY), 0, cs>>>(x.ptr<T>(), dy.ptr<T>(), rstd.ptr<float>(), rows, H, partial);
     }
     CUDA_CHECK_LAUNCH();
     rmsnorm_dw_final_kernel<<<grid_for(H, 256), 256, 0, cs>>>(partial, chunks, H, dw_f32.ptr<float>());

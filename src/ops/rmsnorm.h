@@ -15,7 +15,8 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, cons
                       const Tensor& dw_f32, Stream stream);
 
 namespace detail {
-void rmsnorm_forward_cuda(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd, Stream stream);
+void rmsnorm_forward_cuda(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+                          Stream stream);
 void rmsnorm_backward_cuda(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
                            const Tensor& dw_f32, Stream stream);
 }  // namespace detail

@@ -66,8 +66,8 @@ static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const
   check_same_device(op, x, sin);
   const int64_t S = x.shape[1], hd = x.shape[3], half = hd / 2;
   NB_CHECK(hd % 2 == 0, "%s: head_dim %lld must be even", op, (long long)hd);
-  NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S,
-           "%s: cos must be [>=%lld, %lld], got %s", op, (long long)S, (long long)half, cos.shape_str().c_str());
+  NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S, "%s: cos must be [>=%lld, %lld], got %s", op,
+           (long long)S, (long long)half, cos.shape_str().c_str());
   NB_CHECK(sin.ndim == 2 && sin.shape[0] == cos.shape[0] && sin.shape[1] == half, "%s: sin must match cos", op);
   if (x.device == Device::cuda) NB_OPS_CUDA(op, rope_apply_cuda(x, cos, sin, inverse, stream));
   const int64_t B = x.shape[0], nh = x.shape[2];
@@ -87,7 +87,6 @@ void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream 
 void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream) {
   rope_apply("rope_backward", dx, cos, sin, true, stream);
 }
-
 
 // Shared by the split and its backward: shapes and the per-head rotation (or copy for v heads).
 static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -111,7 +110,7 @@ static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const T
   check_same_device(op, qkv, cos);
   check_same_device(op, qkv, sin);
   NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S && sin.ndim == 2 &&
-           sin.shape[0] == cos.shape[0] && sin.shape[1] == half,
+               sin.shape[0] == cos.shape[0] && sin.shape[1] == half,
            "%s: cos and sin must be [>=%lld, %lld]", op, (long long)S, (long long)half);
   if (qkv.device == Device::cuda) NB_OPS_CUDA(op, rope_qkv_cuda(qkv, q, k, v, cos, sin, merge, stream));
   const int64_t heads = hq + 2 * hkv;

@@ -1,5 +1,5 @@
-// CUDA kernels for RoPE and the fused-QKV split (see rope.h). One thread rotates V consecutive pairs of one head (16-byte
-// accesses on both halves when hd/2 is a multiple of V); FP32 math, the same formula as the CPU.
+// CUDA kernels for RoPE and the fused-QKV split (see rope.h). One thread rotates V consecutive pairs of one head
+// (16-byte accesses on both halves when hd/2 is a multiple of V); FP32 math, the same formula as the CPU.
 #include "ops/cuda_common.cuh"
 #include "ops/ops_common.h"
 #include "ops/rope.h"
@@ -97,8 +97,10 @@ void rope_qkv_cuda(const Tensor& qkv, const Tensor& q, const Tensor& k, const Te
     }
     CUDA_CHECK_LAUNCH();
   };
-  if (qkv.dtype == DType::bf16) launch(bf16{});
-  else launch(float{});
+  if (qkv.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
 }
 
 void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse, Stream s) {
@@ -108,8 +110,8 @@ void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool
   const float sign = inverse ? -1.f : 1.f;
   auto launch = [&](auto tt) {
     using T = decltype(tt);
-    bool vec = half % 8 == 0 && vec_ok<T>(x.data, half) && vec_ok<float>(cos.data, half) &&
-               vec_ok<float>(sin.data, half);
+    bool vec =
+        half % 8 == 0 && vec_ok<T>(x.data, half) && vec_ok<float>(cos.data, half) && vec_ok<float>(sin.data, half);
     if (vec) {
       rope_kernel<T, 8><<<grid_for(rows * half / 8, 256, 8192), 256, 0, as_cuda(s)>>>(
           x.ptr<T>(), cos.ptr<float>(), sin.ptr<float>(), rows, S, nh, half, sign);
@@ -119,8 +121,10 @@ void rope_apply_cuda(const Tensor& x, const Tensor& cos, const Tensor& sin, bool
     }
     CUDA_CHECK_LAUNCH();
   };
-  if (x.dtype == DType::bf16) launch(bf16{});
-  else launch(float{});
+  if (x.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
 }
 
 }  // namespace detail

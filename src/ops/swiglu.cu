@@ -42,8 +42,10 @@ __global__ void swiglu_bwd_kernel(const T* gate_up, const T* dout, T* dgate_up, 
 
 template <typename F>
 void dispatch(DType t, F&& f) {
-  if (t == DType::bf16) f(bf16{});
-  else f(float{});
+  if (t == DType::bf16)
+    f(bf16{});
+  else
+    f(float{});
 }
 
 }  // namespace
@@ -57,11 +59,11 @@ void swiglu_forward_cuda(const Tensor& gate_up, const Tensor& out, Stream s) {
   dispatch(out.dtype, [&](auto tt) {
     using E = decltype(tt);
     if (F % 8 == 0 && vec_ok<E>(gate_up.data, F) && vec_ok<E>(out.data, F))
-      swiglu_fwd_kernel<E, 8><<<grid_for(T * F / 8, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(),
-                                                                                      out.ptr<E>(), T, F);
+      swiglu_fwd_kernel<E, 8>
+          <<<grid_for(T * F / 8, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(), out.ptr<E>(), T, F);
     else
-      swiglu_fwd_kernel<E, 1><<<grid_for(T * F, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(), out.ptr<E>(),
-                                                                                  T, F);
+      swiglu_fwd_kernel<E, 1>
+          <<<grid_for(T * F, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(), out.ptr<E>(), T, F);
     CUDA_CHECK_LAUNCH();
   });
 }
@@ -74,11 +76,11 @@ void swiglu_backward_cuda(const Tensor& gate_up, const Tensor& dout, const Tenso
   dispatch(dout.dtype, [&](auto tt) {
     using E = decltype(tt);
     if (F % 8 == 0 && vec_ok<E>(gate_up.data, F) && vec_ok<E>(dout.data, F) && vec_ok<E>(dgate_up.data, F))
-      swiglu_bwd_kernel<E, 8><<<grid_for(T * F / 8, 256, 16384), 256, 0, as_cuda(s)>>>(
-          gate_up.ptr<E>(), dout.ptr<E>(), dgate_up.ptr<E>(), T, F);
+      swiglu_bwd_kernel<E, 8><<<grid_for(T * F / 8, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(), dout.ptr<E>(),
+                                                                                       dgate_up.ptr<E>(), T, F);
     else
-      swiglu_bwd_kernel<E, 1><<<grid_for(T * F, 256, 16384), 256, 0, as_cuda(s)>>>(
-          gate_up.ptr<E>(), dout.ptr<E>(), dgate_up.ptr<E>(), T, F);
+      swiglu_bwd_kernel<E, 1><<<grid_for(T * F, 256, 16384), 256, 0, as_cuda(s)>>>(gate_up.ptr<E>(), dout.ptr<E>(),
+                                                                                   dgate_up.ptr<E>(), T, F);
     CUDA_CHECK_LAUNCH();
   });
 }

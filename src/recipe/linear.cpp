@@ -38,7 +38,11 @@ static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
                      LinearWorkspace* workspace_) {
-  role = role_; spec = s; cols = cols_; dev = dev_; rows = 0;
+  role = role_;
+  spec = s;
+  cols = cols_;
+  dev = dev_;
+  rows = 0;
   col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
   const int64_t n = rows_cap * cols;
   int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
@@ -54,7 +58,10 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
       break;
     }
     case Fmt::mxfp8: row_scale_bytes = col_scale_bytes = n / 32; break;
-    case Fmt::nvfp4: data_bytes = n / 2; row_scale_bytes = col_scale_bytes = n / 16; break;
+    case Fmt::nvfp4:
+      data_bytes = n / 2;
+      row_scale_bytes = col_scale_bytes = n / 16;
+      break;
   }
   // Transient pieces: the input's row copy (Fprop only) and both grad copies (backward only).
   const bool row_transient = workspace_ && role != Role::weight;
@@ -104,8 +111,10 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   float* sf = state_f.ptr<float>();
   int* si = state_i.ptr<int>();
   // The NVFP4 quantizer only ever sets its flag; the others clear it themselves. Clear it for all.
-  if (cuda) NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
-  else si[kFlag] = 0;
+  if (cuda)
+    NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
+  else
+    si[kFlag] = 0;
   uint8_t* rd = ptr(row_data);
   uint8_t* cd = ptr(col_data);
   auto* rs = ptr(row_scales);
@@ -123,11 +132,14 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
         NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
                     : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
       } else {
-        NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream) : fp8::quantize_current_ref(src, f, false, v));
+        NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream)
+                    : fp8::quantize_current_ref(src, f, false, v));
       }
       // The transposed copy has the same scale and amax.
-      if (cuda) NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
-      else sf[kColAmax] = 0.f;
+      if (cuda)
+        NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
+      else
+        sf[kColAmax] = 0.f;
       break;
     }
     case Fmt::fp8_block128:
@@ -153,8 +165,8 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       // col_is_row: row copy only; the column amax slot is left as init set it (0) on both backends
       // (col_operand() uses the row amax, which is the column one for 2D).
       o.colwise = !col_is_row;
-      nvfp4::QuantizedView v{rows, cols, rd, rs, cd, cs,
-                             sf + kRowAmax, col_is_row ? nullptr : sf + kColAmax, si + kFlag};
+      nvfp4::QuantizedView v{rows,      cols, rd, rs, cd, cs, sf + kRowAmax, col_is_row ? nullptr : sf + kColAmax,
+                             si + kFlag};
       NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
       break;
     }
@@ -162,8 +174,10 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
   if (spec.fmt == Fmt::fp8_block128 || spec.fmt == Fmt::fp8_block128x128 || spec.fmt == Fmt::mxfp8) {
     if (cuda) NB_TRY(memset_cuda(sf + kRowAmax, 0, sizeof(float), stream));
-    if (cuda) NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
-    else sf[kRowAmax] = sf[kColAmax] = 0.f;
+    if (cuda)
+      NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
+    else
+      sf[kRowAmax] = sf[kColAmax] = 0.f;
   }
   used_in_step = true;
   if (cuda) return fold_role_state_cuda(sf, si, stream);
@@ -180,18 +194,20 @@ uint8_t* QCopies::ptr(const Piece& p) const {
 gemm::QOperand QCopies::row_operand() const {
   gemm::QOperand op;
   op.format = qformat(spec.fmt);
-  op.rows = rows; op.k = cols;
+  op.rows = rows;
+  op.k = cols;
   op.data = ptr(row_data);
   const float* sf = state_f.ptr<float>();
   op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
-                                                                        : static_cast<const void*>(ptr(row_scales));
+                                                                       : static_cast<const void*>(ptr(row_scales));
   op.amax = sf + kRowAmax;
   return op;
 }
 
 gemm::QOperand QCopies::col_operand() const {
   gemm::QOperand op = row_operand();
-  op.rows = cols; op.k = rows;
+  op.rows = cols;
+  op.k = rows;
   if (col_is_row) {
     // The row copy [rows, cols] is the column operand [cols, K = rows] stored K-first; same values,
     // same amax (2D: one scale per 16x16 tile serves both directions). Native sm_100 FP4 GEMMs would

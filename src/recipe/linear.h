@@ -51,7 +51,7 @@ struct LinearHealth {
 // scale exactly as an uninterrupted run would (the amax history window, the scale it produced, and the
 // amax this step recorded, which new_step() folds into the history).
 struct ScalingState {
-  int role = 0;                 // 0 input, 1 weight, 2 grad
+  int role = 0;  // 0 input, 1 weight, 2 grad
   bool has_history = false, used_in_step = false;
   float scale = 1.f, step_amax = 0.f;
   std::vector<float> history;

@@ -11,16 +11,20 @@ __global__ void fold_role_state_kernel(float* floats, int* ints) {
   const bool bad = ints[kFlag] != 0;
   ints[kNonfiniteCount] += bad ? 1 : 0;
   float a = fmaxf(floats[kRowAmax], floats[kColAmax]);
-  if (bad || a != a) floats[kStepAmax] = NAN;
-  else if (floats[kStepAmax] == floats[kStepAmax]) floats[kStepAmax] = fmaxf(floats[kStepAmax], a);
+  if (bad || a != a)
+    floats[kStepAmax] = NAN;
+  else if (floats[kStepAmax] == floats[kStepAmax])
+    floats[kStepAmax] = fmaxf(floats[kStepAmax], a);
 }
 
 void fold_role_state_host(float* floats, int* ints) {
   const bool bad = ints[kFlag] != 0;
   ints[kNonfiniteCount] += bad ? 1 : 0;
   float a = std::fmax(floats[kRowAmax], floats[kColAmax]);
-  if (bad || a != a) floats[kStepAmax] = NAN;
-  else if (floats[kStepAmax] == floats[kStepAmax]) floats[kStepAmax] = std::fmax(floats[kStepAmax], a);
+  if (bad || a != a)
+    floats[kStepAmax] = NAN;
+  else if (floats[kStepAmax] == floats[kStepAmax])
+    floats[kStepAmax] = std::fmax(floats[kStepAmax], a);
 }
 
 Status fold_role_state_cuda(float* floats, int* ints, Stream stream) {

@@ -9,8 +9,10 @@ void fold_role_state_host(float* floats, int* ints) {
   const bool bad = ints[kFlag] != 0;
   ints[kNonfiniteCount] += bad ? 1 : 0;
   float a = std::fmax(floats[kRowAmax], floats[kColAmax]);
-  if (bad || a != a) floats[kStepAmax] = NAN;
-  else if (floats[kStepAmax] == floats[kStepAmax]) floats[kStepAmax] = std::fmax(floats[kStepAmax], a);
+  if (bad || a != a)
+    floats[kStepAmax] = NAN;
+  else if (floats[kStepAmax] == floats[kStepAmax])
+    floats[kStepAmax] = std::fmax(floats[kStepAmax], a);
 }
 
 static Status no_cuda() {

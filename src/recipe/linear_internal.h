@@ -36,9 +36,12 @@ enum class Role : int { input = 0, weight = 1, grad = 2 };
 // (gemm_quantized.cpp validates the same numbers; NVFP4's GEMM K must be a multiple of 32).
 inline int64_t fmt_multiple(Fmt f) {
   switch (f) {
-    case Fmt::fp8_e4m3: case Fmt::fp8_e5m2: return 16;
-    case Fmt::fp8_block128: case Fmt::fp8_block128x128: return 128;
-    case Fmt::mxfp8: case Fmt::nvfp4: return 32;
+    case Fmt::fp8_e4m3:
+    case Fmt::fp8_e5m2: return 16;
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: return 128;
+    case Fmt::mxfp8:
+    case Fmt::nvfp4: return 32;
     default: return 1;
   }
 }
@@ -65,8 +68,8 @@ struct QCopies {
   Buffer state_f, state_i;
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
-  size_t slot_bytes = 0;   // this role's need in the slot (registered at init)
-  size_t owned_bytes = 0;  // bytes of the owned pieces and the state block
+  size_t slot_bytes = 0;        // this role's need in the slot (registered at init)
+  size_t owned_bytes = 0;       // bytes of the owned pieces and the state block
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
   bool has_history = false;     // delayed scaling: some step's amax was recorded (else current scaling)
   bool used_in_step = false;

@@ -24,7 +24,7 @@ struct Linear::Impl {
   int64_t max_tokens = 0, in = 0, out = 0;
   Device dev = Device::cpu;
   std::shared_ptr<LinearWorkspace> workspace;  // transient copies (shared with the model's other Linears)
-  QCopies q[3];  // input, weight, grad
+  QCopies q[3];                                // input, weight, grad
   bool weight_valid = false;
   bool have_input = false;
   uint32_t step = 0, micro = 0;
@@ -37,9 +37,7 @@ struct Linear::Impl {
     uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
     return RngKey{recipe.seed, step, stream};
   }
-  QuantizeArgs args(Role role) const {
-    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)};
-  }
+  QuantizeArgs args(Role role) const { return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)}; }
   Status quantize(Role role, const Tensor& src, Stream stream);
 };
 
@@ -81,16 +79,17 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
 }
 
 Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
-                    int64_t in_features, int64_t out_features, Device dev,
-                    std::shared_ptr<LinearWorkspace> workspace) {
+                    int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace) {
   if (tensor_id >= (1u << 24))
     return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
   if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
     return errorf("linear '%s': tokens %lld, in %lld, out %lld must all be positive", name.c_str(),
                   (long long)max_tokens, (long long)in_features, (long long)out_features);
   if (workspace && workspace->device() != dev)
-    return errorf("linear '%s': its workspace is on %s but the linear on %s; create the workspace on the "
-                  "linear's device", name.c_str(), device_name(workspace->device()), device_name(dev));
+    return errorf(
+        "linear '%s': its workspace is on %s but the linear on %s; create the workspace on the "
+        "linear's device",
+        name.c_str(), device_name(workspace->device()), device_name(dev));
   auto impl = std::make_unique<Impl>();
   impl->recipe = r;
   impl->all_bf16 = bf16_layer || !r.quantized();
@@ -104,17 +103,19 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
     const RoleSpec* roles[3] = {&r.input, &r.weight, &r.grad};
     for (int i = 0; i < 3; ++i) {
       if (roles[i]->fmt == Fmt::bf16)
-        return errorf("linear '%s': recipe '%s' quantizes some roles but leaves %s in bf16; every GEMM needs both "
-                      "operands in one format family (quantize all three roles or none)", name.c_str(),
-                      r.name.c_str(), kRoleNames[i]);
+        return errorf(
+            "linear '%s': recipe '%s' quantizes some roles but leaves %s in bf16; every GEMM needs both "
+            "operands in one format family (quantize all three roles or none)",
+            name.c_str(), r.name.c_str(), kRoleNames[i]);
     }
     // Every dimension is the reduction dim of one GEMM (K of Fprop, N of Dgrad, M of Wgrad).
     int64_t mult = 1;
     for (const RoleSpec* s : roles) mult = std::max(mult, fmt_multiple(s->fmt));
     if (in_features % mult != 0 || out_features % mult != 0)
-      return errorf("linear '%s': [%lld out x %lld in] cannot run recipe '%s': its formats need in and out features "
-                    "that are multiples of %lld (keep this layer in BF16 or pad it)", name.c_str(),
-                    (long long)out_features, (long long)in_features, r.name.c_str(), (long long)mult);
+      return errorf(
+          "linear '%s': [%lld out x %lld in] cannot run recipe '%s': its formats need in and out features "
+          "that are multiples of %lld (keep this layer in BF16 or pad it)",
+          name.c_str(), (long long)out_features, (long long)in_features, r.name.c_str(), (long long)mult);
     const int64_t tokens_cap = (max_tokens + mult - 1) / mult * mult;
     // A private workspace is allocated here, so a lone Linear fails at init on out-of-memory as it did
     // with owned copies; a shared one is allocated by its owner after every init (or grows on first use).
@@ -140,9 +141,10 @@ static Status check_tokens(const Linear::Impl& s, int64_t m) {
   if (s.all_bf16) return Status::ok();
   const int64_t mult = std::max(fmt_multiple(s.recipe.input.fmt), fmt_multiple(s.recipe.grad.fmt));
   if (m % mult != 0)
-    return errorf("linear '%s': %lld tokens is not a multiple of %lld, which recipe '%s' needs for the Wgrad "
-                  "reduction over tokens (pad the micro-batch)", s.name.c_str(), (long long)m, (long long)mult,
-                  s.recipe.name.c_str());
+    return errorf(
+        "linear '%s': %lld tokens is not a multiple of %lld, which recipe '%s' needs for the Wgrad "
+        "reduction over tokens (pad the micro-batch)",
+        s.name.c_str(), (long long)m, (long long)mult, s.recipe.name.c_str());
   return Status::ok();
 }
 

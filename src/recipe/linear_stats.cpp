@@ -27,9 +27,9 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   switch (c.spec.fmt) {
     case Fmt::fp8_block128:
     case Fmt::fp8_block128x128:
-      scale_bytes = 4 * size_t(fp8::block_scale_count(c.spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128
-                                                                                     : fp8::BlockKind::blk128x128,
-                                                      c.rows, c.cols, false));
+      scale_bytes = 4 * size_t(fp8::block_scale_count(
+                            c.spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128,
+                            c.rows, c.cols, false));
       break;
     case Fmt::mxfp8: scale_bytes = size_t(n / 32); break;
     case Fmt::nvfp4: scale_bytes = size_t(n / 16); break;
@@ -45,7 +45,7 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   gemm::QOperand op = c.row_operand();
   op.data = data.data();
   op.scales = (c.spec.fmt == Fmt::fp8_e4m3 || c.spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(&state[kScaleInv])
-                                                                          : scales.data();
+                                                                           : scales.data();
   op.amax = &state[kRowAmax];
   std::vector<double> xhat(static_cast<size_t>(n));
   NB_TRY(gemm::dequantize_operand_ref(op, xhat.data()));

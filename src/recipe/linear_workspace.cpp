@@ -9,9 +9,7 @@ static const char* slot_name(LinearWorkspace::Slot s) {
   return s == LinearWorkspace::Slot::input_row ? "input-row" : "grad";
 }
 
-void LinearWorkspace::reserve(Slot slot, size_t bytes) {
-  need_[int(slot)] = std::max(need_[int(slot)], bytes);
-}
+void LinearWorkspace::reserve(Slot slot, size_t bytes) { need_[int(slot)] = std::max(need_[int(slot)], bytes); }
 
 size_t LinearWorkspace::bytes() const { return allocated_[0] + allocated_[1]; }
 
@@ -24,9 +22,10 @@ Status LinearWorkspace::grow(Slot slot, size_t bytes) {
   allocated_[i] = 0;
   Status st = Buffer::allocate(&slots_[i], DType::u8, dev_, {int64_t(bytes)});
   if (!st)
-    return errorf("linear workspace: cannot allocate the %s slot of %zu bytes on %s (%s); lower the micro-batch "
-                  "tokens or use a recipe with smaller quantized copies", slot_name(slot), bytes,
-                  device_name(dev_), st.message().c_str());
+    return errorf(
+        "linear workspace: cannot allocate the %s slot of %zu bytes on %s (%s); lower the micro-batch "
+        "tokens or use a recipe with smaller quantized copies",
+        slot_name(slot), bytes, device_name(dev_), st.message().c_str());
   allocated_[i] = bytes;
   return Status::ok();
 }

@@ -22,9 +22,7 @@ bool Recipe::layer_in_bf16(int64_t layer, int64_t num_layers) const {
   return layer < bf16_layers_at_start || layer >= num_layers - bf16_layers_at_end;
 }
 
-bool Recipe::quantized() const {
-  return input.fmt != Fmt::bf16 || weight.fmt != Fmt::bf16 || grad.fmt != Fmt::bf16;
-}
+bool Recipe::quantized() const { return input.fmt != Fmt::bf16 || weight.fmt != Fmt::bf16 || grad.fmt != Fmt::bf16; }
 
 std::vector<std::string> recipe_names() {
   return {"bf16_mixed",
@@ -89,8 +87,10 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
   }
   bool fp4_knob = k.fp4_disable_rht || k.fp4_disable_sr || k.fp4_disable_2d;
   if (fp4_knob && !uses_nvfp4(*r))
-    return errorf("recipe '%s' has no NVFP4 operands, so the fp4 RHT/SR/2D switches would do nothing; drop them "
-                  "or choose bf16_with_nvfp4_mixed", r->name.c_str());
+    return errorf(
+        "recipe '%s' has no NVFP4 operands, so the fp4 RHT/SR/2D switches would do nothing; drop them "
+        "or choose bf16_with_nvfp4_mixed",
+        r->name.c_str());
   for (RoleSpec* role : {&r->input, &r->weight, &r->grad}) {
     if (role->fmt != Fmt::nvfp4) continue;
     if (k.fp4_disable_rht) role->rht = false;
@@ -148,16 +148,21 @@ Status check_supported(const Recipe& r, int cc_major, int cc_minor) {
   int cc = cc_major * 10 + cc_minor;
   Fmt fmts[3] = {r.input.fmt, r.weight.fmt, r.grad.fmt};
   if (cc < 80)
-    return errorf("recipe '%s' needs BF16 tensor cores (sm_80 or newer) but this GPU is sm_%d%d; use an Ampere or "
-                  "newer GPU", r.name.c_str(), cc_major, cc_minor);
+    return errorf(
+        "recipe '%s' needs BF16 tensor cores (sm_80 or newer) but this GPU is sm_%d%d; use an Ampere or "
+        "newer GPU",
+        r.name.c_str(), cc_major, cc_minor);
   for (Fmt f : fmts) {
     if ((f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2) && cc < 89)
-      return errorf("recipe '%s' needs FP8 tensor cores (sm_89 or newer) but this GPU is sm_%d%d; use "
-                    "bf16_mixed or an Ada/Hopper/Blackwell GPU", r.name.c_str(), cc_major, cc_minor);
+      return errorf(
+          "recipe '%s' needs FP8 tensor cores (sm_89 or newer) but this GPU is sm_%d%d; use "
+          "bf16_mixed or an Ada/Hopper/Blackwell GPU",
+          r.name.c_str(), cc_major, cc_minor);
     if ((f == Fmt::fp8_block128 || f == Fmt::fp8_block128x128) && cc_major != 9)
-      return errorf("recipe '%s' needs cuBLASLt's FP8 block-scaled GEMMs, which nibble runs on Hopper (sm_90) only, "
-                    "but this GPU is sm_%d%d; use bf16_with_fp8_current_scaling_mixed or a Hopper GPU",
-                    r.name.c_str(), cc_major, cc_minor);
+      return errorf(
+          "recipe '%s' needs cuBLASLt's FP8 block-scaled GEMMs, which nibble runs on Hopper (sm_90) only, "
+          "but this GPU is sm_%d%d; use bf16_with_fp8_current_scaling_mixed or a Hopper GPU",
+          r.name.c_str(), cc_major, cc_minor);
   }
   return Status::ok();
 }

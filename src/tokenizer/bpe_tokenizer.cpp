@@ -25,7 +25,10 @@ constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 
 inline uint64_t fnv1a(std::string_view s) {
   uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) { h ^= c; h *= 0x100000001b3ull; }
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
   return h ^ (h >> 29);
 }
 
@@ -88,7 +91,10 @@ bool base64_decode(std::string_view in, std::string* out) {
 
 Status read_file(const std::string& path, std::string* out) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) return errorf("cannot open tokenizer file %s; check the path (scripts/setup_data.sh fetches GPT-2 and Llama 3 ones)", path.c_str());
+  if (!f)
+    return errorf(
+        "cannot open tokenizer file %s; check the path (scripts/setup_data.sh fetches GPT-2 and Llama 3 ones)",
+        path.c_str());
   std::ostringstream ss;
   ss << f.rdbuf();
   *out = ss.str();
@@ -96,9 +102,17 @@ Status read_file(const std::string& path, std::string* out) {
 }
 
 std::vector<SpecialToken> llama3_specials() {
-  std::vector<std::string> names = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
-                                    "<|finetune_right_pad_id|>", "<|reserved_special_token_2|>", "<|start_header_id|>",
-                                    "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"};
+  std::vector<std::string> names = {"<|begin_of_text|>",
+                                    "<|end_of_text|>",
+                                    "<|reserved_special_token_0|>",
+                                    "<|reserved_special_token_1|>",
+                                    "<|finetune_right_pad_id|>",
+                                    "<|reserved_special_token_2|>",
+                                    "<|start_header_id|>",
+                                    "<|end_header_id|>",
+                                    "<|eom_id|>",
+                                    "<|eot_id|>",
+                                    "<|python_tag|>"};
   for (int i = 3; names.size() < 256; ++i) names.push_back("<|reserved_special_token_" + std::to_string(i) + "|>");
   std::vector<SpecialToken> out;
   for (int i = 0; i < 256; ++i) out.push_back({names[i], 128000 + i});
@@ -118,10 +132,17 @@ bool unicode_string_to_bytes(std::string_view s, std::string* out) {
     unsigned char c = s[i];
     uint32_t cp;
     int n;
-    if (c < 0x80) { cp = c; n = 1; }
-    else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; n = 2; }
-    else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; n = 3; }
-    else return false;
+    if (c < 0x80) {
+      cp = c;
+      n = 1;
+    } else if ((c & 0xE0) == 0xC0) {
+      cp = c & 0x1F;
+      n = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      cp = c & 0x0F;
+      n = 3;
+    } else
+      return false;
     if (i + n > s.size()) return false;
     for (int k = 1; k < n; ++k) cp = (cp << 6) | (uint8_t(s[i + k]) & 0x3F);
     auto it = alphabet().cp_to_byte.find(cp);
@@ -144,7 +165,8 @@ Status BpeTokenizer::finish(const std::string& where) {
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    return errorf("%s: the pre-tokenization regex does not compile at offset %zu: %s", where.c_str(), size_t(off), (const char*)msg);
+    return errorf("%s: the pre-tokenization regex does not compile at offset %zu: %s", where.c_str(), size_t(off),
+                  (const char*)msg);
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter if JIT is unavailable
   code_ = code;
@@ -163,15 +185,20 @@ Status BpeTokenizer::finish(const std::string& where) {
   slots_ = std::move(slots);
   for (int b = 0; b < 256; ++b)
     if (lookup(std::string(1, char(b))) < 0)
-      return errorf("%s: byte 0x%02x has no token; a byte-level BPE vocabulary must contain all 256 bytes", where.c_str(), b);
+      return errorf("%s: byte 0x%02x has no token; a byte-level BPE vocabulary must contain all 256 bytes",
+                    where.c_str(), b);
   for (const auto& s : specials_) {
     if (s.id >= int32_t(id_to_bytes_.size())) id_to_bytes_.resize(size_t(s.id) + 1);
     id_to_bytes_[size_t(s.id)] = s.text;
   }
   for (const char* name : {"<|begin_of_text|>", "<s>", "<bos>"})
-    if (bos_ < 0) for (const auto& s : specials_) if (s.text == name) bos_ = s.id;
+    if (bos_ < 0)
+      for (const auto& s : specials_)
+        if (s.text == name) bos_ = s.id;
   for (const char* name : {"<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"})
-    if (eod_ < 0) for (const auto& s : specials_) if (s.text == name) eod_ = s.id;
+    if (eod_ < 0)
+      for (const auto& s : specials_)
+        if (s.text == name) eod_ = s.id;
   return Status::ok();
 }
 
@@ -184,12 +211,15 @@ int32_t BpeTokenizer::lookup(std::string_view bytes) const {
   for (uint64_t i = h & slot_mask_;; i = (i + 1) & slot_mask_) {
     const Slot& s = slots_[i];
     if (s.id < 0) return -1;
-    if (s.hash == h && s.length == bytes.size() && std::memcmp(arena_.data() + s.offset, bytes.data(), bytes.size()) == 0) return s.id;
+    if (s.hash == h && s.length == bytes.size() &&
+        std::memcmp(arena_.data() + s.offset, bytes.data(), bytes.size()) == 0)
+      return s.id;
   }
 }
 
 int32_t BpeTokenizer::token_id(const std::string& text) const {
-  for (const auto& s : specials_) if (s.text == text) return s.id;
+  for (const auto& s : specials_)
+    if (s.text == text) return s.id;
   return lookup(text);
 }
 
@@ -209,9 +239,15 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* ou
   if (piece.empty()) return;
   if (whole_piece_shortcut_) {
     int32_t id = lookup(piece);
-    if (id >= 0) { out->push_back(id); return; }
+    if (id >= 0) {
+      out->push_back(id);
+      return;
+    }
   }
-  if (piece.size() == 1) { out->push_back(lookup(piece)); return; }
+  if (piece.size() == 1) {
+    out->push_back(lookup(piece));
+    return;
+  }
   // Words repeat: remember the merges of pieces already seen by this thread (bounded).
   struct PieceCache {
     uint64_t owner = 0;  // instance id, not the address: a new tokenizer may reuse a freed one's address
@@ -231,13 +267,18 @@ void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>* ou
   std::vector<std::pair<size_t, uint32_t>> parts;
   parts.reserve(piece.size() + 1);
   for (size_t i = 0; i <= piece.size(); ++i) parts.push_back({i, kNoRank});
-  auto rank_at = [&](size_t i) { return i + 2 < parts.size() ? pair_rank(piece, parts[i].first, parts[i + 1].first, parts[i + 2].first) : kNoRank; };
+  auto rank_at = [&](size_t i) {
+    return i + 2 < parts.size() ? pair_rank(piece, parts[i].first, parts[i + 1].first, parts[i + 2].first) : kNoRank;
+  };
   for (size_t i = 0; i + 2 < parts.size(); ++i) parts[i].second = rank_at(i);
   for (;;) {
     uint32_t best = kNoRank;
     size_t at = 0;
     for (size_t i = 0; i + 2 < parts.size(); ++i)
-      if (parts[i].second < best) { best = parts[i].second; at = i; }
+      if (parts[i].second < best) {
+        best = parts[i].second;
+        at = i;
+      }
     if (best == kNoRank) break;
     parts.erase(parts.begin() + long(at) + 1);
     parts[at].second = rank_at(at);
@@ -264,7 +305,8 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>* out) cons
     if (rc < 0) break;  // no further match (or a matcher limit): the rest is encoded as raw bytes below
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     size_t s = ov[0], e = ov[1];
-    if (s > covered) encode_piece(text.substr(covered, s - covered), out);  // bytes no alternative matched (invalid UTF-8)
+    if (s > covered)
+      encode_piece(text.substr(covered, s - covered), out);  // bytes no alternative matched (invalid UTF-8)
     encode_piece(text.substr(s, e - s), out);
     covered = e;
     pos = e > s ? e : e + 1;
@@ -283,7 +325,9 @@ void BpeTokenizer::encode_with_specials(std::string_view text, std::vector<int32
     for (const auto& s : specials_) {
       size_t p = text.find(s.text, start);
       if (p != std::string_view::npos && (p < best || (p == best && s.text.size() > best_len))) {
-        best = p; best_len = s.text.size(); best_id = s.id;
+        best = p;
+        best_len = s.text.size();
+        best_id = s.id;
       }
     }
     if (best == std::string_view::npos) break;
@@ -304,8 +348,8 @@ Status BpeTokenizer::decode(const std::vector<int32_t>& ids, std::string* out) c
   return Status::ok();
 }
 
-Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& pattern, std::vector<SpecialToken> specials,
-                                   std::unique_ptr<BpeTokenizer>* out) {
+Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& pattern,
+                                   std::vector<SpecialToken> specials, std::unique_ptr<BpeTokenizer>* out) {
   std::string text;
   NB_TRY(read_file(path, &text));
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
@@ -320,7 +364,8 @@ Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& p
     long long rank = -1;
     if (sp != std::string::npos) rank = std::atoll(line.c_str() + sp + 1);
     if (sp == std::string::npos || rank < 0 || !base64_decode(std::string_view(line).substr(0, sp), &bytes))
-      return errorf("%s line %lld: expected \"<base64 token> <rank>\"; is this a tiktoken rank file?", path.c_str(), (long long)line_no);
+      return errorf("%s line %lld: expected \"<base64 token> <rank>\"; is this a tiktoken rank file?", path.c_str(),
+                    (long long)line_no);
     // Ranks are token ids, dense in real files: one far past the line count is not a rank file.
     if (rank > max_rank)
       return errorf("%s line %lld: rank %lld is far past the file's %lld lines; is this a tiktoken rank file?",
@@ -337,7 +382,8 @@ Status BpeTokenizer::from_tiktoken(const std::string& path, const std::string& p
 }
 
 Status BpeTokenizer::load(const std::string& path, const std::string& family, std::unique_ptr<BpeTokenizer>* out) {
-  if (size_t comma = path.find(','); comma != std::string::npos) return from_vocab_merges(path.substr(0, comma), path.substr(comma + 1), out);
+  if (size_t comma = path.find(','); comma != std::string::npos)
+    return from_vocab_merges(path.substr(0, comma), path.substr(comma + 1), out);
   if (path.size() >= 5 && path.compare(path.size() - 5, 5, ".json") == 0) {
     std::string text;
     NB_TRY(read_file(path, &text));
@@ -347,7 +393,8 @@ Status BpeTokenizer::load(const std::string& path, const std::string& family, st
       std::string name = path.substr(dir.size());
       for (std::string merges : {dir + "merges.txt", dir + name.substr(0, name.size() - 10) + "merges.txt"})
         if (name.size() >= 10 && std::ifstream(merges).good()) return from_vocab_merges(path, merges, out);
-      return errorf("%s looks like a vocab.json but no merges.txt was found beside it; pass \"VOCAB.json,MERGES.txt\"", path.c_str());
+      return errorf("%s looks like a vocab.json but no merges.txt was found beside it; pass \"VOCAB.json,MERGES.txt\"",
+                    path.c_str());
     }
     return from_hf_json_text(text, path, out);
   }
@@ -358,21 +405,25 @@ Status BpeTokenizer::load(const std::string& path, const std::string& family, st
     for (std::string l; std::getline(f, l);) lines += !l.empty();
     fam = lines == 50256 ? "gpt2" : lines == 128000 ? "llama3" : "";
     if (fam.empty())
-      return errorf("%s: %lld ranks match neither GPT-2 (50,256) nor Llama 3 (128,000); pass the family (gpt2 or llama3) explicitly",
-                    path.c_str(), (long long)lines);
+      return errorf(
+          "%s: %lld ranks match neither GPT-2 (50,256) nor Llama 3 (128,000); pass the family (gpt2 or llama3) "
+          "explicitly",
+          path.c_str(), (long long)lines);
   }
   if (fam == "gpt2") return from_tiktoken(path, kGpt2Pattern, {{"<|endoftext|>", 50256}}, out);
   if (fam == "llama3") return from_tiktoken(path, kLlama3Pattern, llama3_specials(), out);
   return errorf("unknown tokenizer family \"%s\"; use gpt2, llama3 or a tokenizer.json file", fam.c_str());
 }
 
-Status BpeTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path, std::unique_ptr<BpeTokenizer>* out) {
+Status BpeTokenizer::from_vocab_merges(const std::string& vocab_path, const std::string& merges_path,
+                                       std::unique_ptr<BpeTokenizer>* out) {
   using nlohmann::json;
   std::string vocab_text, merges_text;
   NB_TRY(read_file(vocab_path, &vocab_text));
   NB_TRY(read_file(merges_path, &merges_text));
   json vocab = json::parse(vocab_text, nullptr, false);
-  if (vocab.is_discarded() || !vocab.is_object()) return errorf("%s is not a JSON object of token -> id", vocab_path.c_str());
+  if (vocab.is_discarded() || !vocab.is_object())
+    return errorf("%s is not a JSON object of token -> id", vocab_path.c_str());
   json merges = json::array();
   std::istringstream in(merges_text);
   for (std::string line; std::getline(in, line);) {
@@ -395,7 +446,8 @@ Status BpeTokenizer::from_hf_json(const std::string& path, std::unique_ptr<BpeTo
 }
 
 // nlohmann throws on a field of an unexpected type: a malformed file is input, so it becomes a Status.
-Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out) {
+Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::string& where,
+                                       std::unique_ptr<BpeTokenizer>* out) {
   try {
     return from_hf_json_parsed(json_text, where, out);
   } catch (const nlohmann::json::exception& e) {
@@ -403,19 +455,23 @@ Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::
   }
 }
 
-Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out) {
+Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std::string& where,
+                                         std::unique_ptr<BpeTokenizer>* out) {
   using nlohmann::json;
   json j = json::parse(json_text, nullptr, false);
   if (j.is_discarded()) return errorf("%s is not valid JSON", where.c_str());
   const json& model = j.value("model", json::object());
   if (model.value("type", std::string("BPE")) != "BPE" || !model.contains("vocab") || !model["vocab"].is_object())
-    return errorf("%s: model.type must be BPE with a model.vocab object (only byte-level BPE tokenizers are supported)", where.c_str());
+    return errorf("%s: model.type must be BPE with a model.vocab object (only byte-level BPE tokenizers are supported)",
+                  where.c_str());
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   std::string bytes;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
     if (!unicode_string_to_bytes(it.key(), &bytes))
-      return errorf("%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) is supported",
-                    where.c_str(), it.key().c_str());
+      return errorf(
+          "%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) "
+          "is supported",
+          where.c_str(), it.key().c_str());
     if (!it.value().is_number_integer())
       return errorf("%s: vocabulary entry \"%s\" has an id that is not an integer", where.c_str(), it.key().c_str());
     int64_t id = it.value().get<int64_t>();
@@ -430,7 +486,8 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
     if (m.is_string()) {
       std::string s = m.get<std::string>();
       size_t sp = s.find(' ');
-      if (sp == std::string::npos) return errorf("%s: merge \"%s\" has no space between its two parts", where.c_str(), s.c_str());
+      if (sp == std::string::npos)
+        return errorf("%s: merge \"%s\" has no space between its two parts", where.c_str(), s.c_str());
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else if (m.is_array() && m.size() == 2) {
@@ -444,8 +501,8 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
       return errorf("%s: merge %d is not in the byte-level alphabet", where.c_str(), priority);
     int32_t la = tok->lookup(ba), lb = tok->lookup(bb);
     if (la < 0 || lb < 0 || tok->lookup(ba + bb) < 0)
-      return errorf("%s: merge %d (\"%s\" + \"%s\") uses or makes a token missing from model.vocab", where.c_str(), priority, a.c_str(),
-                    b.c_str());
+      return errorf("%s: merge %d (\"%s\" + \"%s\") uses or makes a token missing from model.vocab", where.c_str(),
+                    priority, a.c_str(), b.c_str());
     tok->merge_priority_.emplace((uint64_t(uint32_t(la)) << 32) | uint32_t(lb), priority++);
   }
   tok->whole_piece_shortcut_ = tok->merge_priority_.empty() || model.value("ignore_merges", false);
@@ -458,7 +515,8 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
   std::function<void(const json&)> scan_pre = [&](const json& p) {
     if (!p.is_object()) return;
     std::string type = p.value("type", std::string());
-    if (type == "Sequence") for (const auto& q : p.value("pretokenizers", json::array())) scan_pre(q);
+    if (type == "Sequence")
+      for (const auto& q : p.value("pretokenizers", json::array())) scan_pre(q);
     if (type == "Split" && p.contains("pattern") && p["pattern"].contains("Regex") && tok->pattern_.empty())
       tok->pattern_ = p["pattern"]["Regex"].get<std::string>();
     if (type == "ByteLevel" && p.value("use_regex", true) && tok->pattern_.empty()) tok->pattern_ = kGpt2Pattern;
@@ -469,11 +527,16 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
   std::function<void(const json&)> scan_post = [&](const json& p) {
     if (!p.is_object()) return;
     std::string type = p.value("type", std::string());
-    if (type == "Sequence") for (const auto& q : p.value("processors", json::array())) scan_post(q);
+    if (type == "Sequence")
+      for (const auto& q : p.value("processors", json::array())) scan_post(q);
     if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array() && !p["single"].empty() &&
         p["single"][0].contains("SpecialToken")) {
       std::string name = p["single"][0]["SpecialToken"].value("id", std::string());
-      for (const auto& s : tok->specials_) if (s.text == name) { tok->bos_ = s.id; tok->adds_bos_ = true; }
+      for (const auto& s : tok->specials_)
+        if (s.text == name) {
+          tok->bos_ = s.id;
+          tok->adds_bos_ = true;
+        }
     }
   };
   if (j.contains("post_processor")) scan_post(j["post_processor"]);

@@ -37,10 +37,12 @@ class BpeTokenizer {
   static Status from_tiktoken(const std::string& path, const std::string& pattern, std::vector<SpecialToken> specials,
                               std::unique_ptr<BpeTokenizer>* out);
   static Status from_hf_json(const std::string& path, std::unique_ptr<BpeTokenizer>* out);
-  static Status from_hf_json_text(const std::string& json_text, const std::string& where, std::unique_ptr<BpeTokenizer>* out);
+  static Status from_hf_json_text(const std::string& json_text, const std::string& where,
+                                  std::unique_ptr<BpeTokenizer>* out);
   // GPT-2's original pair (Megatron's GPT2BPETokenizer files): vocab.json {token: id} + merges.txt
   // ("#version" line, then "a b" per line). "<|endoftext|>" becomes the special EOD token.
-  static Status from_vocab_merges(const std::string& vocab_path, const std::string& merges_path, std::unique_ptr<BpeTokenizer>* out);
+  static Status from_vocab_merges(const std::string& vocab_path, const std::string& merges_path,
+                                  std::unique_ptr<BpeTokenizer>* out);
 
   // Ordinary text: special-token strings in `text` are encoded as plain text, like tiktoken's
   // encode_ordinary. Appends to `out`. Thread-safe.
@@ -51,9 +53,9 @@ class BpeTokenizer {
   Status decode(const std::vector<int32_t>& ids, std::string* out) const;
 
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
-  int32_t bos() const { return bos_; }  // -1 if none
-  int32_t eod() const { return eod_; }  // -1 if none
-  bool adds_bos() const { return adds_bos_; }  // the tokenizer's own convention (HF post_processor)
+  int32_t bos() const { return bos_; }              // -1 if none
+  int32_t eod() const { return eod_; }              // -1 if none
+  bool adds_bos() const { return adds_bos_; }       // the tokenizer's own convention (HF post_processor)
   int32_t token_id(const std::string& text) const;  // special or regular token by its bytes, -1 if absent
   const std::string& pattern() const { return pattern_; }
   const std::vector<SpecialToken>& specials() const { return specials_; }
@@ -63,7 +65,7 @@ class BpeTokenizer {
                                     std::unique_ptr<BpeTokenizer>* out);  // may throw nlohmann::json::exception
   BpeTokenizer() : instance_id_(next_instance_id_++) {}
   static std::atomic<uint64_t> next_instance_id_;
-  const uint64_t instance_id_;  // keys the per-thread piece cache
+  const uint64_t instance_id_;              // keys the per-thread piece cache
   Status finish(const std::string& where);  // compiles the regex, picks BOS/EOD
   void encode_piece(std::string_view piece, std::vector<int32_t>* out) const;
   int32_t lookup(std::string_view bytes) const;
@@ -106,6 +108,7 @@ struct BpeTrainOptions {
   int64_t min_frequency = 2;
 };
 // Trains byte-level BPE on `text` and writes a HF tokenizer.json to `out_path`.
-Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& opt, const std::string& out_path, std::string* summary);
+Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& opt, const std::string& out_path,
+                 std::string* summary);
 
 }  // namespace nb

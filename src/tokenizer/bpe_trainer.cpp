@@ -14,7 +14,8 @@
 namespace nb {
 
 namespace {
-Status count_pieces(const std::vector<std::string>& texts, const std::string& pattern, std::unordered_map<std::string, int64_t>* counts) {
+Status count_pieces(const std::vector<std::string>& texts, const std::string& pattern,
+                    std::unordered_map<std::string, int64_t>* counts) {
   int err = 0;
   PCRE2_SIZE off = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), PCRE2_ZERO_TERMINATED,
@@ -43,11 +44,12 @@ Status count_pieces(const std::vector<std::string>& texts, const std::string& pa
 uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 }  // namespace
 
-Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& opt, const std::string& out_path, std::string* summary) {
+Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& opt, const std::string& out_path,
+                 std::string* summary) {
   const int64_t target = opt.vocab_size - int64_t(opt.specials.size());
   if (target < 256)
-    return errorf("--vocab-size %lld is too small: byte-level BPE needs 256 byte tokens plus %zu special tokens", (long long)opt.vocab_size,
-                  opt.specials.size());
+    return errorf("--vocab-size %lld is too small: byte-level BPE needs 256 byte tokens plus %zu special tokens",
+                  (long long)opt.vocab_size, opt.specials.size());
   std::unordered_map<std::string, int64_t> counts;
   NB_TRY(count_pieces(texts, opt.pattern, &counts));
   std::vector<std::vector<int32_t>> words;
@@ -70,7 +72,9 @@ Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o
     }
   // Max-heap on (count, -key): the most frequent pair, ties to the smaller key. Stale entries are skipped.
   using Entry = std::pair<int64_t, uint64_t>;
-  auto cmp = [](const Entry& a, const Entry& b) { return a.first != b.first ? a.first < b.first : a.second > b.second; };
+  auto cmp = [](const Entry& a, const Entry& b) {
+    return a.first != b.first ? a.first < b.first : a.second > b.second;
+  };
   std::priority_queue<Entry, std::vector<Entry>, decltype(cmp)> heap(cmp);
   for (const auto& [k, c] : pair_count) heap.push({c, k});
   std::vector<std::pair<int32_t, int32_t>> merges;
@@ -94,8 +98,11 @@ Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o
       for (size_t i = 0; i + 1 < sym.size(); ++i) delta[pair_key(sym[i], sym[i + 1])] -= freq[size_t(w)];
       std::vector<int32_t> merged;
       for (size_t i = 0; i < sym.size(); ++i) {
-        if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) { merged.push_back(id); ++i; }
-        else merged.push_back(sym[i]);
+        if (i + 1 < sym.size() && sym[i] == a && sym[i + 1] == b) {
+          merged.push_back(id);
+          ++i;
+        } else
+          merged.push_back(sym[i]);
       }
       sym = std::move(merged);
       for (size_t i = 0; i + 1 < sym.size(); ++i) {
@@ -108,8 +115,10 @@ Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o
       if (dv == 0) continue;
       int64_t& cnt = pair_count[dk];
       cnt += dv;
-      if (cnt <= 0) pair_count.erase(dk);
-      else heap.push({cnt, dk});
+      if (cnt <= 0)
+        pair_count.erase(dk);
+      else
+        heap.push({cnt, dk});
     }
   }
   // Write the HF tokenizer.json.
@@ -119,13 +128,19 @@ Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o
   j["padding"] = nullptr;
   j["added_tokens"] = nlohmann::ordered_json::array();
   for (size_t i = 0; i < opt.specials.size(); ++i)
-    j["added_tokens"].push_back({{"id", int64_t(vocab.size() + i)}, {"content", opt.specials[i]}, {"single_word", false}, {"lstrip", false},
-                                 {"rstrip", false}, {"normalized", false}, {"special", true}});
+    j["added_tokens"].push_back({{"id", int64_t(vocab.size() + i)},
+                                 {"content", opt.specials[i]},
+                                 {"single_word", false},
+                                 {"lstrip", false},
+                                 {"rstrip", false},
+                                 {"normalized", false},
+                                 {"special", true}});
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Sequence"},
-                        {"pretokenizers",
-                         {{{"type", "Split"}, {"pattern", {{"Regex", opt.pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"}, {"pattern", {{"Regex", opt.pattern}}}, {"behavior", "Isolated"}, {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
   j["post_processor"] = nullptr;
   j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   nlohmann::ordered_json model;
@@ -148,8 +163,8 @@ Status train_bpe(const std::vector<std::string>& texts, const BpeTrainOptions& o
   f << j.dump(1) << "\n";
   if (!f) return errorf("writing %s failed (disk full?)", out_path.c_str());
   if (summary)
-    *summary = strprintf("%zu distinct pieces, %zu merges, vocabulary %zu (+%zu special)", counts.size(), merges.size(), vocab.size(),
-                         opt.specials.size());
+    *summary = strprintf("%zu distinct pieces, %zu merges, vocabulary %zu (+%zu special)", counts.size(), merges.size(),
+                         vocab.size(), opt.specials.size());
   return Status::ok();
 }
 

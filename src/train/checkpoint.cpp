@@ -87,9 +87,12 @@ Status prune(const std::string& save_dir, int64_t keep, int64_t tracked) {
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   int64_t kept = 1;  // the tracker's checkpoint
   for (const auto& [it, path] : found) {
-    if (it >= tracked) continue;           // the tracked one, or newer (another timeline's): left alone
-    if (it >= 0 && kept < keep) { ++kept; continue; }
-    NB_TRY(remove_tree(path));             // older than the newest `keep`, or a killed save's .tmp/.old
+    if (it >= tracked) continue;  // the tracked one, or newer (another timeline's): left alone
+    if (it >= 0 && kept < keep) {
+      ++kept;
+      continue;
+    }
+    NB_TRY(remove_tree(path));  // older than the newest `keep`, or a killed save's .tmp/.old
   }
   return Status::ok();
 }
@@ -110,9 +113,10 @@ Status write_checkpoint(const std::string& save_dir, const CheckpointData& data,
   nlohmann::json state = data.state, files;
   Status st = write_tensor_file((tmp_dir / "model.safetensors").string(), data.layout, {{"", data.master}},
                                 &files["model.safetensors"]);
-  if (st) st = write_tensor_file((tmp_dir / "optimizer.safetensors").string(), data.layout,
-                                 {{".exp_avg", data.exp_avg}, {".exp_avg_sq", data.exp_avg_sq}},
-                                 &files["optimizer.safetensors"]);
+  if (st)
+    st = write_tensor_file((tmp_dir / "optimizer.safetensors").string(), data.layout,
+                           {{".exp_avg", data.exp_avg}, {".exp_avg_sq", data.exp_avg_sq}},
+                           &files["optimizer.safetensors"]);
   if (st) {
     state["files"] = files;
     state["state_crc32"] = state_crc(state);
@@ -154,7 +158,10 @@ Status find_checkpoint(const std::string& load_dir, int64_t step, CheckpointRef*
   if (step < 0) {
     std::ifstream in(fs::path(load_dir) / kTracker);
     if (!in) {
-      if (found) { *found = false; return Status::ok(); }
+      if (found) {
+        *found = false;
+        return Status::ok();
+      }
       return errorf("no checkpoint in %s: it has no %s (pass the --save folder of an earlier run)", load_dir.c_str(),
                     kTracker);
     }
@@ -180,8 +187,10 @@ Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
   try {
     *state = nlohmann::json::parse(in);
   } catch (const std::exception& e) {
-    return errorf("%s fails its checksum: it is not valid JSON (%s); the file is damaged, load an older checkpoint "
-                  "with --ckpt-step N", path.c_str(), e.what());
+    return errorf(
+        "%s fails its checksum: it is not valid JSON (%s); the file is damaged, load an older checkpoint "
+        "with --ckpt-step N",
+        path.c_str(), e.what());
   }
   if (!state->contains("state_crc32") || !(*state)["state_crc32"].is_number_unsigned() ||
       (*state)["state_crc32"].get<uint32_t>() != state_crc(*state))
@@ -204,10 +213,11 @@ Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
     uint64_t size = 0;
     NB_TRY(file_crc32(ref.dir + "/" + name, &crc, &size).context("checkpoint " + ref.dir));
     if (size != want_size || crc != want_crc)
-      return errorf("%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08llx): "
-                    "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
-                    ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc, (unsigned long long)want_size,
-                    (unsigned long long)want_crc);
+      return errorf(
+          "%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08llx): "
+          "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
+          ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc, (unsigned long long)want_size,
+          (unsigned long long)want_crc);
   }
   return Status::ok();
 }
@@ -230,25 +240,43 @@ Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTens
 }
 
 nlohmann::json model_config_json(const LlamaConfig& c) {
-  return {{"name", c.name}, {"hidden", c.hidden}, {"ffn", c.ffn}, {"layers", c.layers}, {"heads", c.heads},
-          {"kv_heads", c.kv_heads}, {"head_dim", c.head_dim}, {"vocab", c.vocab}, {"rope_theta", c.rope_theta},
-          {"rope_factor", c.rope_factor}, {"rope_low_freq_factor", c.rope_low_freq_factor},
-          {"rope_high_freq_factor", c.rope_high_freq_factor}, {"rope_original_max_pos", c.rope_original_max_pos},
-          {"norm_eps", c.norm_eps}, {"tied_embeddings", c.tied_embeddings}, {"max_seq", c.max_seq}};
+  return {{"name", c.name},
+          {"hidden", c.hidden},
+          {"ffn", c.ffn},
+          {"layers", c.layers},
+          {"heads", c.heads},
+          {"kv_heads", c.kv_heads},
+          {"head_dim", c.head_dim},
+          {"vocab", c.vocab},
+          {"rope_theta", c.rope_theta},
+          {"rope_factor", c.rope_factor},
+          {"rope_low_freq_factor", c.rope_low_freq_factor},
+          {"rope_high_freq_factor", c.rope_high_freq_factor},
+          {"rope_original_max_pos", c.rope_original_max_pos},
+          {"norm_eps", c.norm_eps},
+          {"tied_embeddings", c.tied_embeddings},
+          {"max_seq", c.max_seq}};
 }
 
 Status model_config_from_json(const nlohmann::json& j, const std::string& where, LlamaConfig* out) {
   try {
     LlamaConfig c;
     c.name = json_string(j, "name");
-    c.hidden = json_int(j, "hidden"); c.ffn = json_int(j, "ffn"); c.layers = json_int(j, "layers");
-    c.heads = json_int(j, "heads"); c.kv_heads = json_int(j, "kv_heads"); c.head_dim = json_int(j, "head_dim");
-    c.vocab = json_int(j, "vocab"); c.rope_theta = json_number(j, "rope_theta");
-    c.rope_factor = json_number(j, "rope_factor"); c.rope_low_freq_factor = json_number(j, "rope_low_freq_factor");
+    c.hidden = json_int(j, "hidden");
+    c.ffn = json_int(j, "ffn");
+    c.layers = json_int(j, "layers");
+    c.heads = json_int(j, "heads");
+    c.kv_heads = json_int(j, "kv_heads");
+    c.head_dim = json_int(j, "head_dim");
+    c.vocab = json_int(j, "vocab");
+    c.rope_theta = json_number(j, "rope_theta");
+    c.rope_factor = json_number(j, "rope_factor");
+    c.rope_low_freq_factor = json_number(j, "rope_low_freq_factor");
     c.rope_high_freq_factor = json_number(j, "rope_high_freq_factor");
     c.rope_original_max_pos = json_int(j, "rope_original_max_pos");
     c.norm_eps = float(json_number(j, "norm_eps"));
-    c.tied_embeddings = json_bool(j, "tied_embeddings"); c.max_seq = json_int(j, "max_seq");
+    c.tied_embeddings = json_bool(j, "tied_embeddings");
+    c.max_seq = json_int(j, "max_seq");
     *out = c;
   } catch (const std::exception& e) {
     return errorf("%s: the model description is incomplete (%s)", where.c_str(), e.what());

@@ -24,7 +24,7 @@
 namespace nb {
 
 struct CheckpointRef {
-  std::string dir;        // SAVE/iter_0000100
+  std::string dir;  // SAVE/iter_0000100
   int64_t iteration = 0;
 };
 

@@ -18,9 +18,7 @@ Status parse_int(const std::string& key, const std::string& v, int64_t* out) {
     if (pos != v.size()) throw std::invalid_argument(v);
     *out = x;
     return Status::ok();
-  } catch (...) {
-    return errorf("%s expects an integer, got '%s'", key.c_str(), v.c_str());
-  }
+  } catch (...) { return errorf("%s expects an integer, got '%s'", key.c_str(), v.c_str()); }
 }
 Status parse_double(const std::string& key, const std::string& v, double* out) {
   try {
@@ -29,20 +27,27 @@ Status parse_double(const std::string& key, const std::string& v, double* out) {
     if (pos != v.size()) throw std::invalid_argument(v);
     *out = x;
     return Status::ok();
-  } catch (...) {
-    return errorf("%s expects a number, got '%s'", key.c_str(), v.c_str());
-  }
+  } catch (...) { return errorf("%s expects a number, got '%s'", key.c_str(), v.c_str()); }
 }
 Status parse_bool(const std::string& key, const std::string& v, bool* out) {
-  if (v == "true" || v == "1" || v == "on") { *out = true; return Status::ok(); }
-  if (v == "false" || v == "0" || v == "off") { *out = false; return Status::ok(); }
+  if (v == "true" || v == "1" || v == "on") {
+    *out = true;
+    return Status::ok();
+  }
+  if (v == "false" || v == "0" || v == "off") {
+    *out = false;
+    return Status::ok();
+  }
   return errorf("%s expects true or false, got '%s'", key.c_str(), v.c_str());
 }
 Status parse_choice(const std::string& key, const std::string& v, const std::vector<const char*>& choices,
                     std::string* out) {
   std::string list;
   for (const char* c : choices) {
-    if (v == c) { *out = v; return Status::ok(); }
+    if (v == c) {
+      *out = v;
+      return Status::ok();
+    }
     list += (list.empty() ? "" : ", ") + std::string(c);
   }
   return errorf("%s must be one of %s; got '%s'", key.c_str(), list.c_str(), v.c_str());
@@ -62,13 +67,17 @@ std::string quoted(const std::string& s) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       if (c == '"' || c == '\\') out += '\\';
-      if (c < 0x20 || c == 0x7f) out += strprintf("\\u%04x", c); else out += char(c);
+      if (c < 0x20 || c == 0x7f)
+        out += strprintf("\\u%04x", c);
+      else
+        out += char(c);
       ++i;
       continue;
     }
     const int n = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
     uint32_t cp = n == 1 ? 0xfffd : c & (0x7f >> n);
-    for (int k = 1; k < n; ++k) cp = i + k < s.size() ? (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f) : 0xfffd;
+    for (int k = 1; k < n; ++k)
+      cp = i + k < s.size() ? (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f) : 0xfffd;
     out += cp > 0xffff ? strprintf("\\U%08x", cp) : strprintf("\\u%04x", cp);
     i += size_t(n);
   }
@@ -88,7 +97,12 @@ ConfigKey bool_key(const char* name, const char* help, bool* p) {
           [=] { return std::string(*p ? "true" : "false"); }, true};
 }
 ConfigKey string_key(const char* name, const char* help, std::string* p) {
-  return {name, help, [=](const std::string& v) { *p = v; return Status::ok(); }, [=] { return quoted(*p); }};
+  return {name, help,
+          [=](const std::string& v) {
+            *p = v;
+            return Status::ok();
+          },
+          [=] { return quoted(*p); }};
 }
 ConfigKey choice_key(const char* name, const char* help, std::string* p, std::initializer_list<const char*> choices) {
   std::vector<const char*> cs(choices);
@@ -102,10 +116,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
   return {
       string_key("model", "model preset (llama3.1-8b, llama3-8b-proxy, tiny, ...)", &c.model),
       int_key("num-layers", "override the preset's layer count (0 = preset)", &c.num_layers),
-      int_key("vocab-size", "override the preset's vocabulary (0 = preset), padded to a multiple of 128", &c.vocab_size),
+      int_key("vocab-size", "override the preset's vocabulary (0 = preset), padded to a multiple of 128",
+              &c.vocab_size),
       int_key("seq-length", "tokens per sample (0 = preset default)", &c.seq_length),
       int_key("micro-batch-size", "samples per micro-batch per GPU", &c.micro_batch_size),
-      int_key("global-batch-size", "samples per optimizer step (0 = micro-batch x data-parallel)", &c.global_batch_size),
+      int_key("global-batch-size", "samples per optimizer step (0 = micro-batch x data-parallel)",
+              &c.global_batch_size),
       int_key("train-iters", "optimizer steps", &c.train_iters),
       double_key("lr", "peak learning rate", &c.lr),
       double_key("min-lr", "final learning rate of the decay", &c.min_lr),
@@ -122,14 +138,17 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       int_key("seed", "seed for weights, data order and stochastic rounding", &c.seed),
       choice_key("recompute", "activation recompute: none, selective (attention/SwiGLU) or full (whole layer)",
                  &c.recompute, {"none", "selective", "full"}),
-      string_key("recipe", "precision recipe: bf16_mixed, bf16_with_fp8_current_scaling_mixed, "
+      string_key("recipe",
+                 "precision recipe: bf16_mixed, bf16_with_fp8_current_scaling_mixed, "
                  "bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed, bf16_with_mxfp8_mixed, "
-                 "bf16_with_nvfp4_mixed", &c.recipe),
+                 "bf16_with_nvfp4_mixed",
+                 &c.recipe),
       bool_key("disable-fp4", "run the same job in bf16_mixed", &c.disable_fp4),
       bool_key("fp4-disable-rht", "NVFP4: no random Hadamard transform on the Wgrad operands", &c.fp4_disable_rht),
       bool_key("fp4-disable-sr", "NVFP4: round gradients to nearest instead of stochastically", &c.fp4_disable_sr),
       bool_key("fp4-disable-2d", "NVFP4: 1x16 weight blocks instead of 16x16", &c.fp4_disable_2d),
-      bool_key("first-last-layers-bf16", "keep the first and last transformer layers in BF16", &c.first_last_layers_bf16),
+      bool_key("first-last-layers-bf16", "keep the first and last transformer layers in BF16",
+               &c.first_last_layers_bf16),
       int_key("num-layers-at-start-in-bf16", "transformer layers at the start kept in BF16 (-1 = the recipe's)",
               &c.num_layers_at_start_in_bf16),
       int_key("num-layers-at-end-in-bf16", "transformer layers at the end kept in BF16 (-1 = the recipe's)",
@@ -140,7 +159,8 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       string_key("data-path", "Megatron dataset prefix or blend 'w1 p1 w2 p2 ...'", &c.data_path),
       string_key("split", "train,valid,test split weights", &c.split),
       string_key("tokenizer", "tokenizer.json or .tiktoken file (real data)", &c.tokenizer),
-      int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)", &c.eval_interval),
+      int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)",
+              &c.eval_interval),
       int_key("eval-iters", "global batches per validation (Megatron's meaning)", &c.eval_iters),
       choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
       int_key("log-interval", "steps between log lines", &c.log_interval),
@@ -175,8 +195,10 @@ Status check_ascii(const std::string& text, const std::string& where) {
   for (const char ch : text) {
     if (ch == '\n') ++line;
     if (static_cast<unsigned char>(ch) >= 0x80)
-      return errorf("config file %s line %lld: a non-ASCII character; config files are ASCII (write it as a \\uXXXX "
-                    "escape inside a quoted string, or pass the value as a flag)", where.c_str(), (long long)line);
+      return errorf(
+          "config file %s line %lld: a non-ASCII character; config files are ASCII (write it as a \\uXXXX "
+          "escape inside a quoted string, or pass the value as a flag)",
+          where.c_str(), (long long)line);
   }
   return Status::ok();
 }
@@ -208,7 +230,10 @@ Status apply_config_table(const toml::table& tbl, const std::string& path, Train
   std::function<void(const toml::table&)> visit = [&](const toml::table& t) {
     for (const auto& [k, node] : t) {
       if (!result) return;
-      if (node.is_table()) { visit(*node.as_table()); continue; }
+      if (node.is_table()) {
+        visit(*node.as_table());
+        continue;
+      }
       std::string name(k.str());
       std::replace(name.begin(), name.end(), '_', '-');
       auto it = std::find_if(keys.begin(), keys.end(), [&](const ConfigKey& ck) { return ck.name == name; });
@@ -218,11 +243,21 @@ Status apply_config_table(const toml::table& tbl, const std::string& path, Train
         return;
       }
       std::string v;
-      if (auto s = node.value<std::string>()) v = *s;
-      else if (auto b = node.value_exact<bool>()) v = *b ? "true" : "false";
-      else if (auto i = node.value_exact<int64_t>()) v = std::to_string(*i);
-      else if (auto d = node.value<double>()) { std::ostringstream o; o.precision(17); o << *d; v = o.str(); }
-      else { result = errorf("config file %s: key '%s' has an unsupported value type", path.c_str(), name.c_str()); return; }
+      if (auto s = node.value<std::string>())
+        v = *s;
+      else if (auto b = node.value_exact<bool>())
+        v = *b ? "true" : "false";
+      else if (auto i = node.value_exact<int64_t>())
+        v = std::to_string(*i);
+      else if (auto d = node.value<double>()) {
+        std::ostringstream o;
+        o.precision(17);
+        o << *d;
+        v = o.str();
+      } else {
+        result = errorf("config file %s: key '%s' has an unsupported value type", path.c_str(), name.c_str());
+        return;
+      }
       Status st = it->set(v);
       if (!st) result = st.context("config file " + path);
     }
@@ -243,10 +278,12 @@ Status resolve_model(TrainConfig& c, LlamaConfig* model) {
 }
 
 Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
-  if (c.micro_batch_size <= 0) return errorf("--micro-batch-size must be positive; got %lld", (long long)c.micro_batch_size);
+  if (c.micro_batch_size <= 0)
+    return errorf("--micro-batch-size must be positive; got %lld", (long long)c.micro_batch_size);
   if (c.seq_length <= 0) return errorf("--seq-length must be positive; got %lld", (long long)c.seq_length);
   if (c.seq_length > m.max_seq)
-    return errorf("--seq-length %lld exceeds the model's maximum context %lld", (long long)c.seq_length, (long long)m.max_seq);
+    return errorf("--seq-length %lld exceeds the model's maximum context %lld", (long long)c.seq_length,
+                  (long long)m.max_seq);
   int64_t per_step = c.micro_batch_size * c.data_parallel;
   if (c.global_batch_size <= 0 || c.global_batch_size % per_step != 0)
     return errorf("--global-batch-size %lld must be a positive multiple of micro-batch-size x data-parallel = %lld",
@@ -257,14 +294,17 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.lr_warmup_iters < 0 || c.lr_warmup_iters > c.train_iters)
     return errorf("--lr-warmup-iters %lld must lie in [0, train-iters %lld]", (long long)c.lr_warmup_iters,
                   (long long)c.train_iters);
-  if (c.lr_decay_style == "wsd" && (c.lr_wsd_decay_iters <= 0 || c.lr_wsd_decay_iters + c.lr_warmup_iters > c.lr_decay_iters))
-    return errorf("--lr-decay-style wsd needs 0 < lr-wsd-decay-iters (%lld) and warmup + decay <= lr-decay-iters (%lld)",
-                  (long long)c.lr_wsd_decay_iters, (long long)c.lr_decay_iters);
+  if (c.lr_decay_style == "wsd" &&
+      (c.lr_wsd_decay_iters <= 0 || c.lr_wsd_decay_iters + c.lr_warmup_iters > c.lr_decay_iters))
+    return errorf(
+        "--lr-decay-style wsd needs 0 < lr-wsd-decay-iters (%lld) and warmup + decay <= lr-decay-iters (%lld)",
+        (long long)c.lr_wsd_decay_iters, (long long)c.lr_decay_iters);
   if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
-  if (c.data_parallel != 1) return errorf("data-parallel %lld: this build trains on one GPU", (long long)c.data_parallel);
+  if (c.data_parallel != 1)
+    return errorf("data-parallel %lld: this build trains on one GPU", (long long)c.data_parallel);
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

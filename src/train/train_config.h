@@ -14,12 +14,12 @@ namespace nb {
 struct TrainConfig {
   // model
   std::string model = "tiny";
-  int64_t num_layers = 0;        // 0 = preset's
-  int64_t vocab_size = 0;        // 0 = preset's; else padded up to a multiple of 128 (Megatron's default)
+  int64_t num_layers = 0;  // 0 = preset's
+  int64_t vocab_size = 0;  // 0 = preset's; else padded up to a multiple of 128 (Megatron's default)
   // batch and schedule
-  int64_t seq_length = 0;        // 0 = preset default (tiny 64, proxies 4096, others 4096)
+  int64_t seq_length = 0;  // 0 = preset default (tiny 64, proxies 4096, others 4096)
   int64_t micro_batch_size = 1;
-  int64_t global_batch_size = 0; // 0 = micro_batch_size * data_parallel (one accumulation step)
+  int64_t global_batch_size = 0;  // 0 = micro_batch_size * data_parallel (one accumulation step)
   int64_t train_iters = 20;
   double lr = 3e-4, min_lr = 3e-5;
   int64_t lr_warmup_iters = 0;
@@ -28,7 +28,7 @@ struct TrainConfig {
   int64_t lr_decay_iters = 0;             // 0 = train_iters
   double weight_decay = 0.1, adam_beta1 = 0.9, adam_beta2 = 0.95, adam_eps = 1e-8, clip_grad = 1.0;
   int64_t seed = 1234;
-  std::string recompute = "none";         // none | selective | full
+  std::string recompute = "none";  // none | selective | full
   // precision recipe (Megatron-Bridge names and knobs)
   std::string recipe = "bf16_mixed";
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false;
@@ -37,31 +37,31 @@ struct TrainConfig {
   bool quant_stats = false;  // per-layer quantization statistics in the JSONL each log interval
   // data
   bool mock_data = true;
-  std::string data_path;                  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."
+  std::string data_path;  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."
   std::string split = "969,30,1";
-  std::string tokenizer;                  // tokenizer.json or .tiktoken, for real data
+  std::string tokenizer;  // tokenizer.json or .tiktoken, for real data
   int64_t eval_interval = 0, eval_iters = 10;
   // run
-  std::string device = "auto";            // auto | cuda | cpu
+  std::string device = "auto";  // auto | cuda | cpu
   int64_t log_interval = 1;
-  std::string save;                       // output folder: resolved config, metrics.jsonl
-  std::string on_nan = "stop";            // stop | skip
-  double peak_tflops = 0;                 // 0 = measured/datasheet BF16 peak of the device
+  std::string save;             // output folder: resolved config, metrics.jsonl
+  std::string on_nan = "stop";  // stop | skip
+  double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
   int64_t data_parallel = 1;
   // checkpoints (Megatron's flags; see train/checkpoint.h)
-  int64_t save_interval = 0;              // checkpoint every N iterations and at the end (0 = none)
-  int64_t save_keep = 0;                  // keep the newest N checkpoints (0 = all)
-  bool async_save = true;                 // write checkpoint files on a background thread
-  int64_t exit_interval = 0;              // save and exit when the iteration is a multiple of N
-  std::string load;                       // resume from this folder's latest checkpoint
-  int64_t ckpt_step = -1;                 // load this iteration instead of the latest
+  int64_t save_interval = 0;  // checkpoint every N iterations and at the end (0 = none)
+  int64_t save_keep = 0;      // keep the newest N checkpoints (0 = all)
+  bool async_save = true;     // write checkpoint files on a background thread
+  int64_t exit_interval = 0;  // save and exit when the iteration is a multiple of N
+  std::string load;           // resume from this folder's latest checkpoint
+  int64_t ckpt_step = -1;     // load this iteration instead of the latest
   bool no_load_optim = false, no_load_rng = false;
-  bool finetune = false;                  // --load: weights only, iteration 0
-  std::string load_hf;                    // start from a Hugging Face Llama folder
+  bool finetune = false;  // --load: weights only, iteration 0
+  std::string load_hf;    // start from a Hugging Face Llama folder
 };
 
 struct ConfigKey {
-  std::string name;   // dashed: "micro-batch-size"
+  std::string name;  // dashed: "micro-batch-size"
   std::string help;
   std::function<Status(const std::string&)> set;
   std::function<std::string()> get;

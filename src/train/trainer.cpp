@@ -37,7 +37,9 @@ struct TermSignalScope {
     sigemptyset(&sa.sa_mask);
     installed = sigaction(SIGTERM, &sa, &old_) == 0;
   }
-  ~TermSignalScope() { if (installed) sigaction(SIGTERM, &old_, nullptr); }
+  ~TermSignalScope() {
+    if (installed) sigaction(SIGTERM, &old_, nullptr);
+  }
 };
 
 }  // namespace
@@ -92,11 +94,14 @@ Status Trainer::step(StepMetrics* m) {
   if (!std::isfinite(loss) || !std::isfinite(grad_norm) || !nonfinite_where.empty()) {
     nan_iters_++;
     if (cfg_.on_nan == "stop")
-      return errorf("step %lld: %s is not finite (loss %g, grad norm %g%s%s); stopping. Lower --lr, raise "
-                    "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
-                    (long long)(it + 1), !std::isfinite(loss) ? "the loss" : !std::isfinite(grad_norm) ?
-                    "the gradient norm" : "a quantizer input", loss, grad_norm,
-                    nonfinite_where.empty() ? "" : "; first non-finite amax in ", nonfinite_where.c_str());
+      return errorf(
+          "step %lld: %s is not finite (loss %g, grad norm %g%s%s); stopping. Lower --lr, raise "
+          "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
+          (long long)(it + 1),
+          !std::isfinite(loss)        ? "the loss"
+          : !std::isfinite(grad_norm) ? "the gradient norm"
+                                      : "a quantizer input",
+          loss, grad_norm, nonfinite_where.empty() ? "" : "; first non-finite amax in ", nonfinite_where.c_str());
     skipped_++;
     NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
   } else {
@@ -124,15 +129,20 @@ void Trainer::adamw_update(double lr, double grad_norm) {
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (grad_norm + 1e-6));
   ++adam_step_;
-  ops::AdamWParams ap{float(lr), float(cfg_.adam_beta1), float(cfg_.adam_beta2), float(cfg_.adam_eps),
-                      float(cfg_.weight_decay), adam_step_, clip};
+  ops::AdamWParams ap{float(lr),
+                      float(cfg_.adam_beta1),
+                      float(cfg_.adam_beta2),
+                      float(cfg_.adam_eps),
+                      float(cfg_.weight_decay),
+                      adam_step_,
+                      clip};
   for (bool decayed : {true, false}) {
     ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
     const int64_t b = decayed ? 0 : P.decayed_count(), e = decayed ? P.decayed_count() : P.total();
     for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
       ops::adamw_update(P.range(P.flat_master(), pc.begin, pc.end), P.range(P.flat_grad(), pc.begin, pc.end),
-                        P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute,
-                        ap, nullptr);
+                        P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute, ap,
+                        nullptr);
   }
 }
 
@@ -153,7 +163,8 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   const double loss = sum / double(n);
   std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
               loss, std::exp(loss));
-  if (jsonl_) jsonl_ << "{\"iteration\":" << iteration << ",\"val_loss\":" << loss << ",\"val_ppl\":" << std::exp(loss) << "}\n";
+  if (jsonl_)
+    jsonl_ << "{\"iteration\":" << iteration << ",\"val_loss\":" << loss << ",\"val_ppl\":" << std::exp(loss) << "}\n";
   summary->final_val_loss = loss;
   return Status::ok();
 }
@@ -176,10 +187,16 @@ Status Trainer::train(TrainSummary* summary) {
     NB_TRY(step(&m));
     const int64_t it = iteration_ - 1;
     if (dev_ == Device::cuda && profile::enabled()) {  // the first step (plans, autotuning) is left out
-      if (it == summary->start_iteration) profile::reset(); else profile::collect(iteration_ == cfg_.train_iters);
+      if (it == summary->start_iteration)
+        profile::reset();
+      else
+        profile::collect(iteration_ == cfg_.train_iters);
     }
     const double step_ms = step_timer.ms();
-    if (it > summary->start_iteration) { time_sum_ms += step_ms; timed_steps++; }  // the first step warms up
+    if (it > summary->start_iteration) {
+      time_sum_ms += step_ms;
+      timed_steps++;
+    }  // the first step warms up
     m.step_ms = step_ms;
     m.tokens_per_s = double(tokens_per_step_) / (step_ms / 1000.0);
     m.tflops = flops_per_token_ * double(tokens_per_step_) / (step_ms / 1000.0) / 1e12;
@@ -187,7 +204,8 @@ Status Trainer::train(TrainSummary* summary) {
     m.peak_mem_gib = dev_ == Device::cuda ? gib(peak_mem_) : gib(param_bytes_ + act_bytes_);
     const double mean_ms = timed_steps ? time_sum_ms / double(timed_steps) : step_ms;
     m.eta_s = mean_ms / 1000.0 * double(cfg_.train_iters - iteration_);
-    if (iteration_ % cfg_.log_interval == 0 || iteration_ == cfg_.train_iters) std::printf("%s\n", format_log_line(m).c_str());
+    if (iteration_ % cfg_.log_interval == 0 || iteration_ == cfg_.train_iters)
+      std::printf("%s\n", format_log_line(m).c_str());
     std::fflush(stdout);
     if (jsonl_) jsonl_ << format_jsonl(m) << "\n" << std::flush;
     if (summary->losses.empty()) summary->first_loss = m.loss;
@@ -203,8 +221,8 @@ Status Trainer::train(TrainSummary* summary) {
       NB_TRY(save(summary));
     if (exit_now || term_now) {
       summary->stopped_by = term_now ? "SIGTERM" : "exit-interval";
-      std::printf("%s: checkpoint of iteration %lld saved, exiting\n", term_now ? "SIGTERM received" : "--exit-interval",
-                  (long long)iteration_);
+      std::printf("%s: checkpoint of iteration %lld saved, exiting\n",
+                  term_now ? "SIGTERM received" : "--exit-interval", (long long)iteration_);
       break;
     }
   }
@@ -215,8 +233,9 @@ Status Trainer::train(TrainSummary* summary) {
   summary->skipped = skipped_;
   summary->mean_step_ms = timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms;
   summary->tokens_per_s = summary->mean_step_ms > 0 ? double(tokens_per_step_) / (summary->mean_step_ms / 1000.0) : 0;
-  summary->tflops = summary->mean_step_ms > 0 ?
-      flops_per_token_ * double(tokens_per_step_) / (summary->mean_step_ms / 1000.0) / 1e12 : 0;
+  summary->tflops = summary->mean_step_ms > 0
+                        ? flops_per_token_ * double(tokens_per_step_) / (summary->mean_step_ms / 1000.0) / 1e12
+                        : 0;
   summary->mfu = peak_tflops_ > 0 ? summary->tflops / peak_tflops_ : 0;
   summary->peak_mem_gib = m.peak_mem_gib;
   report(*summary);
@@ -228,7 +247,8 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("| %-34s | %-22s |\n", "device", device_name_.c_str());
   std::printf("| %-34s | %-22s |\n", "model", model_cfg_.name.c_str());
   std::printf("| %-34s | %22lld |\n", "steps run (from iteration)", (long long)s.steps);
-  if (s.start_iteration > 0) std::printf("| %-34s | %22lld |\n", "resumed after iteration", (long long)s.start_iteration);
+  if (s.start_iteration > 0)
+    std::printf("| %-34s | %22lld |\n", "resumed after iteration", (long long)s.start_iteration);
   if (!s.stopped_by.empty()) std::printf("| %-34s | %22s |\n", "stopped early by", s.stopped_by.c_str());
   std::printf("| %-34s | %22lld |\n", "skipped steps", (long long)s.skipped);
   std::printf("| %-34s | %22.4f |\n", "loss: first step", s.first_loss);

@@ -85,10 +85,10 @@ class Trainer {
   std::vector<int32_t> step_tokens_, step_labels_;
   std::ofstream jsonl_;
   // Training state that a checkpoint carries (besides weights and AdamW moments).
-  int64_t iteration_ = 0;         // completed optimizer steps
-  int64_t consumed_valid_ = 0;    // validation samples read so far
-  int64_t adam_step_ = 0;         // AdamW's bias-correction step count (reset by --no-load-optim)
-  int64_t rng_step_ = 0;          // stochastic-rounding key counter (reset by --no-load-rng)
+  int64_t iteration_ = 0;       // completed optimizer steps
+  int64_t consumed_valid_ = 0;  // validation samples read so far
+  int64_t adam_step_ = 0;       // AdamW's bias-correction step count (reset by --no-load-optim)
+  int64_t rng_step_ = 0;        // stochastic-rounding key counter (reset by --no-load-rng)
   int64_t skipped_ = 0, nan_iters_ = 0;
   double peak_mem_ = 0;
   // Checkpoint saving: host copies of master, m, v (page-locked on CUDA) and the writer thread.

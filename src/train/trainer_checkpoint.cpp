@@ -25,18 +25,20 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // Keys a resume may change freely (Megatron accepts them too); every other change is printed.
 bool free_on_resume(const std::string& key) {
-  static const char* kFree[] = {"train-iters", "min-lr", "eval-interval", "eval-iters", "log-interval", "save",
-                                "save-interval", "save-keep", "async-save", "exit-interval", "load", "ckpt-step",
-                                "no-load-optim", "no-load-rng", "finetune", "load-hf", "device", "quant-stats",
-                                "on-nan", "peak-tflops", "lr-decay-iters"};
-  for (const char* k : kFree) if (key == k) return true;
+  static const char* kFree[] = {
+      "train-iters", "min-lr",     "eval-interval", "eval-iters",  "log-interval", "save",          "save-interval",
+      "save-keep",   "async-save", "exit-interval", "load",        "ckpt-step",    "no-load-optim", "no-load-rng",
+      "finetune",    "load-hf",    "device",        "quant-stats", "on-nan",       "peak-tflops",   "lr-decay-iters"};
+  for (const char* k : kFree)
+    if (key == k) return true;
   return false;
 }
 
 // Keys that fix the data order or the optimizer's step: a different value cannot continue the run.
 bool fixed_on_resume(const std::string& key) {
   static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path", "split"};
-  for (const char* k : kFixed) if (key == k) return true;
+  for (const char* k : kFixed)
+    if (key == k) return true;
   return false;
 }
 
@@ -44,8 +46,10 @@ bool fixed_on_resume(const std::string& key) {
 
 Trainer::HostCopies::~HostCopies() {
   for (float* p : {master, m, v}) {
-    if (pinned) pinned_host_free(p);
-    else std::free(p);
+    if (pinned)
+      pinned_host_free(p);
+    else
+      std::free(p);
   }
 }
 
@@ -102,11 +106,12 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
     NB_TRY(P.set_flat(P.flat_v(), host.data()));
   }
   if (!cfg_.finetune) NB_TRY(restore_state(state).context("checkpoint " + ref.dir));
-  std::printf("loaded checkpoint %s in %.1f s: %s%s%s\n", ref.dir.c_str(), ms_since(t0) / 1000.0,
-              cfg_.finetune ? "weights only (--finetune), starting at iteration 0" :
-                              strprintf("resuming after iteration %lld", (long long)iteration_).c_str(),
-              cfg_.finetune ? "" : (optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
-              cfg_.finetune ? "" : (cfg_.no_load_rng ? ", RNG streams restarted (--no-load-rng)" : ", RNG state loaded"));
+  std::printf(
+      "loaded checkpoint %s in %.1f s: %s%s%s\n", ref.dir.c_str(), ms_since(t0) / 1000.0,
+      cfg_.finetune ? "weights only (--finetune), starting at iteration 0"
+                    : strprintf("resuming after iteration %lld", (long long)iteration_).c_str(),
+      cfg_.finetune ? "" : (optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
+      cfg_.finetune ? "" : (cfg_.no_load_rng ? ", RNG streams restarted (--no-load-rng)" : ", RNG state loaded"));
   std::fflush(stdout);  // a job killed right after still shows what it resumed from
   return Status::ok();
 }
@@ -116,24 +121,26 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
 Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaConfig& m) const {
   const LlamaConfig& c = model_cfg_;
   const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
-      {"hidden size", {m.hidden, c.hidden}}, {"FFN size", {m.ffn, c.ffn}}, {"layers", {m.layers, c.layers}},
-      {"attention heads", {m.heads, c.heads}}, {"KV heads", {m.kv_heads, c.kv_heads}},
-      {"head dim", {m.head_dim, c.head_dim}}, {"vocabulary", {m.vocab, c.vocab}},
-      {"tied embeddings", {m.tied_embeddings, c.tied_embeddings}}};
+      {"hidden size", {m.hidden, c.hidden}},  {"FFN size", {m.ffn, c.ffn}},
+      {"layers", {m.layers, c.layers}},       {"attention heads", {m.heads, c.heads}},
+      {"KV heads", {m.kv_heads, c.kv_heads}}, {"head dim", {m.head_dim, c.head_dim}},
+      {"vocabulary", {m.vocab, c.vocab}},     {"tied embeddings", {m.tied_embeddings, c.tied_embeddings}}};
   for (const auto& [field, v] : shape)
     if (v.first != v.second)
-      return errorf("cannot load the checkpoint: its model has %s %lld but this run's model (%s) has %lld; pass "
-                    "the model of the checkpoint (%s)", field, (long long)v.first, c.name.c_str(), (long long)v.second,
-                    m.name.c_str());
+      return errorf(
+          "cannot load the checkpoint: its model has %s %lld but this run's model (%s) has %lld; pass "
+          "the model of the checkpoint (%s)",
+          field, (long long)v.first, c.name.c_str(), (long long)v.second, m.name.c_str());
   TrainConfig saved_copy = saved, now = cfg_;
   auto then_keys = config_keys(saved_copy), now_keys = config_keys(now);
   for (size_t i = 0; i < now_keys.size(); ++i) {
     const std::string a = then_keys[i].get(), b = now_keys[i].get(), key = now_keys[i].name;
     if (a == b || free_on_resume(key)) continue;
     if (fixed_on_resume(key) && !cfg_.finetune)
-      return errorf("cannot resume: --%s is %s in the checkpoint but %s now (it fixes the data order and the "
-                    "samples per step); pass --%s %s, or --finetune to start a new run from the checkpoint's weights",
-                    key.c_str(), a.c_str(), b.c_str(), key.c_str(), a.c_str());
+      return errorf(
+          "cannot resume: --%s is %s in the checkpoint but %s now (it fixes the data order and the "
+          "samples per step); pass --%s %s, or --finetune to start a new run from the checkpoint's weights",
+          key.c_str(), a.c_str(), b.c_str(), key.c_str(), a.c_str());
     if (!cfg_.finetune) std::printf("note: --%s changed on resume: %s -> %s\n", key.c_str(), a.c_str(), b.c_str());
   }
   return Status::ok();
@@ -166,9 +173,10 @@ Status Trainer::restore_state(const nlohmann::json& s) {
     const std::string saved_recipe = json_string(s, "recipe");
     Status st = model_.set_scaling_states(scaling);
     if (!st)
-      return errorf("the checkpoint's recipe %s and this run's %s keep different FP8 delayed-scaling state (%s); "
-                    "resume with --recipe %s, or pass --finetune", saved_recipe.c_str(), recipe_.name.c_str(),
-                    st.message().c_str(), saved_recipe.c_str());
+      return errorf(
+          "the checkpoint's recipe %s and this run's %s keep different FP8 delayed-scaling state (%s); "
+          "resume with --recipe %s, or pass --finetune",
+          saved_recipe.c_str(), recipe_.name.c_str(), st.message().c_str(), saved_recipe.c_str());
   } catch (const std::exception& e) {
     return errorf("trainer_state.json lacks a field this nibble needs, or has one of another type (%s)", e.what());
   }
@@ -183,16 +191,24 @@ nlohmann::json Trainer::trainer_state() const {
   s["iteration"] = iteration_;
   s["consumed_train_samples"] = iteration_ * cfg_.global_batch_size;
   s["consumed_valid_samples"] = consumed_valid_;
-  s["optimizer"] = {{"type", "adamw"}, {"step", adam_step_}, {"skipped_iterations", skipped_},
-                    {"nan_iterations", nan_iters_}};
-  s["lr_schedule"] = {{"iteration", iteration_}, {"next_lr", sched_.at(iteration_)}, {"style", sched_.style},
-                      {"lr", sched_.lr}, {"min_lr", sched_.min_lr}, {"warmup_iters", sched_.warmup},
-                      {"decay_iters", sched_.decay_iters}, {"wsd_decay_iters", sched_.wsd_decay_iters}};
+  s["optimizer"] = {
+      {"type", "adamw"}, {"step", adam_step_}, {"skipped_iterations", skipped_}, {"nan_iterations", nan_iters_}};
+  s["lr_schedule"] = {{"iteration", iteration_},
+                      {"next_lr", sched_.at(iteration_)},
+                      {"style", sched_.style},
+                      {"lr", sched_.lr},
+                      {"min_lr", sched_.min_lr},
+                      {"warmup_iters", sched_.warmup},
+                      {"decay_iters", sched_.decay_iters},
+                      {"wsd_decay_iters", sched_.wsd_decay_iters}};
   // Stochastic rounding and the RHT signs draw from Philox4x32-10 keyed by {seed, step, tensor/micro/role}
   // (recipe/linear.h): the seed and the step counter are the whole RNG state.
   s["rng"] = {{"generator", "philox4x32-10"}, {"seed", cfg_.seed}, {"stochastic_rounding_step", rng_step_}};
-  s["data"] = {{"mock_data", cfg_.mock_data}, {"data_path", cfg_.data_path}, {"split", cfg_.split},
-               {"seq_length", cfg_.seq_length}, {"global_batch_size", cfg_.global_batch_size}};
+  s["data"] = {{"mock_data", cfg_.mock_data},
+               {"data_path", cfg_.data_path},
+               {"split", cfg_.split},
+               {"seq_length", cfg_.seq_length},
+               {"global_batch_size", cfg_.global_batch_size}};
   std::vector<LlamaModel::LinearScaling> scaling;
   Status st = model_.scaling_states(&scaling);
   NB_CHECK(st.is_ok(), "%s", st.message().c_str());
@@ -200,8 +216,12 @@ nlohmann::json Trainer::trainer_state() const {
   for (const auto& l : scaling) {
     nlohmann::json roles = nlohmann::json::array();
     for (const auto& r : l.roles)
-      roles.push_back({{"role", r.role}, {"has_history", r.has_history}, {"used_in_step", r.used_in_step},
-                       {"scale", r.scale}, {"step_amax", r.step_amax}, {"history", r.history}});
+      roles.push_back({{"role", r.role},
+                       {"has_history", r.has_history},
+                       {"used_in_step", r.used_in_step},
+                       {"scale", r.scale},
+                       {"step_amax", r.step_amax},
+                       {"history", r.history}});
     s["fp8_delayed_scaling"].push_back({{"linear", l.linear}, {"roles", roles}});
   }
   s["recipe"] = recipe_.name;
@@ -239,8 +259,10 @@ Status Trainer::save(TrainSummary* summary) {
   pending_save_ = iteration_;
   if (cfg_.async_save) {
     NB_TRY(writer_->start(std::move(d)));
-    std::printf("saving checkpoint iteration %lld to %s: step stalled %.1f ms for the device-to-host copy; files are "
-                "written in the background\n", (long long)iteration_, cfg_.save.c_str(), stall_ms);
+    std::printf(
+        "saving checkpoint iteration %lld to %s: step stalled %.1f ms for the device-to-host copy; files are "
+        "written in the background\n",
+        (long long)iteration_, cfg_.save.c_str(), stall_ms);
     std::fflush(stdout);
     return Status::ok();
   }
@@ -274,7 +296,8 @@ Status Trainer::finish_saves(TrainSummary* summary) {
 
 void Trainer::note_written(const CheckpointWriteStats& ws, TrainSummary* summary) {
   std::printf("checkpoint iteration %lld written: %.2f GiB in %.2f s (%.2f GiB/s)\n", (long long)pending_save_,
-              double(ws.bytes) / 1073741824.0, ws.seconds, double(ws.bytes) / 1073741824.0 / std::max(ws.seconds, 1e-9));
+              double(ws.bytes) / 1073741824.0, ws.seconds,
+              double(ws.bytes) / 1073741824.0 / std::max(ws.seconds, 1e-9));
   summary->save_write_s_max = std::max(summary->save_write_s_max, ws.seconds);
   summary->checkpoint_gib = double(ws.bytes) / 1073741824.0;
   pending_save_ = -1;

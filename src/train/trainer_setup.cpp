@@ -18,9 +18,10 @@ namespace {
 double gib(double bytes) { return bytes / 1073741824.0; }
 
 std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
-  return strprintf("needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
-                   "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)",
-                   need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length);
+  return strprintf(
+      "needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
+      "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)",
+      need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length);
 }
 
 }  // namespace
@@ -50,8 +51,10 @@ Status Trainer::resolve_config() {
   NB_TRY(parse_recompute(cfg_.recompute, &recompute_));
   NB_TRY(recipe::recipe_preset(cfg_.recipe, &recipe_).context("--recipe"));
   recipe::RecipeKnobs knobs;
-  knobs.disable_fp4 = cfg_.disable_fp4; knobs.fp4_disable_rht = cfg_.fp4_disable_rht;
-  knobs.fp4_disable_sr = cfg_.fp4_disable_sr; knobs.fp4_disable_2d = cfg_.fp4_disable_2d;
+  knobs.disable_fp4 = cfg_.disable_fp4;
+  knobs.fp4_disable_rht = cfg_.fp4_disable_rht;
+  knobs.fp4_disable_sr = cfg_.fp4_disable_sr;
+  knobs.fp4_disable_2d = cfg_.fp4_disable_2d;
   knobs.first_last_layers_bf16 = cfg_.first_last_layers_bf16;
   knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
@@ -69,9 +72,11 @@ Status Trainer::check_tokenizer() {
     std::unique_ptr<BpeTokenizer> tok;
     NB_TRY(BpeTokenizer::load(cfg_.tokenizer, "auto", &tok).context("--tokenizer"));
     if (tok->vocab_size() > model_cfg_.vocab)
-      return errorf("the tokenizer %s has %lld tokens but model %s has a vocabulary of %lld; pass --vocab-size %lld "
-                    "or a preset with a larger vocabulary", cfg_.tokenizer.c_str(), (long long)tok->vocab_size(),
-                    model_cfg_.name.c_str(), (long long)model_cfg_.vocab, (long long)tok->vocab_size());
+      return errorf(
+          "the tokenizer %s has %lld tokens but model %s has a vocabulary of %lld; pass --vocab-size %lld "
+          "or a preset with a larger vocabulary",
+          cfg_.tokenizer.c_str(), (long long)tok->vocab_size(), model_cfg_.name.c_str(), (long long)model_cfg_.vocab,
+          (long long)tok->vocab_size());
   }
   // The data itself, with or without a tokenizer: one scan per dataset (cached), before any allocation.
   if (!cfg_.mock_data) NB_TRY(check_dataset_vocab(cfg_.data_path, "", model_cfg_.vocab, model_cfg_.name));
@@ -114,10 +119,11 @@ void Trainer::print_plan() {
   std::printf("model: %s, %lld layers, hidden %lld, ffn %lld, heads %lld/%lld kv, vocab %lld, %.2f M parameters\n",
               m.name.c_str(), (long long)m.layers, (long long)m.hidden, (long long)m.ffn, (long long)m.heads,
               (long long)m.kv_heads, (long long)m.vocab, m.total_params() / 1e6);
-  std::printf("batch: %lld tokens/step = global batch %lld x seq %lld (micro-batch %lld, %lld accumulation steps); "
-              "%.2f GFLOP/token\n",
-              (long long)tokens_per_step_, (long long)cfg_.global_batch_size, (long long)cfg_.seq_length,
-              (long long)cfg_.micro_batch_size, (long long)accum_, flops_per_token_ / 1e9);
+  std::printf(
+      "batch: %lld tokens/step = global batch %lld x seq %lld (micro-batch %lld, %lld accumulation steps); "
+      "%.2f GFLOP/token\n",
+      (long long)tokens_per_step_, (long long)cfg_.global_batch_size, (long long)cfg_.seq_length,
+      (long long)cfg_.micro_batch_size, (long long)accum_, flops_per_token_ / 1e9);
   std::printf("recipe %s:\n", recipe_.name.c_str());
   for (int64_t l = 0; l < m.layers;) {
     const bool bf16 = recipe_.layer_in_bf16(l, m.layers);
@@ -133,7 +139,9 @@ void Trainer::print_plan() {
     if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
       std::printf("checkpoints: %s every %lld iterations%s%s, keep %s, %s writes\n", cfg_.save.c_str(),
                   (long long)cfg_.save_interval, cfg_.save_interval > 0 ? " and at the end" : " (none)",
-                  cfg_.exit_interval > 0 ? strprintf("; exit after a multiple of %lld", (long long)cfg_.exit_interval).c_str() : "",
+                  cfg_.exit_interval > 0
+                      ? strprintf("; exit after a multiple of %lld", (long long)cfg_.exit_interval).c_str()
+                      : "",
                   cfg_.save_keep > 0 ? std::to_string(cfg_.save_keep).c_str() : "all",
                   cfg_.async_save ? "background" : "synchronous");
   }
@@ -146,35 +154,46 @@ Status Trainer::estimate_memory() {
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
   workspace_bytes_ = dev_ == Device::cuda ? 512.0 * 1048576 : 0;
-  if (recipe_.quantized()) workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
+  if (recipe_.quantized())
+    workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
-  std::printf("memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
-              "of %lld, workspaces %.2f GiB, total %.2f GiB",
-              gib(param_bytes_), param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_),
-              (long long)cfg_.micro_batch_size, gib(workspace_bytes_), gib(need));
+  std::printf(
+      "memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
+      "of %lld, workspaces %.2f GiB, total %.2f GiB",
+      gib(param_bytes_), param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_),
+      (long long)cfg_.micro_batch_size, gib(workspace_bytes_), gib(need));
   base_used_ = total_bytes_ - free_bytes_;
-  if (dev_ != Device::cuda) { std::printf("\n"); return Status::ok(); }
+  if (dev_ != Device::cuda) {
+    std::printf("\n");
+    return Status::ok();
+  }
   int64_t best = 0;
   for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
-    const double n = param_bytes_ + workspace_bytes_ +
+    const double n =
+        param_bytes_ + workspace_bytes_ +
         double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_, recipe_));
-    if (n <= double(free_bytes_)) best = mbs; else break;
+    if (n <= double(free_bytes_))
+      best = mbs;
+    else
+      break;
   }
   std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_bytes_)),
               gib(double(total_bytes_)), (long long)best);
   if (need > double(free_bytes_))
-    return Status::error("out of GPU memory before step 1: this job " + oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
+    return Status::error("out of GPU memory before step 1: this job " +
+                         oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
   return Status::ok();
 }
 
 Status Trainer::build_model() {
-  Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed),
-                          recipe_);
+  Status st =
+      model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
   if (!st) {
     if (st.message().find("out of GPU memory") != std::string::npos)
-      return Status::error("out of GPU memory while allocating: this job " +
-                           oom_advice(cfg_, gib(param_bytes_ + act_bytes_ + workspace_bytes_), gib(double(free_bytes_))));
+      return Status::error(
+          "out of GPU memory while allocating: this job " +
+          oom_advice(cfg_, gib(param_bytes_ + act_bytes_ + workspace_bytes_), gib(double(free_bytes_))));
     return st;
   }
   if (recipe_.quantized())  // the estimate above guessed these; now they are allocated and known
@@ -182,8 +201,11 @@ Status Trainer::build_model() {
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
   step_labels_.resize(step_tokens_.size());
-  sched_.lr = cfg_.lr; sched_.min_lr = cfg_.min_lr; sched_.warmup = cfg_.lr_warmup_iters;
-  sched_.decay_iters = cfg_.lr_decay_iters; sched_.wsd_decay_iters = cfg_.lr_wsd_decay_iters;
+  sched_.lr = cfg_.lr;
+  sched_.min_lr = cfg_.min_lr;
+  sched_.warmup = cfg_.lr_warmup_iters;
+  sched_.decay_iters = cfg_.lr_decay_iters;
+  sched_.wsd_decay_iters = cfg_.lr_wsd_decay_iters;
   sched_.style = cfg_.lr_decay_style;
   if (dev_ == Device::cuda)
     std::printf("MFU is reported against %.1f TFLOP/s (%s)\n", peak_tflops_,

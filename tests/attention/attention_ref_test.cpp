@@ -36,10 +36,14 @@ struct Problem {
   Host q, k, v, out, lse, w, dq, dk, dv;
   explicit Problem(AttentionShape s, uint32_t seed)
       : sh(s),
-        q({s.batch, s.seq, s.heads, s.head_dim}), k({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        v({s.batch, s.seq, s.kv_heads, s.head_dim}), out({s.batch, s.seq, s.heads, s.head_dim}),
-        lse({s.batch, s.heads, s.seq}), w({s.batch, s.seq, s.heads, s.head_dim}),
-        dq({s.batch, s.seq, s.heads, s.head_dim}), dk({s.batch, s.seq, s.kv_heads, s.head_dim}),
+        q({s.batch, s.seq, s.heads, s.head_dim}),
+        k({s.batch, s.seq, s.kv_heads, s.head_dim}),
+        v({s.batch, s.seq, s.kv_heads, s.head_dim}),
+        out({s.batch, s.seq, s.heads, s.head_dim}),
+        lse({s.batch, s.heads, s.seq}),
+        w({s.batch, s.seq, s.heads, s.head_dim}),
+        dq({s.batch, s.seq, s.heads, s.head_dim}),
+        dk({s.batch, s.seq, s.kv_heads, s.head_dim}),
         dv({s.batch, s.seq, s.kv_heads, s.head_dim}) {
     std::mt19937 rng(seed);
     // Scores up to ~|2| so the softmax is far from uniform and far from one-hot.
@@ -119,8 +123,10 @@ TEST(AttentionRef, GqaEqualsRepeatedKvHeads) {
   b.w.data = a.w.data;
   repeat_heads(a.k, b.k, gqa);
   repeat_heads(a.v, b.v, gqa);
-  a.forward(); a.backward();
-  b.forward(); b.backward();
+  a.forward();
+  a.backward();
+  b.forward();
+  b.backward();
   // Same arithmetic in the same order per query head: forward and dq agree bit for bit.
   EXPECT_EQ(a.out.data, b.out.data);
   EXPECT_EQ(a.lse.data, b.lse.data);
@@ -150,14 +156,19 @@ TEST(AttentionRef, IsCausal) {
   const std::vector<float> lse_before = p.lse.data;
   // Change keys and values at positions 5..7: rows 0..4 must not move, rows 5..7 must.
   for (int64_t j = 5; j < 8; ++j)
-    for (int64_t d = 0; d < 4; ++d) { p.k.data[j * 4 + d] += 0.5f; p.v.data[j * 4 + d] -= 0.75f; }
+    for (int64_t d = 0; d < 4; ++d) {
+      p.k.data[j * 4 + d] += 0.5f;
+      p.v.data[j * 4 + d] -= 0.75f;
+    }
   p.forward();
   for (int64_t i = 0; i < 8; ++i)
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t d = 0; d < 4; ++d) {
         const int64_t at = (i * 2 + h) * 4 + d;
-        if (i < 5) EXPECT_EQ(p.out.data[at], before[at]) << "row " << i << " saw a future key";
-        else EXPECT_NE(p.out.data[at], before[at]) << "row " << i << " ignored a visible key";
+        if (i < 5)
+          EXPECT_EQ(p.out.data[at], before[at]) << "row " << i << " saw a future key";
+        else
+          EXPECT_NE(p.out.data[at], before[at]) << "row " << i << " ignored a visible key";
       }
   for (int64_t h = 0; h < 2; ++h)
     for (int64_t i = 0; i < 5; ++i) EXPECT_EQ(p.lse.data[h * 8 + i], lse_before[h * 8 + i]);

@@ -4,8 +4,8 @@
 #include <string>
 #include "core/tensor.h"
 
-#define NB_REQUIRE_GPU()                                      \
-  do {                                                        \
-    std::string nb_why_;                                      \
+#define NB_REQUIRE_GPU()                                                                \
+  do {                                                                                  \
+    std::string nb_why_;                                                                \
     if (!::nb::cuda_device_available(&nb_why_)) GTEST_SKIP() << "skipped: " << nb_why_; \
   } while (0)

@@ -34,14 +34,20 @@ TEST(BF16, RoundNearestEven) {
 // Known-answer vectors from the Random123 distribution (kat_vectors, philox4x32_10).
 TEST(Philox, KnownAnswers) {
   Philox4x32 r = philox4x32_10(0, 0, 0, 0, 0, 0);
-  EXPECT_EQ(r.v[0], 0x6627e8d5u); EXPECT_EQ(r.v[1], 0xe169c58du);
-  EXPECT_EQ(r.v[2], 0xbc57ac4cu); EXPECT_EQ(r.v[3], 0x9b00dbd8u);
+  EXPECT_EQ(r.v[0], 0x6627e8d5u);
+  EXPECT_EQ(r.v[1], 0xe169c58du);
+  EXPECT_EQ(r.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(r.v[3], 0x9b00dbd8u);
   r = philox4x32_10(0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff);
-  EXPECT_EQ(r.v[0], 0x408f276du); EXPECT_EQ(r.v[1], 0x41c83b0eu);
-  EXPECT_EQ(r.v[2], 0xa20bc7c6u); EXPECT_EQ(r.v[3], 0x6d5451fdu);
+  EXPECT_EQ(r.v[0], 0x408f276du);
+  EXPECT_EQ(r.v[1], 0x41c83b0eu);
+  EXPECT_EQ(r.v[2], 0xa20bc7c6u);
+  EXPECT_EQ(r.v[3], 0x6d5451fdu);
   r = philox4x32_10(0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0);
-  EXPECT_EQ(r.v[0], 0xd16cfe09u); EXPECT_EQ(r.v[1], 0x94fdccebu);
-  EXPECT_EQ(r.v[2], 0x5001e420u); EXPECT_EQ(r.v[3], 0x24126ea1u);
+  EXPECT_EQ(r.v[0], 0xd16cfe09u);
+  EXPECT_EQ(r.v[1], 0x94fdccebu);
+  EXPECT_EQ(r.v[2], 0x5001e420u);
+  EXPECT_EQ(r.v[3], 0x24126ea1u);
 }
 
 TEST(Philox, BytesAreRoughlyUniform) {
@@ -51,7 +57,10 @@ TEST(Philox, BytesAreRoughlyUniform) {
     Philox4x32 r = philox_block(key, b);
     for (int j = 0; j < 16; ++j) hist[philox_byte(r, j)]++;
   }
-  for (int i = 0; i < 256; ++i) { EXPECT_GT(hist[i], 256 - 80); EXPECT_LT(hist[i], 256 + 80); }
+  for (int i = 0; i < 256; ++i) {
+    EXPECT_GT(hist[i], 256 - 80);
+    EXPECT_LT(hist[i], 256 + 80);
+  }
 }
 
 TEST(Arena, TracksPeakAndReleases) {

@@ -47,7 +47,11 @@ TEST(SafeTensors, RejectsCorruptFiles) {
   SafeTensorsFile g;
   EXPECT_NE(read_safetensors("/nonexistent/x.safetensors", &g).message().find("cannot open"), std::string::npos);
   std::string p = tmp_path("bad.safetensors");
-  struct Case { std::string header; size_t buf; const char* expect; };
+  struct Case {
+    std::string header;
+    size_t buf;
+    const char* expect;
+  };
   Case cases[] = {
       {"{not json", 0, "invalid JSON"},
       {R"({"t":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1, "unknown dtype"},

@@ -38,17 +38,17 @@ void put(std::vector<uint8_t>* b, T v) {
 // Two documents [7, 8, 9] and [65000, 1] as uint16, laid out byte by byte from the Megatron format table.
 std::vector<uint8_t> hand_idx() {
   std::vector<uint8_t> b = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
-  put<uint64_t>(&b, 1);   // version
-  b.push_back(8);         // dtype code uint16
-  put<uint64_t>(&b, 2);   // sequence count
-  put<uint64_t>(&b, 3);   // document count
+  put<uint64_t>(&b, 1);  // version
+  b.push_back(8);        // dtype code uint16
+  put<uint64_t>(&b, 2);  // sequence count
+  put<uint64_t>(&b, 3);  // document count
   put<int32_t>(&b, 3);
-  put<int32_t>(&b, 2);    // lengths
+  put<int32_t>(&b, 2);  // lengths
   put<int64_t>(&b, 0);
-  put<int64_t>(&b, 6);    // byte pointers
+  put<int64_t>(&b, 6);  // byte pointers
   put<int64_t>(&b, 0);
   put<int64_t>(&b, 1);
-  put<int64_t>(&b, 2);    // document indices
+  put<int64_t>(&b, 2);  // document indices
   return b;
 }
 std::vector<uint8_t> hand_bin() {
@@ -108,7 +108,8 @@ TEST(IndexedDataset, WriterIsByteIdenticalToTheLayoutAndRoundTrips) {
 
 namespace {
 // Writes the hand-built pair after `mutate` and expects open() to fail mentioning `field`.
-void expect_rejected(const std::function<void(std::vector<uint8_t>*, std::vector<uint8_t>*)>& mutate, const std::string& field) {
+void expect_rejected(const std::function<void(std::vector<uint8_t>*, std::vector<uint8_t>*)>& mutate,
+                     const std::string& field) {
   auto dir = temp_dir();
   std::string prefix = (dir / "bad").string();
   auto idx = hand_idx(), bin = hand_bin();
@@ -124,20 +125,52 @@ void expect_rejected(const std::function<void(std::vector<uint8_t>*, std::vector
 }
 }  // namespace
 
-TEST(IndexedDatasetCorrupt, TruncatedHeader) { expect_rejected([](auto* i, auto*) { i->resize(20); }, "header truncated"); }
-TEST(IndexedDatasetCorrupt, BadMagic) { expect_rejected([](auto* i, auto*) { (*i)[0] = 'X'; }, "magic"); }
-TEST(IndexedDatasetCorrupt, BadVersion) { expect_rejected([](auto* i, auto*) { (*i)[9] = 2; }, "version"); }
-TEST(IndexedDatasetCorrupt, UnknownDtype) { expect_rejected([](auto* i, auto*) { (*i)[17] = 9; }, "dtype"); }
-TEST(IndexedDatasetCorrupt, FloatDtype) { expect_rejected([](auto* i, auto*) { (*i)[17] = 7; }, "dtype"); }
-TEST(IndexedDatasetCorrupt, HugeCounts) { expect_rejected([](auto* i, auto*) { (*i)[25] = 0x7f; }, "sequence_count"); }
-TEST(IndexedDatasetCorrupt, TooManyDocuments) { expect_rejected([](auto* i, auto*) { (*i)[26] = 4; }, "document_count"); }
-TEST(IndexedDatasetCorrupt, TruncatedArrays) { expect_rejected([](auto* i, auto*) { i->pop_back(); }, "file size"); }
-TEST(IndexedDatasetCorrupt, NegativeLength) {
-  expect_rejected([](auto* i, auto*) { int32_t v = -1; std::memcpy(i->data() + 34, &v, 4); }, "sequence_lengths[0]");
+TEST(IndexedDatasetCorrupt, TruncatedHeader) {
+  expect_rejected([](auto* i, auto*) { i->resize(20); }, "header truncated");
 }
-TEST(IndexedDatasetCorrupt, WrongPointer) { expect_rejected([](auto* i, auto*) { (*i)[34 + 8 + 8] = 5; }, "sequence_pointers[1]"); }
-TEST(IndexedDatasetCorrupt, BinTruncated) { expect_rejected([](auto*, auto* b) { b->pop_back(); }, "bad.bin"); }
-TEST(IndexedDatasetCorrupt, BinMismatched) { expect_rejected([](auto*, auto* b) { b->push_back(0); b->push_back(0); }, "mismatched"); }
+TEST(IndexedDatasetCorrupt, BadMagic) {
+  expect_rejected([](auto* i, auto*) { (*i)[0] = 'X'; }, "magic");
+}
+TEST(IndexedDatasetCorrupt, BadVersion) {
+  expect_rejected([](auto* i, auto*) { (*i)[9] = 2; }, "version");
+}
+TEST(IndexedDatasetCorrupt, UnknownDtype) {
+  expect_rejected([](auto* i, auto*) { (*i)[17] = 9; }, "dtype");
+}
+TEST(IndexedDatasetCorrupt, FloatDtype) {
+  expect_rejected([](auto* i, auto*) { (*i)[17] = 7; }, "dtype");
+}
+TEST(IndexedDatasetCorrupt, HugeCounts) {
+  expect_rejected([](auto* i, auto*) { (*i)[25] = 0x7f; }, "sequence_count");
+}
+TEST(IndexedDatasetCorrupt, TooManyDocuments) {
+  expect_rejected([](auto* i, auto*) { (*i)[26] = 4; }, "document_count");
+}
+TEST(IndexedDatasetCorrupt, TruncatedArrays) {
+  expect_rejected([](auto* i, auto*) { i->pop_back(); }, "file size");
+}
+TEST(IndexedDatasetCorrupt, NegativeLength) {
+  expect_rejected(
+      [](auto* i, auto*) {
+        int32_t v = -1;
+        std::memcpy(i->data() + 34, &v, 4);
+      },
+      "sequence_lengths[0]");
+}
+TEST(IndexedDatasetCorrupt, WrongPointer) {
+  expect_rejected([](auto* i, auto*) { (*i)[34 + 8 + 8] = 5; }, "sequence_pointers[1]");
+}
+TEST(IndexedDatasetCorrupt, BinTruncated) {
+  expect_rejected([](auto*, auto* b) { b->pop_back(); }, "bad.bin");
+}
+TEST(IndexedDatasetCorrupt, BinMismatched) {
+  expect_rejected(
+      [](auto*, auto* b) {
+        b->push_back(0);
+        b->push_back(0);
+      },
+      "mismatched");
+}
 TEST(IndexedDatasetCorrupt, DocumentIndexNotStartingAtZero) {
   expect_rejected([](auto* i, auto*) { (*i)[34 + 24] = 1; }, "document_indices[0]");
 }

@@ -23,8 +23,8 @@ namespace {
 std::vector<std::string> documents() {
   std::vector<std::string> docs;
   for (int i = 0; i < 300; ++i)
-    docs.push_back("Document " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog. " + std::string(size_t(i % 17), 'x') +
-                   (i % 5 == 0 ? "\nnaïve café 東京 🚀" : ""));
+    docs.push_back("Document " + std::to_string(i) + ": the quick brown fox jumps over the lazy dog. " +
+                   std::string(size_t(i % 17), 'x') + (i % 5 == 0 ? "\nnaïve café 東京 🚀" : ""));
   docs[7] = "";  // empty: Megatron records a document with no sequence
   return docs;
 }
@@ -47,8 +47,9 @@ TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
   }
   for (int workers : {1, 2}) {
     std::string prefix = (dir / ("out" + std::to_string(workers))).string();
-    std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + prefix + " -t " + tok_path +
-                      " --append-eod --workers " + std::to_string(workers) + " > " + (dir / "log.txt").string() + " 2>&1";
+    std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + prefix +
+                      " -t " + tok_path + " --append-eod --workers " + std::to_string(workers) + " > " +
+                      (dir / "log.txt").string() + " 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::unique_ptr<IndexedDataset> ds;
     Status st = IndexedDataset::open(prefix + "_text_document", &ds);
@@ -70,7 +71,8 @@ TEST(Preprocess, JsonlToIndexedDatasetReadsBackTheSameTokens) {
   }
   // Both runs wrote identical files.
   for (const char* ext : {".bin", ".idx"}) {
-    std::ifstream a(dir / (std::string("out1_text_document") + ext), std::ios::binary), b(dir / (std::string("out2_text_document") + ext), std::ios::binary);
+    std::ifstream a(dir / (std::string("out1_text_document") + ext), std::ios::binary),
+        b(dir / (std::string("out2_text_document") + ext), std::ios::binary);
     std::string sa((std::istreambuf_iterator<char>(a)), {}), sb((std::istreambuf_iterator<char>(b)), {});
     EXPECT_EQ(sa, sb) << ext;
   }
@@ -122,8 +124,8 @@ TEST(Preprocess, BadInputIsAClearError) {
   opt.vocab_size = 260;
   ASSERT_TRUE(train_bpe({"abc abc"}, opt, tok_path, nullptr).is_ok());
   std::string log = (dir / "log.txt").string();
-  std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " + (dir / "o").string() + " -t " +
-                    tok_path + " > " + log + " 2>&1";
+  std::string cmd = nb::test::nibble_binary() + " preprocess -i " + (dir / "in.jsonl").string() + " -o " +
+                    (dir / "o").string() + " -t " + tok_path + " > " + log + " 2>&1";
   EXPECT_NE(std::system(cmd.c_str()), 0);
   std::ifstream f(log);
   std::string text((std::istreambuf_iterator<char>(f)), {});

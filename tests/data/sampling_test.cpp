@@ -44,7 +44,8 @@ TEST(NumpyRandom, ShuffleAndPermutationOrder) {
 
 TEST(NumpyRandom, DefaultRngIntegersMatchMockLengths) {
   auto v = Pcg64Generator(0).integers_int32(1, 4096, 100000);
-  EXPECT_EQ(std::vector<int32_t>(v.begin(), v.begin() + 8), (std::vector<int32_t>{3484, 2609, 2094, 1105, 1261, 168, 309, 68}));
+  EXPECT_EQ(std::vector<int32_t>(v.begin(), v.begin() + 8),
+            (std::vector<int32_t>{3484, 2609, 2094, 1105, 1261, 168, 309, 68}));
   EXPECT_EQ(std::accumulate(v.begin(), v.end(), int64_t{0}), 204637097);
   EXPECT_EQ(v.back(), 769);
 }
@@ -68,12 +69,14 @@ TEST(GptIndices, SeparateFinalEpoch) {
   ASSERT_TRUE(build_gpt_indices(kSizes, 0, 8, 4, 20, 1234, &idx).is_ok());
   EXPECT_EQ(idx.num_epochs, 3);
   EXPECT_TRUE(idx.separate_final_epoch);
-  EXPECT_EQ(idx.document_index, (std::vector<int32_t>{5, 3, 0, 4, 6, 2, 2, 7, 1, 1, 0, 4, 5, 6, 3, 7, 5, 1, 3, 4, 0, 7, 6, 2}));
+  EXPECT_EQ(idx.document_index,
+            (std::vector<int32_t>{5, 3, 0, 4, 6, 2, 2, 7, 1, 1, 0, 4, 5, 6, 3, 7, 5, 1, 3, 4, 0, 7, 6, 2}));
   EXPECT_EQ(idx.sample_index,
-            (std::vector<int64_t>{0, 0,  1, 0,  2,  2,  3,  1, 3,  5,  4,  0, 4,  4,  5,  2,  5,  6,  6,  3,  7,  0,  9,  0, 10, 1, 11, 0,
-                                  11, 4, 11, 8, 12, 3, 13, 3, 14, 1, 16, 2, 17, 2, 19, 1, 19, 5, 20, 0, 20, 4, 22, 2, 23, 0, 23, 4}));
-  EXPECT_EQ(idx.shuffle_index,
-            (std::vector<int64_t>{7, 10, 4, 1, 12, 8, 3, 17, 14, 13, 5, 11, 0, 2, 6, 15, 9, 16, 18, 23, 26, 24, 25, 19, 22, 21, 20}));
+            (std::vector<int64_t>{0,  0, 1,  0, 2,  2,  3,  1,  3,  5,  4,  0,  4,  4,  5,  2,  5,  6,  6,
+                                  3,  7, 0,  9, 0,  10, 1,  11, 0,  11, 4,  11, 8,  12, 3,  13, 3,  14, 1,
+                                  16, 2, 17, 2, 19, 1,  19, 5,  20, 0,  20, 4,  22, 2,  23, 0,  23, 4}));
+  EXPECT_EQ(idx.shuffle_index, (std::vector<int64_t>{7, 10, 4, 1,  12, 8,  3,  17, 14, 13, 5,  11, 0, 2,
+                                                     6, 15, 9, 16, 18, 23, 26, 24, 25, 19, 22, 21, 20}));
 }
 
 TEST(GptIndices, SubRangeManyEpochsNotSeparated) {
@@ -82,11 +85,11 @@ TEST(GptIndices, SubRangeManyEpochsNotSeparated) {
   EXPECT_EQ(idx.num_epochs, 3);
   EXPECT_FALSE(idx.separate_final_epoch);
   EXPECT_EQ(idx.document_index, (std::vector<int32_t>{6, 3, 2, 5, 2, 5, 4, 3, 6, 6, 4, 2, 4, 5, 3}));
-  EXPECT_EQ(idx.sample_index,
-            (std::vector<int64_t>{0, 0, 0, 3, 1, 0, 2, 1,  2, 4,  3, 0,  3, 3,  4, 2,  4, 5,  5, 1,  6, 0,  6, 3,  6, 6,  7, 0,
-                                  8, 1, 8, 4, 9, 1, 9, 4, 10, 1, 10, 4, 10, 7, 11, 1, 11, 4, 12, 0, 12, 3, 12, 6, 13, 0, 13, 3}));
-  EXPECT_EQ(idx.shuffle_index,
-            (std::vector<int64_t>{18, 14, 4, 13, 10, 26, 6, 3, 24, 15, 17, 8, 16, 12, 19, 9, 22, 0, 25, 5, 11, 1, 20, 21, 2, 23, 7}));
+  EXPECT_EQ(idx.sample_index, (std::vector<int64_t>{0,  0, 0,  3, 1,  0, 2,  1, 2,  4, 3,  0, 3,  3, 4,  2, 4,  5,  5,
+                                                    1,  6, 0,  6, 3,  6, 6,  7, 0,  8, 1,  8, 4,  9, 1,  9, 4,  10, 1,
+                                                    10, 4, 10, 7, 11, 1, 11, 4, 12, 0, 12, 3, 12, 6, 13, 0, 13, 3}));
+  EXPECT_EQ(idx.shuffle_index, (std::vector<int64_t>{18, 14, 4,  13, 10, 26, 6,  3, 24, 15, 17, 8,  16, 12,
+                                                     19, 9,  22, 0,  25, 5,  11, 1, 20, 21, 2,  23, 7}));
 }
 
 TEST(GptIndices, BlendingInterleave) {
@@ -134,7 +137,9 @@ TEST(GptDatasetSamples, SamplesSpanDocumentsWithOverlap) {
   std::unique_ptr<IndexedDataset> raw;
   ASSERT_TRUE(IndexedDataset::open(prefix, &raw).is_ok());
   std::unique_ptr<GptDataset> ds;
-  ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, 8, 4, 6, 1234, (dir / "cache").string(), "train", &ds).is_ok());
+  ASSERT_TRUE(
+      GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, 8, 4, 6, 1234, (dir / "cache").string(), "train", &ds)
+          .is_ok());
   // document_index {2,1,6,0,...}; shuffle_index[0] = 6 -> sample_index rows 6 and 7: (4,3) -> (4,7).
   std::vector<int32_t> s;
   ds->sample(0, &s);
@@ -152,8 +157,9 @@ TEST(GptDatasetSamples, SamplesSpanDocumentsWithOverlap) {
   std::unique_ptr<IndexedDataset> raw2;
   ASSERT_TRUE(IndexedDataset::open(prefix, &raw2).is_ok());
   std::unique_ptr<GptDataset> cached;
-  ASSERT_TRUE(
-      GptDataset::create(wrap_indexed_dataset(std::move(raw2)), 0, 8, 4, 6, 1234, (dir / "cache").string(), "train", &cached).is_ok());
+  ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw2)), 0, 8, 4, 6, 1234, (dir / "cache").string(),
+                                 "train", &cached)
+                  .is_ok());
   EXPECT_EQ(cached->indices().shuffle_index, ds->indices().shuffle_index);
   EXPECT_EQ(cached->indices().sample_index, ds->indices().sample_index);
   EXPECT_FALSE(std::filesystem::is_empty(dir / "cache"));
@@ -247,7 +253,9 @@ TEST(GptBlends, WeightedBlendInterleavesComponentsLikeMegatron) {
   for (int d = 0; d < 2; ++d) {
     std::unique_ptr<IndexedDataset> raw;
     ASSERT_TRUE(IndexedDataset::open(d ? b : a, &raw).is_ok());
-    ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, d ? 27 : 36, 8, d ? 6 : 16, 99, "", "train", &parts[d]).is_ok());
+    ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, d ? 27 : 36, 8, d ? 6 : 16, 99, "", "train",
+                                   &parts[d])
+                    .is_ok());
   }
   std::vector<int16_t> which;
   std::vector<int64_t> index;
@@ -276,7 +284,9 @@ TEST(GptDatasetSamples, CorruptCacheIsRebuiltNotTrusted) {
   auto open_ds = [&](std::unique_ptr<GptDataset>* ds) {
     std::unique_ptr<IndexedDataset> raw;
     ASSERT_TRUE(IndexedDataset::open(prefix, &raw).is_ok());
-    ASSERT_TRUE(GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, 20, 5, 30, 3, (dir / "cache").string(), "train", ds).is_ok());
+    ASSERT_TRUE(
+        GptDataset::create(wrap_indexed_dataset(std::move(raw)), 0, 20, 5, 30, 3, (dir / "cache").string(), "train", ds)
+            .is_ok());
   };
   std::unique_ptr<GptDataset> first, second;
   open_ds(&first);

@@ -34,10 +34,22 @@ double reference_decode(const Fp8Spec& s, uint32_t code) {
   return sign * std::ldexp(1.0 + frac, e - s.bias);
 }
 
-const Fp8Spec kE4M3{3, 7, 0x7E, 448.0f, [](uint32_t m) { return m == 0x7F; }, [](uint32_t) { return false; },
-                    [](uint32_t c) { return e4m3_to_f32(c); }, [](float x) { return f32_to_e4m3_satfinite(x); }};
-const Fp8Spec kE5M2{2, 15, 0x7B, 57344.0f, [](uint32_t m) { return m > 0x7C; }, [](uint32_t m) { return m == 0x7C; },
-                    [](uint32_t c) { return e5m2_to_f32(c); }, [](float x) { return f32_to_e5m2_satfinite(x); }};
+const Fp8Spec kE4M3{3,
+                    7,
+                    0x7E,
+                    448.0f,
+                    [](uint32_t m) { return m == 0x7F; },
+                    [](uint32_t) { return false; },
+                    [](uint32_t c) { return e4m3_to_f32(c); },
+                    [](float x) { return f32_to_e4m3_satfinite(x); }};
+const Fp8Spec kE5M2{2,
+                    15,
+                    0x7B,
+                    57344.0f,
+                    [](uint32_t m) { return m > 0x7C; },
+                    [](uint32_t m) { return m == 0x7C; },
+                    [](uint32_t c) { return e5m2_to_f32(c); },
+                    [](float x) { return f32_to_e5m2_satfinite(x); }};
 
 void check_all_codes(const Fp8Spec& s) {
   int nan_codes = 0;
@@ -72,8 +84,7 @@ void check_rounding_boundaries(const Fp8Spec& s) {
       float toward_zero = std::nextafter(mid, 0.0f), away = std::nextafter(mid, sign ? -INFINITY : INFINITY);
       EXPECT_EQ(s.encode(toward_zero), c | sign) << "just below the midpoint after code " << c;
       EXPECT_EQ(s.encode(away), (c + 1) | sign) << "just above the midpoint after code " << c;
-      EXPECT_EQ(s.encode(std::nextafter(lo, INFINITY)) & 0x7F, c)
-          << "one FP32 ulp off a code stays on it, code " << c;
+      EXPECT_EQ(s.encode(std::nextafter(lo, INFINITY)) & 0x7F, c) << "one FP32 ulp off a code stays on it, code " << c;
     }
   }
   // Saturation: everything finite beyond the largest value (and Inf) maps to the max code.
@@ -84,7 +95,7 @@ void check_rounding_boundaries(const Fp8Spec& s) {
   }
   // Below half the smallest subnormal: zero with the input's sign; FP32 subnormals too.
   float min_sub = s.decode(1);
-  EXPECT_EQ(s.encode(0.5f * min_sub), 0u);                   // tie with 0 -> even (0)
+  EXPECT_EQ(s.encode(0.5f * min_sub), 0u);  // tie with 0 -> even (0)
   EXPECT_EQ(s.encode(std::nextafter(0.5f * min_sub, 1.0f)), 1u);
   EXPECT_EQ(s.encode(-0.25f * min_sub), 0x80u);
   EXPECT_EQ(s.encode(1e-40f), 0u);
@@ -106,14 +117,17 @@ TEST(Codecs, E4M3AndE5M2KnownValues) {
   EXPECT_EQ(e5m2_to_f32(0x7B), 57344.0f);
   EXPECT_EQ(e5m2_to_f32(0x01), 0x1p-16f);
   EXPECT_TRUE(std::isinf(e5m2_to_f32(0x7C)));
-  EXPECT_EQ(f32_to_e4m3_satfinite(464.0f), 0x7Eu);   // would be the tie 448|480: saturates
+  EXPECT_EQ(f32_to_e4m3_satfinite(464.0f), 0x7Eu);    // would be the tie 448|480: saturates
   EXPECT_EQ(f32_to_e5m2_satfinite(61440.0f), 0x7Bu);  // tie 57344|65536: saturates
 }
 
 TEST(Codecs, E8M0AllCodes) {
   for (uint32_t code = 0; code < 256; ++code) {
     float v = e8m0_to_f32(code);
-    if (code == 255) { EXPECT_TRUE(std::isnan(v)); continue; }
+    if (code == 255) {
+      EXPECT_TRUE(std::isnan(v));
+      continue;
+    }
     EXPECT_EQ(double(v), std::ldexp(1.0, int(code) - 127)) << code;
   }
 }

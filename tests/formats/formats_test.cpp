@@ -22,8 +22,10 @@ struct Mx {
   std::vector<uint8_t> rd, rs, cd, cs;
   int32_t nonfinite = -1;
   mxfp8::QuantizedView view(int64_t rows, int64_t cols) {
-    rd.assign(rows * cols, 0xAA); cd.assign(rows * cols, 0xAA);
-    rs.assign(rows * cols / 32, 0xAA); cs.assign(rows * cols / 32, 0xAA);
+    rd.assign(rows * cols, 0xAA);
+    cd.assign(rows * cols, 0xAA);
+    rs.assign(rows * cols / 32, 0xAA);
+    cs.assign(rows * cols / 32, 0xAA);
     return {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &nonfinite};
   }
 };
@@ -33,7 +35,9 @@ TEST(Mxfp8, HandVectors) {
   // 32x32: row 0 = [1, 0, ...]; row 1 = [450, 448, -3, ...]; the rest 0.
   std::vector<float> f(32 * 32, 0.0f);
   f[0] = 1.0f;
-  f[32] = 450.0f; f[33] = 448.0f; f[34] = -3.0f;
+  f[32] = 450.0f;
+  f[33] = 448.0f;
+  f[34] = -3.0f;
   auto x = bf16s(f);
   Mx m;
   auto v = m.view(32, 32);
@@ -104,8 +108,14 @@ TEST(Fp8PerTensor, CurrentScalingHandVectors) {
   EXPECT_EQ(amax, 4.0f);
   EXPECT_EQ(scale_inv, 1.0f / 112.0f);
   EXPECT_EQ(bad, 0);
-  EXPECT_EQ(d[0], 0x6E); EXPECT_EQ(d[1], 0xF6); EXPECT_EQ(d[2], 0x66); EXPECT_EQ(d[3], 0x7E);
-  EXPECT_EQ(dt[0], 0x6E); EXPECT_EQ(dt[1], 0x66); EXPECT_EQ(dt[2], 0xF6); EXPECT_EQ(dt[3], 0x7E);
+  EXPECT_EQ(d[0], 0x6E);
+  EXPECT_EQ(d[1], 0xF6);
+  EXPECT_EQ(d[2], 0x66);
+  EXPECT_EQ(d[3], 0x7E);
+  EXPECT_EQ(dt[0], 0x6E);
+  EXPECT_EQ(dt[1], 0x66);
+  EXPECT_EQ(dt[2], 0xF6);
+  EXPECT_EQ(dt[3], 0x7E);
   // E5M2: scale 57344/4 = 14336 = 1.75 * 2^13 -> code (28 << 2) | 3 = 0x73.
   ASSERT_TRUE(fp8::quantize_current_ref(x.data(), fp8::Format::e5m2, false, v).is_ok());
   EXPECT_EQ(d[0], 0x73);
@@ -118,7 +128,8 @@ TEST(Fp8PerTensor, CurrentScalingHandVectors) {
   auto z = bf16s({0.0f, 0.0f, -0.0f, 0.0f});
   ASSERT_TRUE(fp8::quantize_current_ref(z.data(), fp8::Format::e4m3, false, v).is_ok());
   EXPECT_EQ(scale_inv, 1.0f);
-  EXPECT_EQ(d[0], 0); EXPECT_EQ(d[2], 0x80);
+  EXPECT_EQ(d[0], 0);
+  EXPECT_EQ(d[2], 0x80);
   // A tiny amax gives an infinite quotient: the scale is clamped to FLT_MAX.
   EXPECT_EQ(fp8::scale_from_amax(0x1p-133f, 448.0f, false), FLT_MAX);
   EXPECT_EQ(fp8::scale_from_amax(INFINITY, 448.0f, false), 1.0f);
@@ -137,22 +148,29 @@ TEST(Fp8PerTensor, DelayedScalingHistory) {
   EXPECT_EQ(d.scale, 1.0f);
   d.update();  // amax 0: keep the previous scale
   EXPECT_EQ(d.scale, 1.0f);
-  d.record(2.0f); d.update();
+  d.record(2.0f);
+  d.update();
   EXPECT_EQ(d.scale, 224.0f);
   EXPECT_EQ(d.history, (std::vector<float>{0, 0, 0, 2}));
-  d.record(1.0f); d.update();
+  d.record(1.0f);
+  d.update();
   EXPECT_EQ(d.history, (std::vector<float>{0, 0, 2, 1}));
-  d.record(0.5f); d.update();
-  d.record(0.25f); d.update();
+  d.record(0.5f);
+  d.update();
+  d.record(0.25f);
+  d.update();
   EXPECT_EQ(d.scale, 224.0f);  // the 2 is still inside the window of 4 steps
   EXPECT_EQ(d.history, (std::vector<float>{0, 1, 0.5f, 0.25f}));
-  d.record(0.25f); d.update();  // the 2 has left the window: amax 1
+  d.record(0.25f);
+  d.update();  // the 2 has left the window: amax 1
   EXPECT_EQ(d.scale, 448.0f);
-  d.record(NAN); d.update();  // non-finite amax keeps the scale
+  d.record(NAN);
+  d.update();  // non-finite amax keeps the scale
   EXPECT_EQ(d.scale, 448.0f);
   fp8::DelayedScaling e5(fp8::Format::e5m2, 1024, 1);
   EXPECT_EQ(e5.history.size(), 1024u);
-  e5.record(7.0f); e5.record(3.0f);  // max within a step
+  e5.record(7.0f);
+  e5.record(3.0f);  // max within a step
   e5.update();
   EXPECT_EQ(e5.scale, 57344.0f / 7.0f / 2.0f);
   EXPECT_EQ(e5.scale_inv(), 1.0f / (57344.0f / 7.0f / 2.0f));
@@ -160,8 +178,8 @@ TEST(Fp8PerTensor, DelayedScalingHistory) {
 
 TEST(Fp8Block, HandVectorsAndLayout) {
   std::vector<float> f(128 * 256, 0.0f);
-  f[0] = 2.0f;              // row 0, col 0
-  f[5 * 256 + 130] = -7.0f; // row 5, col 130 (second column block)
+  f[0] = 2.0f;               // row 0, col 0
+  f[5 * 256 + 130] = -7.0f;  // row 5, col 130 (second column block)
   auto x = bf16s(f);
   for (auto kind : {fp8::BlockKind::vec128, fp8::BlockKind::blk128x128}) {
     std::vector<uint8_t> rd(f.size()), cd(f.size());
@@ -169,28 +187,30 @@ TEST(Fp8Block, HandVectorsAndLayout) {
         cs(fp8::block_scale_count(kind, 128, 256, true), -1.0f);
     int32_t bad = -1;
     fp8::BlockOptions opt{kind};
-    ASSERT_TRUE(fp8::quantize_block_ref(x.data(), opt, {128, 256, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
+    ASSERT_TRUE(
+        fp8::quantize_block_ref(x.data(), opt, {128, 256, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
     EXPECT_EQ(bad, 0);
     if (kind == fp8::BlockKind::vec128) {
-      ASSERT_EQ(rs.size(), 2u * 128u);  // [cols/128, round4(rows)]
-      ASSERT_EQ(cs.size(), 1u * 256u);  // [rows/128, round4(cols)]
-      EXPECT_EQ(rs[0], 1.0f / 224.0f);          // block (row 0, k 0): amax 2 -> scale 224
-      EXPECT_EQ(rs[1], 1.0f);                   // row 1 is zero: scale 1
-      EXPECT_EQ(rs[1 * 128 + 5], 1.0f / 64.0f); // block (row 5, k 1): amax 7 -> 448/7 = 64
-      EXPECT_EQ(cs[0], 1.0f / 224.0f);          // transposed: column 0 of x
+      ASSERT_EQ(rs.size(), 2u * 128u);           // [cols/128, round4(rows)]
+      ASSERT_EQ(cs.size(), 1u * 256u);           // [rows/128, round4(cols)]
+      EXPECT_EQ(rs[0], 1.0f / 224.0f);           // block (row 0, k 0): amax 2 -> scale 224
+      EXPECT_EQ(rs[1], 1.0f);                    // row 1 is zero: scale 1
+      EXPECT_EQ(rs[1 * 128 + 5], 1.0f / 64.0f);  // block (row 5, k 1): amax 7 -> 448/7 = 64
+      EXPECT_EQ(cs[0], 1.0f / 224.0f);           // transposed: column 0 of x
       EXPECT_EQ(cs[130], 1.0f / 64.0f);
       EXPECT_EQ(cs[1], 1.0f);
     } else {
-      ASSERT_EQ(rs.size(), 4u);  // [rows/128, round4(cols/128)] = [1, 4]: 2 tiles + 2 padding
+      ASSERT_EQ(rs.size(), 4u);       // [rows/128, round4(cols/128)] = [1, 4]: 2 tiles + 2 padding
       ASSERT_EQ(cs.size(), 2u * 4u);  // [cols/128, round4(rows/128)]
       EXPECT_EQ(rs[0], 1.0f / 224.0f);
       EXPECT_EQ(rs[1], 1.0f / 64.0f);
-      EXPECT_EQ(rs[2], 0.0f); EXPECT_EQ(rs[3], 0.0f);  // padding
+      EXPECT_EQ(rs[2], 0.0f);
+      EXPECT_EQ(rs[3], 0.0f);  // padding
       EXPECT_EQ(cs[0], 1.0f / 224.0f);
       EXPECT_EQ(cs[4], 1.0f / 64.0f);
       EXPECT_EQ(cs[1], 0.0f);
     }
-    EXPECT_EQ(rd[0], 0x7E);           // 2 * 224 = 448
+    EXPECT_EQ(rd[0], 0x7E);              // 2 * 224 = 448
     EXPECT_EQ(rd[5 * 256 + 130], 0xFE);  // -7 * 64 = -448
     EXPECT_EQ(cd[0], 0x7E);
     EXPECT_EQ(cd[130 * 128 + 5], 0xFE);
@@ -213,7 +233,8 @@ TEST(Fp8Block, PowerOfTwoScales) {
   std::vector<uint8_t> rd(f.size()), cd(f.size());
   std::vector<float> rs(128), cs(128);
   fp8::BlockOptions opt{fp8::BlockKind::vec128, true};
-  ASSERT_TRUE(fp8::quantize_block_ref(x.data(), opt, {128, 128, rd.data(), rs.data(), cd.data(), cs.data(), nullptr}).is_ok());
+  ASSERT_TRUE(
+      fp8::quantize_block_ref(x.data(), opt, {128, 128, rd.data(), rs.data(), cd.data(), cs.data(), nullptr}).is_ok());
   EXPECT_EQ(rs[0], 1.0f / 128.0f);
   EXPECT_EQ(rd[0], f32_to_e4m3_satfinite(384.0f));
 }

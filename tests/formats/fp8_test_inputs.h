@@ -21,16 +21,18 @@ inline std::vector<bf16> make_input(int64_t rows, int64_t cols, Dist dist, uint6
     switch (dist) {
       case Dist::normal: break;
       case Dist::lognormal: v = std::exp(3.0f * v) * (normal(rng) < 0 ? -1.0f : 1.0f); break;
-      case Dist::outliers: if (pick(rng) == 0) v *= 1000.0f; break;
+      case Dist::outliers:
+        if (pick(rng) == 0) v *= 1000.0f;
+        break;
       case Dist::adversarial: {
         int64_t block = i / 32;  // vary the character per 32-element run
         switch (block % 8) {
-          case 0: v = 0.0f; break;                                                    // zero block
-          case 1: v = std::ldexp(v, -130); break;                                     // BF16 subnormals
+          case 0: v = 0.0f; break;                                                        // zero block
+          case 1: v = std::ldexp(v, -130); break;                                         // BF16 subnormals
           case 2: v = (pick(rng) < 8 ? 448.0f : 450.0f) * (v < 0 ? -1.0f : 1.0f); break;  // E4M3 max edge
-          case 3: v = std::ldexp(v, 100); break;                                      // near the top
-          case 4: v = std::ldexp(1.0f, pick(rng) - 8) * (v < 0 ? -1.0f : 1.0f); break;  // powers of two
-          case 5: v = (i % 32 == 0) ? 1e30f : std::ldexp(v, -20); break;              // one huge, rest tiny
+          case 3: v = std::ldexp(v, 100); break;                                          // near the top
+          case 4: v = std::ldexp(1.0f, pick(rng) - 8) * (v < 0 ? -1.0f : 1.0f); break;    // powers of two
+          case 5: v = (i % 32 == 0) ? 1e30f : std::ldexp(v, -20); break;                  // one huge, rest tiny
           case 6: v = -0.0f; break;
           default: break;
         }

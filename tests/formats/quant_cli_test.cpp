@@ -77,8 +77,12 @@ TEST(QuantCli, WritesCodesThatDequantizeToThePrintedError) {
   // BF16 ones (0x3F80) with one 2.0: every block is exactly representable, SQNR infinite.
   SafeTensorsFile f;
   std::vector<uint8_t> b(64 * 64 * 2);
-  for (size_t i = 0; i < b.size(); i += 2) { b[i] = 0x80; b[i + 1] = 0x3F; }
-  b[1] = 0x40; b[0] = 0x00;  // element 0 = 2.0
+  for (size_t i = 0; i < b.size(); i += 2) {
+    b[i] = 0x80;
+    b[i + 1] = 0x3F;
+  }
+  b[1] = 0x40;
+  b[0] = 0x00;  // element 0 = 2.0
   f.tensors["w"] = SafeTensor{"BF16", {64, 64}, b};
   ASSERT_TRUE(write_safetensors(in, f).is_ok());
   CliRun r = nibble("quant --input " + in + " --tensor w --format mxfp8 --device cpu --out " + out);
@@ -99,7 +103,7 @@ TEST(QuantCli, WritesCodesThatDequantizeToThePrintedError) {
   // Random input through every format on the CPU: success and a finite, plausible SQNR line.
   for (const char* fmt : {"mxfp8", "fp8-e4m3", "fp8-e5m2", "fp8-block128", "fp8-block128x128", "nvfp4"}) {
     CliRun rr = nibble(std::string("quant --random 256,256 --dist normal --seed 3 --device cpu --format ") + fmt +
-                    " --out " + out);
+                       " --out " + out);
     EXPECT_EQ(rr.code, 0) << fmt << ": " << rr.out;
     EXPECT_NE(rr.out.find("SQNR dB"), std::string::npos) << rr.out;
   }
@@ -161,7 +165,8 @@ TEST(QuantCli, SomeNansReportTheErrorOverTheFiniteValues) {
     CliRun r = nibble("quant --input " + in + " --tensor w --device cpu --format " + std::string(fmt));
     EXPECT_NE(r.code, 0) << fmt << ": " << r.out;
     EXPECT_NE(r.out.find("3 non-finite"), std::string::npos) << fmt << ": " << r.out;
-    CliRun ok = nibble("quant --input " + in + " --tensor w --device cpu --allow-nonfinite --format " + std::string(fmt));
+    CliRun ok =
+        nibble("quant --input " + in + " --tensor w --device cpu --allow-nonfinite --format " + std::string(fmt));
     EXPECT_EQ(ok.code, 0) << fmt << ": " << ok.out;
     EXPECT_NE(ok.out.find("non-finite inputs: 3 of 4096"), std::string::npos) << fmt << ": " << ok.out;
   }

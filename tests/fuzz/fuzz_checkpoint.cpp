@@ -18,7 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nb::fuzz::write_file("ck/iter_0000001/model.safetensors", model);
   auto state = nlohmann::json::parse(state_text, nullptr, false);
   if (state.is_object()) {
-    state["files"] = {{"model.safetensors", {{"bytes", model.size()}, {"crc32", nb::crc32_of(model.data(), model.size())}}}};
+    state["files"] = {
+        {"model.safetensors", {{"bytes", model.size()}, {"crc32", nb::crc32_of(model.data(), model.size())}}}};
     state.erase("state_crc32");
     const std::string canonical = state.dump();
     state["state_crc32"] = nb::crc32_of(canonical.data(), canonical.size());

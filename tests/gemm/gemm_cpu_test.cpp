@@ -20,13 +20,19 @@ struct Mat {
   std::vector<float> v;
   int64_t rows = 0, cols = 0, ld = 0;
   float at(int64_t r, int64_t c) const { return v[size_t(r * ld + c)]; }
-  Tensor tensor() { Tensor t = Tensor::make(v.data(), DType::f32, Device::cpu, {rows, cols}); t.stride[0] = ld; return t; }
+  Tensor tensor() {
+    Tensor t = Tensor::make(v.data(), DType::f32, Device::cpu, {rows, cols});
+    t.stride[0] = ld;
+    return t;
+  }
 };
 
 Mat random_mat(int64_t rows, int64_t cols, std::mt19937& rng, int64_t pad = 0) {
   std::uniform_real_distribution<float> d(-1.f, 1.f);
   Mat m;
-  m.rows = rows; m.cols = cols; m.ld = cols + pad;
+  m.rows = rows;
+  m.cols = cols;
+  m.ld = cols + pad;
   m.v.resize(size_t(std::max<int64_t>(1, rows * m.ld)));
   for (auto& x : m.v) x = d(rng);
   return m;
@@ -35,7 +41,9 @@ Mat random_mat(int64_t rows, int64_t cols, std::mt19937& rng, int64_t pad = 0) {
 // op(X)[i, j]
 float op_at(const Mat& x, bool trans, int64_t i, int64_t j) { return trans ? x.at(j, i) : x.at(i, j); }
 
-struct Case { int64_t m, n, k; };
+struct Case {
+  int64_t m, n, k;
+};
 
 void check_against_fp64(const Case& cs, bool ta, bool tb, float alpha, float beta, int64_t pad) {
   SCOPED_TRACE(testing::Message() << "M=" << cs.m << " N=" << cs.n << " K=" << cs.k << " ta=" << ta << " tb=" << tb

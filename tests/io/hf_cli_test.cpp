@@ -39,8 +39,8 @@ TEST_F(HfCli, EvalAndExportRoundTrip) {
   std::memcpy(tok.tensors["tokens"].bytes.data(), all.data(), all.size() * 4);
   ASSERT_TRUE(write_safetensors(path("tokens.safetensors"), tok));
 
-  auto r = nb::test::run_nibble("eval --load-hf " + path("hf") + " --tokens " + path("tokens.safetensors") +
-                                " --out " + path("out.safetensors") + " --device cpu");
+  auto r = nb::test::run_nibble("eval --load-hf " + path("hf") + " --tokens " + path("tokens.safetensors") + " --out " +
+                                path("out.safetensors") + " --device cpu");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("mean loss"), std::string::npos) << r.out;
   std::vector<float> logits(size_t(B * S * cfg.vocab));
@@ -54,7 +54,8 @@ TEST_F(HfCli, EvalAndExportRoundTrip) {
   std::memcpy(&loss, out.tensors["loss"].bytes.data(), 4);
   EXPECT_EQ(loss, float(loss_sum / double(B * S)));
 
-  r = nb::test::run_nibble("export --hf " + path("bf") + " --load-hf " + path("hf") + " --dtype bf16 --max-shard-size 20KB");
+  r = nb::test::run_nibble("export --hf " + path("bf") + " --load-hf " + path("hf") +
+                           " --dtype bf16 --max-shard-size 20KB");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_TRUE(fs::exists(path("bf/model.safetensors.index.json")));
   ParamStore p;

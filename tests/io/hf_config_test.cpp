@@ -76,7 +76,10 @@ TEST_F(HfConfig, ReadsBothSpellings) {
 TEST_F(HfConfig, DefaultRopeAndDefaults) {
   LlamaConfig c;
   // rope_scaling null (4.x), and rope_parameters with rope_type default (5.x): no scaling.
-  auto v4 = edited(kLlama31V4, [](nlohmann::json& j) { j["rope_scaling"] = nullptr; j["rope_theta"] = 10000.0; });
+  auto v4 = edited(kLlama31V4, [](nlohmann::json& j) {
+    j["rope_scaling"] = nullptr;
+    j["rope_theta"] = 10000.0;
+  });
   ASSERT_TRUE(parse_hf_config(v4, "v4", &c));
   EXPECT_EQ(c.rope_factor, 1.0);
   EXPECT_EQ(c.rope_theta, 10000.0);
@@ -101,7 +104,10 @@ TEST_F(HfConfig, DefaultRopeAndDefaults) {
 }
 
 TEST_F(HfConfig, RefusesUnsupportedWithFieldNamed) {
-  struct Case { std::function<void(nlohmann::json&)> edit; std::vector<std::string> expect; };
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    std::vector<std::string> expect;
+  };
   const Case cases[] = {
       {[](nlohmann::json& j) { j["model_type"] = "mistral"; }, {"model_type", "mistral"}},
       {[](nlohmann::json& j) { j["architectures"] = {"MistralForCausalLM"}; }, {"architectures", "MistralForCausalLM"}},
@@ -109,7 +115,10 @@ TEST_F(HfConfig, RefusesUnsupportedWithFieldNamed) {
       {[](nlohmann::json& j) { j["attention_bias"] = true; }, {"attention_bias", "true"}},
       {[](nlohmann::json& j) { j["mlp_bias"] = true; }, {"mlp_bias", "true"}},
       {[](nlohmann::json& j) { j["rope_scaling"]["rope_type"] = "yarn"; }, {"rope_scaling.rope_type", "yarn"}},
-      {[](nlohmann::json& j) { j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}}; }, {"rope_scaling.type", "linear"}},
+      {[](nlohmann::json& j) {
+         j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+       },
+       {"rope_scaling.type", "linear"}},
       {[](nlohmann::json& j) { j["rope_scaling"].erase("low_freq_factor"); }, {"low_freq_factor"}},
       {[](nlohmann::json& j) { j.erase("hidden_size"); }, {"hidden_size"}},
       {[](nlohmann::json& j) { j["num_hidden_layers"] = -2; }, {"num_hidden_layers", "-2"}},

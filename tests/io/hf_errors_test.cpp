@@ -61,7 +61,9 @@ TEST_F(HfErrors, MissingWrongShapeAndExtraTensors) {
   expect_has(load(e), {"model.layers.0.self_attn.k_proj.weight", "[32, 16]", "[16, 32]", "model.safetensors"});
 
   const std::string x = export_to("c");
-  rewrite(x, [](SafeTensorsFile& f) { f.tensors["model.layers.0.self_attn.q_proj.bias"] = {"BF16", {32}, std::vector<uint8_t>(64)}; });
+  rewrite(x, [](SafeTensorsFile& f) {
+    f.tensors["model.layers.0.self_attn.q_proj.bias"] = {"BF16", {32}, std::vector<uint8_t>(64)};
+  });
   expect_has(load(x), {"model.layers.0.self_attn.q_proj.bias", "no place"});
 
   // transformers' own leftovers are ignored.

@@ -110,8 +110,8 @@ TEST_F(HfWeights, ShardedBf16RoundsToNearestEvenWithIndex) {
   }
   EXPECT_EQ(index["metadata"]["total_size"], total);
   EXPECT_GT(files.size(), 2u);
-  const std::string last = "model-0000" + std::to_string(files.size()) + "-of-0000" + std::to_string(files.size()) +
-                           ".safetensors";
+  const std::string last =
+      "model-0000" + std::to_string(files.size()) + "-of-0000" + std::to_string(files.size()) + ".safetensors";
   EXPECT_EQ(wm["model.embed_tokens.weight"], "model-00001-of-0000" + std::to_string(files.size()) + ".safetensors");
   EXPECT_EQ(wm["lm_head.weight"], last);  // transformers' state-dict order: the head comes last
   for (const auto& f : files) EXPECT_TRUE(fs::exists(path("sh/" + f))) << f;
@@ -125,9 +125,9 @@ TEST_F(HfWeights, ShardedBf16RoundsToNearestEvenWithIndex) {
       const size_t k = size_t(t.flat_offset + i);
       ASSERT_TRUE(same_bits(got[k], rne_bf16(m.host[k]))) << t.name << "[" << i << "] " << m.host[k];
     }
-  EXPECT_EQ(got[tensors[3].flat_offset + 0], 1.0f);                   // tie, even below
-  EXPECT_EQ(got[tensors[3].flat_offset + 1], 1.0f + 0x4p-8f);         // tie, odd rounds up
-  EXPECT_EQ(got[tensors[3].flat_offset + 2], 1.0f + 0x2p-8f);         // above half
+  EXPECT_EQ(got[tensors[3].flat_offset + 0], 1.0f);            // tie, even below
+  EXPECT_EQ(got[tensors[3].flat_offset + 1], 1.0f + 0x4p-8f);  // tie, odd rounds up
+  EXPECT_EQ(got[tensors[3].flat_offset + 2], 1.0f + 0x2p-8f);  // above half
   EXPECT_EQ(r.dtype("model.norm.weight"), "BF16");
   std::ifstream cfg_in(path("sh/config.json"));
   EXPECT_EQ(nlohmann::json::parse(cfg_in)["bos_token_id"], 5);

@@ -33,9 +33,21 @@ inline void write_text(const std::string& path, const std::string& text) {
 inline LlamaConfig small_config(bool tied = false) {
   LlamaConfig c;
   c.name = "small";
-  c.hidden = 32; c.ffn = 64; c.layers = 2; c.heads = 4; c.kv_heads = 2; c.head_dim = 8; c.vocab = 128;
-  c.rope_theta = 10000.0; c.rope_factor = 8.0; c.rope_low_freq_factor = 1.0; c.rope_high_freq_factor = 4.0;
-  c.rope_original_max_pos = 64; c.max_seq = 128; c.norm_eps = 1e-5f; c.tied_embeddings = tied;
+  c.hidden = 32;
+  c.ffn = 64;
+  c.layers = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.head_dim = 8;
+  c.vocab = 128;
+  c.rope_theta = 10000.0;
+  c.rope_factor = 8.0;
+  c.rope_low_freq_factor = 1.0;
+  c.rope_high_freq_factor = 4.0;
+  c.rope_original_max_pos = 64;
+  c.max_seq = 128;
+  c.norm_eps = 1e-5f;
+  c.tied_embeddings = tied;
   return c;
 }
 

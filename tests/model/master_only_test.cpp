@@ -36,8 +36,8 @@ TEST(MasterOnly, StoreLayoutAndPieces) {
   EXPECT_EQ(pieces[2].end, holed.total());
   EXPECT_EQ(static_cast<float*>(pieces[2].compute.data), static_cast<float*>(pieces[0].compute.data) + q1.offset);
   const Tensor lm = holed.compute("lm_head.weight");
-  EXPECT_EQ(static_cast<float*>(lm.data),
-            static_cast<float*>(pieces[0].compute.data) + holed.info("lm_head.weight").offset - holed.master_only_elements());
+  EXPECT_EQ(static_cast<float*>(lm.data), static_cast<float*>(pieces[0].compute.data) +
+                                              holed.info("lm_head.weight").offset - holed.master_only_elements());
   // A range that does not touch the hole is one piece.
   EXPECT_EQ(holed.compute_pieces(0, q1.offset).size(), 1u);
 }

@@ -13,7 +13,8 @@
 namespace nb::testing {
 
 // begin_step, one micro-batch, AdamW over the store's pieces (as the trainer does); returns the loss.
-inline double train_step(LlamaModel& m, uint32_t step, const std::vector<int32_t>& tok, const std::vector<int32_t>& lab) {
+inline double train_step(LlamaModel& m, uint32_t step, const std::vector<int32_t>& tok,
+                         const std::vector<int32_t>& lab) {
   ParamStore& P = m.params();
   m.begin_step(step);
   ops::fill(P.flat_grad(), 0.f, nullptr);

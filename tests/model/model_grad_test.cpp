@@ -18,7 +18,8 @@ LlamaConfig tiny_config() {
   return c;
 }
 
-void fixed_batch(const LlamaConfig& c, MicroBatchShape s, uint32_t seed, std::vector<int32_t>* tok, std::vector<int32_t>* lab) {
+void fixed_batch(const LlamaConfig& c, MicroBatchShape s, uint32_t seed, std::vector<int32_t>* tok,
+                 std::vector<int32_t>* lab) {
   std::mt19937 rng(seed);
   std::vector<int32_t> seq(size_t(s.tokens() + 1));
   for (auto& t : seq) t = int32_t(rng() % uint32_t(c.vocab));
@@ -55,9 +56,15 @@ TEST(TinyLlamaCpu, GradientsMatchFiniteDifferences) {
     Tensor w = P.compute(p.name), g = P.grad(p.name);
     std::vector<float> r(size_t(p.numel));
     double nrm = 0;
-    for (auto& x : r) { x = nd(rng); nrm += double(x) * x; }
+    for (auto& x : r) {
+      x = nd(rng);
+      nrm += double(x) * x;
+    }
     double analytic = 0;
-    for (int64_t i = 0; i < p.numel; ++i) { r[i] = float(r[i] / std::sqrt(nrm)); analytic += double(g.ptr<float>()[i]) * r[i]; }
+    for (int64_t i = 0; i < p.numel; ++i) {
+      r[i] = float(r[i] / std::sqrt(nrm));
+      analytic += double(g.ptr<float>()[i]) * r[i];
+    }
     const float h = 1e-2f;
     std::vector<float> w0(w.ptr<float>(), w.ptr<float>() + p.numel);
     for (int64_t i = 0; i < p.numel; ++i) w.ptr<float>()[i] = w0[i] + h * r[i];
@@ -84,7 +91,10 @@ TEST(TinyLlamaCpu, RecomputeModesAgree) {
     ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
     Tensor g = m.params().flat_grad();
     std::vector<float> got(g.ptr<float>(), g.ptr<float>() + g.numel());
-    if (ref.empty()) { ref = got; continue; }
+    if (ref.empty()) {
+      ref = got;
+      continue;
+    }
     for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(ref[i], got[i]) << "element " << i;
   }
   EXPECT_LT(LlamaModel::plan_activation_bytes(c, Device::cpu, s, Recompute::full),

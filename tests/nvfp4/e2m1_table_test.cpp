@@ -21,9 +21,7 @@ TEST(E2M1, DecodesAllSixteenCodes) {
 TEST(E2M1, EncodesEveryValueToItsCode) {
   for (uint32_t c = 0; c < 8; ++c) {
     EXPECT_EQ(f32_to_e2m1_rne(kMagnitudes[c]), c);
-    if (c != 0) {
-      EXPECT_EQ(f32_to_e2m1_rne(-kMagnitudes[c]), 8 + c);
-    }
+    if (c != 0) { EXPECT_EQ(f32_to_e2m1_rne(-kMagnitudes[c]), 8 + c); }
   }
 }
 
@@ -32,7 +30,10 @@ float below(float x) { return std::nextafter(x, -100.0f); }
 
 TEST(E2M1, RoundingBoundariesTiesToEven) {
   // boundary, code at the boundary (tie -> even code), code just below, code just above
-  struct B { float at; uint32_t tie, lo, hi; };
+  struct B {
+    float at;
+    uint32_t tie, lo, hi;
+  };
   const B bounds[] = {{0.25f, 0, 0, 1}, {0.75f, 2, 1, 2}, {1.25f, 2, 2, 3}, {1.75f, 4, 3, 4},
                       {2.5f, 4, 4, 5},  {3.5f, 6, 5, 6},  {5.0f, 6, 6, 7}};
   for (const B& b : bounds) {
@@ -49,8 +50,8 @@ TEST(E2M1, SaturatesAndSigns) {
   EXPECT_EQ(f32_to_e2m1_rne(1e30f), 7u);
   EXPECT_EQ(f32_to_e2m1_rne(INFINITY), 7u);
   EXPECT_EQ(f32_to_e2m1_rne(-INFINITY), 15u);
-  EXPECT_EQ(f32_to_e2m1_rne(-0.0f), 0u);      // exactly -0.0 -> code 0
-  EXPECT_EQ(f32_to_e2m1_rne(-0.1f), 8u);      // negative rounding to zero -> code 8
+  EXPECT_EQ(f32_to_e2m1_rne(-0.0f), 0u);  // exactly -0.0 -> code 0
+  EXPECT_EQ(f32_to_e2m1_rne(-0.1f), 8u);  // negative rounding to zero -> code 8
   EXPECT_EQ(f32_to_e2m1_rne(-1e-30f), 8u);
   EXPECT_EQ(f32_to_e2m1_rne(1e-30f), 0u);
 }
@@ -74,7 +75,7 @@ TEST(E2M1, StochasticRoundingPicksNeighboursWithExactFrequency) {
       EXPECT_NEAR(sum / 256, sign * x, step / 256 + 1e-7) << x;
     }
   }
-  EXPECT_EQ(f32_to_e2m1_sr(7.0f, 255), 7u);  // saturates
+  EXPECT_EQ(f32_to_e2m1_sr(7.0f, 255), 7u);   // saturates
   EXPECT_EQ(f32_to_e2m1_sr(-0.0f, 255), 0u);  // 0 never rounds up (u * step < 0.5); -0.0 keeps code 0
 }
 

@@ -22,10 +22,10 @@ std::vector<bf16> from_floats(const std::vector<float>& f) {
 TEST(Nvfp4Scale, GlobalEncodeScale) {
   EXPECT_EQ(global_encode_scale(2688.0f), 1.0f);
   EXPECT_EQ(global_encode_scale(1.0f), 2688.0f);
-  EXPECT_EQ(global_encode_scale(0.0f), 1.0f);            // amax 0
-  EXPECT_EQ(global_encode_scale(INFINITY), 1.0f);        // 2688/inf = 0
-  EXPECT_EQ(global_encode_scale(NAN), 1.0f);             // non-finite
-  EXPECT_EQ(global_encode_scale(1e-40f), FLT_MAX);       // 2688/subnormal = inf, clamped
+  EXPECT_EQ(global_encode_scale(0.0f), 1.0f);       // amax 0
+  EXPECT_EQ(global_encode_scale(INFINITY), 1.0f);   // 2688/inf = 0
+  EXPECT_EQ(global_encode_scale(NAN), 1.0f);        // non-finite
+  EXPECT_EQ(global_encode_scale(1e-40f), FLT_MAX);  // 2688/subnormal = inf, clamped
 }
 
 // 16 x 16 tensor, row-wise only; tensor amax 2688 makes S_enc = 1 exactly.
@@ -38,9 +38,15 @@ struct EdgeCase : ::testing::Test {
     opts.colwise = false;
     // Row 0: the tensor amax 2688 and 448.  Row 1: zeros.  Row 2: block amax 0.001 (scale underflows).
     // Row 3: block amax 6.1875: 6.1875/6 = 1.03125 rounds to scale 1.0, so 6.1875 saturates to 6.
-    f[0] = 2688.0f; f[1] = 448.0f; f[2] = -448.0f; f[3] = 100.0f;
+    f[0] = 2688.0f;
+    f[1] = 448.0f;
+    f[2] = -448.0f;
+    f[3] = 100.0f;
     for (int j = 0; j < 16; ++j) f[2 * n + j] = (j % 2 ? -1.0f : 1.0f) * 0.001f;
-    f[3 * n + 0] = 6.1875f; f[3 * n + 1] = 3.0f; f[3 * n + 2] = -1.25f; f[3 * n + 3] = 0.2f;
+    f[3 * n + 0] = 6.1875f;
+    f[3 * n + 1] = 3.0f;
+    f[3 * n + 2] = -1.25f;
+    f[3 * n + 3] = 0.2f;
   }
 };
 
@@ -72,7 +78,7 @@ TEST_F(EdgeCase, HandComputedCodesAndScales) {
 
   std::vector<float> deq(n * n);
   dequantize_ref(q.row_data.data(), q.row_scales.data(), q.row_amax, n, n, deq.data());
-  EXPECT_EQ(deq[0], 2688.0f);   // 6 * 448 * 2688 / 2688
+  EXPECT_EQ(deq[0], 2688.0f);  // 6 * 448 * 2688 / 2688
   EXPECT_EQ(deq[1], 448.0f);
   EXPECT_EQ(deq[2 * n], 0.0f);  // underflowed block dequantizes to 0
   EXPECT_EQ(deq[3 * n], 6.0f);  // saturated
@@ -82,7 +88,9 @@ TEST_F(EdgeCase, HandComputedCodesAndScales) {
 TEST_F(EdgeCase, SmallTensorAmaxScalesBlocksUp) {
   // amax 1: S_enc = 2688; the block holding 1.0 gets scale e4m3(1 * 448.00001) = 448; 1 -> 6, 0.5 -> 3.
   std::fill(f.begin(), f.end(), 0.0f);
-  f[0] = 1.0f; f[1] = 0.5f; f[2] = -0.25f;
+  f[0] = 1.0f;
+  f[1] = 0.5f;
+  f[2] = -0.25f;
   auto x = from_floats(f);
   ASSERT_TRUE(quantize_ref(x.data(), opts, q.view()));
   EXPECT_EQ(q.row_amax, 1.0f);
@@ -111,37 +119,37 @@ TEST_F(EdgeCase, InfAndNanSetTheNonfiniteFlag) {
     ASSERT_TRUE(quantize_ref(x.data(), both, r.view()));
     EXPECT_EQ(r.nonfinite, 1) << bad;
     EXPECT_FALSE(amax_is_finite(r.row_amax)) << bad;
-    if (std::isnan(bad)) EXPECT_TRUE(std::isnan(r.row_amax));
-    else EXPECT_EQ(r.row_amax, INFINITY);
+    if (std::isnan(bad))
+      EXPECT_TRUE(std::isnan(r.row_amax));
+    else
+      EXPECT_EQ(r.row_amax, INFINITY);
   }
 }
 
 TEST(Nvfp4TwoD, RowAndColumnCopiesHoldIdenticalValues) {
   const int64_t rows = 48, cols = 64;
   for (int input = 0; input < 2; ++input) {
-  auto x = input ? testing::adversarial_bf16(rows, cols, 7) : testing::random_normal_bf16(rows * cols, 7);
-  HostQuantized q{rows, cols};
-  Options opts;
-  opts.two_d = true;
-  ASSERT_TRUE(quantize_ref(x.data(), opts, q.view()));
-  std::vector<float> row_deq(rows * cols), col_deq(rows * cols);
-  dequantize_ref(q.row_data.data(), q.row_scales.data(), q.row_amax, rows, cols, row_deq.data());
-  dequantize_ref(q.col_data.data(), q.col_scales.data(), q.col_amax, cols, rows, col_deq.data());
-  int nonzero = 0;
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) {
-      ASSERT_EQ(q.row_code(r, c), q.col_code(c, r)) << r << "," << c;
-      ASSERT_EQ(q.row_scales[r * (cols / 16) + c / 16], q.col_scales[c * (rows / 16) + r / 16]);
-      ASSERT_EQ(f32_bits(row_deq[r * cols + c]), f32_bits(col_deq[c * rows + r]));
-      nonzero += row_deq[r * cols + c] != 0.0f;
-    }
-  if (input == 0) {
-    EXPECT_GT(nonzero, rows * cols / 2);
-  }
-  // One scale per tile: the tile's amax sets it, so a 1D quantization must differ somewhere.
-  HostQuantized q1{rows, cols};
-  ASSERT_TRUE(quantize_ref(x.data(), Options{}, q1.view()));
-  EXPECT_NE(q1.row_scales, q.row_scales);
+    auto x = input ? testing::adversarial_bf16(rows, cols, 7) : testing::random_normal_bf16(rows * cols, 7);
+    HostQuantized q{rows, cols};
+    Options opts;
+    opts.two_d = true;
+    ASSERT_TRUE(quantize_ref(x.data(), opts, q.view()));
+    std::vector<float> row_deq(rows * cols), col_deq(rows * cols);
+    dequantize_ref(q.row_data.data(), q.row_scales.data(), q.row_amax, rows, cols, row_deq.data());
+    dequantize_ref(q.col_data.data(), q.col_scales.data(), q.col_amax, cols, rows, col_deq.data());
+    int nonzero = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(q.row_code(r, c), q.col_code(c, r)) << r << "," << c;
+        ASSERT_EQ(q.row_scales[r * (cols / 16) + c / 16], q.col_scales[c * (rows / 16) + r / 16]);
+        ASSERT_EQ(f32_bits(row_deq[r * cols + c]), f32_bits(col_deq[c * rows + r]));
+        nonzero += row_deq[r * cols + c] != 0.0f;
+      }
+    if (input == 0) { EXPECT_GT(nonzero, rows * cols / 2); }
+    // One scale per tile: the tile's amax sets it, so a 1D quantization must differ somewhere.
+    HostQuantized q1{rows, cols};
+    ASSERT_TRUE(quantize_ref(x.data(), Options{}, q1.view()));
+    EXPECT_NE(q1.row_scales, q.row_scales);
   }
 }
 
@@ -271,7 +279,7 @@ TEST(Nvfp4Swizzle, HandPickedOffsetsAndRoundTrip) {
   EXPECT_EQ(swizzled_offset(0, 1, 6), 1u);
   EXPECT_EQ(swizzled_offset(0, 4, 6), 512u);
   EXPECT_EQ(swizzled_offset(128, 0, 6), 1024u);
-  EXPECT_EQ(swizzled_offset(37, 5, 6), 597u);   // a=1, b=5, j=1, d=1: 512 + 80 + 4 + 1
+  EXPECT_EQ(swizzled_offset(37, 5, 6), 597u);  // a=1, b=5, j=1, d=1: 512 + 80 + 4 + 1
   EXPECT_EQ(swizzled_offset(255, 7, 6), 2047u);
   EXPECT_EQ(swizzled_scale_bytes(200, 6), 256u * 8u);
   const int64_t rows = 200, sc = 6;

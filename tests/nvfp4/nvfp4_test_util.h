@@ -14,19 +14,32 @@ struct HostQuantized {
   float row_amax = -1, col_amax = -1;
   int nonfinite = 0;
   HostQuantized(int64_t r, int64_t c)
-      : rows(r), cols(c), row_data(size_t(r * c / 2)), row_scales(size_t(r * c / 16)), col_data(size_t(r * c / 2)),
+      : rows(r),
+        cols(c),
+        row_data(size_t(r * c / 2)),
+        row_scales(size_t(r * c / 16)),
+        col_data(size_t(r * c / 2)),
         col_scales(size_t(r * c / 16)) {}
   QuantizedView view() {
     QuantizedView v;
-    v.rows = rows; v.cols = cols;
-    v.row_data = row_data.data(); v.row_scales = row_scales.data();
-    v.col_data = col_data.data(); v.col_scales = col_scales.data();
-    v.row_amax = &row_amax; v.col_amax = &col_amax; v.nonfinite = &nonfinite;
+    v.rows = rows;
+    v.cols = cols;
+    v.row_data = row_data.data();
+    v.row_scales = row_scales.data();
+    v.col_data = col_data.data();
+    v.col_scales = col_scales.data();
+    v.row_amax = &row_amax;
+    v.col_amax = &col_amax;
+    v.nonfinite = &nonfinite;
     return v;
   }
   // Code of element (r, c) of the row-wise copy, and of element (c, r) of the column-wise copy.
-  uint32_t row_code(int64_t r, int64_t c) const { return (row_data[size_t(r * (cols / 2) + c / 2)] >> (4 * (c & 1))) & 0xF; }
-  uint32_t col_code(int64_t c, int64_t r) const { return (col_data[size_t(c * (rows / 2) + r / 2)] >> (4 * (r & 1))) & 0xF; }
+  uint32_t row_code(int64_t r, int64_t c) const {
+    return (row_data[size_t(r * (cols / 2) + c / 2)] >> (4 * (c & 1))) & 0xF;
+  }
+  uint32_t col_code(int64_t c, int64_t r) const {
+    return (col_data[size_t(c * (rows / 2) + r / 2)] >> (4 * (r & 1))) & 0xF;
+  }
 };
 
 inline std::vector<bf16> random_normal_bf16(int64_t n, uint32_t seed, float stddev = 1.0f) {
@@ -49,13 +62,13 @@ inline std::vector<bf16> adversarial_bf16(int64_t rows, int64_t cols, uint32_t s
     for (int64_t j = i; j < i + 16; ++j) {
       float v = normal(gen);
       switch (kind) {
-        case 0: v = (j == i + 3) ? 1000.0f * v : v; break;             // one outlier
-        case 1: v = equal; break;                                      // all equal
-        case 2: v = 0.0f; break;                                       // zeros
-        case 3: v = v * 1e-39f; break;                                 // BF16/FP32 subnormals
-        case 4: v = v * 1e-6f; break;                                  // block scale underflows E4M3
-        case 5: v = float(int(gen() % 13) - 6) * 0.5f; break;          // exact halves: E2M1 ties
-        case 6: v = v * 3e4f; break;                                   // large
+        case 0: v = (j == i + 3) ? 1000.0f * v : v; break;     // one outlier
+        case 1: v = equal; break;                              // all equal
+        case 2: v = 0.0f; break;                               // zeros
+        case 3: v = v * 1e-39f; break;                         // BF16/FP32 subnormals
+        case 4: v = v * 1e-6f; break;                          // block scale underflows E4M3
+        case 5: v = float(int(gen() % 13) - 6) * 0.5f; break;  // exact halves: E2M1 ties
+        case 6: v = v * 3e4f; break;                           // large
         default: break;
       }
       x[size_t(j)] = f32_to_bf16(v);

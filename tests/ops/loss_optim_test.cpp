@@ -55,12 +55,17 @@ TEST(AdamW, OneStepMatchesHandComputation) {
   std::vector<float> p = {1.0f, -2.0f, 0.5f, 3.0f}, g = {0.5f, -0.25f, 0.0f, 4.0f};
   std::vector<float> m(4, 0.f), v(4, 0.f), copy(4);
   AdamWParams prm{};
-  prm.lr = 0.1f; prm.beta1 = 0.9f; prm.beta2 = 0.95f; prm.eps = 1e-8f; prm.weight_decay = 0.5f;
-  prm.step = 1; prm.grad_scale = 2.0f;  // the effective gradient is 2 g
+  prm.lr = 0.1f;
+  prm.beta1 = 0.9f;
+  prm.beta2 = 0.95f;
+  prm.eps = 1e-8f;
+  prm.weight_decay = 0.5f;
+  prm.step = 1;
+  prm.grad_scale = 2.0f;  // the effective gradient is 2 g
   adamw_update(host_f32(p, {4}), host_f32(g, {4}), host_f32(m, {4}), host_f32(v, {4}), host_f32(copy, {4}), prm,
                nullptr);
-  const double expect_p[4] = {1.0 * 0.95 - 0.1 * 1.0 / (1.0 + 1e-8), -2.0 * 0.95 + 0.1 * 0.5 / (0.5 + 1e-8),
-                              0.5 * 0.95, 3.0 * 0.95 - 0.1 * 8.0 / (8.0 + 1e-8)};
+  const double expect_p[4] = {1.0 * 0.95 - 0.1 * 1.0 / (1.0 + 1e-8), -2.0 * 0.95 + 0.1 * 0.5 / (0.5 + 1e-8), 0.5 * 0.95,
+                              3.0 * 0.95 - 0.1 * 8.0 / (8.0 + 1e-8)};
   const double eff_g[4] = {1.0, -0.5, 0.0, 8.0};
   // Tolerances: a few FP32 ulps of each value (the betas themselves are FP32, 0.9f != 0.9).
   for (int i = 0; i < 4; ++i) {
@@ -71,7 +76,9 @@ TEST(AdamW, OneStepMatchesHandComputation) {
   }
   // Step 2 with bias correction: m_hat = m / (1 - 0.81), v_hat = v / (1 - 0.9025).
   std::vector<float> g2 = {-1.0f, 0.0f, 0.0f, 0.0f};
-  prm.step = 2; prm.weight_decay = 0.f; prm.grad_scale = 1.f;
+  prm.step = 2;
+  prm.weight_decay = 0.f;
+  prm.grad_scale = 1.f;
   float p0 = p[0];
   adamw_update(host_f32(p, {4}), host_f32(g2, {4}), host_f32(m, {4}), host_f32(v, {4}), Tensor{}, prm, nullptr);
   double m2 = 0.9 * 0.1 + 0.1 * -1.0, v2 = 0.95 * 0.05 + 0.05 * 1.0;

@@ -53,10 +53,10 @@ inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace nb::ops::testing
 
 // Compares an analytic gradient with a numeric one: |a - n| <= tol * max(1, |n|).
-#define EXPECT_GRAD_NEAR(analytic, numeric, tol)                                              \
-  do {                                                                                        \
-    ASSERT_EQ((analytic).size(), (numeric).size());                                           \
-    for (size_t i_ = 0; i_ < (numeric).size(); ++i_)                                          \
-      EXPECT_NEAR(double((analytic)[i_]), (numeric)[i_], (tol) * std::fmax(1.0, std::fabs((numeric)[i_]))) \
-          << "element " << i_;                                                                \
+#define EXPECT_GRAD_NEAR(analytic, numeric, tol)                                                         \
+  do {                                                                                                   \
+    ASSERT_EQ((analytic).size(), (numeric).size());                                                      \
+    for (size_t i_ = 0; i_ < (numeric).size(); ++i_)                                                     \
+      EXPECT_NEAR(double((analytic)[i_]), (numeric)[i_], (tol)*std::fmax(1.0, std::fabs((numeric)[i_]))) \
+          << "element " << i_;                                                                           \
   } while (0)

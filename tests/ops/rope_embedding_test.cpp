@@ -92,9 +92,12 @@ TEST(RoPE, FusedQkvSplitAndMergeMatchSeparateOps) {
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t d = 0; d < hd; ++d) {
         float x = qkv[(t * heads + h) * hd + d];
-        if (h < hq) eq[(t * hq + h) * hd + d] = x;
-        else if (h < hq + hkv) ek[(t * hkv + h - hq) * hd + d] = x;
-        else ev[(t * hkv + h - hq - hkv) * hd + d] = x;
+        if (h < hq)
+          eq[(t * hq + h) * hd + d] = x;
+        else if (h < hq + hkv)
+          ek[(t * hkv + h - hq) * hd + d] = x;
+        else
+          ev[(t * hkv + h - hq - hkv) * hd + d] = x;
       }
   rope_forward(host_f32(eq, {B, S, hq, hd}), hc, hs, nullptr);
   rope_forward(host_f32(ek, {B, S, hkv, hd}), hc, hs, nullptr);
@@ -114,8 +117,9 @@ TEST(RoPE, FusedQkvSplitAndMergeMatchSeparateOps) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t d = 0; d < hd; ++d) {
-        float want = h < hq ? dq[(t * hq + h) * hd + d]
-                     : h < hq + hkv ? dk[(t * hkv + h - hq) * hd + d] : dv[(t * hkv + h - hq - hkv) * hd + d];
+        float want = h < hq         ? dq[(t * hq + h) * hd + d]
+                     : h < hq + hkv ? dk[(t * hkv + h - hq) * hd + d]
+                                    : dv[(t * hkv + h - hq - hkv) * hd + d];
         ASSERT_EQ(dqkv[(t * heads + h) * hd + d], want) << "token " << t << " head " << h << " dim " << d;
       }
 }

@@ -26,7 +26,10 @@ struct HostQuant {
   HostQuant(QFormat fmt, int64_t rows, int64_t cols, uint64_t seed) : f(fmt), r(rows), c(cols) {
     size_t bytes[kSlots];
     slot_bytes(f, r, c, bytes);
-    for (int i = 0; i < kSlots; ++i) { buf[i].assign(bytes[i], 0); p[i] = buf[i].data(); }
+    for (int i = 0; i < kSlots; ++i) {
+      buf[i].assign(bytes[i], 0);
+      p[i] = buf[i].data();
+    }
     const std::vector<bf16> x = make_source(r, c, seed);
     Status s = quantize_source(f, x.data(), r, c, p, false);
     EXPECT_TRUE(s.is_ok()) << s.message();
@@ -76,7 +79,9 @@ std::vector<float> transposed(const std::vector<float>& v, int64_t rows, int64_t
   return t;
 }
 
-struct Case { QFormat a, b; };
+struct Case {
+  QFormat a, b;
+};
 
 class CpuQGemm : public ::testing::TestWithParam<Case> {};
 
@@ -94,23 +99,23 @@ TEST_P(CpuQGemm, ColumnCopiesAccumulate) {
   check_cpu(dy, true, x, true, 1.f);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, CpuQGemm,
-    ::testing::Values(Case{QFormat::fp8_e4m3, QFormat::fp8_e4m3}, Case{QFormat::fp8_e5m2, QFormat::fp8_e4m3},
-                      Case{QFormat::fp8_e4m3, QFormat::fp8_e5m2},
-                      Case{QFormat::fp8_block128, QFormat::fp8_block128x128},
-                      Case{QFormat::fp8_block128x128, QFormat::fp8_block128},
-                      Case{QFormat::fp8_block128, QFormat::fp8_block128}, Case{QFormat::mxfp8, QFormat::mxfp8},
-                      Case{QFormat::nvfp4, QFormat::nvfp4}),
-    [](const auto& info) {
-      return std::string(qformat_name(info.param.a)) + "_x_" + qformat_name(info.param.b);
-    });
+INSTANTIATE_TEST_SUITE_P(Formats, CpuQGemm,
+                         ::testing::Values(Case{QFormat::fp8_e4m3, QFormat::fp8_e4m3},
+                                           Case{QFormat::fp8_e5m2, QFormat::fp8_e4m3},
+                                           Case{QFormat::fp8_e4m3, QFormat::fp8_e5m2},
+                                           Case{QFormat::fp8_block128, QFormat::fp8_block128x128},
+                                           Case{QFormat::fp8_block128x128, QFormat::fp8_block128},
+                                           Case{QFormat::fp8_block128, QFormat::fp8_block128},
+                                           Case{QFormat::mxfp8, QFormat::mxfp8}, Case{QFormat::nvfp4, QFormat::nvfp4}),
+                         [](const auto& info) {
+                           return std::string(qformat_name(info.param.a)) + "_x_" + qformat_name(info.param.b);
+                         });
 
 // The decoder of the GEMM reference agrees with the format's dequantizer (nvfp4: without the
 // global scale, which the GEMM applies as alpha).
 TEST(CpuQGemm, DequantizeOperandMatchesFormatDecoder) {
-  for (QFormat f : {QFormat::fp8_e5m2, QFormat::fp8_block128, QFormat::fp8_block128x128, QFormat::mxfp8,
-                    QFormat::nvfp4}) {
+  for (QFormat f :
+       {QFormat::fp8_e5m2, QFormat::fp8_block128, QFormat::fp8_block128x128, QFormat::mxfp8, QFormat::nvfp4}) {
     HostQuant q(f, 256, 128, 9);
     for (bool col : {false, true}) {
       const QOperand op = q.op(col);

@@ -22,7 +22,12 @@ namespace nb::gemm::testing {
 struct Rng {
   uint64_t s;
   explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint32_t next() { s ^= s << 13; s ^= s >> 7; s ^= s << 17; return uint32_t(s >> 32); }
+  uint32_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return uint32_t(s >> 32);
+  }
   float uniform() { return float(next() >> 8) / 8388608.f - 1.f; }  // [-1, 1)
 };
 
@@ -56,8 +61,14 @@ inline void slot_bytes(QFormat f, int64_t r, int64_t c, size_t out[kSlots]) {
       out[kColScales] = 4 * size_t(fp8::block_scale_count(kind, r, c, true));
       break;
     }
-    case QFormat::mxfp8: out[kRowData] = out[kColData] = n; out[kRowScales] = out[kColScales] = n / 32; break;
-    case QFormat::nvfp4: out[kRowData] = out[kColData] = n / 2; out[kRowScales] = out[kColScales] = n / 16; break;
+    case QFormat::mxfp8:
+      out[kRowData] = out[kColData] = n;
+      out[kRowScales] = out[kColScales] = n / 32;
+      break;
+    case QFormat::nvfp4:
+      out[kRowData] = out[kColData] = n / 2;
+      out[kRowScales] = out[kColScales] = n / 16;
+      break;
   }
 }
 
@@ -84,8 +95,8 @@ inline Status quantize_source(QFormat f, const bf16* x, int64_t r, int64_t c, vo
       return cuda ? mxfp8::quantize_cuda(x, {}, v) : mxfp8::quantize_ref(x, {}, v);
     }
     case QFormat::nvfp4: {
-      nvfp4::QuantizedView v{r, c, u8(kRowData), u8(kRowScales), u8(kColData), u8(kColScales),
-                             f32(kRowAmax), f32(kColAmax), nullptr};
+      nvfp4::QuantizedView v{
+          r, c, u8(kRowData), u8(kRowScales), u8(kColData), u8(kColScales), f32(kRowAmax), f32(kColAmax), nullptr};
       return cuda ? nvfp4::quantize_cuda(x, {}, v, nullptr) : nvfp4::quantize_ref(x, {}, v);
     }
   }
@@ -119,10 +130,9 @@ inline std::vector<float> operand_xhat(QFormat f, int64_t r, int64_t c, void* co
       break;
     case QFormat::fp8_block128:
     case QFormat::fp8_block128x128:
-      fp8::dequantize_block_ref(u8(col ? kColData : kRowData),
-                                static_cast<const float*>(h[col ? kColScales : kRowScales]),
-                                f == QFormat::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128, r, c,
-                                col, out.data());
+      fp8::dequantize_block_ref(
+          u8(col ? kColData : kRowData), static_cast<const float*>(h[col ? kColScales : kRowScales]),
+          f == QFormat::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128, r, c, col, out.data());
       break;
     case QFormat::mxfp8:
       if (!col) {
@@ -135,8 +145,10 @@ inline std::vector<float> operand_xhat(QFormat f, int64_t r, int64_t c, void* co
       }
       break;
     case QFormat::nvfp4:
-      if (!col) nvfp4::dequantize_ref(u8(kRowData), u8(kRowScales), f32(kRowAmax), r, c, out.data());
-      else nvfp4::dequantize_ref(u8(kColData), u8(kColScales), f32(kColAmax), c, r, out.data());
+      if (!col)
+        nvfp4::dequantize_ref(u8(kRowData), u8(kRowScales), f32(kRowAmax), r, c, out.data());
+      else
+        nvfp4::dequantize_ref(u8(kColData), u8(kColScales), f32(kColAmax), c, r, out.data());
       break;
   }
   return out;

@@ -141,7 +141,8 @@ TEST(TwoD, DgradReadsTheRowCopyAndMatchesTheExplicitColumnCopyBitForBit) {
     float ra = 0, ca = 0;
     nvfp4::Options o;
     o.two_d = true;
-    ASSERT_TRUE(nvfp4::quantize_ref(wb.data(), o, {kN, kK, rd.data(), rs.data(), cd.data(), cs.data(), &ra, &ca}).is_ok());
+    ASSERT_TRUE(
+        nvfp4::quantize_ref(wb.data(), o, {kN, kK, rd.data(), rs.data(), cd.data(), cs.data(), &ra, &ca}).is_ok());
     EXPECT_TRUE(rd == wq.row_data && rs == wq.row_scales) << "the Linear's row copy is the quantizer's";
     EXPECT_EQ(ra, wq.row_amax);
     EXPECT_EQ(ca, ra);
@@ -174,7 +175,12 @@ struct HostLinearTensors {
       EXPECT_TRUE(Buffer::allocate(b, DType::f32, Device::cpu, {rows, cols}).is_ok());
       std::fill(b->ptr<float>(), b->ptr<float>() + rows * cols, 0.f);
     };
-    zeros(&x, kM, kK); zeros(&w, kN, kK); zeros(&y, kM, kN); zeros(&dy, kM, kN); zeros(&dx, kM, kK); zeros(&dw, kN, kK);
+    zeros(&x, kM, kK);
+    zeros(&w, kN, kK);
+    zeros(&y, kM, kN);
+    zeros(&dy, kM, kN);
+    zeros(&dx, kM, kK);
+    zeros(&dw, kN, kK);
     std::copy(in.x.begin(), in.x.end(), x.ptr<float>());
     std::copy(in.w.begin(), in.w.end(), w.ptr<float>());
   }
@@ -263,8 +269,8 @@ TEST(Health, StatsReportFlushAndSqnr) {
   LinearHealth h;
   ASSERT_TRUE(lin.take_health(&h).is_ok());
   EXPECT_TRUE(h.has_stats);
-  EXPECT_GT(h.flushed, 0.0);                 // |x| < 2^-9 * 4000/448 ... rounds to 0 in E4M3
-  EXPECT_GT(h.saturated, 0.0);               // the outlier sits at 448 * scale_inv
+  EXPECT_GT(h.flushed, 0.0);    // |x| < 2^-9 * 4000/448 ... rounds to 0 in E4M3
+  EXPECT_GT(h.saturated, 0.0);  // the outlier sits at 448 * scale_inv
   EXPECT_GT(h.sqnr_db, 10.0);
   EXPECT_LT(h.sqnr_db, 60.0);
   ASSERT_TRUE(lin.take_health(&h).is_ok());  // reset after take

@@ -56,14 +56,16 @@ inline std::vector<double> dequant_copy(const QuantizedBytes& q, bool col) {
         for (int64_t i = 0; i < inner; ++i) {
           int64_t idx = q.fmt == Fmt::fp8_block128 ? (i / 128) * fp8::round4(outer) + o
                                                    : (o / 128) * fp8::round4(inner / 128) + i / 128;
-          out[size_t(o * inner + i)] = double(fp8::decode(data[size_t(o * inner + i)], fp8::Format::e4m3)) * double(s[idx]);
+          out[size_t(o * inner + i)] =
+              double(fp8::decode(data[size_t(o * inner + i)], fp8::Format::e4m3)) * double(s[idx]);
         }
       return out;
     }
     case Fmt::mxfp8: {
       std::vector<float> g(static_cast<size_t>(n));
       mxfp8::dequantize_ref(data.data(), sc.data(), r, c, col, g.data());
-      if (!col) f = g;
+      if (!col)
+        f = g;
       else
         for (int64_t i = 0; i < r; ++i)
           for (int64_t j = 0; j < c; ++j) f[size_t(j * r + i)] = g[size_t(i * c + j)];  // to [cols, rows]

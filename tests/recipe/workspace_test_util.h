@@ -22,7 +22,7 @@ inline constexpr int64_t kChainTokens = 128;
 inline constexpr ChainShape kChain[3] = {{256, 128}, {128, 384}, {384, 256}};
 
 struct ChainRun {
-  std::vector<std::vector<double>> y, dx, dw;  // in the order produced
+  std::vector<std::vector<double>> y, dx, dw;                // in the order produced
   std::vector<std::shared_ptr<LinearWorkspace>> workspaces;  // the Linears' (one object when shared)
   std::vector<size_t> linear_bytes;
 };
@@ -61,8 +61,8 @@ inline Status run_chain(const Recipe& r, Device dev, bool shared, bool call_allo
   Linear lin[3];
   Buffer w[3], dw[3], act_in[4], grad[4];  // act_in[l]: x of Linear l (act_in[3]: y of C); grad[l]: dy of l-1
   for (int l = 0; l < 3; ++l) {
-    NB_TRY(lin[l].init(r, false, "chain." + std::to_string(l), uint32_t(11 + l), m, kChain[l].in, kChain[l].out,
-                       dev, ws));
+    NB_TRY(
+        lin[l].init(r, false, "chain." + std::to_string(l), uint32_t(11 + l), m, kChain[l].in, kChain[l].out, dev, ws));
     NB_TRY(Buffer::allocate(&dw[l], DType::f32, dev, {kChain[l].out, kChain[l].in}));
     NB_TRY(Buffer::allocate(&act_in[l + 1], act, dev, {m, kChain[l].out}));
     NB_TRY(Buffer::allocate(&grad[l], act, dev, {m, kChain[l].in}));

@@ -34,8 +34,8 @@ std::unique_ptr<BpeTokenizer> load_or_null(const std::string& name, const std::s
   return tok;
 }
 
-#define LOAD_OR_SKIP(var, file, family)                                                                         \
-  auto var = load_or_null(file, family);                                                                        \
+#define LOAD_OR_SKIP(var, file, family)  \
+  auto var = load_or_null(file, family); \
   if (!var) GTEST_SKIP() << data_dir() << "/" << file << " is absent: run scripts/setup_data.sh to fetch it"
 
 std::vector<int32_t> enc(const BpeTokenizer& t, const std::string& s) {
@@ -52,9 +52,15 @@ void expect_round_trip(const BpeTokenizer& t, const std::string& s) {
 
 std::vector<std::string> tricky_strings() {
   std::mt19937 rng(123);
-  std::vector<std::string> v = {"", " ", "Hello world!", "  leading and trailing  \n\n\t", "naïve café — 東京 🚀 Привет!",
-                                "it's we've they'll I'D 123456789 3.14159", "line1\r\nline2\n\n\nend",
-                                std::string("\xff\xfe invalid \xc3 bytes \x80\x80", 22), std::string("nul\0inside", 10),
+  std::vector<std::string> v = {"",
+                                " ",
+                                "Hello world!",
+                                "  leading and trailing  \n\n\t",
+                                "naïve café — 東京 🚀 Привет!",
+                                "it's we've they'll I'D 123456789 3.14159",
+                                "line1\r\nline2\n\n\nend",
+                                std::string("\xff\xfe invalid \xc3 bytes \x80\x80", 22),
+                                std::string("nul\0inside", 10),
                                 "<|endoftext|> is plain text here"};
   for (int n = 0; n < 20; ++n) {  // random byte strings: mostly invalid UTF-8
     std::string s;
@@ -101,13 +107,17 @@ std::string tiny_json() {
   for (int b = 0; b < 256; ++b) {
     std::string u = bytes_to_unicode_string(std::string(1, char(b)));
     std::string esc;
-    for (char c : u) { if (c == '"' || c == '\\') esc.push_back('\\'); esc.push_back(c); }
+    for (char c : u) {
+      if (c == '"' || c == '\\') esc.push_back('\\');
+      esc.push_back(c);
+    }
     vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
   }
   vocab += "\"ab\": 256, \"bc\": 257, \"Ġa\": 258";
   return R"({"added_tokens": [{"id": 259, "content": "<|endoftext|>", "special": true}],
              "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
-             "model": {"type": "BPE", "vocab": {)" + vocab + R"(}, "merges": ["b c", "a b", "Ġ a"]}})";
+             "model": {"type": "BPE", "vocab": {)" +
+         vocab + R"(}, "merges": ["b c", "a b", "Ġ a"]}})";
 }
 }  // namespace
 
@@ -124,15 +134,18 @@ TEST(HfTokenizerJson, MergeOrderDecides) {
 TEST(HfTokenizerJson, RejectsBrokenFiles) {
   std::unique_ptr<BpeTokenizer> tok;
   EXPECT_FALSE(BpeTokenizer::from_hf_json_text("{not json", "x.json", &tok).is_ok());
-  EXPECT_FALSE(BpeTokenizer::from_hf_json_text(R"({"model": {"type": "Unigram", "vocab": {}}})", "x.json", &tok).is_ok());
-  Status st = BpeTokenizer::from_hf_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "x.json", &tok);
+  EXPECT_FALSE(
+      BpeTokenizer::from_hf_json_text(R"({"model": {"type": "Unigram", "vocab": {}}})", "x.json", &tok).is_ok());
+  Status st =
+      BpeTokenizer::from_hf_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "x.json", &tok);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("256 bytes"), std::string::npos) << st.message();
 }
 
 TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
   std::vector<std::string> corpus;
-  for (int i = 0; i < 200; ++i) corpus.push_back("the lowest lower low newest widest the the low " + std::to_string(i % 7));
+  for (int i = 0; i < 200; ++i)
+    corpus.push_back("the lowest lower low newest widest the the low " + std::to_string(i % 7));
   auto out = (unique_temp("nibble_bpe_train_test.json")).string();
   BpeTrainOptions opt;
   opt.vocab_size = 300;
@@ -155,24 +168,28 @@ TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
 // Expected ids printed by the npm packages' own JavaScript encoders (gpt-tokenizer 4.0.0
 // r50k_base.encode and llama3-tokenizer-js 1.2.0 encode(t, {bos: false, eos: false})).
 namespace {
-const char* kLongText = "The quick brown fox jumps over the lazy dog.\n\n  It's 2024: numbers 1234567 and   spaces\ttabs!";
+const char* kLongText =
+    "The quick brown fox jumps over the lazy dog.\n\n  It's 2024: numbers 1234567 and   spaces\ttabs!";
 const char* kUnicodeText = "naïve café — 東京 🚀 Привет! I'VE don't";
 }  // namespace
 
 TEST(Gpt2Tokenizer, MatchesReferenceEncoder) {
   LOAD_OR_SKIP(tok, "gpt2.tiktoken", "gpt2");
-  EXPECT_EQ(enc(*tok, kLongText), (std::vector<int32_t>{464, 2068, 7586, 21831, 18045, 625, 262, 16931, 3290, 13, 628, 220, 632, 338,
-                                                        48609, 25, 3146, 17031, 2231, 3134, 290, 220, 220, 9029, 197, 8658, 82, 0}));
-  EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{2616, 38776, 40304, 851, 10545, 251, 109, 12859, 105, 12520, 248, 222, 12466,
-                                                           253, 21169, 18849, 38857, 16843, 20375, 0, 314, 6, 6089, 836, 470}));
+  EXPECT_EQ(enc(*tok, kLongText),
+            (std::vector<int32_t>{464,   2068, 7586, 21831, 18045, 625,  262, 16931, 3290, 13,   628, 220,  632, 338,
+                                  48609, 25,   3146, 17031, 2231,  3134, 290, 220,   220,  9029, 197, 8658, 82,  0}));
+  EXPECT_EQ(enc(*tok, kUnicodeText),
+            (std::vector<int32_t>{2616, 38776, 40304, 851,   10545, 251,   109, 12859, 105, 12520, 248, 222, 12466,
+                                  253,  21169, 18849, 38857, 16843, 20375, 0,   314,   6,   6089,  836, 470}));
 }
 
 TEST(Llama3Tokenizer, MatchesReferenceEncoder) {
   LOAD_OR_SKIP(tok, "llama3.tiktoken", "llama3");
-  EXPECT_EQ(enc(*tok, kLongText), (std::vector<int32_t>{791, 4062, 14198, 39935, 35308, 927, 279, 16053, 5679, 382, 220, 1102, 596, 220,
-                                                        2366, 19, 25, 5219, 220, 4513, 10961, 22, 323, 256, 12908, 3324, 3518, 0}));
-  EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{3458, 38672, 588, 53050, 2001, 119109, 11410, 248, 222, 80584, 28089, 8341, 0,
-                                                           358, 6, 4592, 1541, 956}));
+  EXPECT_EQ(enc(*tok, kLongText), (std::vector<int32_t>{791,   4062, 14198, 39935, 35308, 927,  279,  16053, 5679, 382,
+                                                        220,   1102, 596,   220,   2366,  19,   25,   5219,  220,  4513,
+                                                        10961, 22,   323,   256,   12908, 3324, 3518, 0}));
+  EXPECT_EQ(enc(*tok, kUnicodeText), (std::vector<int32_t>{3458, 38672, 588, 53050, 2001, 119109, 11410, 248, 222,
+                                                           80584, 28089, 8341, 0, 358, 6, 4592, 1541, 956}));
 }
 
 TEST(BpeTraining, Gpt2StyleVocabAndMergesFilesEncodeLikeTheTokenizerJson) {
@@ -192,14 +209,16 @@ TEST(BpeTraining, Gpt2StyleVocabAndMergesFilesEncodeLikeTheTokenizerJson) {
   {
     std::ofstream m(dir / "merges.txt");
     m << "#version: 0.2\n";
-    for (const auto& pair : j["model"]["merges"]) m << pair[0].get<std::string>() << " " << pair[1].get<std::string>() << "\n";
+    for (const auto& pair : j["model"]["merges"])
+      m << pair[0].get<std::string>() << " " << pair[1].get<std::string>() << "\n";
   }
   std::unique_ptr<BpeTokenizer> a, b;
   ASSERT_TRUE(BpeTokenizer::from_hf_json(json_path, &a).is_ok());
   Status st = BpeTokenizer::load((dir / "vocab.json").string(), "auto", &b);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_EQ(b->eod(), a->eod());
-  for (const std::string s : {"the theme of these themes", "thesis: merges applied", "unseen words, too"}) EXPECT_EQ(enc(*b, s), enc(*a, s)) << s;
+  for (const std::string s : {"the theme of these themes", "thesis: merges applied", "unseen words, too"})
+    EXPECT_EQ(enc(*b, s), enc(*a, s)) << s;
   EXPECT_GT(enc(*a, "the theme of these themes").size(), 0u);
   std::filesystem::remove_all(dir);
 }

@@ -51,7 +51,7 @@ TEST(TrainCliFlags, BareFlagFollowedByAnotherFlag) {
   EXPECT_EQ(config_value(dir, "disable_fp4"), "true");
   EXPECT_EQ(config_value(dir, "fp4_disable_sr"), "true");
   EXPECT_EQ(config_value(dir, "quant_stats"), "true");
-  EXPECT_EQ(config_value(dir, "save"), "\"" + dir + "\"");  // --save after the bare flags kept its value
+  EXPECT_EQ(config_value(dir, "save"), "\"" + dir + "\"");   // --save after the bare flags kept its value
   EXPECT_EQ(config_value(dir, "fp4_disable_rht"), "false");  // untouched keys keep their defaults
   std::filesystem::remove_all(dir);
 }

@@ -57,7 +57,8 @@ std::string slurp(const std::string& path) { return test::file_bytes(path); }
 
 int count_saves(const std::string& log) {
   int n = 0;
-  for (size_t at = log.find("saving checkpoint"); at != std::string::npos; at = log.find("saving checkpoint", at + 1)) ++n;
+  for (size_t at = log.find("saving checkpoint"); at != std::string::npos; at = log.find("saving checkpoint", at + 1))
+    ++n;
   return n;
 }
 
@@ -69,8 +70,9 @@ TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
   int64_t newest = -1, kills_mid_save = 0;
   for (int round = 0; round < 20; ++round) {
     const int64_t before = newest;  // what this round must resume from
-    pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save + " --load " + save +
-                             " --save-interval 1 --save-keep 2", dir + "/log.txt");
+    pid_t pid = spawn_nibble(
+        kJob + "--train-iters 100000 --save " + save + " --load " + save + " --save-interval 1 --save-keep 2",
+        dir + "/log.txt");
     // Kill at a random moment of a save, however slow this build runs (sanitizers): wait for the k-th
     // "saving checkpoint" line of this round (k = 1..3; the background write starts then), then a random
     // 0-40 ms, which lands in the middle of the write or just after it.
@@ -81,7 +83,8 @@ TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
     ASSERT_EQ(::kill(pid, SIGKILL), 0);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the run ended before the kill:\n" << slurp(dir + "/log.txt");
+    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the run ended before the kill:\n"
+                                     << slurp(dir + "/log.txt");
     if (fs::exists(save) && has_partial_save(save)) ++kills_mid_save;
     const int64_t latest = verified_latest(save);
     ASSERT_GE(latest, newest) << "round " << round << ": the newest checkpoint went backwards";
@@ -121,11 +124,15 @@ TEST_P(DamagedCheckpoint, IsRefusedByItsChecksumInOneSentence) {
   const std::string dir = test::temp_folder(std::string("damaged_") + GetParam()), save = dir + "/run";
   ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 1").code, 0);
   const std::string what = GetParam();
-  const std::string file = save + "/iter_0000002/" + (what == "truncate" ? "model.safetensors" :
-                                                      what == "flip_state" ? "trainer_state.json" : "optimizer.safetensors");
+  const std::string file = save + "/iter_0000002/" +
+                           (what == "truncate"     ? "model.safetensors"
+                            : what == "flip_state" ? "trainer_state.json"
+                                                   : "optimizer.safetensors");
   std::string bytes = slurp(file);
-  if (what == "truncate") bytes.resize(bytes.size() - 1000);
-  else bytes[bytes.size() / 2] ^= 0x10;  // one bit
+  if (what == "truncate")
+    bytes.resize(bytes.size() - 1000);
+  else
+    bytes[bytes.size() / 2] ^= 0x10;  // one bit
   std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
   const test::CliRun r = test::run_nibble(kJob + "--train-iters 4 --load " + save);
   EXPECT_NE(r.code, 0);
@@ -160,14 +167,15 @@ TEST(CrashSafety, FullDiskDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
 }
 
 TEST(CrashSafety, UnwritableFolderDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
-  if (::geteuid() == 0) GTEST_SKIP() << "skipped: running as root, which writes into read-only folders anyway "
-                                        "(the full-disk test covers the failing-write path)";
+  if (::geteuid() == 0)
+    GTEST_SKIP() << "skipped: running as root, which writes into read-only folders anyway "
+                    "(the full-disk test covers the failing-write path)";
   const std::string dir = test::temp_folder("readonly"), save = dir + "/run";
   ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
   fs::permissions(save, fs::perms::owner_write | fs::perms::group_write | fs::perms::others_write,
                   fs::perm_options::remove);
-  const test::CliRun r = test::run_nibble(kJob + "--train-iters 4 --save " + save + " --load " + save +
-                                          " --save-interval 2");
+  const test::CliRun r =
+      test::run_nibble(kJob + "--train-iters 4 --save " + save + " --load " + save + " --save-interval 2");
   fs::permissions(save, fs::perms::owner_write, fs::perm_options::add);
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("the checkpoint of iteration 2"), std::string::npos) << r.out;

@@ -17,8 +17,15 @@ std::string fixture() {
 TEST(LoadHf, TrainsFromExactlyTheFoldersWeights) {
   const std::string dir = test::temp_folder("load_hf");
   TrainConfig c;
-  c.device = "cpu"; c.load_hf = fixture(); c.seq_length = 16; c.train_iters = 1; c.lr = 0; c.min_lr = 0;
-  c.save = dir + "/run"; c.save_interval = 1; c.log_interval = 100;
+  c.device = "cpu";
+  c.load_hf = fixture();
+  c.seq_length = 16;
+  c.train_iters = 1;
+  c.lr = 0;
+  c.min_lr = 0;
+  c.save = dir + "/run";
+  c.save_interval = 1;
+  c.log_interval = 100;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_TRUE(st.is_ok()) << st.message();
@@ -43,7 +50,11 @@ TEST(LoadHf, TrainsFromExactlyTheFoldersWeights) {
 
 TEST(LoadHf, RefusesAVocabularyThatDisagreesWithTheFolder) {
   TrainConfig c;
-  c.device = "cpu"; c.load_hf = fixture(); c.seq_length = 16; c.train_iters = 1; c.vocab_size = 512;
+  c.device = "cpu";
+  c.load_hf = fixture();
+  c.seq_length = 16;
+  c.train_iters = 1;
+  c.vocab_size = 512;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_FALSE(st.is_ok());

@@ -10,9 +10,19 @@ using namespace nb;
 namespace {
 TrainConfig tiny_job(const std::string& recipe) {
   TrainConfig c;
-  c.device = "cpu"; c.model = "tiny"; c.recipe = recipe; c.train_iters = 25; c.lr = 3e-3; c.min_lr = 3e-4;
-  c.lr_warmup_iters = 2; c.micro_batch_size = 2; c.global_batch_size = 4; c.seq_length = 64; c.log_interval = 100;
-  c.num_layers_at_start_in_bf16 = 0; c.num_layers_at_end_in_bf16 = 0;  // every layer quantized
+  c.device = "cpu";
+  c.model = "tiny";
+  c.recipe = recipe;
+  c.train_iters = 25;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.lr_warmup_iters = 2;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  c.seq_length = 64;
+  c.log_interval = 100;
+  c.num_layers_at_start_in_bf16 = 0;
+  c.num_layers_at_end_in_bf16 = 0;  // every layer quantized
   return c;
 }
 }  // namespace
@@ -29,9 +39,11 @@ TEST(RecipeTraining, EveryRecipeTrainsTheTinyModel) {
 
 TEST(RecipeTraining, DisableFp4ReproducesBf16Mixed) {
   TrainConfig a = tiny_job("bf16_mixed");
-  a.num_layers_at_start_in_bf16 = -1; a.num_layers_at_end_in_bf16 = -1;
+  a.num_layers_at_start_in_bf16 = -1;
+  a.num_layers_at_end_in_bf16 = -1;
   TrainConfig b = tiny_job("bf16_with_nvfp4_mixed");
-  b.num_layers_at_start_in_bf16 = -1; b.num_layers_at_end_in_bf16 = -1;
+  b.num_layers_at_start_in_bf16 = -1;
+  b.num_layers_at_end_in_bf16 = -1;
   b.disable_fp4 = true;
   TrainSummary sa, sb;
   ASSERT_TRUE(run_training(a, &sa).is_ok());
@@ -50,7 +62,8 @@ TEST(RecipeTraining, LayerCountsSelectTheIntendedLayers) {
   EXPECT_EQ(r.bf16_layers_at_end, 4);  // the Llama 3.1 8B playbook's default
   for (int64_t l = 0; l < 32; ++l) EXPECT_EQ(r.layer_in_bf16(l, 32), l >= 28) << l;
   recipe::RecipeKnobs k;
-  k.layers_at_start_bf16 = 2; k.layers_at_end_bf16 = 8;  // the paper's 12B setting
+  k.layers_at_start_bf16 = 2;
+  k.layers_at_end_bf16 = 8;  // the paper's 12B setting
   ASSERT_TRUE(recipe::apply_knobs(k, &r).is_ok());
   for (int64_t l = 0; l < 32; ++l) EXPECT_EQ(r.layer_in_bf16(l, 32), l < 2 || l >= 24) << l;
   TrainConfig bad = tiny_job("bf16_with_fp8_current_scaling_mixed");

@@ -22,11 +22,14 @@ namespace {
 std::string saved_run(const std::string& name, TrainConfig* job) {
   const std::string dir = test::temp_folder(name);
   *job = test::resume_job("cpu", "bf16_mixed", test::write_random_dataset(dir, 256));
-  job->train_iters = 3; job->save = dir + "/run"; job->save_interval = 3;
+  job->train_iters = 3;
+  job->save = dir + "/run";
+  job->save_interval = 3;
   TrainSummary s;
   Status st = run_training(*job, &s);
   EXPECT_TRUE(st.is_ok()) << st.message();
-  job->train_iters = 6; job->load = job->save;
+  job->train_iters = 6;
+  job->load = job->save;
   return dir;
 }
 }  // namespace
@@ -73,7 +76,10 @@ TEST(ResumeRules, RefusesARecipeWhoseStateDiffers) {
 TEST(ResumeRules, AcceptsNewTrainItersAndIntervals) {
   TrainConfig job;
   saved_run("rules_accept", &job);
-  job.train_iters = 5; job.eval_interval = 1; job.log_interval = 2; job.min_lr = 1e-4;
+  job.train_iters = 5;
+  job.eval_interval = 1;
+  job.log_interval = 2;
+  job.min_lr = 1e-4;
   job.async_save = false;  // and the synchronous writer saves the end checkpoint
   TrainSummary s;
   Status st = run_training(job, &s);
@@ -100,7 +106,8 @@ TEST(ResumeRules, NoLoadOptimStartsFreshMomentsAndDiffers) {
 
 TEST(ResumeRules, SaveFlagsWithoutASaveFolderAreRefused) {
   TrainConfig c = test::resume_job("cpu", "bf16_mixed", "unused");
-  c.mock_data = true; c.save_interval = 2;
+  c.mock_data = true;
+  c.save_interval = 2;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_FALSE(st.is_ok());
@@ -112,7 +119,9 @@ TEST(EvalIters, CountGlobalBatchesAsMegatronDoes) {
   // follows the evaluations at 2 and 4 (the final one runs after the last save, as in Megatron): 2 x 2 x 4.
   const std::string dir = test::temp_folder("eval_iters");
   TrainConfig c = test::resume_job("cpu", "bf16_mixed", test::write_random_dataset(dir, 256));
-  c.eval_iters = 2; c.save = dir + "/run"; c.save_interval = 6;
+  c.eval_iters = 2;
+  c.save = dir + "/run";
+  c.save_interval = 6;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_TRUE(st.is_ok()) << st.message();

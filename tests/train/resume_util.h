@@ -45,10 +45,24 @@ inline std::string file_bytes(const std::string& path) {
 
 inline TrainConfig resume_job(const std::string& device, const std::string& recipe, const std::string& data_prefix) {
   TrainConfig c;
-  c.device = device; c.model = "tiny"; c.recipe = recipe; c.train_iters = 6; c.lr = 3e-3; c.min_lr = 3e-4;
-  c.lr_warmup_iters = 1; c.micro_batch_size = 2; c.global_batch_size = 4; c.seq_length = 64; c.log_interval = 100;
-  c.num_layers_at_start_in_bf16 = 0; c.num_layers_at_end_in_bf16 = 0;  // every layer quantized (SR included)
-  c.mock_data = false; c.data_path = data_prefix; c.split = "90,10,0"; c.eval_interval = 2; c.eval_iters = 1;
+  c.device = device;
+  c.model = "tiny";
+  c.recipe = recipe;
+  c.train_iters = 6;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.lr_warmup_iters = 1;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  c.seq_length = 64;
+  c.log_interval = 100;
+  c.num_layers_at_start_in_bf16 = 0;
+  c.num_layers_at_end_in_bf16 = 0;  // every layer quantized (SR included)
+  c.mock_data = false;
+  c.data_path = data_prefix;
+  c.split = "90,10,0";
+  c.eval_interval = 2;
+  c.eval_iters = 1;
   return c;
 }
 
@@ -57,18 +71,23 @@ inline void expect_bit_exact_resume(const std::string& device, const std::string
                                     const std::string& data_prefix) {
   const std::string a = dir + "/" + recipe + "_whole", b = dir + "/" + recipe + "_halves";
   TrainConfig whole = resume_job(device, recipe, data_prefix);
-  whole.save = a; whole.save_interval = 6;
+  whole.save = a;
+  whole.save_interval = 6;
   TrainSummary sw;
   Status st = run_training(whole, &sw);
   ASSERT_TRUE(st.is_ok()) << st.message();
   TrainConfig first = resume_job(device, recipe, data_prefix);
-  first.save = b; first.save_interval = 6; first.exit_interval = 3;
+  first.save = b;
+  first.save_interval = 6;
+  first.exit_interval = 3;
   TrainSummary s1, s2;
   st = run_training(first, &s1);
   ASSERT_TRUE(st.is_ok()) << st.message();
   ASSERT_EQ(s1.end_iteration, 3);
   TrainConfig second = resume_job(device, recipe, data_prefix);
-  second.save = b; second.load = b; second.save_interval = 6;
+  second.save = b;
+  second.load = b;
+  second.save_interval = 6;
   st = run_training(second, &s2);
   ASSERT_TRUE(st.is_ok()) << st.message();
   ASSERT_EQ(s2.start_iteration, 3);

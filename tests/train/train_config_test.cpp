@@ -69,7 +69,8 @@ TEST(TrainConfig, ValidationMessages) {
 
 TEST(TrainConfig, TomlFileAndUnknownKeys) {
   TrainConfig c;
-  std::string good = tmp_file("good.toml", "model = \"tiny\"\n[training]\nmicro_batch_size = 4\nlr = 1e-3\nmock-data = true\n");
+  std::string good =
+      tmp_file("good.toml", "model = \"tiny\"\n[training]\nmicro_batch_size = 4\nlr = 1e-3\nmock-data = true\n");
   ASSERT_TRUE(apply_config_file(good, c).is_ok());
   EXPECT_EQ(c.micro_batch_size, 4);
   EXPECT_DOUBLE_EQ(c.lr, 1e-3);
@@ -89,20 +90,31 @@ TEST(TrainConfig, TomlFileAndUnknownKeys) {
 
 TEST(LrSchedule, WarmupCosineWsd) {
   LrSchedule s;
-  s.lr = 1.0; s.min_lr = 0.1; s.warmup = 10; s.decay_iters = 110;
+  s.lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup = 10;
+  s.decay_iters = 110;
   EXPECT_DOUBLE_EQ(s.at(0), 0.1);
   EXPECT_DOUBLE_EQ(s.at(9), 1.0);
   EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway through the cosine
   EXPECT_DOUBLE_EQ(s.at(200), 0.1);
-  s.style = "wsd"; s.wsd_decay_iters = 20;
+  s.style = "wsd";
+  s.wsd_decay_iters = 20;
   EXPECT_DOUBLE_EQ(s.at(89), 1.0);
   EXPECT_NEAR(s.at(100), 0.55, 1e-12);
 }
 
 TEST(Trainer, TinyCpuRunLossFalls) {
   TrainConfig c;
-  c.device = "cpu"; c.model = "tiny"; c.train_iters = 30; c.lr = 3e-3; c.min_lr = 3e-4; c.lr_warmup_iters = 3;
-  c.micro_batch_size = 2; c.global_batch_size = 4; c.seq_length = 64;
+  c.device = "cpu";
+  c.model = "tiny";
+  c.train_iters = 30;
+  c.lr = 3e-3;
+  c.min_lr = 3e-4;
+  c.lr_warmup_iters = 3;
+  c.micro_batch_size = 2;
+  c.global_batch_size = 4;
+  c.seq_length = 64;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_TRUE(st.is_ok()) << st.message();
@@ -111,8 +123,14 @@ TEST(Trainer, TinyCpuRunLossFalls) {
 
 TEST(Trainer, NonFiniteLossStopsOrSkips) {
   TrainConfig c;
-  c.device = "cpu"; c.model = "tiny"; c.train_iters = 6; c.lr = 1e30; c.min_lr = 0; c.clip_grad = 0;
-  c.micro_batch_size = 1; c.seq_length = 32;
+  c.device = "cpu";
+  c.model = "tiny";
+  c.train_iters = 6;
+  c.lr = 1e30;
+  c.min_lr = 0;
+  c.clip_grad = 0;
+  c.micro_batch_size = 1;
+  c.seq_length = 32;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_FALSE(st.is_ok());

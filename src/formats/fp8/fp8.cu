@@ -58,8 +58,8 @@ constexpr uint32_t kNonfiniteMask = 0x80008000u;
 // and BF16 -> FP32 is exact and monotone, so it equals the reference's FP32 fmax); Inf/NaN are
 // detected on the exponent bits. Then the tail element by element and one atomic per block.
 constexpr int kAmaxLoads = 4;
-__global__ void __launch_bounds__(kThreads) amax_kernel(const bf16* __restrict__ x, int64_t n, float* amax,
-                                                        int32_t* nonfinite) {
+__global__ void __launch_bounds__(kThreads)
+    amax_kernel(const bf16* __restrict__ x, int64_t n, float* amax, int32_t* nonfinite) {
   const bool aligned = (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   const int64_t nvec = aligned ? n / 8 : 0;
   const uint4* xv = reinterpret_cast<const uint4*>(x);
@@ -94,11 +94,10 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const bf16* __restrict__
 
 // x [rows, cols] -> data [rows, cols], data_t [cols, rows]. The scale is *scale, or computed from
 // *amax_in when from_amax. record_amax: also fold this tile's amax into *amax_out.
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
-                                                            Format fmt, const float* scale_ptr, bool from_amax,
-                                                            bool pow2, const float* amax_in, bool record_amax,
-                                                            float* amax_out, int32_t* nonfinite, uint8_t* data,
-                                                            uint8_t* data_t, float* scale_inv) {
+__global__ void __launch_bounds__(kThreads)
+    quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, Format fmt, const float* scale_ptr,
+                    bool from_amax, bool pow2, const float* amax_in, bool record_amax, float* amax_out,
+                    int32_t* nonfinite, uint8_t* data, uint8_t* data_t, float* scale_inv) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t r0 = int64_t(blockIdx.y) * kTile, c0 = int64_t(blockIdx.x) * kTile;
   const float scale = from_amax ? scale_from_amax(*amax_in, format_max(fmt), pow2) : *scale_ptr;
@@ -138,14 +137,15 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const bf16* __restri
 // 32-bit loads), transposes it with byte permutes and writes 16 consecutive rows of each of the 4
 // columns with one 16-byte store (8 lanes = one 128-byte line of data_t). Encoding once and
 // transposing bytes keeps the per-element work to a few instructions, so the pass is memory-bound.
-constexpr int kQT = 128;                               // tile rows = tile cols
+constexpr int kQT = 128;                                    // tile rows = tile cols
 constexpr int kChunksPerThread = kQT * kQT / 8 / kThreads;  // 16-byte input chunks per thread
-constexpr int kTileWords = kQT / 4;                    // 32-bit words per tile row of FP8 codes
+constexpr int kTileWords = kQT / 4;                         // 32-bit words per tile row of FP8 codes
 
 // The word column of tile row r is XORed with 4 * (r / 16): the 8 row groups a warp reads in the
 // transposed phase land in 8 different bank quadruples, while a 16-byte chunk's two words stay adjacent.
-__device__ __forceinline__ int tile_word(int r, int word_col) { return r * kTileWords + (word_col ^ (((r >> 4) & 7) << 2)); }
-
+__device__ __forceinline__ int tile_word(int r, int word_col) {
+  return r * kTileWords + (word_col ^ (((r >> 4) & 7) << 2));
+}
 
 // Two values to FP8 (a in the low byte), the hardware's RNE satfinite conversion alone: equal to
 // encode() for every finite product (and +-Inf); NaN products take encode2().
@@ -168,12 +168,10 @@ __device__ __noinline__ uint2 encode_chunk_exact(uint4 w, float scale) {
 }
 
 template <Format F, bool kRecordAmax>
-__global__ void __launch_bounds__(kThreads, 4) quantize_tile_kernel(const bf16* __restrict__ x, int64_t rows,
-                                                                    int64_t cols, const float* scale_ptr, bool pow2,
-                                                                    float* amax, int32_t* nonfinite,
-                                                                    uint8_t* __restrict__ data,
-                                                                    uint8_t* __restrict__ data_t, float* scale_inv,
-                                                                    bool wide_t) {
+__global__ void __launch_bounds__(kThreads, 4)
+    quantize_tile_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* scale_ptr, bool pow2,
+                         float* amax, int32_t* nonfinite, uint8_t* __restrict__ data, uint8_t* __restrict__ data_t,
+                         float* scale_inv, bool wide_t) {
   __shared__ uint32_t tile[kQT * kTileWords];
   const int64_t r0 = int64_t(blockIdx.y) * kQT, c0 = int64_t(blockIdx.x) * kQT;
   // Delayed scaling (kRecordAmax): the given scale, and this pass records amax. Current scaling:
@@ -203,11 +201,11 @@ __global__ void __launch_bounds__(kThreads, 4) quantize_tile_kernel(const bf16* 
       v[2 * i] = bits_f32(u[i] << 16);
       v[2 * i + 1] = bits_f32(u[i] & 0xFFFF0000u);
     }
-    const uint32_t chunk_bad = (nonfinite_bits(u[0]) | nonfinite_bits(u[1]) | nonfinite_bits(u[2]) |
-                                nonfinite_bits(u[3])) & kNonfiniteMask;
+    const uint32_t chunk_bad =
+        (nonfinite_bits(u[0]) | nonfinite_bits(u[1]) | nonfinite_bits(u[2]) | nonfinite_bits(u[3])) & kNonfiniteMask;
     uint32_t q[2];
-    NB_UNROLL for (int i = 0; i < 2; ++i)
-      q[i] = cvt2<F>(v[4 * i] * scale, v[4 * i + 1] * scale) | cvt2<F>(v[4 * i + 2] * scale, v[4 * i + 3] * scale) << 16;
+    NB_UNROLL for (int i = 0; i < 2; ++i) q[i] =
+        cvt2<F>(v[4 * i] * scale, v[4 * i + 1] * scale) | cvt2<F>(v[4 * i + 2] * scale, v[4 * i + 3] * scale) << 16;
     if (chunk_bad || exact_all) {  // rare: a NaN product needs the reference's NaN byte
       const uint2 e = encode_chunk_exact<F>(w[j], scale);
       q[0] = e.x;
@@ -228,15 +226,17 @@ __global__ void __launch_bounds__(kThreads, 4) quantize_tile_kernel(const bf16* 
   if (!data_t) return;
   __syncthreads();
 
-  const int lane = threadIdx.x % 32, g = lane % 8;             // tile rows 16g .. 16g+15
-  const int word_col = (threadIdx.x / 32) * 4 + lane / 8;     // tile columns 4*word_col .. +3
+  const int lane = threadIdx.x % 32, g = lane % 8;         // tile rows 16g .. 16g+15
+  const int word_col = (threadIdx.x / 32) * 4 + lane / 8;  // tile columns 4*word_col .. +3
   uint32_t b[16];
   NB_UNROLL for (int i = 0; i < 16; ++i) b[i] = tile[tile_word(16 * g + i, word_col)];
   // 4x4 byte transposes: out[j][t] = byte j of b[4t .. 4t+3] (rows 4t..4t+3 of column j).
   uint32_t out[4][4];
   NB_UNROLL for (int t = 0; t < 4; ++t) {
-    const uint32_t ab01 = __byte_perm(b[4 * t], b[4 * t + 1], 0x5140), ab23 = __byte_perm(b[4 * t], b[4 * t + 1], 0x7362);
-    const uint32_t cd01 = __byte_perm(b[4 * t + 2], b[4 * t + 3], 0x5140), cd23 = __byte_perm(b[4 * t + 2], b[4 * t + 3], 0x7362);
+    const uint32_t ab01 = __byte_perm(b[4 * t], b[4 * t + 1], 0x5140),
+                   ab23 = __byte_perm(b[4 * t], b[4 * t + 1], 0x7362);
+    const uint32_t cd01 = __byte_perm(b[4 * t + 2], b[4 * t + 3], 0x5140),
+                   cd23 = __byte_perm(b[4 * t + 2], b[4 * t + 3], 0x7362);
     out[0][t] = __byte_perm(ab01, cd01, 0x5410);
     out[1][t] = __byte_perm(ab01, cd01, 0x7632);
     out[2][t] = __byte_perm(ab23, cd23, 0x5410);
@@ -271,22 +271,26 @@ Status launch_quantize(const bf16* x, Format fmt, const float* scale, bool from_
   NB_TRY(check_shape(out.rows, out.cols));
   if (!out.amax) return errorf("FP8 quantize_cuda: the amax output pointer is required");
   auto aligned = [](const void* p, unsigned a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
-  const bool vec = out.rows % 8 == 0 && out.cols % 8 == 0 && aligned(x, 16) && aligned(out.data, 8) &&
-                   aligned(out.data_t, 8);
+  const bool vec =
+      out.rows % 8 == 0 && out.cols % 8 == 0 && aligned(x, 16) && aligned(out.data, 8) && aligned(out.data_t, 8);
   if (vec) {
     const int64_t grid_y = (out.rows + kQT - 1) / kQT, grid_x = (out.cols + kQT - 1) / kQT;
-    if (grid_y > 65535) return errorf("FP8 quantize_cuda: %lld rows is too many for one launch (at most %d)",
-                                      (long long)out.rows, 65535 * kQT);
+    if (grid_y > 65535)
+      return errorf("FP8 quantize_cuda: %lld rows is too many for one launch (at most %d)", (long long)out.rows,
+                    65535 * kQT);
     const bool wide_t = out.rows % 16 == 0 && aligned(out.data_t, 16);
     const dim3 grid{unsigned(grid_x), unsigned(grid_y)};
-    if (from_amax) launch_tile<false>(grid, s, x, fmt, nullptr, pow2, out, wide_t);
-    else launch_tile<true>(grid, s, x, fmt, scale, false, out, wide_t);
+    if (from_amax)
+      launch_tile<false>(grid, s, x, fmt, nullptr, pow2, out, wide_t);
+    else
+      launch_tile<true>(grid, s, x, fmt, scale, false, out, wide_t);
     CUDA_CHECK_LAUNCH();
     return Status::ok();
   }
   const int64_t grid_y = (out.rows + kTile - 1) / kTile, grid_x = (out.cols + kTile - 1) / kTile;
-  if (grid_y > 65535) return errorf("FP8 quantize_cuda: %lld rows is too many for one launch (at most %d)",
-                                    (long long)out.rows, 65535 * kTile);
+  if (grid_y > 65535)
+    return errorf("FP8 quantize_cuda: %lld rows is too many for one launch (at most %d)", (long long)out.rows,
+                  65535 * kTile);
   quantize_kernel<<<dim3(unsigned(grid_x), unsigned(grid_y)), kThreads, 0, s>>>(
       x, out.rows, out.cols, fmt, scale, from_amax, pow2, out.amax, !from_amax, out.amax, out.nonfinite, out.data,
       out.data_t, out.scale_inv);

@@ -33,7 +33,9 @@ enum class Format : uint8_t { e4m3, e5m2 };
 inline const char* format_name(Format f) { return f == Format::e4m3 ? "e4m3" : "e5m2"; }
 
 NB_HD float format_max(Format f) { return f == Format::e4m3 ? kE4M3Max : kE5M2Max; }
-NB_HD uint32_t encode(float x, Format f) { return f == Format::e4m3 ? f32_to_e4m3_satfinite(x) : f32_to_e5m2_satfinite(x); }
+NB_HD uint32_t encode(float x, Format f) {
+  return f == Format::e4m3 ? f32_to_e4m3_satfinite(x) : f32_to_e5m2_satfinite(x);
+}
 NB_HD float decode(uint32_t code, Format f) { return f == Format::e4m3 ? e4m3_to_f32(code) : e5m2_to_f32(code); }
 
 // TE's compute_scale_from_amax with epsilon 0 and value_for_inf FLT_MAX.
@@ -48,11 +50,11 @@ NB_HD float scale_from_amax(float amax, float max_fp8, bool pow2_scales) {
 // Caller-owned buffers: host memory for *_ref, device memory for *_cuda. data_t may be null.
 struct TensorView {
   int64_t rows = 0, cols = 0;
-  uint8_t* data = nullptr;      // [rows, cols]
-  uint8_t* data_t = nullptr;    // [cols, rows] or null
-  float* scale_inv = nullptr;   // 1 value
-  float* amax = nullptr;        // 1 value: amax of the input (written by every quantize_* call)
-  int32_t* nonfinite = nullptr; // optional: 1 if any input is NaN or Inf
+  uint8_t* data = nullptr;       // [rows, cols]
+  uint8_t* data_t = nullptr;     // [cols, rows] or null
+  float* scale_inv = nullptr;    // 1 value
+  float* amax = nullptr;         // 1 value: amax of the input (written by every quantize_* call)
+  int32_t* nonfinite = nullptr;  // optional: 1 if any input is NaN or Inf
 };
 
 Status check_shape(int64_t rows, int64_t cols);

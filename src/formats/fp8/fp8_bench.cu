@@ -15,7 +15,11 @@ namespace {
 __global__ void fill_random_bf16(bf16* x, int64_t n, uint32_t seed) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 15; h *= 0x2C1B3C6Du; h ^= h >> 12; h *= 0x297A2D39u; h ^= h >> 15;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    h *= 0x297A2D39u;
+    h ^= h >> 15;
     float u = (float(h >> 8) + 0.5f) * (1.0f / 16777216.0f);  // (0, 1)
     x[i] = f32_to_bf16((u - 0.5f) * 8.0f);
   }
@@ -23,8 +27,11 @@ __global__ void fill_random_bf16(bf16* x, int64_t n, uint32_t seed) {
 
 struct DeviceBuffers {
   std::vector<void*> ptrs;
-  ~DeviceBuffers() { for (void* p : ptrs) device_free(p); }
-  template <typename T> Status alloc(T** p, size_t bytes) {
+  ~DeviceBuffers() {
+    for (void* p : ptrs) device_free(p);
+  }
+  template <typename T>
+  Status alloc(T** p, size_t bytes) {
     void* d = nullptr;
     NB_TRY(device_malloc(&d, bytes));
     ptrs.push_back(d);
@@ -68,15 +75,24 @@ Status bench_formats_cuda(int64_t rows, int64_t cols, int iters, FormatsBenchRes
   int32_t* flag = nullptr;
   const size_t nvec = size_t(std::max(block_scale_count(BlockKind::vec128, rows, cols, false),
                                       block_scale_count(BlockKind::vec128, rows, cols, true)));
-  NB_TRY(b.alloc(&x, 2 * n)); NB_TRY(b.alloc(&copy, 2 * n));
-  NB_TRY(b.alloc(&d0, n)); NB_TRY(b.alloc(&d1, n)); NB_TRY(b.alloc(&s0, n / 32)); NB_TRY(b.alloc(&s1, n / 32));
-  NB_TRY(b.alloc(&f0, 4 * nvec)); NB_TRY(b.alloc(&f1, 4 * nvec));
-  NB_TRY(b.alloc(&amax, 4)); NB_TRY(b.alloc(&scale_inv, 4)); NB_TRY(b.alloc(&flag, 4));
+  NB_TRY(b.alloc(&x, 2 * n));
+  NB_TRY(b.alloc(&copy, 2 * n));
+  NB_TRY(b.alloc(&d0, n));
+  NB_TRY(b.alloc(&d1, n));
+  NB_TRY(b.alloc(&s0, n / 32));
+  NB_TRY(b.alloc(&s1, n / 32));
+  NB_TRY(b.alloc(&f0, 4 * nvec));
+  NB_TRY(b.alloc(&f1, 4 * nvec));
+  NB_TRY(b.alloc(&amax, 4));
+  NB_TRY(b.alloc(&scale_inv, 4));
+  NB_TRY(b.alloc(&flag, 4));
   fill_random_bf16<<<1024, 256>>>(x, int64_t(n), 12345u);
   CUDA_CHECK_LAUNCH();
 
   Status st = Status::ok();
-  auto keep = [&st](Status s) { if (st.is_ok() && !s.is_ok()) st = s; };
+  auto keep = [&st](Status s) {
+    if (st.is_ok() && !s.is_ok()) st = s;
+  };
   r->copy_bytes = 4.0 * double(n);
   r->ms_copy = median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(copy, x, 2 * n, cudaMemcpyDeviceToDevice)); }, iters);
 
@@ -100,7 +116,8 @@ Status bench_formats_cuda(int64_t rows, int64_t cols, int iters, FormatsBenchRes
     BlockView bv{rows, cols, d0, f0, d1, f1, flag};
     BlockOptions opt{kind};
     ms = median_ms([&] { keep(quantize_block_cuda(x, opt, bv)); }, iters);
-    double scale_bytes = 4.0 * double(block_scale_count(kind, rows, cols, false) + block_scale_count(kind, rows, cols, true));
+    double scale_bytes =
+        4.0 * double(block_scale_count(kind, rows, cols, false) + block_scale_count(kind, rows, cols, true));
     r->quantizers.push_back({kind == BlockKind::vec128 ? "FP8 sub-channel 1x128, row + transposed"
                                                        : "FP8 sub-channel 128x128, row + transposed",
                              ms, 2.0 * n + 2.0 * n + scale_bytes});

@@ -17,8 +17,8 @@ struct QuantTiming {
 };
 
 struct FormatsBenchResult {
-  double ms_copy = 0;     // cudaMemcpy D2D of the BF16 input (rows*cols*2 bytes)
-  double copy_bytes = 0;  // bytes moved by the copy: read + write
+  double ms_copy = 0;                   // cudaMemcpy D2D of the BF16 input (rows*cols*2 bytes)
+  double copy_bytes = 0;                // bytes moved by the copy: read + write
   std::vector<QuantTiming> quantizers;  // MXFP8 row+col, FP8 current e4m3 (amax + quantize), FP8 1x128, FP8 128x128
 };
 

@@ -18,11 +18,10 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
 
-__global__ void __launch_bounds__(kThreads) block_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
-                                                                   bool tile_scale, bool pow2, bool rowwise, bool colwise,
-                                                                   uint8_t* row_data, float* row_scale_inv,
-                                                                   uint8_t* col_data, float* col_scale_inv,
-                                                                   int32_t* nonfinite) {
+__global__ void __launch_bounds__(kThreads)
+    block_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, bool tile_scale, bool pow2,
+                          bool rowwise, bool colwise, uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
+                          float* col_scale_inv, int32_t* nonfinite) {
   __shared__ uint16_t tile[kT * kPitch];
   __shared__ float warp_amax[kThreads / 32];
   const int64_t r0 = int64_t(blockIdx.y) * kT, c0 = int64_t(blockIdx.x) * kT;
@@ -104,9 +103,11 @@ Status quantize_block_cuda(const bf16* x, const BlockOptions& opt, const BlockVi
   if (out.nonfinite) CUDA_CHECK(cudaMemsetAsync(out.nonfinite, 0, sizeof(int32_t), s));
   // Padding entries of the scale tensors are defined as 0.
   if (opt.rowwise)
-    CUDA_CHECK(cudaMemsetAsync(out.row_scale_inv, 0, sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, false), s));
+    CUDA_CHECK(cudaMemsetAsync(out.row_scale_inv, 0,
+                               sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, false), s));
   if (opt.colwise)
-    CUDA_CHECK(cudaMemsetAsync(out.col_scale_inv, 0, sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, true), s));
+    CUDA_CHECK(cudaMemsetAsync(out.col_scale_inv, 0,
+                               sizeof(float) * block_scale_count(opt.kind, out.rows, out.cols, true), s));
   dim3 grid(unsigned(out.cols / kT), unsigned(out.rows / kT));
   block_quantize_kernel<<<grid, kThreads, 0, s>>>(x, out.rows, out.cols, opt.kind == BlockKind::blk128x128,
                                                   opt.pow2_scales, opt.rowwise, opt.colwise, out.row_data,

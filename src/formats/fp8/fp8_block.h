@@ -44,7 +44,7 @@ struct BlockView {
   float* row_scale_inv = nullptr;  // see header comment
   uint8_t* col_data = nullptr;     // [cols, rows] (transposed)
   float* col_scale_inv = nullptr;
-  int32_t* nonfinite = nullptr;    // optional
+  int32_t* nonfinite = nullptr;  // optional
 };
 
 NB_HD int64_t round4(int64_t n) { return (n + 3) / 4 * 4; }

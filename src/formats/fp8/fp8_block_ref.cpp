@@ -13,9 +13,10 @@ int64_t block_scale_count(BlockKind kind, int64_t rows, int64_t cols, bool trans
 
 Status check_block_shape(BlockKind kind, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0 || rows % kSubBlock != 0 || cols % kSubBlock != 0)
-    return errorf("FP8 %s blocks need rows and cols divisible by 128 (the row and transposed copies both block "
-                  "by 128); got %lldx%lld",
-                  kind == BlockKind::vec128 ? "1x128" : "128x128", (long long)rows, (long long)cols);
+    return errorf(
+        "FP8 %s blocks need rows and cols divisible by 128 (the row and transposed copies both block "
+        "by 128); got %lldx%lld",
+        kind == BlockKind::vec128 ? "1x128" : "128x128", (long long)rows, (long long)cols);
   return Status::ok();
 }
 
@@ -34,8 +35,10 @@ Status quantize_block_ref(const bf16* x, const BlockOptions& opt, const BlockVie
     *out.nonfinite = bad;
   }
   auto val = [&](int64_t r, int64_t c) { return bf16_to_f32(x[r * cols + c]); };
-  if (opt.rowwise) std::fill(out.row_scale_inv, out.row_scale_inv + block_scale_count(opt.kind, rows, cols, false), 0.0f);
-  if (opt.colwise) std::fill(out.col_scale_inv, out.col_scale_inv + block_scale_count(opt.kind, rows, cols, true), 0.0f);
+  if (opt.rowwise)
+    std::fill(out.row_scale_inv, out.row_scale_inv + block_scale_count(opt.kind, rows, cols, false), 0.0f);
+  if (opt.colwise)
+    std::fill(out.col_scale_inv, out.col_scale_inv + block_scale_count(opt.kind, rows, cols, true), 0.0f);
 
   // Each block is (rb*bh .. +bh) x (cb*bw .. +bw); vec128 uses 1x128 for the row copy and 128x1 for
   // the transposed copy, blk128x128 one 128x128 tile for both.
@@ -50,11 +53,15 @@ Status quantize_block_ref(const bf16* x, const BlockOptions& opt, const BlockVie
         for (int64_t r = r0; r < r0 + bh; ++r)
           for (int64_t c = c0; c < c0 + bw; ++c) {
             uint8_t q = uint8_t(f32_to_e4m3_satfinite(val(r, c) * scale));
-            if (!transposed) out.row_data[r * cols + c] = q;
-            else out.col_data[c * rows + r] = q;
+            if (!transposed)
+              out.row_data[r * cols + c] = q;
+            else
+              out.col_data[c * rows + r] = q;
           }
-        if (!transposed) out.row_scale_inv[scale_index(opt.kind, rows, cols, r0, c0)] = scale_inv;
-        else out.col_scale_inv[scale_index(opt.kind, cols, rows, c0, r0)] = scale_inv;
+        if (!transposed)
+          out.row_scale_inv[scale_index(opt.kind, rows, cols, r0, c0)] = scale_inv;
+        else
+          out.col_scale_inv[scale_index(opt.kind, cols, rows, c0, r0)] = scale_inv;
       }
   };
   const bool vec = opt.kind == BlockKind::vec128;

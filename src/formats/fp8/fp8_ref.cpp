@@ -7,7 +7,8 @@
 namespace nb::fp8 {
 
 Status check_shape(int64_t rows, int64_t cols) {
-  if (rows <= 0 || cols <= 0) return errorf("FP8 needs a non-empty 2-D tensor; got %lldx%lld", (long long)rows, (long long)cols);
+  if (rows <= 0 || cols <= 0)
+    return errorf("FP8 needs a non-empty 2-D tensor; got %lldx%lld", (long long)rows, (long long)cols);
   return Status::ok();
 }
 

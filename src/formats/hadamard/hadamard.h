@@ -17,11 +17,11 @@ constexpr uint32_t kSignMask16 = 0xD7E8u;  // s = [1,1,1,-1,1,-1,-1,-1,-1,-1,-1,
 
 // In place: v[0..15] <- v * diag(s) * H16 / 4 in FP32 (not yet rounded).
 NB_HD void rht16_f32(float* v, uint32_t sign_mask = kSignMask16) {
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; ++i) v[i] = ((sign_mask >> i) & 1u) ? v[i] * -0.25f : v[i] * 0.25f;
-NB_UNROLL
+  NB_UNROLL
   for (int h = 1; h < 16; h <<= 1) {
-NB_UNROLL
+    NB_UNROLL
     for (int i = 0; i < 16; ++i) {
       if (i & h) continue;
       float a = v[i], b = v[i + h];
@@ -37,7 +37,7 @@ NB_UNROLL
 NB_HD void rht16_bf16(float* v, uint32_t sign_mask = kSignMask16) {
   rht16_f32(v, sign_mask);
 #if defined(__CUDA_ARCH__)
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; i += 2) {
     uint32_t packed;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v[i + 1]), "f"(v[i]));
@@ -52,9 +52,9 @@ NB_UNROLL
 // The inverse H^T = (1/4) * H16 * diag(s), in FP32 without rounding (for tests and for undoing the
 // transform): v <- v * H^T.
 NB_HD void rht16_inverse_f32(float* v, uint32_t sign_mask = kSignMask16) {
-NB_UNROLL
+  NB_UNROLL
   for (int h = 1; h < 16; h <<= 1) {
-NB_UNROLL
+    NB_UNROLL
     for (int i = 0; i < 16; ++i) {
       if (i & h) continue;
       float a = v[i], b = v[i + h];
@@ -62,7 +62,7 @@ NB_UNROLL
       v[i + h] = a - b;
     }
   }
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; ++i) v[i] = ((sign_mask >> i) & 1u) ? v[i] * -0.25f : v[i] * 0.25f;
 }
 

@@ -9,15 +9,18 @@
 namespace nb::mxfp8 {
 namespace {
 
-constexpr int kRows = 32;       // one column block
-constexpr int kCols = 256;      // 8 row blocks
-constexpr int kThreads = 256;   // thread t: 8 consecutive columns (a 16-byte chunk) of 4 rows
-constexpr int kChunks = kCols / 8;             // 32 chunks per tile row
+constexpr int kRows = 32;                         // one column block
+constexpr int kCols = 256;                        // 8 row blocks
+constexpr int kThreads = 256;                     // thread t: 8 consecutive columns (a 16-byte chunk) of 4 rows
+constexpr int kChunks = kCols / 8;                // 32 chunks per tile row
 constexpr int kRowsPerPass = kThreads / kChunks;  // 8 rows per load pass, 4 passes
 
 __device__ __forceinline__ void unpack8(uint4 w, float* v) {
   const uint32_t u[4] = {w.x, w.y, w.z, w.w};
-  for (int j = 0; j < 4; ++j) { v[2 * j] = bits_f32(u[j] << 16); v[2 * j + 1] = bits_f32(u[j] & 0xFFFF0000u); }
+  for (int j = 0; j < 4; ++j) {
+    v[2 * j] = bits_f32(u[j] << 16);
+    v[2 * j + 1] = bits_f32(u[j] & 0xFFFF0000u);
+  }
 }
 
 __device__ __forceinline__ uint2 encode8(const float* v, const float* inv) {
@@ -28,10 +31,10 @@ __device__ __forceinline__ uint2 encode8(const float* v, const float* inv) {
 }
 
 // x [rows, cols] BF16; rows, cols multiples of 32. A 32-column block of the tile is all in or all out.
-__global__ void __launch_bounds__(kThreads) mxfp8_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
-                                                                   bool rowwise, bool colwise, uint8_t* row_data,
-                                                                   uint8_t* row_scales, uint8_t* col_data,
-                                                                   uint8_t* col_scales, int32_t* nonfinite) {
+__global__ void __launch_bounds__(kThreads)
+    mxfp8_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, bool rowwise, bool colwise,
+                          uint8_t* row_data, uint8_t* row_scales, uint8_t* col_data, uint8_t* col_scales,
+                          int32_t* nonfinite) {
   __shared__ uint16_t tile[kRows][kCols + 2];  // raw BF16; +2 shifts banks between rows
   __shared__ float col_inv[kCols];
   const int64_t r0 = int64_t(blockIdx.y) * kRows, c0 = int64_t(blockIdx.x) * kCols;

@@ -77,7 +77,6 @@ Status quantize_ref(const bf16* x, const Options& opt, const QuantizedView& out)
 Status quantize_cuda(const bf16* x, const Options& opt, const QuantizedView& out, Stream stream = nullptr);
 
 // x_hat [rows, cols] (FP32) from either copy: colwise selects the [rows/32, cols] scale layout.
-void dequantize_ref(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols, bool colwise,
-                    float* out);
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, int64_t rows, int64_t cols, bool colwise, float* out);
 
 }  // namespace nb::mxfp8

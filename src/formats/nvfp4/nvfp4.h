@@ -70,8 +70,7 @@ void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float
 // RHT of one 16-element chunk: y = round_bf16((1/4) * (x o s) * H16), fixed butterfly order.
 void rht16_ref(const float* x, float* y);
 // x_hat = e2m1(q) * float(s_b) * amax / (6*448); data [outer, inner/2], scales [outer, inner/16].
-void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner,
-                    float* out);
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out);
 
 // cuBLAS block-scale layout: scales padded to 128 rows x 4 columns (zeros), each 128x4 tile 512
 // contiguous bytes; (r, c) -> ((r/128)*(Kp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4.
@@ -90,10 +89,9 @@ Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const Quantiz
 // compute_amax_cuda + quantize_cuda_with_amax.
 Status quantize_cuda(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // amax is a device pointer (as produced by the quantizer).
-Status dequantize_cuda(const uint8_t* data, const uint8_t* scales, const float* amax, int64_t outer,
-                       int64_t inner, float* out, Stream stream);
+Status dequantize_cuda(const uint8_t* data, const uint8_t* scales, const float* amax, int64_t outer, int64_t inner,
+                       float* out, Stream stream);
 Status swizzle_scales_cuda(const uint8_t* scales, int64_t rows, int64_t scale_cols, uint8_t* out, Stream stream);
-Status unswizzle_scales_cuda(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out,
-                             Stream stream);
+Status unswizzle_scales_cuda(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out, Stream stream);
 
 }  // namespace nb::nvfp4

@@ -16,10 +16,10 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
   const uint32_t s = scales[b];
   const float am = *amax;
   float v[16];
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; ++i) v[i] = dequant_value(((i < 8 ? packed.x : packed.y) >> (4 * (i % 8))) & 0xFu, s, am);
   float4* dst = reinterpret_cast<float4*>(out + b * 16);
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 4; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
 }
 
@@ -58,14 +58,13 @@ Status swizzle_scales_cuda(const uint8_t* scales, int64_t rows, int64_t scale_co
     return errorf("cannot swizzle a %lld x %lld scale tensor: both dimensions must be positive", (long long)rows,
                   (long long)scale_cols);
   const int64_t rp = round_up(rows, 128), kp = round_up(scale_cols, 4);
-  swizzle_kernel<<<blocks_for(rp * kp), 256, 0, static_cast<cudaStream_t>(stream)>>>(scales, rows, scale_cols, rp,
-                                                                                      kp, out);
+  swizzle_kernel<<<blocks_for(rp * kp), 256, 0, static_cast<cudaStream_t>(stream)>>>(scales, rows, scale_cols, rp, kp,
+                                                                                     out);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }
 
-Status unswizzle_scales_cuda(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out,
-                             Stream stream) {
+Status unswizzle_scales_cuda(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out, Stream stream) {
   if (rows <= 0 || scale_cols <= 0)
     return errorf("cannot unswizzle a %lld x %lld scale tensor: both dimensions must be positive", (long long)rows,
                   (long long)scale_cols);

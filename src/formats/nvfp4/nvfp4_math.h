@@ -46,8 +46,11 @@ NB_HD float amax_from_abs_bits(uint32_t max_abs_bits) {
 
 NB_HD float block_amax16(const float* v) {
   uint32_t m = 0;
-NB_UNROLL
-  for (int i = 0; i < 16; ++i) { uint32_t a = abs_bits(v[i]); m = a > m ? a : m; }
+  NB_UNROLL
+  for (int i = 0; i < 16; ++i) {
+    uint32_t a = abs_bits(v[i]);
+    m = a > m ? a : m;
+  }
   return bits_f32(m);
 }
 
@@ -90,7 +93,7 @@ NB_HD uint32_t e2m1_code_sr(float x, uint32_t rand8) {
 // Packed in two 32-bit words (elements 0-7, 8-15) so the GPU needs no 64-bit shifts.
 NB_HD uint64_t encode_block16(const float* v, float enc, bool sr, const Philox4x32& rand) {
   uint32_t word[2] = {0, 0};
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; ++i) {
     float scaled = v[i] * enc;
     uint32_t code = sr ? e2m1_code_sr(scaled, (rand.v[i / 4] >> (8 * (i % 4))) & 0xFFu) : e2m1_code_rne(scaled);
@@ -105,7 +108,10 @@ NB_HD float dequant_value(uint32_t code, uint32_t scale_code, float amax) {
 }
 
 // Key of the column-wise copy's random stream (the row-wise copy uses the key as given).
-NB_HD RngKey colwise_key(RngKey key) { key.stream ^= 1u; return key; }
+NB_HD RngKey colwise_key(RngKey key) {
+  key.stream ^= 1u;
+  return key;
+}
 
 // The swizzled (cuBLAS 128x4 tile) byte offset of scale (r, c) for a padded scale-column count kp.
 NB_HD int64_t swizzle_offset_padded(int64_t r, int64_t c, int64_t kp) {

@@ -6,8 +6,10 @@
 namespace nb::nvfp4 {
 
 static Status no_cuda(const char* what) {
-  return errorf("%s needs the CUDA backend, but nibble was built without CUDA; rebuild with the CUDA toolkit "
-                "installed or use the CPU reference", what);
+  return errorf(
+      "%s needs the CUDA backend, but nibble was built without CUDA; rebuild with the CUDA toolkit "
+      "installed or use the CPU reference",
+      what);
 }
 
 Status compute_amax_cuda(const bf16*, int64_t, int64_t, bool, float*, float*, Stream) {

@@ -47,7 +47,7 @@ constexpr size_t kRingBytes = size_t(kStages) * kTilePieces * 16;
 
 NB_DEVICE void unpack8(const uint4& q, float* v) {
   const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 4; ++i) {
     v[2 * i] = bits_f32(w[i] << 16);
     v[2 * i + 1] = bits_f32(w[i] & 0xFFFF0000u);
@@ -55,7 +55,7 @@ NB_UNROLL
 }
 
 NB_DEVICE uint32_t warp_max(uint32_t m) {
-NB_UNROLL
+  NB_UNROLL
   for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
   return m;
 }
@@ -64,26 +64,26 @@ NB_UNROLL
 // Thread = patch of 16 rows x 8 columns (16 x 16-byte loads): the row amax over all values and, with
 // RHT, the column amax over the 8 transformed, BF16-rounded 16-row chunks.
 template <bool kRht>
-__global__ void __launch_bounds__(256) amax_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
-                                                   uint32_t* row_amax, uint32_t* col_amax) {
+__global__ void __launch_bounds__(256)
+    amax_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, uint32_t* row_amax, uint32_t* col_amax) {
   const int64_t pcols = cols / 8, patches = (rows / 16) * pcols;
   uint32_t mr = 0, mc = 0;
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < patches; p += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r0 = (p / pcols) * 16, c0 = (p % pcols) * 8;
     uint4 q[16];
-NB_UNROLL
+    NB_UNROLL
     for (int j = 0; j < 16; ++j) q[j] = __ldg(reinterpret_cast<const uint4*>(x + (r0 + j) * cols + c0));
-NB_UNROLL
+    NB_UNROLL
     for (int j = 0; j < 16; ++j) {
       const uint32_t w[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
-NB_UNROLL
+      NB_UNROLL
       for (int i = 0; i < 4; ++i) mr = max(mr, max((w[i] << 16) & 0x7FFFFFFFu, w[i] & 0x7FFF0000u));
     }
     if constexpr (kRht) {
-NB_UNROLL
+      NB_UNROLL
       for (int c = 0; c < 8; ++c) {
         float v[16];
-NB_UNROLL
+        NB_UNROLL
         for (int j = 0; j < 16; ++j) {
           const uint32_t w = (&q[j].x)[c / 2];
           v[j] = bits_f32((c & 1) ? (w & 0xFFFF0000u) : (w << 16));
@@ -96,10 +96,16 @@ NB_UNROLL
   __shared__ uint32_t red[2][8];
   mr = warp_max(mr);
   if constexpr (kRht) mc = warp_max(mc);
-  if ((threadIdx.x & 31) == 0) { red[0][threadIdx.x / 32] = mr; red[1][threadIdx.x / 32] = mc; }
+  if ((threadIdx.x & 31) == 0) {
+    red[0][threadIdx.x / 32] = mr;
+    red[1][threadIdx.x / 32] = mc;
+  }
   __syncthreads();
   if (threadIdx.x == 0) {
-    for (int i = 1; i < int(blockDim.x / 32); ++i) { mr = max(mr, red[0][i]); mc = max(mc, red[1][i]); }
+    for (int i = 1; i < int(blockDim.x / 32); ++i) {
+      mr = max(mr, red[0][i]);
+      mc = max(mc, red[1][i]);
+    }
     mr = f32_bits(amax_from_abs_bits(mr));  // one NaN pattern, as the reference stores it
     mc = f32_bits(amax_from_abs_bits(mc));
     if (mr != 0 && row_amax) atomicMax(row_amax, mr);
@@ -151,7 +157,7 @@ NB_DEVICE int swizzled_word(int row, int word) { return row * 64 + (word ^ ((wor
 // The tile's 1024 16-byte pieces, 4 per thread, copied global -> shared with cp.async (no registers
 // held while in flight); out-of-range pieces are zero-filled (source size 0).
 NB_DEVICE void load_tile_async(const KernelArgs& a, const TileCoords& tc, uint4* stage) {
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 4; ++i) {
     const int idx = threadIdx.x + kThreads * i, row = idx / 16, q = idx % 16;
     const bool valid = row < tc.valid_rows && q * 8 < tc.valid_cols;
@@ -162,7 +168,9 @@ NB_UNROLL
 }
 NB_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int kPending>
-NB_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory"); }
+NB_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
 
 // hadamard::rht16_bf16 (the same FP32 butterfly and bf16x2 RNE rounding) that also returns the
 // block's largest |value| as a BF16 bit pattern, taken two at a time on the packed pairs (SIMD max)
@@ -170,7 +178,7 @@ NB_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(kP
 NB_DEVICE uint32_t rht16_bf16_amax(float* v) {
   hadamard::rht16_f32(v);
   uint32_t m2 = 0;
-NB_UNROLL
+  NB_UNROLL
   for (int i = 0; i < 16; i += 2) {
     uint32_t packed;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(v[i + 1]), "f"(v[i]));
@@ -215,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
 
   const int64_t tiles_x = (a.cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = tiles_x * ((a.rows + kTileRows - 1) / kTileRows);
-NB_UNROLL
+  NB_UNROLL
   for (int st = 0; st < kStages - 1; ++st) {
     const int64_t id = blockIdx.x + int64_t(st) * gridDim.x;
     if (id < tiles) load_tile_async(a, tile_coords(a, id, tiles_x), ring + st * kTilePieces);
@@ -243,7 +251,7 @@ NB_UNROLL
       // 32 tiles of 16x16; 8 threads per tile, 2 rows each, reduced by shuffles within the 8 lanes.
       const int tl = t / 8, sub = t % 8, ti = tl / 8, tj = tl % 8;
       uint32_t m2 = 0;
-NB_UNROLL
+      NB_UNROLL
       for (int rr = 0; rr < 2; ++rr) {
         // The tile's two pieces of this row (possibly traded by the swizzle: the max does not care).
         const uint4* src = reinterpret_cast<const uint4*>(tile) + (ti * 16 + sub * 2 + rr) * 16 + tj * 2;
@@ -252,7 +260,7 @@ NB_UNROLL
         m2 = max_u16x2(m2, max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
       }
       uint32_t m = max(m2 & 0xFFFFu, m2 >> 16) << 16;
-NB_UNROLL
+      NB_UNROLL
       for (int o = 4; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
       if (sub == 0) tile_scale[tl] = uint8_t(block_scale_code_hw(bits_f32(m), s_enc_row_div6));
       __syncthreads();
@@ -261,7 +269,7 @@ NB_UNROLL
     // Row phase: 2 row blocks per thread.
     if (a.rowwise) {
       const int blk = t % 8;
-NB_UNROLL
+      NB_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int row = t / 8 + 32 * i;
         if (row >= valid_rows || blk * 16 >= valid_cols) continue;
@@ -274,8 +282,9 @@ NB_UNROLL
         if constexpr (kTwoD) {
           s = tile_scale[(row / 16) * 8 + blk];
         } else {
-          uint32_t m2 = max_u16x2(max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)),
-                                  max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
+          uint32_t m2 =
+              max_u16x2(max_u16x2(max_u16x2(p0.x & kAbs2, p0.y & kAbs2), max_u16x2(p0.z & kAbs2, p0.w & kAbs2)),
+                        max_u16x2(max_u16x2(p1.x & kAbs2, p1.y & kAbs2), max_u16x2(p1.z & kAbs2, p1.w & kAbs2)));
           s = block_scale_code_hw(bits_f32(max(m2 & 0xFFFFu, m2 >> 16) << 16), s_enc_row_div6);
         }
         const float enc = enc_lut[0][s];
@@ -297,13 +306,14 @@ NB_UNROLL
         // column's values are live in registers at a time.
         const uint32_t* words = tile + swizzled_word(k * 16, p);
         uint32_t m2 = 0;  // both columns' block amaxes (BF16 pairs), taken on the first pass only
-NB_UNROLL
+        NB_UNROLL
         for (int q = 0; q < 2; ++q) {
           float v[16];
-NB_UNROLL
+          NB_UNROLL
           for (int j = 0; j < 16; ++j) {
             const uint32_t w = words[j * (kTileCols / 2)];
-            if constexpr (!kRht && !kTwoD) if (q == 0) m2 = max_u16x2(m2, w & kAbs2);
+            if constexpr (!kRht && !kTwoD)
+              if (q == 0) m2 = max_u16x2(m2, w & kAbs2);
             v[j] = bits_f32(q ? (w & 0xFFFF0000u) : (w << 16));
           }
           const int col = 2 * p + q;
@@ -382,25 +392,42 @@ Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, fl
   const int grid = int(std::min<int64_t>((patches + 255) / 256, int64_t(sms) * 8));
   auto* ra = reinterpret_cast<uint32_t*>(row_amax);
   auto* ca = reinterpret_cast<uint32_t*>(col_amax);
-  if (rht) amax_kernel<true><<<grid, 256, 0, s>>>(x, rows, cols, ra, ca);
-  else amax_kernel<false><<<grid, 256, 0, s>>>(x, rows, cols, ra, ca);
+  if (rht)
+    amax_kernel<true><<<grid, 256, 0, s>>>(x, rows, cols, ra, ca);
+  else
+    amax_kernel<false><<<grid, 256, 0, s>>>(x, rows, cols, ra, ca);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }
 
 Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream) {
   NB_TRY(check_view(opts, out));
-  KernelArgs a{x, out.rows, out.cols, opts.rowwise, opts.colwise, opts.rng, out.row_data, out.row_scales,
-               out.col_data, out.col_scales, opts.rowwise ? out.row_amax : nullptr,
-               opts.colwise ? out.col_amax : nullptr, out.nonfinite};
+  KernelArgs a{x,
+               out.rows,
+               out.cols,
+               opts.rowwise,
+               opts.colwise,
+               opts.rng,
+               out.row_data,
+               out.row_scales,
+               out.col_data,
+               out.col_scales,
+               opts.rowwise ? out.row_amax : nullptr,
+               opts.colwise ? out.col_amax : nullptr,
+               out.nonfinite};
   const int64_t tiles = ((out.cols + kTileCols - 1) / kTileCols) * ((out.rows + kTileRows - 1) / kTileRows);
   auto s = static_cast<cudaStream_t>(stream);
   const bool rht = opts.rht && opts.colwise;
-  if (opts.two_d) launch_quantize<true, false, false>(a, tiles, s);
-  else if (rht && opts.sr) launch_quantize<false, true, true>(a, tiles, s);
-  else if (rht) launch_quantize<false, true, false>(a, tiles, s);
-  else if (opts.sr) launch_quantize<false, false, true>(a, tiles, s);
-  else launch_quantize<false, false, false>(a, tiles, s);
+  if (opts.two_d)
+    launch_quantize<true, false, false>(a, tiles, s);
+  else if (rht && opts.sr)
+    launch_quantize<false, true, true>(a, tiles, s);
+  else if (rht)
+    launch_quantize<false, true, false>(a, tiles, s);
+  else if (opts.sr)
+    launch_quantize<false, false, true>(a, tiles, s);
+  else
+    launch_quantize<false, false, false>(a, tiles, s);
   return Status::ok();
 }
 

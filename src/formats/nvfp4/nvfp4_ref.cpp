@@ -11,15 +11,18 @@ namespace nb::nvfp4 {
 
 Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
   if (rows <= 0 || cols <= 0 || rows % kBlock != 0 || cols % kBlock != 0)
-    return errorf("NVFP4 cannot quantize a %lld x %lld tensor: both dimensions must be positive multiples of 16 "
-                  "(pad the tensor to a multiple of 16 first)", (long long)rows, (long long)cols);
+    return errorf(
+        "NVFP4 cannot quantize a %lld x %lld tensor: both dimensions must be positive multiples of 16 "
+        "(pad the tensor to a multiple of 16 first)",
+        (long long)rows, (long long)cols);
   if (!opts.rowwise && !opts.colwise)
     return errorf("NVFP4 quantization of a %lld x %lld tensor asked for no output: enable rowwise and/or colwise",
                   (long long)rows, (long long)cols);
   if (opts.two_d && (opts.rht || opts.sr))
-    return errorf("NVFP4 16x16 (2D) quantization of a %lld x %lld tensor cannot use %s: 2D is for weights, "
-                  "whose two copies must hold identical values; disable rht/sr for weights",
-                  (long long)rows, (long long)cols, opts.rht ? "RHT" : "stochastic rounding");
+    return errorf(
+        "NVFP4 16x16 (2D) quantization of a %lld x %lld tensor cannot use %s: 2D is for weights, "
+        "whose two copies must hold identical values; disable rht/sr for weights",
+        (long long)rows, (long long)cols, opts.rht ? "RHT" : "stochastic rounding");
   return Status::ok();
 }
 
@@ -45,8 +48,8 @@ void store_block(uint8_t* data, uint8_t* scales, int64_t outer, int64_t inner, i
 
 // One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.
 template <typename Load>
-void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, RngKey key, uint8_t* data,
-                      uint8_t* scales, Load load) {
+void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, RngKey key, uint8_t* data, uint8_t* scales,
+                      Load load) {
   float s_enc = global_encode_scale(amax);
   float v[kBlock];
   for (int64_t o = 0; o < outer_n; ++o) {
@@ -61,8 +64,7 @@ void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, RngKe
   }
 }
 
-void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Options& opts,
-                 const QuantizedView& out) {
+void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Options& opts, const QuantizedView& out) {
   float s_enc = global_encode_scale(amax);
   float v[kBlock];
   Philox4x32 no_rand{};
@@ -132,8 +134,7 @@ Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out
   return Status::ok();
 }
 
-void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner,
-                    float* out) {
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out) {
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       uint32_t code = (data[o * (inner / 2) + i / 2] >> (4 * (i & 1))) & 0xFu;

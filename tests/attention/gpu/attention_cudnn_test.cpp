@@ -88,7 +88,9 @@ void check_against_reference(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int6
   ASSERT_EQ(cudaMemcpy(gk.p, to_bf16(k).data(), nkv * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(gv.p, to_bf16(v).data(), nkv * 2, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dout_.p, to_bf16(dout).data(), nq * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  auto dev = [](void* p, DType dt, std::initializer_list<int64_t> dims) { return Tensor::make(p, dt, Device::cuda, dims); };
+  auto dev = [](void* p, DType dt, std::initializer_list<int64_t> dims) {
+    return Tensor::make(p, dt, Device::cuda, dims);
+  };
   const Tensor Q = dev(gq.p, DType::bf16, {B, S, Hq, D}), K = dev(gk.p, DType::bf16, {B, S, Hkv, D});
   const Tensor V = dev(gv.p, DType::bf16, {B, S, Hkv, D}), O = dev(gout.p, DType::bf16, {B, S, Hq, D});
   const Tensor LSE = dev(glse.p, DType::f32, {B, Hq, S}), DO = dev(dout_.p, DType::bf16, {B, S, Hq, D});
@@ -148,10 +150,14 @@ void time_shape(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
       dv(nkv * 2);
   std::mt19937 rng(9);
   ASSERT_EQ(cudaMemcpy(q.p, to_bf16(random_bf16_values(nq, rng)).data(), nq * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(k.p, to_bf16(random_bf16_values(nkv, rng)).data(), nkv * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(v.p, to_bf16(random_bf16_values(nkv, rng)).data(), nkv * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(k.p, to_bf16(random_bf16_values(nkv, rng)).data(), nkv * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(v.p, to_bf16(random_bf16_values(nkv, rng)).data(), nkv * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dO.p, to_bf16(random_bf16_values(nq, rng)).data(), nq * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  auto dev = [](void* p, DType dt, std::initializer_list<int64_t> dims) { return Tensor::make(p, dt, Device::cuda, dims); };
+  auto dev = [](void* p, DType dt, std::initializer_list<int64_t> dims) {
+    return Tensor::make(p, dt, Device::cuda, dims);
+  };
   const Tensor Q = dev(q.p, DType::bf16, {B, S, Hq, D}), K = dev(k.p, DType::bf16, {B, S, Hkv, D});
   const Tensor V = dev(v.p, DType::bf16, {B, S, Hkv, D}), O = dev(o.p, DType::bf16, {B, S, Hq, D});
   const Tensor L = dev(lse.p, DType::f32, {B, Hq, S}), DO = dev(dO.p, DType::bf16, {B, S, Hq, D});
@@ -165,7 +171,9 @@ void time_shape(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
   const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
   cudaEvent_t a, b, c;
-  cudaEventCreate(&a); cudaEventCreate(&b); cudaEventCreate(&c);
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventCreate(&c);
   const int iters = 20;
   cudaEventRecord(a);
   for (int i = 0; i < iters; ++i) ASSERT_TRUE(attention_forward(sh, Q, K, V, O, L, nullptr).is_ok());
@@ -180,12 +188,15 @@ void time_shape(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
   bwd_ms /= iters;
   const double fwd_flops = 2.0 * 2.0 * double(B) * Hq * double(S) * S * D / 2.0;  // causal: half the scores
   const double bwd_flops = 2.5 * fwd_flops;
-  std::printf("  timing B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld: forward %.3f ms = %.0f TFLOP/s, backward %.3f ms = "
-              "%.0f TFLOP/s (first call incl. plan build %.0f ms, workspace %.1f MiB)\n",
-              (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, fwd_ms,
-              fwd_flops / (fwd_ms * 1e-3) / 1e12, bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12, first_ms,
-              attention_workspace_bytes() / 1048576.0);
-  cudaEventDestroy(a); cudaEventDestroy(b); cudaEventDestroy(c);
+  std::printf(
+      "  timing B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld: forward %.3f ms = %.0f TFLOP/s, backward %.3f ms = "
+      "%.0f TFLOP/s (first call incl. plan build %.0f ms, workspace %.1f MiB)\n",
+      (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, fwd_ms,
+      fwd_flops / (fwd_ms * 1e-3) / 1e12, bwd_ms, bwd_flops / (bwd_ms * 1e-3) / 1e12, first_ms,
+      attention_workspace_bytes() / 1048576.0);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaEventDestroy(c);
 }
 
 TEST(AttentionCudnn, TimingPrint) {

@@ -21,8 +21,12 @@ struct Dev {
   size_t bytes = 0;
   explicit Dev(size_t n) : bytes(n) { NB_CHECK(device_malloc(&p, n ? n : 1).is_ok()); }
   ~Dev() { device_free(p); }
-  template <typename T> T* as() const { return static_cast<T*>(p); }
-  template <typename T> std::vector<T> host() const {
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  std::vector<T> host() const {
     std::vector<T> v(bytes / sizeof(T));
     NB_CHECK(copy_bytes(v.data(), Device::cpu, p, Device::cuda, bytes).is_ok());
     return v;
@@ -55,10 +59,11 @@ void check_mxfp8(int64_t rows, int64_t cols, Dist dist, bool nonfinite) {
   const size_t n = size_t(rows * cols);
   std::vector<uint8_t> rd(n), rs(n / 32), cd(n), cs(n / 32);
   int32_t bad = -1;
-  ASSERT_TRUE(mxfp8::quantize_ref(x.data(), {}, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
+  ASSERT_TRUE(
+      mxfp8::quantize_ref(x.data(), {}, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
   Dev dx = upload(x), drd(n), drs(n / 32), dcd(n), dcs(n / 32), dbad(4);
-  mxfp8::QuantizedView v{rows, cols, drd.as<uint8_t>(), drs.as<uint8_t>(), dcd.as<uint8_t>(), dcs.as<uint8_t>(),
-                         dbad.as<int32_t>()};
+  mxfp8::QuantizedView v{
+      rows, cols, drd.as<uint8_t>(), drs.as<uint8_t>(), dcd.as<uint8_t>(), dcs.as<uint8_t>(), dbad.as<int32_t>()};
   ASSERT_TRUE(mxfp8::quantize_cuda(dx.as<bf16>(), {}, v).is_ok());
   expect_same_bits(rd, drd.host<uint8_t>(), "row data");
   expect_same_bits(rs, drs.host<uint8_t>(), "row scales");
@@ -78,12 +83,17 @@ void check_fp8(int64_t rows, int64_t cols, Dist dist, fp8::Format fmt, bool pow2
   int32_t bad = -1;
   const float scale = 3.7f;  // an arbitrary delayed-scaling scale: products are rounded, not exact
   fp8::TensorView hv{rows, cols, d.data(), dt.data(), &scale_inv, &amax, &bad};
-  if (delayed) ASSERT_TRUE(fp8::quantize_with_scale_ref(x.data(), fmt, scale, hv).is_ok());
-  else ASSERT_TRUE(fp8::quantize_current_ref(x.data(), fmt, pow2, hv).is_ok());
+  if (delayed)
+    ASSERT_TRUE(fp8::quantize_with_scale_ref(x.data(), fmt, scale, hv).is_ok());
+  else
+    ASSERT_TRUE(fp8::quantize_current_ref(x.data(), fmt, pow2, hv).is_ok());
   Dev dx = upload(x), dd(n), ddt(n), dsi(4), dam(4), dbad(4), dscale = upload(std::vector<float>{scale});
-  fp8::TensorView v{rows, cols, dd.as<uint8_t>(), ddt.as<uint8_t>(), dsi.as<float>(), dam.as<float>(), dbad.as<int32_t>()};
-  if (delayed) ASSERT_TRUE(fp8::quantize_with_scale_cuda(dx.as<bf16>(), fmt, dscale.as<float>(), v).is_ok());
-  else ASSERT_TRUE(fp8::quantize_current_cuda(dx.as<bf16>(), fmt, pow2, v).is_ok());
+  fp8::TensorView v{
+      rows, cols, dd.as<uint8_t>(), ddt.as<uint8_t>(), dsi.as<float>(), dam.as<float>(), dbad.as<int32_t>()};
+  if (delayed)
+    ASSERT_TRUE(fp8::quantize_with_scale_cuda(dx.as<bf16>(), fmt, dscale.as<float>(), v).is_ok());
+  else
+    ASSERT_TRUE(fp8::quantize_current_cuda(dx.as<bf16>(), fmt, pow2, v).is_ok());
   expect_same_bits(d, dd.host<uint8_t>(), "data");
   expect_same_bits(dt, ddt.host<uint8_t>(), "transposed data");
   expect_same_bits(std::vector<float>{scale_inv}, dsi.host<float>(), "scale_inv");
@@ -103,9 +113,11 @@ void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, boo
   std::vector<float> rs(nrs), cs(ncs);
   int32_t bad = -1;
   fp8::BlockOptions opt{kind, pow2};
-  ASSERT_TRUE(fp8::quantize_block_ref(x.data(), opt, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
+  ASSERT_TRUE(
+      fp8::quantize_block_ref(x.data(), opt, {rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &bad}).is_ok());
   Dev dx = upload(x), drd(n), dcd(n), drs(nrs * 4), dcs(ncs * 4), dbad(4);
-  fp8::BlockView v{rows, cols, drd.as<uint8_t>(), drs.as<float>(), dcd.as<uint8_t>(), dcs.as<float>(), dbad.as<int32_t>()};
+  fp8::BlockView v{
+      rows, cols, drd.as<uint8_t>(), drs.as<float>(), dcd.as<uint8_t>(), dcs.as<float>(), dbad.as<int32_t>()};
   ASSERT_TRUE(fp8::quantize_block_cuda(dx.as<bf16>(), opt, v).is_ok());
   expect_same_bits(rd, drd.host<uint8_t>(), "row data");
   expect_same_bits(rs, drs.host<float>(), "row scale_inv");

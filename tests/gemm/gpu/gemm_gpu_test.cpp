@@ -37,16 +37,24 @@ enum class Data { exact, full };
 struct HostMat {
   int64_t rows = 0, cols = 0, ld = 0;
   std::vector<float> v;
-  Tensor cpu_tensor() { Tensor t = Tensor::make(v.data(), DType::f32, Device::cpu, {rows, cols}); t.stride[0] = ld; return t; }
+  Tensor cpu_tensor() {
+    Tensor t = Tensor::make(v.data(), DType::f32, Device::cpu, {rows, cols});
+    t.stride[0] = ld;
+    return t;
+  }
 };
 
 HostMat make_mat(int64_t rows, int64_t cols, int64_t pad, Data kind, uint64_t seed) {
   HostMat m;
-  m.rows = rows; m.cols = cols; m.ld = cols + pad;
+  m.rows = rows;
+  m.cols = cols;
+  m.ld = cols + pad;
   m.v.resize(size_t(rows * m.ld));
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (auto& x : m.v) {
-    s ^= s << 13; s ^= s >> 7; s ^= s << 17;  // xorshift64: fast enough for the 100M-element Llama operands
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;  // xorshift64: fast enough for the 100M-element Llama operands
     const uint32_t r = uint32_t(s >> 40);
     if (kind == Data::exact) {
       const int mag = 1 + int(r % 7);
@@ -117,7 +125,8 @@ void check_vs_cpu(int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha
   ASSERT_TRUE(matmul(a.cpu_tensor(), b.cpu_tensor(), ref.cpu_tensor(), args, nullptr).is_ok());
   HostMat abs_a = abs_of(a), abs_b = abs_of(b);
   ASSERT_TRUE(matmul(abs_a.cpu_tensor(), abs_b.cpu_tensor(), mag.cpu_tensor(),
-                     {ta, tb, std::fabs(alpha), std::fabs(beta)}, nullptr).is_ok());
+                     {ta, tb, std::fabs(alpha), std::fabs(beta)}, nullptr)
+                  .is_ok());
   // alpha * op(A) @ op(B) alone, for the two-rounding case of a bf16 C with beta != 0.
   const bool two_roundings = c_dt == DType::bf16 && beta != 0.f;
   HostMat product = c;
@@ -152,20 +161,23 @@ void check_vs_cpu(int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha
     for (int64_t j = n; j < c.ld; ++j) EXPECT_EQ(got[size_t(i * c.ld + j)], c.v[size_t(i * c.ld + j)]);
 }
 
-struct Shape { int64_t m, n, k; };
+struct Shape {
+  int64_t m, n, k;
+};
 
 TEST(GemmGpu, OddShapesAllTransposesMatchCpuReference) {
   NB_REQUIRE_GPU();
   // Odd sizes (unaligned rows), aligned sizes (the fast kernels), and a small-M/N, long-K problem for
   // which the heuristic likes to split K (partial sums must still be added in FP32).
-  const Shape shapes[] = {{17, 33, 64}, {5, 7, 3}, {31, 1, 129}, {1, 40, 16}, {130, 257, 300},
-                          {48, 72, 96}, {64, 128, 256}, {16, 32, 8192}};
+  const Shape shapes[] = {{17, 33, 64},    {5, 7, 3},    {31, 1, 129},   {1, 40, 16},
+                          {130, 257, 300}, {48, 72, 96}, {64, 128, 256}, {16, 32, 8192}};
   const float ab[][2] = {{1.f, 0.f}, {0.5f, -1.25f}};
   for (const Shape& s : shapes)
     for (int t = 0; t < 4; ++t)
       for (const auto& x : ab)
         for (DType c_dt : {DType::bf16, DType::f32})
-          for (Data kind : {Data::exact, Data::full}) check_vs_cpu(s.m, s.n, s.k, t & 1, t & 2, x[0], x[1], c_dt, kind, 0);
+          for (Data kind : {Data::exact, Data::full})
+            check_vs_cpu(s.m, s.n, s.k, t & 1, t & 2, x[0], x[1], c_dt, kind, 0);
 }
 
 TEST(GemmGpu, RowStridedOperands) {
@@ -218,8 +230,10 @@ TEST(GemmGpu, Llama8BLayerShapesFpropDgradWgrad) {
   NB_REQUIRE_GPU();
   // T tokens of hidden h; layers: QKV (GQA, 6144 = 4096 + 2*1024), attention out, fused gate+up (2f), down.
   const int64_t T = 8192, h = 4096, f = 14336;
-  const struct { const char* name; int64_t n, k; } layers[] = {
-      {"qkv", 6144, h}, {"proj", h, h}, {"fc1", 2 * f, h}, {"fc2", h, f}};
+  const struct {
+    const char* name;
+    int64_t n, k;
+  } layers[] = {{"qkv", 6144, h}, {"proj", h, h}, {"fc1", 2 * f, h}, {"fc2", h, f}};
   for (const auto& L : layers) {
     SCOPED_TRACE(L.name);
     HostMat x = make_mat(T, L.k, 0, Data::exact, 31), w = make_mat(L.n, L.k, 0, Data::exact, 32);

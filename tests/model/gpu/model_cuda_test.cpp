@@ -52,7 +52,10 @@ TEST(TinyLlamaCuda, MatchesCpuReference) {
     std::vector<float> gc(cpu.params().grad(p.name).ptr<float>(), cpu.params().grad(p.name).ptr<float>() + p.numel);
     std::vector<float> gg = to_host(gpu.params().grad(p.name));
     double num = 0, den = 0;
-    for (size_t i = 0; i < gc.size(); ++i) { num += (gc[i] - gg[i]) * double(gc[i] - gg[i]); den += double(gc[i]) * gc[i]; }
+    for (size_t i = 0; i < gc.size(); ++i) {
+      num += (gc[i] - gg[i]) * double(gc[i] - gg[i]);
+      den += double(gc[i]) * gc[i];
+    }
     EXPECT_LT(std::sqrt(num / std::max(den, 1e-30)), 5e-2) << p.name;
   }
 }
@@ -61,8 +64,14 @@ TEST(TinyLlamaCuda, SameSeedSameLossSequence) {
   NB_REQUIRE_GPU();
   auto run = [] {
     TrainConfig c;
-    c.device = "cuda"; c.model = "tiny"; c.train_iters = 8; c.micro_batch_size = 2; c.global_batch_size = 4;
-    c.seq_length = 64; c.lr = 3e-3; c.log_interval = 100;
+    c.device = "cuda";
+    c.model = "tiny";
+    c.train_iters = 8;
+    c.micro_batch_size = 2;
+    c.global_batch_size = 4;
+    c.seq_length = 64;
+    c.lr = 3e-3;
+    c.log_interval = 100;
     TrainSummary s;
     EXPECT_TRUE(run_training(c, &s).is_ok());
     return s.losses;
@@ -76,7 +85,10 @@ TEST(TinyLlamaCuda, SameSeedSameLossSequence) {
 TEST(Trainer, OutOfMemoryNamesTheKnobs) {
   NB_REQUIRE_GPU();
   TrainConfig c;
-  c.device = "cuda"; c.model = "llama3.1-70b"; c.micro_batch_size = 4; c.seq_length = 8192;
+  c.device = "cuda";
+  c.model = "llama3.1-70b";
+  c.micro_batch_size = 4;
+  c.seq_length = 8192;
   TrainSummary s;
   Status st = run_training(c, &s);
   ASSERT_FALSE(st.is_ok());

@@ -21,12 +21,20 @@ struct DeviceBytes {
   size_t n = 0;
   explicit DeviceBytes(size_t bytes, const void* src = nullptr) : n(bytes) {
     EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    if (src) EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
+    if (src)
+      EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    else
+      EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
   }
   ~DeviceBytes() { cudaFree(p); }
-  template <typename T> T* as() const { return static_cast<T*>(p); }
-  template <typename T> void to_host(T* dst) const { EXPECT_EQ(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), cudaSuccess); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+  template <typename T>
+  void to_host(T* dst) const {
+    EXPECT_EQ(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
 };
 
 // Runs quantize_cuda (or the amax pre-pass + quantize_cuda_with_amax) and copies every output back.
@@ -37,23 +45,36 @@ HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t 
   DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
   DeviceBytes amax(2 * sizeof(float)), flag(sizeof(int));
   QuantizedView v;
-  v.rows = rows; v.cols = cols;
-  v.row_data = rd.as<uint8_t>(); v.row_scales = rs.as<uint8_t>();
-  v.col_data = cd.as<uint8_t>(); v.col_scales = cs.as<uint8_t>();
-  v.row_amax = amax.as<float>(); v.col_amax = amax.as<float>() + 1; v.nonfinite = flag.as<int>();
+  v.rows = rows;
+  v.cols = cols;
+  v.row_data = rd.as<uint8_t>();
+  v.row_scales = rs.as<uint8_t>();
+  v.col_data = cd.as<uint8_t>();
+  v.col_scales = cs.as<uint8_t>();
+  v.row_amax = amax.as<float>();
+  v.col_amax = amax.as<float>() + 1;
+  v.nonfinite = flag.as<int>();
   if (split_amax) {
-    EXPECT_TRUE(compute_amax_cuda(dx.as<bf16>(), rows, cols, opts.rht && opts.colwise, v.row_amax, v.col_amax, nullptr));
+    EXPECT_TRUE(
+        compute_amax_cuda(dx.as<bf16>(), rows, cols, opts.rht && opts.colwise, v.row_amax, v.col_amax, nullptr));
     EXPECT_TRUE(quantize_cuda_with_amax(dx.as<bf16>(), opts, v, nullptr));
   } else {
     Status st = quantize_cuda(dx.as<bf16>(), opts, v, nullptr);
     EXPECT_TRUE(st) << st.message();
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  if (opts.rowwise) { rd.to_host(h.row_data.data()); rs.to_host(h.row_scales.data()); }
-  if (opts.colwise) { cd.to_host(h.col_data.data()); cs.to_host(h.col_scales.data()); }
+  if (opts.rowwise) {
+    rd.to_host(h.row_data.data());
+    rs.to_host(h.row_scales.data());
+  }
+  if (opts.colwise) {
+    cd.to_host(h.col_data.data());
+    cs.to_host(h.col_scales.data());
+  }
   float a[2];
   amax.to_host(a);
-  h.row_amax = a[0]; h.col_amax = a[1];
+  h.row_amax = a[0];
+  h.col_amax = a[1];
   flag.to_host(&h.nonfinite);
   return h;
 }
@@ -88,13 +109,27 @@ std::vector<std::pair<const char*, Options>> all_modes() {
   std::vector<std::pair<const char*, Options>> m;
   Options o;
   m.push_back({"both", o});
-  o.colwise = false; m.push_back({"rowwise", o});
-  o = Options{}; o.rowwise = false; m.push_back({"colwise", o});
-  o = Options{}; o.two_d = true; m.push_back({"2d", o});
-  o = Options{}; o.rht = true; m.push_back({"rht", o});
-  o = Options{}; o.rht = true; o.rowwise = false; m.push_back({"rht colwise", o});
-  o = Options{}; o.sr = true; o.rng = RngKey{99, 5, 6}; m.push_back({"sr", o});
-  o.rht = true; m.push_back({"rht+sr", o});
+  o.colwise = false;
+  m.push_back({"rowwise", o});
+  o = Options{};
+  o.rowwise = false;
+  m.push_back({"colwise", o});
+  o = Options{};
+  o.two_d = true;
+  m.push_back({"2d", o});
+  o = Options{};
+  o.rht = true;
+  m.push_back({"rht", o});
+  o = Options{};
+  o.rht = true;
+  o.rowwise = false;
+  m.push_back({"rht colwise", o});
+  o = Options{};
+  o.sr = true;
+  o.rng = RngKey{99, 5, 6};
+  m.push_back({"sr", o});
+  o.rht = true;
+  m.push_back({"rht+sr", o});
   return m;
 }
 
@@ -121,7 +156,9 @@ TEST(Nvfp4Gpu, MatchesReferenceAtRealisticShape) {
     expect_same(x, rows, cols, opts, name, /*split_amax=*/std::string(name) == "both");
   }
   Options rs;
-  rs.rht = true; rs.sr = true; rs.rng = RngKey{1, 2, 3};
+  rs.rht = true;
+  rs.sr = true;
+  rs.rng = RngKey{1, 2, 3};
   expect_same(adv, rows, cols, rs, "adversarial rht+sr");
   Options two_d;
   two_d.two_d = true;
@@ -173,7 +210,8 @@ TEST(Nvfp4Gpu, DequantizeAndSwizzleMatchReference) {
 TEST(Nvfp4Gpu, RejectsBadShapes) {
   NB_REQUIRE_GPU();
   QuantizedView v;
-  v.rows = 24; v.cols = 32;
+  v.rows = 24;
+  v.cols = 32;
   Status st = quantize_cuda(nullptr, Options{}, v, nullptr);
   ASSERT_FALSE(st);
   EXPECT_NE(st.message().find("24 x 32"), std::string::npos) << st.message();
@@ -183,21 +221,30 @@ TEST(Nvfp4Gpu, RejectsBadShapes) {
 // against a device-to-device copy of the same number of bytes.
 TEST(Nvfp4Gpu, BenchmarkReport) {
   NB_REQUIRE_GPU();
-  struct Mode { const char* name; Options o; };
-  Options full; full.rht = true; full.sr = true; full.rng = RngKey{3, 1, 0};
+  struct Mode {
+    const char* name;
+    Options o;
+  };
+  Options full;
+  full.rht = true;
+  full.sr = true;
+  full.rng = RngKey{3, 1, 0};
   Options plain;
-  Options two_d; two_d.two_d = true;
-  Options row; row.colwise = false;
-  for (const Mode& m : {Mode{"row+col+RHT+SR", full}, Mode{"row+col RNE", plain}, Mode{"2D row+col", two_d},
-                        Mode{"row only", row}}) {
+  Options two_d;
+  two_d.two_d = true;
+  Options row;
+  row.colwise = false;
+  for (const Mode& m :
+       {Mode{"row+col+RHT+SR", full}, Mode{"row+col RNE", plain}, Mode{"2D row+col", two_d}, Mode{"row only", row}}) {
     BenchResult r;
     Status st = bench_nvfp4_cuda(8192, 8192, m.o, 20, &r);
     ASSERT_TRUE(st) << st.message();
     const double gbs_q = r.bytes_min / (r.ms_quantize * 1e6), gbs_t = r.bytes_min / (r.ms_total * 1e6);
     const double gbs_copy = r.bytes_min / (r.ms_copy * 1e6);
-    std::printf("[bench] nvfp4 8192x8192 %-16s quantize %.3f ms (%.0f GB/s, %.0f%% of copy)  amax %.3f ms  "
-                "total %.3f ms (%.0f GB/s)  d2d copy of same bytes %.3f ms (%.0f GB/s)\n",
-                m.name, r.ms_quantize, gbs_q, 100 * gbs_q / gbs_copy, r.ms_amax, r.ms_total, gbs_t, r.ms_copy, gbs_copy);
+    std::printf(
+        "[bench] nvfp4 8192x8192 %-16s quantize %.3f ms (%.0f GB/s, %.0f%% of copy)  amax %.3f ms  "
+        "total %.3f ms (%.0f GB/s)  d2d copy of same bytes %.3f ms (%.0f GB/s)\n",
+        m.name, r.ms_quantize, gbs_q, 100 * gbs_q / gbs_copy, r.ms_amax, r.ms_total, gbs_t, r.ms_copy, gbs_copy);
     EXPECT_GT(r.ms_quantize, 0.0);
   }
 }

@@ -14,7 +14,10 @@ using namespace nb;
 using namespace nb::ops;
 using namespace nb::ops::testing;
 
-struct Shape2 { int64_t rows, cols; DType dt; };
+struct Shape2 {
+  int64_t rows, cols;
+  DType dt;
+};
 
 class RMSNormGpu : public ::testing::TestWithParam<Shape2> {};
 
@@ -68,7 +71,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RMSNormGpu,
                          ::testing::Values(Shape2{37, 1001, DType::bf16}, Shape2{5, 24, DType::f32},
                                            Shape2{300, 4096, DType::f32}, Shape2{4096, 4096, DType::bf16}));
 
-struct RopeShape { int64_t B, S, nh, hd; DType dt; };
+struct RopeShape {
+  int64_t B, S, nh, hd;
+  DType dt;
+};
 class RoPEGpu : public ::testing::TestWithParam<RopeShape> {};
 
 TEST_P(RoPEGpu, ForwardBackwardMatchCpu) {
@@ -94,7 +100,8 @@ TEST_P(RoPEGpu, ForwardBackwardMatchCpu) {
     std::vector<double> abs_tol(n);
     for (int64_t i = 0; i < n; ++i) abs_tol[i] = 1e-30;
     EXPECT_EQ(count_bad(download(gx.t()), ref, dt == DType::bf16 ? kBf16Rel : 1e-6, abs_tol,
-                        inverse ? "rope_backward" : "rope_forward"), 0);
+                        inverse ? "rope_backward" : "rope_forward"),
+              0);
   }
 }
 
@@ -115,17 +122,20 @@ TEST(RoPEGpu, FusedQkvSplitAndMergeMatchCpu) {
                    host_f32(v, {B, S, hkv, hd}), nullptr);
     auto gqkv = upload(qkv, dt, {B, S, heads, hd});
     auto gq = upload(std::vector<float>(nq), dt, {B, S, hq, hd});
-    auto gk = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd}), gv = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd});
+    auto gk = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd}),
+         gv = upload(std::vector<float>(nkv), dt, {B, S, hkv, hd});
     rope_split_qkv(gqkv.t(), gc.t(), gs.t(), gq.t(), gk.t(), gv.t(), nullptr);
     const double rel = dt == DType::bf16 ? kBf16Rel : 1e-6;
     EXPECT_EQ(count_bad(download(gq.t()), q, rel, std::vector<double>(nq, 1e-30), "split q"), 0);
     EXPECT_EQ(count_bad(download(gk.t()), k, rel, std::vector<double>(nkv, 1e-30), "split k"), 0);
     EXPECT_TRUE(same_bits(download(gv.t()), v)) << "v is a copy";
-    auto dq = rounded(random_vec(nq, 52), dt), dk = rounded(random_vec(nkv, 53), dt), dv = rounded(random_vec(nkv, 54), dt);
+    auto dq = rounded(random_vec(nq, 52), dt), dk = rounded(random_vec(nkv, 53), dt),
+         dv = rounded(random_vec(nkv, 54), dt);
     std::vector<float> dqkv(nf);
     rope_merge_qkv_grad(host_f32(dq, {B, S, hq, hd}), host_f32(dk, {B, S, hkv, hd}), host_f32(dv, {B, S, hkv, hd}), hc,
                         hs, host_f32(dqkv, {B, S, heads, hd}), nullptr);
-    auto gdq = upload(dq, dt, {B, S, hq, hd}), gdk = upload(dk, dt, {B, S, hkv, hd}), gdv = upload(dv, dt, {B, S, hkv, hd});
+    auto gdq = upload(dq, dt, {B, S, hq, hd}), gdk = upload(dk, dt, {B, S, hkv, hd}),
+         gdv = upload(dv, dt, {B, S, hkv, hd});
     auto gdqkv = upload(std::vector<float>(nf), dt, {B, S, heads, hd});
     rope_merge_qkv_grad(gdq.t(), gdk.t(), gdv.t(), gc.t(), gs.t(), gdqkv.t(), nullptr);
     EXPECT_EQ(count_bad(download(gdqkv.t()), dqkv, rel, std::vector<double>(nf, 1e-30), "merge dqkv"), 0);

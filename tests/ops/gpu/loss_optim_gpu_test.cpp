@@ -18,7 +18,10 @@ using namespace nb;
 using namespace nb::ops;
 using namespace nb::ops::testing;
 
-struct CeShape { int64_t T, V; DType dt; };
+struct CeShape {
+  int64_t T, V;
+  DType dt;
+};
 class CrossEntropyGpu : public ::testing::TestWithParam<CeShape> {};
 
 TEST_P(CrossEntropyGpu, LossAndGradMatchCpu) {
@@ -53,8 +56,13 @@ TEST(AdamWGpu, MatchesCpuBitForBit) {
   auto p = random_vec(n, 81), g = random_vec(n, 82, -0.01f, 0.01f), m = random_vec(n, 83, -1e-3f, 1e-3f);
   auto v = random_vec(n, 84, 0.f, 1e-5f);
   AdamWParams prm{};
-  prm.lr = 3e-4f; prm.beta1 = 0.9f; prm.beta2 = 0.95f; prm.eps = 1e-8f; prm.weight_decay = 0.033f;
-  prm.step = 17; prm.grad_scale = 0.75f;
+  prm.lr = 3e-4f;
+  prm.beta1 = 0.9f;
+  prm.beta2 = 0.95f;
+  prm.eps = 1e-8f;
+  prm.weight_decay = 0.033f;
+  prm.step = 17;
+  prm.grad_scale = 0.75f;
   auto gp = upload(p, DType::f32, {n}), gg = upload(g, DType::f32, {n}), gm = upload(m, DType::f32, {n});
   auto gv = upload(v, DType::f32, {n}), gc = upload(std::vector<float>(n), DType::bf16, {n});
   std::vector<float> copy(n);
@@ -135,8 +143,8 @@ TEST(OpsBandwidth, Report) {
          2.0 * T * H * 2 / ms / 1e6);
   auto gdx = upload(std::vector<float>(T * H), DType::bf16, {T, H});
   ms = time_ms([&] { rmsnorm_backward(gx.t(), gw.t(), gr.t(), gy.t(), gdx.t(), gdw.t(), nullptr); });
-  printf("rmsnorm_backward [%lld,%lld] bf16: %.3f ms, %.0f GB/s (min traffic: x, dy, dx)\n", (long long)T,
-         (long long)H, ms, 3.0 * T * H * 2 / ms / 1e6);
+  printf("rmsnorm_backward [%lld,%lld] bf16: %.3f ms, %.0f GB/s (min traffic: x, dy, dx)\n", (long long)T, (long long)H,
+         ms, 3.0 * T * H * 2 / ms / 1e6);
   {
     const int64_t F = 14336;
     auto gu = upload(std::vector<float>(T * 2 * F, 0.5f), DType::bf16, {T, 2 * F});
@@ -149,8 +157,8 @@ TEST(OpsBandwidth, Report) {
     auto gids = upload_i32(ids, {T});
     auto gtab = upload(std::vector<float>(size_t(128256) * H), DType::f32, {128256, H});
     ms = time_ms([&] { embedding_backward(gids.t(), gx.t(), gtab.t(), nullptr); });
-    printf("embedding_backward T=%lld H=%lld (sort + owner sums): %.3f ms, %.0f GB/s\n", (long long)T,
-           (long long)H, ms, double(T) * H * (2 + 8) / ms / 1e6);
+    printf("embedding_backward T=%lld H=%lld (sort + owner sums): %.3f ms, %.0f GB/s\n", (long long)T, (long long)H, ms,
+           double(T) * H * (2 + 8) / ms / 1e6);
   }
   const int64_t n = 1 << 28;
   auto p = upload(std::vector<float>(n, 0.1f), DType::f32, {n});

@@ -39,7 +39,9 @@ struct Dev {
   size_t bytes = 0;
   Dev() = default;
   explicit Dev(size_t n) : bytes(n) { NB_CHECK(device_malloc(&p, n ? n : 1).is_ok(), "device_malloc %zu", n); }
-  ~Dev() { if (p) device_free(p); }
+  ~Dev() {
+    if (p) device_free(p);
+  }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
 };
@@ -48,7 +50,11 @@ __global__ void fill_bf16_kernel(bf16* x, int64_t n, uint32_t seed) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   uint32_t h = uint32_t(i) * 0x9E3779B9u ^ seed;
-  h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16;
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
   x[i] = f32_to_bf16(float(h >> 8) / 8388608.f - 1.f);
 }
 
@@ -111,8 +117,11 @@ void check_gpu_ops(const QOperand& a, const std::vector<float>& xa, const QOpera
     for (auto& v : c_old) v = round_to_bf16(rng.uniform() * 64.f);
     std::vector<uint8_t> raw(c.bytes);
     for (size_t i = 0; i < c_old.size(); ++i) {
-      if (ck.c_dtype == DType::bf16) { bf16 v = f32_to_bf16(c_old[i]); std::memcpy(&raw[i * 2], &v, 2); }
-      else std::memcpy(&raw[i * 4], &c_old[i], 4);
+      if (ck.c_dtype == DType::bf16) {
+        bf16 v = f32_to_bf16(c_old[i]);
+        std::memcpy(&raw[i * 2], &v, 2);
+      } else
+        std::memcpy(&raw[i * 4], &c_old[i], 4);
     }
     ASSERT_TRUE(copy_bytes(c.p, Device::cuda, raw.data(), Device::cpu, c.bytes).is_ok());
   } else {
@@ -126,8 +135,14 @@ void check_gpu_ops(const QOperand& a, const std::vector<float>& xa, const QOpera
   ASSERT_TRUE(copy_bytes(raw.data(), Device::cpu, c.p, Device::cuda, c.bytes).is_ok());
   if (raw_out) *raw_out = raw;
   auto got_at = [&](int64_t i) {
-    if (ck.c_dtype == DType::f32) { float v; std::memcpy(&v, &raw[size_t(i) * 4], 4); return double(v); }
-    bf16 v; std::memcpy(&v, &raw[size_t(i) * 2], 2); return double(bf16_to_f32(v));
+    if (ck.c_dtype == DType::f32) {
+      float v;
+      std::memcpy(&v, &raw[size_t(i) * 4], 4);
+      return double(v);
+    }
+    bf16 v;
+    std::memcpy(&v, &raw[size_t(i) * 2], 2);
+    return double(bf16_to_f32(v));
   };
   const double u = std::ldexp(1.0, -24), gamma = 2.0 * double(k + 3) * u;
   double acc_coef = gamma;
@@ -137,11 +152,13 @@ void check_gpu_ops(const QOperand& a, const std::vector<float>& xa, const QOpera
 
   std::vector<std::pair<int64_t, int64_t>> samples;
   if (m * n <= 65536) {
-    for (int64_t i = 0; i < m; ++i) for (int64_t j = 0; j < n; ++j) samples.push_back({i, j});
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) samples.push_back({i, j});
   } else {
     Rng rng(1234);
     samples = {{0, 0}, {m - 1, n - 1}, {0, n - 1}, {m - 1, 0}};
-    for (int t = 0; t < 4096; ++t) samples.push_back({int64_t(rng.next() % uint32_t(m)), int64_t(rng.next() % uint32_t(n))});
+    for (int t = 0; t < 4096; ++t)
+      samples.push_back({int64_t(rng.next() % uint32_t(m)), int64_t(rng.next() % uint32_t(n))});
   }
   int bad = 0;
   double worst = 0.0;
@@ -161,8 +178,8 @@ void check_gpu_ops(const QOperand& a, const std::vector<float>& xa, const QOpera
   }
   std::printf("  %-16s x %-16s M=%-5lld N=%-5lld K=%-5lld C=%s beta=%g%s: %zu elements, max |err|/S = %.3g\n",
               qformat_name(a.format), qformat_name(b.format), (long long)m, (long long)n, (long long)k,
-              ck.c_dtype == DType::bf16 ? "bf16" : "f32", ck.beta, ck.fast_accum ? " fast_accum" : "",
-              samples.size(), worst);
+              ck.c_dtype == DType::bf16 ? "bf16" : "f32", ck.beta, ck.fast_accum ? " fast_accum" : "", samples.size(),
+              worst);
   EXPECT_EQ(bad, 0);
 }
 
@@ -213,13 +230,13 @@ TEST(QGemmGpu, Fp8OddShapes) {
 TEST(QGemmGpu, Fp8BlockScaled) {
   NB_REQUIRE_GPU();
   DevQuant x(QFormat::fp8_block128, 8192, 4096, 11), w(QFormat::fp8_block128x128, 4096, 4096, 12);
-  check_gpu(x, false, w, false, {.accum = Accum::fp8_split});                  // Fprop: 1D x 2D
+  check_gpu(x, false, w, false, {.accum = Accum::fp8_split});  // Fprop: 1D x 2D
   DevQuant dy(QFormat::fp8_block128, 8192, 4096, 13);
-  check_gpu(dy, false, w, true, {.accum = Accum::fp8_split});                  // Dgrad: W's transposed copy
+  check_gpu(dy, false, w, true, {.accum = Accum::fp8_split});  // Dgrad: W's transposed copy
   DevQuant dy2(QFormat::fp8_block128, 4096, 1024, 14), x2(QFormat::fp8_block128, 4096, 2048, 15);
   check_gpu(dy2, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f, .accum = Accum::fp8_split});  // Wgrad 1D x 1D
   DevQuant wa(QFormat::fp8_block128x128, 384, 640, 16), xb(QFormat::fp8_block128, 256, 640, 17);
-  check_gpu(wa, false, xb, false, {.accum = Accum::fp8_split});                // 2D x 1D, odd multiples of 128
+  check_gpu(wa, false, xb, false, {.accum = Accum::fp8_split});  // 2D x 1D, odd multiples of 128
 }
 
 // ---- MXFP8 and NVFP4 (emulated) ------------------------------------------------------------------
@@ -239,9 +256,9 @@ TEST(QGemmGpu, Mxfp8Emulated) {
 TEST(QGemmGpu, Nvfp4Emulated) {
   NB_REQUIRE_GPU();
   DevQuant x(QFormat::nvfp4, 8192, 14336, 31), w(QFormat::nvfp4, 4096, 14336, 32);
-  check_gpu(x, false, w, false, {});                                           // down-projection Fprop
+  check_gpu(x, false, w, false, {});  // down-projection Fprop
   DevQuant dy(QFormat::nvfp4, 4096, 1024, 33), x2(QFormat::nvfp4, 4096, 2048, 34);
-  check_gpu(dy, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f});         // Wgrad
+  check_gpu(dy, true, x2, true, {.c_dtype = DType::f32, .beta = 1.f});  // Wgrad
   DevQuant a(QFormat::nvfp4, 48, 96, 35), b(QFormat::nvfp4, 80, 96, 36);
   check_gpu(a, false, b, false, {});
   check_gpu(a, false, b, false, {.c_dtype = DType::f32, .beta = 1.f});
@@ -265,10 +282,35 @@ TEST(QGemmGpu, ChunkedEmulationStaysWithinTheBoundOfTheUnchunkedGemm) {
   };
   const ChunkCase cases[] = {
       {"A blocks, K-major", QFormat::nvfp4, 704, 384, 256, 384, false, false, {}, false},
-      {"B blocks, K-major", QFormat::nvfp4, 256, 384, 704, 384, false, false, {.c_dtype = DType::f32, .beta = 1.f}, true},
-      {"A blocks, Wgrad transposed copies", QFormat::nvfp4, 384, 704, 384, 256, true, true,
-       {.c_dtype = DType::f32, .beta = 1.f}, false},
-      {"A blocks, [K, rows] storage", QFormat::mxfp8, 384, 704, 384, 256, true, true, {.c_dtype = DType::f32, .beta = 1.f},
+      {"B blocks, K-major",
+       QFormat::nvfp4,
+       256,
+       384,
+       704,
+       384,
+       false,
+       false,
+       {.c_dtype = DType::f32, .beta = 1.f},
+       true},
+      {"A blocks, Wgrad transposed copies",
+       QFormat::nvfp4,
+       384,
+       704,
+       384,
+       256,
+       true,
+       true,
+       {.c_dtype = DType::f32, .beta = 1.f},
+       false},
+      {"A blocks, [K, rows] storage",
+       QFormat::mxfp8,
+       384,
+       704,
+       384,
+       256,
+       true,
+       true,
+       {.c_dtype = DType::f32, .beta = 1.f},
        false},
       {"B blocks, [K, rows] storage", QFormat::mxfp8, 384, 256, 384, 704, true, true, {}, true},
   };
@@ -292,7 +334,9 @@ TEST(QGemmGpu, ChunkedEmulationStaysWithinTheBoundOfTheUnchunkedGemm) {
   // The NVFP4 [K, rows] operand chunked as B (a 2D weight's row copy in a Dgrad wider than the cap).
   DevQuant dy(QFormat::nvfp4, 256, 384, 73), w(QFormat::nvfp4, 384, 704, 74);
   QOperand wk = w.op(false);
-  wk.rows = 704; wk.k = 384; wk.k_major = false;
+  wk.rows = 704;
+  wk.k = 384;
+  wk.k_major = false;
   const std::vector<float> xw = transposed(w.xhat(false), 384, 704);
   std::vector<uint8_t> whole, chunked;
   check_gpu_ops(dy.op(false), dy.xhat(false), wk, xw, {}, &whole);
@@ -319,8 +363,15 @@ TEST(QGemmGpu, Nvfp4TwoDRowCopyAsDgradOperand) {
   nvfp4::Options o;
   o.two_d = true;
   float* am = static_cast<float*>(amax.p);
-  nvfp4::QuantizedView v{out, in, static_cast<uint8_t*>(rd.p), static_cast<uint8_t*>(rs.p), static_cast<uint8_t*>(cd.p),
-                         static_cast<uint8_t*>(cs.p), am, am + 1, nullptr};
+  nvfp4::QuantizedView v{out,
+                         in,
+                         static_cast<uint8_t*>(rd.p),
+                         static_cast<uint8_t*>(rs.p),
+                         static_cast<uint8_t*>(cd.p),
+                         static_cast<uint8_t*>(cs.p),
+                         am,
+                         am + 1,
+                         nullptr};
   ASSERT_TRUE(nvfp4::quantize_cuda(static_cast<const bf16*>(src.p), o, v, nullptr).is_ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<uint8_t> hrd(rd.bytes), hrs(rs.bytes), hcd(cd.bytes), hcs(cs.bytes);
@@ -353,7 +404,9 @@ TEST(QGemmGpu, CublasLtRejectsWhatWeReject) {
   Dev c(256 * 256 * 2);
   auto run = [&](const DevQuant& q, detail::ScaleMode mode, detail::ElemType type) {
     detail::LtProblem p;
-    p.m = 256; p.n = 256; p.k = 512;
+    p.m = 256;
+    p.n = 256;
+    p.k = 512;
     p.a = {q.dp[kRowData], type, true, mode, static_cast<const float*>(q.dp[kRowScales])};
     p.b = p.a;
     p.c = {c.p, DType::bf16, 256};
@@ -406,7 +459,8 @@ double bench_quantized(QFormat fa, QFormat fb, int64_t m, int64_t n, int64_t k, 
   Status s = matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = fast_accum}, nullptr);
   EXPECT_TRUE(s.is_ok()) << s.message();
   if (!s.is_ok()) return 0;
-  const double ms = time_ms([&] { (void)matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = fast_accum}, nullptr); });
+  const double ms =
+      time_ms([&] { (void)matmul_quantized(a.op(false), b.op(false), ct, {.fast_accum = fast_accum}, nullptr); });
   const double tflops = 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12;
   std::printf("  %-16s x %-16s M=%-5lld N=%-5lld K=%-5lld%s: %.3f ms, %.0f TFLOP/s\n", qformat_name(fa),
               qformat_name(fb), (long long)m, (long long)n, (long long)k, fast_accum ? " fast_accum" : "", ms, tflops);
@@ -422,8 +476,8 @@ double bench_bf16(int64_t m, int64_t n, int64_t k) {
   Tensor ct = Tensor::make(c.p, DType::bf16, Device::cuda, {m, n});
   EXPECT_TRUE(matmul(at, bt, ct, {.trans_b = true}, nullptr).is_ok());
   const double ms = time_ms([&] { (void)matmul(at, bt, ct, {.trans_b = true}, nullptr); });
-  std::printf("  bf16 x bf16 (plain matmul)          M=%-5lld N=%-5lld K=%-5lld: %.3f ms, %.0f TFLOP/s\n",
-              (long long)m, (long long)n, (long long)k, ms, 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12);
+  std::printf("  bf16 x bf16 (plain matmul)          M=%-5lld N=%-5lld K=%-5lld: %.3f ms, %.0f TFLOP/s\n", (long long)m,
+              (long long)n, (long long)k, ms, 2.0 * double(m) * double(n) * double(k) / (ms * 1e-3) / 1e12);
   return ms;
 }
 
@@ -457,7 +511,9 @@ TEST(QGemmGpu, Throughput) {
     const float ab[2] = {1.f, 0.f};
     ASSERT_TRUE(copy_bytes(scalars.p, Device::cuda, ab, Device::cpu, 8).is_ok());
     detail::LtProblem p;
-    p.m = m; p.n = n; p.k = k;
+    p.m = m;
+    p.n = n;
+    p.k = k;
     p.a = {a.p, detail::ElemType::bf16, true, detail::ScaleMode::none, nullptr};
     p.b = {b.p, detail::ElemType::bf16, true, detail::ScaleMode::none, nullptr};
     p.c = {c.p, DType::bf16, n};
