@@ -103,6 +103,7 @@ class DocReader {
   int64_t line_no_ = 0;
 };
 
+// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
 int run_preprocess(const PreprocessArgs& a) {
   std::unique_ptr<BpeTokenizer> tok;
   if (Status st = BpeTokenizer::load(a.tokenizer, a.family, &tok); !st) {

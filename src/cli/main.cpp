@@ -1,5 +1,6 @@
 // nibble: low-precision LLM training in one C++/CUDA program. Entry point: parses the subcommand.
 #include <cstdio>
+#include <exception>
 #include "cli/commands.h"
 
 namespace nb::cli {
@@ -9,7 +10,9 @@ int& exit_code() {
 }
 }  // namespace nb::cli
 
-int main(int argc, char** argv) {
+// Every error is meant to reach the user as a Status sentence; an exception that still escapes (a
+// library's, or memory exhaustion) is reported in one line instead of terminating with a core dump.
+int main(int argc, char** argv) try {
   CLI::App app{"nibble " NIBBLE_VERSION ": pretrain and fine-tune Llama-family LLMs in BF16, FP8, MXFP8 and NVFP4"};
   app.require_subcommand(1);
   nb::cli::add_info_command(app);
@@ -24,4 +27,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) { return app.exit(e); }
   return nb::cli::exit_code();
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "error: %s\n", e.what());
+  return 1;
 }

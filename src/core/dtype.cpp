@@ -5,7 +5,7 @@ namespace nb {
 
 bool dtype_from_name(std::string_view name, DType* out) {
 #define NB_X(e, bits, n, st) \
-  if (name == n) {           \
+  if (name == (n)) {         \
     *out = DType::e;         \
     return true;             \
   }

@@ -113,7 +113,7 @@ const unsigned __int128 kPcgMult =
 Pcg64Generator::Pcg64Generator(uint64_t seed) {
   std::vector<uint32_t> w = seed_sequence_state(seed, 8);
   uint64_t v[4];
-  for (int i = 0; i < 4; ++i) v[i] = uint64_t(w[2 * i]) | (uint64_t(w[2 * i + 1]) << 32);  // view as uint64 (LE)
+  for (size_t i = 0; i < 4; ++i) v[i] = uint64_t(w[2 * i]) | (uint64_t(w[2 * i + 1]) << 32);  // view as uint64 (LE)
   unsigned __int128 initstate = (static_cast<unsigned __int128>(v[0]) << 64) | v[1];
   unsigned __int128 initseq = (static_cast<unsigned __int128>(v[2]) << 64) | v[3];
   // pcg_setseq_128_srandom_r

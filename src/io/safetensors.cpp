@@ -27,6 +27,7 @@ int safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
+// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
 Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) {
   std::ifstream f(path, std::ios::binary);
   if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));

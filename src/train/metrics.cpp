@@ -17,7 +17,7 @@ double bf16_peak_tflops(const std::string& name) {
 
 static std::string hms(double s) {
   if (!(s >= 0) || !std::isfinite(s)) return "-";
-  long t = long(s + 0.5);
+  long t = std::lround(s);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
   return buf;

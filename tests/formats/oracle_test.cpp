@@ -1,6 +1,7 @@
 // nibble's E4M3/E5M2 encoders against PyTorch, code for code. The oracle file comes from
 // scripts/fp8_oracle.py (run it on a machine with PyTorch); without NIBBLE_FP8_ORACLE the test skips.
 #include <gtest/gtest.h>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -36,7 +37,7 @@ TEST(Fp8Oracle, EncodersMatchPyTorch) {
         continue;
       }
       if (got != want && mismatches++ < 10)
-        ADD_FAILURE() << name << ": input " << x << " (bits 0x" << std::hex << *reinterpret_cast<uint32_t*>(&x)
+        ADD_FAILURE() << name << ": input " << x << " (bits 0x" << std::hex << std::bit_cast<uint32_t>(x)
                       << ") nibble 0x" << got << " torch 0x" << want << std::dec;
     }
     EXPECT_EQ(mismatches, 0u) << name << " of " << n;
