@@ -54,7 +54,10 @@ if has train; then
 fi
 if has race; then
   for t in ops formats nvfp4; do
-    [ -x "$build/tests/test_${t}_gpu" ] && runs+=("racecheck test_${t}_gpu $build/tests/test_${t}_gpu --gtest_brief=1")
+    # Small and edge-tile shapes only: racecheck serializes every shared-memory access, so the
+    # 8192x8192 cases (timing reports and realistic shapes) would take hours and add no new code path.
+    [ -x "$build/tests/test_${t}_gpu" ] &&
+      runs+=("racecheck test_${t}_gpu $build/tests/test_${t}_gpu --gtest_brief=1 --gtest_filter=-*Bench*:*Realistic*")
   done
 fi
 [ ${#runs[@]} -gt 0 ] || { echo "gpu_sanitize: nothing to run (parts '$parts', build $build)"; exit 1; }
