@@ -9,7 +9,7 @@ jobs=${1:-$(nproc)}
 command -v run-clang-tidy-14 >/dev/null || { echo "tidy: clang-tidy-14 is missing; run: bash scripts/setup.sh --lint"; exit 1; }
 cmake --preset cpu >/dev/null  # the compile database only; nothing is built
 log=build-cpu/tidy.log
-run-clang-tidy-14 -p build-cpu -quiet -j "$jobs" "$PWD/src/" > "$log" 2>&1 || true
+run-clang-tidy-14 -p build-cpu -quiet -j "$jobs" "$PWD/src/" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$log" || true
 n=$(grep -c "warning:" "$log" || true)
 grep -E "(warning|error):" "$log" | sed "s|$PWD/||" | sort -u || true
 files=$(grep -c "^clang-tidy" "$log" || true)

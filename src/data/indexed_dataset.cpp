@@ -161,9 +161,8 @@ void IndexedDataset::read(int64_t i, int64_t offset, int64_t length, std::vector
     const uint8_t* e = src + k * item;
     switch (dtype_) {
       case IndexedDtype::u8: dst[k] = e[0]; break;
-      case IndexedDtype::i8:
-        dst[k] = static_cast<int8_t>(e[0]);
-        break;  // NOLINT(bugprone-signed-char-misuse): int8 tokens are signed
+      // NOLINTNEXTLINE(bugprone-signed-char-misuse): int8 tokens are signed
+      case IndexedDtype::i8: dst[k] = static_cast<int8_t>(e[0]); break;
       case IndexedDtype::i16: dst[k] = load<int16_t>(e); break;
       case IndexedDtype::u16: dst[k] = load<uint16_t>(e); break;
       case IndexedDtype::i32: dst[k] = load<int32_t>(e); break;

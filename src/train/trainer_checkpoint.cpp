@@ -164,9 +164,9 @@ Status Trainer::restore_state(const nlohmann::json& s) {
       LlamaModel::LinearScaling ls{json_string(l, "linear"), {}};
       for (const auto& r : json_field(l, "roles")) {
         std::vector<float> history;
-        for (const auto& h : json_field(r, "history")) history.push_back(h.is_number() ? h.get<float>() : NAN);
+        for (const auto& h : json_field(r, "history")) history.push_back(json_float_value(h, "history"));
         ls.roles.push_back({int(json_int(r, "role")), json_bool(r, "has_history"), json_bool(r, "used_in_step"),
-                            float(json_number(r, "scale")), float(json_number(r, "step_amax")), std::move(history)});
+                            json_float(r, "scale"), json_float(r, "step_amax"), std::move(history)});
       }
       scaling.push_back(std::move(ls));
     }

@@ -12,7 +12,9 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <nlohmann/json.hpp>
 #include "common/nibble_binary.h"
+#include "io/file_util.h"
 #include "train/checkpoint.h"
 #include "train/resume_util.h"
 
@@ -144,6 +146,25 @@ TEST_P(DamagedCheckpoint, IsRefusedByItsChecksumInOneSentence) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Damage, DamagedCheckpoint, ::testing::Values("truncate", "flip_model", "flip_state"));
+
+// A state whose checksum is right but whose FP8 scale does not fit a float (written by hand, or by a
+// bug) is refused in one sentence: converting such a double to float would be undefined behaviour.
+TEST(CrashSafety, ChecksumValidStateWithAnOutOfRangeScaleIsRefused) {
+  const std::string dir = test::temp_folder("float_range"), save = dir + "/run";
+  const std::string job = kJob + "--recipe bf16_with_fp8_delayed_scaling_mixed ";
+  ASSERT_EQ(test::run_nibble(job + "--train-iters 1 --save " + save + " --save-interval 1").code, 0);
+  const std::string path = save + "/iter_0000001/trainer_state.json";
+  auto state = nlohmann::json::parse(slurp(path));
+  ASSERT_FALSE(state["fp8_delayed_scaling"].empty());
+  state["fp8_delayed_scaling"][0]["roles"][0]["scale"] = 1e300;
+  state.erase("state_crc32");  // the checksum covers the state as dumped without it
+  const std::string canonical = state.dump();
+  state["state_crc32"] = crc32_of(canonical.data(), canonical.size());
+  std::ofstream(path, std::ios::trunc) << state.dump();
+  const test::CliRun r = test::run_nibble(job + "--train-iters 2 --load " + save);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("outside float's range"), std::string::npos) << r.out;
+}
 
 TEST(CrashSafety, FullDiskDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
   const std::string dir = test::temp_folder("fulldisk"), save = dir + "/run";
