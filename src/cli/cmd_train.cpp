@@ -1,9 +1,13 @@
 // `nibble train`: every key of the training configuration is a flag (Megatron spelling) and a key of
 // the optional TOML file given by --config; flags override the file. Errors are one sentence.
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include "cli/commands.h"
+#include "dist/spawn.h"
 #include "train/trainer.h"
 
 namespace nb::cli {
@@ -12,13 +16,50 @@ namespace {
 struct TrainArgs {
   std::string config_file;
   std::map<std::string, std::string> values;
+  int nproc_per_node = 0;
 };
+
+// `--nproc-per-node N` outside a launcher: start N local ranks of this same command line (without that
+// flag) and supervise them; under torchrun, srun or mpirun the launcher has already started the ranks.
+int run_local_ranks(int n) {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK"}) {
+    if (const char* set = std::getenv(v); set && *set) {
+      std::fprintf(stderr,
+                   "nibble train: --nproc-per-node starts its own ranks, but %s=%s says a launcher already "
+                   "did; leave --nproc-per-node out under torchrun or mpirun\n",
+                   v, set);
+      return 2;
+    }
+  }
+  std::error_code ec;
+  std::vector<std::string> argv{std::filesystem::read_symlink("/proc/self/exe", ec).string()};
+  if (ec) argv[0] = "nibble";
+  const auto& args = process_args();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--nproc-per-node") {
+      ++i;
+      continue;
+    }
+    if (args[i].rfind("--nproc-per-node=", 0) == 0) continue;
+    argv.push_back(args[i]);
+  }
+  int code = 0;
+  Status st = dist::spawn_local_ranks(n, argv, std::chrono::seconds(10), &code);
+  if (!st) {
+    std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
+    return code != 0 ? code : 1;
+  }
+  return 0;
+}
 }  // namespace
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "Pretrain a Llama model (mock data or Megatron .bin/.idx data)");
   auto args = std::make_shared<TrainArgs>();
   cmd->add_option("--config", args->config_file, "TOML file with any of the keys below (flags override it)");
+  cmd->add_option("--nproc-per-node", args->nproc_per_node,
+                  "start N data-parallel ranks on this machine (one per GPU), as torchrun --nproc-per-node does")
+      ->check(CLI::PositiveNumber);
   static TrainConfig defaults;  // only for the help text's defaults
   for (const auto& key : config_keys(defaults)) {
     std::string name = key.name;
@@ -33,6 +74,10 @@ void add_train_command(CLI::App& app) {
     if (key.is_flag) opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
   }
   cmd->callback([args] {
+    if (args->nproc_per_node > 1) {
+      exit_code() = run_local_ranks(args->nproc_per_node);
+      return;
+    }
     TrainConfig cfg;
     if (!args->config_file.empty()) {
       Status st = apply_config_file(args->config_file, cfg);
@@ -57,7 +102,10 @@ void add_train_command(CLI::App& app) {
     TrainSummary summary;
     Status st = run_training(cfg, &summary);
     if (!st) {
-      std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
+      dist::World w;  // with several ranks, say which one failed
+      const bool ranks = dist::detect_world(&w).is_ok() && w.distributed();
+      std::fprintf(stderr, "nibble train%s: %s\n", ranks ? strprintf(" (rank %d)", w.rank).c_str() : "",
+                   st.message().c_str());
       exit_code() = 1;
       return;
     }

@@ -2,10 +2,14 @@
 // CLI11 app; its callback stores the process exit code in exit_code().
 #pragma once
 #include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
 
 namespace nb::cli {
 
 int& exit_code();
+// The command line as main() received it (argv[1..]), for commands that start copies of themselves.
+std::vector<std::string>& process_args();
 void add_info_command(CLI::App& app);
 void add_quant_command(CLI::App& app);
 void add_bench_command(CLI::App& app);

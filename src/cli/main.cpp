@@ -8,6 +8,10 @@ int& exit_code() {
   static int code = 0;
   return code;
 }
+std::vector<std::string>& process_args() {
+  static std::vector<std::string> args;
+  return args;
+}
 }  // namespace nb::cli
 
 // Every error is meant to reach the user as a Status sentence; an exception that still escapes (a
@@ -15,6 +19,7 @@ int& exit_code() {
 int main(int argc, char** argv) try {
   CLI::App app{"nibble " NIBBLE_VERSION ": pretrain and fine-tune Llama-family LLMs in BF16, FP8, MXFP8 and NVFP4"};
   app.require_subcommand(1);
+  nb::cli::process_args().assign(argv + 1, argv + argc);
   nb::cli::add_info_command(app);
   nb::cli::add_train_command(app);
   nb::cli::add_quant_command(app);

@@ -9,5 +9,8 @@ std::vector<GpuInfo> query_gpus(std::string* why) {
   cuda_device_available(why);
   return {};
 }
+Status set_current_gpu(int index) {
+  return errorf("GPU %d was asked for, but this nibble was built without CUDA", index);
+}
 }  // namespace nb
 #endif

@@ -46,6 +46,17 @@ std::vector<GpuInfo> query_gpus(std::string* why) {
   return out;
 }
 
+Status set_current_gpu(int index) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (index < 0 || index >= n)
+    return errorf("GPU %d was asked for (the local rank), but this machine shows %d; start at most %d ranks per node",
+                  index, n, n);
+  cudaError_t e = cudaSetDevice(index);
+  if (e != cudaSuccess) return errorf("cannot use GPU %d: %s", index, cudaGetErrorString(e));
+  return Status::ok();
+}
+
 int current_device_sm_count() {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> cached[kMaxDevices] = {};

@@ -2,6 +2,7 @@
 #pragma once
 #include <string>
 #include <vector>
+#include "core/status.h"
 
 namespace nb {
 
@@ -23,6 +24,9 @@ struct BuildInfo {
 BuildInfo build_info();
 // Empty with `why` set when no GPU is usable.
 std::vector<GpuInfo> query_gpus(std::string* why);
+// Makes GPU `index` (an index into query_gpus()) current for this thread and the streams it creates;
+// each data-parallel rank on a host takes the GPU of its local rank.
+Status set_current_gpu(int index);
 // SM count of the current CUDA device, queried once per device and cached (for launch sizing on hot
 // paths; CUDA builds only).
 int current_device_sm_count();

@@ -1,5 +1,6 @@
 // GPT sampling indices, blends and the on-disk index cache (see gpt_dataset.h).
 #include "data/gpt_dataset.h"
+#include <unistd.h>
 
 #include <cfenv>
 #include <cmath>
@@ -227,7 +228,9 @@ void save_cache(const std::string& dir, const std::string& path, const std::stri
                 const GptIndices& idx) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  std::string tmp = path + ".tmp";
+  // One temporary name per process: data-parallel ranks may build the same cache at once, and each
+  // rename replaces the file atomically with identical content.
+  std::string tmp = path + ".tmp" + std::to_string(::getpid());
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return;  // a read-only data folder only costs the rebuild next time
   int64_t h[5] = {int64_t(idx.document_index.size()), int64_t(idx.sample_index.size()),

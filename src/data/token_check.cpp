@@ -1,5 +1,6 @@
 // Token-id range of Megatron datasets (scan + cache) and the vocabulary checks built on it.
 #include "data/token_check.h"
+#include <unistd.h>
 #include <sys/stat.h>
 #include <chrono>
 #include <filesystem>
@@ -42,7 +43,7 @@ Status dataset_token_range(const std::string& prefix, const std::string& cache_d
   if (!cache.empty()) {  // best effort: an unwritable cache only costs the scan next time
     std::error_code ec;
     std::filesystem::create_directories(cache_dir, ec);
-    const std::string tmp = cache + ".tmp";
+    const std::string tmp = cache + ".tmp" + std::to_string(::getpid());  // ranks may scan at once
     if (std::ofstream(tmp) << out->min_id << " " << out->max_id << "\n") std::filesystem::rename(tmp, cache, ec);
   }
   return Status::ok();

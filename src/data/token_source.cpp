@@ -135,8 +135,11 @@ Status check_args(int64_t seq_len, int64_t micro_batch, int64_t consumed) {
 }  // namespace
 
 Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split,
-                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out) {
+                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out, int64_t dp_rank,
+                              int64_t dp_size) {
   NB_TRY(check_args(seq_len, micro_batch, consumed));
+  if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
+    return errorf("data-parallel rank %lld of %lld is invalid", (long long)dp_rank, (long long)dp_size);
   if (vocab < 2) return errorf("mock data needs a vocabulary of at least 2 tokens, got %lld", (long long)vocab);
   auto data = make_mock_low_level(vocab, static_cast<int32_t>(vocab - 1));
   std::array<std::pair<int64_t, int64_t>, 3> ranges;
@@ -145,7 +148,8 @@ Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batc
   std::unique_ptr<GptDataset> ds;
   NB_TRY(GptDataset::create(data, r.first, r.second, seq_len, samples, static_cast<uint32_t>(seed), "",
                             split_name(split), &ds));
-  *out = std::make_unique<PrefetchSource>(std::make_shared<SingleSet>(std::move(ds)), seq_len, micro_batch, consumed);
+  *out = std::make_unique<PrefetchSource>(std::make_shared<SingleSet>(std::move(ds)), seq_len, micro_batch, consumed,
+                                          dp_rank, dp_size);
   return Status::ok();
 }
 

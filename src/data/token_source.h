@@ -44,8 +44,10 @@ std::string index_cache_dir(const std::string& prefix, const std::string& cache_
 Status make_mock_source(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, int64_t train_samples,
                         int64_t consumed, std::unique_ptr<TokenSource>* out);
 // The same for any split (validation loss uses Split::valid).
+// With dp_rank / dp_size: this rank's rows of each global micro-batch, as make_gpt_source_dp.
 Status make_mock_source_split(int64_t vocab, int64_t seq_len, int64_t micro_batch, uint64_t seed, Split split,
-                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out);
+                              int64_t samples, int64_t consumed, std::unique_ptr<TokenSource>* out, int64_t dp_rank = 0,
+                              int64_t dp_size = 1);
 Status make_gpt_source(const DataConfig& cfg, Split split, int64_t micro_batch, int64_t consumed,
                        std::unique_ptr<TokenSource>* out);
 // Data-parallel rank `dp_rank` of `dp_size`: next() returns this rank's rows of each global

@@ -213,9 +213,9 @@ size_t LlamaModel::quantized_copy_bytes() const {
   return n;
 }
 
-void LlamaModel::begin_step(uint32_t step) {
+void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   for (auto& layer : linears_)
-    for (auto& lin : layer) lin.new_step(step);
+    for (auto& lin : layer) lin.new_step(step, first_micro, micro_stride);
   std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
 }
 

@@ -38,7 +38,9 @@ class LlamaModel {
   // Device bytes of the quantized copies the recipe's linears hold (outside the activation arena).
   size_t quantized_copy_bytes() const;
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
-  void begin_step(uint32_t step);
+  // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
+  // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
+  void begin_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
   // Non-finite quantizer inputs since the last call ("layer 3 mlp.down_proj grad", or empty) and the
   // worst per-linear quantization statistics when collection is on.
   Status take_health(std::string* nonfinite_where, recipe::LinearHealth* worst);

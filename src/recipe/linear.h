@@ -79,8 +79,10 @@ class Linear {
   // of x (the caller may have overwritten x); a BF16 layer reads x.
   Status backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
                   const Tensor& dw_f32, Stream stream);
-  void new_step(uint32_t step);     // weights changed: requantize on next forward; SR key step; delayed-scaling roll
-  void set_collect_stats(bool on);  // per-operand flushed/saturated/SQNR (extra passes; off by default)
+  // Weights changed: requantize on next forward; SR key step; delayed-scaling roll. The SR key's
+  // micro-batch index starts at first_micro and grows by micro_stride per backward (data parallelism).
+  void new_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
+  void set_collect_stats(bool on);        // per-operand flushed/saturated/SQNR (extra passes; off by default)
   Status take_health(LinearHealth* out);  // since the last call; may synchronize
   bool keeps_quantized_input() const;     // true when backward() does not read x
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight

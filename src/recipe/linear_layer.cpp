@@ -27,7 +27,7 @@ struct Linear::Impl {
   QCopies q[3];                                // input, weight, grad
   bool weight_valid = false;
   bool have_input = false;
-  uint32_t step = 0, micro = 0;
+  uint32_t step = 0, micro = 0, micro_stride = 1;
   bool collect_stats = false;
   StatsAccumulator stats;
   // CPU backend: BF16-rounded sources of the quantizers.
@@ -198,16 +198,17 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
              .context("linear '" + s.name + "' Wgrad"));
   s.have_input = false;
-  ++s.micro;
+  s.micro += s.micro_stride;
   return Status::ok();
 }
 
-void Linear::new_step(uint32_t step) {
+void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   if (!impl_) return;
   Impl& s = *impl_;
   s.weight_valid = false;
   s.step = step;
-  s.micro = 0;
+  s.micro = first_micro;
+  s.micro_stride = micro_stride;
   if (s.all_bf16 || s.recipe.fp8_scaling != Fp8Scaling::delayed) return;
   // Delayed scaling: this step's amaxes into each history, then the next step's scales (one sync per step).
   for (QCopies& c : s.q) {

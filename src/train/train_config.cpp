@@ -167,6 +167,9 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       string_key("save", "output folder: config.toml, metrics.jsonl, and checkpoints (--save-interval)", &c.save),
       choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
       double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
+      double_key("distributed-timeout-minutes",
+                 "data parallel: give up on a rendezvous or collective after this long (a rank died or hangs)",
+                 &c.distributed_timeout_minutes),
       int_key("save-interval", "write a checkpoint to --save every N iterations and at the end (0 = none)",
               &c.save_interval),
       int_key("save-keep", "keep only the newest N checkpoints in --save (0 = all)", &c.save_keep),
@@ -303,8 +306,8 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
-  if (c.data_parallel != 1)
-    return errorf("data-parallel %lld: this build trains on one GPU", (long long)c.data_parallel);
+  if (!(c.distributed_timeout_minutes > 0))
+    return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

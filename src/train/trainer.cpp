@@ -63,18 +63,18 @@ Status Trainer::step(StepMetrics* m) {
     std::copy(b.tokens.begin(), b.tokens.end(), step_tokens_.begin() + micro * T);
     std::copy(b.labels.begin(), b.labels.end(), step_labels_.begin() + micro * T);
   }
-  model_.begin_step(uint32_t(rng_step_));
+  model_.begin_step(uint32_t(rng_step_), uint32_t(world_.rank), uint32_t(world_.size));
   model_.set_collect_stats(cfg_.quant_stats && ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters));
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
   const float grad_scale = 1.0f / float(tokens_per_step_);
   for (int64_t micro = 0; micro < accum_; ++micro) NB_TRY(model_.forward_backward_staged(micro, grad_scale));
   NB_TRY(model_.take_loss_sum(&loss_sum));
+  NB_TRY(reduce_gradients());
   if (dev_ == Device::cuda) {  // the arena is reserved up front, so use is at its peak after any micro-batch
     size_t f = 0, t = 0;
     device_memory_info(&f, &t);
     peak_mem_ = std::max(peak_mem_, double(t - f - base_used_));
   }
-  const double loss = loss_sum / double(tokens_per_step_);
   NB_PROFILE_BEGIN("optimizer: norm + AdamW");
   ops::fill(norm_sq_.tensor(), 0.0f, nullptr);  // global gradient norm over the flat FP32 gradient buffer
   ops::sum_squares_accumulate(P.flat_grad(), norm_sq_.ptr<float>(), nullptr);
@@ -85,6 +85,13 @@ Status Trainer::step(StepMetrics* m) {
   std::string nonfinite_where;
   recipe::LinearHealth health;
   NB_TRY(model_.take_health(&nonfinite_where, &health));
+  // One reduction of the step's host scalars: the loss, whether any rank saw a non-finite quantizer
+  // input, and whether SIGTERM reached any rank, so that every rank takes the same decisions.
+  double scalars[3] = {loss_sum, nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0};
+  NB_TRY(sum_over_ranks(scalars, 3));
+  const double loss = scalars[0] / double(tokens_per_step_);
+  if (scalars[1] > 0 && nonfinite_where.empty()) nonfinite_where = "another rank's layer";
+  stop_requested_ = scalars[2] > 0;
   if (!nonfinite_where.empty())
     NB_LOG_WARN("step %lld: a non-finite amax reached the quantizer of %s (%lld quantizations)", (long long)(it + 1),
                 nonfinite_where.c_str(), (long long)health.nonfinite);
@@ -160,7 +167,9 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   }
   consumed_valid_ += cfg_.eval_iters * cfg_.global_batch_size;
   NB_TRY(model_.take_loss_sum(&sum));
-  const double loss = sum / double(n);
+  double totals[2] = {sum, double(n)};  // every rank evaluated its rows of each global batch
+  NB_TRY(sum_over_ranks(totals, 2));
+  const double loss = totals[0] / totals[1];
   std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
               loss, std::exp(loss));
   if (jsonl_)
@@ -170,7 +179,7 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
 }
 
 Status Trainer::train(TrainSummary* summary) {
-  if (!cfg_.save.empty()) jsonl_.open(cfg_.save + "/metrics.jsonl", std::ios::app);
+  if (!cfg_.save.empty() && logging_rank()) jsonl_.open(cfg_.save + "/metrics.jsonl", std::ios::app);
   const bool checkpoints = !cfg_.save.empty() && (cfg_.save_interval > 0 || cfg_.exit_interval > 0);
   if (checkpoints) NB_TRY(prepare_saves());
   TermSignalScope term(!cfg_.save.empty());
@@ -198,8 +207,9 @@ Status Trainer::train(TrainSummary* summary) {
       timed_steps++;
     }  // the first step warms up
     m.step_ms = step_ms;
-    m.tokens_per_s = double(tokens_per_step_) / (step_ms / 1000.0);
-    m.tflops = flops_per_token_ * double(tokens_per_step_) / (step_ms / 1000.0) / 1e12;
+    const double tokens_per_gpu = double(tokens_per_step_) / double(world_.size);  // Megatron reports per GPU
+    m.tokens_per_s = tokens_per_gpu / (step_ms / 1000.0);
+    m.tflops = flops_per_token_ * tokens_per_gpu / (step_ms / 1000.0) / 1e12;
     m.mfu = peak_tflops_ > 0 ? m.tflops / peak_tflops_ : 0;
     m.peak_mem_gib = dev_ == Device::cuda ? gib(peak_mem_) : gib(param_bytes_ + act_bytes_);
     const double mean_ms = timed_steps ? time_sum_ms / double(timed_steps) : step_ms;
@@ -215,7 +225,7 @@ Status Trainer::train(TrainSummary* summary) {
       NB_TRY(evaluate(iteration_, summary));
     if (writer_ && writer_->failed()) NB_TRY(finish_saves(summary));  // a background save failed: stop now
     const bool exit_now = cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0;
-    const bool term_now = g_term_signal.load() != 0;
+    const bool term_now = stop_requested_;
     if ((checkpoints && cfg_.save_interval > 0 && iteration_ % cfg_.save_interval == 0) || exit_now || term_now ||
         (checkpoints && iteration_ == cfg_.train_iters && cfg_.save_interval > 0))
       NB_TRY(save(summary));
@@ -232,10 +242,10 @@ Status Trainer::train(TrainSummary* summary) {
   summary->end_iteration = iteration_;
   summary->skipped = skipped_;
   summary->mean_step_ms = timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms;
-  summary->tokens_per_s = summary->mean_step_ms > 0 ? double(tokens_per_step_) / (summary->mean_step_ms / 1000.0) : 0;
-  summary->tflops = summary->mean_step_ms > 0
-                        ? flops_per_token_ * double(tokens_per_step_) / (summary->mean_step_ms / 1000.0) / 1e12
-                        : 0;
+  const double tokens_per_gpu = double(tokens_per_step_) / double(world_.size);
+  summary->tokens_per_s = summary->mean_step_ms > 0 ? tokens_per_gpu / (summary->mean_step_ms / 1000.0) : 0;
+  summary->tflops =
+      summary->mean_step_ms > 0 ? flops_per_token_ * tokens_per_gpu / (summary->mean_step_ms / 1000.0) / 1e12 : 0;
   summary->mfu = peak_tflops_ > 0 ? summary->tflops / peak_tflops_ : 0;
   summary->peak_mem_gib = m.peak_mem_gib;
   report(*summary);

@@ -14,6 +14,7 @@
 #include <vector>
 #include "core/status.h"
 #include "data/token_source.h"
+#include "dist/communicator.h"
 #include "model/llama_model.h"
 #include "recipe/recipe.h"
 #include "train/checkpoint.h"
@@ -61,6 +62,12 @@ class Trainer {
   Status finish_saves(TrainSummary* summary);  // waits for the save in flight and reports it
   void note_written(const CheckpointWriteStats& ws, TrainSummary* summary);
   Status with_surviving_checkpoint(const Status& failed) const;
+  // data-parallel phases (trainer_dist.cpp)
+  Status detect_ranks();      // before resolve_config: rank, world size (= data-parallel size)
+  Status connect_ranks();     // after pick_device: the rendezvous store and the communicator
+  Status reduce_gradients();  // sum of every rank's FP32 gradients, in place
+  Status sum_over_ranks(double* values, int n);
+  bool logging_rank() const { return world_.rank == 0; }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
   void adamw_update(double lr, double grad_norm);
@@ -68,6 +75,10 @@ class Trainer {
   void report(const TrainSummary& s) const;
 
   TrainConfig cfg_;
+  dist::World world_;
+  std::unique_ptr<dist::TcpStore> store_;
+  std::unique_ptr<dist::Communicator> comm_;
+  bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
   Recompute recompute_ = Recompute::none;

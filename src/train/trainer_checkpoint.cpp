@@ -233,7 +233,10 @@ nlohmann::json Trainer::trainer_state() const {
 
 // Page-locked host copies of master, m and v (allocated once: before step 1 when saves are configured,
 // else at the first save, e.g. on SIGTERM) and the writer thread.
+// Plain data parallelism keeps the whole state on every rank, identical after each step: rank 0 alone
+// writes it (the others have nothing the checkpoint lacks).
 Status Trainer::prepare_saves() {
+  if (!logging_rank()) return Status::ok();
   if (!host_) {
     host_ = std::make_unique<HostCopies>();
     NB_TRY(host_->allocate(model_.params().total(), dev_ == Device::cuda).context("checkpoint host copies"));
@@ -245,6 +248,7 @@ Status Trainer::prepare_saves() {
 // The step loop stalls only for the device-to-host copy; the previous save must have finished first
 // (its host copies are about to be overwritten), which finish_saves() also reports.
 Status Trainer::save(TrainSummary* summary) {
+  if (!logging_rank()) return Status::ok();
   NB_TRY(finish_saves(summary));
   ParamStore& P = model_.params();
   NB_TRY(prepare_saves());

@@ -28,10 +28,12 @@ std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
 
 Status Trainer::setup(TrainConfig cfg) {
   cfg_ = std::move(cfg);
+  NB_TRY(detect_ranks());
   NB_TRY(resolve_config());
   NB_TRY(check_tokenizer());
   NB_TRY(pick_device());
   print_plan();
+  NB_TRY(connect_ranks());
   NB_TRY(estimate_memory());
   NB_TRY(build_model());
   NB_TRY(load());
@@ -90,10 +92,12 @@ Status Trainer::pick_device() {
   if (cfg_.device != "cpu") {
     auto gpus = query_gpus(&why);
     if (!gpus.empty()) {
+      const int gpu = world_.local_rank;  // each rank of a node takes the GPU of its local rank
+      if (world_.distributed()) NB_TRY(set_current_gpu(gpu));
       dev_ = Device::cuda;
-      device_name_ = gpus[0].name;
-      cc_major_ = gpus[0].cc_major;
-      cc_minor_ = gpus[0].cc_minor;
+      device_name_ = gpus[size_t(gpu)].name;
+      cc_major_ = gpus[size_t(gpu)].cc_major;
+      cc_minor_ = gpus[size_t(gpu)].cc_minor;
     } else if (cfg_.device == "cuda") {
       return errorf("--device cuda was asked for but %s", why.c_str());
     } else {
@@ -135,7 +139,7 @@ void Trainer::print_plan() {
   }
   std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
   if (!cfg_.save.empty()) {
-    std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
+    if (logging_rank()) std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
     if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
       std::printf("checkpoints: %s every %lld iterations%s%s, keep %s, %s writes\n", cfg_.save.c_str(),
                   (long long)cfg_.save_interval, cfg_.save_interval > 0 ? " and at the end" : " (none)",
@@ -223,11 +227,12 @@ Status Trainer::build_data() {
   train_src_.reset();
   valid_src_.reset();
   if (cfg_.mock_data) {
-    NB_TRY(make_mock_source(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
-                            train_samples, consumed, &train_src_));
+    NB_TRY(make_mock_source_split(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
+                                  Split::train, train_samples, consumed, &train_src_, world_.rank, world_.size));
     if (cfg_.eval_interval > 0)
       NB_TRY(make_mock_source_split(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
-                                    Split::valid, valid_samples, consumed_valid_, &valid_src_));
+                                    Split::valid, valid_samples, consumed_valid_, &valid_src_, world_.rank,
+                                    world_.size));
     return Status::ok();
   }
   DataConfig dc;
@@ -237,8 +242,9 @@ Status Trainer::build_data() {
   dc.seed = uint64_t(cfg_.seed);
   dc.num_samples[0] = train_samples;
   dc.num_samples[1] = valid_samples;
-  NB_TRY(make_gpt_source(dc, Split::train, cfg_.micro_batch_size, consumed, &train_src_));
-  Status vs = make_gpt_source(dc, Split::valid, cfg_.micro_batch_size, consumed_valid_, &valid_src_);
+  const int rank = world_.rank, ranks = world_.size;
+  NB_TRY(make_gpt_source_dp(dc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_));
+  Status vs = make_gpt_source_dp(dc, Split::valid, cfg_.micro_batch_size, rank, ranks, consumed_valid_, &valid_src_);
   if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
   return Status::ok();
 }

@@ -1,0 +1,49 @@
+// Collectives over the data-parallel ranks of one job: Gloo on the CPU backend, NCCL on CUDA. Nothing
+// here implements a collective algorithm; each call forwards to the library (docs/DISTRIBUTED.md says
+// why Gloo and not MPI: it works under every launcher, through the same TCP store as NCCL's id).
+#pragma once
+#include <chrono>
+#include <memory>
+#include "core/status.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+#include "dist/tcp_store.h"
+#include "dist/world.h"
+
+namespace nb::dist {
+
+enum class ReduceOp { sum, max };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* backend() const = 0;  // "gloo" or "nccl"
+
+  // Contiguous tensors on the backend's device (f32; bf16 too on NCCL), queued on `stream` (CUDA;
+  // the CPU backend runs them at once). Every rank calls the same collectives in the same order.
+  // In place: every rank ends with the element-wise reduction over all ranks.
+  virtual Status all_reduce(const Tensor& t, ReduceOp op, Stream stream) = 0;
+  // `in` holds size() * n elements, `out` n: slice rank() of the sum over ranks. `in` may be
+  // overwritten (Gloo reduces it in place and copies the slice out).
+  virtual Status reduce_scatter(const Tensor& in, const Tensor& out, Stream stream) = 0;
+  // `in` holds n elements, `out` size() * n: rank r's input lands at r * n. `in` may alias its slot.
+  virtual Status all_gather(const Tensor& in, const Tensor& out, Stream stream) = 0;
+  virtual Status broadcast(const Tensor& t, int root, Stream stream) = 0;
+  // A few host scalars per step (loss sums, flags), reduced and returned on every rank (synchronizes).
+  virtual Status all_reduce_host(double* values, int n, ReduceOp op) = 0;
+};
+
+// The communicator of `world` for `dev`: Gloo (CPU) or NCCL (CUDA, on the current device), meeting
+// through `store`. Every collective gives up after `timeout` with a sentence naming this rank.
+Status make_communicator(const World& world, Device dev, TcpStore* store, std::chrono::milliseconds timeout,
+                         std::unique_ptr<Communicator>* out);
+
+// Implementations (gloo_comm.cpp; nccl_comm.cu, only in CUDA builds).
+Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,
+                              std::unique_ptr<Communicator>* out);
+Status make_nccl_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,
+                              std::unique_ptr<Communicator>* out);
+
+}  // namespace nb::dist

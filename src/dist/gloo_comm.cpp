@@ -1,0 +1,193 @@
+// The CPU backend's communicator: Gloo (Debian's libgloo-dev) over TCP, meeting through nibble's TCP
+// store. Gloo's ring all-reduce gives every rank the same bits. Its reduce-scatter is an all-reduce of
+// the whole buffer followed by a copy of this rank's slice: twice the traffic of a true reduce-scatter,
+// which only matters for speed, and the CPU backend is the reference, not the fast path.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <unistd.h>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "dist/communicator.h"
+
+namespace nb::dist {
+
+namespace {
+
+// Gloo's rendezvous store interface over nibble's TcpStore (Gloo reports failure by throwing).
+class GlooStore : public gloo::rendezvous::Store {
+ public:
+  GlooStore(TcpStore* s, std::chrono::milliseconds timeout) : s_(s), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    check(s_->set(prefix + key, std::vector<uint8_t>(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::vector<uint8_t> v;
+    check(s_->get(prefix + key, &v));
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> full;
+    for (const auto& k : keys) full.push_back(prefix + k);
+    check(s_->wait(full, timeout));
+  }
+  const std::string prefix = "gloo/";
+
+ private:
+  static void check(const Status& st) {
+    if (!st) throw gloo::IoException(st.message());
+  }
+  TcpStore* s_;
+  std::chrono::milliseconds timeout_;
+};
+
+template <typename T>
+void sum_fn(void* c, const void* a, const void* b, size_t n) {
+  gloo::sum<T>(c, a, b, n);
+}
+template <typename T>
+void max_fn(void* c, const void* a, const void* b, size_t n) {
+  gloo::max<T>(c, a, b, n);
+}
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), timeout_(timeout) {}
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  const char* backend() const override { return "gloo"; }
+
+  Status all_reduce(const Tensor& t, ReduceOp op, Stream) override {
+    NB_TRY(check_tensor(t, "all_reduce"));
+    return guarded("all_reduce", [&] { run_all_reduce(t.data, false, size_t(t.numel()), op); });
+  }
+
+  Status reduce_scatter(const Tensor& in, const Tensor& out, Stream) override {
+    NB_TRY(check_tensor(in, "reduce_scatter"));
+    NB_TRY(check_tensor(out, "reduce_scatter"));
+    if (in.dtype != out.dtype || in.numel() != out.numel() * size())
+      return errorf("reduce_scatter: input of %lld elements does not split into %d slices of %lld",
+                    (long long)in.numel(), size(), (long long)out.numel());
+    return guarded("reduce_scatter", [&] {
+      run_all_reduce(in.data, false, size_t(in.numel()), ReduceOp::sum);
+      const size_t bytes = size_t(out.bytes());
+      std::memmove(out.data, static_cast<const char*>(in.data) + bytes * size_t(rank()), bytes);
+    });
+  }
+
+  Status all_gather(const Tensor& in, const Tensor& out, Stream) override {
+    NB_TRY(check_tensor(in, "all_gather"));
+    NB_TRY(check_tensor(out, "all_gather"));
+    if (in.dtype != out.dtype || out.numel() != in.numel() * size())
+      return errorf("all_gather: output of %lld elements is not %d slices of %lld", (long long)out.numel(), size(),
+                    (long long)in.numel());
+    return guarded("all_gather", [&] {
+      // Gloo copies the input into its slot first; a private copy keeps that copy from overlapping itself.
+      std::vector<char> mine(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
+      gloo::AllgatherOptions o(ctx_);
+      o.setInput(mine.data(), mine.size());
+      o.setOutput(static_cast<char*>(out.data), size_t(out.bytes()));
+      o.setTimeout(timeout_);
+      gloo::allgather(o);
+    });
+  }
+
+  Status broadcast(const Tensor& t, int root, Stream) override {
+    NB_TRY(check_tensor(t, "broadcast"));
+    return guarded("broadcast", [&] {
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(static_cast<char*>(t.data), size_t(t.bytes()));
+      o.setRoot(root);
+      o.setTimeout(timeout_);
+      gloo::broadcast(o);
+    });
+  }
+
+  Status all_reduce_host(double* values, int n, ReduceOp op) override {
+    return guarded("all_reduce_host", [&] { run_all_reduce(values, true, size_t(n), op); });
+  }
+
+ private:
+  void run_all_reduce(void* data, bool is_double, size_t n, ReduceOp op) {
+    gloo::AllreduceOptions o(ctx_);
+    o.setTimeout(timeout_);
+    if (is_double) {
+      o.setOutput(static_cast<double*>(data), n);
+      o.setReduceFunction(op == ReduceOp::sum ? &sum_fn<double> : &max_fn<double>);
+    } else {
+      o.setOutput(static_cast<float*>(data), n);
+      o.setReduceFunction(op == ReduceOp::sum ? &sum_fn<float> : &max_fn<float>);
+    }
+    gloo::allreduce(o);
+  }
+  static Status check_tensor(const Tensor& t, const char* op) {
+    if (t.device != Device::cpu) return errorf("%s: the Gloo communicator takes host tensors", op);
+    if (t.dtype != DType::f32)
+      return errorf("%s: the Gloo communicator takes f32 tensors, not %s", op,
+                    std::string(dtype_name(t.dtype)).c_str());
+    if (!t.is_contiguous()) return errorf("%s: the tensor %s is not contiguous", op, t.shape_str().c_str());
+    return Status::ok();
+  }
+  // Gloo throws on a dead peer or a timeout; the caller gets one sentence naming this rank.
+  template <typename F>
+  Status guarded(const char* op, F&& f) {
+    try {
+      f();
+      return Status::ok();
+    } catch (const std::exception& e) {
+      return errorf("rank %d: Gloo %s failed (a peer died, hung past %lld s, or the network broke): %s", rank(), op,
+                    (long long)(timeout_.count() / 1000), e.what());
+    }
+  }
+  std::shared_ptr<gloo::Context> ctx_;
+  std::chrono::milliseconds timeout_;
+};
+
+// One rank on one host binds to the loopback address; across hosts, to this host's name (which the
+// other hosts must resolve), or NIBBLE_GLOO_HOSTNAME when that is not the right interface.
+std::string gloo_hostname(const World& world) {
+  if (const char* h = std::getenv("NIBBLE_GLOO_HOSTNAME"); h && *h) return h;
+  if (world.local_size == world.size) return "127.0.0.1";
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+}  // namespace
+
+Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,
+                              std::unique_ptr<Communicator>* out) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = gloo_hostname(world);
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(world.rank, world.size);
+    ctx->setTimeout(timeout);
+    GlooStore gs(store, timeout);
+    ctx->connectFullMesh(gs, device);
+    *out = std::make_unique<GlooCommunicator>(std::move(ctx), timeout);
+    return Status::ok();
+  } catch (const std::exception& e) {
+    return errorf("rank %d of %d: could not connect the Gloo ranks (host %s): %s", world.rank, world.size,
+                  gloo_hostname(world).c_str(), e.what());
+  }
+}
+
+Status make_communicator(const World& world, Device dev, TcpStore* store, std::chrono::milliseconds timeout,
+                         std::unique_ptr<Communicator>* out) {
+  if (dev == Device::cpu) return make_gloo_communicator(world, store, timeout, out);
+#if NIBBLE_HAVE_CUDA
+  return make_nccl_communicator(world, store, timeout, out);
+#else
+  return errorf("this nibble was built without CUDA, so it has no NCCL communicator");
+#endif
+}
+
+}  // namespace nb::dist

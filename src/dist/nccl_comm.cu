@@ -1,0 +1,160 @@
+// The CUDA backend's communicator: NCCL on the current device. Rank 0 makes the unique id and hands it
+// out through the TCP store; collectives are queued on the caller's stream. A collective that cannot
+// finish (a dead or hung peer) is caught by polling ncclCommGetAsyncError while waiting for the host
+// scalars each step reads, and the communicator is aborted instead of hanging.
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <chrono>
+#include <thread>
+#include <vector>
+#include "dist/communicator.h"
+
+namespace nb::dist {
+
+namespace {
+
+Status nccl_status(ncclResult_t r, int rank, const char* what) {
+  if (r == ncclSuccess || r == ncclInProgress) return Status::ok();
+  return errorf("rank %d: NCCL %s failed: %s (%s)", rank, what, ncclGetErrorString(r), ncclGetLastError(nullptr));
+}
+
+bool nccl_type(DType dt, ncclDataType_t* out) {
+  if (dt == DType::f32)
+    *out = ncclFloat32;
+  else if (dt == DType::bf16)
+    *out = ncclBfloat16;
+  else
+    return false;
+  return true;
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, std::chrono::milliseconds timeout)
+      : comm_(comm), rank_(rank), size_(size), timeout_(timeout) {}
+  ~NcclCommunicator() override {
+    if (scratch_) cudaFree(scratch_);
+    if (comm_) aborted_ ? void(0) : void(ncclCommDestroy(comm_));
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend() const override { return "nccl"; }
+
+  Status all_reduce(const Tensor& t, ReduceOp op, Stream stream) override {
+    ncclDataType_t ty;
+    NB_TRY(check(t, "all_reduce", &ty));
+    return nccl_status(ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, op == ReduceOp::sum ? ncclSum : ncclMax,
+                                     comm_, cudaStream_t(stream)),
+                       rank_, "all_reduce");
+  }
+  Status reduce_scatter(const Tensor& in, const Tensor& out, Stream stream) override {
+    ncclDataType_t ty;
+    NB_TRY(check(in, "reduce_scatter", &ty));
+    NB_TRY(check(out, "reduce_scatter", &ty));
+    if (in.dtype != out.dtype || in.numel() != out.numel() * size_)
+      return errorf("reduce_scatter: input of %lld elements does not split into %d slices of %lld",
+                    (long long)in.numel(), size_, (long long)out.numel());
+    return nccl_status(
+        ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, ncclSum, comm_, cudaStream_t(stream)), rank_,
+        "reduce_scatter");
+  }
+  Status all_gather(const Tensor& in, const Tensor& out, Stream stream) override {
+    ncclDataType_t ty;
+    NB_TRY(check(in, "all_gather", &ty));
+    NB_TRY(check(out, "all_gather", &ty));
+    if (in.dtype != out.dtype || out.numel() != in.numel() * size_)
+      return errorf("all_gather: output of %lld elements is not %d slices of %lld", (long long)out.numel(), size_,
+                    (long long)in.numel());
+    return nccl_status(ncclAllGather(in.data, out.data, size_t(in.numel()), ty, comm_, cudaStream_t(stream)), rank_,
+                       "all_gather");
+  }
+  Status broadcast(const Tensor& t, int root, Stream stream) override {
+    ncclDataType_t ty;
+    NB_TRY(check(t, "broadcast", &ty));
+    return nccl_status(ncclBroadcast(t.data, t.data, size_t(t.numel()), ty, root, comm_, cudaStream_t(stream)), rank_,
+                       "broadcast");
+  }
+  // On the default stream, after the work queued before it; waits with a bounded poll (see the header).
+  Status all_reduce_host(double* values, int n, ReduceOp op) override {
+    if (n > kScratch) return errorf("all_reduce_host: at most %d values at once", kScratch);
+    if (!scratch_ && cudaMalloc(&scratch_, sizeof(double) * kScratch) != cudaSuccess)
+      return errorf("rank %d: no device memory for the communicator's scratch", rank_);
+    cudaMemcpy(scratch_, values, sizeof(double) * size_t(n), cudaMemcpyHostToDevice);
+    NB_TRY(nccl_status(ncclAllReduce(scratch_, scratch_, size_t(n), ncclFloat64,
+                                     op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
+                       rank_, "all_reduce"));
+    NB_TRY(wait_stream(nullptr));
+    if (cudaMemcpy(values, scratch_, sizeof(double) * size_t(n), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return errorf("rank %d: copying reduced scalars to the host failed", rank_);
+    return Status::ok();
+  }
+
+ private:
+  static constexpr int kScratch = 64;
+  Status check(const Tensor& t, const char* op, ncclDataType_t* ty) const {
+    if (t.device != Device::cuda) return errorf("%s: the NCCL communicator takes device tensors", op);
+    if (!nccl_type(t.dtype, ty))
+      return errorf("%s: the NCCL communicator takes f32 or bf16, not %s", op,
+                    std::string(dtype_name(t.dtype)).c_str());
+    if (!t.is_contiguous()) return errorf("%s: the tensor %s is not contiguous", op, t.shape_str().c_str());
+    return Status::ok();
+  }
+  // Polls the stream and NCCL's asynchronous error until done or `timeout_`; aborts the communicator
+  // on an error or at the deadline, so that no rank waits forever on a dead peer.
+  Status wait_stream(cudaStream_t s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      cudaError_t q = cudaStreamQuery(s);
+      if (q == cudaSuccess) return Status::ok();
+      if (q != cudaErrorNotReady)
+        return errorf("rank %d: CUDA error while waiting for NCCL: %s", rank_, cudaGetErrorString(q));
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_comm();
+        return errorf("rank %d: NCCL reported %s; another rank has probably died, see its messages", rank_,
+                      ncclGetErrorString(async));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        abort_comm();
+        return errorf(
+            "rank %d: a collective did not finish within %lld s: another rank has died or hangs; "
+            "stopping (raise NIBBLE_DIST_TIMEOUT if steps are legitimately this slow)",
+            rank_, (long long)(timeout_.count() / 1000));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  void abort_comm() {
+    if (!aborted_) ncclCommAbort(comm_);
+    aborted_ = true;
+  }
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  std::chrono::milliseconds timeout_;
+  void* scratch_ = nullptr;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+Status make_nccl_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,
+                              std::unique_ptr<Communicator>* out) {
+  ncclUniqueId id{};
+  if (world.rank == 0) {
+    NB_TRY(nccl_status(ncclGetUniqueId(&id), 0, "ncclGetUniqueId"));
+    NB_TRY(store->set("nccl_id", std::vector<uint8_t>(id.internal, id.internal + sizeof(id.internal))));
+  } else {
+    std::vector<uint8_t> v;
+    NB_TRY(store->get("nccl_id", &v));
+    if (v.size() != sizeof(id.internal))
+      return errorf("rank %d: the NCCL id from rank 0 has the wrong size", world.rank);
+    std::copy(v.begin(), v.end(), id.internal);
+  }
+  ncclComm_t comm = nullptr;
+  NB_TRY(nccl_status(ncclCommInitRank(&comm, world.size, id, world.rank), world.rank, "ncclCommInitRank"));
+  *out = std::make_unique<NcclCommunicator>(comm, world.rank, world.size, timeout);
+  return Status::ok();
+}
+
+}  // namespace nb::dist

@@ -1,0 +1,51 @@
+// Trainer phases for data parallelism (docs/DISTRIBUTED.md): who this rank is, the GPU of its local
+// rank, the rendezvous store and the communicator, and the per-step reductions. Plain DDP: every rank
+// holds the whole model and optimizer; gradients are summed over ranks after the last micro-batch
+// (each rank's backward already scaled them by 1 / tokens of the global batch, so the sum is the mean).
+#include <cstdio>
+#include <cstdlib>
+#include "core/device_info.h"
+#include "core/log.h"
+#include "train/trainer.h"
+
+namespace nb {
+
+// Before the configuration is resolved: the data-parallel size divides the global batch.
+Status Trainer::detect_ranks() {
+  NB_TRY(dist::detect_world(&world_));
+  cfg_.data_parallel = world_.size;
+  // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
+  const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
+  if (world_.rank != 0 && !(all && *all == '1')) {
+    if (!std::freopen("/dev/null", "w", stdout))
+      NB_LOG_WARN("rank %d: could not silence stdout; every rank will print its log lines", world_.rank);
+  }
+  return Status::ok();
+}
+
+// After the device is chosen: meet the other ranks. The store's timeout bounds start-up; the
+// communicator's bounds each collective (--distributed-timeout-minutes, Megatron's flag).
+Status Trainer::connect_ranks() {
+  if (!world_.distributed()) return Status::ok();
+  const auto timeout = std::chrono::milliseconds(int64_t(cfg_.distributed_timeout_minutes * 60'000));
+  NB_TRY(dist::TcpStore::open(world_, timeout, &store_));
+  NB_TRY(dist::make_communicator(world_, dev_, store_.get(), timeout, &comm_));
+  std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
+              world_.size, comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
+              (long long)accum_);
+  return Status::ok();
+}
+
+// The summed FP32 gradients of every rank, in place.
+Status Trainer::reduce_gradients() {
+  if (!comm_) return Status::ok();
+  return comm_->all_reduce(model_.params().flat_grad(), dist::ReduceOp::sum, nullptr);
+}
+
+// Host scalars summed over ranks (loss sums, token counts, flags).
+Status Trainer::sum_over_ranks(double* values, int n) {
+  if (!comm_) return Status::ok();
+  return comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
+}
+
+}  // namespace nb
