@@ -279,7 +279,9 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
   return Status::ok();
 }
 
-int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe) {
+int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards) {
+  const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
+  if (shards > 1) return cfg.total_params() * (4 + compute_bytes) + cfg.total_params() * 12 / shards;
   // Quantized layers' linear weights have no compute copy (params.h).
   int64_t master_only = 0;
   for (bool q : quantized_layers(cfg, recipe)) master_only += q ? cfg.linear_params_per_layer() : 0;
@@ -326,8 +328,8 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
-  if (!master_only_quantized_weights) qe = qb;  // an empty master-only range
-  NB_TRY(params_.allocate(cfg, dev, qb, qe));
+  if (!master_only_quantized_weights || optimizer_shard_count > 1) qe = qb;  // an empty master-only range
+  NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count));
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
     int64_t most = 0;
@@ -449,6 +451,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   enum class Buf { compute, grad, master };
   auto fused_qkv = [&](const std::string& p, Buf b) {
     if (b == Buf::compute && !params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
+    if (b == Buf::master && params_.shard_count() > 1) return Tensor{};  // sharded: read the compute copy
     auto view = [&](const char* n) {
       return b == Buf::grad ? params_.grad(p + n) : b == Buf::master ? params_.master(p + n) : params_.compute(p + n);
     };
@@ -468,9 +471,11 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     w.wqkv = fused_qkv(p, Buf::compute);
     w.gqkv = fused_qkv(p, Buf::grad);
     w.mqkv = fused_qkv(p, Buf::master);
-    w.mo = params_.master(p + "self_attn.o_proj.weight");
-    w.mgu = params_.master(p + "mlp.gate_up_proj.weight");
-    w.mdown = params_.master(p + "mlp.down_proj.weight");
+    // FP32 master views, read by layers without a compute copy (a sharded store keeps no whole master).
+    auto master = [&](const std::string& n) { return params_.shard_count() > 1 ? Tensor{} : params_.master(n); };
+    w.mo = master(p + "self_attn.o_proj.weight");
+    w.mgu = master(p + "mlp.gate_up_proj.weight");
+    w.mdown = master(p + "mlp.down_proj.weight");
     w.wo = compute(p + "self_attn.o_proj.weight");
     w.go = params_.grad(p + "self_attn.o_proj.weight");
     w.w_post = params_.compute(p + "post_attention_layernorm.weight");

@@ -55,11 +55,17 @@ class LlamaModel {
   const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)
-  static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{});
+  // With the distributed optimizer over `shards` ranks: 4 (gradient) + 12 / shards + the compute copy.
+  static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
+                                 int shards = 1);
   ParamStore& params() { return params_; }
   const LlamaConfig& config() const { return cfg_; }
   // Set before init: false keeps compute copies of quantized layers' weights too (tests compare both paths).
   bool master_only_quantized_weights = true;
+  // Set before init: the distributed optimizer's shard of master, m and v (params.h). Sharding keeps a
+  // compute copy of every weight, so quantized layers quantize from the BF16 copy, as Megatron with
+  // TransformerEngine does; the FP32 master of a weight lives on one rank only.
+  int optimizer_shard_rank = 0, optimizer_shard_count = 1;
 
   // The training loop's path, with one host synchronization per optimizer step: stage_batches()
   // copies n micro-batches of host int32 tokens/labels ([n, batch*seq] each) to the device in one

@@ -49,7 +49,8 @@ void normal_fill(float* out, int64_t n, uint64_t seed, uint32_t stream, float st
 }
 }  // namespace
 
-Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end) {
+Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end,
+                            int shard_rank, int shard_count) {
   device_ = dev;
   params_ = llama_param_list(cfg);
   int64_t off = 0;
@@ -71,11 +72,21 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
     hole_begin_ = first.offset;
     hole_end_ = last.offset + (last.numel + kAlign - 1) / kAlign * kAlign;
   }
-  NB_TRY(Buffer::allocate(&master_, DType::f32, dev, {total_}));
-  NB_TRY(Buffer::allocate(&grad_, DType::f32, dev, {total_}));
-  NB_TRY(Buffer::allocate(&m_, DType::f32, dev, {total_}));
-  NB_TRY(Buffer::allocate(&v_, DType::f32, dev, {total_}));
-  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {std::max<int64_t>(1, total_ - (hole_end_ - hole_begin_))}));
+  NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
+           shard_count);
+  NB_CHECK(shard_count == 1 || hole_end_ == hole_begin_, "internal: a sharded store needs every compute copy");
+  shard_count_ = shard_count;
+  // Equal shards, each a multiple of kAlign elements, so every shard starts aligned.
+  const int64_t unit = kAlign * shard_count;
+  shard_len_ = (total_ + unit - 1) / unit * unit / shard_count;
+  shard_begin_ = shard_len_ * shard_rank;
+  if (shard_count == 1) shard_len_ = total_;
+  NB_TRY(Buffer::allocate(&master_, DType::f32, dev, {shard_len_}));
+  NB_TRY(Buffer::allocate(&grad_, DType::f32, dev, {padded_total()}));
+  NB_TRY(Buffer::allocate(&m_, DType::f32, dev, {shard_len_}));
+  NB_TRY(Buffer::allocate(&v_, DType::f32, dev, {shard_len_}));
+  const int64_t compute_n = shard_count > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
+  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {std::max<int64_t>(1, compute_n)}));
   return Status::ok();
 }
 
@@ -99,21 +110,41 @@ Status ParamStore::initialize(uint64_t seed) {
   for (auto& th : pool) th.join();
   ops::fill(flat_m(), 0.0f, nullptr);
   ops::fill(flat_v(), 0.0f, nullptr);
-  ops::fill(flat_grad(), 0.0f, nullptr);
-  return set_master(host.data());
+  ops::fill(flat_master(), 0.0f, nullptr);  // a shard's padding past the last parameter stays zero
+  if (shard_count_ > 1) ops::fill(padded_compute(), 0.0f, nullptr);
+  NB_TRY(set_master(host.data()));
+  ops::fill(padded_grad(), 0.0f, nullptr);
+  return Status::ok();
 }
 
 Status ParamStore::get_flat(const Tensor& flat, float* host) const {
+  NB_CHECK(flat.numel() >= total_, "internal: get_flat of a sharded buffer (gather it first)");
   return copy_bytes(host, Device::cpu, flat.data, device_, size_t(total_) * 4);
 }
+// Master, m and v hold this store's shard; the gradient buffer is whole.
 Status ParamStore::set_flat(const Tensor& flat, const float* host) {
-  return copy_bytes(flat.data, device_, host, Device::cpu, size_t(total_) * 4);
+  const bool whole = flat.data == grad_.data();
+  const int64_t begin = whole ? 0 : shard_begin_, end = whole ? total_ : shard_end();
+  if (end <= begin) return Status::ok();  // a shard wholly inside the padding
+  return copy_bytes(flat.data, device_, host + begin, Device::cpu, size_t(end - begin) * 4);
 }
+// The compute copy is cast on the device from the full FP32 values: from the master itself when this
+// store holds all of it, else from the gradient buffer used as scratch (only at start or load).
 Status ParamStore::set_master(const float* host) {
   NB_TRY(set_flat(flat_master(), host));
-  for (const Piece& p : compute_pieces(0, total_))
-    if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
+  if (shard_count_ == 1) {
+    for (const Piece& p : compute_pieces(0, total_))
+      if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
+    return Status::ok();
+  }
+  NB_TRY(set_flat(flat_grad(), host));
+  ops::cast(flat_grad(), view(compute_, compute_dtype(), 0, total_), nullptr);
+  ops::fill(padded_grad(), 0.0f, nullptr);
   return Status::ok();
+}
+Tensor ParamStore::padded_compute() const {
+  NB_CHECK(hole_end_ == hole_begin_, "internal: padded_compute with a master-only range");
+  return view(compute_, compute_dtype(), 0, shard_count_ > 1 ? padded_total() : total_);
 }
 
 const ParamInfo& ParamStore::info(const std::string& name) const {
@@ -162,9 +193,13 @@ std::vector<ParamStore::Piece> ParamStore::compute_pieces(int64_t begin, int64_t
   return out;
 }
 Tensor ParamStore::grad(const std::string& n) const { return shaped(grad_, DType::f32, info(n)); }
-Tensor ParamStore::master(const std::string& n) const { return shaped(master_, DType::f32, info(n)); }
+Tensor ParamStore::master(const std::string& n) const {
+  NB_CHECK(shard_count_ == 1, "internal: per-parameter master views of a sharded store");
+  return shaped(master_, DType::f32, info(n));
+}
 size_t ParamStore::bytes() const {
-  return size_t(total_) * 16 + size_t(total_ - (hole_end_ - hole_begin_)) * size_t(dtype_bits(compute_dtype()) / 8);
+  const int64_t compute_n = shard_count_ > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
+  return size_t(padded_total()) * 4 + size_t(shard_len_) * 12 + size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
 }
 
 }  // namespace nb

@@ -7,7 +7,13 @@
 // quantizes) can be left without a compute copy. Their Linears quantize from the FP32 master once per
 // step (through a staging buffer the model owns), so a BF16 copy would only cost 2 bytes per weight.
 // The compute buffer then skips that range: compute offsets past it shift down by its length.
+// Distributed optimizer (shard_count d > 1, Megatron-Core's --use-distributed-optimizer): the flat space
+// is padded to d equal shards, and this store keeps master, m and v only for its own shard
+// [shard_begin, shard_begin + shard_len): 2 (BF16 copy) + 4 (gradient) + 12 / d bytes per parameter.
+// Gradient and compute buffers stay whole (padded) so that collectives work on them in place. Sharding
+// needs every parameter to have a compute copy (no master-only range).
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "core/tensor.h"
@@ -27,7 +33,8 @@ struct ParamInfo {
 class ParamStore {
  public:
   // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
-  Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0);
+  Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0,
+                  int shard_rank = 0, int shard_count = 1);
   // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
   Status initialize(uint64_t seed);
 
@@ -43,11 +50,20 @@ class ParamStore {
   bool has_compute(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   Tensor master(const std::string& name) const;
-  // Flat views, for the optimizer and reductions.
-  Tensor flat_master() const { return view(master_, DType::f32, 0, total_); }
+  // Flat views, for the optimizer and reductions. Master, m and v cover this store's shard (element 0 is
+  // flat element shard_begin(); without sharding, everything); gradients cover the whole flat space.
+  Tensor flat_master() const { return view(master_, DType::f32, 0, shard_len_); }
   Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
-  Tensor flat_m() const { return view(m_, DType::f32, 0, total_); }
-  Tensor flat_v() const { return view(v_, DType::f32, 0, total_); }
+  Tensor flat_m() const { return view(m_, DType::f32, 0, shard_len_); }
+  Tensor flat_v() const { return view(v_, DType::f32, 0, shard_len_); }
+  // Sharding: [shard_begin, shard_end) holds parameters (shard_end <= total); padded_total() = d x shard_len.
+  int shard_count() const { return shard_count_; }
+  int64_t shard_begin() const { return shard_begin_; }
+  int64_t shard_end() const { return std::min(shard_begin_ + shard_len_, total_); }
+  int64_t shard_len() const { return shard_len_; }
+  int64_t padded_total() const { return shard_len_ * shard_count_; }
+  Tensor padded_grad() const { return view(grad_, DType::f32, 0, padded_total()); }
+  Tensor padded_compute() const;  // only without a master-only range
   Tensor flat_compute() const;  // only without a master-only range
   Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
   // [begin, end) of the flat element space cut at the master-only range: each piece with its compute
@@ -59,7 +75,9 @@ class ParamStore {
   std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
   int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
   // Whole-store transfers for checkpoints and imported weights (host arrays of total() FP32 elements;
-  // the alignment padding between parameters is zero). set_master also rewrites the compute copy.
+  // the alignment padding between parameters is zero). set_flat stores the part this store keeps (its
+  // shard of master, m or v); get_flat needs an unsharded store (a sharded one gathers first).
+  // set_master also rewrites the whole compute copy.
   Status get_flat(const Tensor& flat, float* host) const;
   Status set_flat(const Tensor& flat, const float* host);
   Status set_master(const float* host);
@@ -74,6 +92,8 @@ class ParamStore {
   }
   int64_t total_ = 0, decayed_end_ = 0;
   int64_t hole_begin_ = 0, hole_end_ = 0;  // the master-only range (elements)
+  int shard_count_ = 1;
+  int64_t shard_begin_ = 0, shard_len_ = 0;
   Device device_ = Device::cpu;
   Buffer master_, grad_, m_, v_, compute_;
 };

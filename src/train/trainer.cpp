@@ -76,20 +76,24 @@ Status Trainer::step(StepMetrics* m) {
     peak_mem_ = std::max(peak_mem_, double(t - f - base_used_));
   }
   NB_PROFILE_BEGIN("optimizer: norm + AdamW");
-  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);  // global gradient norm over the flat FP32 gradient buffer
-  ops::sum_squares_accumulate(P.flat_grad(), norm_sq_.ptr<float>(), nullptr);
+  // The global gradient norm over the flat FP32 gradient buffer (with the distributed optimizer, each
+  // rank's shard, summed over ranks with the step's scalars below).
+  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
+  ops::sum_squares_accumulate(sharded() ? P.range(P.flat_grad(), P.shard_begin(), P.shard_end()) : P.flat_grad(),
+                              norm_sq_.ptr<float>(), nullptr);
   float norm_sq_h = 0;
   NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
-  const double grad_norm = std::sqrt(double(norm_sq_h));
   const double lr = sched_.at(it);
   std::string nonfinite_where;
   recipe::LinearHealth health;
   NB_TRY(model_.take_health(&nonfinite_where, &health));
   // One reduction of the step's host scalars: the loss, whether any rank saw a non-finite quantizer
   // input, and whether SIGTERM reached any rank, so that every rank takes the same decisions.
-  double scalars[3] = {loss_sum, nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0};
-  NB_TRY(sum_over_ranks(scalars, 3));
+  double scalars[4] = {loss_sum, nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
+                       sharded() ? double(norm_sq_h) : 0.0};
+  NB_TRY(sum_over_ranks(scalars, 4));
   const double loss = scalars[0] / double(tokens_per_step_);
+  const double grad_norm = std::sqrt(sharded() ? scalars[3] : double(norm_sq_h));
   if (scalars[1] > 0 && nonfinite_where.empty()) nonfinite_where = "another rank's layer";
   stop_requested_ = scalars[2] > 0;
   if (!nonfinite_where.empty())
@@ -113,6 +117,7 @@ Status Trainer::step(StepMetrics* m) {
     NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
   } else {
     adamw_update(lr, grad_norm);
+    NB_TRY(gather_updated_weights());
   }
   NB_PROFILE_END("optimizer: norm + AdamW");
   if (dev_ == Device::cuda) device_synchronize();
@@ -143,13 +148,18 @@ void Trainer::adamw_update(double lr, double grad_norm) {
                       float(cfg_.weight_decay),
                       adam_step_,
                       clip};
+  // Only this rank's shard with the distributed optimizer (all of it otherwise). Master, m and v are
+  // indexed from the shard's start; gradients and compute copies by flat position.
+  const int64_t sb = P.shard_begin(), se = P.shard_end();
   for (bool decayed : {true, false}) {
     ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
-    const int64_t b = decayed ? 0 : P.decayed_count(), e = decayed ? P.decayed_count() : P.total();
+    const int64_t b = std::max(sb, decayed ? 0 : P.decayed_count());
+    const int64_t e = std::min(se, decayed ? P.decayed_count() : P.total());
+    if (e <= b) continue;
     for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
-      ops::adamw_update(P.range(P.flat_master(), pc.begin, pc.end), P.range(P.flat_grad(), pc.begin, pc.end),
-                        P.range(P.flat_m(), pc.begin, pc.end), P.range(P.flat_v(), pc.begin, pc.end), pc.compute, ap,
-                        nullptr);
+      ops::adamw_update(P.range(P.flat_master(), pc.begin - sb, pc.end - sb), P.range(P.flat_grad(), pc.begin, pc.end),
+                        P.range(P.flat_m(), pc.begin - sb, pc.end - sb), P.range(P.flat_v(), pc.begin - sb, pc.end - sb),
+                        pc.compute, ap, nullptr);
   }
 }
 

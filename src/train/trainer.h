@@ -65,8 +65,11 @@ class Trainer {
   // data-parallel phases (trainer_dist.cpp)
   Status detect_ranks();      // before resolve_config: rank, world size (= data-parallel size)
   Status connect_ranks();     // after pick_device: the rendezvous store and the communicator
-  Status reduce_gradients();  // sum of every rank's FP32 gradients, in place
+  Status reduce_gradients();  // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
+  Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
+  Status gather_optimizer_state(const Tensor& shard, float* host);  // for a save: the whole of master, m or v
   Status sum_over_ranks(double* values, int n);
+  bool sharded() const { return comm_ && cfg_.use_distributed_optimizer; }
   bool logging_rank() const { return world_.rank == 0; }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);

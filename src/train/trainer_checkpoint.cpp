@@ -233,8 +233,8 @@ nlohmann::json Trainer::trainer_state() const {
 
 // Page-locked host copies of master, m and v (allocated once: before step 1 when saves are configured,
 // else at the first save, e.g. on SIGTERM) and the writer thread.
-// Plain data parallelism keeps the whole state on every rank, identical after each step: rank 0 alone
-// writes it (the others have nothing the checkpoint lacks).
+// Rank 0 alone writes checkpoints: with plain data parallelism every rank holds the same whole state;
+// with the distributed optimizer the ranks first gather their shards (save()).
 Status Trainer::prepare_saves() {
   if (!logging_rank()) return Status::ok();
   if (!host_) {
@@ -248,14 +248,21 @@ Status Trainer::prepare_saves() {
 // The step loop stalls only for the device-to-host copy; the previous save must have finished first
 // (its host copies are about to be overwritten), which finish_saves() also reports.
 Status Trainer::save(TrainSummary* summary) {
-  if (!logging_rank()) return Status::ok();
+  if (!logging_rank() && !sharded()) return Status::ok();
   NB_TRY(finish_saves(summary));
   ParamStore& P = model_.params();
   NB_TRY(prepare_saves());
   const auto t0 = std::chrono::steady_clock::now();
-  NB_TRY(P.get_flat(P.flat_master(), host_->master));
-  NB_TRY(P.get_flat(P.flat_m(), host_->m));
-  NB_TRY(P.get_flat(P.flat_v(), host_->v));
+  if (sharded()) {  // every rank takes part in gathering the shards; rank 0 writes
+    NB_TRY(gather_optimizer_state(P.flat_master(), host_ ? host_->master : nullptr));
+    NB_TRY(gather_optimizer_state(P.flat_m(), host_ ? host_->m : nullptr));
+    NB_TRY(gather_optimizer_state(P.flat_v(), host_ ? host_->v : nullptr));
+    if (!logging_rank()) return Status::ok();
+  } else {
+    NB_TRY(P.get_flat(P.flat_master(), host_->master));
+    NB_TRY(P.get_flat(P.flat_m(), host_->m));
+    NB_TRY(P.get_flat(P.flat_v(), host_->v));
+  }
   CheckpointData d{iteration_, hf_tensors(P), host_->master, host_->m, host_->v, trainer_state()};
   const double stall_ms = ms_since(t0);
   summary->save_stall_ms_max = std::max(summary->save_stall_ms_max, stall_ms);

@@ -14,6 +14,10 @@ namespace nb {
 Status Trainer::detect_ranks() {
   NB_TRY(dist::detect_world(&world_));
   cfg_.data_parallel = world_.size;
+  if (cfg_.use_distributed_optimizer && world_.size > 1) {
+    model_.optimizer_shard_rank = world_.rank;
+    model_.optimizer_shard_count = world_.size;
+  }
   // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
   const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
   if (world_.rank != 0 && !(all && *all == '1')) {
@@ -36,10 +40,31 @@ Status Trainer::connect_ranks() {
   return Status::ok();
 }
 
-// The summed FP32 gradients of every rank, in place.
+// The summed FP32 gradients: on every rank (DDP), or each rank's own shard, reduce-scattered in place
+// (NCCL's in-place form: the output is the input at rank x shard length).
 Status Trainer::reduce_gradients() {
   if (!comm_) return Status::ok();
-  return comm_->all_reduce(model_.params().flat_grad(), dist::ReduceOp::sum, nullptr);
+  ParamStore& P = model_.params();
+  if (!sharded()) return comm_->all_reduce(P.flat_grad(), dist::ReduceOp::sum, nullptr);
+  const Tensor all = P.padded_grad();
+  return comm_->reduce_scatter(all, P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), nullptr);
+}
+
+// After AdamW updated this rank's shard of the compute copy: every rank's shard, gathered in place.
+Status Trainer::gather_updated_weights() {
+  if (!sharded()) return Status::ok();
+  ParamStore& P = model_.params();
+  const Tensor all = P.padded_compute();
+  return comm_->all_gather(P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), all, nullptr);
+}
+
+// A save needs master, m and v whole on rank 0: each is gathered into the gradient buffer (free between
+// steps: the next step zeroes it) and copied to the host by rank 0. Every rank must call this.
+Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
+  ParamStore& P = model_.params();
+  NB_TRY(comm_->all_gather(shard, P.padded_grad(), nullptr));
+  if (!logging_rank()) return Status::ok();
+  return P.get_flat(P.flat_grad(), host);
 }
 
 // Host scalars summed over ranks (loss sums, token counts, flags).

@@ -18,10 +18,16 @@ namespace {
 double gib(double bytes) { return bytes / 1073741824.0; }
 
 std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
+  std::string more;  // weights, gradients and AdamW state shrink with more ranks only when sharded
+  if (!c.use_distributed_optimizer || c.data_parallel == 1)
+    more = "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
+           "instead of 18)";
+  else
+    more = "; or add GPUs (the optimizer state is already sharded over " + std::to_string(c.data_parallel) + ")";
   return strprintf(
       "needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
-      "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)",
-      need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length);
+      "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)%s",
+      need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length, more.c_str());
 }
 
 }  // namespace
@@ -153,7 +159,7 @@ void Trainer::print_plan() {
 
 Status Trainer::estimate_memory() {
   const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
-  param_bytes_ = double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_));
+  param_bytes_ = double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_, model_.optimizer_shard_count));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, recipe_));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
