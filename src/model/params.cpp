@@ -199,7 +199,8 @@ Tensor ParamStore::master(const std::string& n) const {
 }
 size_t ParamStore::bytes() const {
   const int64_t compute_n = shard_count_ > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
-  return size_t(padded_total()) * 4 + size_t(shard_len_) * 12 + size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
+  return size_t(padded_total()) * 4 + size_t(shard_len_) * 12 +
+         size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
 }
 
 }  // namespace nb

@@ -64,7 +64,7 @@ class ParamStore {
   int64_t padded_total() const { return shard_len_ * shard_count_; }
   Tensor padded_grad() const { return view(grad_, DType::f32, 0, padded_total()); }
   Tensor padded_compute() const;  // only without a master-only range
-  Tensor flat_compute() const;  // only without a master-only range
+  Tensor flat_compute() const;    // only without a master-only range
   Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
   // [begin, end) of the flat element space cut at the master-only range: each piece with its compute
   // view (data == nullptr inside the range), for the optimizer, which writes the compute copy.

@@ -44,12 +44,13 @@ struct TrainConfig {
   // run
   std::string device = "auto";  // auto | cuda | cpu
   int64_t log_interval = 1;
-  std::string save;                         // output folder: resolved config, metrics.jsonl
-  std::string on_nan = "stop";              // stop | skip
-  double peak_tflops = 0;                   // 0 = measured/datasheet BF16 peak of the device
-  int64_t data_parallel = 1;                // the launcher's world size (set by the Trainer, not a key)
+  std::string save;             // output folder: resolved config, metrics.jsonl
+  std::string on_nan = "stop";  // stop | skip
+  double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
+  int64_t data_parallel = 1;    // the launcher's world size (set by the Trainer, not a key)
   double distributed_timeout_minutes = 10;
-  bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks  // a collective or the start-up rendezvous gives up after this
+  bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks  // a collective or
+                                           // the start-up rendezvous gives up after this
   // checkpoints (Megatron's flags; see train/checkpoint.h)
   int64_t save_interval = 0;  // checkpoint every N iterations and at the end (0 = none)
   int64_t save_keep = 0;      // keep the newest N checkpoints (0 = all)

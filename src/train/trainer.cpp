@@ -158,8 +158,8 @@ void Trainer::adamw_update(double lr, double grad_norm) {
     if (e <= b) continue;
     for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
       ops::adamw_update(P.range(P.flat_master(), pc.begin - sb, pc.end - sb), P.range(P.flat_grad(), pc.begin, pc.end),
-                        P.range(P.flat_m(), pc.begin - sb, pc.end - sb), P.range(P.flat_v(), pc.begin - sb, pc.end - sb),
-                        pc.compute, ap, nullptr);
+                        P.range(P.flat_m(), pc.begin - sb, pc.end - sb),
+                        P.range(P.flat_v(), pc.begin - sb, pc.end - sb), pc.compute, ap, nullptr);
   }
 }
 

@@ -63,9 +63,9 @@ class Trainer {
   void note_written(const CheckpointWriteStats& ws, TrainSummary* summary);
   Status with_surviving_checkpoint(const Status& failed) const;
   // data-parallel phases (trainer_dist.cpp)
-  Status detect_ranks();      // before resolve_config: rank, world size (= data-parallel size)
-  Status connect_ranks();     // after pick_device: the rendezvous store and the communicator
-  Status reduce_gradients();  // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
+  Status detect_ranks();            // before resolve_config: rank, world size (= data-parallel size)
+  Status connect_ranks();           // after pick_device: the rendezvous store and the communicator
+  Status reduce_gradients();        // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
   Status gather_optimizer_state(const Tensor& shard, float* host);  // for a save: the whole of master, m or v
   Status sum_over_ranks(double* values, int n);

@@ -20,8 +20,9 @@ double gib(double bytes) { return bytes / 1073741824.0; }
 std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
   std::string more;  // weights, gradients and AdamW state shrink with more ranks only when sharded
   if (!c.use_distributed_optimizer || c.data_parallel == 1)
-    more = "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
-           "instead of 18)";
+    more =
+        "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
+        "instead of 18)";
   else
     more = "; or add GPUs (the optimizer state is already sharded over " + std::to_string(c.data_parallel) + ")";
   return strprintf(
