@@ -33,6 +33,9 @@ class Communicator {
   virtual Status broadcast(const Tensor& t, int root, Stream stream) = 0;
   // A few host scalars per step (loss sums, flags), reduced and returned on every rank (synchronizes).
   virtual Status all_reduce_host(double* values, int n, ReduceOp op) = 0;
+  // Waits for the collectives queued on `stream`, for at most the timeout: a dead or hung peer becomes
+  // an error naming this rank instead of a host thread blocked forever in a later synchronization.
+  virtual Status wait(Stream stream) = 0;
 };
 
 // The communicator of `world` for `dev`: Gloo (CPU) or NCCL (CUDA, on the current device), meeting

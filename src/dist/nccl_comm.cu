@@ -74,6 +74,7 @@ class NcclCommunicator : public Communicator {
     return nccl_status(ncclBroadcast(t.data, t.data, size_t(t.numel()), ty, root, comm_, cudaStream_t(stream)), rank_,
                        "broadcast");
   }
+  Status wait(Stream stream) override { return wait_stream(cudaStream_t(stream)); }
   // On the default stream, after the work queued before it; waits with a bounded poll (see the header).
   Status all_reduce_host(double* values, int n, ReduceOp op) override {
     if (n > kScratch) return errorf("all_reduce_host: at most %d values at once", kScratch);

@@ -45,9 +45,12 @@ Status Trainer::connect_ranks() {
 Status Trainer::reduce_gradients() {
   if (!comm_) return Status::ok();
   ParamStore& P = model_.params();
-  if (!sharded()) return comm_->all_reduce(P.flat_grad(), dist::ReduceOp::sum, nullptr);
   const Tensor all = P.padded_grad();
-  return comm_->reduce_scatter(all, P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), nullptr);
+  if (!sharded())
+    NB_TRY(comm_->all_reduce(P.flat_grad(), dist::ReduceOp::sum, nullptr));
+  else
+    NB_TRY(comm_->reduce_scatter(all, P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), nullptr));
+  return comm_->wait(nullptr);  // the step reads the gradient norm next: never block on a dead peer
 }
 
 // After AdamW updated this rank's shard of the compute copy: every rank's shard, gathered in place.
@@ -55,7 +58,8 @@ Status Trainer::gather_updated_weights() {
   if (!sharded()) return Status::ok();
   ParamStore& P = model_.params();
   const Tensor all = P.padded_compute();
-  return comm_->all_gather(P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), all, nullptr);
+  NB_TRY(comm_->all_gather(P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), all, nullptr));
+  return comm_->wait(nullptr);
 }
 
 // A save needs master, m and v whole on rank 0: each is gathered into the gradient buffer (free between
@@ -63,6 +67,7 @@ Status Trainer::gather_updated_weights() {
 Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
   ParamStore& P = model_.params();
   NB_TRY(comm_->all_gather(shard, P.padded_grad(), nullptr));
+  NB_TRY(comm_->wait(nullptr));
   if (!logging_rank()) return Status::ok();
   return P.get_flat(P.flat_grad(), host);
 }
