@@ -167,7 +167,9 @@ TEST_F(HfConfig, WrittenConfigCarriesBothSpellingsAndReadsBack) {
     EXPECT_EQ(back.head_dim, c.head_dim);
     EXPECT_EQ(back.tied_embeddings, c.tied_embeddings);
     EXPECT_EQ(back.rope_factor, c.rope_factor);
-    if (scaled) EXPECT_EQ(back.rope_original_max_pos, c.rope_original_max_pos);  // unused without scaling
+    if (scaled) {  // unused without scaling
+      EXPECT_EQ(back.rope_original_max_pos, c.rope_original_max_pos);
+    }
     EXPECT_EQ(back.norm_eps, c.norm_eps);
     EXPECT_EQ(back.max_seq, c.max_seq);
     // Each spelling alone (as 4.x and 5.x tools would see it) gives the same model.
