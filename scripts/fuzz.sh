@@ -14,6 +14,7 @@ cmake --preset fuzz >/dev/null && cmake --build --preset fuzz -j "$(nproc)" >/de
 run_one() {
   local t=$1 secs=$2 name=${1#fuzz_}
   local work=build-fuzz/corpus/$name findings=build-fuzz/findings/$name log=build-fuzz/logs/$name.log
+  rm -rf "$findings"  # this run's findings only (an earlier run's were reported then)
   mkdir -p "$work" "$findings" build-fuzz/logs
   cp -n tests/fuzz/corpus/"$name"/* "$work"/ 2>/dev/null
   local limit="-max_total_time=$secs"

@@ -467,6 +467,7 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
                   where.c_str());
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
   std::string bytes;
+  std::vector<bool> seen;  // merges are keyed by id pairs, so an id shared by two tokens would merge wrongly
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
     if (!unicode_string_to_bytes(it.key(), &bytes))
       return errorf(
@@ -478,6 +479,11 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
     int64_t id = it.value().get<int64_t>();
     if (id < 0 || id > (1 << 24)) return errorf("%s: vocabulary id %lld out of range", where.c_str(), (long long)id);
     if (id >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(id) + 1);
+    if (id >= int64_t(seen.size())) seen.resize(size_t(id) + 1);
+    if (seen[size_t(id)])
+      return errorf("%s: vocabulary id %lld belongs to two entries (one is \"%s\"); each token needs its own id",
+                    where.c_str(), (long long)id, it.key().c_str());
+    seen[size_t(id)] = true;
     tok->id_to_bytes_[size_t(id)] = bytes;
     tok->bytes_to_id_[bytes] = int32_t(id);
   }

@@ -140,6 +140,14 @@ TEST(HfTokenizerJson, RejectsBrokenFiles) {
       BpeTokenizer::from_hf_json_text(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})", "x.json", &tok);
   EXPECT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("256 bytes"), std::string::npos) << st.message();
+  // Two tokens sharing an id (found by fuzzing): merges are keyed by id pairs, so "l" + "d" would have
+  // merged as "l" + "e" into a token the vocabulary lacks.
+  std::string shared = tiny_json();
+  const std::string own = "\"bc\": 257";
+  shared.replace(shared.find(own), own.size(), "\"bc\": 256");
+  st = BpeTokenizer::from_hf_json_text(shared, "x.json", &tok);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("vocabulary id 256 belongs to two entries"), std::string::npos) << st.message();
 }
 
 TEST(BpeTraining, LearnsFrequentWordsAndRoundTrips) {
