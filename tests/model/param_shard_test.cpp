@@ -40,8 +40,9 @@ TEST(ParamShards, TileTheFlatSpaceAndHoldTheirSlice) {
       // The compute copy (FP32 on the CPU backend) is whole on every rank.
       const float* compute = P.padded_compute().ptr<float>();
       for (int64_t i = 0; i < total; ++i) ASSERT_EQ(compute[i], host[size_t(i)]) << "d " << d << " element " << i;
-      if (d > 1)  // set_master used the gradient buffer as scratch and must leave it zeroed
+      if (d > 1) {  // set_master used the gradient buffer as scratch and must leave it zeroed
         for (int64_t i = 0; i < P.padded_total(); ++i) ASSERT_EQ(P.padded_grad().ptr<float>()[i], 0.f);
+      }
       // 4 (gradient) + 4 (compute) bytes over the padded space + 12 over the shard.
       EXPECT_EQ(P.bytes(), size_t(P.padded_total()) * 8 + size_t(P.shard_len()) * 12);
     }
