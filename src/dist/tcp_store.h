@@ -1,7 +1,7 @@
 // The rendezvous: a small key-value store over TCP, served by rank 0 and reached by every rank
 // (rank 0 included) through one connection each. It hands out NCCL's unique id and is the store
 // behind Gloo. Waits happen on the server, which answers "timed out" itself at the deadline, so a
-// client's connection never holds a stale reply. Protocol and limits: tcp_store.cpp.
+// client's connection never holds a stale reply. Protocol and limits: store_wire.h.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 namespace nb::dist {
 
-class StoreServer;  // tcp_store.cpp
+class StoreServer;  // store_wire.h, tcp_store_server.cpp
 
 class TcpStore {
  public:
