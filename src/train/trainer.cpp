@@ -48,18 +48,41 @@ Trainer::Trainer() = default;
 Trainer::~Trainer() = default;
 
 Status Trainer::step(StepMetrics* m) {
-  ParamStore& P = model_.params();
   const int64_t it = iteration_;
-  ops::fill(P.flat_grad(), 0.0f, nullptr);
   double loss_sum = 0, wait_ms = 0;
-  // All micro-batches of the step go to the device in one transfer; the only host synchronization
-  // of the step is reading the loss and gradient norm at its end.
+  NB_TRY(run_micro_batches(&loss_sum, &wait_ms));
+  NB_PROFILE_BEGIN("optimizer: norm + AdamW");
+  StepFigures f;
+  NB_TRY(reduce_step_figures(loss_sum, &f));
+  const double lr = sched_.at(it);
+  NB_TRY(apply_update(lr, f));
+  NB_PROFILE_END("optimizer: norm + AdamW");
+  if (dev_ == Device::cuda) device_synchronize();
+  iteration_++;
+  rng_step_++;
+  m->iteration = iteration_;
+  m->lr = lr;
+  m->loss = f.loss;
+  m->grad_norm = f.grad_norm;
+  m->data_wait_ms = wait_ms;
+  m->skipped = skipped_;
+  m->nan_iters = nan_iters_;
+  m->consumed_samples = iteration_ * cfg_.global_batch_size;
+  return Status::ok();
+}
+
+// This rank's micro-batches: forward and backward of each, then the gradients reduced over ranks. All
+// micro-batches go to the device in one transfer; the step's only host synchronizations are reading
+// the loss and the gradient norm.
+Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
+  const int64_t it = iteration_;
+  ops::fill(model_.params().flat_grad(), 0.0f, nullptr);
   const int64_t T = cfg_.micro_batch_size * cfg_.seq_length;
   for (int64_t micro = 0; micro < accum_; ++micro) {
     Batch b;
     Timer wait;
     NB_TRY(train_src_->next(&b));
-    wait_ms += wait.ms();
+    *wait_ms += wait.ms();
     std::copy(b.tokens.begin(), b.tokens.end(), step_tokens_.begin() + micro * T);
     std::copy(b.labels.begin(), b.labels.end(), step_labels_.begin() + micro * T);
   }
@@ -68,69 +91,64 @@ Status Trainer::step(StepMetrics* m) {
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
   const float grad_scale = 1.0f / float(tokens_per_step_);
   for (int64_t micro = 0; micro < accum_; ++micro) NB_TRY(model_.forward_backward_staged(micro, grad_scale));
-  NB_TRY(model_.take_loss_sum(&loss_sum));
+  NB_TRY(model_.take_loss_sum(loss_sum));
   NB_TRY(reduce_gradients());
   if (dev_ == Device::cuda) {  // the arena is reserved up front, so use is at its peak after any micro-batch
     size_t f = 0, t = 0;
     device_memory_info(&f, &t);
     peak_mem_ = std::max(peak_mem_, double(t - f - base_used_));
   }
-  NB_PROFILE_BEGIN("optimizer: norm + AdamW");
-  // The global gradient norm over the flat FP32 gradient buffer (with the distributed optimizer, each
-  // rank's shard, summed over ranks with the step's scalars below).
+  return Status::ok();
+}
+
+// The step's global figures: the loss, the gradient norm (over the whole flat FP32 gradient buffer, or
+// with the distributed optimizer each rank's shard summed over ranks), quantizer health, and whether
+// SIGTERM reached any rank. One reduction of host scalars makes every rank take the same decisions.
+Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
+  ParamStore& P = model_.params();
+  const int64_t it = iteration_;
   ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
   ops::sum_squares_accumulate(sharded() ? P.range(P.flat_grad(), P.shard_begin(), P.shard_end()) : P.flat_grad(),
                               norm_sq_.ptr<float>(), nullptr);
   float norm_sq_h = 0;
   NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
-  const double lr = sched_.at(it);
-  std::string nonfinite_where;
   recipe::LinearHealth health;
-  NB_TRY(model_.take_health(&nonfinite_where, &health));
-  // One reduction of the step's host scalars: the loss, whether any rank saw a non-finite quantizer
-  // input, and whether SIGTERM reached any rank, so that every rank takes the same decisions.
-  double scalars[4] = {loss_sum, nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
+  NB_TRY(model_.take_health(&f->nonfinite_where, &health));
+  double scalars[4] = {loss_sum, f->nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
                        sharded() ? double(norm_sq_h) : 0.0};
   NB_TRY(sum_over_ranks(scalars, 4));
-  const double loss = scalars[0] / double(tokens_per_step_);
-  const double grad_norm = std::sqrt(sharded() ? scalars[3] : double(norm_sq_h));
-  if (scalars[1] > 0 && nonfinite_where.empty()) nonfinite_where = "another rank's layer";
+  f->loss = scalars[0] / double(tokens_per_step_);
+  f->grad_norm = std::sqrt(sharded() ? scalars[3] : double(norm_sq_h));
+  if (scalars[1] > 0 && f->nonfinite_where.empty()) f->nonfinite_where = "another rank's layer";
   stop_requested_ = scalars[2] > 0;
-  if (!nonfinite_where.empty())
+  if (!f->nonfinite_where.empty())
     NB_LOG_WARN("step %lld: a non-finite amax reached the quantizer of %s (%lld quantizations)", (long long)(it + 1),
-                nonfinite_where.c_str(), (long long)health.nonfinite);
+                f->nonfinite_where.c_str(), (long long)health.nonfinite);
   if (health.has_stats && jsonl_)
     jsonl_ << "{\"iteration\":" << it + 1 << ",\"quant_worst_sqnr_db\":" << health.sqnr_db
            << ",\"quant_max_flushed\":" << health.flushed << ",\"quant_max_saturated\":" << health.saturated << "}\n";
-  if (!std::isfinite(loss) || !std::isfinite(grad_norm) || !nonfinite_where.empty()) {
-    nan_iters_++;
-    if (cfg_.on_nan == "stop")
-      return errorf(
-          "step %lld: %s is not finite (loss %g, grad norm %g%s%s); stopping. Lower --lr, raise "
-          "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
-          (long long)(it + 1),
-          !std::isfinite(loss)        ? "the loss"
-          : !std::isfinite(grad_norm) ? "the gradient norm"
-                                      : "a quantizer input",
-          loss, grad_norm, nonfinite_where.empty() ? "" : "; first non-finite amax in ", nonfinite_where.c_str());
-    skipped_++;
-    NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
-  } else {
-    adamw_update(lr, grad_norm);
-    NB_TRY(gather_updated_weights());
+  return Status::ok();
+}
+
+// AdamW with the clipped gradient, or (non-finite loss, norm or quantizer input) --on-nan's choice.
+Status Trainer::apply_update(double lr, const StepFigures& f) {
+  const int64_t it = iteration_;
+  if (std::isfinite(f.loss) && std::isfinite(f.grad_norm) && f.nonfinite_where.empty()) {
+    adamw_update(lr, f.grad_norm);
+    return gather_updated_weights();
   }
-  NB_PROFILE_END("optimizer: norm + AdamW");
-  if (dev_ == Device::cuda) device_synchronize();
-  iteration_++;
-  rng_step_++;
-  m->iteration = iteration_;
-  m->lr = lr;
-  m->loss = loss;
-  m->grad_norm = grad_norm;
-  m->data_wait_ms = wait_ms;
-  m->skipped = skipped_;
-  m->nan_iters = nan_iters_;
-  m->consumed_samples = iteration_ * cfg_.global_batch_size;
+  nan_iters_++;
+  if (cfg_.on_nan == "stop")
+    return errorf(
+        "step %lld: %s is not finite (loss %g, grad norm %g%s%s); stopping. Lower --lr, raise "
+        "--lr-warmup-iters, or pass --on-nan skip to skip such steps",
+        (long long)(it + 1),
+        !std::isfinite(f.loss)        ? "the loss"
+        : !std::isfinite(f.grad_norm) ? "the gradient norm"
+                                      : "a quantizer input",
+        f.loss, f.grad_norm, f.nonfinite_where.empty() ? "" : "; first non-finite amax in ", f.nonfinite_where.c_str());
+  skipped_++;
+  NB_LOG_WARN("step %lld: non-finite loss or gradients, update skipped", (long long)(it + 1));
   return Status::ok();
 }
 

@@ -73,6 +73,13 @@ class Trainer {
   bool logging_rank() const { return world_.rank == 0; }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
+  struct StepFigures {
+    double loss = 0, grad_norm = 0;
+    std::string nonfinite_where;  // the first quantizer that saw a non-finite input, or empty
+  };
+  Status run_micro_batches(double* loss_sum, double* wait_ms);
+  Status reduce_step_figures(double loss_sum, StepFigures* f);
+  Status apply_update(double lr, const StepFigures& f);
   void adamw_update(double lr, double grad_norm);
   Status evaluate(int64_t iteration, TrainSummary* summary);
   void report(const TrainSummary& s) const;

@@ -80,8 +80,9 @@ std::string train(const std::string& dir, const std::string& recipe, int ranks, 
                                           " --nproc-per-node " + std::to_string(ranks) + " --save " + save +
                                           " --save-interval " + std::to_string(iters) + " " + extra);
   EXPECT_EQ(r.code, 0) << r.out;
-  if (ranks > 1)
+  if (ranks > 1) {
     EXPECT_NE(r.out.find("data parallel: " + std::to_string(ranks) + " ranks (gloo"), std::string::npos) << r.out;
+  }
   return save;
 }
 

@@ -94,8 +94,9 @@ TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
     // A round that got as far as saving had loaded first: it resumed from the newest checkpoint that
     // existed when it started (earlier rounds may have died before their first save completed).
     const std::string log = slurp(dir + "/log.txt");
-    if (before >= 0 && log.find("saving checkpoint") != std::string::npos)
+    if (before >= 0 && log.find("saving checkpoint") != std::string::npos) {
       EXPECT_NE(log.find("resuming after iteration " + std::to_string(before) + ","), std::string::npos) << log;
+    }
   }
   std::printf("20 kills: %lld landed while a save was being written; newest checkpoint iteration %lld\n",
               (long long)kills_mid_save, (long long)newest);

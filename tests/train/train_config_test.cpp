@@ -63,8 +63,9 @@ TEST(TrainConfig, ValidationMessages) {
   EXPECT_EQ(message_of(TrainConfig{}), "");
   TrainConfig d;
   auto keys = config_keys(d);
-  for (auto& k : keys)
-    if (k.name == "recompute") EXPECT_NE(k.set("most").message().find("none, selective, full"), std::string::npos);
+  for (auto& k : keys) {
+    if (k.name == "recompute") { EXPECT_NE(k.set("most").message().find("none, selective, full"), std::string::npos); }
+  }
 }
 
 TEST(TrainConfig, TomlFileAndUnknownKeys) {
