@@ -1,7 +1,7 @@
 // `nibble preprocess`: JSONL or plain text -> Megatron PREFIX_<key>_document.{bin,idx}, like Megatron's
 // tools/preprocess_data.py (same files byte for byte for the same token ids; token dtype uint16 when
 // vocab < 65500, else int32). Documents are tokenized by --workers threads in rounds and written in
-// input order; a progress line shows MB/s and docs/s.
+// input order; a progress line shows MB/s and docs/s. `--sft` runs cmd_preprocess_sft.cpp instead.
 #include <memory>
 #include <chrono>
 #include <cstdio>
@@ -23,6 +23,9 @@ struct PreprocessArgs {
   int workers = 2;
   bool append_eod = false, add_bos = false;
   int64_t round_mb = 16;
+  bool sft = false;  // supervised fine-tuning samples (cmd_preprocess_sft.cpp)
+  std::string chat_template = "llama3", sft_truncation = "truncate";
+  int64_t seq_length = 0;
 };
 
 struct Doc {
@@ -211,6 +214,40 @@ int run_preprocess(const PreprocessArgs& a) {
       dtype == IndexedDtype::u16 ? "uint16" : "int32", (long long)tok->vocab_size(), s, mb / s, workers);
   return 0;
 }
+
+// Checks that the SFT flags and the pretraining-only flags are not mixed, then runs the SFT path.
+int dispatch_sft(const PreprocessArgs& a, const CLI::App& cmd) {
+  auto given = [&](const char* name) { return cmd.get_option(name)->count() > 0; };
+  for (const char* name : {"--json-keys", "--append-eod", "--text-unit"})
+    if (given(name)) {
+      std::fprintf(stderr, "error: %s does not apply to --sft (samples are JSONL with fixed shapes); leave it out\n",
+                   name);
+      return 1;
+    }
+  if (!given("--seq-length")) {
+    std::fprintf(stderr, "error: --sft needs --seq-length N, the longest sample kept in tokens (e.g. 4096)\n");
+    return 1;
+  }
+  return run_preprocess_sft({.inputs = a.inputs,
+                             .output_prefix = a.output_prefix,
+                             .tokenizer = a.tokenizer,
+                             .family = a.family,
+                             .chat_template = a.chat_template,
+                             .truncation = a.sft_truncation,
+                             .seq_length = a.seq_length,
+                             .workers = a.workers,
+                             .add_bos = a.add_bos});
+}
+
+int dispatch(const PreprocessArgs& a, const CLI::App& cmd) {
+  if (a.sft) return dispatch_sft(a, cmd);
+  for (const char* name : {"--chat-template", "--seq-length", "--sft-truncation"})
+    if (cmd.get_option(name)->count() > 0) {
+      std::fprintf(stderr, "error: %s applies only to supervised fine-tuning data; add --sft or leave it out\n", name);
+      return 1;
+    }
+  return run_preprocess(a);
+}
 }  // namespace
 
 void add_preprocess_command(CLI::App& app) {
@@ -233,7 +270,19 @@ void add_preprocess_command(CLI::App& app) {
   cmd->add_option("--workers,-j", a->workers, "Tokenizer threads")->capture_default_str();
   cmd->add_flag("--append-eod", a->append_eod, "Append the end-of-document token to every document");
   cmd->add_flag("--add-bos", a->add_bos, "Prepend the beginning-of-text token (HF Llama 3 tokenizers do this)");
-  cmd->callback([a] { exit_code() = run_preprocess(*a); });
+  cmd->add_flag("--sft", a->sft,
+                "Supervised fine-tuning samples ({\"input\",\"output\"} or {\"messages\"} lines): writes "
+                "PREFIX_tokens_document, PREFIX_mask_document and PREFIX_sft_stats.json");
+  cmd->add_option("--chat-template", a->chat_template, "--sft: llama3 (Llama 3 Instruct headers) or plain")
+      ->check(CLI::IsMember({"llama3", "plain"}))
+      ->capture_default_str();
+  cmd->add_option("--seq-length", a->seq_length, "--sft: the longest sample kept, in tokens (required with --sft)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--sft-truncation", a->sft_truncation,
+                  "--sft: truncate (cut the prompt's start, then the answer's end) or drop longer samples")
+      ->check(CLI::IsMember({"truncate", "drop"}))
+      ->capture_default_str();
+  cmd->callback([a, cmd] { exit_code() = dispatch(*a, *cmd); });
 }
 
 }  // namespace nb::cli

@@ -2,6 +2,7 @@
 // CLI11 app; its callback stores the process exit code in exit_code().
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,15 @@ void add_quant_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_bench_gemm_command(CLI::App& bench);  // registers `bench gemm` under `bench`
 void add_preprocess_command(CLI::App& app);
+// `nibble preprocess --sft` (cmd_preprocess_sft.cpp): prompt/answer JSONL -> token and answer-mask datasets.
+struct SftPreprocessArgs {
+  std::vector<std::string> inputs;
+  std::string output_prefix, tokenizer, family, chat_template, truncation;
+  int64_t seq_length = 0;
+  int workers = 2;
+  bool add_bos = false;
+};
+int run_preprocess_sft(const SftPreprocessArgs& a);
 void add_tokenizer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_export_command(CLI::App& app);
