@@ -2,7 +2,6 @@
 // the optional TOML file given by --config; flags override the file. Errors are one sentence.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -22,14 +21,13 @@ struct TrainArgs {
 // `--nproc-per-node N` outside a launcher: start N local ranks of this same command line (without that
 // flag) and supervise them; under torchrun, srun or mpirun the launcher has already started the ranks.
 int run_local_ranks(int n) {
-  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK"}) {
-    if (const char* set = std::getenv(v); set && *set) {
-      std::fprintf(stderr,
-                   "nibble train: --nproc-per-node starts its own ranks, but %s=%s says a launcher already "
-                   "did; leave --nproc-per-node out under torchrun or mpirun\n",
-                   v, set);
-      return 2;
-    }
+  dist::World w;
+  if (dist::detect_world(&w).is_ok() && w.launcher != "none") {
+    std::fprintf(stderr,
+                 "nibble train: --nproc-per-node starts its own ranks, but %s already did (rank %d of %d); leave "
+                 "--nproc-per-node out under a launcher\n",
+                 w.launcher.c_str(), w.rank, w.size);
+    return 2;
   }
   std::error_code ec;
   std::vector<std::string> argv{std::filesystem::read_symlink("/proc/self/exe", ec).string()};

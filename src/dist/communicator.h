@@ -43,6 +43,10 @@ class Communicator {
 Status make_communicator(const World& world, Device dev, TcpStore* store, std::chrono::milliseconds timeout,
                          std::unique_ptr<Communicator>* out);
 
+// For implementations: `whole` must hold `ranks` slices the size and dtype of `slice` (reduce-scatter's
+// input, all-gather's output); else one sentence naming `op`.
+Status check_slices(const char* op, const Tensor& whole, const Tensor& slice, int ranks);
+
 // Implementations (gloo_comm.cpp; nccl_comm.cu, only in CUDA builds).
 Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,
                               std::unique_ptr<Communicator>* out);

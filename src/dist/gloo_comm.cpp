@@ -72,9 +72,7 @@ class GlooCommunicator : public Communicator {
   Status reduce_scatter(const Tensor& in, const Tensor& out, Stream) override {
     NB_TRY(check_tensor(in, "reduce_scatter"));
     NB_TRY(check_tensor(out, "reduce_scatter"));
-    if (in.dtype != out.dtype || in.numel() != out.numel() * size())
-      return errorf("reduce_scatter: input of %lld elements does not split into %d slices of %lld",
-                    (long long)in.numel(), size(), (long long)out.numel());
+    NB_TRY(check_slices("reduce_scatter", in, out, size()));
     return guarded("reduce_scatter", [&] {
       run_all_reduce(in.data, false, size_t(in.numel()), ReduceOp::sum);
       const size_t bytes = size_t(out.bytes());
@@ -85,9 +83,7 @@ class GlooCommunicator : public Communicator {
   Status all_gather(const Tensor& in, const Tensor& out, Stream) override {
     NB_TRY(check_tensor(in, "all_gather"));
     NB_TRY(check_tensor(out, "all_gather"));
-    if (in.dtype != out.dtype || out.numel() != in.numel() * size())
-      return errorf("all_gather: output of %lld elements is not %d slices of %lld", (long long)out.numel(), size(),
-                    (long long)in.numel());
+    NB_TRY(check_slices("all_gather", out, in, size()));
     return guarded("all_gather", [&] {
       // Gloo copies the input into its slot first; a private copy keeps that copy from overlapping itself.
       std::vector<char> mine(static_cast<const char*>(in.data), static_cast<const char*>(in.data) + in.bytes());
@@ -179,16 +175,6 @@ Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::
     return errorf("rank %d of %d: could not connect the Gloo ranks (host %s): %s", world.rank, world.size,
                   gloo_hostname(world).c_str(), e.what());
   }
-}
-
-Status make_communicator(const World& world, Device dev, TcpStore* store, std::chrono::milliseconds timeout,
-                         std::unique_ptr<Communicator>* out) {
-  if (dev == Device::cpu) return make_gloo_communicator(world, store, timeout, out);
-#if NIBBLE_HAVE_CUDA
-  return make_nccl_communicator(world, store, timeout, out);
-#else
-  return errorf("this nibble was built without CUDA, so it has no NCCL communicator");
-#endif
 }
 
 }  // namespace nb::dist

@@ -51,9 +51,7 @@ class NcclCommunicator : public Communicator {
     ncclDataType_t ty;
     NB_TRY(check(in, "reduce_scatter", &ty));
     NB_TRY(check(out, "reduce_scatter", &ty));
-    if (in.dtype != out.dtype || in.numel() != out.numel() * size_)
-      return errorf("reduce_scatter: input of %lld elements does not split into %d slices of %lld",
-                    (long long)in.numel(), size_, (long long)out.numel());
+    NB_TRY(check_slices("reduce_scatter", in, out, size_));
     return nccl_status(
         ncclReduceScatter(in.data, out.data, size_t(out.numel()), ty, ncclSum, comm_, cudaStream_t(stream)), rank_,
         "reduce_scatter");
@@ -62,9 +60,7 @@ class NcclCommunicator : public Communicator {
     ncclDataType_t ty;
     NB_TRY(check(in, "all_gather", &ty));
     NB_TRY(check(out, "all_gather", &ty));
-    if (in.dtype != out.dtype || out.numel() != in.numel() * size_)
-      return errorf("all_gather: output of %lld elements is not %d slices of %lld", (long long)out.numel(), size_,
-                    (long long)in.numel());
+    NB_TRY(check_slices("all_gather", out, in, size_));
     return nccl_status(ncclAllGather(in.data, out.data, size_t(in.numel()), ty, comm_, cudaStream_t(stream)), rank_,
                        "all_gather");
   }

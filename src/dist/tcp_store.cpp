@@ -1,8 +1,6 @@
 // TcpStore, the rendezvous store's client (tcp_store.h); the wire format and the server live in
 // store_wire.h and tcp_store_server.cpp.
 #include "dist/tcp_store.h"
-#include <arpa/inet.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,12 +9,7 @@
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
-#include <condition_variable>
-#include <set>
-#include <thread>
-#include "core/log.h"
 #include "dist/store_wire.h"
 
 namespace nb::dist {

@@ -451,7 +451,8 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   enum class Buf { compute, grad, master };
   auto fused_qkv = [&](const std::string& p, Buf b) {
     if (b == Buf::compute && !params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
-    if (b == Buf::master && params_.shard_count() > 1) return Tensor{};  // sharded: read the compute copy
+    // FP32 masters are read only by weights without a compute copy (a sharded store keeps no whole master).
+    if (b == Buf::master && params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
     auto view = [&](const char* n) {
       return b == Buf::grad ? params_.grad(p + n) : b == Buf::master ? params_.master(p + n) : params_.compute(p + n);
     };
@@ -471,8 +472,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     w.wqkv = fused_qkv(p, Buf::compute);
     w.gqkv = fused_qkv(p, Buf::grad);
     w.mqkv = fused_qkv(p, Buf::master);
-    // FP32 master views, read by layers without a compute copy (a sharded store keeps no whole master).
-    auto master = [&](const std::string& n) { return params_.shard_count() > 1 ? Tensor{} : params_.master(n); };
+    auto master = [&](const std::string& n) { return params_.has_compute(n) ? Tensor{} : params_.master(n); };
     w.mo = master(p + "self_attn.o_proj.weight");
     w.mgu = master(p + "mlp.gate_up_proj.weight");
     w.mdown = master(p + "mlp.down_proj.weight");

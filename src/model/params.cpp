@@ -121,10 +121,9 @@ Status ParamStore::get_flat(const Tensor& flat, float* host) const {
   NB_CHECK(flat.numel() >= total_, "internal: get_flat of a sharded buffer (gather it first)");
   return copy_bytes(host, Device::cpu, flat.data, device_, size_t(total_) * 4);
 }
-// Master, m and v hold this store's shard; the gradient buffer is whole.
+// Master, m and v hold this store's shard of the flat space (all of it without sharding).
 Status ParamStore::set_flat(const Tensor& flat, const float* host) {
-  const bool whole = flat.data == grad_.data();
-  const int64_t begin = whole ? 0 : shard_begin_, end = whole ? total_ : shard_end();
+  const int64_t begin = shard_begin_, end = shard_end();
   if (end <= begin) return Status::ok();  // a shard wholly inside the padding
   return copy_bytes(flat.data, device_, host + begin, Device::cpu, size_t(end - begin) * 4);
 }
@@ -137,7 +136,7 @@ Status ParamStore::set_master(const float* host) {
       if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
     return Status::ok();
   }
-  NB_TRY(set_flat(flat_grad(), host));
+  NB_TRY(copy_bytes(grad_.data(), device_, host, Device::cpu, size_t(total_) * 4));
   ops::cast(flat_grad(), view(compute_, compute_dtype(), 0, total_), nullptr);
   ops::fill(padded_grad(), 0.0f, nullptr);
   return Status::ok();

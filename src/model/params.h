@@ -75,8 +75,8 @@ class ParamStore {
   std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
   int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
   // Whole-store transfers for checkpoints and imported weights (host arrays of total() FP32 elements;
-  // the alignment padding between parameters is zero). set_flat stores the part this store keeps (its
-  // shard of master, m or v); get_flat needs an unsharded store (a sharded one gathers first).
+  // the alignment padding between parameters is zero). set_flat stores into master, m or v the part
+  // this store keeps (its shard); get_flat needs the whole array (a sharded store gathers first).
   // set_master also rewrites the whole compute copy.
   Status get_flat(const Tensor& flat, float* host) const;
   Status set_flat(const Tensor& flat, const float* host);

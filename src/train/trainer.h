@@ -69,7 +69,7 @@ class Trainer {
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
   Status gather_optimizer_state(const Tensor& shard, float* host);  // for a save: the whole of master, m or v
   Status sum_over_ranks(double* values, int n);
-  bool sharded() const { return comm_ && cfg_.use_distributed_optimizer; }
+  bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
   bool logging_rank() const { return world_.rank == 0; }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
