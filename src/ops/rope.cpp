@@ -53,8 +53,27 @@ static void rotate_head(const float* src, float* dst, const float* cos_row, cons
   }
 }
 
+// Checks the optional positions against B*S tokens and the table length; returns its data (or nullptr).
+// The range check reads the array, so it runs on the CPU only (CUDA trusts the caller, see rope.h).
+static const int32_t* checked_positions(const char* op, const Tensor* positions, const Tensor& x, int64_t tokens,
+                                        int64_t table_rows) {
+  if (positions == nullptr) return nullptr;
+  NB_CHECK(positions->ndim == 1 && positions->shape[0] == tokens, "%s: positions must be [%lld] (B*S), got %s", op,
+           (long long)tokens, positions->shape_str().c_str());
+  check_dtype(op, "positions", *positions, DType::i32);
+  check_contiguous(op, "positions", *positions);
+  check_same_device(op, x, *positions);
+  const int32_t* pos = positions->ptr<int32_t>();
+  if (positions->device == Device::cpu)
+    for (int64_t t = 0; t < tokens; ++t)
+      NB_CHECK(pos[t] >= 0 && pos[t] < table_rows,
+               "%s: position %d of token %lld is outside the cos/sin table of %lld rows", op, pos[t], (long long)t,
+               (long long)table_rows);
+  return pos;
+}
+
 static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
-                       Stream stream) {
+                       const Tensor* positions, Stream stream) {
   NB_CHECK(x.ndim == 4, "%s: x must be [B, S, nheads, hd], got %s", op, x.shape_str().c_str());
   check_contiguous(op, "x", x);
   check_contiguous(op, "cos", cos);
@@ -69,28 +88,30 @@ static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const
   NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S, "%s: cos must be [>=%lld, %lld], got %s", op,
            (long long)S, (long long)half, cos.shape_str().c_str());
   NB_CHECK(sin.ndim == 2 && sin.shape[0] == cos.shape[0] && sin.shape[1] == half, "%s: sin must match cos", op);
-  if (x.device == Device::cuda) NB_OPS_CUDA(op, rope_apply_cuda(x, cos, sin, inverse, stream));
   const int64_t B = x.shape[0], nh = x.shape[2];
+  const int32_t* pos = checked_positions(op, positions, x, B * S, cos.shape[0]);
+  if (x.device == Device::cuda) NB_OPS_CUDA(op, rope_apply_cuda(x, cos, sin, inverse, pos, stream));
   const float sign = inverse ? -1.f : 1.f;
   float* p = x.ptr<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t h = 0; h < nh; ++h) {
-        float* head = p + ((b * S + s) * nh + h) * hd;
-        rotate_head(head, head, cos.ptr<float>() + s * half, sin.ptr<float>() + s * half, half, sign);
-      }
+  for (int64_t t = 0; t < B * S; ++t) {
+    const int64_t s = pos ? pos[t] : t % S;
+    for (int64_t h = 0; h < nh; ++h) {
+      float* head = p + (t * nh + h) * hd;
+      rotate_head(head, head, cos.ptr<float>() + s * half, sin.ptr<float>() + s * half, half, sign);
+    }
+  }
 }
 
-void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream stream) {
-  rope_apply("rope_forward", x, cos, sin, false, stream);
+void rope_forward(const Tensor& x, const Tensor& cos, const Tensor& sin, Stream stream, const Tensor* positions) {
+  rope_apply("rope_forward", x, cos, sin, false, positions, stream);
 }
-void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream) {
-  rope_apply("rope_backward", dx, cos, sin, true, stream);
+void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Stream stream, const Tensor* positions) {
+  rope_apply("rope_backward", dx, cos, sin, true, positions, stream);
 }
 
 // Shared by the split and its backward: shapes and the per-head rotation (or copy for v heads).
 static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor& cos, const Tensor& sin, bool merge, Stream stream) {
+                     const Tensor& cos, const Tensor& sin, bool merge, const Tensor* positions, Stream stream) {
   for (const Tensor* t : {&qkv, &q, &k, &v}) {
     NB_CHECK(t->ndim == 4, "%s: tensors must be [B, S, heads, hd], got %s", op, t->shape_str().c_str());
     check_contiguous(op, "qkv/q/k/v", *t);
@@ -112,11 +133,12 @@ static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const T
   NB_CHECK(cos.ndim == 2 && cos.shape[1] == half && cos.shape[0] >= S && sin.ndim == 2 &&
                sin.shape[0] == cos.shape[0] && sin.shape[1] == half,
            "%s: cos and sin must be [>=%lld, %lld]", op, (long long)S, (long long)half);
-  if (qkv.device == Device::cuda) NB_OPS_CUDA(op, rope_qkv_cuda(qkv, q, k, v, cos, sin, merge, stream));
+  const int32_t* pos = checked_positions(op, positions, qkv, B * S, cos.shape[0]);
+  if (qkv.device == Device::cuda) NB_OPS_CUDA(op, rope_qkv_cuda(qkv, q, k, v, cos, sin, merge, pos, stream));
   const int64_t heads = hq + 2 * hkv;
   const float sign = merge ? -1.f : 1.f;
   for (int64_t t = 0; t < B * S; ++t) {
-    const int64_t s = t % S;
+    const int64_t s = pos ? pos[t] : t % S;
     for (int64_t h = 0; h < heads; ++h) {
       float* fused = qkv.ptr<float>() + (t * heads + h) * hd;
       float* sep = h < hq         ? q.ptr<float>() + (t * hq + h) * hd
@@ -134,13 +156,13 @@ static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const T
 }
 
 void rope_split_qkv(const Tensor& qkv, const Tensor& cos, const Tensor& sin, const Tensor& q, const Tensor& k,
-                    const Tensor& v, Stream stream) {
-  rope_qkv("rope_split_qkv", qkv, q, k, v, cos, sin, false, stream);
+                    const Tensor& v, Stream stream, const Tensor* positions) {
+  rope_qkv("rope_split_qkv", qkv, q, k, v, cos, sin, false, positions, stream);
 }
 
 void rope_merge_qkv_grad(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& cos, const Tensor& sin,
-                         const Tensor& dqkv, Stream stream) {
-  rope_qkv("rope_merge_qkv_grad", dqkv, dq, dk, dv, cos, sin, true, stream);
+                         const Tensor& dqkv, Stream stream, const Tensor* positions) {
+  rope_qkv("rope_merge_qkv_grad", dqkv, dq, dk, dv, cos, sin, true, positions, stream);
 }
 
 }  // namespace nb::ops

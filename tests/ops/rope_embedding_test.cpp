@@ -1,5 +1,6 @@
 // RoPE and embedding CPU references: the Llama 3.1 frequency rule at hand-checked indices, the
-// rotation against its formula, backward = transpose of forward, and the embedding gather/scatter.
+// rotation against its formula, backward = transpose of forward, explicit positions (packed sequences),
+// and the embedding gather/scatter.
 #include <gtest/gtest.h>
 #include "ops/embedding.h"
 #include "ops/rope.h"
@@ -122,6 +123,106 @@ TEST(RoPE, FusedQkvSplitAndMergeMatchSeparateOps) {
                                     : dv[(t * hkv + h - hq - hkv) * hd + d];
         ASSERT_EQ(dqkv[(t * heads + h) * hd + d], want) << "token " << t << " head " << h << " dim " << d;
       }
+}
+
+// The fused split and merge of a [B, S, *] problem with optional positions; returns q|k|v then dqkv.
+struct QkvRun {
+  std::vector<float> q, k, v, dqkv;
+};
+QkvRun run_qkv(int64_t B, int64_t S, int64_t hq, int64_t hkv, int64_t hd, std::vector<float> qkv, std::vector<float> dq,
+               std::vector<float> dk, std::vector<float> dv, std::vector<float>& c, std::vector<float>& s,
+               std::vector<int32_t>* positions) {
+  const int64_t half = hd / 2, rows = int64_t(c.size()) / half, heads = hq + 2 * hkv;
+  const Tensor hc = host_f32(c, {rows, half}), hs = host_f32(s, {rows, half});
+  const Tensor pos = positions ? host_i32(*positions, {B * S}) : Tensor{};
+  QkvRun r{std::vector<float>(B * S * hq * hd), std::vector<float>(B * S * hkv * hd),
+           std::vector<float>(B * S * hkv * hd), std::vector<float>(qkv.size())};
+  rope_split_qkv(host_f32(qkv, {B, S, heads, hd}), hc, hs, host_f32(r.q, {B, S, hq, hd}),
+                 host_f32(r.k, {B, S, hkv, hd}), host_f32(r.v, {B, S, hkv, hd}), nullptr, positions ? &pos : nullptr);
+  rope_merge_qkv_grad(host_f32(dq, {B, S, hq, hd}), host_f32(dk, {B, S, hkv, hd}), host_f32(dv, {B, S, hkv, hd}), hc,
+                      hs, host_f32(r.dqkv, {B, S, heads, hd}), nullptr, positions ? &pos : nullptr);
+  return r;
+}
+
+// rope_forward then rope_backward (each in place on its own copy) with optional positions.
+std::pair<std::vector<float>, std::vector<float>> run_rope(int64_t B, int64_t S, int64_t nh, int64_t hd,
+                                                           std::vector<float> x, std::vector<float> dx,
+                                                           std::vector<float>& c, std::vector<float>& s,
+                                                           std::vector<int32_t>* positions) {
+  const int64_t half = hd / 2, rows = int64_t(c.size()) / half;
+  const Tensor hc = host_f32(c, {rows, half}), hs = host_f32(s, {rows, half});
+  const Tensor pos = positions ? host_i32(*positions, {B * S}) : Tensor{};
+  rope_forward(host_f32(x, {B, S, nh, hd}), hc, hs, nullptr, positions ? &pos : nullptr);
+  rope_backward(host_f32(dx, {B, S, nh, hd}), hc, hs, nullptr, positions ? &pos : nullptr);
+  return {x, dx};
+}
+
+// positions[t] = t % S selects the rows the ops use without positions: the same bits.
+TEST(RoPE, PositionsOfRowIndexEqualNoPositions) {
+  const int64_t B = 2, S = 5, hq = 4, hkv = 2, hd = 8, half = 4, heads = hq + 2 * hkv;
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  std::vector<int32_t> pos(B * S);
+  for (int64_t t = 0; t < B * S; ++t) pos[size_t(t)] = int32_t(t % S);
+  auto x = random_vec(B * S * hq * hd, 31), dx = random_vec(x.size(), 32);
+  EXPECT_EQ(run_rope(B, S, hq, hd, x, dx, c, s, &pos), run_rope(B, S, hq, hd, x, dx, c, s, nullptr));
+  auto qkv = random_vec(B * S * heads * hd, 33), dq = random_vec(B * S * hq * hd, 34);
+  auto dk = random_vec(B * S * hkv * hd, 35), dv = random_vec(B * S * hkv * hd, 36);
+  const QkvRun a = run_qkv(B, S, hq, hkv, hd, qkv, dq, dk, dv, c, s, &pos);
+  const QkvRun b = run_qkv(B, S, hq, hkv, hd, qkv, dq, dk, dv, c, s, nullptr);
+  EXPECT_EQ(a.q, b.q);
+  EXPECT_EQ(a.k, b.k);
+  EXPECT_EQ(a.v, b.v);
+  EXPECT_EQ(a.dqkv, b.dqkv);
+}
+
+// Packed rows: positions restart at each segment start, so every segment is rotated (and its gradient
+// rotated back) exactly as the same tokens alone in a [1, len] problem without positions.
+TEST(RoPE, RestartedPositionsRotateEachSegmentAlone) {
+  const int64_t B = 2, S = 6, hq = 4, hkv = 2, hd = 8, half = 4, heads = hq + 2 * hkv;
+  const std::vector<int64_t> starts = {0, 2, 6, 7, 12};  // segments [0,2) [2,6) [6,7) [7,12)
+  std::vector<int32_t> pos(B * S);
+  for (size_t i = 0; i + 1 < starts.size(); ++i)
+    for (int64_t t = starts[i]; t < starts[i + 1]; ++t) pos[size_t(t)] = int32_t(t - starts[i]);
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  auto x = random_vec(B * S * hq * hd, 41), dx = random_vec(x.size(), 42);
+  auto qkv = random_vec(B * S * heads * hd, 43), dq = random_vec(B * S * hq * hd, 44);
+  auto dk = random_vec(B * S * hkv * hd, 45), dv = random_vec(B * S * hkv * hd, 46);
+  const auto packed = run_rope(B, S, hq, hd, x, dx, c, s, &pos);
+  const QkvRun pq = run_qkv(B, S, hq, hkv, hd, qkv, dq, dk, dv, c, s, &pos);
+  // Tokens [t0, t0 + n) of a [T, width] vector.
+  auto slice = [](const std::vector<float>& v, int64_t t0, int64_t n, int64_t width) {
+    return std::vector<float>(v.begin() + t0 * width, v.begin() + (t0 + n) * width);
+  };
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    const int64_t t0 = starts[i], n = starts[i + 1] - starts[i];
+    SCOPED_TRACE(::testing::Message() << "segment " << i);
+    const auto alone = run_rope(1, n, hq, hd, slice(x, t0, n, hq * hd), slice(dx, t0, n, hq * hd), c, s, nullptr);
+    EXPECT_EQ(slice(packed.first, t0, n, hq * hd), alone.first);
+    EXPECT_EQ(slice(packed.second, t0, n, hq * hd), alone.second);
+    const QkvRun aq = run_qkv(1, n, hq, hkv, hd, slice(qkv, t0, n, heads * hd), slice(dq, t0, n, hq * hd),
+                              slice(dk, t0, n, hkv * hd), slice(dv, t0, n, hkv * hd), c, s, nullptr);
+    EXPECT_EQ(slice(pq.q, t0, n, hq * hd), aq.q);
+    EXPECT_EQ(slice(pq.k, t0, n, hkv * hd), aq.k);
+    EXPECT_EQ(slice(pq.v, t0, n, hkv * hd), aq.v);
+    EXPECT_EQ(slice(pq.dqkv, t0, n, heads * hd), aq.dqkv);
+  }
+  // And restarting really changes the rotation of the later tokens of a row.
+  EXPECT_NE(packed, run_rope(B, S, hq, hd, x, dx, c, s, nullptr));
+}
+
+TEST(RoPEDeathTest, PositionOutsideTheTableIsABug) {
+  const int64_t S = 4, hd = 8, half = 4;
+  std::vector<float> c(S * half), s(S * half), x(S * hd);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  std::vector<int32_t> pos = {0, 1, 4, 2};  // the table has rows 0..3
+  const Tensor tp = host_i32(pos, {S});
+  EXPECT_DEATH(rope_forward(host_f32(x, {1, S, 1, hd}), host_f32(c, {S, half}), host_f32(s, {S, half}), nullptr, &tp),
+               "outside the cos/sin table");
+  pos[2] = -1;
+  EXPECT_DEATH(rope_forward(host_f32(x, {1, S, 1, hd}), host_f32(c, {S, half}), host_f32(s, {S, half}), nullptr, &tp),
+               "outside the cos/sin table");
 }
 
 TEST(Embedding, ForwardGathersRowsBackwardScattersInOrder) {

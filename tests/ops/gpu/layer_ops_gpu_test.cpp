@@ -1,5 +1,6 @@
-// CUDA RMSNorm, RoPE, SwiGLU and embedding against the CPU reference on the same (BF16-rounded)
-// inputs, at odd shapes (scalar paths, tails) and Llama-8B shapes (vector paths).
+// CUDA RMSNorm, RoPE (also with packed-sequence positions), SwiGLU and embedding against the CPU
+// reference on the same (BF16-rounded) inputs, at odd shapes (scalar paths, tails) and Llama-8B shapes
+// (vector paths).
 #include <gtest/gtest.h>
 #include <cmath>
 #include "../ops_test_util.h"
@@ -140,6 +141,70 @@ TEST(RoPEGpu, FusedQkvSplitAndMergeMatchCpu) {
     rope_merge_qkv_grad(gdq.t(), gdk.t(), gdv.t(), gc.t(), gs.t(), gdqkv.t(), nullptr);
     EXPECT_EQ(count_bad(download(gdqkv.t()), dqkv, rel, std::vector<double>(nf, 1e-30), "merge dqkv"), 0);
   }
+}
+
+// Packed-row positions (restarting at each segment start) for one RoPE problem, and t % S.
+std::vector<int32_t> restarted_positions(int64_t T, int64_t S, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> pos(T);
+  int64_t start = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (t % S == 0 || rng() % 5 == 0) start = t;  // a new segment at every row start, else at random
+    pos[t] = int32_t(t - start);
+  }
+  return pos;
+}
+
+// rope_forward/backward and the fused split/merge with positions on CUDA against the CPU (which the CPU
+// tests tie to rotating each segment alone); positions t % S give the bits of no positions.
+TEST_P(RoPEGpu, PositionsMatchCpu) {
+  NB_REQUIRE_GPU();
+  const auto [B, S, nh, hd, dt] = GetParam();
+  const int64_t half = hd / 2, T = B * S, hkv = 1, hq = nh, heads = hq + 2 * hkv;
+  std::vector<float> c(S * half), s(S * half);
+  rope_table(RopeConfig{}, S, hd, c.data(), s.data());
+  auto gc = upload(c, DType::f32, {S, half}), gs = upload(s, DType::f32, {S, half});
+  const Tensor hc = host_f32(c, {S, half}), hs = host_f32(s, {S, half});
+  std::vector<int32_t> pos = restarted_positions(T, S, 71), rows(T);
+  for (int64_t t = 0; t < T; ++t) rows[t] = int32_t(t % S);
+  auto gpos = upload_i32(pos, {T}), grows = upload_i32(rows, {T});
+  const Tensor hpos = host_i32(pos, {T});
+  const double rel = dt == DType::bf16 ? kBf16Rel : 1e-6;
+  auto x = rounded(random_vec(T * nh * hd, 72, -3.f, 3.f), dt);
+  for (bool inverse : {false, true}) {
+    auto ref = x;
+    auto gx = upload(x, dt, {B, S, nh, hd}), gx_rows = upload(x, dt, {B, S, nh, hd}),
+         gx_none = upload(x, dt, {B, S, nh, hd});
+    auto op = inverse ? rope_backward : rope_forward;
+    op(host_f32(ref, {B, S, nh, hd}), hc, hs, nullptr, &hpos);
+    op(gx.t(), gc.t(), gs.t(), nullptr, &gpos.t());
+    op(gx_rows.t(), gc.t(), gs.t(), nullptr, &grows.t());
+    op(gx_none.t(), gc.t(), gs.t(), nullptr, nullptr);
+    EXPECT_EQ(count_bad(download(gx.t()), ref, rel, {1e-30}, inverse ? "rope_backward" : "rope_forward"), 0);
+    EXPECT_TRUE(same_bits(download(gx_rows.t()), download(gx_none.t()))) << "positions t % S";
+  }
+  // Fused split and merge (hq = nh query heads, one K/V head).
+  auto qkv = rounded(random_vec(T * heads * hd, 73, -3.f, 3.f), dt);
+  std::vector<float> q(T * hq * hd), k(T * hkv * hd), v(T * hkv * hd), dqkv(qkv.size());
+  rope_split_qkv(host_f32(qkv, {B, S, heads, hd}), hc, hs, host_f32(q, {B, S, hq, hd}), host_f32(k, {B, S, hkv, hd}),
+                 host_f32(v, {B, S, hkv, hd}), nullptr, &hpos);
+  auto gqkv = upload(qkv, dt, {B, S, heads, hd});
+  auto gq = upload(std::vector<float>(q.size()), dt, {B, S, hq, hd});
+  auto gk = upload(std::vector<float>(k.size()), dt, {B, S, hkv, hd}),
+       gv = upload(std::vector<float>(v.size()), dt, {B, S, hkv, hd});
+  rope_split_qkv(gqkv.t(), gc.t(), gs.t(), gq.t(), gk.t(), gv.t(), nullptr, &gpos.t());
+  EXPECT_EQ(count_bad(download(gq.t()), q, rel, {1e-30}, "split q"), 0);
+  EXPECT_EQ(count_bad(download(gk.t()), k, rel, {1e-30}, "split k"), 0);
+  EXPECT_TRUE(same_bits(download(gv.t()), v)) << "v is a copy";
+  auto dq = rounded(random_vec(q.size(), 74), dt), dk = rounded(random_vec(k.size(), 75), dt);
+  auto dv = rounded(random_vec(v.size(), 76), dt);
+  rope_merge_qkv_grad(host_f32(dq, {B, S, hq, hd}), host_f32(dk, {B, S, hkv, hd}), host_f32(dv, {B, S, hkv, hd}), hc,
+                      hs, host_f32(dqkv, {B, S, heads, hd}), nullptr, &hpos);
+  auto gdqkv = upload(std::vector<float>(qkv.size()), dt, {B, S, heads, hd});
+  auto gdq = upload(dq, dt, {B, S, hq, hd}), gdk = upload(dk, dt, {B, S, hkv, hd}),
+       gdv = upload(dv, dt, {B, S, hkv, hd});
+  rope_merge_qkv_grad(gdq.t(), gdk.t(), gdv.t(), gc.t(), gs.t(), gdqkv.t(), nullptr, &gpos.t());
+  EXPECT_EQ(count_bad(download(gdqkv.t()), dqkv, rel, {1e-30}, "merge dqkv"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, RoPEGpu,
