@@ -49,10 +49,58 @@ int run_local_ranks(int n) {
   }
   return 0;
 }
-}  // namespace
 
-void add_train_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("train", "Pretrain a Llama model (mock data or Megatron .bin/.idx data)");
+// Applies --config, then the flags, to cfg (which holds the subcommand's defaults); 2 on a bad value.
+int resolve_train_config(const TrainArgs& args, const char* name, TrainConfig* cfg) {
+  if (!args.config_file.empty()) {
+    Status st = apply_config_file(args.config_file, *cfg);
+    if (!st) {
+      std::fprintf(stderr, "nibble %s: %s\n", name, st.message().c_str());
+      return 2;
+    }
+  }
+  auto keys = config_keys(*cfg);
+  for (const auto& [key, value] : args.values) {
+    for (const auto& k : keys) {
+      if (k.name != key) continue;
+      Status st = k.set(value);
+      if (!st) {
+        std::fprintf(stderr, "nibble %s: %s\n", name, st.message().c_str());
+        return 2;
+      }
+    }
+  }
+  return 0;
+}
+
+void run_train(const TrainArgs& args, const char* name, bool finetune) {
+  if (args.nproc_per_node > 1) {
+    exit_code() = run_local_ranks(args.nproc_per_node);
+    return;
+  }
+  TrainConfig cfg;
+  cfg.sft = finetune;  // `nibble finetune` is `nibble train --sft`, loading --load's weights only
+  if (int rc = resolve_train_config(args, name, &cfg); rc != 0) {
+    exit_code() = rc;
+    return;
+  }
+  if (finetune && !cfg.load.empty() && args.values.count("finetune") == 0) cfg.finetune = true;
+  TrainSummary summary;
+  Status st = run_training(cfg, &summary);
+  if (!st) {
+    dist::World w;  // with several ranks, say which one failed
+    const bool ranks = dist::detect_world(&w).is_ok() && w.distributed();
+    std::fprintf(stderr, "nibble %s%s: %s\n", name, ranks ? strprintf(" (rank %d)", w.rank).c_str() : "",
+                 st.message().c_str());
+    exit_code() = 1;
+    return;
+  }
+  exit_code() = 0;
+}
+
+// `train` and `finetune` share every key; finetune starts from SFT data and loaded weights.
+void add_training_command(CLI::App& app, const char* name, const char* description, bool finetune) {
+  auto* cmd = app.add_subcommand(name, description);
   auto args = std::make_shared<TrainArgs>();
   cmd->add_option("--config", args->config_file, "TOML file with any of the keys below (flags override it)");
   cmd->add_option("--nproc-per-node", args->nproc_per_node,
@@ -71,44 +119,17 @@ void add_train_command(CLI::App& app) {
     // (`maybe`) reaches parse_bool's one-sentence error instead of being silently ignored.
     if (key.is_flag) opt->expected(0, 1)->default_str("true")->option_text("[true|false]");
   }
-  cmd->callback([args] {
-    if (args->nproc_per_node > 1) {
-      exit_code() = run_local_ranks(args->nproc_per_node);
-      return;
-    }
-    TrainConfig cfg;
-    if (!args->config_file.empty()) {
-      Status st = apply_config_file(args->config_file, cfg);
-      if (!st) {
-        std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
-        exit_code() = 2;
-        return;
-      }
-    }
-    auto keys = config_keys(cfg);
-    for (const auto& [name, value] : args->values) {
-      for (const auto& k : keys) {
-        if (k.name != name) continue;
-        Status st = k.set(value);
-        if (!st) {
-          std::fprintf(stderr, "nibble train: %s\n", st.message().c_str());
-          exit_code() = 2;
-          return;
-        }
-      }
-    }
-    TrainSummary summary;
-    Status st = run_training(cfg, &summary);
-    if (!st) {
-      dist::World w;  // with several ranks, say which one failed
-      const bool ranks = dist::detect_world(&w).is_ok() && w.distributed();
-      std::fprintf(stderr, "nibble train%s: %s\n", ranks ? strprintf(" (rank %d)", w.rank).c_str() : "",
-                   st.message().c_str());
-      exit_code() = 1;
-      return;
-    }
-    exit_code() = 0;
-  });
+  cmd->callback([args, name, finetune] { run_train(*args, name, finetune); });
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  add_training_command(app, "train", "Pretrain a Llama model (mock data or Megatron .bin/.idx data)", false);
+  add_training_command(app, "finetune",
+                       "Supervised fine-tuning (nibble train --sft): SFT data from nibble preprocess --sft, loss on "
+                       "answer tokens, packed rows; start from --load-hf DIR or --load CKPT (weights only)",
+                       true);
 }
 
 }  // namespace nb::cli

@@ -16,6 +16,9 @@ namespace nb {
 
 struct Batch {
   std::vector<int32_t> tokens, labels;  // [micro_batch * seq_len] each
+  // Packed rows (SFT): the first token of every segment (sample or padding tail) of the micro-batch,
+  // then micro_batch * seq_len. Empty: every row is one sequence (pretraining).
+  std::vector<int32_t> segment_starts;
   int64_t micro_batch = 0, seq_len = 0;
 };
 

@@ -357,9 +357,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   return Status::ok();
 }
 
-static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what) {
+// Labels may be -1 (not trained); any other id outside the vocabulary stops the run.
+static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char* what, int32_t lowest = 0) {
   for (int64_t i = 0; i < n; ++i)
-    if (ids[i] < 0 || ids[i] >= vocab)
+    if (ids[i] < lowest || ids[i] >= vocab)
       return errorf(
           "a micro-batch holds the %s id %d at position %lld, outside the model's vocabulary [0, %lld); "
           "the data does not fit this model (check its tokenizer against --vocab-size)",
@@ -372,7 +373,8 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
   // The kernels guard their reads, but an id past the vocabulary must stop the run, never become a zero
   // embedding row or a dropped target (on the host: one pass over n*T ids, microseconds).
   NB_TRY(check_ids(tokens, n * T, cfg_.vocab, "token"));
-  NB_TRY(check_ids(labels, n * T, cfg_.vocab, "label"));
+  NB_TRY(check_ids(labels, n * T, cfg_.vocab, "label", -1));
+  seg_host_.clear();
   if (n > staged_capacity_) {
     NB_TRY(Buffer::allocate(&ids_, DType::i32, dev_, {n, T}));
     NB_TRY(Buffer::allocate(&targets_, DType::i32, dev_, {n, T}));
@@ -381,6 +383,65 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
   NB_TRY(copy_bytes(ids_.data(), dev_, tokens, Device::cpu, size_t(n * T) * 4));
   NB_TRY(copy_bytes(targets_.data(), dev_, labels, Device::cpu, size_t(n * T) * 4));
   return Status::ok();
+}
+
+// Segments must tile each micro-batch in order and start at every row, so none crosses a row.
+static Status check_segments(const std::vector<int32_t>& st, int64_t B, int64_t S, int64_t micro) {
+  const int64_t T = B * S;
+  bool ok = st.size() >= 2 && st.front() == 0 && st.back() == T;
+  for (size_t k = 1; ok && k < st.size(); ++k) ok = st[k] > st[k - 1];
+  for (size_t k = 0; ok && k + 1 < st.size(); ++k) ok = st[k + 1] <= (st[k] / S + 1) * S;  // ends in its row
+  if (!ok)
+    return errorf(
+        "internal: the segment starts of micro-batch %lld do not tile its %lld tokens in increasing order without "
+        "crossing a row of %lld",
+        (long long)micro, (long long)T, (long long)S);
+  return Status::ok();
+}
+
+Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n) {
+  const int64_t T = shape_.tokens();
+  NB_CHECK(n <= staged_capacity_, "stage_segments for %lld micro-batches, %lld staged", (long long)n,
+           (long long)staged_capacity_);
+  seg_host_.assign(starts, starts + n);
+  if (std::all_of(seg_host_.begin(), seg_host_.end(), [](const auto& v) { return v.empty(); })) {
+    seg_host_.clear();
+    return Status::ok();
+  }
+  std::vector<int32_t> all, pos(size_t(n * T));
+  seg_offset_.assign(size_t(n), 0);
+  seg_max_len_.assign(size_t(n), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    auto& st = seg_host_[size_t(i)];
+    if (st.empty()) st = {0, int32_t(T)};  // one micro-batch unpacked among packed ones: segments = rows
+    if (st.size() == 2 && shape_.batch > 1) {
+      st.clear();
+      for (int64_t r = 0; r <= shape_.batch; ++r) st.push_back(int32_t(r * shape_.seq));
+    }
+    NB_TRY(check_segments(st, shape_.batch, shape_.seq, i));
+    seg_offset_[size_t(i)] = int64_t(all.size());
+    all.insert(all.end(), st.begin(), st.end());
+    for (size_t k = 0; k + 1 < st.size(); ++k) {
+      seg_max_len_[size_t(i)] = std::max<int64_t>(seg_max_len_[size_t(i)], st[k + 1] - st[k]);
+      for (int32_t t = st[k]; t < st[k + 1]; ++t) pos[size_t(i * T + t)] = t - st[k];
+    }
+  }
+  NB_TRY(Buffer::allocate(&seg_starts_, DType::i32, dev_, {int64_t(all.size())}));
+  if (positions_.tensor().numel() < n * T) NB_TRY(Buffer::allocate(&positions_, DType::i32, dev_, {n * T}));
+  NB_TRY(copy_bytes(seg_starts_.data(), dev_, all.data(), Device::cpu, all.size() * 4));
+  return copy_bytes(positions_.data(), dev_, pos.data(), Device::cpu, pos.size() * 4);
+}
+
+bool LlamaModel::packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const {
+  if (seg_host_.empty()) return false;
+  const int64_t T = shape_.tokens();
+  const auto& st = seg_host_[size_t(i)];
+  segs->count = int64_t(st.size()) - 1;
+  segs->starts = st.data();
+  segs->starts_device = seg_starts_.ptr<int32_t>() + seg_offset_[size_t(i)];
+  segs->max_len = seg_max_len_[size_t(i)];
+  *positions = Tensor::make(positions_.ptr<int32_t>() + i * T, DType::i32, dev_, {T});
+  return true;
 }
 
 Status LlamaModel::take_loss_sum(double* loss_sum) {
@@ -445,6 +506,11 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
                               (staged_index + 1) * T);
   const Tensor cosT = rope_cos_.tensor(), sinT = rope_sin_.tensor();
   ops::AttentionShape ash{B, S, c.heads, c.kv_heads, hd, float(1.0 / std::sqrt(double(hd)))};
+  ops::AttentionSegments segments;
+  Tensor positions;
+  const bool packed = packed_view(staged_index, &segments, &positions);
+  const ops::AttentionSegments* segs = packed ? &segments : nullptr;
+  const Tensor* pos = packed ? &positions : nullptr;
   const int64_t qkv_heads = c.heads + 2 * c.kv_heads, qkv_dim = qkv_heads * hd;
 
   // q_proj, k_proj, v_proj are consecutive in every flat buffer (params.cpp): one [qd + 2 kvd, H] view.
@@ -514,11 +580,12 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("fwd: norm + qkv GEMM");
     NB_PROFILE_BEGIN("fwd: rope + split");
     ops::rope_split_qkv(reshape4(qkv, B, S, qkv_heads, hd), cosT, sinT, reshape4(a.q, B, S, c.heads, hd),
-                        reshape4(a.k, B, S, c.kv_heads, hd), reshape4(a.v, B, S, c.kv_heads, hd), st);
+                        reshape4(a.k, B, S, c.kv_heads, hd), reshape4(a.v, B, S, c.kv_heads, hd), st, pos);
     NB_PROFILE_END("fwd: rope + split");
     NB_PROFILE_BEGIN("fwd: attention");
     NB_TRY(ops::attention_forward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
-                                  reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd), a.lse, st));
+                                  reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd), a.lse, st,
+                                  segs));
     NB_PROFILE_END("fwd: attention");
     NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
@@ -603,15 +670,16 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_TRY(lin[1].backward(A.dmid, a.o, weight(l, 1, w.wo, w.mo), A.dout, 0.f, w.go, st));
     NB_PROFILE_END("bwd: o GEMMs");
     NB_PROFILE_BEGIN("bwd: attention");
-    NB_TRY(ops::attention_backward(ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd),
-                                   reshape4(a.v, B, S, c.kv_heads, hd), reshape4(a.o, B, S, c.heads, hd),
-                                   reshape4(A.dout, B, S, c.heads, hd), a.lse, reshape4(A.dq, B, S, c.heads, hd),
-                                   reshape4(A.dk, B, S, c.kv_heads, hd), reshape4(A.dv, B, S, c.kv_heads, hd), st));
+    NB_TRY(ops::attention_backward(
+        ash, reshape4(a.q, B, S, c.heads, hd), reshape4(a.k, B, S, c.kv_heads, hd), reshape4(a.v, B, S, c.kv_heads, hd),
+        reshape4(a.o, B, S, c.heads, hd), reshape4(A.dout, B, S, c.heads, hd), a.lse, reshape4(A.dq, B, S, c.heads, hd),
+        reshape4(A.dk, B, S, c.kv_heads, hd), reshape4(A.dv, B, S, c.kv_heads, hd), st, segs));
     NB_PROFILE_END("bwd: attention");
     NB_PROFILE_BEGIN("bwd: rope + merge");
     const Tensor dqkv = A.dqkv.data ? A.dqkv : borrow(A.dgu, T, qkv_dim);  // dgu is dead after gate_up's backward
     ops::rope_merge_qkv_grad(reshape4(A.dq, B, S, c.heads, hd), reshape4(A.dk, B, S, c.kv_heads, hd),
-                             reshape4(A.dv, B, S, c.kv_heads, hd), cosT, sinT, reshape4(dqkv, B, S, qkv_heads, hd), st);
+                             reshape4(A.dv, B, S, c.kv_heads, hd), cosT, sinT, reshape4(dqkv, B, S, qkv_heads, hd), st,
+                             pos);
     NB_PROFILE_END("bwd: rope + merge");
     NB_PROFILE_BEGIN("bwd: qkv GEMMs");
     NB_TRY(lin[0].backward(dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), A.dn, 0.f, w.gqkv, st));

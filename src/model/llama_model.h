@@ -14,6 +14,7 @@
 #include "core/arena.h"
 #include "model/llama_config.h"
 #include "model/params.h"
+#include "ops/attention.h"
 #include "recipe/linear.h"
 
 namespace nb {
@@ -73,7 +74,12 @@ class LlamaModel {
   // per-token losses on the device; take_loss_sum() returns the summed token loss since the last
   // call (this synchronizes). grad_scale multiplies the summed loss's gradient (1 / tokens per step
   // gives the mean).
+  // Labels < 0 are not trained (SFT prompts, padding).
   Status stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n);
+  // Packed rows (SFT), after stage_batches: starts[i] is staged micro-batch i's segment starts
+  // (Batch::segment_starts). Attention stays inside each segment and RoPE positions restart at its start.
+  // Without this call (or with every starts[i] empty) rows are single sequences.
+  Status stage_segments(const std::vector<int32_t>* starts, int64_t n);
   Status forward_backward_staged(int64_t i, float grad_scale);
   Status forward_loss_staged(int64_t i);
   Status take_loss_sum(double* loss_sum);
@@ -90,6 +96,8 @@ class LlamaModel {
 
  private:
   Status run(int64_t staged_index, float grad_scale, bool backward);
+  // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
+  bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
 
   LlamaConfig cfg_;
@@ -108,6 +116,11 @@ class LlamaModel {
       weight_staged_;  // per (layer, linear): staged since the last begin_step  // shared transient quantized copies
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
   Buffer ids_, targets_, loss_acc_;                   // staged tokens [n, T] i32; per-token loss sums [T] f32
+  // Packed rows: per staged micro-batch its segment starts (host; empty = not packed), their offset into
+  // the device copy seg_starts_, the longest segment; positions_ [n, T] i32 restart at every segment.
+  std::vector<std::vector<int32_t>> seg_host_;
+  std::vector<int64_t> seg_offset_, seg_max_len_;
+  Buffer seg_starts_, positions_;
   int64_t staged_capacity_ = 0;
   float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits
 };

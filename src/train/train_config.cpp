@@ -159,6 +159,14 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       string_key("data-path", "Megatron dataset prefix or blend 'w1 p1 w2 p2 ...'", &c.data_path),
       string_key("split", "train,valid,test split weights", &c.split),
       string_key("tokenizer", "tokenizer.json or .tiktoken file (real data)", &c.tokenizer),
+      bool_key("sft",
+               "supervised fine-tuning: --data-path is the prefix given to nibble preprocess --sft; the loss is "
+               "the mean over answer tokens (NeMo)",
+               &c.sft),
+      bool_key("packed-sequence",
+               "SFT: pack several samples per row, attention and RoPE positions restarting per sample (NeMo's "
+               "packed_sequence); false: one sample per row",
+               &c.packed_sequence),
       int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)",
               &c.eval_interval),
       int_key("eval-iters", "global batches per validation (Megatron's meaning)", &c.eval_iters),
@@ -309,6 +317,8 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
+  if (c.sft && c.mock_data)
+    return errorf("--sft trains on SFT data: pass --data-path PREFIX as given to nibble preprocess --sft");
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)

@@ -39,7 +39,9 @@ struct TrainConfig {
   bool mock_data = true;
   std::string data_path;  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."
   std::string split = "969,30,1";
-  std::string tokenizer;  // tokenizer.json or .tiktoken, for real data
+  std::string tokenizer;        // tokenizer.json or .tiktoken, for real data
+  bool sft = false;             // --data-path is `preprocess --sft` output: answer-only loss, rows of packed samples
+  bool packed_sequence = true;  // SFT: several samples per row (false: one sample per row, padded)
   int64_t eval_interval = 0, eval_iters = 10;
   // run
   std::string device = "auto";  // auto | cuda | cpu

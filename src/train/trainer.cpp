@@ -42,6 +42,11 @@ struct TermSignalScope {
   }
 };
 
+// Tokens whose prediction is trained: labels < 0 (SFT prompts, padding) are not.
+int64_t trained_tokens(const std::vector<int32_t>& labels) {
+  return std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
+}
+
 }  // namespace
 
 Trainer::Trainer() = default;
@@ -78,6 +83,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   const int64_t it = iteration_;
   ops::fill(model_.params().flat_grad(), 0.0f, nullptr);
   const int64_t T = cfg_.micro_batch_size * cfg_.seq_length;
+  step_segments_.resize(size_t(accum_));
   for (int64_t micro = 0; micro < accum_; ++micro) {
     Batch b;
     Timer wait;
@@ -85,11 +91,20 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     *wait_ms += wait.ms();
     std::copy(b.tokens.begin(), b.tokens.end(), step_tokens_.begin() + micro * T);
     std::copy(b.labels.begin(), b.labels.end(), step_labels_.begin() + micro * T);
+    step_segments_[size_t(micro)] = std::move(b.segment_starts);
   }
   model_.begin_step(uint32_t(rng_step_), uint32_t(world_.rank), uint32_t(world_.size));
   model_.set_collect_stats(cfg_.quant_stats && ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters));
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
-  const float grad_scale = 1.0f / float(tokens_per_step_);
+  NB_TRY(model_.stage_segments(step_segments_.data(), accum_));
+  // The loss is the mean over the step's trained tokens on all ranks (NeMo's answer-token mean for SFT);
+  // pretraining trains every token, so its divisor is known without a reduction.
+  step_trained_ = double(tokens_per_step_);
+  if (cfg_.sft) {
+    step_trained_ = double(trained_tokens(step_labels_));
+    NB_TRY(sum_over_ranks(&step_trained_, 1));
+  }
+  const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
   for (int64_t micro = 0; micro < accum_; ++micro) NB_TRY(model_.forward_backward_staged(micro, grad_scale));
   NB_TRY(model_.take_loss_sum(loss_sum));
   NB_TRY(reduce_gradients());
@@ -117,7 +132,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   double scalars[4] = {loss_sum, f->nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
                        sharded() ? double(norm_sq_h) : 0.0};
   NB_TRY(sum_over_ranks(scalars, 4));
-  f->loss = scalars[0] / double(tokens_per_step_);
+  f->loss = step_trained_ > 0 ? scalars[0] / step_trained_ : 0.0;
   f->grad_norm = std::sqrt(sharded() ? scalars[3] : double(norm_sq_h));
   if (scalars[1] > 0 && f->nonfinite_where.empty()) f->nonfinite_where = "another rank's layer";
   stop_requested_ = scalars[2] > 0;
@@ -190,14 +205,15 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
     Batch b;
     NB_TRY(valid_src_->next(&b));
     NB_TRY(model_.stage_batches(b.tokens.data(), b.labels.data(), 1));
+    NB_TRY(model_.stage_segments(&b.segment_starts, 1));
     NB_TRY(model_.forward_loss_staged(0));
-    n += int64_t(b.tokens.size());
+    n += trained_tokens(b.labels);
   }
   consumed_valid_ += cfg_.eval_iters * cfg_.global_batch_size;
   NB_TRY(model_.take_loss_sum(&sum));
   double totals[2] = {sum, double(n)};  // every rank evaluated its rows of each global batch
   NB_TRY(sum_over_ranks(totals, 2));
-  const double loss = totals[0] / totals[1];
+  const double loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
               loss, std::exp(loss));
   if (jsonl_)

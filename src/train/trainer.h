@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include "core/status.h"
+#include "data/sft_dataset.h"
 #include "data/token_source.h"
 #include "dist/communicator.h"
 #include "model/llama_model.h"
@@ -51,6 +52,7 @@ class Trainer {
   Status estimate_memory();
   Status build_model();
   Status build_data();
+  Status build_sft_data();
   // checkpoint phases (trainer_checkpoint.cpp)
   Status load();
   Status load_checkpoint(const CheckpointRef& ref);
@@ -104,6 +106,9 @@ class Trainer {
   LrSchedule sched_;
   Buffer norm_sq_;
   std::vector<int32_t> step_tokens_, step_labels_;
+  std::vector<std::vector<int32_t>> step_segments_;  // packed rows (SFT): each micro-batch's segment starts
+  double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor
+  SftPacking train_packing_;  // SFT: the training split's packing, for the efficiency report
   std::ofstream jsonl_;
   // Training state that a checkpoint carries (besides weights and AdamW moments).
   int64_t iteration_ = 0;       // completed optimizer steps

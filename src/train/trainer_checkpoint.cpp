@@ -36,7 +36,8 @@ bool free_on_resume(const std::string& key) {
 
 // Keys that fix the data order or the optimizer's step: a different value cannot continue the run.
 bool fixed_on_resume(const std::string& key) {
-  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path", "split"};
+  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path", "split",
+                                 "sft",        "packed-sequence"};
   for (const char* k : kFixed)
     if (key == k) return true;
   return false;

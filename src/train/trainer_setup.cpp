@@ -49,6 +49,7 @@ Status Trainer::setup(TrainConfig cfg) {
 
 // The model comes from --load-hf's config.json when one is given (and no preset was asked for).
 Status Trainer::resolve_config() {
+  if (cfg_.sft && !cfg_.data_path.empty()) cfg_.mock_data = false;  // SFT has no mock data
   NB_TRY(resolve_model(cfg_, &model_cfg_));
   if (!cfg_.load_hf.empty()) {  // the model is the folder's config.json
     NB_TRY(read_hf_config(cfg_.load_hf, &model_cfg_).context("--load-hf"));
@@ -88,7 +89,12 @@ Status Trainer::check_tokenizer() {
           (long long)tok->vocab_size());
   }
   // The data itself, with or without a tokenizer: one scan per dataset (cached), before any allocation.
-  if (!cfg_.mock_data) NB_TRY(check_dataset_vocab(cfg_.data_path, "", model_cfg_.vocab, model_cfg_.name));
+  const std::string tokens = cfg_.sft ? cfg_.data_path + "_tokens_document" : cfg_.data_path;
+  if (!cfg_.mock_data && cfg_.sft)
+    NB_TRY(check_dataset_vocab(tokens, "", model_cfg_.vocab, model_cfg_.name)
+               .context("--sft --data-path " + cfg_.data_path + " (the prefix given to nibble preprocess --sft)"));
+  else if (!cfg_.mock_data)
+    NB_TRY(check_dataset_vocab(tokens, "", model_cfg_.vocab, model_cfg_.name));
   return Status::ok();
 }
 
@@ -242,6 +248,7 @@ Status Trainer::build_data() {
                                     world_.size));
     return Status::ok();
   }
+  if (cfg_.sft) return build_sft_data();
   DataConfig dc;
   dc.data_path = cfg_.data_path;
   dc.split = cfg_.split;
@@ -253,6 +260,38 @@ Status Trainer::build_data() {
   NB_TRY(make_gpt_source_dp(dc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_));
   Status vs = make_gpt_source_dp(dc, Split::valid, cfg_.micro_batch_size, rank, ranks, consumed_valid_, &valid_src_);
   if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
+  return Status::ok();
+}
+
+// SFT rows: the split's samples packed once (best-fit decreasing), then walked epoch by epoch.
+Status Trainer::build_sft_data() {
+  SftDataConfig sc;
+  sc.prefix = cfg_.data_path;
+  sc.split = cfg_.split;
+  sc.seq_length = cfg_.seq_length;
+  sc.seed = uint64_t(cfg_.seed);
+  sc.pack = cfg_.packed_sequence;
+  const int64_t consumed = iteration_ * cfg_.global_batch_size;
+  const int rank = world_.rank, ranks = world_.size;
+  NB_TRY(make_sft_source(sc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_, &train_packing_));
+  const SftPacking& p = train_packing_;
+  std::printf(
+      "SFT data: %lld training samples in %lld rows of %lld (%s): packing efficiency %.1f%% (real tokens / row "
+      "tokens), an epoch is %.1f iterations%s\n",
+      (long long)p.samples.size(), (long long)p.rows(), (long long)p.seq_length,
+      cfg_.packed_sequence ? "packed" : "one sample per row", 100.0 * p.efficiency(),
+      double(p.rows()) / double(cfg_.global_batch_size),
+      p.cut ? strprintf("; %lld samples longer than a row were cut at their end", (long long)p.cut).c_str() : "");
+  if (cfg_.eval_interval <= 0) return Status::ok();
+  SftPacking vp;
+  Status vs = make_sft_source(sc, Split::valid, cfg_.micro_batch_size, rank, ranks, consumed_valid_, &valid_src_, &vp);
+  if (!vs) {
+    NB_LOG_WARN("no validation loss: %s", vs.message().c_str());
+    valid_src_.reset();
+  } else {
+    std::printf("SFT validation: %lld samples in %lld rows (packing efficiency %.1f%%)\n", (long long)vp.samples.size(),
+                (long long)vp.rows(), 100.0 * vp.efficiency());
+  }
   return Status::ok();
 }
 
