@@ -110,9 +110,8 @@ ConfigKey choice_key(const char* name, const char* help, std::string* p, std::in
           [=] { return quoted(*p); }};
 }
 
-}  // namespace
-
-std::vector<ConfigKey> config_keys(TrainConfig& c) {
+// The model, batch, schedule, optimizer and precision recipe.
+std::vector<ConfigKey> model_keys(TrainConfig& c) {
   return {
       string_key("model", "model preset (llama3.1-8b, llama3-8b-proxy, tiny, ...)", &c.model),
       int_key("num-layers", "override the preset's layer count (0 = preset)", &c.num_layers),
@@ -155,6 +154,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
               &c.num_layers_at_end_in_bf16),
       bool_key("quant-stats", "write per-interval quantization statistics (flushed, saturated, SQNR) to the JSONL",
                &c.quant_stats),
+  };
+}
+
+// Data, SFT and validation.
+std::vector<ConfigKey> data_keys(TrainConfig& c) {
+  return {
       bool_key("mock-data", "train on Megatron-style mock data", &c.mock_data),
       string_key("data-path", "Megatron dataset prefix or blend 'w1 p1 w2 p2 ...'", &c.data_path),
       string_key("split", "train,valid,test split weights", &c.split),
@@ -170,6 +175,12 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)",
               &c.eval_interval),
       int_key("eval-iters", "global batches per validation (Megatron's meaning)", &c.eval_iters),
+  };
+}
+
+// The device, logging, ranks and checkpoints.
+std::vector<ConfigKey> run_keys(TrainConfig& c) {
+  return {
       choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
       int_key("log-interval", "steps between log lines", &c.log_interval),
       string_key("save", "output folder: config.toml, metrics.jsonl, and checkpoints (--save-interval)", &c.save),
@@ -196,6 +207,17 @@ std::vector<ConfigKey> config_keys(TrainConfig& c) {
       bool_key("finetune", "with --load: load the weights only and start at iteration 0", &c.finetune),
       string_key("load-hf", "start from a Hugging Face Llama folder (config.json + safetensors)", &c.load_hf),
   };
+}
+
+}  // namespace
+
+std::vector<ConfigKey> config_keys(TrainConfig& c) {
+  std::vector<ConfigKey> keys = model_keys(c);
+  for (auto* group : {data_keys, run_keys}) {
+    auto more = group(c);
+    keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+  }
+  return keys;
 }
 
 namespace {
