@@ -113,8 +113,8 @@ class SftSource final : public TokenSource {
     const int64_t S = cfg_.seq_length;
     out->micro_batch = mbs_;
     out->seq_len = S;
-    out->tokens.assign(size_t(mbs_ * S), 0);
-    out->labels.assign(size_t(mbs_ * S), -1);
+    out->tokens.resize(size_t(mbs_ * S));  // fill_sft_row writes every position, padding included
+    out->labels.resize(size_t(mbs_ * S));
     out->segment_starts.clear();
     for (int64_t r = 0; r < mbs_; ++r)
       fill_sft_row(*data_, packing_, row_at(consumed_ + offset_ + r), cfg_.pad_token, r * S, out->tokens.data() + r * S,

@@ -385,22 +385,8 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
   return Status::ok();
 }
 
-// Segments must tile each micro-batch in order and start at every row, so none crosses a row.
-static Status check_segments(const std::vector<int32_t>& st, int64_t B, int64_t S, int64_t micro) {
-  const int64_t T = B * S;
-  bool ok = st.size() >= 2 && st.front() == 0 && st.back() == T;
-  for (size_t k = 1; ok && k < st.size(); ++k) ok = st[k] > st[k - 1];
-  for (size_t k = 0; ok && k + 1 < st.size(); ++k) ok = st[k + 1] <= (st[k] / S + 1) * S;  // ends in its row
-  if (!ok)
-    return errorf(
-        "internal: the segment starts of micro-batch %lld do not tile its %lld tokens in increasing order without "
-        "crossing a row of %lld",
-        (long long)micro, (long long)T, (long long)S);
-  return Status::ok();
-}
-
 Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n) {
-  const int64_t T = shape_.tokens();
+  const int64_t T = shape_.tokens(), S = shape_.seq;
   NB_CHECK(n <= staged_capacity_, "stage_segments for %lld micro-batches, %lld staged", (long long)n,
            (long long)staged_capacity_);
   seg_host_.assign(starts, starts + n);
@@ -408,27 +394,28 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     seg_host_.clear();
     return Status::ok();
   }
-  std::vector<int32_t> all, pos(size_t(n * T));
+  std::vector<int32_t> all;
   seg_offset_.assign(size_t(n), 0);
-  seg_max_len_.assign(size_t(n), 0);
   for (int64_t i = 0; i < n; ++i) {
     auto& st = seg_host_[size_t(i)];
-    if (st.empty()) st = {0, int32_t(T)};  // one micro-batch unpacked among packed ones: segments = rows
-    if (st.size() == 2 && shape_.batch > 1) {
-      st.clear();
-      for (int64_t r = 0; r <= shape_.batch; ++r) st.push_back(int32_t(r * shape_.seq));
-    }
-    NB_TRY(check_segments(st, shape_.batch, shape_.seq, i));
+    if (st.empty())  // an unpacked micro-batch among packed ones: one segment per row
+      for (int64_t r = 0; r <= shape_.batch; ++r) st.push_back(int32_t(r * S));
     seg_offset_[size_t(i)] = int64_t(all.size());
     all.insert(all.end(), st.begin(), st.end());
-    for (size_t k = 0; k + 1 < st.size(); ++k) {
-      seg_max_len_[size_t(i)] = std::max<int64_t>(seg_max_len_[size_t(i)], st[k + 1] - st[k]);
-      for (int32_t t = st[k]; t < st[k + 1]; ++t) pos[size_t(i * T + t)] = t - st[k];
-    }
   }
   NB_TRY(Buffer::allocate(&seg_starts_, DType::i32, dev_, {int64_t(all.size())}));
-  if (positions_.tensor().numel() < n * T) NB_TRY(Buffer::allocate(&positions_, DType::i32, dev_, {n * T}));
   NB_TRY(copy_bytes(seg_starts_.data(), dev_, all.data(), Device::cpu, all.size() * 4));
+  // The attention's own rules, checked once here: the positions below index by the starts.
+  const ops::AttentionShape ash{shape_.batch, S, cfg_.heads, cfg_.kv_heads, cfg_.head_dim, 1.0f};
+  std::vector<int32_t> pos(size_t(n * T));
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& st = seg_host_[size_t(i)];
+    ops::AttentionSegments segs{int64_t(st.size()) - 1, st.data(), seg_starts_.ptr<int32_t>() + seg_offset_[size_t(i)]};
+    NB_TRY(ops::attention_check_segments(ash, segs, dev_).context(strprintf("micro-batch %lld", (long long)i)));
+    for (size_t k = 0; k + 1 < st.size(); ++k)
+      for (int32_t t = st[k]; t < st[k + 1]; ++t) pos[size_t(i * T + t)] = t - st[k];
+  }
+  if (positions_.tensor().numel() < n * T) NB_TRY(Buffer::allocate(&positions_, DType::i32, dev_, {n * T}));
   return copy_bytes(positions_.data(), dev_, pos.data(), Device::cpu, pos.size() * 4);
 }
 
@@ -439,7 +426,7 @@ bool LlamaModel::packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* po
   segs->count = int64_t(st.size()) - 1;
   segs->starts = st.data();
   segs->starts_device = seg_starts_.ptr<int32_t>() + seg_offset_[size_t(i)];
-  segs->max_len = seg_max_len_[size_t(i)];
+  segs->max_len = 0;  // derived from the host starts by the ops
   *positions = Tensor::make(positions_.ptr<int32_t>() + i * T, DType::i32, dev_, {T});
   return true;
 }

@@ -117,9 +117,9 @@ class LlamaModel {
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
   Buffer ids_, targets_, loss_acc_;                   // staged tokens [n, T] i32; per-token loss sums [T] f32
   // Packed rows: per staged micro-batch its segment starts (host; empty = not packed), their offset into
-  // the device copy seg_starts_, the longest segment; positions_ [n, T] i32 restart at every segment.
+  // the device copy seg_starts_; positions_ [n, T] i32 restart at every segment.
   std::vector<std::vector<int32_t>> seg_host_;
-  std::vector<int64_t> seg_offset_, seg_max_len_;
+  std::vector<int64_t> seg_offset_;
   Buffer seg_starts_, positions_;
   int64_t staged_capacity_ = 0;
   float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits

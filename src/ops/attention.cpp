@@ -155,8 +155,16 @@ void backward_sequence(const Ref& r, Seq sq, int64_t h, const float* O, const fl
   }
 }
 
-// The rules of AttentionSegments (attention.h); each refusal names the rule and the offending segment.
-Status check_segments(const AttentionShape& sh, const AttentionSegments& seg, Device dev) {
+// True when lse is the token-major [B, S, Hq] view of a segmented call (else it must be [B, Hq, S]).
+bool lse_is_token_major(const AttentionShape& sh, const Tensor& lse, const AttentionSegments* seg) {
+  return seg != nullptr && lse.ndim == 3 && lse.shape[0] == sh.batch && lse.shape[1] == sh.seq &&
+         lse.shape[2] == sh.heads;
+}
+
+}  // namespace
+
+// The rules of AttentionSegments; each refusal names the rule and the offending segment.
+Status attention_check_segments(const AttentionShape& sh, const AttentionSegments& seg, Device dev) {
   const int64_t T = sh.batch * sh.seq, S = sh.seq;
   if (T > std::numeric_limits<int32_t>::max())
     return errorf("attention: %lld tokens do not fit the int32 segment starts; use fewer tokens per micro-batch",
@@ -197,14 +205,6 @@ Status check_segments(const AttentionShape& sh, const AttentionSegments& seg, De
   return Status::ok();
 }
 
-// True when lse is the token-major [B, S, Hq] view of a segmented call (else it must be [B, Hq, S]).
-bool lse_is_token_major(const AttentionShape& sh, const Tensor& lse, const AttentionSegments* seg) {
-  return seg != nullptr && lse.ndim == 3 && lse.shape[0] == sh.batch && lse.shape[1] == sh.seq &&
-         lse.shape[2] == sh.heads;
-}
-
-}  // namespace
-
 int64_t attention_segments_max_len(const AttentionSegments& seg) {
   if (seg.max_len > 0 || seg.starts == nullptr) return seg.max_len;
   int64_t longest = 0;
@@ -239,7 +239,7 @@ Status attention_check_args(const AttentionShape& sh, const Tensor& q, const Ten
   NB_TRY(check_tensor("dq", dq, dev, act, {B, S, Hq, D}));
   NB_TRY(check_tensor("dk", dk, dev, act, {B, S, Hkv, D}));
   NB_TRY(check_tensor("dv", dv, dev, act, {B, S, Hkv, D}));
-  if (segments != nullptr) NB_TRY(check_segments(sh, *segments, dev));
+  if (segments != nullptr) NB_TRY(attention_check_segments(sh, *segments, dev));
   return Status::ok();
 }
 

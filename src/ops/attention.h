@@ -48,6 +48,9 @@ struct AttentionSegments {
   int64_t max_len = 0;  // the longest segment or an upper bound of it; 0: computed from the host starts
 };
 
+// Checks `segments` against the AttentionSegments rules for a call on `dev` (attention_check_args runs it).
+Status attention_check_segments(const AttentionShape& shape, const AttentionSegments& segments, Device dev);
+
 // The longest segment as the CUDA graphs need it: max_len when set, else the longest one in the host
 // starts (0 when neither is given).
 int64_t attention_segments_max_len(const AttentionSegments& segments);

@@ -145,7 +145,7 @@ TEST(SftPackingCpu, SegmentsCrossingARowAreRefused) {
   const std::vector<int32_t> crossing{0, 4, 12, 16};
   Status st = m.stage_segments(&crossing, 1);
   ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("crossing a row"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("crosses the end of row"), std::string::npos) << st.message();
   const std::vector<int32_t> spanning{0, 12, 16};  // starts at a row start but runs into the next row
   EXPECT_FALSE(m.stage_segments(&spanning, 1).is_ok());
   const std::vector<int32_t> short_tiling{0, 8, 12};
