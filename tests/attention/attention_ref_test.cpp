@@ -6,52 +6,15 @@
 #include <random>
 #include <vector>
 
+#include "attention/attention_test_util.h"
 #include "ops/attention.h"
 
 namespace nb::ops {
 namespace {
 
-struct Host {
-  std::vector<float> data;
-  Tensor t;
-  Host(std::initializer_list<int64_t> dims) {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    data.assign(n, 0.0f);
-    t = Tensor::make(data.data(), DType::f32, Device::cpu, dims);
-  }
-  void randomize(std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-    std::uniform_real_distribution<float> u(lo, hi);
-    for (float& x : data) x = u(rng);
-  }
-};
-
-AttentionShape make_shape(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
-  return {B, S, Hq, Hkv, D, float(1.0 / std::sqrt(double(D)))};
-}
-
 // Everything one forward + backward needs, with random q/k/v and upstream gradient w.
-struct Problem {
-  AttentionShape sh;
-  Host q, k, v, out, lse, w, dq, dk, dv;
-  explicit Problem(AttentionShape s, uint32_t seed)
-      : sh(s),
-        q({s.batch, s.seq, s.heads, s.head_dim}),
-        k({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        v({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        out({s.batch, s.seq, s.heads, s.head_dim}),
-        lse({s.batch, s.heads, s.seq}),
-        w({s.batch, s.seq, s.heads, s.head_dim}),
-        dq({s.batch, s.seq, s.heads, s.head_dim}),
-        dk({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        dv({s.batch, s.seq, s.kv_heads, s.head_dim}) {
-    std::mt19937 rng(seed);
-    // Scores up to ~|2| so the softmax is far from uniform and far from one-hot.
-    q.randomize(rng, -1.5f, 1.5f);
-    k.randomize(rng, -1.5f, 1.5f);
-    v.randomize(rng);
-    w.randomize(rng);
-  }
+struct Problem : AttentionTensors {
+  explicit Problem(AttentionShape s, uint32_t seed) : AttentionTensors(s) { randomize(seed); }
   void forward() { ASSERT_TRUE(attention_forward(sh, q.t, k.t, v.t, out.t, lse.t, nullptr).is_ok()); }
   void backward() {
     ASSERT_TRUE(attention_backward(sh, q.t, k.t, v.t, out.t, w.t, lse.t, dq.t, dk.t, dv.t, nullptr).is_ok());

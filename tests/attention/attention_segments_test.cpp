@@ -8,50 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "attention/attention_test_util.h"
 #include "ops/attention.h"
 
 namespace nb::ops {
 namespace {
 
-struct Host {
-  std::vector<float> data;
-  Tensor t;
-  explicit Host(std::initializer_list<int64_t> dims) {
-    int64_t n = 1;
-    for (int64_t d : dims) n *= d;
-    data.assign(size_t(n), 0.0f);
-    t = Tensor::make(data.data(), DType::f32, Device::cpu, dims);
-  }
-};
-
-AttentionShape make_shape(int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t D) {
-  return {B, S, Hq, Hkv, D, float(1.0 / std::sqrt(double(D)))};
-}
-
 // One forward + backward problem; lse is [B, Hq, S] (its floats are [T, Hq] in segmented calls).
-struct Problem {
-  AttentionShape sh;
-  Host q, k, v, out, lse, w, dq, dk, dv;
-  explicit Problem(AttentionShape s)
-      : sh(s),
-        q({s.batch, s.seq, s.heads, s.head_dim}),
-        k({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        v({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        out({s.batch, s.seq, s.heads, s.head_dim}),
-        lse({s.batch, s.heads, s.seq}),
-        w({s.batch, s.seq, s.heads, s.head_dim}),
-        dq({s.batch, s.seq, s.heads, s.head_dim}),
-        dk({s.batch, s.seq, s.kv_heads, s.head_dim}),
-        dv({s.batch, s.seq, s.kv_heads, s.head_dim}) {}
-  void randomize(uint32_t seed) {
-    std::mt19937 rng(seed);
-    // Scores up to ~|2| so the softmax is far from uniform and far from one-hot.
-    std::uniform_real_distribution<float> wide(-1.5f, 1.5f), unit(-1.0f, 1.0f);
-    for (float& x : q.data) x = wide(rng);
-    for (float& x : k.data) x = wide(rng);
-    for (float& x : v.data) x = unit(rng);
-    for (float& x : w.data) x = unit(rng);
-  }
+struct Problem : AttentionTensors {
+  explicit Problem(AttentionShape s) : AttentionTensors(s) {}
   Status run(const AttentionSegments* seg) {
     NB_TRY(attention_forward(sh, q.t, k.t, v.t, out.t, lse.t, nullptr, seg));
     return attention_backward(sh, q.t, k.t, v.t, out.t, w.t, lse.t, dq.t, dk.t, dv.t, nullptr, seg);
