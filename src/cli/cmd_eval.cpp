@@ -2,6 +2,9 @@
 // tokens, for parity checks against other implementations (scripts/hf_parity.py). --tokens holds I32
 // (or I64) `tokens` [B, S+1]: inputs are [:, :S], labels [:, 1:]. --out receives F32 `logits` [B, S, V]
 // and F32 `loss` [1]. The CPU backend computes in FP32; CUDA in BF16 with FP32 accumulation (bf16_mixed).
+// --adapter DIR (a PEFT LoRA folder) evaluates the base with that adapter (dropout off) and also writes the
+// gradients of the mean loss with respect to the adapter, F32 `grad.<nibble name>` in nibble's fused
+// layout (model/lora.h), for parity checks against PEFT (scripts/parity/lora_parity.py).
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -15,8 +18,28 @@ namespace {
 
 struct EvalArgs {
   WeightsSource src;
-  std::string tokens, out, device = "auto";
+  std::string tokens, out, device = "auto", adapter;
 };
+
+void put_f32(SafeTensorsFile& f, const std::string& name, std::vector<int64_t> shape, const float* v, size_t n) {
+  SafeTensor& t = f.tensors[name];
+  t.dtype = "F32";
+  t.shape = std::move(shape);
+  t.bytes.resize(n * 4);
+  std::memcpy(t.bytes.data(), v, n * 4);
+}
+
+// The adapter's gradients of the mean loss (one forward/backward of the same tokens).
+Status adapter_grads(LlamaModel& model, const std::vector<int32_t>& in, const std::vector<int32_t>& labels,
+                     SafeTensorsFile& out) {
+  ParamStore& P = model.params();
+  double sum = 0;
+  NB_TRY(model.forward_backward(in.data(), labels.data(), 1.f / float(in.size()), &sum));
+  std::vector<float> g(size_t(P.total()));
+  NB_TRY(P.get_flat(P.flat_grad(), g.data()));
+  for (const ParamInfo& p : P.params()) put_f32(out, "grad." + p.name, p.shape, g.data() + p.offset, size_t(p.numel));
+  return Status::ok();
+}
 
 // tokens [B, S+1] as int32 inputs and labels, each [B * S].
 Status read_tokens(const std::string& path, int64_t vocab, MicroBatchShape* shape, std::vector<int32_t>* in,
@@ -70,25 +93,29 @@ Status run_eval(const EvalArgs& a) {
   Device dev = Device::cpu;
   NB_TRY(pick_device(a.device, &dev));
   LlamaModel model;
+  LoraAdapter adapter;
+  if (!a.adapter.empty()) {
+    NB_TRY(read_peft_adapter(a.adapter, cfg, &adapter).context("--adapter"));
+    LoraSpec spec = adapter.spec;
+    spec.dropout = 0;  // evaluation: no dropout, in the gradients too
+    model.set_lora(spec, &reader);
+  }
   NB_TRY(model.init(cfg, dev, shape, Recompute::none, /*seed=*/0));
-  NB_TRY(load_hf_weights(reader, cfg, model.params()));
+  if (a.adapter.empty())
+    NB_TRY(load_hf_weights(reader, cfg, model.params()));
+  else
+    NB_TRY(lora_store_from_adapter(adapter, cfg, model.params()));
   std::vector<float> logits(size_t(shape.tokens() * cfg.vocab));
   double loss_sum = 0;
   NB_TRY(model.forward_logits(in.data(), labels.data(), logits.data(), &loss_sum));
   const float mean = float(loss_sum / double(shape.tokens()));
   SafeTensorsFile out;
-  SafeTensor& lt = out.tensors["logits"];
-  lt.dtype = "F32";
-  lt.shape = {shape.batch, shape.seq, cfg.vocab};
-  lt.bytes.resize(logits.size() * 4);
-  std::memcpy(lt.bytes.data(), logits.data(), lt.bytes.size());
-  SafeTensor& ls = out.tensors["loss"];
-  ls.dtype = "F32";
-  ls.shape = {1};
-  ls.bytes.resize(4);
-  std::memcpy(ls.bytes.data(), &mean, 4);
+  put_f32(out, "logits", {shape.batch, shape.seq, cfg.vocab}, logits.data(), logits.size());
+  put_f32(out, "loss", {1}, &mean, 1);
+  if (!a.adapter.empty()) NB_TRY(adapter_grads(model, in, labels, out));
   NB_TRY(write_safetensors(a.out, out));
-  std::printf("eval %s on %s: %lld x %lld tokens, mean loss %.6f -> %s\n", cfg.name.c_str(),
+  std::printf("eval %s%s on %s: %lld x %lld tokens, mean loss %.6f -> %s\n", cfg.name.c_str(),
+              a.adapter.empty() ? "" : (" + LoRA " + a.adapter).c_str(),
               dev == Device::cuda ? "cuda (bf16_mixed)" : "cpu (fp32)", (long long)shape.batch, (long long)shape.seq,
               double(mean), a.out.c_str());
   return Status::ok();
@@ -104,6 +131,8 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--ckpt-step", a->src.ckpt_step, "Iteration to load from --load (default: the newest)");
   cmd->add_option("--tokens", a->tokens, "safetensors file with I32 'tokens' [batch, seq + 1]")->required();
   cmd->add_option("--out", a->out, "Output safetensors: F32 'logits' [batch, seq, vocab], F32 'loss' [1]")->required();
+  cmd->add_option("--adapter", a->adapter,
+                  "A PEFT LoRA folder: evaluate the base with it, and write the adapter's gradients too");
   cmd->add_option("--device", a->device, "cpu (FP32), cuda (BF16 mixed) or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

@@ -100,6 +100,7 @@ struct LlamaModel::Acts {
   Tensor nf, rstdf, logits, losses, dnf;
   Tensor dx, dx2, dmid, dn, da, dgu, dout, dq, dk, dv;
   Tensor qkv, dqkv;  // the fused projection's output and gradient; only when they cannot borrow gu / dgu
+  LoraScratch lora;  // LoRA: the adapters' scratch (model/lora.h)
 };
 
 namespace {
@@ -110,9 +111,23 @@ std::vector<bool> quantized_layers(const LlamaConfig& c, const recipe::Recipe& r
   for (int64_t l = 0; l < c.layers; ++l) q[size_t(l)] = r.quantized() && !r.layer_in_bf16(l, c.layers);
   return q;
 }
+// Layers whose BF16 linear inputs live in shared scratch: none with LoRA, whose adapters read them.
+std::vector<bool> scratch_input_layers(const LlamaConfig& c, const recipe::Recipe& r, const LoraSpec* lora) {
+  return lora ? std::vector<bool>(size_t(c.layers), false) : quantized_layers(c, r);
+}
+
+void plan_lora(LoraScratch* s, Planner& P, const LlamaConfig& c, int64_t T, DType dt, const LoraSpec& lora) {
+  s->h = P(dt, {T, lora.rank});
+  s->dh = P(dt, {T, lora.rank});
+  if (lora.dropout > 0) {
+    const int64_t in = std::max({c.hidden, c.q_dim(), c.ffn});
+    s->xd = P(dt, {T, in});
+    s->dxd = P(dt, {T, in});
+  }
+}
 
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized) {
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora) {
   const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim();
   a->resid.clear();
   for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
@@ -170,6 +185,7 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
   a->dq = P(dt, {T, qd});
   a->dk = P(dt, {T, kvd});
   a->dv = P(dt, {T, kvd});
+  if (lora) plan_lora(&a->lora, P, c, T, dt, *lora);
   // The fused QKV output lives only until rope_split_qkv, before the layer writes gu; its gradient only
   // after gate_up's backward has consumed dgu. Both borrow those buffers when they are large enough.
   if (2 * F < qd + 2 * kvd) {
@@ -197,12 +213,12 @@ int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
 }  // namespace
 
 int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                          const recipe::Recipe& recipe) {
+                                          const recipe::Recipe& recipe, const LoraSpec* lora) {
   Planner plan;
   plan.dev = dev;
   Acts probe;
   plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32, lm_chunk_tokens(cfg, shape),
-            quantized_layers(cfg, recipe));
+            scratch_input_layers(cfg, recipe, lora), lora);
   return plan.bytes;
 }
 
@@ -214,6 +230,9 @@ size_t LlamaModel::quantized_copy_bytes() const {
 }
 
 void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
+  step_ = step;
+  micro_ = first_micro;
+  micro_stride_ = micro_stride;
   for (auto& layer : linears_)
     for (auto& lin : layer) lin.new_step(step, first_micro, micro_stride);
   std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
@@ -299,7 +318,9 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   if (shape.seq > cfg.max_seq)
     return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
   lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
-  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe);
+  seed_ = seed;
+  const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
+  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe, lora);
   // The linear layers in the recipe's formats (qkv, o, gate_up, down per layer): {in, out} features.
   const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
                               {cfg.q_dim(), cfg.hidden},
@@ -315,7 +336,8 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     for (int i = 0; i < 4; ++i) {
       std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
       NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name, uint32_t(l * 8 + i),
-                                                 shape.tokens(), dims[i][0], dims[i][1], dev, linear_workspace_));
+                                                 shape.tokens(), dims[i][0], dims[i][1], dev, linear_workspace_,
+                                                 /*frozen=*/lora_enabled_));
     }
   }
   NB_TRY(linear_workspace_->allocate());
@@ -328,8 +350,14 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
-  if (!master_only_quantized_weights || optimizer_shard_count > 1) qe = qb;  // an empty master-only range
-  NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count));
+  if (lora_enabled_) {  // quantized layers' frozen weights live in their Linears only
+    NB_TRY(base_.allocate_frozen(cfg, dev, qb, qe));
+    NB_TRY(params_.allocate(lora_param_list(cfg, lora_spec_), dev));
+    NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
+  } else {
+    if (!master_only_quantized_weights || optimizer_shard_count > 1) qe = qb;  // an empty master-only range
+    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count));
+  }
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
     int64_t most = 0;
@@ -337,6 +365,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
   }
   NB_TRY(params_.initialize(seed));
+  if (lora_enabled_) {
+    build_lora_modules();
+    NB_TRY(load_base(seed));
+  }
   NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
   // RoPE tables [S, hd/2], FP32.
   std::vector<float> cos_h(size_t(shape.seq * cfg.head_dim / 2)), sin_h(cos_h.size());
@@ -484,7 +516,8 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   P.arena = &arena_;
   P.dev = dev_;
   Acts A;
-  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, quantized_layers(c, recipe_));
+  const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
+  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, scratch_input_layers(c, recipe_, lora), lora);
   NB_TRY(P.st);
   NB_CHECK(staged_index < staged_capacity_, "micro-batch %lld was not staged", (long long)staged_index);
   const Tensor ids = rows(Tensor::make(ids_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,
@@ -500,14 +533,22 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const Tensor* pos = packed ? &positions : nullptr;
   const int64_t qkv_heads = c.heads + 2 * c.kv_heads, qkv_dim = qkv_heads * hd;
 
+  // The weights: the model's own, or with LoRA the frozen base, which has no gradients (its norms'
+  // weight gradients go to a sink: the norm backward always writes one) and no FP32 masters.
+  const ParamStore& W = base();
+  auto grad_of = [&](const std::string& n) {
+    if (!lora_enabled_) return params_.grad(n);
+    return n.find("norm.weight") != std::string::npos ? norm_dw_sink_.tensor() : Tensor{};
+  };
   // q_proj, k_proj, v_proj are consecutive in every flat buffer (params.cpp): one [qd + 2 kvd, H] view.
   enum class Buf { compute, grad, master };
   auto fused_qkv = [&](const std::string& p, Buf b) {
-    if (b == Buf::compute && !params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
+    if (b == Buf::compute && !W.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
     // FP32 masters are read only by weights without a compute copy (a sharded store keeps no whole master).
-    if (b == Buf::master && params_.has_compute(p + "self_attn.q_proj.weight")) return Tensor{};
+    if (b == Buf::master && (lora_enabled_ || W.has_compute(p + "self_attn.q_proj.weight"))) return Tensor{};
+    if (b == Buf::grad && lora_enabled_) return Tensor{};
     auto view = [&](const char* n) {
-      return b == Buf::grad ? params_.grad(p + n) : b == Buf::master ? params_.master(p + n) : params_.compute(p + n);
+      return b == Buf::grad ? params_.grad(p + n) : b == Buf::master ? params_.master(p + n) : W.compute(p + n);
     };
     const Tensor q = view("self_attn.q_proj.weight"), k = view("self_attn.k_proj.weight"),
                  v = view("self_attn.v_proj.weight");
@@ -519,24 +560,26 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   auto layer_weights = [&](int64_t l) {
     std::string p = "model.layers." + std::to_string(l) + ".";
     Layer w;
-    w.w_in = params_.compute(p + "input_layernorm.weight");
-    w.g_in = params_.grad(p + "input_layernorm.weight");
-    auto compute = [&](const std::string& n) { return params_.has_compute(n) ? params_.compute(n) : Tensor{}; };
+    w.w_in = W.compute(p + "input_layernorm.weight");
+    w.g_in = grad_of(p + "input_layernorm.weight");
+    auto compute = [&](const std::string& n) { return W.has_compute(n) ? W.compute(n) : Tensor{}; };
     w.wqkv = fused_qkv(p, Buf::compute);
     w.gqkv = fused_qkv(p, Buf::grad);
     w.mqkv = fused_qkv(p, Buf::master);
-    auto master = [&](const std::string& n) { return params_.has_compute(n) ? Tensor{} : params_.master(n); };
+    auto master = [&](const std::string& n) {
+      return W.has_compute(n) || lora_enabled_ ? Tensor{} : params_.master(n);
+    };
     w.mo = master(p + "self_attn.o_proj.weight");
     w.mgu = master(p + "mlp.gate_up_proj.weight");
     w.mdown = master(p + "mlp.down_proj.weight");
     w.wo = compute(p + "self_attn.o_proj.weight");
-    w.go = params_.grad(p + "self_attn.o_proj.weight");
-    w.w_post = params_.compute(p + "post_attention_layernorm.weight");
-    w.g_post = params_.grad(p + "post_attention_layernorm.weight");
+    w.go = grad_of(p + "self_attn.o_proj.weight");
+    w.w_post = W.compute(p + "post_attention_layernorm.weight");
+    w.g_post = grad_of(p + "post_attention_layernorm.weight");
     w.wgu = compute(p + "mlp.gate_up_proj.weight");
-    w.ggu = params_.grad(p + "mlp.gate_up_proj.weight");
+    w.ggu = grad_of(p + "mlp.gate_up_proj.weight");
     w.wdown = compute(p + "mlp.down_proj.weight");
-    w.gdown = params_.grad(p + "mlp.down_proj.weight");
+    w.gdown = grad_of(p + "mlp.down_proj.weight");
     return w;
   };
 
@@ -545,7 +588,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   // Linear quantizes it -- its first forward after begin_step. Later calls get the (stale) buffer,
   // which a quantized Linear does not read.
   auto weight = [&](int64_t l, int i, const Tensor& compute, const Tensor& master) -> Tensor {
-    if (compute.data) return compute;
+    if (compute.data || lora_enabled_) return compute;  // a frozen quantized base weight lives in its Linear
     const Tensor stage = Tensor::make(weight_stage_.data(), dt, dev_, {master.shape[0], master.shape[1]});
     char& staged = weight_staged_[size_t(l * 4 + i)];
     if (!staged) {
@@ -553,6 +596,24 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
       staged = 1;
     }
     return stage;
+  };
+
+  // LoRA: the adapter of linear i of layer l beside its base GEMM (evaluation runs without dropout).
+  auto adapter = [&](int64_t l, int i, LoraModule* m) {
+    if (!lora_enabled_ || !lora_modules_[size_t(l * 4 + i)].a.data) return false;
+    *m = lora_modules_[size_t(l * 4 + i)];
+    if (!backward) m->dropout = 0.f;
+    return true;
+  };
+  auto adapt_forward = [&](int64_t l, int i, const Tensor& x, const Tensor& y) -> Status {
+    LoraModule m;
+    if (!adapter(l, i, &m)) return Status::ok();
+    return lora_forward(m, x, A.lora, y, lora_dropout_key(seed_, step_, micro_, m), st);
+  };
+  auto adapt_backward = [&](int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx) -> Status {
+    LoraModule m;
+    if (!adapter(l, i, &m)) return Status::ok();
+    return lora_backward(m, dy, x, A.lora, dx, lora_dropout_key(seed_, step_, micro_, m), st);
   };
 
   // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
@@ -564,6 +625,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     auto& lin = linears_[size_t(l)];
     const Tensor qkv = A.qkv.data ? A.qkv : borrow(a.gu, T, qkv_dim);  // gu is written later in this layer
     NB_TRY(lin[0].forward(a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv, 0.f, st));
+    NB_TRY(adapt_forward(l, 0, a.n1, qkv));
     NB_PROFILE_END("fwd: norm + qkv GEMM");
     NB_PROFILE_BEGIN("fwd: rope + split");
     ops::rope_split_qkv(reshape4(qkv, B, S, qkv_heads, hd), cosT, sinT, reshape4(a.q, B, S, c.heads, hd),
@@ -577,27 +639,30 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
     NB_TRY(copy_tensor(a.mid, A.resid[l]));
     NB_TRY(lin[1].forward(a.o, weight(l, 1, w.wo, w.mo), a.mid, 1.f, st));  // mid = resid + o Wo^T
+    NB_TRY(adapt_forward(l, 1, a.o, a.mid));
     ops::rmsnorm_forward(a.mid, w.w_post, c.norm_eps, a.n2, a.rstd2, st);
     NB_TRY(lin[2].forward(a.n2, weight(l, 2, w.wgu, w.mgu), a.gu, 0.f, st));
+    NB_TRY(adapt_forward(l, 2, a.n2, a.gu));
     NB_PROFILE_END("fwd: o + norm + gate_up");
     NB_PROFILE_BEGIN("fwd: swiglu + down");
     ops::swiglu_forward(a.gu, a.a, st);
     if (write_output) {
       NB_TRY(copy_tensor(A.resid[l + 1], a.mid));
       NB_TRY(lin[3].forward(a.a, weight(l, 3, w.wdown, w.mdown), A.resid[l + 1], 1.f, st));  // resid' = mid + a Wdown^T
+      NB_TRY(adapt_forward(l, 3, a.a, A.resid[l + 1]));
     }
     NB_PROFILE_END("fwd: swiglu + down");
     return Status::ok();
   };
 
   // ---- forward
-  ops::embedding_forward(params_.compute("model.embed_tokens.weight"), ids, A.resid[0], st);
+  ops::embedding_forward(W.compute("model.embed_tokens.weight"), ids, A.resid[0], st);
   for (int64_t l = 0; l < c.layers; ++l) NB_TRY(forward_layer(l, true));
 
   // ---- LM head and loss, chunked over tokens; the backward of the head runs chunk by chunk too.
   const std::string lm_name = c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  const Tensor w_lm = params_.compute(lm_name), g_lm = params_.grad(lm_name);
-  const Tensor w_final = params_.compute("model.norm.weight");
+  const Tensor w_lm = W.compute(lm_name), g_lm = grad_of(lm_name);
+  const Tensor w_final = W.compute("model.norm.weight");
   ops::rmsnorm_forward(A.resid[c.layers], w_final, c.norm_eps, A.nf, A.rstdf, st);
   for (int64_t t0 = 0; t0 < T; t0 += lm_chunk_tokens_) {
     int64_t t1 = std::min(T, t0 + lm_chunk_tokens_);
@@ -609,12 +674,12 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_BEGIN("lm: cross-entropy");
     ops::cross_entropy_fwd_bwd(logits, rows(targets, t0, t1), backward ? grad_scale : 0.f, rows(A.losses, t0, t1), st);
     NB_PROFILE_END("lm: cross-entropy");
-    if (backward) {
+    if (backward) {  // (a frozen LM head has no gradient: g_lm is empty)
       NB_PROFILE_BEGIN("lm: dgrad GEMM");
       NB_TRY(gemm::matmul(logits, w_lm, rows(A.dnf, t0, t1), nn(), st));  // d nf = dlogits W
       NB_PROFILE_END("lm: dgrad GEMM");
       NB_PROFILE_BEGIN("lm: wgrad GEMM (f32 +=)");
-      NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));  // dW += dlogits^T nf
+      if (g_lm.data) NB_TRY(gemm::matmul(logits, nf_c, g_lm, tn_acc(), st));  // dW += dlogits^T nf
       NB_PROFILE_END("lm: wgrad GEMM (f32 +=)");
     }
   }
@@ -625,7 +690,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   }
 
   // ---- backward
-  ops::rmsnorm_backward(A.resid[c.layers], w_final, A.rstdf, A.dnf, A.dx, params_.grad("model.norm.weight"), st);
+  ops::rmsnorm_backward(A.resid[c.layers], w_final, A.rstdf, A.dnf, A.dx, grad_of("model.norm.weight"), st);
   Tensor dx = A.dx, dx_next = A.dx2;
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     const Layer w = layer_weights(l);
@@ -641,12 +706,14 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_BEGIN("bwd: down GEMMs");
     auto& lin = linears_[size_t(l)];
     NB_TRY(lin[3].backward(dx, a.a, weight(l, 3, w.wdown, w.mdown), A.da, 0.f, w.gdown, st));
+    NB_TRY(adapt_backward(l, 3, dx, a.a, A.da));
     NB_PROFILE_END("bwd: down GEMMs");
     NB_PROFILE_BEGIN("bwd: swiglu");
     ops::swiglu_backward(a.gu, A.da, A.dgu, st);
     NB_PROFILE_END("bwd: swiglu");
     NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
     NB_TRY(lin[2].backward(A.dgu, a.n2, weight(l, 2, w.wgu, w.mgu), A.dn, 0.f, w.ggu, st));
+    NB_TRY(adapt_backward(l, 2, A.dgu, a.n2, A.dn));
     NB_PROFILE_END("bwd: gate_up GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A.dn, A.dmid, w.g_post, st);
@@ -655,6 +722,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     // Attention: mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T
     NB_PROFILE_BEGIN("bwd: o GEMMs");
     NB_TRY(lin[1].backward(A.dmid, a.o, weight(l, 1, w.wo, w.mo), A.dout, 0.f, w.go, st));
+    NB_TRY(adapt_backward(l, 1, A.dmid, a.o, A.dout));
     NB_PROFILE_END("bwd: o GEMMs");
     NB_PROFILE_BEGIN("bwd: attention");
     NB_TRY(ops::attention_backward(
@@ -670,6 +738,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("bwd: rope + merge");
     NB_PROFILE_BEGIN("bwd: qkv GEMMs");
     NB_TRY(lin[0].backward(dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), A.dn, 0.f, w.gqkv, st));
+    NB_TRY(adapt_backward(l, 0, dqkv, a.n1, A.dn));
     NB_PROFILE_END("bwd: qkv GEMMs");
     NB_PROFILE_BEGIN("bwd: norms + adds");
     ops::rmsnorm_backward(A.resid[l], w.w_in, a.rstd1, A.dn, dx_next, w.g_in, st);
@@ -677,7 +746,8 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     NB_PROFILE_END("bwd: norms + adds");
     std::swap(dx, dx_next);
   }
-  ops::embedding_backward(ids, dx, params_.grad("model.embed_tokens.weight"), st);
+  if (!lora_enabled_) ops::embedding_backward(ids, dx, params_.grad("model.embed_tokens.weight"), st);
+  micro_ += micro_stride_;
   arena_.release(mark);
   return Status::ok();
 }

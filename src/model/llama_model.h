@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 #include "core/arena.h"
+#include "io/hf_llama.h"
+#include "io/peft_adapter.h"
 #include "model/llama_config.h"
+#include "model/lora.h"
 #include "model/params.h"
 #include "ops/attention.h"
 #include "recipe/linear.h"
@@ -34,8 +37,9 @@ class LlamaModel {
               const recipe::Recipe& recipe = recipe::Recipe{});
   // Bytes of activations and temporaries one micro-batch needs (exact: the same plan allocates them).
   // Quantized layers keep their linears' inputs as quantized copies (owned by the Linear), not in BF16.
+  // With LoRA (lora != nullptr) every layer keeps its linears' BF16 inputs (the adapters' Wgrad reads them).
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                       const recipe::Recipe& recipe = recipe::Recipe{});
+                                       const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr);
   // Device bytes of the quantized copies the recipe's linears hold (outside the activation arena).
   size_t quantized_copy_bytes() const;
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
@@ -59,7 +63,23 @@ class LlamaModel {
   // With the distributed optimizer over `shards` ranks: 4 (gradient) + 12 / shards + the compute copy.
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
                                  int shards = 1);
+  // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
+  // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
+  // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy.
+  static int64_t lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
+                                      const LoraSpec& lora);
+  // The trainable parameters: the whole model, or with LoRA the adapters only.
   ParamStore& params() { return params_; }
+  // LoRA: set before init. The base is frozen (no FP32 master, gradient or AdamW state) and stored in
+  // the recipe's formats, quantized once at init from `base` (HF names: an HF folder or a nibble
+  // checkpoint's model file) or, when base is nullptr, from the seeded values a fresh model of this seed
+  // would start with. The reader is used during init only.
+  void set_lora(const LoraSpec& spec, const HfCheckpointReader* base);
+  bool lora_enabled() const { return lora_enabled_; }
+  const LoraSpec& lora_spec() const { return lora_spec_; }
+  const ParamStore& base() const { return lora_enabled_ ? base_ : params_; }
+  // Linear i (qkv 0, o 1, gate_up 2, down 3) of a layer, for tests and diagnostics.
+  const recipe::Linear& linear(int64_t layer, int i) const { return linears_[size_t(layer)][size_t(i)]; }
   const LlamaConfig& config() const { return cfg_; }
   // Set before init: false keeps compute copies of quantized layers' weights too (tests compare both paths).
   bool master_only_quantized_weights = true;
@@ -99,6 +119,11 @@ class LlamaModel {
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
+  // LoRA (llama_lora.cpp): the adapter modules' views, and the frozen base streamed into place.
+  void build_lora_modules();
+  Status load_base(uint64_t seed);
+  Status base_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst) const;
+  Status freeze_linear(const std::string& weight_name, const Tensor& w);
 
   LlamaConfig cfg_;
   Device dev_ = Device::cpu;
@@ -122,6 +147,16 @@ class LlamaModel {
   std::vector<int64_t> seg_offset_;
   Buffer seg_starts_, positions_;
   int64_t staged_capacity_ = 0;
+  // LoRA: the frozen base (params_ then holds the adapters), per (layer, linear) its adapter (a.data ==
+  // nullptr: not adapted), a scratch for the frozen norms' unused weight gradient, the dropout key state.
+  bool lora_enabled_ = false;
+  LoraSpec lora_spec_;
+  const HfCheckpointReader* lora_base_ = nullptr;
+  ParamStore base_;
+  std::vector<LoraModule> lora_modules_;
+  Buffer norm_dw_sink_;
+  uint32_t step_ = 0, micro_ = 0, micro_stride_ = 1;
+  uint64_t seed_ = 0;
   float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits
 };
 

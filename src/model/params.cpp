@@ -34,26 +34,44 @@ std::vector<ParamInfo> llama_param_list(const LlamaConfig& c) {
   return decayed;
 }
 
-// Standard normal pair by Box-Muller from two 32-bit uniforms (FP64 on the host: init only).
-void normal_fill(float* out, int64_t n, uint64_t seed, uint32_t stream, float stddev) {
+// Standard normal pairs by Box-Muller from two 32-bit uniforms (FP64 on the host: init only), for
+// elements [begin, end) of a stream; begin is a multiple of 4 (one Philox block gives 4 uniforms).
+void normal_fill(float* out, int64_t begin, int64_t end, uint64_t seed, uint32_t stream, float stddev) {
   RngKey key{seed, 0, stream};
-  for (int64_t i = 0; i < n; i += 4) {
+  for (int64_t i = begin; i < end; i += 4) {
     Philox4x32 r = philox_block(key, uint64_t(i / 4));
-    for (int j = 0; j < 4 && i + j < n; j += 2) {
+    for (int j = 0; j < 4 && i + j < end; j += 2) {
       double u1 = (double(r.v[j]) + 1.0) / 4294967296.0, u2 = double(r.v[j + 1]) / 4294967296.0;
       double rad = std::sqrt(-2.0 * std::log(u1));
       out[i + j] = float(rad * std::cos(2.0 * M_PI * u2)) * stddev;
-      if (i + j + 1 < n) out[i + j + 1] = float(rad * std::sin(2.0 * M_PI * u2)) * stddev;
+      if (i + j + 1 < end) out[i + j + 1] = float(rad * std::sin(2.0 * M_PI * u2)) * stddev;
     }
   }
 }
 }  // namespace
 
-Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end,
-                            int shard_rank, int shard_count) {
-  device_ = dev;
-  params_ = llama_param_list(cfg);
+void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst, unsigned threads) {
+  if (p.init_std == 0) {
+    std::fill(dst, dst + p.numel, p.init_value);
+    return;
+  }
+  constexpr int64_t kChunk = int64_t(1) << 22;  // elements per task, a multiple of 4
+  const int64_t chunks = (p.numel + kChunk - 1) / kChunk;
+  threads = unsigned(std::clamp<int64_t>(std::min<int64_t>(threads, chunks), 1, 64));
+  auto work = [&](unsigned t) {
+    for (int64_t c = t; c < chunks; c += threads)
+      normal_fill(dst, c * kChunk, std::min(p.numel, (c + 1) * kChunk), seed, index, p.init_std);
+  };
+  if (threads == 1) return work(0);
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t) pool.emplace_back(work, t);
+  for (auto& th : pool) th.join();
+}
+
+Status ParamStore::layout(std::vector<ParamInfo> params) {
+  params_ = std::move(params);
   int64_t off = 0;
+  decayed_end_ = 0;
   for (auto& p : params_) {
     p.numel = 1;
     for (int64_t d : p.shape) p.numel *= d;
@@ -63,15 +81,22 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
   }
   total_ = off;
   hole_begin_ = hole_end_ = 0;
-  if (master_only_begin < master_only_end) {
-    NB_CHECK(master_only_begin >= 0 && master_only_end <= cfg.layers, "master-only layers [%lld, %lld) out of range",
-             (long long)master_only_begin, (long long)master_only_end);
-    // Per layer the six linear weights are consecutive (q, k, v, o, gate_up, down); norms live elsewhere.
-    const ParamInfo& first = info("model.layers." + std::to_string(master_only_begin) + ".self_attn.q_proj.weight");
-    const ParamInfo& last = info("model.layers." + std::to_string(master_only_end - 1) + ".mlp.down_proj.weight");
-    hole_begin_ = first.offset;
-    hole_end_ = last.offset + (last.numel + kAlign - 1) / kAlign * kAlign;
-  }
+  return Status::ok();
+}
+
+// Per layer the six linear weights are consecutive (q, k, v, o, gate_up, down); norms live elsewhere.
+Status ParamStore::set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer) {
+  if (begin_layer >= end_layer) return Status::ok();
+  NB_CHECK(begin_layer >= 0 && end_layer <= cfg.layers, "master-only layers [%lld, %lld) out of range",
+           (long long)begin_layer, (long long)end_layer);
+  const ParamInfo& first = info("model.layers." + std::to_string(begin_layer) + ".self_attn.q_proj.weight");
+  const ParamInfo& last = info("model.layers." + std::to_string(end_layer - 1) + ".mlp.down_proj.weight");
+  hole_begin_ = first.offset;
+  hole_end_ = last.offset + (last.numel + kAlign - 1) / kAlign * kAlign;
+  return Status::ok();
+}
+
+Status ParamStore::allocate_buffers(int shard_rank, int shard_count) {
   NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
            shard_count);
   NB_CHECK(shard_count == 1 || hole_end_ == hole_begin_, "internal: a sharded store needs every compute copy");
@@ -81,30 +106,50 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
   shard_len_ = (total_ + unit - 1) / unit * unit / shard_count;
   shard_begin_ = shard_len_ * shard_rank;
   if (shard_count == 1) shard_len_ = total_;
-  NB_TRY(Buffer::allocate(&master_, DType::f32, dev, {shard_len_}));
-  NB_TRY(Buffer::allocate(&grad_, DType::f32, dev, {padded_total()}));
-  NB_TRY(Buffer::allocate(&m_, DType::f32, dev, {shard_len_}));
-  NB_TRY(Buffer::allocate(&v_, DType::f32, dev, {shard_len_}));
+  if (!frozen_) {
+    NB_TRY(Buffer::allocate(&master_, DType::f32, device_, {shard_len_}));
+    NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {padded_total()}));
+    NB_TRY(Buffer::allocate(&m_, DType::f32, device_, {shard_len_}));
+    NB_TRY(Buffer::allocate(&v_, DType::f32, device_, {shard_len_}));
+  }
   const int64_t compute_n = shard_count > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
-  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), dev, {std::max<int64_t>(1, compute_n)}));
-  return Status::ok();
+  return Buffer::allocate(&compute_, compute_dtype(), device_, {std::max<int64_t>(1, compute_n)});
+}
+
+Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end,
+                            int shard_rank, int shard_count) {
+  device_ = dev;
+  frozen_ = false;
+  NB_TRY(layout(llama_param_list(cfg)));
+  NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
+  return allocate_buffers(shard_rank, shard_count);
+}
+
+Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
+  device_ = dev;
+  frozen_ = false;
+  NB_TRY(layout(std::move(params)));
+  return allocate_buffers(0, 1);
+}
+
+Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end) {
+  device_ = dev;
+  frozen_ = true;
+  NB_TRY(layout(llama_param_list(cfg)));
+  NB_TRY(set_hole(cfg, no_copy_begin, no_copy_end));
+  return allocate_buffers(0, 1);
 }
 
 Status ParamStore::initialize(uint64_t seed) {
+  NB_CHECK(!frozen_, "internal: initialize() of a frozen store (its owner streams the values in)");
   std::vector<float> host(size_t(total_), 0.0f);
   // Each parameter gets its own Philox stream (its index), so values do not depend on thread count.
   unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (unsigned t = 0; t < nthreads; ++t) {
     pool.emplace_back([&, t] {
-      for (size_t i = t; i < params_.size(); i += nthreads) {
-        const auto& p = params_[i];
-        float* dst = host.data() + p.offset;
-        if (p.init_std == 0)
-          std::fill(dst, dst + p.numel, 1.0f);
-        else
-          normal_fill(dst, p.numel, seed, uint32_t(i), p.init_std);
-      }
+      for (size_t i = t; i < params_.size(); i += nthreads)
+        initial_values(params_[i], uint32_t(i), seed, host.data() + params_[i].offset, 1);
     });
   }
   for (auto& th : pool) th.join();
@@ -191,13 +236,18 @@ std::vector<ParamStore::Piece> ParamStore::compute_pieces(int64_t begin, int64_t
   }
   return out;
 }
-Tensor ParamStore::grad(const std::string& n) const { return shaped(grad_, DType::f32, info(n)); }
+Tensor ParamStore::grad(const std::string& n) const {
+  NB_CHECK(!frozen_, "internal: %s is frozen (no gradient)", n.c_str());
+  return shaped(grad_, DType::f32, info(n));
+}
 Tensor ParamStore::master(const std::string& n) const {
+  NB_CHECK(!frozen_, "internal: %s is frozen (no FP32 master)", n.c_str());
   NB_CHECK(shard_count_ == 1, "internal: per-parameter master views of a sharded store");
   return shaped(master_, DType::f32, info(n));
 }
 size_t ParamStore::bytes() const {
   const int64_t compute_n = shard_count_ > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
+  if (frozen_) return size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
   return size_t(padded_total()) * 4 + size_t(shard_len_) * 12 +
          size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
 }

@@ -26,15 +26,28 @@ struct ParamInfo {
   std::vector<int64_t> shape;  // [out, in] for linears
   int64_t offset = 0;          // element offset in every flat buffer
   int64_t numel = 0;
-  bool decay = false;  // 2-D weights get weight decay; norms do not
-  float init_std = 0;  // 0 = constant 1 (norm weights)
+  bool decay = false;    // 2-D weights get weight decay; norms do not
+  float init_std = 0;    // 0 = the constant init_value
+  float init_value = 1;  // norm weights 1, LoRA B 0
 };
+
+// The seeded initial values of parameter p, which is parameter number `index` of its store: N(0,
+// init_std) from Philox stream `index` (FP64 Box-Muller on the host), or the constant. Filled by up to
+// `threads` threads in Philox-block chunks, so the values never depend on the thread count.
+void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst, unsigned threads);
 
 class ParamStore {
  public:
   // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
   Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0,
                   int shard_rank = 0, int shard_count = 1);
+  // A store of the given parameters (LoRA adapters): every one trainable, one shard, no master-only range.
+  Status allocate(std::vector<ParamInfo> params, Device dev);
+  // A frozen store (a LoRA base): the compute copy only, no master, gradient or AdamW state (grad(),
+  // master() and the flat views are errors). Linear weights of layers [no_copy_begin, no_copy_end) get no
+  // storage here at all: their Linears hold them quantized.
+  Status allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end);
+  bool frozen() const { return frozen_; }
   // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
   Status initialize(uint64_t seed);
 
@@ -95,6 +108,10 @@ class ParamStore {
   int shard_count_ = 1;
   int64_t shard_begin_ = 0, shard_len_ = 0;
   Device device_ = Device::cpu;
+  bool frozen_ = false;
+  Status layout(std::vector<ParamInfo> params);
+  Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
+  Status allocate_buffers(int shard_rank, int shard_count);
   Buffer master_, grad_, m_, v_, compute_;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 #include "ops/adamw.h"
 #include "ops/cross_entropy.h"
+#include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/rmsnorm.h"

@@ -37,13 +37,14 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
-                     LinearWorkspace* workspace_) {
+                     LinearWorkspace* workspace_, bool row_only_) {
   role = role_;
   spec = s;
   cols = cols_;
   dev = dev_;
   rows = 0;
   col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
+  row_only = row_only_ && !col_is_row;
   const int64_t n = rows_cap * cols;
   int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
   switch (s.fmt) {
@@ -65,7 +66,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   }
   // Transient pieces: the input's row copy (Fprop only) and both grad copies (backward only).
   const bool row_transient = workspace_ && role != Role::weight;
-  const bool col_transient = workspace_ && role == Role::grad;
+  const bool col_transient = workspace_ && role == Role::grad && !row_only;
   workspace = (row_transient || col_transient) ? workspace_ : nullptr;
   slot = role == Role::grad ? LinearWorkspace::Slot::grad : LinearWorkspace::Slot::input_row;
   slot_bytes = 0;
@@ -82,7 +83,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   };
   NB_TRY(place(&row_data, row_transient, data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
-  if (!col_is_row) {
+  if (!col_is_row && !row_only) {
     NB_TRY(place(&col_data, col_transient, data_bytes));
     NB_TRY(place(&col_scales, col_transient, col_scale_bytes));
   }
@@ -116,10 +117,11 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
     NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
   else
     si[kFlag] = 0;
+  const bool colwise = !col_is_row && !row_only;
   uint8_t* rd = ptr(row_data);
-  uint8_t* cd = ptr(col_data);
+  uint8_t* cd = colwise ? ptr(col_data) : nullptr;
   auto* rs = ptr(row_scales);
-  auto* cs = ptr(col_scales);
+  auto* cs = colwise ? ptr(col_scales) : nullptr;
   switch (spec.fmt) {
     case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
     case Fmt::fp8_e4m3:
@@ -148,13 +150,15 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       fp8::BlockOptions o;
       o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
       o.pow2_scales = a.pow2_scales;
+      o.colwise = colwise;
       fp8::BlockView v{rows, cols, rd, reinterpret_cast<float*>(rs), cd, reinterpret_cast<float*>(cs), si + kFlag};
       NB_TRY(cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v));
       break;
     }
     case Fmt::mxfp8: {
       mxfp8::QuantizedView v{rows, cols, rd, rs, cd, cs, si + kFlag};
-      NB_TRY(cuda ? mxfp8::quantize_cuda(src, {}, v, stream) : mxfp8::quantize_ref(src, {}, v));
+      const mxfp8::Options o{true, colwise};
+      NB_TRY(cuda ? mxfp8::quantize_cuda(src, o, v, stream) : mxfp8::quantize_ref(src, o, v));
       break;
     }
     case Fmt::nvfp4: {
@@ -163,11 +167,10 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       o.rht = spec.rht;
       o.sr = spec.sr;
       o.rng = a.rng;
-      // col_is_row: row copy only; the column amax slot is left as init set it (0) on both backends
-      // (col_operand() uses the row amax, which is the column one for 2D).
-      o.colwise = !col_is_row;
-      nvfp4::QuantizedView v{rows,      cols, rd, rs, cd, cs, sf + kRowAmax, col_is_row ? nullptr : sf + kColAmax,
-                             si + kFlag};
+      // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
+      // backends (col_operand() uses the row amax, which is the column one for 2D).
+      o.colwise = colwise;
+      nvfp4::QuantizedView v{rows, cols, rd, rs, cd, cs, sf + kRowAmax, colwise ? sf + kColAmax : nullptr, si + kFlag};
       NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
       break;
     }
@@ -216,7 +219,14 @@ gemm::QOperand QCopies::col_operand() const {
     op.k_major = false;
     return op;
   }
-  op.data = ptr(col_data);
+  return col_operand_at(ptr(col_data));
+}
+
+gemm::QOperand QCopies::col_operand_at(const uint8_t* data) const {
+  gemm::QOperand op = row_operand();
+  op.rows = cols;
+  op.k = rows;
+  op.data = data;
   if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = ptr(col_scales);
   op.amax = state_f.ptr<float>() + kColAmax;
   op.k_major = spec.fmt != Fmt::mxfp8;  // MXFP8 keeps its column-wise copy un-transposed

@@ -16,6 +16,20 @@
 // Stochastic-rounding key: RngKey{recipe.seed, step, (tensor_id << 8) | (micro_batch % 64) << 2 | role << 1},
 // role 0 = input, 1 = grad; the NVFP4 quantizer flips bit 0 for the column-wise copy.
 // backward() pairs with the latest forward() (the forward/backward of one micro-batch run back to back).
+//
+// Frozen mode (init(..., frozen = true); LoRA fine-tuning, where base weights are never trained):
+//   - no Wgrad: backward() runs Dgrad only and never reads x or dw_f32 (pass Tensor{}; a non-empty dw_f32
+//     is ignored too, neither checked nor written);
+//   - no column-wise copy of the input or the gradient (only Wgrad read them): the input role quantizes its
+//     row copy only and owns nothing but its state block (for a 70B model the input column copies are ~17 GB);
+//   - quantized: freeze_weight(w) quantizes the weight once (delayed FP8 scaling is refused at init); then
+//     forward()/backward() ignore their w (Tensor{} is fine) and new_step() keeps the weight. Calling
+//     forward() before freeze_weight() is an error. Weight copies kept per format, bytes per element:
+//       nvfp4 2D          row copy only, as in training: 0.5 + 1/16
+//       fp8 per tensor    row copy only: 1; Dgrad transposes its codes (exact: one scale, same codes) into
+//                         the workspace's weight_col slot, shared by all Linears (the largest weight's size)
+//       mxfp8, fp8 block, 1D nvfp4   both copies, as in training (quantized once)
+//   - BF16 (bf16 layer or bf16_mixed): forward as usual, backward = the Dgrad GEMM on the given w.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -32,7 +46,8 @@ namespace nb::recipe {
 
 // Host copy of one role's quantized copies, in the format quantizers' layouts (see recipe/linear_internal.h
 // and formats/*): for tests and diagnostics (addition to the agreed API). A 2D NVFP4 weight has no
-// column-wise copy: col_data/col_scales are empty and col_amax = row_amax.
+// column-wise copy: col_data/col_scales are empty and col_amax = row_amax. Nor have a frozen Linear's
+// input and grad roles and its per-tensor FP8 weight: col_data/col_scales empty, col_amax 0.
 struct QuantizedBytes {
   Fmt fmt = Fmt::bf16;
   int64_t rows = 0, cols = 0;  // the source [rows, cols] of the latest quantization
@@ -69,14 +84,18 @@ class Linear {
   // tensor_id: unique per linear (used in the SR random key); max_tokens: largest M it will see.
   // workspace: where the transient copies go; init registers this Linear's needs in it (the owner calls
   // allocate() after all inits; until then the first use allocates). nullptr: a private workspace,
-  // allocated here. Its device must be dev.
+  // allocated here. Its device must be dev. frozen: the frozen-weight mode (see above).
   Status init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
               int64_t in_features, int64_t out_features, Device dev,
-              std::shared_ptr<LinearWorkspace> workspace = nullptr);
-  // Fprop: y = x w^T + beta*y.
+              std::shared_ptr<LinearWorkspace> workspace = nullptr, bool frozen = false);
+  // Frozen quantized Linear only: quantizes w ([out, in], bf16 on cuda, f32 on cpu, like forward's) into
+  // the weight role's kept copies, once (call again only if the base weight itself changes). An error for
+  // a Linear that is not frozen, and for a frozen BF16 layer (it reads its BF16 w in forward/backward).
+  Status freeze_weight(const Tensor& w, Stream stream);
+  // Fprop: y = x w^T + beta*y. A frozen quantized Linear ignores w (its frozen copy is used).
   Status forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
   // Dgrad dx = dy w + dx_beta*dx; Wgrad dw_f32 += dy^T x (FP32). A quantized recipe uses its kept copy
-  // of x (the caller may have overwritten x); a BF16 layer reads x.
+  // of x (the caller may have overwritten x); a BF16 layer reads x. Frozen: Dgrad only (see above).
   Status backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
                   const Tensor& dw_f32, Stream stream);
   // Weights changed: requantize on next forward; SR key step; delayed-scaling roll. The SR key's
@@ -85,9 +104,11 @@ class Linear {
   void set_collect_stats(bool on);        // per-operand flushed/saturated/SQNR (extra passes; off by default)
   Status take_health(LinearHealth* out);  // since the last call; may synchronize
   bool keeps_quantized_input() const;     // true when backward() does not read x
+  bool frozen() const;                    // initialized in the frozen-weight mode
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
-  // copies, the per-role state blocks. The workspace's bytes are not included: count them once, where
-  // the workspace is owned (workspace()->bytes() for a private one).
+  // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row
+  // copy only). The workspace's bytes are not included: count them once, where the workspace is owned
+  // (workspace()->bytes() for a private one).
   size_t bytes() const;
   std::shared_ptr<LinearWorkspace> workspace() const;  // nullptr for a BF16 layer or before init
   // role 0 = input, 1 = weight, 2 = grad (synchronizes on cuda); an error for a BF16 layer.

@@ -1,5 +1,5 @@
-// Internals of Linear shared by linear.cpp (quantized copies of one role) and linear_layer.cpp (the
-// layer: schedule, GEMMs, health). Not part of the public API.
+// Internals of Linear shared by linear.cpp (quantized copies of one role), linear_layer.cpp (the
+// layer: schedule, GEMMs, health) and linear_frozen.cpp (the frozen-weight mode). Not part of the public API.
 //
 // QCopies holds the two copies of one role's source [rows, cols] (rows <= the capacity given at init):
 //   row copy   blocks along cols (the Fprop / Dgrad operand)
@@ -9,6 +9,9 @@
 //              so col_operand() is the row copy read as [K = rows, cols] (k_major = false) with the row
 //              amax; this saves 9/16 byte per element. A native FP4 GEMM (sm_100, not implemented)
 //              needs K-major operands and would need the real column-wise copy here again.
+//              row_only (a frozen Linear): not stored either; nothing reads it (input, grad: only Wgrad
+//              did) or Dgrad transposes the row copy on use (a per-tensor FP8 weight: both copies hold
+//              the same codes under one scale, so col_operand_at(transposed row bytes) is exact).
 // plus a small state block (linear_device.h): amaxes, FP8 scale/scale_inv, non-finite flag and count.
 // Where the copies live: owned Buffers for the copies kept across calls (input column, weight both), a
 // LinearWorkspace slot for the transient ones (input row -> input_row slot, grad both -> grad slot). In a
@@ -19,6 +22,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 #include "core/bf16.h"
 #include "core/philox.h"
@@ -26,6 +31,7 @@
 #include "formats/fp8/fp8.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
+#include "recipe/linear_stats.h"
 #include "recipe/linear_workspace.h"
 
 namespace nb::recipe {
@@ -65,6 +71,7 @@ struct QCopies {
   Device dev = Device::cpu;
   Piece row_data, row_scales, col_data, col_scales;
   bool col_is_row = false;  // 2D NVFP4: no column-wise copy; col_operand() reads the row copy
+  bool row_only = false;    // frozen Linear: no column-wise copy is made or stored (see above)
   Buffer state_f, state_i;
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
@@ -75,18 +82,55 @@ struct QCopies {
   bool used_in_step = false;
 
   // workspace == nullptr: every piece owned. Otherwise the input role's row pieces (or all the grad
-  // role's pieces) go into the workspace, whose need is registered here.
-  Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace);
-  // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row), then folds
-  // flag/amax into the state.
+  // role's pieces) go into the workspace, whose need is registered here. row_only: no column-wise pieces.
+  Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace,
+              bool row_only = false);
+  // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row or row_only),
+  // then folds flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
   gemm::QOperand row_operand() const;  // [rows, cols]
   gemm::QOperand col_operand() const;  // [cols, rows] (col_is_row: the row copy, stored [rows, cols])
+  // The column operand with its data at `data` (the column copy's layout); its scales and amax are this
+  // role's. Per-tensor FP8 row_only: `data` = the row copy transposed.
+  gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;
   Status write_state(const float* floats, const int* ints, Stream stream);
   Status clear_nonfinite_count();
+};
+
+// A contiguous [rows, cols] tensor of dtype dt on dev, or one sentence naming the layer and what it got.
+Status check_2d(const Tensor& t, const char* what, const std::string& layer, int64_t rows, int64_t cols, DType dt,
+                Device dev);
+
+struct Linear::Impl {
+  Recipe recipe;
+  bool all_bf16 = true;  // BF16 layer or bf16_mixed: no quantization at all
+  bool frozen = false;   // no Wgrad; quantized: freeze_weight() quantizes the weight once (linear_frozen.cpp)
+  bool weight_transposed_on_use = false;  // frozen per-tensor FP8 weight: Dgrad transposes the row copy
+  std::string name;
+  uint32_t tensor_id = 0;
+  int64_t max_tokens = 0, in = 0, out = 0;
+  Device dev = Device::cpu;
+  std::shared_ptr<LinearWorkspace> workspace;  // transient copies (shared with the model's other Linears)
+  QCopies q[3];                                // input, weight, grad
+  bool weight_valid = false;                   // frozen: set by freeze_weight, never cleared by new_step
+  bool have_input = false;
+  uint32_t step = 0, micro = 0, micro_stride = 1;
+  bool collect_stats = false;
+  StatsAccumulator stats;
+  // CPU backend: BF16-rounded sources of the quantizers.
+  std::vector<bf16> host_bf16;
+
+  RngKey rng_key(Role role) const {
+    uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
+    return RngKey{recipe.seed, step, stream};
+  }
+  QuantizeArgs args(Role role) const { return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)}; }
+  Status quantize(Role role, const Tensor& src, Stream stream);
+  // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
+  Status frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta, Stream stream);
 };
 
 }  // namespace nb::recipe

@@ -16,31 +16,6 @@ namespace nb::recipe {
 
 using namespace detail;
 
-struct Linear::Impl {
-  Recipe recipe;
-  bool all_bf16 = true;  // BF16 layer or bf16_mixed: no quantization at all
-  std::string name;
-  uint32_t tensor_id = 0;
-  int64_t max_tokens = 0, in = 0, out = 0;
-  Device dev = Device::cpu;
-  std::shared_ptr<LinearWorkspace> workspace;  // transient copies (shared with the model's other Linears)
-  QCopies q[3];                                // input, weight, grad
-  bool weight_valid = false;
-  bool have_input = false;
-  uint32_t step = 0, micro = 0, micro_stride = 1;
-  bool collect_stats = false;
-  StatsAccumulator stats;
-  // CPU backend: BF16-rounded sources of the quantizers.
-  std::vector<bf16> host_bf16;
-
-  RngKey rng_key(Role role) const {
-    uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
-    return RngKey{recipe.seed, step, stream};
-  }
-  QuantizeArgs args(Role role) const { return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)}; }
-  Status quantize(Role role, const Tensor& src, Stream stream);
-};
-
 Linear::Linear() = default;
 Linear::~Linear() = default;
 Linear::Linear(Linear&&) noexcept = default;
@@ -48,8 +23,8 @@ Linear& Linear::operator=(Linear&&) noexcept = default;
 
 static const char* kRoleNames[3] = {"input", "weight", "grad"};
 
-static Status check_2d(const Tensor& t, const char* what, const std::string& layer, int64_t rows, int64_t cols,
-                       DType dt, Device dev) {
+Status check_2d(const Tensor& t, const char* what, const std::string& layer, int64_t rows, int64_t cols, DType dt,
+                Device dev) {
   if (t.ndim != 2 || t.shape[0] != rows || t.shape[1] != cols || !t.is_contiguous())
     return errorf("linear '%s': %s is %s; need a contiguous [%lld, %lld]", layer.c_str(), what, t.shape_str().c_str(),
                   (long long)rows, (long long)cols);
@@ -78,8 +53,55 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
   return Status::ok();
 }
 
+// The quantized copies of a quantized layer, placed per linear.h (frozen: no column-wise input or grad
+// copy; a per-tensor FP8 weight's column copy is a workspace transient).
+static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> workspace) {
+  const Recipe& r = impl->recipe;
+  const std::string& name = impl->name;
+  const RoleSpec* roles[3] = {&r.input, &r.weight, &r.grad};
+  for (int i = 0; i < 3; ++i) {
+    if (roles[i]->fmt == Fmt::bf16)
+      return errorf(
+          "linear '%s': recipe '%s' quantizes some roles but leaves %s in bf16; every GEMM needs both "
+          "operands in one format family (quantize all three roles or none)",
+          name.c_str(), r.name.c_str(), kRoleNames[i]);
+  }
+  if (impl->frozen && r.fp8_scaling == Fp8Scaling::delayed)
+    return errorf(
+        "linear '%s': recipe '%s' uses delayed FP8 scaling, which a frozen weight cannot follow (its scale "
+        "would never be updated); frozen weights need current scaling or a non-FP8 recipe",
+        name.c_str(), r.name.c_str());
+  // Every dimension is the reduction dim of one GEMM (K of Fprop, N of Dgrad, M of Wgrad).
+  int64_t mult = 1;
+  for (const RoleSpec* s : roles) mult = std::max(mult, fmt_multiple(s->fmt));
+  const int64_t in = impl->in, out = impl->out;
+  if (in % mult != 0 || out % mult != 0)
+    return errorf(
+        "linear '%s': [%lld out x %lld in] cannot run recipe '%s': its formats need in and out features "
+        "that are multiples of %lld (keep this layer in BF16 or pad it)",
+        name.c_str(), (long long)out, (long long)in, r.name.c_str(), (long long)mult);
+  const int64_t tokens_cap = (impl->max_tokens + mult - 1) / mult * mult;
+  // A private workspace is allocated here, so a lone Linear fails at init on out-of-memory as it did
+  // with owned copies; a shared one is allocated by its owner after every init (or grows on first use).
+  const bool private_workspace = !workspace;
+  impl->workspace = private_workspace ? std::make_shared<LinearWorkspace>(impl->dev) : std::move(workspace);
+  LinearWorkspace* ws = impl->workspace.get();
+  const bool frozen = impl->frozen;
+  impl->weight_transposed_on_use = frozen && (r.weight.fmt == Fmt::fp8_e4m3 || r.weight.fmt == Fmt::fp8_e5m2);
+  NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen));
+  NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use));
+  NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen));
+  if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
+  if (private_workspace) NB_TRY(ws->allocate().context("linear '" + name + "'"));
+  for (QCopies& c : impl->q)
+    if (r.fp8_scaling == Fp8Scaling::delayed)
+      c.delayed = fp8::DelayedScaling(c.delayed.format, int(r.amax_history_len));
+  return Status::ok();
+}
+
 Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
-                    int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace) {
+                    int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace,
+                    bool frozen) {
   if (tensor_id >= (1u << 24))
     return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
   if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
@@ -93,43 +115,14 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
   auto impl = std::make_unique<Impl>();
   impl->recipe = r;
   impl->all_bf16 = bf16_layer || !r.quantized();
+  impl->frozen = frozen;
   impl->name = name;
   impl->tensor_id = tensor_id;
   impl->max_tokens = max_tokens;
   impl->in = in_features;
   impl->out = out_features;
   impl->dev = dev;
-  if (!impl->all_bf16) {
-    const RoleSpec* roles[3] = {&r.input, &r.weight, &r.grad};
-    for (int i = 0; i < 3; ++i) {
-      if (roles[i]->fmt == Fmt::bf16)
-        return errorf(
-            "linear '%s': recipe '%s' quantizes some roles but leaves %s in bf16; every GEMM needs both "
-            "operands in one format family (quantize all three roles or none)",
-            name.c_str(), r.name.c_str(), kRoleNames[i]);
-    }
-    // Every dimension is the reduction dim of one GEMM (K of Fprop, N of Dgrad, M of Wgrad).
-    int64_t mult = 1;
-    for (const RoleSpec* s : roles) mult = std::max(mult, fmt_multiple(s->fmt));
-    if (in_features % mult != 0 || out_features % mult != 0)
-      return errorf(
-          "linear '%s': [%lld out x %lld in] cannot run recipe '%s': its formats need in and out features "
-          "that are multiples of %lld (keep this layer in BF16 or pad it)",
-          name.c_str(), (long long)out_features, (long long)in_features, r.name.c_str(), (long long)mult);
-    const int64_t tokens_cap = (max_tokens + mult - 1) / mult * mult;
-    // A private workspace is allocated here, so a lone Linear fails at init on out-of-memory as it did
-    // with owned copies; a shared one is allocated by its owner after every init (or grows on first use).
-    const bool private_workspace = !workspace;
-    impl->workspace = private_workspace ? std::make_shared<LinearWorkspace>(dev) : std::move(workspace);
-    LinearWorkspace* ws = impl->workspace.get();
-    NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in_features, dev, ws));
-    NB_TRY(impl->q[1].init(Role::weight, r.weight, out_features, in_features, dev, nullptr));
-    NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out_features, dev, ws));
-    if (private_workspace) NB_TRY(ws->allocate().context("linear '" + name + "'"));
-    for (QCopies& c : impl->q)
-      if (r.fp8_scaling == Fp8Scaling::delayed)
-        c.delayed = fp8::DelayedScaling(c.delayed.format, int(r.amax_history_len));
-  }
+  if (!impl->all_bf16) NB_TRY(init_copies(impl.get(), std::move(workspace)));
   impl_ = std::move(impl);
   return Status::ok();
 }
@@ -154,13 +147,17 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
   const int64_t m = x.ndim == 2 ? x.shape[0] : -1;
   NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
-  NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
+  // A frozen quantized Linear ignores w: its weight was quantized once by freeze_weight().
+  const bool frozen_q = s.frozen && !s.all_bf16;
+  if (!frozen_q) NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
   NB_TRY(check_2d(y, "y", s.name, m, s.out, act, s.dev));
   NB_TRY(check_tokens(s, m));
   if (s.all_bf16) {
     // The CPU backend is the FP32 reference of the model (finite-difference tests): no BF16 rounding there.
     return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
   }
+  if (frozen_q && !s.weight_valid)
+    return errorf("linear '%s' is frozen: call freeze_weight(w) once before its first forward", s.name.c_str());
   if (!s.weight_valid) {
     NB_TRY(s.quantize(Role::weight, w, stream));
     s.weight_valid = true;
@@ -181,8 +178,9 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   const int64_t m = dy.ndim == 2 ? dy.shape[0] : -1;
   NB_TRY(check_2d(dy, "dy", s.name, m, s.out, act, s.dev));
   NB_TRY(check_2d(dx, "dx", s.name, m, s.in, act, s.dev));
-  NB_TRY(check_2d(dw_f32, "dw", s.name, s.out, s.in, DType::f32, s.dev));
   NB_TRY(check_tokens(s, m));
+  if (s.frozen) return s.frozen_backward(dy, w, dx, dx_beta, stream);  // Dgrad only: x and dw_f32 unread
+  NB_TRY(check_2d(dw_f32, "dw", s.name, s.out, s.in, DType::f32, s.dev));
   if (s.all_bf16) {
     NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
     NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
@@ -205,7 +203,7 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   if (!impl_) return;
   Impl& s = *impl_;
-  s.weight_valid = false;
+  if (!s.frozen) s.weight_valid = false;  // a frozen weight never changes: freeze_weight quantized it once
   s.step = step;
   s.micro = first_micro;
   s.micro_stride = micro_stride;
@@ -252,6 +250,8 @@ Status Linear::take_health(LinearHealth* out) {
 
 bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
 
+bool Linear::frozen() const { return impl_ && impl_->frozen; }
+
 std::shared_ptr<LinearWorkspace> Linear::workspace() const { return impl_ ? impl_->workspace : nullptr; }
 
 size_t Linear::bytes() const {
@@ -283,8 +283,10 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
     case Fmt::nvfp4: row_sc = col_sc = size_t(n / 16); break;
     default: break;
   }
-  const size_t col_data = c.col_is_row ? 0 : data;  // 2D NVFP4: no column-wise copy (col_operand reads the row copy)
-  if (c.col_is_row) col_sc = 0;
+  // 2D NVFP4: no column-wise copy (col_operand reads the row copy); row_only (frozen): none either.
+  const bool no_col = c.col_is_row || c.row_only;
+  const size_t col_data = no_col ? 0 : data;
+  if (no_col) col_sc = 0;
   auto fetch = [&](std::vector<uint8_t>* v, const QCopies::Piece& p, size_t bytes) -> Status {
     v->resize(bytes);
     if (bytes == 0) return Status::ok();

@@ -1,4 +1,4 @@
-// LinearWorkspace (linear_workspace.h): the two transient slots shared by a model's Linears.
+// LinearWorkspace (linear_workspace.h): the transient slots shared by a model's Linears.
 #include "recipe/linear_workspace.h"
 
 #include <algorithm>
@@ -6,12 +6,21 @@
 namespace nb::recipe {
 
 static const char* slot_name(LinearWorkspace::Slot s) {
-  return s == LinearWorkspace::Slot::input_row ? "input-row" : "grad";
+  switch (s) {
+    case LinearWorkspace::Slot::input_row: return "input-row";
+    case LinearWorkspace::Slot::grad: return "grad";
+    case LinearWorkspace::Slot::weight_col: return "frozen-weight-column";
+  }
+  return "?";
 }
 
 void LinearWorkspace::reserve(Slot slot, size_t bytes) { need_[int(slot)] = std::max(need_[int(slot)], bytes); }
 
-size_t LinearWorkspace::bytes() const { return allocated_[0] + allocated_[1]; }
+size_t LinearWorkspace::bytes() const {
+  size_t n = 0;
+  for (size_t a : allocated_) n += a;
+  return n;
+}
 
 Status LinearWorkspace::grow(Slot slot, size_t bytes) {
   const int i = int(slot);

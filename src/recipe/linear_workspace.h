@@ -5,9 +5,12 @@
 //                   Linear owns, as it owns both weight copies, reused by every micro-batch of a step)
 //   grad slot       the grad role's row-wise and column-wise copies (data + scales): quantized at the
 //                   start of backward(), read by its Dgrad and Wgrad GEMMs, dead after them
+//   weight_col slot a frozen per-tensor FP8 weight's column-wise copy (the row copy's codes transposed):
+//                   written at the start of backward()'s Dgrad, read by it, dead after it (frozen
+//                   Linears keep only the row copy; linear.h). Empty unless some Linear is frozen.
 // A model's Linears run one after another on one stream, so each slot needs the largest of the Linears'
-// needs, not their sum. Each Linear registers its needs at init (reserve); allocate() then allocates both
-// slots once. A Linear that quantizes before allocate(), or needs more than was allocated, makes the
+// needs, not their sum. Each Linear registers its needs at init (reserve); allocate() then allocates every
+// slot once. A Linear that quantizes before allocate(), or needs more than was allocated, makes the
 // slot grow then (acquire): on cuda after synchronizing the device, because kernels queued earlier may
 // still read the old buffer. So a Linear alone works without anyone calling allocate().
 // Memory: plain bytes on the workspace's device (cudaMalloc-aligned); the Linear lays out its pieces in a
@@ -23,8 +26,8 @@ namespace nb::recipe {
 
 class LinearWorkspace {
  public:
-  enum class Slot : int { input_row = 0, grad = 1 };
-  static constexpr int kSlots = 2;
+  enum class Slot : int { input_row = 0, grad = 1, weight_col = 2 };
+  static constexpr int kSlots = 3;
 
   explicit LinearWorkspace(Device dev) : dev_(dev) {}
   LinearWorkspace(const LinearWorkspace&) = delete;
@@ -34,9 +37,9 @@ class LinearWorkspace {
   // Registers that some Linear needs `bytes` in `slot`; the workspace keeps the largest need per slot.
   void reserve(Slot slot, size_t bytes);
   size_t need(Slot slot) const { return need_[int(slot)]; }
-  // Allocates (or grows) both slots to their needs; call once after every Linear's init.
+  // Allocates (or grows) every slot to its need; call once after every Linear's init.
   Status allocate();
-  // Bytes allocated now, both slots (host bytes on the cpu backend).
+  // Bytes allocated now, all slots (host bytes on the cpu backend).
   size_t bytes() const;
   // Makes `slot` at least `bytes` long (registering the need, growing if needed) and returns its memory.
   // The pointer stays valid until the next call that grows this slot.
@@ -48,8 +51,8 @@ class LinearWorkspace {
   Status grow(Slot slot, size_t bytes);
 
   Device dev_;
-  size_t need_[kSlots] = {0, 0};
-  size_t allocated_[kSlots] = {0, 0};
+  size_t need_[kSlots] = {};
+  size_t allocated_[kSlots] = {};
   Buffer slots_[kSlots];
 };
 

@@ -157,6 +157,23 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
   };
 }
 
+// Parameter-efficient fine-tuning: LoRA on a frozen base.
+std::vector<ConfigKey> peft_keys(TrainConfig& c) {
+  return {
+      choice_key("peft", "none, or lora: train LoRA adapters on a frozen base", &c.peft, {"none", "lora"}),
+      int_key("lora-rank", "LoRA rank r (Megatron-Bridge's dim)", &c.lora_rank),
+      double_key("lora-alpha", "LoRA alpha: the update is scaled by alpha / rank", &c.lora_alpha),
+      double_key("lora-dropout", "dropout probability on the LoRA input", &c.lora_dropout),
+      string_key("lora-target",
+                 "adapted linears: linear_qkv,linear_proj,linear_fc1,linear_fc2 (any subset) or all-linear",
+                 &c.lora_target),
+      choice_key("lora-base-precision",
+                 "the frozen base's storage and GEMM format: bf16 (bf16_mixed), fp8 (per-tensor current scaling) or "
+                 "nvfp4 (16x16 weight blocks); it chooses the recipe",
+                 &c.lora_base_precision, {"bf16", "fp8", "nvfp4"}),
+  };
+}
+
 // Data, SFT and validation.
 std::vector<ConfigKey> data_keys(TrainConfig& c) {
   return {
@@ -213,7 +230,7 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = model_keys(c);
-  for (auto* group : {data_keys, run_keys}) {
+  for (auto* group : {peft_keys, data_keys, run_keys}) {
     auto more = group(c);
     keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
@@ -341,6 +358,21 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
   if (c.sft && c.mock_data)
     return errorf("--sft trains on SFT data: pass --data-path PREFIX as given to nibble preprocess --sft");
+  if (c.peft == "lora") {
+    if (c.lora_rank < 1) return errorf("--lora-rank must be at least 1; got %lld", (long long)c.lora_rank);
+    if (!(c.lora_alpha > 0)) return errorf("--lora-alpha must be positive; got %g", c.lora_alpha);
+    if (!(c.lora_dropout >= 0 && c.lora_dropout < 1))
+      return errorf("--lora-dropout must lie in [0, 1); got %g", c.lora_dropout);
+    if (c.use_distributed_optimizer)
+      return errorf(
+          "--use-distributed-optimizer shards the full model's optimizer state; a LoRA run's adapters are small and "
+          "kept whole on every rank: leave it out");
+    if (c.recipe != "bf16_mixed")
+      return errorf(
+          "with --peft lora the base precision chooses the recipe: pass --lora-base-precision bf16, fp8 or nvfp4 "
+          "instead of --recipe %s",
+          c.recipe.c_str());
+  }
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)

@@ -34,7 +34,14 @@ struct TrainConfig {
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false;
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
-  bool quant_stats = false;  // per-layer quantization statistics in the JSONL each log interval
+  bool quant_stats = false;
+  // parameter-efficient fine-tuning (Megatron-Bridge's LoRA names and defaults; model/lora.h)
+  std::string peft = "none";  // none | lora
+  int64_t lora_rank = 32;
+  double lora_alpha = 32, lora_dropout = 0;
+  std::string lora_target = "linear_qkv,linear_proj,linear_fc1,linear_fc2";
+  std::string lora_base_precision = "bf16";  // bf16 | fp8 | nvfp4: the frozen base's storage and GEMMs  // per-layer
+                                             // quantization statistics in the JSONL each log interval
   // data
   bool mock_data = true;
   std::string data_path;  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."

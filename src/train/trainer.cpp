@@ -282,6 +282,7 @@ Status Trainer::train(TrainSummary* summary) {
   }
   if (summary->stopped_by.empty()) NB_TRY(evaluate(iteration_, summary));
   NB_TRY(finish_saves(summary));
+  NB_TRY(write_lora_adapter());
   summary->steps = iteration_ - summary->start_iteration;
   summary->end_iteration = iteration_;
   summary->skipped = skipped_;

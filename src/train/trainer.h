@@ -53,6 +53,13 @@ class Trainer {
   Status build_model();
   Status build_data();
   Status build_sft_data();
+  // LoRA phases (trainer_lora.cpp)
+  Status resolve_lora();
+  Status open_lora_base();
+  void print_lora_plan() const;
+  double lora_flops_per_token() const;
+  Status write_lora_adapter();
+  bool lora() const { return cfg_.peft == "lora"; }
   // checkpoint phases (trainer_checkpoint.cpp)
   Status load();
   Status load_checkpoint(const CheckpointRef& ref);
@@ -102,6 +109,9 @@ class Trainer {
   double param_bytes_ = 0, act_bytes_ = 0, workspace_bytes_ = 0;
   size_t free_bytes_ = 0, total_bytes_ = 0, base_used_ = 0;
   LlamaModel model_;
+  LoraSpec lora_spec_;
+  std::unique_ptr<HfCheckpointReader> lora_base_;  // LoRA: the frozen base's weights (read during setup)
+  bool lora_base_from_checkpoint_ = false;         // ... from --load's full-model checkpoint
   std::unique_ptr<TokenSource> train_src_, valid_src_;
   LrSchedule sched_;
   Buffer norm_sq_;

@@ -36,8 +36,8 @@ bool free_on_resume(const std::string& key) {
 
 // Keys that fix the data order or the optimizer's step: a different value cannot continue the run.
 bool fixed_on_resume(const std::string& key) {
-  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path", "split",
-                                 "sft",        "packed-sequence"};
+  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path",  "split",
+                                 "sft",        "packed-sequence",   "peft", "lora-rank", "lora-target"};
   for (const char* k : kFixed)
     if (key == k) return true;
   return false;
@@ -75,11 +75,18 @@ Status Trainer::load() {
     CheckpointRef ref;
     bool found = true;
     NB_TRY(find_checkpoint(cfg_.load, cfg_.ckpt_step, &ref, &found));
+    if (found && lora_base_from_checkpoint_) {
+      std::printf("LoRA: the full-model checkpoint %s is the frozen base; fresh adapters, iteration 0\n",
+                  ref.dir.c_str());
+      return Status::ok();
+    }
     if (found) return load_checkpoint(ref);
     std::printf("no checkpoint in %s yet (no latest_checkpointed_iteration.txt): starting a new run\n",
                 cfg_.load.c_str());
   }
-  if (!cfg_.load_hf.empty()) {
+  if (!cfg_.load_hf.empty() && lora()) {
+    std::printf("LoRA: frozen base loaded from %s; fresh adapters, iteration 0\n", cfg_.load_hf.c_str());
+  } else if (!cfg_.load_hf.empty()) {
     NB_TRY(load_hf_weights(cfg_.load_hf, model_cfg_, model_.params()).context("--load-hf"));
     std::printf("loaded Hugging Face weights from %s (AdamW state fresh, iteration 0)\n", cfg_.load_hf.c_str());
   }

@@ -42,6 +42,7 @@ Status Trainer::setup(TrainConfig cfg) {
   print_plan();
   NB_TRY(connect_ranks());
   NB_TRY(estimate_memory());
+  NB_TRY(open_lora_base());
   NB_TRY(build_model());
   NB_TRY(load());
   return build_data();
@@ -58,6 +59,7 @@ Status Trainer::resolve_config() {
                     (long long)cfg_.vocab_size, (long long)model_cfg_.vocab, cfg_.load_hf.c_str());
   }
   NB_TRY(validate_train_config(cfg_, model_cfg_));
+  NB_TRY(resolve_lora());
   NB_TRY(parse_recompute(cfg_.recompute, &recompute_));
   NB_TRY(recipe::recipe_preset(cfg_.recipe, &recipe_).context("--recipe"));
   recipe::RecipeKnobs knobs;
@@ -72,7 +74,7 @@ Status Trainer::resolve_config() {
   recipe_.seed = uint64_t(cfg_.seed);
   accum_ = cfg_.global_batch_size / (cfg_.micro_batch_size * cfg_.data_parallel);
   tokens_per_step_ = cfg_.global_batch_size * cfg_.seq_length;
-  flops_per_token_ = model_cfg_.flops_per_token(cfg_.seq_length);
+  flops_per_token_ = lora() ? lora_flops_per_token() : model_cfg_.flops_per_token(cfg_.seq_length);
   return Status::ok();
 }
 
@@ -151,6 +153,7 @@ void Trainer::print_plan() {
     l = e + 1;
   }
   std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
+  print_lora_plan();
   if (!cfg_.save.empty()) {
     if (logging_rank()) std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
     if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
@@ -166,20 +169,28 @@ void Trainer::print_plan() {
 
 Status Trainer::estimate_memory() {
   const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
-  param_bytes_ = double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_, model_.optimizer_shard_count));
-  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, recipe_));
+  const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
+  param_bytes_ = lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
+                        : double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_, model_.optimizer_shard_count));
+  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, recipe_, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
   workspace_bytes_ = dev_ == Device::cuda ? 512.0 * 1048576 : 0;
-  if (recipe_.quantized())
+  const int64_t largest_linear =
+      model_cfg_.hidden * std::max(2 * model_cfg_.ffn, model_cfg_.q_dim() + 2 * model_cfg_.kv_dim());
+  if (recipe_.quantized() && lora())  // the transient copies and the BF16 scratch of one emulated GEMM at a time
+    workspace_bytes_ += 3.0 * double(largest_linear) + 4.0 * double(cfg_.micro_batch_size * cfg_.seq_length) *
+                                                           double(std::max(model_cfg_.ffn, model_cfg_.hidden) * 2);
+  else if (recipe_.quantized())
     workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
   std::printf(
-      "memory estimate: weights+grads+AdamW %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
+      "memory estimate: %s %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
       "of %lld, workspaces %.2f GiB, total %.2f GiB",
-      gib(param_bytes_), param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_),
-      (long long)cfg_.micro_batch_size, gib(workspace_bytes_), gib(need));
+      lora() ? "frozen base + adapters with AdamW" : "weights+grads+AdamW", gib(param_bytes_),
+      param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_), (long long)cfg_.micro_batch_size,
+      gib(workspace_bytes_), gib(need));
   base_used_ = total_bytes_ - free_bytes_;
   if (dev_ != Device::cuda) {
     std::printf("\n");
@@ -187,9 +198,9 @@ Status Trainer::estimate_memory() {
   }
   int64_t best = 0;
   for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
-    const double n =
-        param_bytes_ + workspace_bytes_ +
-        double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_, recipe_));
+    const double n = param_bytes_ + workspace_bytes_ +
+                     double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_,
+                                                              recipe_, lora_spec));
     if (n <= double(free_bytes_))
       best = mbs;
     else
@@ -204,6 +215,7 @@ Status Trainer::estimate_memory() {
 }
 
 Status Trainer::build_model() {
+  if (lora()) model_.set_lora(lora_spec_, lora_base_.get());
   Status st =
       model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
   if (!st) {

@@ -1,0 +1,131 @@
+// LlamaModel's LoRA parts: the adapter modules' views into the adapter store, the frozen base streamed
+// into place one parameter at a time (a 70B base never exists in FP32, on the host or the GPU), and the
+// memory the frozen base and the adapters take.
+#include <algorithm>
+#include <thread>
+#include "model/llama_model.h"
+#include "ops/elementwise.h"
+
+namespace nb {
+
+namespace {
+// Linear index (qkv 0, o 1, gate_up 2, down 3) of a LoRA target.
+int linear_index(LoraTarget t) {
+  switch (t) {
+    case LoraTarget::linear_qkv: return 0;
+    case LoraTarget::linear_proj: return 1;
+    case LoraTarget::linear_fc1: return 2;
+    default: return 3;
+  }
+}
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+void LlamaModel::set_lora(const LoraSpec& spec, const HfCheckpointReader* base) {
+  lora_enabled_ = true;
+  lora_spec_ = spec;
+  lora_base_ = base;
+}
+
+void LlamaModel::build_lora_modules() {
+  lora_modules_.assign(size_t(cfg_.layers * 4), LoraModule{});
+  for (int64_t l = 0; l < cfg_.layers; ++l)
+    for (LoraTarget t : lora_spec_.targets) {
+      LoraModule& m = lora_modules_[size_t(l * 4 + linear_index(t))];
+      const std::string a = lora_param_name(l, t, true), b = lora_param_name(l, t, false);
+      m.a = params_.compute(a);
+      m.b = params_.compute(b);
+      m.ga = params_.grad(a);
+      m.gb = params_.grad(b);
+      m.scale = float(lora_spec_.scale());
+      m.dropout = float(lora_spec_.dropout);
+      m.id = uint32_t(l * 4 + linear_index(t));
+    }
+}
+
+// Parameter p of the base (number `index` of the full model's list): from the reader under its HF names
+// (gate_up is gate_proj then up_proj), or the seeded initial values of a fresh model.
+Status LlamaModel::base_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst) const {
+  if (!lora_base_) {
+    initial_values(p, index, seed, dst, std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
+    return Status::ok();
+  }
+  static const std::string kFused = "mlp.gate_up_proj.weight";
+  if (!ends_with(p.name, kFused)) return lora_base_->read_f32(p.name, dst);
+  const std::string prefix = p.name.substr(0, p.name.size() - kFused.size());
+  NB_TRY(lora_base_->read_f32(prefix + "mlp.gate_proj.weight", dst));
+  return lora_base_->read_f32(prefix + "mlp.up_proj.weight", dst + p.numel / 2);
+}
+
+// Quantizes the fused weight w ([out, in], FP32) of the linear whose last HF part is `weight_name` into
+// its frozen Linear (BF16 on CUDA through the staging buffer, as the trained path quantizes from BF16).
+Status LlamaModel::freeze_linear(const std::string& weight_name, const Tensor& w) {
+  const size_t dot = weight_name.find('.', 13);  // "model.layers." is 13 characters
+  const int64_t layer = std::stoll(weight_name.substr(13, dot - 13));
+  const int i = ends_with(weight_name, "v_proj.weight")         ? 0
+                : ends_with(weight_name, "o_proj.weight")       ? 1
+                : ends_with(weight_name, "gate_up_proj.weight") ? 2
+                                                                : 3;
+  Tensor src = w;
+  if (dev_ == Device::cuda) {
+    src = Tensor::make(weight_stage_.data(), DType::bf16, dev_, {w.shape[0], w.shape[1]});
+    ops::cast(w, src, nullptr);
+  }
+  return linears_[size_t(layer)][size_t(i)].freeze_weight(src, nullptr).context("loading the frozen base");
+}
+
+// One parameter at a time: host FP32 values -> device FP32 staging -> the compute copy (cast), or for a
+// quantized layer's linear weight, gathered into its fused [out, in] weight (q, k, v are consecutive) and
+// quantized into the Linear.
+Status LlamaModel::load_base(uint64_t seed) {
+  if (lora_base_)
+    NB_TRY(check_hf_tensors(*lora_base_, hf_expected_tensors(cfg_), cfg_.tied_embeddings).context("the LoRA base"));
+  int64_t most = 0;
+  for (const ParamInfo& p : base_.params()) most = std::max(most, p.numel);
+  const int64_t fused_most = cfg_.hidden * (cfg_.q_dim() + 2 * cfg_.kv_dim());
+  most = std::max(most, fused_most);
+  std::vector<float> host(static_cast<size_t>(most));
+  Buffer stage;
+  NB_TRY(Buffer::allocate(&stage, DType::f32, dev_, {most}));
+  int64_t fused_rows = 0;
+  const auto& list = base_.params();
+  for (size_t i = 0; i < list.size(); ++i) {
+    const ParamInfo& p = list[i];
+    const bool stored = base_.has_compute(p.name);
+    float* dst = stage.ptr<float>() + (stored ? 0 : fused_rows * p.shape[1]);
+    NB_TRY(base_values(p, uint32_t(i), seed, host.data()));
+    NB_TRY(copy_bytes(dst, dev_, host.data(), Device::cpu, size_t(p.numel) * 4));
+    const Tensor flat = Tensor::make(dst, DType::f32, dev_, {p.numel});
+    if (stored) {
+      const Tensor c = base_.compute(p.name);
+      ops::cast(flat, Tensor::make(c.data, c.dtype, c.device, {p.numel}), nullptr);
+      continue;
+    }
+    fused_rows += p.shape[0];
+    if (ends_with(p.name, "q_proj.weight") || ends_with(p.name, "k_proj.weight")) continue;
+    NB_TRY(freeze_linear(p.name, Tensor::make(stage.data(), DType::f32, dev_, {fused_rows, p.shape[1]})));
+    fused_rows = 0;
+  }
+  device_synchronize();
+  return Status::ok();
+}
+
+int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
+                                         const LoraSpec& lora) {
+  const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
+  double linear = 0;  // bytes of one layer's linear weights, per element
+  const recipe::Fmt f = recipe.weight.fmt;
+  const double quantized = f == recipe::Fmt::nvfp4 ? (recipe.weight.two_d ? 0.5 + 1.0 / 16 : 2 * (0.5 + 1.0 / 16))
+                           : f == recipe::Fmt::fp8_e4m3 || f == recipe::Fmt::fp8_e5m2 ? 1.0
+                                                                                      : 2.0 * 1.03;
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    const bool q = recipe.quantized() && !recipe.layer_in_bf16(l, cfg.layers);
+    linear += double(cfg.linear_params_per_layer()) * (q ? quantized : double(compute_bytes));
+  }
+  const int64_t rest = cfg.total_params() - cfg.layers * cfg.linear_params_per_layer();
+  return int64_t(linear) + rest * compute_bytes + lora_param_count(cfg, lora) * (16 + compute_bytes);
+}
+
+}  // namespace nb
