@@ -63,7 +63,7 @@ def make_adapter(model, path, rank=8, alpha=16):
 
 def torch_loss_grads(peft_model, tokens):
     peft_model.zero_grad()
-    ids = torch.tensor(tokens)
+    ids = torch.tensor(tokens).long()
     logits = peft_model(input_ids=ids[:, :-1]).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
     loss.backward()
@@ -124,7 +124,7 @@ def main():
     trained = f"{run}/peft_adapter_iter_0000003"
     loaded = PeftModel.from_pretrained(LlamaForCausalLM.from_pretrained(base, torch_dtype=torch.float32), trained)
     with torch.no_grad():
-        p_logits = loaded(input_ids=torch.tensor(tokens[:, :-1])).logits.numpy()
+        p_logits = loaded(input_ids=torch.tensor(tokens[:, :-1]).long()).logits.numpy()
     n2 = nibble_eval(args.binary, base, trained, tok_file, f"{args.work}/nibble_trained.safetensors", args.device)
     report["trained_adapter_logits_max_abs_diff"] = float(np.abs(n2["logits"] - p_logits).max())
     ok &= report["trained_adapter_logits_max_abs_diff"] < logit_tol
