@@ -108,7 +108,7 @@ Status LlamaModel::load_base(uint64_t seed) {
     NB_TRY(freeze_linear(p.name, Tensor::make(stage.data(), DType::f32, dev_, {fused_rows, p.shape[1]})));
     fused_rows = 0;
   }
-  device_synchronize();
+  if (dev_ == Device::cuda) device_synchronize();  // the staging buffer is freed on return
   return Status::ok();
 }
 
