@@ -21,6 +21,15 @@ int linear_index(LoraTarget t) {
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
+// What a frozen Linear keeps per weight element (recipe/linear.h, frozen mode): a 2D NVFP4 weight one
+// copy (E2M1 + an E4M3 scale per 16), a per-tensor FP8 weight one byte (its transpose is transient); any
+// other format both copies (1-byte data, or E2M1, plus at most one scale byte per 16 elements).
+double frozen_weight_bytes_per_element(const recipe::RoleSpec& w) {
+  const double nvfp4 = 0.5 + 1.0 / 16;
+  if (w.fmt == recipe::Fmt::nvfp4) return w.two_d ? nvfp4 : 2 * nvfp4;
+  if (w.fmt == recipe::Fmt::fp8_e4m3 || w.fmt == recipe::Fmt::fp8_e5m2) return 1.0;
+  return 2 * (1.0 + 1.0 / 16);
+}
 }  // namespace
 
 void LlamaModel::set_lora(const LoraSpec& spec, const HfCheckpointReader* base) {
@@ -45,18 +54,19 @@ void LlamaModel::build_lora_modules() {
     }
 }
 
-// Parameter p of the base (number `index` of the full model's list): from the reader under its HF names
-// (gate_up is gate_proj then up_proj), or the seeded initial values of a fresh model.
-Status LlamaModel::base_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst) const {
+// Parameter p of the base (number `index` of the full model's list): its HF tensors from the reader (the
+// slices model/hf_layout.h gives it: gate_up is gate_proj then up_proj), or the seeded initial values of a
+// fresh model.
+Status LlamaModel::base_values(const std::vector<HfTensor>& hf, const ParamInfo& p, uint32_t index, uint64_t seed,
+                               float* dst) const {
   if (!lora_base_) {
     initial_values(p, index, seed, dst, std::max(1u, std::min(16u, std::thread::hardware_concurrency())));
     return Status::ok();
   }
-  static const std::string kFused = "mlp.gate_up_proj.weight";
-  if (!ends_with(p.name, kFused)) return lora_base_->read_f32(p.name, dst);
-  const std::string prefix = p.name.substr(0, p.name.size() - kFused.size());
-  NB_TRY(lora_base_->read_f32(prefix + "mlp.gate_proj.weight", dst));
-  return lora_base_->read_f32(prefix + "mlp.up_proj.weight", dst + p.numel / 2);
+  for (const HfTensor& t : hf)
+    if (t.flat_offset >= p.offset && t.flat_offset < p.offset + p.numel)
+      NB_TRY(lora_base_->read_f32(t.name, dst + (t.flat_offset - p.offset)));
+  return Status::ok();
 }
 
 // Quantizes the fused weight w ([out, in], FP32) of the linear whose last HF part is `weight_name` into
@@ -91,11 +101,12 @@ Status LlamaModel::load_base(uint64_t seed) {
   NB_TRY(Buffer::allocate(&stage, DType::f32, dev_, {most}));
   int64_t fused_rows = 0;
   const auto& list = base_.params();
+  const std::vector<HfTensor> hf = hf_tensors(base_);
   for (size_t i = 0; i < list.size(); ++i) {
     const ParamInfo& p = list[i];
     const bool stored = base_.has_compute(p.name);
     float* dst = stage.ptr<float>() + (stored ? 0 : fused_rows * p.shape[1]);
-    NB_TRY(base_values(p, uint32_t(i), seed, host.data()));
+    NB_TRY(base_values(hf, p, uint32_t(i), seed, host.data()));
     NB_TRY(copy_bytes(dst, dev_, host.data(), Device::cpu, size_t(p.numel) * 4));
     const Tensor flat = Tensor::make(dst, DType::f32, dev_, {p.numel});
     if (stored) {
@@ -115,11 +126,8 @@ Status LlamaModel::load_base(uint64_t seed) {
 int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
                                          const LoraSpec& lora) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
-  double linear = 0;  // bytes of one layer's linear weights, per element
-  const recipe::Fmt f = recipe.weight.fmt;
-  const double quantized = f == recipe::Fmt::nvfp4 ? (recipe.weight.two_d ? 0.5 + 1.0 / 16 : 2 * (0.5 + 1.0 / 16))
-                           : f == recipe::Fmt::fp8_e4m3 || f == recipe::Fmt::fp8_e5m2 ? 1.0
-                                                                                      : 2.0 * 1.03;
+  double linear = 0;  // bytes of the layers' linear weights
+  const double quantized = frozen_weight_bytes_per_element(recipe.weight);
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const bool q = recipe.quantized() && !recipe.layer_in_bf16(l, cfg.layers);
     linear += double(cfg.linear_params_per_layer()) * (q ? quantized : double(compute_bytes));

@@ -122,7 +122,8 @@ class LlamaModel {
   // LoRA (llama_lora.cpp): the adapter modules' views, and the frozen base streamed into place.
   void build_lora_modules();
   Status load_base(uint64_t seed);
-  Status base_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* dst) const;
+  Status base_values(const std::vector<HfTensor>& hf, const ParamInfo& p, uint32_t index, uint64_t seed,
+                     float* dst) const;
   Status freeze_linear(const std::string& weight_name, const Tensor& w);
 
   LlamaConfig cfg_;

@@ -10,26 +10,14 @@
 #include "core/bf16.h"
 #include "io/safetensors.h"
 #include "model/llama_model.h"
+#include "model_test_util.h"
 #include "ops/elementwise.h"
 
 using namespace nb;
+using nb::testing::fixed_batch;
+using nb::testing::tiny_config;
 
 namespace {
-
-LlamaConfig tiny_config() {
-  LlamaConfig c;
-  EXPECT_TRUE(llama_preset("tiny", &c).is_ok());
-  return c;
-}
-
-void fixed_batch(const LlamaConfig& c, MicroBatchShape s, uint32_t seed, std::vector<int32_t>* tok,
-                 std::vector<int32_t>* lab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> seq(size_t(s.tokens() + 1));
-  for (auto& t : seq) t = int32_t(rng() % uint32_t(c.vocab));
-  tok->assign(seq.begin(), seq.end() - 1);
-  lab->assign(seq.begin() + 1, seq.end());
-}
 
 recipe::Recipe preset(const std::string& name) {
   recipe::Recipe r;

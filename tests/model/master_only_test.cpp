@@ -3,16 +3,10 @@
 #include <gtest/gtest.h>
 #include "master_only_util.h"
 #include "model/llama_model.h"
+#include "model_test_util.h"
 
 using namespace nb;
-
-namespace {
-LlamaConfig tiny_config() {
-  LlamaConfig c;
-  EXPECT_TRUE(llama_preset("tiny", &c).is_ok());
-  return c;
-}
-}  // namespace
+using nb::testing::tiny_config;
 
 TEST(MasterOnly, StoreLayoutAndPieces) {
   LlamaConfig c = tiny_config();

@@ -5,17 +5,14 @@
 #include <random>
 #include <vector>
 #include "model/llama_model.h"
+#include "model_test_util.h"
 #include "ops/elementwise.h"
 
 using namespace nb;
+using nb::testing::fixed_batch;
+using nb::testing::tiny_config;
 
 namespace {
-
-LlamaConfig tiny_config() {
-  LlamaConfig c;
-  EXPECT_TRUE(llama_preset("tiny", &c).is_ok());
-  return c;
-}
 
 struct Sample {
   std::vector<int32_t> tokens, labels;  // one row position each; labels -1 on prompt positions
