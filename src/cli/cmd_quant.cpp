@@ -30,7 +30,7 @@ namespace {
 struct QuantArgs {
   std::string input, tensor, random, dist = "normal", format, device = "auto", out;
   uint64_t seed = 1;
-  bool two_d = false, rht = false, sr = false;
+  bool two_d = false, rht = false, sr = false, four_over_six = false;
   bool allow_nonfinite = false;  // NaN/Inf in the input: report and exit 0 instead of failing
 };
 
@@ -319,6 +319,7 @@ Status FormatRun::run_fp8_block() {
 Status FormatRun::run_nvfp4() {
   nvfp4::Options opt;
   opt.two_d = a.two_d;
+  opt.four_over_six = a.four_over_six;  // the amax outputs then hold the decode amax (amax * 1.75)
   opt.rht = a.rht;
   opt.sr = a.sr;
   opt.rng = RngKey{a.seed, 0, 0};
@@ -369,7 +370,8 @@ Status FormatRun::run_nvfp4() {
 Status FormatRun::run() {
   NB_TRY(m.map(xb, &dx));
   NB_TRY(m.map(flag, &dflag));
-  if ((a.two_d || a.rht || a.sr) && f != "nvfp4") return errorf("--2d, --rht and --sr apply to --format nvfp4 only");
+  if ((a.two_d || a.rht || a.sr || a.four_over_six) && f != "nvfp4")
+    return errorf("--2d, --rht, --sr and --4over6 apply to --format nvfp4 only");
   if (f == "mxfp8")
     NB_TRY(run_mxfp8());
   else if (f == "fp8-e4m3" || f == "fp8-e5m2")
@@ -507,6 +509,7 @@ void add_quant_command(CLI::App& app) {
   cmd->add_flag("--2d", a->two_d, "NVFP4: 16x16 weight tiles");
   cmd->add_flag("--rht", a->rht, "NVFP4: random Hadamard transform on the column-wise copy");
   cmd->add_flag("--sr", a->sr, "NVFP4: stochastic rounding");
+  cmd->add_flag("--4over6", a->four_over_six, "NVFP4: 4/6 adaptive block scaling (each block to 4 or 6, lower MSE)");
   cmd->add_option("--device", a->device, "cpu, cuda or auto (cuda when a GPU is usable)");
   cmd->add_option("--out", a->out, "safetensors file for the codes, scales and amax");
   cmd->add_flag("--allow-nonfinite", a->allow_nonfinite,

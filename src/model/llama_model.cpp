@@ -6,6 +6,7 @@
 // softmax statistics, losses and all weight gradients are FP32.
 #include "model/llama_model.h"
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 #include "core/bf16.h"
@@ -18,6 +19,7 @@
 #include "ops/rmsnorm.h"
 #include "ops/rope.h"
 #include "ops/swiglu.h"
+#include "recipe/linear_stats.h"
 
 namespace nb {
 
@@ -239,15 +241,17 @@ void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_
 }
 
 void LlamaModel::set_collect_stats(bool on) {
+  if (on && !stats_scratch_) stats_scratch_ = std::make_shared<recipe::StatsScratch>(dev_);
   for (auto& layer : linears_)
-    for (auto& lin : layer) lin.set_collect_stats(on);
+    for (auto& lin : layer) lin.set_collect_stats(on, stats_scratch_);
 }
 
 namespace {
 const char* const kLinearNames[4] = {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"};
 }  // namespace
 
-Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealth* worst) {
+Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealth* worst,
+                               std::vector<LinearStats>* per_linear) {
   nonfinite_where->clear();
   *worst = recipe::LinearHealth{};
   for (size_t l = 0; l < linears_.size(); ++l) {
@@ -262,6 +266,9 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
         worst->flushed = std::max(worst->flushed, h.flushed);
         worst->saturated = std::max(worst->saturated, h.saturated);
         worst->has_stats = true;
+        quant_stats_ms_ += h.stats_ms;
+        if (per_linear)
+          per_linear->push_back({"model.layers." + std::to_string(l) + "." + kLinearNames[i], int64_t(l), h});
       }
     }
   }
@@ -307,6 +314,36 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
   return cfg.total_params() * 16 + (cfg.total_params() - master_only) * (dev == Device::cuda ? 2 : 4);
 }
 
+namespace {
+// The linear layers of a transformer layer (qkv, o, gate_up, down): {in, out} features.
+std::array<std::array<int64_t, 2>, 4> linear_dims(const LlamaConfig& cfg) {
+  return {{{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
+           {cfg.q_dim(), cfg.hidden},
+           {cfg.hidden, 2 * cfg.ffn},
+           {cfg.ffn, cfg.hidden}}};
+}
+}  // namespace
+
+Status LlamaModel::build_linears() {
+  const auto dims = linear_dims(cfg_);
+  linears_.clear();
+  linears_.resize(size_t(cfg_.layers));
+  // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
+  // forward, both grad copies in backward) share one workspace sized for the largest layer.
+  linear_workspace_ = std::make_shared<recipe::LinearWorkspace>(dev_);
+  for (int64_t l = 0; l < cfg_.layers; ++l) {
+    linears_[size_t(l)].resize(4);
+    for (int i = 0; i < 4; ++i) {
+      std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
+      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe_, recipe_.layer_in_bf16(l, cfg_.layers), name,
+                                                 uint32_t(l * 8 + i), shape_.tokens(), dims[size_t(i)][0],
+                                                 dims[size_t(i)][1], dev_, linear_workspace_,
+                                                 /*frozen=*/lora_enabled_));
+    }
+  }
+  return linear_workspace_->allocate();
+}
+
 Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
                         const recipe::Recipe& recipe) {
   cfg_ = cfg;
@@ -314,33 +351,16 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   shape_ = shape;
   recompute_ = rc;
   recipe_ = recipe;
+  plan_recipe_ = planned_switch ? activation_plan_recipe(recipe, *planned_switch) : recipe;
+  fprop_bf16_ = false;
   NB_TRY(validate(cfg));
   if (shape.seq > cfg.max_seq)
     return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
   lm_chunk_tokens_ = lm_chunk_tokens(cfg, shape);
   seed_ = seed;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
-  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, recipe, lora);
-  // The linear layers in the recipe's formats (qkv, o, gate_up, down per layer): {in, out} features.
-  const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
-                              {cfg.q_dim(), cfg.hidden},
-                              {cfg.hidden, 2 * cfg.ffn},
-                              {cfg.ffn, cfg.hidden}};
-  linears_.clear();
-  linears_.resize(size_t(cfg.layers));
-  // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
-  // forward, both grad copies in backward) share one workspace sized for the largest layer.
-  linear_workspace_ = std::make_shared<recipe::LinearWorkspace>(dev);
-  for (int64_t l = 0; l < cfg.layers; ++l) {
-    linears_[size_t(l)].resize(4);
-    for (int i = 0; i < 4; ++i) {
-      std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
-      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe, recipe.layer_in_bf16(l, cfg.layers), name, uint32_t(l * 8 + i),
-                                                 shape.tokens(), dims[i][0], dims[i][1], dev, linear_workspace_,
-                                                 /*frozen=*/lora_enabled_));
-    }
-  }
-  NB_TRY(linear_workspace_->allocate());
+  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, plan_recipe_, lora);
+  NB_TRY(build_linears());
   // Quantized layers (one contiguous block: BF16 layers are counted from either end) keep no compute copy
   // of their linear weights; a staging buffer of the largest such weight feeds their quantizers.
   const std::vector<bool> quantized = quantized_layers(cfg, recipe);
@@ -355,13 +375,14 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     NB_TRY(params_.allocate(lora_param_list(cfg, lora_spec_), dev));
     NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
   } else {
-    if (!master_only_quantized_weights || optimizer_shard_count > 1) qe = qb;  // an empty master-only range
+    // An empty master-only range: asked for, sharded, or a planned recipe switch (its BF16 GEMMs read weights).
+    if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch) qe = qb;
     NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count));
   }
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
     int64_t most = 0;
-    for (const auto& d : dims) most = std::max(most, d[0] * d[1]);
+    for (const auto& d : linear_dims(cfg)) most = std::max(most, d[0] * d[1]);
     NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
   }
   NB_TRY(params_.initialize(seed));
@@ -517,7 +538,7 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   P.dev = dev_;
   Acts A;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
-  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, scratch_input_layers(c, recipe_, lora), lora);
+  plan_acts(&A, P, c, shape_, recompute_, dt, lm_chunk_tokens_, scratch_input_layers(c, plan_recipe_, lora), lora);
   NB_TRY(P.st);
   NB_CHECK(staged_index < staged_capacity_, "micro-batch %lld was not staged", (long long)staged_index);
   const Tensor ids = rows(Tensor::make(ids_.data(), DType::i32, dev_, {staged_capacity_ * T}), staged_index * T,

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include "core/arena.h"
@@ -46,10 +47,21 @@ class LlamaModel {
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
   void begin_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
+  // One quantized Linear's statistics since the last take_health (collection on; recipe/linear_stats.h).
+  struct LinearStats {
+    std::string linear;  // "model.layers.3.mlp.down_proj"
+    int64_t layer = 0;
+    recipe::LinearHealth health;
+  };
   // Non-finite quantizer inputs since the last call ("layer 3 mlp.down_proj grad", or empty) and the
-  // worst per-linear quantization statistics when collection is on.
-  Status take_health(std::string* nonfinite_where, recipe::LinearHealth* worst);
+  // worst per-linear quantization statistics when collection is on; per_linear (optional) gets each
+  // quantized Linear's statistics, in layer order.
+  Status take_health(std::string* nonfinite_where, recipe::LinearHealth* worst,
+                     std::vector<LinearStats>* per_linear = nullptr);
+  // --quant-stats: every Linear's statistics, and the Wgrad error of the next micro-batch (re-armed by
+  // begin_step). The Linears share one Wgrad scratch; see linear_stats.h for the memory it costs.
   void set_collect_stats(bool on);
+  double quant_stats_ms() const { return quant_stats_ms_; }  // wall time of all statistics passes so far
   // FP8 delayed-scaling state of every Linear (empty for other recipes), for checkpoints.
   struct LinearScaling {
     std::string linear;  // "model.layers.3.mlp.down_proj"
@@ -87,6 +99,23 @@ class LlamaModel {
   // compute copy of every weight, so quantized layers quantize from the BF16 copy, as Megatron with
   // TransformerEngine does; the FP32 master of a weight lives on one rank only.
   int optimizer_shard_rank = 0, optimizer_shard_count = 1;
+  // Precision annealing (llama_recipe_switch.cpp). Set before init: the recipe a later set_recipe() switches
+  // to. init then keeps a compute copy of every weight (no master-only range: a BF16 GEMM reads the weight)
+  // and plans the activations for both recipes (activation_plan_recipe).
+  struct RecipeSwitch {
+    recipe::Recipe next;
+    bool fprop_only = false;  // only Fprop switches (next is bf16_mixed); Dgrad and Wgrad keep the recipe
+  };
+  std::optional<RecipeSwitch> planned_switch;
+  // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
+  // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).
+  static recipe::Recipe activation_plan_recipe(const recipe::Recipe& now, const RecipeSwitch& next);
+  // At a step boundary (before begin_step): every Linear runs `r` from now on. The old Linears and their
+  // workspace are released before the new ones allocate, so the two sets of copies never coexist.
+  // fprop_only: the Linears stay (and keep their copies) but compute Fprop in BF16 (r must be bf16_mixed).
+  // Refused when the activation plan or the weights' compute copies do not cover `r` (see planned_switch).
+  Status set_recipe(const recipe::Recipe& r, bool fprop_only);
+  bool fprop_bf16() const { return fprop_bf16_; }
 
   // The training loop's path, with one host synchronization per optimizer step: stage_batches()
   // copies n micro-batches of host int32 tokens/labels ([n, batch*seq] each) to the device in one
@@ -119,6 +148,11 @@ class LlamaModel {
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
+  // recipe_'s Linears (qkv, o, gate_up, down per layer) and their shared workspace, allocated.
+  Status build_linears();
+  // set_recipe's checks: `r` keeps quantized inputs wherever the activation plan does, and every layer that
+  // would run a BF16 GEMM has its weights' compute copies.
+  Status check_switch_covered(const recipe::Recipe& r, bool fprop_only) const;
   // LoRA (llama_lora.cpp): the adapter modules' views, and the frozen base streamed into place.
   void build_lora_modules();
   Status load_base(uint64_t seed);
@@ -136,7 +170,11 @@ class LlamaModel {
   int64_t lm_chunk_tokens_ = 0;
   Buffer rope_cos_, rope_sin_;
   recipe::Recipe recipe_;
+  recipe::Recipe plan_recipe_;  // the activation plan's recipe: recipe_, or activation_plan_recipe()
+  bool fprop_bf16_ = false;     // set_recipe(..., fprop_only = true) happened
   std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;
+  std::shared_ptr<recipe::StatsScratch> stats_scratch_;  // --quant-stats' Wgrad scratch (first use allocates)
+  double quant_stats_ms_ = 0;
   Buffer weight_stage_;  // a quantized layer's weight cast from its FP32 master (see params.h)
   std::vector<char>
       weight_staged_;  // per (layer, linear): staged since the last begin_step  // shared transient quantized copies

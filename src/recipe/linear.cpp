@@ -166,6 +166,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       o.two_d = spec.two_d;
       o.rht = spec.rht;
       o.sr = spec.sr;
+      o.four_over_six = spec.four_over_six;
       o.rng = a.rng;
       // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
       // backends (col_operand() uses the row amax, which is the column one for 2D).

@@ -55,12 +55,34 @@ struct QuantizedBytes {
   float row_amax = 0, col_amax = 0, scale_inv = 1;  // nvfp4 amaxes; fp8 per-tensor scale_inv
 };
 
+// Quantization statistics of one role's row-wise copies since the last take_health (linear_stats.h).
+struct RoleQuantStats {
+  bool seen = false;  // the role was quantized while collection was on
+  Fmt fmt = Fmt::bf16;
+  double flushed = 0, saturated = 0, sqnr_db = 0;
+};
+
+// Weight-gradient error of the measured micro-batch (linear_stats.h): dW_ref = dY^T X from the BF16
+// sources with FP32 accumulation, dW_q the recipe's quantized Wgrad; norms are Frobenius norms.
+struct WgradQuantStats {
+  bool measured = false;
+  double grad_norm = 0, noise_norm = 0;  // ||dW_ref||, ||dW_q - dW_ref||
+  bool has_alt = false;                  // NVFP4 Wgrad operands: the same Wgrad with RHT toggled
+  bool alt_rht = false;                  // the alternative's RHT setting
+  double alt_noise_norm = 0;             // ||dW_alt - dW_ref||
+};
+
 struct LinearHealth {
   int64_t nonfinite = 0;             // quantizations whose source held NaN/Inf since the last take_health
   std::string first_nonfinite_role;  // "input" | "weight" | "grad" (first role in that order with a count)
   double flushed = 0, saturated = 0, sqnr_db = 0;  // worst over the roles seen (set_collect_stats)
   bool has_stats = false;
+  RoleQuantStats roles[3];  // input, weight, grad (set_collect_stats)
+  WgradQuantStats wgrad;    // set_collect_stats, a non-frozen quantized Linear
+  double stats_ms = 0;      // wall time of the statistics passes since the last take_health
 };
+
+class StatsScratch;  // linear_stats.h: FP32 scratch of the Wgrad comparison, shareable by Linears
 
 // FP8 delayed-scaling state of one role of one Linear: what a checkpoint must carry for the next step to
 // scale exactly as an uninterrupted run would (the amax history window, the scale it produced, and the
@@ -101,10 +123,18 @@ class Linear {
   // Weights changed: requantize on next forward; SR key step; delayed-scaling roll. The SR key's
   // micro-batch index starts at first_micro and grows by micro_stride per backward (data parallelism).
   void new_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
-  void set_collect_stats(bool on);        // per-operand flushed/saturated/SQNR (extra passes; off by default)
+  // Per-operand flushed/saturated/SQNR and the Wgrad error of the next micro-batch (extra passes,
+  // synchronizing; off by default; linear_stats.h). scratch: the Wgrad comparison's FP32 scratch, shared by
+  // a model's Linears (nullptr: a private one). Turning it on re-arms the Wgrad measurement, as new_step does.
+  void set_collect_stats(bool on, std::shared_ptr<StatsScratch> scratch = nullptr);
   Status take_health(LinearHealth* out);  // since the last call; may synchronize
   bool keeps_quantized_input() const;     // true when backward() does not read x
   bool frozen() const;                    // initialized in the frozen-weight mode
+  // Precision annealing of Fprop only (docs/RECIPES.md): forward() still quantizes x (and w once per step)
+  // exactly as before, because backward's Dgrad and Wgrad read those copies, but computes y with the BF16
+  // GEMM on the given x and w (w must then be the real weight). No effect on a BF16 layer; an error on a
+  // frozen quantized Linear, whose forward is not given its weight.
+  Status set_fprop_bf16(bool on);
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row
   // copy only). The workspace's bytes are not included: count them once, where the workspace is owned

@@ -109,6 +109,7 @@ struct Linear::Impl {
   bool all_bf16 = true;  // BF16 layer or bf16_mixed: no quantization at all
   bool frozen = false;   // no Wgrad; quantized: freeze_weight() quantizes the weight once (linear_frozen.cpp)
   bool weight_transposed_on_use = false;  // frozen per-tensor FP8 weight: Dgrad transposes the row copy
+  bool fprop_bf16 = false;                // set_fprop_bf16: Fprop in BF16, the copies quantized as usual
   std::string name;
   uint32_t tensor_id = 0;
   int64_t max_tokens = 0, in = 0, out = 0;

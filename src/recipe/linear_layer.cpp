@@ -152,6 +152,7 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   if (!frozen_q) NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
   NB_TRY(check_2d(y, "y", s.name, m, s.out, act, s.dev));
   NB_TRY(check_tokens(s, m));
+  if (s.collect_stats) NB_TRY(s.stats.keep_input(s, x, stream));  // the Wgrad error's BF16 X (linear_stats.h)
   if (s.all_bf16) {
     // The CPU backend is the FP32 reference of the model (finite-difference tests): no BF16 rounding there.
     return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
@@ -164,6 +165,7 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   }
   NB_TRY(s.quantize(Role::input, x, stream));
   s.have_input = true;
+  if (s.fprop_bf16) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);  // as a BF16 layer's
   const bool per_tensor = s.recipe.input.fmt == Fmt::fp8_e4m3 || s.recipe.input.fmt == Fmt::fp8_e5m2;
   gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor};
   return gemm::matmul_quantized(s.q[0].row_operand(), s.q[1].row_operand(), y, o, stream)
@@ -193,8 +195,10 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   NB_TRY(s.quantize(Role::grad, dy, stream));
   NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), s.q[1].col_operand(), dx, {dx_beta, false}, stream)
              .context("linear '" + s.name + "' Dgrad"));
+  if (s.collect_stats) NB_TRY(s.stats.before_wgrad(s, dw_f32, stream));
   NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
              .context("linear '" + s.name + "' Wgrad"));
+  if (s.collect_stats) NB_TRY(s.stats.after_wgrad(s, dy, dw_f32, stream));
   s.have_input = false;
   s.micro += s.micro_stride;
   return Status::ok();
@@ -207,6 +211,7 @@ void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride
   s.step = step;
   s.micro = first_micro;
   s.micro_stride = micro_stride;
+  s.stats.arm();  // --quant-stats measures the Wgrad error of a step's first micro-batch
   if (s.all_bf16 || s.recipe.fp8_scaling != Fp8Scaling::delayed) return;
   // Delayed scaling: this step's amaxes into each history, then the next step's scales (one sync per step).
   for (QCopies& c : s.q) {
@@ -226,8 +231,10 @@ void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride
   }
 }
 
-void Linear::set_collect_stats(bool on) {
-  if (impl_) impl_->collect_stats = on;
+void Linear::set_collect_stats(bool on, std::shared_ptr<StatsScratch> scratch) {
+  if (!impl_) return;
+  if (on != impl_->collect_stats || scratch) impl_->stats.set_collect(on, std::move(scratch));
+  impl_->collect_stats = on;
 }
 
 Status Linear::take_health(LinearHealth* out) {
@@ -251,6 +258,15 @@ Status Linear::take_health(LinearHealth* out) {
 bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
 
 bool Linear::frozen() const { return impl_ && impl_->frozen; }
+
+Status Linear::set_fprop_bf16(bool on) {
+  if (!impl_) return errorf("Linear::set_fprop_bf16 before a successful init");
+  if (on && impl_->frozen && !impl_->all_bf16)
+    return errorf("linear '%s' is frozen: its forward reads its quantized weight only, so Fprop cannot run in BF16",
+                  impl_->name.c_str());
+  impl_->fprop_bf16 = on && !impl_->all_bf16;
+  return Status::ok();
+}
 
 std::shared_ptr<LinearWorkspace> Linear::workspace() const { return impl_ ? impl_->workspace : nullptr; }
 

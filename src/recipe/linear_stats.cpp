@@ -1,6 +1,8 @@
-// StatsAccumulator (linear_stats.h): host-side flushed / saturated / SQNR of a role's row-wise copy.
+// StatsAccumulator (linear_stats.h): host-side flushed / saturated / SQNR of a role's row-wise copy, and
+// the report of everything collected (take). The Wgrad measurement is in linear_stats_wgrad.cpp.
 #include "recipe/linear_stats.h"
 
+#include <chrono>
 #include <cmath>
 #include <vector>
 #include "formats/fp8/fp8_block.h"
@@ -20,6 +22,9 @@ static Status to_host(void* dst, const void* src, size_t bytes, Device dev, Stre
 }
 
 Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
+  // Waits for the training kernels queued so far, so that stats_ms counts this pass only.
+  if (c.dev == Device::cuda) device_synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = c.rows * c.cols;
   const bool nvfp4 = c.spec.fmt == Fmt::nvfp4;
   const size_t data_bytes = size_t(nvfp4 ? n / 2 : n);
@@ -51,6 +56,7 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   NB_TRY(gemm::dequantize_operand_ref(op, xhat.data()));
   const double global = nvfp4 ? double(state[kRowAmax]) / (6.0 * 448.0) : 1.0;
   Sums& s = roles_[int(c.role)];
+  s.fmt = c.spec.fmt;
   for (int64_t i = 0; i < n; ++i) {
     const double xv = bf16_to_f32(x[size_t(i)]);
     const double qv = xhat[size_t(i)] * global;
@@ -66,23 +72,40 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
     if (mag == top) ++s.saturated;
   }
   s.n += n;
+  ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return Status::ok();
 }
 
 void StatsAccumulator::take(LinearHealth* out) {
   bool any = false;
-  for (Sums& s : roles_) {
+  for (int r = 0; r < 3; ++r) {
+    Sums& s = roles_[r];
     if (s.n == 0) continue;
-    const double flushed = s.nonzero ? double(s.flushed) / double(s.nonzero) : 0.0;
-    const double saturated = double(s.saturated) / double(s.n);
-    const double sqnr = s.err > 0 ? 10.0 * std::log10(s.sig / s.err) : INFINITY;
-    out->flushed = any ? std::max(out->flushed, flushed) : flushed;
-    out->saturated = any ? std::max(out->saturated, saturated) : saturated;
-    out->sqnr_db = any ? std::min(out->sqnr_db, sqnr) : sqnr;
+    RoleQuantStats& rs = out->roles[r];
+    rs.seen = true;
+    rs.fmt = s.fmt;
+    rs.flushed = s.nonzero ? double(s.flushed) / double(s.nonzero) : 0.0;
+    rs.saturated = double(s.saturated) / double(s.n);
+    rs.sqnr_db = s.err > 0 ? 10.0 * std::log10(s.sig / s.err) : INFINITY;
+    out->flushed = any ? std::max(out->flushed, rs.flushed) : rs.flushed;
+    out->saturated = any ? std::max(out->saturated, rs.saturated) : rs.saturated;
+    out->sqnr_db = any ? std::min(out->sqnr_db, rs.sqnr_db) : rs.sqnr_db;
     any = true;
     s = Sums{};
   }
+  // Several measured micro-batches (collection re-armed within a step): norms over all of them.
+  if (wgrad_.measured) {
+    out->wgrad = wgrad_;
+    out->wgrad.grad_norm = std::sqrt(grad_sq_);
+    out->wgrad.noise_norm = std::sqrt(noise_sq_);
+    out->wgrad.alt_noise_norm = std::sqrt(alt_sq_);
+    any = true;
+  }
   out->has_stats = any;
+  out->stats_ms = ms_;
+  wgrad_ = WgradQuantStats{};
+  grad_sq_ = noise_sq_ = alt_sq_ = 0;
+  ms_ = 0;
 }
 
 }  // namespace nb::recipe

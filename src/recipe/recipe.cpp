@@ -74,7 +74,24 @@ static bool uses_nvfp4(const Recipe& r) {
   return r.input.fmt == Fmt::nvfp4 || r.weight.fmt == Fmt::nvfp4 || r.grad.fmt == Fmt::nvfp4;
 }
 
+// fp4_4over6 (a known value): which roles get 4/6 scaling; each named role must be NVFP4.
+static Status apply_4over6(const std::string& v, Recipe* r) {
+  const bool weights = v == "weights" || v == "all", activations = v == "activations" || v == "all";
+  if ((weights && r->weight.fmt != Fmt::nvfp4) || (activations && r->input.fmt != Fmt::nvfp4))
+    return errorf(
+        "recipe '%s' does not quantize the %s to NVFP4, so fp4-4over6 %s would do nothing; use "
+        "bf16_with_nvfp4_mixed or fp4-4over6 none",
+        r->name.c_str(), weights && r->weight.fmt != Fmt::nvfp4 ? "weights" : "activations", v.c_str());
+  if (weights) r->weight.four_over_six = true;
+  if (activations) r->input.four_over_six = true;
+  return Status::ok();
+}
+
 Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
+  const std::string& v46 = k.fp4_4over6;
+  if (v46 != "none" && v46 != "weights" && v46 != "activations" && v46 != "all")
+    return errorf("recipe '%s': unknown fp4-4over6 value '%s'; use none, weights, activations or all", r->name.c_str(),
+                  v46.c_str());
   if (k.layers_at_start_bf16 < -1 || k.layers_at_end_bf16 < -1)
     return errorf("recipe '%s': BF16 layer counts must be >= 0 (got start %lld, end %lld)", r->name.c_str(),
                   (long long)k.layers_at_start_bf16, (long long)k.layers_at_end_bf16);
@@ -97,6 +114,7 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
     if (k.fp4_disable_sr) role->sr = false;
     if (k.fp4_disable_2d) role->two_d = false;
   }
+  NB_TRY(apply_4over6(k.fp4_4over6, r));
   // A given count always wins; first_last_layers_bf16 alone keeps one layer at each end that the
   // preset left quantized ([MB]'s defaults for num_layers_at_start/end_in_bf16 are 1).
   if (k.first_last_layers_bf16) {
@@ -114,6 +132,7 @@ static std::string role_str(const RoleSpec& s, bool wgrad_copy) {
   if (s.two_d) out += "+2d";
   if (s.rht && wgrad_copy) out += "+rht";
   if (s.sr) out += "+sr";
+  if (s.four_over_six) out += "+4/6";
   return out;
 }
 

@@ -21,6 +21,7 @@ const char* fmt_name(Fmt f);
 struct RoleSpec {
   Fmt fmt = Fmt::bf16;
   bool rht = false, sr = false, two_d = false;
+  bool four_over_six = false;  // NVFP4 4/6 adaptive block scaling of every copy (nvfp4::Options)
 };
 
 enum class Fp8Scaling { none, current, delayed };
@@ -54,9 +55,13 @@ struct RecipeKnobs {
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false,
        first_last_layers_bf16 = false;
   int64_t layers_at_start_bf16 = -1, layers_at_end_bf16 = -1;
+  // NVFP4 4/6 adaptive block scaling: none | weights (the weight role) | activations (the input role) |
+  // all (both). Gradients never get it (as TransformerEngine).
+  std::string fp4_4over6 = "none";
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
-// the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing).
+// the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so is
+// fp4_4over6 naming a role that is not NVFP4.
 Status apply_knobs(const RecipeKnobs& knobs, Recipe* r);
 
 // One line per layer kind: "Fprop nvfp4 x nvfp4 (emulated) | Dgrad nvfp4+sr x nvfp4 (emulated) | Wgrad

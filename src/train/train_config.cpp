@@ -146,14 +146,33 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
       bool_key("fp4-disable-rht", "NVFP4: no random Hadamard transform on the Wgrad operands", &c.fp4_disable_rht),
       bool_key("fp4-disable-sr", "NVFP4: round gradients to nearest instead of stochastically", &c.fp4_disable_sr),
       bool_key("fp4-disable-2d", "NVFP4: 1x16 weight blocks instead of 16x16", &c.fp4_disable_2d),
+      choice_key("fp4-4over6",
+                 "NVFP4 4/6 adaptive block scaling (each block scaled to 4 or 6, lower MSE) on the weights, "
+                 "the activations, all (both) or none; gradients never",
+                 &c.fp4_4over6, {"none", "weights", "activations", "all"}),
       bool_key("first-last-layers-bf16", "keep the first and last transformer layers in BF16",
                &c.first_last_layers_bf16),
       int_key("num-layers-at-start-in-bf16", "transformer layers at the start kept in BF16 (-1 = the recipe's)",
               &c.num_layers_at_start_in_bf16),
       int_key("num-layers-at-end-in-bf16", "transformer layers at the end kept in BF16 (-1 = the recipe's)",
               &c.num_layers_at_end_in_bf16),
-      bool_key("quant-stats", "write per-interval quantization statistics (flushed, saturated, SQNR) to the JSONL",
+      bool_key("quant-stats",
+               "write per-linear quantization statistics (flushed, saturated, SQNR, Wgrad error) to the JSONL",
                &c.quant_stats),
+      int_key("quant-stats-interval", "steps between --quant-stats records (0 = log-interval)",
+              &c.quant_stats_interval),
+      double_key("anneal-start-fraction",
+                 "precision annealing: steps after S = round(F x train-iters) (nearest step, halves up) run "
+                 "--anneal-recipe; 0 < F < 1 (0 = off)",
+                 &c.anneal_start_fraction),
+      string_key("anneal-recipe",
+                 "the recipe of the steps after the annealing switch: bf16_mixed or an FP8 recipe (its own BF16 "
+                 "layer counts)",
+                 &c.anneal_recipe),
+      bool_key("anneal-fprop-only",
+               "precision annealing switches only the Fprop GEMM (Dgrad and Wgrad keep --recipe); needs "
+               "--anneal-recipe bf16_mixed",
+               &c.anneal_fprop_only),
   };
 }
 
@@ -355,6 +374,9 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
+  if (c.quant_stats_interval < 0)
+    return errorf("--quant-stats-interval must not be negative (0 = log-interval); got %lld",
+                  (long long)c.quant_stats_interval);
   if (!c.mock_data && c.data_path.empty()) return errorf("no data: pass --data-path PREFIX (or --mock-data true)");
   if (c.sft && c.mock_data)
     return errorf("--sft trains on SFT data: pass --data-path PREFIX as given to nibble preprocess --sft");

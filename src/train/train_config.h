@@ -32,9 +32,15 @@ struct TrainConfig {
   // precision recipe (Megatron-Bridge names and knobs)
   std::string recipe = "bf16_mixed";
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false;
+  std::string fp4_4over6 = "none";  // none | weights | activations | all: NVFP4 4/6 adaptive block scaling
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;
+  int64_t quant_stats_interval = 0;  // steps between --quant-stats records (0 = log_interval)
+  // precision annealing (train/trainer_anneal.cpp): steps after S = round(F * train_iters) run anneal_recipe
+  double anneal_start_fraction = 0;  // F; 0 = no annealing
+  std::string anneal_recipe;         // bf16_mixed or an FP8 recipe
+  bool anneal_fprop_only = false;    // only the Fprop GEMM switches (anneal_recipe bf16_mixed)
   // parameter-efficient fine-tuning (Megatron-Bridge's LoRA names and defaults; model/lora.h)
   std::string peft = "none";  // none | lora
   int64_t lora_rank = 32;

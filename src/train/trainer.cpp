@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
+#include "train/quant_stats.h"
 
 namespace nb {
 
@@ -53,6 +54,7 @@ Trainer::Trainer() = default;
 Trainer::~Trainer() = default;
 
 Status Trainer::step(StepMetrics* m) {
+  NB_TRY(anneal_if_due());  // precision annealing switches at the step boundary (trainer_anneal.cpp)
   const int64_t it = iteration_;
   double loss_sum = 0, wait_ms = 0;
   NB_TRY(run_micro_batches(&loss_sum, &wait_ms));
@@ -94,7 +96,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     step_segments_[size_t(micro)] = std::move(b.segment_starts);
   }
   model_.begin_step(uint32_t(rng_step_), uint32_t(world_.rank), uint32_t(world_.size));
-  model_.set_collect_stats(cfg_.quant_stats && ((it + 1) % cfg_.log_interval == 0 || it + 1 == cfg_.train_iters));
+  model_.set_collect_stats(quant_stats_step(cfg_, it));
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
   NB_TRY(model_.stage_segments(step_segments_.data(), accum_));
   // The loss is the mean over the step's trained tokens on all ranks (NeMo's answer-token mean for SFT);
@@ -128,7 +130,8 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   float norm_sq_h = 0;
   NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
   recipe::LinearHealth health;
-  NB_TRY(model_.take_health(&f->nonfinite_where, &health));
+  std::vector<LlamaModel::LinearStats> linear_stats;
+  NB_TRY(model_.take_health(&f->nonfinite_where, &health, &linear_stats));
   double scalars[4] = {loss_sum, f->nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
                        sharded() ? double(norm_sq_h) : 0.0};
   NB_TRY(sum_over_ranks(scalars, 4));
@@ -139,9 +142,10 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   if (!f->nonfinite_where.empty())
     NB_LOG_WARN("step %lld: a non-finite amax reached the quantizer of %s (%lld quantizations)", (long long)(it + 1),
                 f->nonfinite_where.c_str(), (long long)health.nonfinite);
-  if (health.has_stats && jsonl_)
-    jsonl_ << "{\"iteration\":" << it + 1 << ",\"quant_worst_sqnr_db\":" << health.sqnr_db
-           << ",\"quant_max_flushed\":" << health.flushed << ",\"quant_max_saturated\":" << health.saturated << "}\n";
+  if (health.has_stats) {
+    model_.set_collect_stats(false);  // the evaluation after this step must not feed the next record
+    if (jsonl_) jsonl_ << format_quant_stats(it + 1, health, linear_stats) << std::flush;
+  }
   return Status::ok();
 }
 
@@ -316,6 +320,8 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", s.peak_mem_gib);
   const double wait_total = train_src_ ? train_src_->wait_ms_total() : 0;
   std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", s.steps ? wait_total / double(s.steps) : 0.0);
+  if (cfg_.quant_stats)
+    std::printf("| %-34s | %22.1f |\n", "quant-stats extra work, total (ms)", model_.quant_stats_ms());
   if (s.saves > 0) {
     std::printf("| %-34s | %22lld |\n", "checkpoints saved", (long long)s.saves);
     std::printf("| %-34s | %22.2f |\n", "checkpoint size (GiB)", s.checkpoint_gib);

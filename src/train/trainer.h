@@ -60,6 +60,17 @@ class Trainer {
   double lora_flops_per_token() const;
   Status write_lora_adapter();
   bool lora() const { return cfg_.peft == "lora"; }
+  // precision annealing phases (trainer_anneal.cpp)
+  Status resolve_anneal();  // in resolve_config: the anneal recipe, the switch step S, the refusals
+  void print_anneal_plan() const;
+  recipe::Recipe param_plan_recipe() const;                    // the estimate's recipe for weights (compute copies)
+  recipe::Recipe activation_plan_recipe() const;               // ... and for activations (covers both recipes)
+  void plan_anneal();                                          // before model init: what the switch will need
+  Status check_anneal_resume(const TrainConfig& saved) const;  // the anneal keys match the checkpoint's
+  Status resume_anneal(const nlohmann::json& state);  // a checkpoint past S: the anneal recipe before its state
+  Status anneal_if_due();                             // at a step boundary: the switch when iteration_ reaches S
+  nlohmann::json anneal_state() const;                // for trainer_state.json
+  bool anneal_configured() const { return anneal_step_ > 0; }
   // checkpoint phases (trainer_checkpoint.cpp)
   Status load();
   Status load_checkpoint(const CheckpointRef& ref);
@@ -100,6 +111,10 @@ class Trainer {
   bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
+  recipe::Recipe anneal_recipe_;   // precision annealing: the recipe after the switch (bf16_mixed when off)
+  int64_t anneal_step_ = 0;        // S: steps 1..S run recipe_, steps S+1.. anneal_recipe_ (0 = no annealing)
+  bool annealed_ = false;          // the model runs anneal_recipe_ now
+  bool anneal_announced_ = false;  // the switch was logged (here, or by the run that wrote the checkpoint)
   Recompute recompute_ = Recompute::none;
   Device dev_ = Device::cpu;
   std::string device_name_;

@@ -139,6 +139,7 @@ Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaCon
           "cannot load the checkpoint: its model has %s %lld but this run's model (%s) has %lld; pass "
           "the model of the checkpoint (%s)",
           field, (long long)v.first, c.name.c_str(), (long long)v.second, m.name.c_str());
+  if (!cfg_.finetune) NB_TRY(check_anneal_resume(saved));
   TrainConfig saved_copy = saved, now = cfg_;
   auto then_keys = config_keys(saved_copy), now_keys = config_keys(now);
   for (size_t i = 0; i < now_keys.size(); ++i) {
@@ -157,6 +158,7 @@ Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaCon
 Status Trainer::restore_state(const nlohmann::json& s) {
   try {
     iteration_ = json_int(s, "iteration");
+    NB_TRY(resume_anneal(s));  // before the delayed-scaling state: it belongs to the recipe of that iteration
     consumed_valid_ = json_int(s, "consumed_valid_samples");
     const auto& opt = json_field(s, "optimizer");
     adam_step_ = cfg_.no_load_optim ? 0 : json_int(opt, "step");
@@ -233,6 +235,7 @@ nlohmann::json Trainer::trainer_state() const {
     s["fp8_delayed_scaling"].push_back({{"linear", l.linear}, {"roles", roles}});
   }
   s["recipe"] = recipe_.name;
+  if (anneal_configured()) s["anneal"] = anneal_state();
   TrainConfig c = cfg_;
   s["config"] = format_config(c);
   s["model"] = model_config_json(model_cfg_);

@@ -67,11 +67,13 @@ Status Trainer::resolve_config() {
   knobs.fp4_disable_rht = cfg_.fp4_disable_rht;
   knobs.fp4_disable_sr = cfg_.fp4_disable_sr;
   knobs.fp4_disable_2d = cfg_.fp4_disable_2d;
+  knobs.fp4_4over6 = cfg_.fp4_4over6;
   knobs.first_last_layers_bf16 = cfg_.first_last_layers_bf16;
   knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
   recipe_.seed = uint64_t(cfg_.seed);
+  NB_TRY(resolve_anneal());
   accum_ = cfg_.global_batch_size / (cfg_.micro_batch_size * cfg_.data_parallel);
   tokens_per_step_ = cfg_.global_batch_size * cfg_.seq_length;
   flops_per_token_ = lora() ? lora_flops_per_token() : model_cfg_.flops_per_token(cfg_.seq_length);
@@ -120,6 +122,7 @@ Status Trainer::pick_device() {
     }
   }
   NB_TRY(recipe::check_supported(recipe_, cc_major_, cc_minor_));
+  NB_TRY(recipe::check_supported(anneal_recipe_, cc_major_, cc_minor_).context("--anneal-recipe"));
   peak_tflops_ = cfg_.peak_tflops > 0 ? cfg_.peak_tflops : (dev_ == Device::cuda ? bf16_peak_tflops(device_name_) : 0);
   if (!cfg_.save.empty()) {
     std::error_code ec;
@@ -154,6 +157,7 @@ void Trainer::print_plan() {
   }
   std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
   print_lora_plan();
+  print_anneal_plan();
   if (!cfg_.save.empty()) {
     if (logging_rank()) std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
     if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
@@ -170,9 +174,12 @@ void Trainer::print_plan() {
 Status Trainer::estimate_memory() {
   const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
   const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
-  param_bytes_ = lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
-                        : double(LlamaModel::parameter_bytes(model_cfg_, dev_, recipe_, model_.optimizer_shard_count));
-  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, recipe_, lora_spec));
+  // Precision annealing plans for both recipes from the start (trainer_anneal.cpp).
+  const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
+  param_bytes_ = lora()
+                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
+                     : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count));
+  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
   workspace_bytes_ = dev_ == Device::cuda ? 512.0 * 1048576 : 0;
@@ -181,7 +188,7 @@ Status Trainer::estimate_memory() {
   if (recipe_.quantized() && lora())  // the transient copies and the BF16 scratch of one emulated GEMM at a time
     workspace_bytes_ += 3.0 * double(largest_linear) + 4.0 * double(cfg_.micro_batch_size * cfg_.seq_length) *
                                                            double(std::max(model_cfg_.ffn, model_cfg_.hidden) * 2);
-  else if (recipe_.quantized())
+  else if (recipe_.quantized() || anneal_recipe_.quantized())  // the two recipes' copies never coexist
     workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
@@ -200,7 +207,7 @@ Status Trainer::estimate_memory() {
   for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
     const double n = param_bytes_ + workspace_bytes_ +
                      double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_,
-                                                              recipe_, lora_spec));
+                                                              acts_plan, lora_spec));
     if (n <= double(free_bytes_))
       best = mbs;
     else
@@ -216,6 +223,7 @@ Status Trainer::estimate_memory() {
 
 Status Trainer::build_model() {
   if (lora()) model_.set_lora(lora_spec_, lora_base_.get());
+  plan_anneal();
   Status st =
       model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
   if (!st) {

@@ -1,4 +1,4 @@
-// CPU tests of the recipe data: presets, knobs (--disable-fp4, layer counts), GEMM descriptions and
+// CPU tests of the recipe data: presets, knobs (--disable-fp4, 4/6, layer counts), GEMM descriptions and
 // GPU support checks.
 #include <gtest/gtest.h>
 #include "recipe/recipe.h"
@@ -69,6 +69,48 @@ TEST(Knobs, Fp4SwitchesActOnNvfp4RolesAndAreRejectedElsewhere) {
   Status st = apply_knobs(k, &r);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("bf16_with_mxfp8_mixed"), std::string::npos) << st.message();
+}
+
+TEST(Knobs, FourOverSixActsOnNvfp4WeightsAndActivationsOnly) {
+  auto with = [](const char* preset, const char* v, Recipe* r) {
+    EXPECT_TRUE(recipe_preset(preset, r).is_ok());
+    RecipeKnobs k;
+    k.fp4_4over6 = v;
+    return apply_knobs(k, r);
+  };
+  Recipe r;
+  ASSERT_TRUE(with("bf16_with_nvfp4_mixed", "none", &r).is_ok());
+  EXPECT_FALSE(r.input.four_over_six || r.weight.four_over_six || r.grad.four_over_six);
+  ASSERT_TRUE(with("bf16_with_nvfp4_mixed", "weights", &r).is_ok());
+  EXPECT_TRUE(r.weight.four_over_six && !r.input.four_over_six && !r.grad.four_over_six);
+  ASSERT_TRUE(with("bf16_with_nvfp4_mixed", "activations", &r).is_ok());
+  EXPECT_TRUE(r.input.four_over_six && !r.weight.four_over_six && !r.grad.four_over_six);
+  ASSERT_TRUE(with("bf16_with_nvfp4_mixed", "all", &r).is_ok());
+  EXPECT_TRUE(r.input.four_over_six && r.weight.four_over_six && !r.grad.four_over_six);  // gradients never
+  EXPECT_EQ(describe_gemms(r, false, 9, 0),
+            "Fprop nvfp4+4/6 x nvfp4+2d+4/6 (emulated) | Dgrad nvfp4+sr x nvfp4+2d+4/6 (emulated) | "
+            "Wgrad nvfp4+rht+sr x nvfp4+rht+4/6 (emulated) fp32 accumulate");
+  Status st = with("bf16_with_nvfp4_mixed", "gradients", &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("none, weights, activations or all"), std::string::npos) << st.message();
+  st = with("bf16_with_mxfp8_mixed", "weights", &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("bf16_with_mxfp8_mixed"), std::string::npos) << st.message();
+  EXPECT_TRUE(with("bf16_with_mxfp8_mixed", "none", &r).is_ok());
+  // NVFP4 weights but BF16 activations: "weights" works, "activations" and "all" are refused.
+  Recipe w;
+  w.name = "nvfp4_weights_only";
+  w.weight.fmt = Fmt::nvfp4;
+  RecipeKnobs k;
+  k.fp4_4over6 = "activations";
+  st = apply_knobs(k, &w);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("activations"), std::string::npos) << st.message();
+  k.fp4_4over6 = "all";
+  EXPECT_FALSE(apply_knobs(k, &w).is_ok());
+  k.fp4_4over6 = "weights";
+  ASSERT_TRUE(apply_knobs(k, &w).is_ok());
+  EXPECT_TRUE(w.weight.four_over_six);
 }
 
 TEST(Knobs, LayerCountsSelectExactlyTheIntendedLayers) {

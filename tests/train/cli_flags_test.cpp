@@ -89,6 +89,21 @@ TEST(TrainCliFlags, BadBooleanValueIsOneSentence) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/config.toml"));
 }
 
+// The precision-annealing keys, the bare flag followed by --save (two steps: the switch comes after step 1).
+TEST(TrainCliFlags, AnnealKeys) {
+  const std::string dir = fresh_dir("anneal");
+  CliRun r = run_nibble(
+      "train --model tiny --device cpu --train-iters 2 --seq-length 32 --recipe bf16_with_nvfp4_mixed "
+      "--anneal-start-fraction 0.5 --anneal-recipe bf16_mixed --anneal-fprop-only --save " +
+      dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("precision annealing: step 2 onwards runs bf16_mixed (fprop only)"), std::string::npos) << r.out;
+  EXPECT_EQ(config_value(dir, "anneal_start_fraction"), "0.5");
+  EXPECT_EQ(config_value(dir, "anneal_recipe"), "\"bf16_mixed\"");
+  EXPECT_EQ(config_value(dir, "anneal_fprop_only"), "true");
+  std::filesystem::remove_all(dir);
+}
+
 // Keys of other types are unchanged: a value is required, so one left last on the line is an error.
 TEST(TrainCliFlags, NonBooleanKeysStillNeedAValue) {
   CliRun r = run_nibble(kTiny + "--disable-fp4 --save");

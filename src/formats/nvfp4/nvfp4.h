@@ -21,6 +21,14 @@
 // (never cleared here, so one flag can collect a whole step) and uses S_enc = 1; the quantizer still
 // finishes with defined bytes (NaN elements get code 7, a NaN block gets scale byte 0x7F), identical
 // on CPU and CUDA.
+//
+// 4/6 adaptive block scaling (four_over_six; "Four Over Six", arXiv 2512.02010, TransformerEngine's
+// NVTE_NVFP4_4OVER6): S_enc uses the E4M3 bound 256 instead of 448 (S_enc = 6*256 / amax), and each
+// block (each 16x16 tile with two_d) tries two scales, base = block_amax * (S_enc * (1/6)) ("map to 6")
+// and base * 1.5 ("map to 4", E4M3 satfinite), keeping map-to-4 only when its squared error is strictly
+// lower (nvfp4_math.h has the rule). The amax slots then hold the DECODE amax, amax * 1.75 (exact for a
+// BF16 amax), so every reader's amax / (6*448) decodes the 256-bound scales unchanged. An amax whose
+// decode amax overflows to Inf also sets *nonfinite.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +51,9 @@ struct Options {
   bool two_d = false;  // 16x16 weight tiles; cannot be combined with rht or sr
   bool rht = false;    // column-wise copy only
   bool sr = false;     // stochastic rounding of elements (scales stay RNE)
+  // 4/6 adaptive block scaling of every copy written (the column copy is the RHT'd one with rht; a 2D
+  // tile decides once for its 256 elements). Combines with rht, sr or two_d as plain NVFP4 does.
+  bool four_over_six = false;
   RngKey rng{};
 };
 
@@ -54,8 +65,8 @@ struct QuantizedView {
   uint8_t* row_scales = nullptr;  // [rows, cols/16]
   uint8_t* col_data = nullptr;    // [cols, rows/2]
   uint8_t* col_scales = nullptr;  // [cols, rows/16]
-  float* row_amax = nullptr;      // 1 float: amax of the source
-  float* col_amax = nullptr;      // 1 float: amax of the source, or of the RHT'd source with rht
+  float* row_amax = nullptr;      // 1 float: amax of the source (x 1.75 with four_over_six)
+  float* col_amax = nullptr;      // 1 float: same, or of the RHT'd source with rht (x 1.75 with four_over_six)
   int* nonfinite = nullptr;       // set to 1 when an amax is NaN/Inf; may be null
 };
 
@@ -85,7 +96,12 @@ void unswizzle_scales_ref(const uint8_t* swizzled, int64_t rows, int64_t scale_c
 Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, float* row_amax, float* col_amax,
                          Stream stream);
 // One fused pass writing both copies, reading the amaxes already stored in out.row_amax/out.col_amax.
+// With opts.four_over_six it runs quantize_4over6_cuda_with_amax instead.
 Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
+// The 4/6 quantizer (nvfp4_4over6.cu: a simple kernel, one thread per block or 2D tile, separate from
+// the fused pass): reads the tensor amaxes from the slots of the enabled copies, then replaces them with
+// the decode amaxes (amax * 1.75), so it must run once per amax pre-pass.
+Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // compute_amax_cuda + quantize_cuda_with_amax.
 Status quantize_cuda(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // amax is a device pointer (as produced by the quantizer).

@@ -18,6 +18,9 @@ Status compute_amax_cuda(const bf16*, int64_t, int64_t, bool, float*, float*, St
 Status quantize_cuda_with_amax(const bf16*, const Options&, const QuantizedView&, Stream) {
   return no_cuda("NVFP4 quantization on the GPU");
 }
+Status quantize_4over6_cuda_with_amax(const bf16*, const Options&, const QuantizedView&, Stream) {
+  return no_cuda("NVFP4 4/6 quantization on the GPU");
+}
 Status quantize_cuda(const bf16*, const Options&, const QuantizedView&, Stream) {
   return no_cuda("NVFP4 quantization on the GPU");
 }

@@ -402,6 +402,7 @@ Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, fl
 
 Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream) {
   NB_TRY(check_view(opts, out));
+  if (opts.four_over_six) return quantize_4over6_cuda_with_amax(x, opts, out, stream);  // nvfp4_4over6.cu
   KernelArgs a{x,
                out.rows,
                out.cols,

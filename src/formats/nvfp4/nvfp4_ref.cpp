@@ -48,24 +48,30 @@ void store_block(uint8_t* data, uint8_t* scales, int64_t outer, int64_t inner, i
 
 // One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.
 template <typename Load>
-void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, RngKey key, uint8_t* data, uint8_t* scales,
-                      Load load) {
-  float s_enc = global_encode_scale(amax);
+void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, bool four_over_six, RngKey key,
+                      uint8_t* data, uint8_t* scales, Load load) {
+  float s_enc = four_over_six ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
   float v[kBlock];
   for (int64_t o = 0; o < outer_n; ++o) {
     for (int64_t b = 0; b < inner / kBlock; ++b) {
       load(o, b, v);
-      uint32_t s = block_scale_code(block_amax16(v), s_enc);
-      float enc = block_encode_scale(s, s_enc);
       Philox4x32 rand{};
       if (sr) rand = philox_block(key, uint64_t((o * inner) / kBlock + b));
+      if (four_over_six) {
+        uint64_t packed = 0;
+        uint32_t s = quantize_block16_4over6(v, s_enc, amax, sr, rand, &packed);
+        store_block(data, scales, o, inner, b, packed, s);
+        continue;
+      }
+      uint32_t s = block_scale_code(block_amax16(v), s_enc);
+      float enc = block_encode_scale(s, s_enc);
       store_block(data, scales, o, inner, b, encode_block16(v, enc, sr, rand), s);
     }
   }
 }
 
 void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Options& opts, const QuantizedView& out) {
-  float s_enc = global_encode_scale(amax);
+  float s_enc = opts.four_over_six ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
   float v[kBlock];
   Philox4x32 no_rand{};
   for (int64_t tr = 0; tr < rows / kBlock; ++tr) {
@@ -74,7 +80,8 @@ void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Op
       for (int i = 0; i < kBlock; ++i)
         for (int j = 0; j < kBlock; ++j)
           tile_max = std::max(tile_max, abs_bits(bf16_to_f32(x[(tr * 16 + i) * cols + tc * 16 + j])));
-      uint32_t s = block_scale_code(bits_f32(tile_max), s_enc);
+      uint32_t s = opts.four_over_six ? tile_scale_4over6(x, cols, tr * 16, tc * 16, s_enc, amax)
+                                      : block_scale_code(bits_f32(tile_max), s_enc);
       float enc = block_encode_scale(s, s_enc);
       for (int i = 0; i < kBlock; ++i) {
         if (opts.rowwise) {
@@ -115,20 +122,27 @@ Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out
   float row_amax = 0, col_amax = 0;
   compute_amax_ref(x, rows, cols, opts.rht && opts.colwise, &row_amax, &col_amax);
   if (out.nonfinite && (!amax_is_finite(row_amax) || !amax_is_finite(col_amax))) *out.nonfinite = 1;
-  if (out.row_amax) *out.row_amax = row_amax;
-  if (out.col_amax) *out.col_amax = col_amax;
+  // 4/6 stores the decode amax (nvfp4_math.h); quantization below uses the tensor amax. Only the
+  // enabled copies' decode amaxes can set the flag (the CUDA path computes no other).
+  const float row_slot = opts.four_over_six ? decode_amax_4over6(row_amax) : row_amax;
+  const float col_slot = opts.four_over_six ? decode_amax_4over6(col_amax) : col_amax;
+  if (out.nonfinite && ((opts.rowwise && !amax_is_finite(row_slot)) || (opts.colwise && !amax_is_finite(col_slot))))
+    *out.nonfinite = 1;
+  if (out.row_amax) *out.row_amax = row_slot;
+  if (out.col_amax) *out.col_amax = col_slot;
   if (opts.two_d) {
     quantize_2d(x, rows, cols, row_amax, opts, out);
     return Status::ok();
   }
   if (opts.rowwise) {
-    quantize_copy_1d(rows, cols, row_amax, opts.sr, opts.rng, out.row_data, out.row_scales,
+    quantize_copy_1d(rows, cols, row_amax, opts.sr, opts.four_over_six, opts.rng, out.row_data, out.row_scales,
                      [&](int64_t r, int64_t b, float* v) {
                        for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[r * cols + b * kBlock + j]);
                      });
   }
   if (opts.colwise) {
-    quantize_copy_1d(cols, rows, col_amax, opts.sr, colwise_key(opts.rng), out.col_data, out.col_scales,
+    quantize_copy_1d(cols, rows, col_amax, opts.sr, opts.four_over_six, colwise_key(opts.rng), out.col_data,
+                     out.col_scales,
                      [&](int64_t c, int64_t b, float* v) { load_col_chunk(x, cols, b * kBlock, c, opts.rht, v); });
   }
   return Status::ok();

@@ -1,0 +1,152 @@
+// CUDA 4/6 adaptive block scaling for NVFP4 (Options::four_over_six; the rule is in nvfp4_math.h):
+// bit-identical to quantize_ref, deliberately simple and separate from the fused quantizer of
+// nvfp4_quantize.cu so that kernel stays as tuned. One thread per 16-element block of one copy (per
+// 16x16 tile with two_d), loading straight from global memory; the per-block math is the shared
+// quantize_block16_4over6 / tile_scale_4over6, the RHT the reference's hadamard::rht16_bf16, the SR
+// key rule nvfp4.h's. Its cost against the fused pass is unmeasured until it runs on a GPU.
+// Order on the stream: the caller's amax pre-pass, one launch per copy (both read the tensor amaxes),
+// then a one-thread kernel that replaces the amax slots with the decode amaxes (amax * 1.75).
+#include <algorithm>
+#include "core/cuda_check.h"
+#include "core/device_info.h"
+#include "formats/hadamard/hadamard.h"
+#include "formats/nvfp4/nvfp4.h"
+#include "formats/nvfp4/nvfp4_math.h"
+
+namespace nb::nvfp4 {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct CopyArgs {
+  const bf16* x;
+  int64_t rows, cols;
+  bool colwise;  // the transposed copy [cols, rows] instead of the row copy [rows, cols]
+  bool rht, sr;
+  RngKey key;
+  const float* amax;  // the tensor amax of this copy
+  uint8_t *data, *scales;
+};
+
+NB_DEVICE void store_block(uint8_t* data, uint8_t* scales, int64_t flat_block, uint64_t packed, uint32_t s) {
+  // inner is a multiple of 16, so block flat_block starts 8 * flat_block bytes in: 8-byte aligned.
+  *reinterpret_cast<uint2*>(data + flat_block * 8) = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
+  scales[flat_block] = uint8_t(s);
+}
+
+// Column copy: thread t takes column t % cols, 16-row chunk t / cols, so a warp reads 32 neighbouring
+// columns of one row at a time (coalesced); its block is (outer = column, blk = chunk).
+__global__ void __launch_bounds__(kThreads) quantize_4over6_1d_kernel(CopyArgs a) {
+  const float amax = *a.amax;
+  const float s_enc = global_encode_scale_4over6(amax);
+  const int64_t blocks = a.rows * a.cols / 16, inner = a.colwise ? a.rows : a.cols;
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < blocks; t += int64_t(gridDim.x) * blockDim.x) {
+    float v[16];
+    int64_t outer = 0, blk = 0;
+    if (a.colwise) {
+      outer = t % a.cols;
+      blk = t / a.cols;
+      for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[(blk * 16 + j) * a.cols + outer]);
+      if (a.rht) hadamard::rht16_bf16(v);
+    } else {
+      outer = t / (a.cols / 16);
+      blk = t % (a.cols / 16);
+      for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[outer * a.cols + blk * 16 + j]);
+    }
+    const int64_t flat = outer * (inner / 16) + blk;
+    Philox4x32 rand{};
+    if (a.sr) rand = philox_block(a.key, uint64_t(flat));
+    uint64_t packed = 0;
+    const uint32_t s = quantize_block16_4over6(v, s_enc, amax, a.sr, rand, &packed);
+    store_block(a.data, a.scales, flat, packed, s);
+  }
+}
+
+struct TileArgs {
+  const bf16* x;
+  int64_t rows, cols;
+  const float* amax;                                       // the one amax of a 2D tensor
+  uint8_t *row_data, *row_scales, *col_data, *col_scales;  // null for a disabled copy
+};
+
+// 2D weights (RNE only): thread = one 16x16 tile; one 4/6 decision, then its 16 row blocks and 16
+// column blocks with the chosen scale (the column copy holds the same values, transposed).
+__global__ void __launch_bounds__(kThreads) quantize_4over6_2d_kernel(TileArgs a) {
+  const float amax = *a.amax;
+  const float s_enc = global_encode_scale_4over6(amax);
+  const int64_t tiles_x = a.cols / 16, tiles = (a.rows / 16) * tiles_x;
+  const Philox4x32 no_rand{};
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tiles; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t tr = t / tiles_x, tc = t % tiles_x;
+    const uint32_t s = tile_scale_4over6(a.x, a.cols, tr * 16, tc * 16, s_enc, amax);
+    const float enc = block_encode_scale(s, s_enc);
+    for (int i = 0; i < 16; ++i) {
+      float v[16];
+      if (a.row_data) {
+        for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[(tr * 16 + i) * a.cols + tc * 16 + j]);
+        store_block(a.row_data, a.row_scales, (tr * 16 + i) * tiles_x + tc, encode_block16(v, enc, false, no_rand), s);
+      }
+      if (a.col_data) {
+        for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[(tr * 16 + j) * a.cols + tc * 16 + i]);
+        store_block(a.col_data, a.col_scales, (tc * 16 + i) * (a.rows / 16) + tr,
+                    encode_block16(v, enc, false, no_rand), s);
+      }
+    }
+  }
+}
+
+// After both copies are written: the slots get the decode amaxes; a non-finite one (non-finite input, or
+// 1.75 * amax overflowing) sets the flag, as quantize_ref does. Null pointers: disabled copies.
+NB_DEVICE void store_decode_amax(float* slot, int* nonfinite) {
+  const float d = decode_amax_4over6(*slot);
+  if (nonfinite && !amax_is_finite(d)) *nonfinite = 1;
+  *slot = d;
+}
+__global__ void store_decode_amax_kernel(float* row_amax, float* col_amax, int* nonfinite) {
+  if (row_amax) store_decode_amax(row_amax, nonfinite);
+  if (col_amax && col_amax != row_amax) store_decode_amax(col_amax, nonfinite);  // a shared slot: once
+}
+
+int grid_for(int64_t items) {
+  return int(std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t(current_device_sm_count()) * 16));
+}
+
+}  // namespace
+
+Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream) {
+  NB_TRY(check_shape(out.rows, out.cols, opts));
+  auto s = static_cast<cudaStream_t>(stream);
+  float* row_amax = opts.rowwise ? out.row_amax : nullptr;
+  float* col_amax = opts.colwise ? out.col_amax : nullptr;
+  if (opts.two_d) {
+    // As the fused kernel: the row amax, or the column slot (same value without RHT) when row-wise is off.
+    TileArgs a{x,
+               out.rows,
+               out.cols,
+               row_amax ? row_amax : col_amax,
+               opts.rowwise ? out.row_data : nullptr,
+               out.row_scales,
+               opts.colwise ? out.col_data : nullptr,
+               out.col_scales};
+    quantize_4over6_2d_kernel<<<grid_for((out.rows / 16) * (out.cols / 16)), kThreads, 0, s>>>(a);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    const int grid = grid_for(out.rows * out.cols / 16);
+    if (opts.rowwise) {
+      const CopyArgs a{x, out.rows, out.cols, false, false, opts.sr, opts.rng, row_amax, out.row_data, out.row_scales};
+      quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a);
+      CUDA_CHECK_LAUNCH();
+    }
+    if (opts.colwise) {
+      const RngKey key = colwise_key(opts.rng);
+      const CopyArgs a{x, out.rows, out.cols, true, opts.rht, opts.sr, key, col_amax, out.col_data, out.col_scales};
+      quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a);
+      CUDA_CHECK_LAUNCH();
+    }
+  }
+  store_decode_amax_kernel<<<1, 1, 0, s>>>(row_amax, col_amax, out.nonfinite);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+}  // namespace nb::nvfp4
