@@ -94,7 +94,7 @@ run_one() {
   # shellcheck disable=SC2086
   "$NIBBLE" train --model llama-125m --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
     --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 150 --lr-decay-style cosine \
-    --weight-decay 0.1 --clip-grad 1.0 --seed "$seed" --data-path "$DATA/study_text_document" \
+    --weight-decay 0.1 --clip-grad 1.0 --seed "$seed" --mock-data false --data-path "$DATA/study_text_document" \
     --tokenizer "$DATA/tokenizer.tiktoken" --split 969,30,1 --eval-interval 100 --eval-iters 10 \
     --log-interval 100 --save "$dir" $flags $(stats_interval "$flags") > "$dir/train.log" 2>&1 ||
     { tail -5 "$dir/train.log" >&2; return 1; }

@@ -202,10 +202,15 @@ def verdicts(runs):
     m, sd, n = mean_sd(nv)
     noise = sd if n > 1 else float("nan")
     if n:
-        within = abs(m) <= 1.5
+        lo = m - (sd if n > 1 else 0.0)
+        verdict = ("reproduced" if abs(m) <= 1.5 else
+                   "consistent within the seed spread (mean minus one standard deviation is inside 1.5%)"
+                   if lo <= 1.5 else "not reproduced: the gap is larger")
+        worse = sum(d > 0 for d in nv)
         out.append(f"- **NVFP4 within about 1-1.5% of BF16 (paper):** NVFP4's final validation loss is {m:+.2f}%"
-                   + (f" ± {sd:.2f}% (paired over {n} seeds)" if n > 1 else f" (one seed)")
-                   + f" from BF16: {'reproduced' if within else 'not reproduced'} at this scale.")
+                   + (f" ± {sd:.2f}% (paired over {n} seeds: " + ", ".join(f"{d:+.2f}%" for d in nv) + ")"
+                      if n > 1 else " (one seed)")
+                   + f" from BF16; NVFP4 is worse in {worse} of {n} seeds. Verdict: {verdict}.")
     else:
         out.append("- **NVFP4 within about 1-1.5% of BF16:** no paired runs stored yet.")
     base_nv = {s: final_val(r) for s, r in runs.get("nvfp4", {}).items()}
@@ -279,6 +284,13 @@ def main():
         lines += ["", "Not run yet: " + ", ".join(f"`{c}`" for c in missing) + "."]
     for title, svg in loss_plots(runs, root) + quant_plots(runs, root):
         lines += ["", f"### {title}", "", f"![{title}](bench/convergence/{svg})"]
+    rht = rht_table(runs)
+    if rht:
+        lines += ["", "## Does RHT lower the Wgrad error? (measured on the runs' own tensors)", "",
+                  "Each `--quant-stats` step measures, for every quantized Linear, the first micro-batch's weight "
+                  "gradient three ways: from the BF16 operands (dW_ref), with the recipe's NVFP4 Wgrad operands "
+                  "(RHT on both, SR on dY) and with the same operands quantized without RHT (same SR bytes). "
+                  "Relative error = ||dW_q - dW_ref|| / ||dW_ref||.", ""] + rht
     lines += [""] + notes(root)
     with open("CONVERGENCE.md", "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
@@ -291,8 +303,63 @@ def notes(root):
     return open(path, encoding="utf-8").read().splitlines() if os.path.isfile(path) else []
 
 
+def per_linear(run):
+    return [q for q in run["quant"] if "quant_stats" in q]
+
+
 def quant_plots(runs, root):
-    return []
+    """From the NVFP4 runs' per-Linear records (--quant-stats): each role's SQNR and the Wgrad SNR over
+    training (median over the quantized Linears, seed 1 or the lowest), against the sqrt(3) criterion."""
+    made = []
+    for c in ("nvfp4", "nvfp4_all"):
+        if c not in runs or not per_linear(runs[c][min(runs[c])]):
+            continue
+        run = runs[c][min(runs[c])]
+        k = tokens_per_step(run) / 1e6
+        by_it = {}
+        for q in per_linear(run):
+            by_it.setdefault(q["iteration"], []).append(q)
+        med = lambda xs: statistics.median(xs) if xs else float("nan")
+        series = []
+        for i, role in enumerate(("input", "weight", "grad")):
+            pts = [(it * k, med([q["roles"][role]["sqnr_db"] for q in qs if role in q["roles"]
+                                 and q["roles"][role]["sqnr_db"] is not None])) for it, qs in sorted(by_it.items())]
+            series.append((f"{role} SQNR (dB)", COLOURS[i + 1], pts, False))
+        if chart(series, f"{c}: quantization SQNR per role (median over Linears)", "tokens (millions)", "SQNR (dB)",
+                 os.path.join(root, f"{c}_sqnr.svg")):
+            made.append((f"{TITLES[c]}: SQNR per role", f"{c}_sqnr.svg"))
+        snr = [("median", COLOURS[3], [(it * k, med([q["wgrad"]["snr"] for q in qs if "wgrad" in q]))
+                                       for it, qs in sorted(by_it.items())], False),
+               ("lowest Linear", COLOURS[4], [(it * k, min(q["wgrad"]["snr"] for q in qs if "wgrad" in q))
+                                              for it, qs in sorted(by_it.items())], True)]
+        if chart(snr, f"{c}: Wgrad signal-to-quantization-noise (dashed line: sqrt 3)", "tokens (millions)",
+                 "||dW_ref|| / ||dW_q - dW_ref||", os.path.join(root, f"{c}_wgrad_snr.svg"), hline=math.sqrt(3)):
+            made.append((f"{TITLES[c]}: Wgrad SNR against the sqrt(3) criterion", f"{c}_wgrad_snr.svg"))
+    return made
+
+
+def rht_table(runs):
+    """Per Linear kind, the relative Wgrad error with the recipe's RHT and with RHT toggled, averaged over
+    every stats step of every NVFP4 seed (real activations and gradients of the study's runs)."""
+    rows, acc = [], {}
+    for c in ("nvfp4", "nvfp4_all"):
+        for run in runs.get(c, {}).values():
+            for q in per_linear(run):
+                if "wgrad_alt" not in q:
+                    continue
+                kind = q["quant_stats"].split(".")[-1]
+                e = acc.setdefault((c, kind), [[], [], 0])
+                e[0].append(q["wgrad"]["rel_err"])
+                e[1].append(q["wgrad_alt"]["rel_err"])
+                e[2] += q["wgrad_alt"]["rel_err"] < q["wgrad"]["rel_err"]
+    if not acc:
+        return rows
+    rows += ["| run | Linear | records | Wgrad rel. error, with RHT | without RHT | without / with | "
+             "records where RHT lost |", "|---|---|---:|---:|---:|---:|---:|"]
+    for (c, kind), (w, wo, lost) in sorted(acc.items()):
+        rows.append(f"| {c} | {kind} | {len(w)} | {statistics.fmean(w):.4f} | {statistics.fmean(wo):.4f} | "
+                    f"{statistics.fmean(wo) / statistics.fmean(w):.3f} | {lost} |")
+    return rows
 
 
 if __name__ == "__main__":

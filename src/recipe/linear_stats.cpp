@@ -2,6 +2,7 @@
 // the report of everything collected (take). The Wgrad measurement is in linear_stats_wgrad.cpp.
 #include "recipe/linear_stats.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <vector>
@@ -21,44 +22,97 @@ static Status to_host(void* dst, const void* src, size_t bytes, Device dev, Stre
   return Status::ok();
 }
 
+// Rows of a row-wise copy the statistics read: all of them up to kSampleElements elements, beyond that
+// every stride-th group of 16 rows (whole rows keep their blocks and scales; groups of 16 keep the
+// operand a valid NVFP4 shape, whose rows are a multiple of 16). Reading every element made a
+// statistics step of llama-125m cost minutes (host dequantization of every copy of every micro-batch);
+// about 64K elements per quantization estimate fractions of a few percent to well under 1% absolute.
+// FP8 sub-channel copies are read whole: their 128x128 weight tiles do not split into rows.
+constexpr int64_t kSampleElements = int64_t(1) << 16;
+
+static int64_t sample_stride(const QCopies& c) {
+  if (c.spec.fmt == Fmt::fp8_block128 || c.spec.fmt == Fmt::fp8_block128x128) return 1;
+  const int64_t groups = c.rows / 16, groups_wanted = std::max<int64_t>(1, kSampleElements / (16 * c.cols));
+  return std::max<int64_t>(1, (groups + groups_wanted - 1) / groups_wanted);
+}
+
+// Bytes per row of the row-wise copy's codes and block scales (formats with per-row layouts), or of the
+// whole copy for the FP8 sub-channel formats (read whole, see above).
+static void copy_bytes_per_row(const QCopies& c, size_t* data, size_t* scales) {
+  const int64_t n = c.rows * c.cols;
+  *data = size_t(c.spec.fmt == Fmt::nvfp4 ? c.cols / 2 : c.cols);
+  *scales = 0;
+  switch (c.spec.fmt) {
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128:
+      *data = size_t(n);
+      *scales = 4 * size_t(fp8::block_scale_count(
+                        c.spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128, c.rows,
+                        c.cols, false));
+      break;
+    case Fmt::mxfp8: *scales = size_t(c.cols / 32); break;
+    case Fmt::nvfp4: *scales = size_t(c.cols / 16); break;
+    default: break;
+  }
+}
+
+// The sampled rows of the BF16 source and of the row-wise copy (codes, scales) on the host.
+struct SampledRows {
+  int64_t rows = 0;
+  std::vector<bf16> x;
+  std::vector<uint8_t> data, scales;
+};
+
+static Status gather_rows(const QCopies& c, const bf16* src, int64_t stride, SampledRows* out, Stream stream) {
+  size_t drow = 0, srow = 0;
+  copy_bytes_per_row(c, &drow, &srow);
+  if (stride == 1 && (c.spec.fmt == Fmt::fp8_block128 || c.spec.fmt == Fmt::fp8_block128x128)) {
+    out->rows = c.rows;
+    out->x.resize(size_t(c.rows * c.cols));
+    out->data.resize(drow);
+    out->scales.resize(srow + 4);
+    NB_TRY(to_host(out->x.data(), src, out->x.size() * sizeof(bf16), c.dev, stream));
+    NB_TRY(to_host(out->data.data(), c.ptr(c.row_data), drow, c.dev, stream));
+    return to_host(out->scales.data(), c.ptr(c.row_scales), srow, c.dev, stream);
+  }
+  const int64_t groups = (c.rows / 16 + stride - 1) / stride;  // stride counts groups of 16 rows
+  out->rows = 16 * groups;
+  out->x.resize(size_t(out->rows * c.cols));
+  out->data.resize(size_t(out->rows) * drow);
+  out->scales.resize(size_t(out->rows) * srow + 4);
+  for (int64_t i = 0; i < out->rows; ++i) {
+    const int64_t r = (i / 16) * stride * 16 + i % 16;
+    NB_TRY(to_host(out->x.data() + i * c.cols, src + r * c.cols, size_t(c.cols) * sizeof(bf16), c.dev, stream));
+    NB_TRY(to_host(out->data.data() + size_t(i) * drow, c.ptr(c.row_data) + size_t(r) * drow, drow, c.dev, stream));
+    NB_TRY(to_host(out->scales.data() + size_t(i) * srow, c.ptr(c.row_scales) + size_t(r) * srow, srow, c.dev, stream));
+  }
+  return Status::ok();
+}
+
 Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   // Waits for the training kernels queued so far, so that stats_ms counts this pass only.
   if (c.dev == Device::cuda) device_synchronize();
   const auto t0 = std::chrono::steady_clock::now();
-  const int64_t n = c.rows * c.cols;
   const bool nvfp4 = c.spec.fmt == Fmt::nvfp4;
-  const size_t data_bytes = size_t(nvfp4 ? n / 2 : n);
-  size_t scale_bytes = 0;
-  switch (c.spec.fmt) {
-    case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128:
-      scale_bytes = 4 * size_t(fp8::block_scale_count(
-                            c.spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128,
-                            c.rows, c.cols, false));
-      break;
-    case Fmt::mxfp8: scale_bytes = size_t(n / 32); break;
-    case Fmt::nvfp4: scale_bytes = size_t(n / 16); break;
-    default: break;
-  }
-  std::vector<bf16> x(static_cast<size_t>(n));
-  std::vector<uint8_t> data(data_bytes), scales(scale_bytes + 4);
+  SampledRows rows;
+  NB_TRY(gather_rows(c, src, sample_stride(c), &rows, stream));
+  const int64_t n = rows.rows * c.cols;
   float state[kStateFloats];
-  NB_TRY(to_host(x.data(), src, size_t(n) * sizeof(bf16), c.dev, stream));
-  NB_TRY(to_host(data.data(), c.ptr(c.row_data), data_bytes, c.dev, stream));
-  NB_TRY(to_host(scales.data(), c.ptr(c.row_scales), scale_bytes, c.dev, stream));
   NB_TRY(to_host(state, c.state_f.data(), sizeof state, c.dev, stream));
   gemm::QOperand op = c.row_operand();
-  op.data = data.data();
+  op.rows = rows.rows;
+  op.data = rows.data.data();
   op.scales = (c.spec.fmt == Fmt::fp8_e4m3 || c.spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(&state[kScaleInv])
-                                                                           : scales.data();
+                                                                           : rows.scales.data();
   op.amax = &state[kRowAmax];
   std::vector<double> xhat(static_cast<size_t>(n));
   NB_TRY(gemm::dequantize_operand_ref(op, xhat.data()));
   const double global = nvfp4 ? double(state[kRowAmax]) / (6.0 * 448.0) : 1.0;
   Sums& s = roles_[int(c.role)];
   s.fmt = c.spec.fmt;
+  const uint32_t top = c.spec.fmt == Fmt::nvfp4 ? 0x7u : c.spec.fmt == Fmt::fp8_e5m2 ? 0x7Bu : 0x7Eu;
   for (int64_t i = 0; i < n; ++i) {
-    const double xv = bf16_to_f32(x[size_t(i)]);
+    const double xv = bf16_to_f32(rows.x[size_t(i)]);
     const double qv = xhat[size_t(i)] * global;
     s.sig += xv * xv;
     s.err += (xv - qv) * (xv - qv);
@@ -66,10 +120,8 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
       ++s.nonzero;
       if (qv == 0) ++s.flushed;
     }
-    uint32_t code = nvfp4 ? (data[size_t(i / 2)] >> (4 * (i % 2))) & 0xFu : data[size_t(i)];
-    uint32_t top = c.spec.fmt == Fmt::nvfp4 ? 0x7u : c.spec.fmt == Fmt::fp8_e5m2 ? 0x7Bu : 0x7Eu;
-    uint32_t mag = nvfp4 ? code & 0x7u : code & 0x7Fu;
-    if (mag == top) ++s.saturated;
+    const uint32_t code = nvfp4 ? (rows.data[size_t(i / 2)] >> (4 * (i % 2))) & 0xFu : rows.data[size_t(i)];
+    if ((nvfp4 ? code & 0x7u : code & 0x7Fu) == top) ++s.saturated;
   }
   s.n += n;
   ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

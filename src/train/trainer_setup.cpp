@@ -50,7 +50,9 @@ Status Trainer::setup(TrainConfig cfg) {
 
 // The model comes from --load-hf's config.json when one is given (and no preset was asked for).
 Status Trainer::resolve_config() {
-  if (cfg_.sft && !cfg_.data_path.empty()) cfg_.mock_data = false;  // SFT has no mock data
+  // A given --data-path is the data: mock data (on by default) is for runs without one. Before this rule
+  // a --data-path without --mock-data false trained on mock tokens without a word.
+  if (!cfg_.data_path.empty()) cfg_.mock_data = false;
   NB_TRY(resolve_model(cfg_, &model_cfg_));
   if (!cfg_.load_hf.empty()) {  // the model is the folder's config.json
     NB_TRY(read_hf_config(cfg_.load_hf, &model_cfg_).context("--load-hf"));
