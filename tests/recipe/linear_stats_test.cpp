@@ -7,6 +7,7 @@
 #include <vector>
 #include "core/bf16.h"
 #include "core/tensor.h"
+#include "formats/nvfp4/nvfp4.h"
 #include "recipe/linear.h"
 #include "recipe/recipe.h"
 
@@ -220,6 +221,45 @@ TEST(LinearStats, Bf16LayerHasNoStatistics) {
   ASSERT_TRUE(run.run(r, true).is_ok());
   EXPECT_FALSE(run.health.has_stats);
   EXPECT_FALSE(run.health.wgrad.measured);
+}
+
+// A copy over 65,536 elements is read in whole groups of 16 rows, every stride-th group (linear_stats.cpp):
+// x [4096, 256] has 256 groups and 65,536 / (16 * 256) = 16 are wanted, so groups 0, 16, 32, ... (rows
+// 0-15, 256-271, ...). The statistics must be exactly those of these rows of the full tensor's quantization.
+TEST(LinearStats, LargeCopiesAreSampledInWholeRowGroups) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  const int64_t m = 4096, k = 256;
+  std::vector<float> x = gaussian(m * k, 1.0, 7);
+  for (size_t i = 0; i < x.size(); i += 97) x[i] *= 1e-4f;  // some values small enough to flush
+  LinearHealth h = forward_stats(r, x, m, k, 32);
+  std::vector<bf16> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = f32_to_bf16(x[i]);
+  std::vector<uint8_t> data(size_t(m * k / 2)), scales(size_t(m * k / 16));
+  float amax = 0;
+  nvfp4::Options o;
+  o.colwise = false;
+  ASSERT_TRUE(nvfp4::quantize_ref(xb.data(), o, {m, k, data.data(), scales.data(), nullptr, nullptr, &amax}).is_ok());
+  std::vector<float> xq(x.size());
+  nvfp4::dequantize_ref(data.data(), scales.data(), amax, m, k, xq.data());
+  double sig = 0, err = 0;
+  int64_t nonzero = 0, flushed = 0, n = 0;
+  for (int64_t row = 0; row < m; ++row) {
+    if ((row / 16) % 16 != 0) continue;
+    for (int64_t c = 0; c < k; ++c, ++n) {
+      const double v = bf16_to_f32(xb[size_t(row * k + c)]), q = xq[size_t(row * k + c)];
+      sig += v * v;
+      err += (v - q) * (v - q);
+      nonzero += v != 0;
+      flushed += v != 0 && q == 0;
+    }
+  }
+  ASSERT_EQ(n, 65536);
+  const RoleQuantStats& in = h.roles[0];
+  ASSERT_TRUE(in.seen);
+  EXPECT_GT(flushed, 0);
+  EXPECT_DOUBLE_EQ(in.flushed, double(flushed) / double(nonzero));
+  EXPECT_NEAR(in.sqnr_db, 10.0 * std::log10(sig / err), 1e-6);
 }
 
 }  // namespace
