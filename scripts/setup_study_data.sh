@@ -6,8 +6,8 @@
 #   code   linux-source-6.1: the kernel's C sources and headers (*.c, *.h), in a fixed shuffled order,
 #          up to a byte budget (STUDY_CODE_MB, default 320 MB). Machine-generated tables are left out: files
 #          over 256 KB or that zlib compresses more than 5x (register maps such as drivers/gpu/drm/amd's
-#          asic_reg headers are 40% of the tarball's C bytes and nearly free to predict: a first corpus that
-#          kept them trained llama-125m to a validation loss of 0.004)
+#          asic_reg headers, which zlib shrinks 13-15x, are about 40% of the tarball's C bytes: kept, they
+#          would dominate the tokens with nearly free predictions)
 # Documents (one JSON line {"text": ...} per file) are shuffled together with a fixed seed, so Megatron's
 # contiguous document split ("969,30,1") gives a validation split with the same mixture as training.
 # Output in $NIBBLE_DATA_DIR/study (default ~/.cache/nibble/study):
