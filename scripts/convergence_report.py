@@ -16,7 +16,7 @@ import sys
 from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_losses import label, nice_ticks, polyline  # noqa: E402  (the same axis rules as the loss plots)
+from plot_losses import frame, nice_ticks, polyline  # noqa: E402  (the same axes as the loss plots)
 
 ORDER = ["bf16", "fp8", "mxfp8", "nvfp4", "nvfp4_all", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_no_2d", "nvfp4_none",
          "nvfp4_anneal", "nvfp4_4over6"]
@@ -93,24 +93,10 @@ def chart(series, title, xlabel, ylabel, path, hline=None):
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
     sx = lambda x: L + (x - x0) / (x1 - x0) * (W - L - R)
     sy = lambda y: H - B - (y - y0) / (y1 - y0) * (H - T - B)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-           'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{(L + W - R) / 2}" y="26" text-anchor="middle" font-size="15" font-weight="bold">'
-           f'{escape(title)}</text>']
-    for v in xt:
-        out.append(f'<line x1="{sx(v):.1f}" y1="{T}" x2="{sx(v):.1f}" y2="{H - B}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{sx(v):.1f}" y="{H - B + 18}" text-anchor="middle">{label(v, xs)}</text>')
-    for v in yt:
-        out.append(f'<line x1="{L}" y1="{sy(v):.1f}" x2="{W - R}" y2="{sy(v):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{L - 8}" y="{sy(v) + 4:.1f}" text-anchor="end">{label(v, ys)}</text>')
+    out = frame(title, xlabel, ylabel, xt, xs, yt, ys, sx, sy, (W, H, L, R, T, B), (L + W - R) / 2)
     if hline is not None:
         out.append(f'<line x1="{L}" y1="{sy(hline):.1f}" x2="{W - R}" y2="{sy(hline):.1f}" stroke="#555" '
                    'stroke-dasharray="6,4"/>')
-    out.append(f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#333"/>')
-    out.append(f'<text x="{(L + W - R) / 2}" y="{H - 16}" text-anchor="middle">{escape(xlabel)}</text>')
-    out.append(f'<text x="18" y="{(T + H - B) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {(T + H - B) / 2})">{escape(ylabel)}</text>')
     for i, (name, colour, s, dashed) in enumerate(series):
         line = polyline(s, sx, sy, colour, 1.6)
         if dashed:

@@ -58,6 +58,27 @@ def polyline(points, sx, sy, colour, width):
     return f'<polyline points="{pts}" fill="none" stroke="{colour}" stroke-width="{width}" stroke-linejoin="round"/>'
 
 
+def frame(title, xlabel, ylabel, xt, xs, yt, ys, sx, sy, box, title_x):
+    """The opening of an SVG chart: canvas, title, grid lines with tick labels, plot border, axis labels.
+    box = (width, height, left, right, top, bottom margins); sx, sy map data to pixels."""
+    w, h, l, r, t, b = box
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" '
+           'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
+           f'<rect width="{w}" height="{h}" fill="white"/>',
+           f'<text x="{title_x}" y="26" text-anchor="middle" font-size="15" font-weight="bold">{escape(title)}</text>']
+    for v in xt:  # vertical grid lines and x tick labels
+        out.append(f'<line x1="{sx(v):.1f}" y1="{t}" x2="{sx(v):.1f}" y2="{h - b}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{sx(v):.1f}" y="{h - b + 18}" text-anchor="middle">{label(v, xs)}</text>')
+    for v in yt:  # horizontal grid lines and y tick labels
+        out.append(f'<line x1="{l}" y1="{sy(v):.1f}" x2="{w - r}" y2="{sy(v):.1f}" stroke="#e5e5e5"/>')
+        out.append(f'<text x="{l - 8}" y="{sy(v) + 4:.1f}" text-anchor="end">{label(v, ys)}</text>')
+    out.append(f'<rect x="{l}" y="{t}" width="{w - l - r}" height="{h - t - b}" fill="none" stroke="#333"/>')
+    out.append(f'<text x="{(l + w - r) / 2}" y="{h - 16}" text-anchor="middle">{escape(xlabel)}</text>')
+    out.append(f'<text x="18" y="{(t + h - b) / 2}" text-anchor="middle" '
+               f'transform="rotate(-90 18 {(t + h - b) / 2})">{escape(ylabel)}</text>')
+    return out
+
+
 def svg(train, valid, title, xlabel, ylabel):
     pts = train + valid
     xt, xs = nice_ticks(0, max(x for x, _ in pts), min_step=1)  # iterations are whole
@@ -65,20 +86,7 @@ def svg(train, valid, title, xlabel, ylabel):
     x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
     sx = lambda x: L + (x - x0) / (x1 - x0) * (W - L - R)
     sy = lambda y: H - B - (y - y0) / (y1 - y0) * (H - T - B)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-           'font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="12">',
-           f'<rect width="{W}" height="{H}" fill="white"/>',
-           f'<text x="{W / 2}" y="26" text-anchor="middle" font-size="15" font-weight="bold">{escape(title)}</text>']
-    for v in xt:  # vertical grid lines and x tick labels
-        out.append(f'<line x1="{sx(v):.1f}" y1="{T}" x2="{sx(v):.1f}" y2="{H - B}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{sx(v):.1f}" y="{H - B + 18}" text-anchor="middle">{label(v, xs)}</text>')
-    for v in yt:  # horizontal grid lines and y tick labels
-        out.append(f'<line x1="{L}" y1="{sy(v):.1f}" x2="{W - R}" y2="{sy(v):.1f}" stroke="#e5e5e5"/>')
-        out.append(f'<text x="{L - 8}" y="{sy(v) + 4:.1f}" text-anchor="end">{label(v, ys)}</text>')
-    out.append(f'<rect x="{L}" y="{T}" width="{W - L - R}" height="{H - T - B}" fill="none" stroke="#333"/>')
-    out.append(f'<text x="{(L + W - R) / 2}" y="{H - 16}" text-anchor="middle">{escape(xlabel)}</text>')
-    out.append(f'<text x="18" y="{(T + H - B) / 2}" text-anchor="middle" '
-               f'transform="rotate(-90 18 {(T + H - B) / 2})">{escape(ylabel)}</text>')
+    out = frame(title, xlabel, ylabel, xt, xs, yt, ys, sx, sy, (W, H, L, R, T, B), W / 2)
     legend = []
     if train:
         out.append(polyline(train, sx, sy, TRAIN, 1.5))
