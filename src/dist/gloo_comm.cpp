@@ -1,7 +1,9 @@
 // The CPU backend's communicator: Gloo (Debian's libgloo-dev) over TCP, meeting through nibble's TCP
 // store. Gloo's ring all-reduce gives every rank the same bits. Its reduce-scatter is an all-reduce of
 // the whole buffer followed by a copy of this rank's slice: twice the traffic of a true reduce-scatter,
-// which only matters for speed, and the CPU backend is the reference, not the fast path.
+// which only matters for speed, and the CPU backend is the reference, not the fast path. BF16 tensors
+// (--grad-reduce-in-bf16) are summed in FP32 and rounded to BF16 once; NCCL rounds after each partial
+// sum, which gives the same bits for two ranks and may differ in the last bit for more.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+#include "core/bf16.h"
 #include "dist/communicator.h"
 
 namespace nb::dist {
@@ -65,14 +68,26 @@ class GlooCommunicator : public Communicator {
   const char* backend() const override { return "gloo"; }
 
   Status all_reduce(const Tensor& t, ReduceOp op, Stream) override {
-    NB_TRY(check_tensor(t, "all_reduce"));
+    NB_TRY(check_tensor(t, "all_reduce", true));
+    if (t.dtype == DType::bf16)
+      return guarded("all_reduce", [&] {
+        std::vector<float> wide = widen(t, 0, t.numel());
+        run_all_reduce(wide.data(), false, wide.size(), op);
+        narrow(wide.data(), t);
+      });
     return guarded("all_reduce", [&] { run_all_reduce(t.data, false, size_t(t.numel()), op); });
   }
 
   Status reduce_scatter(const Tensor& in, const Tensor& out, Stream) override {
-    NB_TRY(check_tensor(in, "reduce_scatter"));
-    NB_TRY(check_tensor(out, "reduce_scatter"));
+    NB_TRY(check_tensor(in, "reduce_scatter", true));
+    NB_TRY(check_tensor(out, "reduce_scatter", true));
     NB_TRY(check_slices("reduce_scatter", in, out, size()));
+    if (in.dtype == DType::bf16)
+      return guarded("reduce_scatter", [&] {
+        std::vector<float> wide = widen(in, 0, in.numel());
+        run_all_reduce(wide.data(), false, wide.size(), ReduceOp::sum);
+        narrow(wide.data() + out.numel() * rank(), out);
+      });
     return guarded("reduce_scatter", [&] {
       run_all_reduce(in.data, false, size_t(in.numel()), ReduceOp::sum);
       const size_t bytes = size_t(out.bytes());
@@ -124,9 +139,19 @@ class GlooCommunicator : public Communicator {
     }
     gloo::allreduce(o);
   }
-  static Status check_tensor(const Tensor& t, const char* op) {
+  static std::vector<float> widen(const Tensor& t, int64_t begin, int64_t end) {
+    const bf16* p = static_cast<const bf16*>(t.data);
+    std::vector<float> out(size_t(end - begin));
+    for (int64_t i = begin; i < end; ++i) out[size_t(i - begin)] = bf16_to_f32(p[i]);
+    return out;
+  }
+  static void narrow(const float* src, const Tensor& dst) {
+    bf16* p = static_cast<bf16*>(dst.data);
+    for (int64_t i = 0; i < dst.numel(); ++i) p[i] = f32_to_bf16(src[i]);
+  }
+  static Status check_tensor(const Tensor& t, const char* op, bool bf16_ok = false) {
     if (t.device != Device::cpu) return errorf("%s: the Gloo communicator takes host tensors", op);
-    if (t.dtype != DType::f32)
+    if (t.dtype != DType::f32 && !(bf16_ok && t.dtype == DType::bf16))
       return errorf("%s: the Gloo communicator takes f32 tensors, not %s", op,
                     std::string(dtype_name(t.dtype)).c_str());
     if (!t.is_contiguous()) return errorf("%s: the tensor %s is not contiguous", op, t.shape_str().c_str());

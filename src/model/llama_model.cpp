@@ -231,6 +231,19 @@ size_t LlamaModel::quantized_copy_bytes() const {
   return n;
 }
 
+std::vector<std::string> LlamaModel::layer_param_names(int64_t l) {
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  return {p + "input_layernorm.weight",  p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+          p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
+          p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"};
+}
+Status LlamaModel::weights_needed(const std::vector<std::string>& names) {
+  return hooks_ && !lora_enabled_ ? hooks_->weights_needed(names) : Status::ok();
+}
+Status LlamaModel::grads_final(const std::vector<std::string>& names) {
+  return hooks_ && report_grads_final_ && !lora_enabled_ ? hooks_->grads_final(names) : Status::ok();
+}
+
 void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   step_ = step;
   micro_ = first_micro;
@@ -377,7 +390,7 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   } else {
     // An empty master-only range: asked for, sharded, or a planned recipe switch (its BF16 GEMMs read weights).
     if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch) qe = qb;
-    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count));
+    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems));
   }
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
@@ -677,11 +690,16 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   };
 
   // ---- forward
+  const std::string lm_name = c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (hooks_) NB_TRY(weights_needed({"model.embed_tokens.weight"}));
   ops::embedding_forward(W.compute("model.embed_tokens.weight"), ids, A.resid[0], st);
-  for (int64_t l = 0; l < c.layers; ++l) NB_TRY(forward_layer(l, true));
+  for (int64_t l = 0; l < c.layers; ++l) {
+    if (hooks_) NB_TRY(weights_needed(layer_param_names(l)));
+    NB_TRY(forward_layer(l, true));
+  }
 
   // ---- LM head and loss, chunked over tokens; the backward of the head runs chunk by chunk too.
-  const std::string lm_name = c.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  if (hooks_) NB_TRY(weights_needed({"model.norm.weight", lm_name}));
   const Tensor w_lm = W.compute(lm_name), g_lm = grad_of(lm_name);
   const Tensor w_final = W.compute("model.norm.weight");
   ops::rmsnorm_forward(A.resid[c.layers], w_final, c.norm_eps, A.nf, A.rstdf, st);
@@ -712,6 +730,10 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
 
   // ---- backward
   ops::rmsnorm_backward(A.resid[c.layers], w_final, A.rstdf, A.dnf, A.dx, grad_of("model.norm.weight"), st);
+  if (hooks_ && c.tied_embeddings)  // the embedding's gradient is complete after its own backward, below
+    NB_TRY(grads_final({"model.norm.weight"}));
+  else if (hooks_)
+    NB_TRY(grads_final({"model.norm.weight", "lm_head.weight"}));
   Tensor dx = A.dx, dx_next = A.dx2;
   for (int64_t l = c.layers - 1; l >= 0; --l) {
     const Layer w = layer_weights(l);
@@ -766,8 +788,10 @@ Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
     ops::add_inplace(dx_next, A.dmid, st);
     NB_PROFILE_END("bwd: norms + adds");
     std::swap(dx, dx_next);
+    if (hooks_) NB_TRY(grads_final(layer_param_names(l)));
   }
   if (!lora_enabled_) ops::embedding_backward(ids, dx, params_.grad("model.embed_tokens.weight"), st);
+  if (hooks_) NB_TRY(grads_final({"model.embed_tokens.weight"}));
   micro_ += micro_stride_;
   arena_.release(mark);
   return Status::ok();

@@ -99,6 +99,21 @@ class LlamaModel {
   // compute copy of every weight, so quantized layers quantize from the BF16 copy, as Megatron with
   // TransformerEngine does; the FP32 master of a weight lives on one rank only.
   int optimizer_shard_rank = 0, optimizer_shard_count = 1;
+  // Set before init: the gradient-bucket length in elements (--ddp-bucket-size; 0 = one bucket).
+  int64_t optimizer_bucket_elems = 0;
+  // Data-parallel overlap (docs/DISTRIBUTED.md): weights_needed(names) runs before a forward first reads
+  // those parameters' compute copies (the embedding, each layer, the final norm and LM head); grads_final
+  // (names) runs when those parameters' gradients are complete, which only the backward of the step's
+  // last micro-batch reports (set_grads_final_reporting). The trainer launches collectives from them.
+  struct StepHooks {
+    virtual ~StepHooks() = default;
+    virtual Status weights_needed(const std::vector<std::string>& names) = 0;
+    virtual Status grads_final(const std::vector<std::string>& names) = 0;
+  };
+  void set_step_hooks(StepHooks* hooks) { hooks_ = hooks; }
+  void set_grads_final_reporting(bool on) { report_grads_final_ = on; }
+  // The parameters of transformer layer l (its six linear weights and two norms), as the hooks name them.
+  static std::vector<std::string> layer_param_names(int64_t l);
   // Precision annealing (llama_recipe_switch.cpp). Set before init: the recipe a later set_recipe() switches
   // to. init then keeps a compute copy of every weight (no master-only range: a BF16 GEMM reads the weight)
   // and plans the activations for both recipes (activation_plan_recipe).
@@ -147,6 +162,8 @@ class LlamaModel {
   Status run(int64_t staged_index, float grad_scale, bool backward);
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
+  Status weights_needed(const std::vector<std::string>& names);  // forward to hooks_ (if any)
+  Status grads_final(const std::vector<std::string>& names);
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
   // recipe_'s Linears (qkv, o, gate_up, down per layer) and their shared workspace, allocated.
   Status build_linears();
@@ -172,6 +189,8 @@ class LlamaModel {
   recipe::Recipe recipe_;
   recipe::Recipe plan_recipe_;  // the activation plan's recipe: recipe_, or activation_plan_recipe()
   bool fprop_bf16_ = false;     // set_recipe(..., fprop_only = true) happened
+  StepHooks* hooks_ = nullptr;  // data-parallel overlap (set_step_hooks); null: no calls
+  bool report_grads_final_ = false;
   std::shared_ptr<recipe::LinearWorkspace> linear_workspace_;
   std::shared_ptr<recipe::StatsScratch> stats_scratch_;  // --quant-stats' Wgrad scratch (first use allocates)
   double quant_stats_ms_ = 0;

@@ -96,16 +96,18 @@ Status ParamStore::set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t
   return Status::ok();
 }
 
-Status ParamStore::allocate_buffers(int shard_rank, int shard_count) {
+Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems) {
   NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
            shard_count);
   NB_CHECK(shard_count == 1 || hole_end_ == hole_begin_, "internal: a sharded store needs every compute copy");
+  NB_CHECK(bucket_elems >= 0, "internal: bucket of %lld elements", (long long)bucket_elems);
   shard_count_ = shard_count;
-  // Equal shards, each a multiple of kAlign elements, so every shard starts aligned.
+  shard_rank_ = shard_rank;
+  // Buckets of a multiple of kAlign x d elements, so that every rank's slice of every bucket starts aligned.
   const int64_t unit = kAlign * shard_count;
-  shard_len_ = (total_ + unit - 1) / unit * unit / shard_count;
-  shard_begin_ = shard_len_ * shard_rank;
-  if (shard_count == 1) shard_len_ = total_;
+  padded_total_ = shard_count == 1 ? total_ : (total_ + unit - 1) / unit * unit;
+  bucket_len_ = bucket_elems > 0 ? (bucket_elems + unit - 1) / unit * unit : std::max<int64_t>(padded_total_, 1);
+  shard_len_ = padded_total_ / shard_count;
   if (!frozen_) {
     NB_TRY(Buffer::allocate(&master_, DType::f32, device_, {shard_len_}));
     NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {padded_total()}));
@@ -117,19 +119,19 @@ Status ParamStore::allocate_buffers(int shard_rank, int shard_count) {
 }
 
 Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end,
-                            int shard_rank, int shard_count) {
+                            int shard_rank, int shard_count, int64_t bucket_elems) {
   device_ = dev;
   frozen_ = false;
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
-  return allocate_buffers(shard_rank, shard_count);
+  return allocate_buffers(shard_rank, shard_count, bucket_elems);
 }
 
 Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
   device_ = dev;
   frozen_ = false;
   NB_TRY(layout(std::move(params)));
-  return allocate_buffers(0, 1);
+  return allocate_buffers(0, 1, 0);
 }
 
 Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end) {
@@ -137,7 +139,7 @@ Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t n
   frozen_ = true;
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, no_copy_begin, no_copy_end));
-  return allocate_buffers(0, 1);
+  return allocate_buffers(0, 1, 0);
 }
 
 Status ParamStore::initialize(uint64_t seed) {
@@ -166,11 +168,21 @@ Status ParamStore::get_flat(const Tensor& flat, float* host) const {
   NB_CHECK(flat.numel() >= total_, "internal: get_flat of a sharded buffer (gather it first)");
   return copy_bytes(host, Device::cpu, flat.data, device_, size_t(total_) * 4);
 }
-// Master, m and v hold this store's shard of the flat space (all of it without sharding).
+ParamStore::Slice ParamStore::own_slice(int b) const {
+  const int64_t begin = bucket_begin(b), len = (bucket_end(b) - begin) / shard_count_;
+  return {begin + len * shard_rank_, begin + len * (shard_rank_ + 1), begin / shard_count_};
+}
+// Master, m and v hold this store's slices of the flat space (all of it without sharding); a slice's
+// part in the padding past total() stays as it is (zero).
 Status ParamStore::set_flat(const Tensor& flat, const float* host) {
-  const int64_t begin = shard_begin_, end = shard_end();
-  if (end <= begin) return Status::ok();  // a shard wholly inside the padding
-  return copy_bytes(flat.data, device_, host + begin, Device::cpu, size_t(end - begin) * 4);
+  for (int b = 0; b < bucket_count(); ++b) {
+    const Slice s = own_slice(b);
+    const int64_t end = std::min(s.end, total_);
+    if (end > s.begin)
+      NB_TRY(copy_bytes(static_cast<float*>(flat.data) + s.local, device_, host + s.begin, Device::cpu,
+                        size_t(end - s.begin) * 4));
+  }
+  return Status::ok();
 }
 // The compute copy is cast on the device from the full FP32 values: from the master itself when this
 // store holds all of it, else from the gradient buffer used as scratch (only at start or load).

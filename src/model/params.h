@@ -7,11 +7,13 @@
 // quantizes) can be left without a compute copy. Their Linears quantize from the FP32 master once per
 // step (through a staging buffer the model owns), so a BF16 copy would only cost 2 bytes per weight.
 // The compute buffer then skips that range: compute offsets past it shift down by its length.
+// Buckets (Megatron's DDP buckets, --ddp-bucket-size): the flat space is cut into runs of bucket_len
+// elements (the last may be shorter), the unit of each gradient reduction and weight gather.
 // Distributed optimizer (shard_count d > 1, Megatron-Core's --use-distributed-optimizer): the flat space
-// is padded to d equal shards, and this store keeps master, m and v only for its own shard
-// [shard_begin, shard_begin + shard_len): 2 (BF16 copy) + 4 (gradient) + 12 / d bytes per parameter.
-// Gradient and compute buffers stay whole (padded) so that collectives work on them in place. Sharding
-// needs every parameter to have a compute copy (no master-only range).
+// is padded so that every bucket is a multiple of kAlign x d, rank r owns slice r of every bucket, and
+// this store keeps master, m and v only for its own slices, back to back in bucket order: 2 (BF16 copy)
+// + 4 (gradient) + 12 / d bytes per parameter. Gradient and compute buffers stay whole (padded) so that
+// collectives work on them in place. Sharding needs every parameter to have a compute copy.
 #pragma once
 #include <algorithm>
 #include <string>
@@ -39,8 +41,9 @@ void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* ds
 class ParamStore {
  public:
   // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
+  // bucket_elems: the bucket length asked for (0 = one bucket), rounded up to a multiple of kAlign x d.
   Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0,
-                  int shard_rank = 0, int shard_count = 1);
+                  int shard_rank = 0, int shard_count = 1, int64_t bucket_elems = 0);
   // A store of the given parameters (LoRA adapters): every one trainable, one shard, no master-only range.
   Status allocate(std::vector<ParamInfo> params, Device dev);
   // A frozen store (a LoRA base): the compute copy only, no master, gradient or AdamW state (grad(),
@@ -63,18 +66,27 @@ class ParamStore {
   bool has_compute(const std::string& name) const;
   Tensor grad(const std::string& name) const;
   Tensor master(const std::string& name) const;
-  // Flat views, for the optimizer and reductions. Master, m and v cover this store's shard (element 0 is
-  // flat element shard_begin(); without sharding, everything); gradients cover the whole flat space.
+  // Flat views, for the optimizer and reductions. Master, m and v cover this store's slices (element 0 is
+  // the first element of its slice of bucket 0; without sharding, everything); gradients cover the whole
+  // flat space.
   Tensor flat_master() const { return view(master_, DType::f32, 0, shard_len_); }
   Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
   Tensor flat_m() const { return view(m_, DType::f32, 0, shard_len_); }
   Tensor flat_v() const { return view(v_, DType::f32, 0, shard_len_); }
-  // Sharding: [shard_begin, shard_end) holds parameters (shard_end <= total); padded_total() = d x shard_len.
+  // Buckets and this store's slices of them (the whole bucket without sharding). A slice may reach into
+  // the padding past total(); shard_len() is the sum of the slices, padded_total() = d x shard_len().
+  struct Slice {
+    int64_t begin, end;  // flat elements
+    int64_t local;       // where the slice starts in master, m and v
+  };
   int shard_count() const { return shard_count_; }
-  int64_t shard_begin() const { return shard_begin_; }
-  int64_t shard_end() const { return std::min(shard_begin_ + shard_len_, total_); }
   int64_t shard_len() const { return shard_len_; }
-  int64_t padded_total() const { return shard_len_ * shard_count_; }
+  int64_t padded_total() const { return padded_total_; }
+  int64_t bucket_len() const { return bucket_len_; }
+  int bucket_count() const { return int((padded_total_ + bucket_len_ - 1) / bucket_len_); }
+  int64_t bucket_begin(int b) const { return int64_t(b) * bucket_len_; }
+  int64_t bucket_end(int b) const { return std::min(padded_total_, int64_t(b + 1) * bucket_len_); }
+  Slice own_slice(int b) const;
   Tensor padded_grad() const { return view(grad_, DType::f32, 0, padded_total()); }
   Tensor padded_compute() const;  // only without a master-only range
   Tensor flat_compute() const;    // only without a master-only range
@@ -105,13 +117,13 @@ class ParamStore {
   }
   int64_t total_ = 0, decayed_end_ = 0;
   int64_t hole_begin_ = 0, hole_end_ = 0;  // the master-only range (elements)
-  int shard_count_ = 1;
-  int64_t shard_begin_ = 0, shard_len_ = 0;
+  int shard_count_ = 1, shard_rank_ = 0;
+  int64_t shard_len_ = 0, padded_total_ = 0, bucket_len_ = 1;
   Device device_ = Device::cpu;
   bool frozen_ = false;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
-  Status allocate_buffers(int shard_rank, int shard_count);
+  Status allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems);
   Buffer master_, grad_, m_, v_, compute_;
 };
 

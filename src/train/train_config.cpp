@@ -225,6 +225,17 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
       bool_key("use-distributed-optimizer",
                "shard FP32 master weights and AdamW m, v over the data-parallel ranks (6 + 12/d bytes/param)",
                &c.use_distributed_optimizer),
+      int_key(
+          "ddp-bucket-size",
+          "data parallel: gradient bucket length in elements (0 = one bucket; with an overlap max(40M, 1M x ranks))",
+          &c.ddp_bucket_size),
+      bool_key("overlap-grad-reduce", "data parallel: reduce each gradient bucket during the backward",
+               &c.overlap_grad_reduce),
+      bool_key("overlap-param-gather",
+               "distributed optimizer: gather the updated weights during the next forward, bucket by bucket",
+               &c.overlap_param_gather),
+      bool_key("grad-reduce-in-bf16", "data parallel: reduce gradients in BF16 (half the traffic, BF16 sums)",
+               &c.grad_reduce_in_bf16),
       double_key("distributed-timeout-minutes",
                  "data parallel: give up on a rendezvous or collective after this long (a rank died or hangs)",
                  &c.distributed_timeout_minutes),
@@ -397,6 +408,13 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   }
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
+  if (c.ddp_bucket_size < 0)
+    return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
+                  (long long)c.ddp_bucket_size);
+  if (c.overlap_param_gather && !c.use_distributed_optimizer)
+    return errorf(
+        "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "
+        "(plain DDP gathers nothing)");
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

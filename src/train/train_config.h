@@ -64,8 +64,14 @@ struct TrainConfig {
   double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
   int64_t data_parallel = 1;    // the launcher's world size (set by the Trainer, not a key)
   double distributed_timeout_minutes = 10;
-  bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks  // a collective or
-                                           // the start-up rendezvous gives up after this
+  bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
+  // Megatron's DDP knobs (docs/DISTRIBUTED.md): bucket length in elements (0 = one bucket, or Megatron's
+  // max(40M, 1M x ranks) with an overlap), reduction overlapped with the backward, gathers with the
+  // next forward (distributed optimizer only), and gradients reduced in BF16.
+  int64_t ddp_bucket_size = 0;
+  bool overlap_grad_reduce = false;
+  bool overlap_param_gather = false;
+  bool grad_reduce_in_bf16 = false;
   // checkpoints (Megatron's flags; see train/checkpoint.h)
   int64_t save_interval = 0;  // checkpoint every N iterations and at the end (0 = none)
   int64_t save_keep = 0;      // keep the newest N checkpoints (0 = all)

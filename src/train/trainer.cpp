@@ -107,7 +107,13 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     NB_TRY(sum_over_ranks(&step_trained_, 1));
   }
   const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
-  for (int64_t micro = 0; micro < accum_; ++micro) NB_TRY(model_.forward_backward_staged(micro, grad_scale));
+  for (int64_t micro = 0; micro < accum_; ++micro) {
+    const bool last = micro + 1 == accum_;
+    if (sync_ && last) sync_->begin_last_backward();  // its backward completes the gradients, bucket by bucket
+    model_.set_grads_final_reporting(sync_ && last);
+    NB_TRY(model_.forward_backward_staged(micro, grad_scale));
+  }
+  model_.set_grads_final_reporting(false);
   NB_TRY(model_.take_loss_sum(loss_sum));
   NB_TRY(reduce_gradients());
   if (dev_ == Device::cuda) {  // the arena is reserved up front, so use is at its peak after any micro-batch
@@ -125,8 +131,8 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   ParamStore& P = model_.params();
   const int64_t it = iteration_;
   ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
-  ops::sum_squares_accumulate(sharded() ? P.range(P.flat_grad(), P.shard_begin(), P.shard_end()) : P.flat_grad(),
-                              norm_sq_.ptr<float>(), nullptr);
+  for (const ParamStore::Slice& s : optimizer_slices())
+    ops::sum_squares_accumulate(P.range(P.padded_grad(), s.begin, s.end), norm_sq_.ptr<float>(), nullptr);
   float norm_sq_h = 0;
   NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
   recipe::LinearHealth health;
@@ -185,19 +191,21 @@ void Trainer::adamw_update(double lr, double grad_norm) {
                       float(cfg_.weight_decay),
                       adam_step_,
                       clip};
-  // Only this rank's shard with the distributed optimizer (all of it otherwise). Master, m and v are
-  // indexed from the shard's start; gradients and compute copies by flat position.
-  const int64_t sb = P.shard_begin(), se = P.shard_end();
-  for (bool decayed : {true, false}) {
-    ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
-    const int64_t b = std::max(sb, decayed ? 0 : P.decayed_count());
-    const int64_t e = std::min(se, decayed ? P.decayed_count() : P.total());
-    if (e <= b) continue;
-    for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
-      ops::adamw_update(P.range(P.flat_master(), pc.begin - sb, pc.end - sb), P.range(P.flat_grad(), pc.begin, pc.end),
-                        P.range(P.flat_m(), pc.begin - sb, pc.end - sb),
-                        P.range(P.flat_v(), pc.begin - sb, pc.end - sb), pc.compute, ap, nullptr);
-  }
+  // Only this rank's slices with the distributed optimizer (all of it otherwise). Master, m and v are
+  // indexed from each slice's local start; gradients and compute copies by flat position.
+  for (const ParamStore::Slice& s : optimizer_slices())
+    for (bool decayed : {true, false}) {
+      ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
+      const int64_t b = std::max(s.begin, decayed ? 0 : P.decayed_count());
+      const int64_t e = std::min(s.end, decayed ? P.decayed_count() : P.total());
+      if (e <= b) continue;
+      const int64_t to_local = s.local - s.begin;
+      for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
+        ops::adamw_update(P.range(P.flat_master(), pc.begin + to_local, pc.end + to_local),
+                          P.range(P.flat_grad(), pc.begin, pc.end),
+                          P.range(P.flat_m(), pc.begin + to_local, pc.end + to_local),
+                          P.range(P.flat_v(), pc.begin + to_local, pc.end + to_local), pc.compute, ap, nullptr);
+    }
 }
 
 // Megatron's --eval-iters: each evaluation reads eval_iters global batches (all their micro-batches).

@@ -18,6 +18,7 @@
 #include "dist/communicator.h"
 #include "model/llama_model.h"
 #include "recipe/recipe.h"
+#include "train/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -88,6 +89,9 @@ class Trainer {
   Status reduce_gradients();        // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
   Status gather_optimizer_state(const Tensor& shard, float* host);  // for a save: the whole of master, m or v
+  Status prepare_grad_sync();  // after build_model: buckets, overlap hooks, the BF16 scratch
+  // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
+  std::vector<ParamStore::Slice> optimizer_slices();
   Status sum_over_ranks(double* values, int n);
   bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
   bool logging_rank() const { return world_.rank == 0; }
@@ -108,7 +112,8 @@ class Trainer {
   dist::World world_;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Communicator> comm_;
-  bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
+  std::unique_ptr<GradSync> sync_;  // with a communicator: bucketed reductions and gathers
+  bool stop_requested_ = false;     // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
   recipe::Recipe anneal_recipe_;   // precision annealing: the recipe after the switch (bf16_mixed when off)

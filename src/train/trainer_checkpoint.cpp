@@ -25,10 +25,32 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // Keys a resume may change freely (Megatron accepts them too); every other change is printed.
 bool free_on_resume(const std::string& key) {
-  static const char* kFree[] = {
-      "train-iters", "min-lr",     "eval-interval", "eval-iters",  "log-interval", "save",          "save-interval",
-      "save-keep",   "async-save", "exit-interval", "load",        "ckpt-step",    "no-load-optim", "no-load-rng",
-      "finetune",    "load-hf",    "device",        "quant-stats", "on-nan",       "peak-tflops",   "lr-decay-iters"};
+  static const char* kFree[] = {"train-iters",
+                                "min-lr",
+                                "eval-interval",
+                                "eval-iters",
+                                "log-interval",
+                                "save",
+                                "save-interval",
+                                "save-keep",
+                                "async-save",
+                                "exit-interval",
+                                "load",
+                                "ckpt-step",
+                                "no-load-optim",
+                                "no-load-rng",
+                                "finetune",
+                                "load-hf",
+                                "device",
+                                "quant-stats",
+                                "on-nan",
+                                "peak-tflops",
+                                "lr-decay-iters",
+                                "quant-stats-interval",
+                                "ddp-bucket-size",
+                                "overlap-grad-reduce",
+                                "overlap-param-gather",
+                                "distributed-timeout-minutes"};
   for (const char* k : kFree)
     if (key == k) return true;
   return false;

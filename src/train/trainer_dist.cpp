@@ -3,6 +3,7 @@
 // holds the whole model and optimizer; gradients are summed over ranks after the last micro-batch
 // (each rank's backward already scaled them by 1 / tokens of the global batch, so the sum is the mean).
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include "core/device_info.h"
 #include "core/log.h"
@@ -18,6 +19,13 @@ Status Trainer::detect_ranks() {
     model_.optimizer_shard_rank = world_.rank;
     model_.optimizer_shard_count = world_.size;
   }
+  // Megatron's default bucket: one without an overlap (nothing to overlap it with), else
+  // max(40M, 1M x ranks) elements, small enough to start early, large enough to keep links busy.
+  const bool overlap = cfg_.overlap_grad_reduce || cfg_.overlap_param_gather;
+  if (world_.size > 1)
+    model_.optimizer_bucket_elems = cfg_.ddp_bucket_size > 0 ? cfg_.ddp_bucket_size
+                                    : overlap                ? std::max<int64_t>(40'000'000, 1'000'000 * world_.size)
+                                                             : 0;
   // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
   const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
   if (world_.rank != 0 && !(all && *all == '1')) {
@@ -40,33 +48,50 @@ Status Trainer::connect_ranks() {
   return Status::ok();
 }
 
-// The summed FP32 gradients: on every rank (DDP), or each rank's own shard, reduce-scattered in place
-// (NCCL's in-place form: the output is the input at rank x shard length).
-Status Trainer::reduce_gradients() {
+// Buckets over the flat space and, when asked, the model's hooks that launch collectives early.
+Status Trainer::prepare_grad_sync() {
   if (!comm_) return Status::ok();
-  ParamStore& P = model_.params();
-  const Tensor all = P.padded_grad();
-  if (!sharded())
-    NB_TRY(comm_->all_reduce(P.flat_grad(), dist::ReduceOp::sum, nullptr));
-  else
-    NB_TRY(comm_->reduce_scatter(all, P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), nullptr));
-  return comm_->wait(nullptr);  // the step reads the gradient norm next: never block on a dead peer
+  const ParamStore& P = model_.params();
+  GradSync::Options o{cfg_.overlap_grad_reduce, cfg_.overlap_param_gather, cfg_.grad_reduce_in_bf16};
+  std::vector<std::string> order{"model.embed_tokens.weight"};
+  for (int64_t l = 0; l < model_cfg_.layers; ++l)
+    for (std::string& n : LlamaModel::layer_param_names(l)) order.push_back(std::move(n));
+  order.insert(order.end(), {"model.norm.weight", "lm_head.weight"});
+  sync_ = std::make_unique<GradSync>();
+  NB_TRY(sync_->init(&P, comm_.get(), dev_, o, order));
+  if (sync_->overlapped()) model_.set_step_hooks(sync_.get());
+  std::printf("gradient buckets: %d of up to %lld elements, reduced in %s%s%s\n", P.bucket_count(),
+              (long long)P.bucket_len(), o.reduce_in_bf16 ? "BF16" : "FP32",
+              o.overlap_grad_reduce ? ", overlapped with the backward" : "",
+              o.overlap_param_gather ? "; weight gathers overlapped with the forward" : "");
+  return Status::ok();
 }
 
-// After AdamW updated this rank's shard of the compute copy: every rank's shard, gathered in place.
-Status Trainer::gather_updated_weights() {
-  if (!sharded()) return Status::ok();
-  ParamStore& P = model_.params();
-  const Tensor all = P.padded_compute();
-  NB_TRY(comm_->all_gather(P.range(all, P.shard_begin(), P.shard_begin() + P.shard_len()), all, nullptr));
-  return comm_->wait(nullptr);
+std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
+  const ParamStore& P = model_.params();
+  if (!sharded()) return {{0, P.total(), 0}};
+  std::vector<ParamStore::Slice> out;
+  for (int b = 0; b < P.bucket_count(); ++b) out.push_back(P.own_slice(b));
+  return out;
 }
 
-// A save needs master, m and v whole on rank 0: each is gathered into the gradient buffer (free between
-// steps: the next step zeroes it) and copied to the host by rank 0. Every rank must call this.
+// The summed FP32 gradients: on every rank (DDP), or in each rank's own slices (grad_sync.h).
+Status Trainer::reduce_gradients() { return sync_ ? sync_->finish_reduce() : Status::ok(); }
+
+// After AdamW updated this rank's slices of the compute copy: every rank's slices, gathered in place.
+Status Trainer::gather_updated_weights() { return sync_ ? sync_->gather_weights() : Status::ok(); }
+
+// A save needs master, m and v whole on rank 0: each is gathered, bucket by bucket, into the gradient
+// buffer (free between steps: the next step zeroes it) and copied to the host by rank 0. Every rank
+// must call this.
 Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
   ParamStore& P = model_.params();
-  NB_TRY(comm_->all_gather(shard, P.padded_grad(), nullptr));
+  sync_->settle();
+  for (int b = 0; b < P.bucket_count(); ++b) {
+    const ParamStore::Slice s = P.own_slice(b);
+    NB_TRY(comm_->all_gather(P.range(shard, s.local, s.local + (s.end - s.begin)),
+                             P.range(P.padded_grad(), P.bucket_begin(b), P.bucket_end(b)), nullptr));
+  }
   NB_TRY(comm_->wait(nullptr));
   if (!logging_rank()) return Status::ok();
   return P.get_flat(P.flat_grad(), host);
@@ -75,6 +100,7 @@ Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
 // Host scalars summed over ranks (loss sums, token counts, flags).
 Status Trainer::sum_over_ranks(double* values, int n) {
   if (!comm_) return Status::ok();
+  sync_->settle();  // no collective may start while weight gathers are still in flight
   return comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
 }
 

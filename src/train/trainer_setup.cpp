@@ -44,6 +44,7 @@ Status Trainer::setup(TrainConfig cfg) {
   NB_TRY(estimate_memory());
   NB_TRY(open_lora_base());
   NB_TRY(build_model());
+  NB_TRY(prepare_grad_sync());
   NB_TRY(load());
   return build_data();
 }

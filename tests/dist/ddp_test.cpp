@@ -26,65 +26,11 @@
 #include "common/nibble_binary.h"
 #include "dist/spawn.h"
 #include "io/safetensors.h"
+#include "dist/ddp_util.h"
 #include "train/resume_util.h"
 
 namespace nb {
 namespace {
-
-constexpr double kLr = 3e-3;
-const std::string kJob =
-    " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 16 --lr 3e-3 "
-    "--lr-warmup-iters 1 --log-interval 1 --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 ";
-
-struct StepLog {
-  double loss = 0, grad_norm = 0;
-};
-
-std::vector<StepLog> read_metrics(const std::string& save) {
-  std::vector<StepLog> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("lm_loss"))
-      out.push_back({j["lm_loss"].get<double>(), j["grad_norm"].get<double>()});
-  }
-  return out;
-}
-
-// Largest absolute difference between the FP32 tensors of two checkpoints' model files.
-double max_weight_difference(const std::string& a_dir, const std::string& b_dir, int64_t iteration) {
-  char it[32];
-  std::snprintf(it, sizeof(it), "/iter_%07lld/model.safetensors", (long long)iteration);
-  SafeTensorsFile a, b;
-  EXPECT_TRUE(read_safetensors(a_dir + it, &a).is_ok()) << a_dir + it;
-  EXPECT_TRUE(read_safetensors(b_dir + it, &b).is_ok()) << b_dir + it;
-  double worst = 0;
-  for (const auto& [name, ta] : a.tensors) {
-    const SafeTensor& tb = b.tensors.at(name);
-    EXPECT_EQ(ta.dtype, "F32");
-    EXPECT_EQ(ta.bytes.size(), tb.bytes.size()) << name;
-    for (size_t i = 0; i + 4 <= ta.bytes.size(); i += 4) {
-      float x, y;
-      std::memcpy(&x, ta.bytes.data() + i, 4);
-      std::memcpy(&y, tb.bytes.data() + i, 4);
-      worst = std::max(worst, double(std::fabs(x - y)));
-    }
-  }
-  return worst;
-}
-
-std::string train(const std::string& dir, const std::string& recipe, int ranks, int iters,
-                  const std::string& extra = "") {
-  const std::string save = dir + "/" + recipe + "_" + std::to_string(ranks);
-  const test::CliRun r = test::run_nibble(kJob + "--recipe " + recipe + " --train-iters " + std::to_string(iters) +
-                                          " --nproc-per-node " + std::to_string(ranks) + " --save " + save +
-                                          " --save-interval " + std::to_string(iters) + " " + extra);
-  EXPECT_EQ(r.code, 0) << r.out;
-  if (ranks > 1) {
-    EXPECT_NE(r.out.find("data parallel: " + std::to_string(ranks) + " ranks (gloo"), std::string::npos) << r.out;
-  }
-  return save;
-}
 
 void expect_first_step_equal(const std::vector<StepLog>& one, const std::vector<StepLog>& many, const char* what) {
   ASSERT_FALSE(one.empty());

@@ -1,0 +1,46 @@
+// A second execution queue beside the default stream, and events that order work between the two:
+// what lets data-parallel collectives run while the model computes (docs/DISTRIBUTED.md, overlap). On
+// the CPU backend every op finishes before it returns, so the side stream is the default one (nullptr)
+// and events are no-ops.
+#pragma once
+#include "core/status.h"
+#include "core/stream.h"
+#include "core/tensor.h"
+
+namespace nb {
+
+// An owned stream that does not synchronize implicitly with the default stream (CUDA's non-blocking
+// flag); on the CPU backend it is the default stream.
+class SideStream {
+ public:
+  SideStream() = default;
+  ~SideStream();
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  Status create(Device dev);
+  Stream get() const { return s_; }
+
+ private:
+  Stream s_ = nullptr;
+};
+
+// A marker in one stream's work that another stream (or the host) can wait for. Timing is disabled:
+// these events only order work.
+class StreamEvent {
+ public:
+  StreamEvent() = default;
+  ~StreamEvent();
+  StreamEvent(StreamEvent&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+  StreamEvent& operator=(StreamEvent&&) = delete;
+  StreamEvent(const StreamEvent&) = delete;
+  Status create(Device dev);
+  void record(Stream s);      // marks the work queued on s so far
+  void wait_in(Stream s);     // work queued on s after this call waits for the marked work
+  bool recorded() const { return recorded_; }
+
+ private:
+  void* e_ = nullptr;
+  bool recorded_ = false;
+};
+
+}  // namespace nb
