@@ -1,6 +1,9 @@
 """Writes BENCHMARKS.md from a results folder made by scripts/benchmark.sh (never typed by hand)."""
 import json, os, re, statistics, sys, datetime
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from md_sections import merge_sections  # noqa: E402  (the --merge-into logic, shared with benchmark_dist_report.py)
+
 out = sys.argv[1]
 # --merge-into FILE: replace only the "## " sections this results folder has (and the header) in FILE.
 merge_into = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--merge-into" else None
@@ -146,17 +149,7 @@ if ckpt_log:
 
 if merge_into:
     new_text, sys.stdout = sys.stdout.getvalue(), _captured
-    def sections(text):
-        parts = re.split(r"(?m)^(?=## )", text)
-        return parts[0], {p.splitlines()[0]: p for p in parts[1:]}
-    new_head, new_secs = sections(new_text)
-    old_head, old_secs = sections(open(merge_into).read())
-    merged, taken = dict(old_secs), []
-    for title, body in new_secs.items():
-        if title.startswith("## Training step") and not (nibble_run("proxy") or nibble_run("deep")):
-            continue  # printed with "not run" rows: this results folder has no training runs
-        merged[title] = body.rstrip("\n") + "\n\n"
-        taken.append(title[3:])
-    old_head = old_head.rstrip() + "\n- merged: " + ", ".join(taken) + \
-        f" from {os.path.basename(out.rstrip('/'))} (commit {read('commit.txt').strip()})\n\n"
-    open(merge_into, "w").write(old_head + "".join(b.rstrip("\n") + "\n\n" for b in merged.values()).rstrip("\n") + "\n")
+    # a "Training step" section printed with "not run" rows means this results folder has no training runs
+    no_training = not (nibble_run("proxy") or nibble_run("deep"))
+    merge_sections(merge_into, new_text, os.path.basename(out.rstrip('/')), read('commit.txt').strip(),
+                   skip=lambda title: no_training and title.startswith("## Training step"))

@@ -34,8 +34,8 @@ class StreamEvent {
   StreamEvent& operator=(StreamEvent&&) = delete;
   StreamEvent(const StreamEvent&) = delete;
   Status create(Device dev);
-  void record(Stream s);      // marks the work queued on s so far
-  void wait_in(Stream s);     // work queued on s after this call waits for the marked work
+  void record(Stream s);   // marks the work queued on s so far
+  void wait_in(Stream s);  // work queued on s after this call waits for the marked work
   bool recorded() const { return recorded_; }
 
  private:

@@ -116,8 +116,8 @@ Status GradSync::finish_reduce() {
 Status GradSync::gather_bucket(int b, Stream s) {
   const Tensor all = P_->padded_compute();
   const ParamStore::Slice mine = P_->own_slice(b);
-  return comm_->all_gather(P_->range(all, mine.begin, mine.end),
-                           P_->range(all, P_->bucket_begin(b), P_->bucket_end(b)), s);
+  return comm_->all_gather(P_->range(all, mine.begin, mine.end), P_->range(all, P_->bucket_begin(b), P_->bucket_end(b)),
+                           s);
 }
 
 Status GradSync::gather_weights() {

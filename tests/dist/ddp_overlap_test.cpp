@@ -20,8 +20,8 @@ const std::string kBuckets = " --ddp-bucket-size 30000";  // the tiny model's 1.
 
 std::string run(const std::string& dir, const std::string& name, int ranks, const std::string& flags) {
   const std::string save = dir + "/" + name + "_" + std::to_string(ranks);
-  const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 4 --save-interval 4 --save " + save +
-                                          " --nproc-per-node " + std::to_string(ranks) + " " + flags);
+  const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 4 --save-interval 4 --save " +
+                                          save + " --nproc-per-node " + std::to_string(ranks) + " " + flags);
   EXPECT_EQ(r.code, 0) << r.out;
   return save;
 }
@@ -41,11 +41,12 @@ TEST(DataParallelOverlapCpu, OverlappedBucketsEqualSequentialBuckets) {
   const std::string dir = test::temp_folder("ddp_overlap");
   for (int ranks : {2, 4}) {
     const std::string opt = " --use-distributed-optimizer";
-    expect_identical(run(dir, "sharded_buckets", ranks, opt + kBuckets),
-                     run(dir, "sharded_overlap", ranks, opt + kBuckets + " --overlap-grad-reduce --overlap-param-gather"),
-                     "distributed optimizer");
-    expect_identical(run(dir, "ddp_buckets", ranks, kBuckets), run(dir, "ddp_overlap", ranks, kBuckets + " --overlap-grad-reduce"),
-                     "DDP");
+    expect_identical(
+        run(dir, "sharded_buckets", ranks, opt + kBuckets),
+        run(dir, "sharded_overlap", ranks, opt + kBuckets + " --overlap-grad-reduce --overlap-param-gather"),
+        "distributed optimizer");
+    expect_identical(run(dir, "ddp_buckets", ranks, kBuckets),
+                     run(dir, "ddp_overlap", ranks, kBuckets + " --overlap-grad-reduce"), "DDP");
   }
 }
 
@@ -68,7 +69,8 @@ TEST(DataParallelOverlapCpu, Bf16ReductionRoundsTheGradients) {
     EXPECT_EQ(b16[0].loss, f32[0].loss) << "the loss of step 1 comes before any reduction";
     EXPECT_NEAR(b16[0].grad_norm, f32[0].grad_norm, 4e-3 * f32[0].grad_norm) << opt;
     EXPECT_NE(b16[0].grad_norm, f32[0].grad_norm) << "BF16 reduction left the gradients in FP32" << opt;
-    for (size_t i = 1; i < f32.size(); ++i) EXPECT_NEAR(b16[i].loss, f32[i].loss, 1e-2 * f32[i].loss) << "step " << i + 1;
+    for (size_t i = 1; i < f32.size(); ++i)
+      EXPECT_NEAR(b16[i].loss, f32[i].loss, 1e-2 * f32[i].loss) << "step " << i + 1;
   }
 }
 

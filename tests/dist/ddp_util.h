@@ -59,7 +59,7 @@ inline double max_weight_difference(const std::string& a_dir, const std::string&
 }
 
 inline std::string train(const std::string& dir, const std::string& recipe, int ranks, int iters,
-                  const std::string& extra = "") {
+                         const std::string& extra = "") {
   const std::string save = dir + "/" + recipe + "_" + std::to_string(ranks);
   const test::CliRun r = test::run_nibble(kJob + "--recipe " + recipe + " --train-iters " + std::to_string(iters) +
                                           " --nproc-per-node " + std::to_string(ranks) + " --save " + save +

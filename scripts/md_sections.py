@@ -1,0 +1,28 @@
+"""Merges report sections into a Markdown file such as BENCHMARKS.md (used by the benchmark report scripts).
+
+A report is a header followed by "## " sections. merge_sections replaces, in the file, only the sections whose
+"## " title line the new report has (adding the others at the end), keeps the file's header and appends to it a
+"- merged: TITLES from RESULTS (commit C)" note. Standard library only.
+"""
+import re
+
+
+def split_sections(text):
+    """(header, {"## title line": section text}) of a Markdown report, sections in file order."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    return parts[0], {p.splitlines()[0]: p for p in parts[1:]}
+
+
+def merge_sections(path, new_text, results_name, commit, skip=lambda title: False):
+    """Writes into PATH the "## " sections of NEW_TEXT for which skip(title) is false; returns their titles."""
+    _, new_secs = split_sections(new_text)
+    old_head, old_secs = split_sections(open(path).read())
+    merged, taken = dict(old_secs), []
+    for title, body in new_secs.items():
+        if skip(title):
+            continue
+        merged[title] = body.rstrip("\n") + "\n\n"
+        taken.append(title[3:])
+    old_head = old_head.rstrip() + "\n- merged: " + ", ".join(taken) + f" from {results_name} (commit {commit})\n\n"
+    open(path, "w").write(old_head + "".join(b.rstrip("\n") + "\n\n" for b in merged.values()).rstrip("\n") + "\n")
+    return taken
