@@ -2,24 +2,27 @@
 # Multi-GPU benchmarks of data parallelism (docs/DISTRIBUTED.md), in one job on one machine with at least
 # two GPUs; writes logs and metrics to OUT, then merges its sections into BENCHMARKS.md.
 #   bash scripts/benchmark_dist.sh [build-dir] [OUT] [parts]
-# parts, a comma list (default 8b,scaling):
+# parts, a comma list (default 8b,scaling,overlap1):
 #   8b       Llama 3.1 8B, seq 4096, global batch 64, 2 ranks, distributed optimizer, in bf16_mixed, FP8
 #            current scaling and NVFP4 (last 4 layers BF16, the playbook's setting). The micro-batch and
 #            recompute are the first of "2 none", "1 none", "1 selective", "1 full" that run.
 #   scaling  llama3-8b-proxy at the same per-GPU batch (micro-batch 2 x 8) on 1 and 2 GPUs over NVLink, then
 #            2 GPUs forced onto NCCL's socket transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1) without and
 #            with --overlap-grad-reduce and --overlap-param-gather.
+#   overlap1 the same proxy with one micro-batch per step (the overlaps then have the whole step to hide
+#            behind), over NVLink and sockets, without and with both overlaps.
 # NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench-dist}
-parts=${3:-8b,scaling}
+parts=${3:-8b,scaling,overlap1}
 nb="$build/nibble"
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$out"
 has() { [[ ",$parts," == *",$1,"* ]]; }
 "$nb" info > "$out/info.txt" 2>&1
-git rev-parse --short HEAD > "$out/commit.txt" 2>/dev/null || echo "${NIBBLE_COMMIT:-unknown}" > "$out/commit.txt"
+# NIBBLE_COMMIT names the commit of a carried build (a copied tree may hold a stale .git).
+echo "${NIBBLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$out/commit.txt"
 nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
 
 # run NAME ARGS...: one training run whose metrics.jsonl lands in OUT/NAME (no checkpoints are written).
@@ -58,6 +61,24 @@ if has scaling; then
     [ "$overlap" = both ] && flags+=(--overlap-param-gather)
     NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run "proxy-2gpu-socket-$overlap" "${proxy[@]}" --global-batch-size 32 \
       --nproc-per-node 2 --use-distributed-optimizer "${flags[@]}"
+  done
+fi
+
+if has overlap1; then
+  proxy1=(--model llama3-8b-proxy --seq-length 4096 --micro-batch-size 2 --train-iters 12)
+  run proxy1-1gpu "${proxy1[@]}" --global-batch-size 2
+  for link in nvlink socket; do
+    for overlap in none both; do
+      flags=()
+      [ "$overlap" = both ] && flags=(--overlap-grad-reduce --overlap-param-gather)
+      if [ "$link" = socket ]; then
+        NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run "proxy1-2gpu-$link-$overlap" "${proxy1[@]}" --global-batch-size 4 \
+          --nproc-per-node 2 --use-distributed-optimizer "${flags[@]}"
+      else
+        run "proxy1-2gpu-$link-$overlap" "${proxy1[@]}" --global-batch-size 4 --nproc-per-node 2 \
+          --use-distributed-optimizer "${flags[@]}"
+      fi
+    done
   done
 fi
 

@@ -27,6 +27,11 @@ SCALING = [("proxy-1gpu", "1 GPU"), ("proxy-2gpu-nvlink", "2 GPUs, NVLink, no ov
            ("proxy-2gpu-socket-none", f"2 GPUs, {SOCKET}, no overlap"),
            ("proxy-2gpu-socket-grad", f"2 GPUs, {SOCKET}, `--overlap-grad-reduce`"),
            ("proxy-2gpu-socket-both", f"2 GPUs, {SOCKET}, `--overlap-grad-reduce --overlap-param-gather`")]
+# The same with one micro-batch per step, where the overlaps have the whole forward and backward to hide behind.
+SCALING1 = [("proxy1-1gpu", "1 GPU"), ("proxy1-2gpu-nvlink-none", "2 GPUs, NVLink, no overlap"),
+            ("proxy1-2gpu-nvlink-both", "2 GPUs, NVLink, both overlaps"),
+            ("proxy1-2gpu-socket-none", f"2 GPUs, {SOCKET}, no overlap"),
+            ("proxy1-2gpu-socket-both", f"2 GPUs, {SOCKET}, both overlaps")]
 MEGATRON_URL = "https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html"
 PLAYBOOK_URL = "https://github.com/NVIDIA/dgx-spark-playbooks/tree/main/nvidia/station-nvfp4-pretraining"
 # Published constants (not our measurements): source, hardware and configuration, precision, tokens/s/GPU,
@@ -176,11 +181,11 @@ def topology(out):
     return row.group(1) if row else None
 
 
-def scaling_table(stats):
-    one = stats["proxy-1gpu"]
+def scaling_table(stats, spec=SCALING):
+    one = stats[spec[0][0]]
     rows = ["| configuration | avg step ms | tokens/s/GPU | per-GPU scaling vs 1 GPU | communication exposed per step "
             "(ms) | peak GiB |", "|---|---:|---:|---:|---:|---:|"]
-    for name, label in SCALING:
+    for name, label in spec:
         s = stats[name]
         if not isinstance(s, dict):
             rows.append(f"| {label} | {s} | | | | |")
@@ -214,6 +219,29 @@ def scaling_findings(stats):
                    + (", " + " and ".join(parts) if parts else "; the overlap runs have no results") + "."]
 
 
+def one_micro_batch_findings(stats):
+    """Exposed time without and with both overlaps, over NVLink and over sockets (one micro-batch per step)."""
+    one, text = stats["proxy1-1gpu"], []
+    for link in ["nvlink", "socket"]:
+        a, b = stats[f"proxy1-2gpu-{link}-none"], stats[f"proxy1-2gpu-{link}-both"]
+        if isinstance(one, dict) and isinstance(a, dict) and isinstance(b, dict):
+            ea, eb = a["step_ms"] - one["step_ms"], b["step_ms"] - one["step_ms"]
+            text.append(f"- {'NVLink' if link == 'nvlink' else 'sockets'}: {ea:.1f} ms exposed without overlap, "
+                        f"{eb:.1f} ms with both overlaps ({ea - eb:.1f} ms less).")
+    return text or ["- not measured."]
+
+
+def section_one_micro_batch(out):
+    stats = {n: run_stats(out, n) for n, _ in SCALING1}
+    if not any(isinstance(v, dict) for v in stats.values()):
+        return []
+    return (["", "With one micro-batch per step (micro-batch 2; global batch 2 on 1 GPU, 4 on 2 GPUs; 12 steps) the "
+             "overlaps have the whole backward and forward to hide behind; with 8 micro-batches only the last "
+             "micro-batch's backward (for the gradient reduction) and the first one's forward (for the weight "
+             "gathers) can hide them, as in Megatron. Default buckets with an overlap: 40M elements.", ""]
+            + scaling_table(stats, SCALING1) + [""] + one_micro_batch_findings(stats))
+
+
 def section_scaling(out, device, commit):
     stats = {n: run_stats(out, n) for n, _ in SCALING}
     link = topology(out)
@@ -224,7 +252,7 @@ def section_scaling(out, device, commit):
             f"{timed_steps(stats)}, peak memory of rank 0. Communication exposed per step = avg step ms - the 1-GPU "
             "avg step ms. Device: "
             f"{device}{f' (GPU0-GPU1 link in `nvidia-smi topo -m`: {link})' if link else ''}; commit {commit}.\n"]
-    text += scaling_table(stats) + [""] + scaling_findings(stats)
+    text += scaling_table(stats) + [""] + scaling_findings(stats) + section_one_micro_batch(out)
     return "\n".join(text) + "\n", any(os.path.exists(os.path.join(out, n + ".log")) for n, _ in SCALING)
 
 
@@ -233,7 +261,7 @@ def main():
     ap.add_argument("out", help="results folder of scripts/benchmark_dist.sh")
     ap.add_argument("--merge-into", help="Markdown file whose sections of the same titles are replaced")
     args = ap.parse_args()
-    names = [f"8b-{r}" for r, _ in RECIPES] + [n for n, _ in SCALING]
+    names = [f"8b-{r}" for r, _ in RECIPES] + [n for n, _ in SCALING + SCALING1]
     device, commit = device_and_commit(args.out, names)
     sections = [section_8b(args.out, device, commit), section_scaling(args.out, device, commit)]
     text = "\n".join(body for body, _ in sections)
