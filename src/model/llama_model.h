@@ -69,6 +69,7 @@ class LlamaModel {
   };
   Status scaling_states(std::vector<LinearScaling>* out) const;
   Status set_scaling_states(const std::vector<LinearScaling>& in);
+  void step_amax_views(std::vector<Tensor>* out) const;  // delayed scaling: every step amax (llama_amax.cpp)
   const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)

@@ -149,6 +149,10 @@ class Linear {
   // set_scaling_state refuses a state whose roles or history lengths differ from this Linear's.
   Status scaling_state(std::vector<ScalingState>* out) const;
   Status set_scaling_state(const std::vector<ScalingState>& in);
+  // Delayed scaling only (otherwise appends nothing): appends one-element f32 views, on this Linear's
+  // device, of the step amax of each role (input, weight, grad) that new_step() records in the histories.
+  // Data parallelism all-reduces them with MAX before that (amax_gather.h; defined in amax_gather.cpp).
+  void step_amax_views(std::vector<Tensor>* out) const;
 
   struct Impl;  // linear.cpp
 
