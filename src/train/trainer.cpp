@@ -116,7 +116,8 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   model_.set_grads_final_reporting(false);
   NB_TRY(model_.take_loss_sum(loss_sum));
   NB_TRY(reduce_gradients());
-  if (dev_ == Device::cuda) {  // the arena is reserved up front, so use is at its peak after any micro-batch
+  NB_TRY(reduce_amax_over_ranks());  // before the next begin_step rolls the FP8 delayed-scaling histories
+  if (dev_ == Device::cuda) {        // the arena is reserved up front, so use is at its peak after any micro-batch
     size_t f = 0, t = 0;
     device_memory_info(&f, &t);
     peak_mem_ = std::max(peak_mem_, double(t - f - base_used_));
@@ -222,6 +223,7 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
     n += trained_tokens(b.labels);
   }
   consumed_valid_ += cfg_.eval_iters * cfg_.global_batch_size;
+  NB_TRY(reduce_amax_over_ranks());  // the validation forwards recorded amaxes too (each rank its own rows)
   NB_TRY(model_.take_loss_sum(&sum));
   double totals[2] = {sum, double(n)};  // every rank evaluated its rows of each global batch
   NB_TRY(sum_over_ranks(totals, 2));

@@ -93,6 +93,7 @@ class Trainer {
   // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
   std::vector<ParamStore::Slice> optimizer_slices();
   Status sum_over_ranks(double* values, int n);
+  Status reduce_amax_over_ranks();  // FP8 delayed scaling: step amaxes -> MAX over ranks (trainer_amax.cpp)
   bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
   bool logging_rank() const { return world_.rank == 0; }
   // loop phases (trainer.cpp)
@@ -135,6 +136,7 @@ class Trainer {
   std::unique_ptr<TokenSource> train_src_, valid_src_;
   LrSchedule sched_;
   Buffer norm_sq_;
+  Buffer amax_scratch_;  // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
   std::vector<int32_t> step_tokens_, step_labels_;
   std::vector<std::vector<int32_t>> step_segments_;  // packed rows (SFT): each micro-batch's segment starts
   double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor
