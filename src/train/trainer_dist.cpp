@@ -86,7 +86,7 @@ Status Trainer::gather_updated_weights() { return sync_ ? sync_->gather_weights(
 // must call this.
 Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
   ParamStore& P = model_.params();
-  sync_->settle();
+  if (sync_) sync_->settle();
   for (int b = 0; b < P.bucket_count(); ++b) {
     const ParamStore::Slice s = P.own_slice(b);
     NB_TRY(comm_->all_gather(P.range(shard, s.local, s.local + (s.end - s.begin)),
@@ -100,7 +100,7 @@ Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
 // Host scalars summed over ranks (loss sums, token counts, flags).
 Status Trainer::sum_over_ranks(double* values, int n) {
   if (!comm_) return Status::ok();
-  sync_->settle();  // no collective may start while weight gathers are still in flight
+  if (sync_) sync_->settle();  // no collective may start while weight gathers are still in flight
   return comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
 }
 
