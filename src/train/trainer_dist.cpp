@@ -24,8 +24,8 @@ Status Trainer::detect_ranks() {
   const bool overlap = cfg_.overlap_grad_reduce || cfg_.overlap_param_gather;
   if (world_.size > 1)
     model_.optimizer_bucket_elems = cfg_.ddp_bucket_size > 0 ? cfg_.ddp_bucket_size
-                                    : overlap                ? std::max<int64_t>(40'000'000, 1'000'000 * world_.size)
-                                                             : 0;
+                                    : overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * world_.size)
+                                              : 0;
   // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
   const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
   if (world_.rank != 0 && !(all && *all == '1')) {
