@@ -71,7 +71,7 @@ class GlooCommunicator : public Communicator {
     NB_TRY(check_tensor(t, "all_reduce", true));
     if (t.dtype == DType::bf16)
       return guarded("all_reduce", [&] {
-        std::vector<float> wide = widen(t, 0, t.numel());
+        std::vector<float> wide = widen(t);
         run_all_reduce(wide.data(), false, wide.size(), op);
         narrow(wide.data(), t);
       });
@@ -84,7 +84,7 @@ class GlooCommunicator : public Communicator {
     NB_TRY(check_slices("reduce_scatter", in, out, size()));
     if (in.dtype == DType::bf16)
       return guarded("reduce_scatter", [&] {
-        std::vector<float> wide = widen(in, 0, in.numel());
+        std::vector<float> wide = widen(in);
         run_all_reduce(wide.data(), false, wide.size(), ReduceOp::sum);
         narrow(wide.data() + out.numel() * rank(), out);
       });
@@ -139,10 +139,10 @@ class GlooCommunicator : public Communicator {
     }
     gloo::allreduce(o);
   }
-  static std::vector<float> widen(const Tensor& t, int64_t begin, int64_t end) {
+  static std::vector<float> widen(const Tensor& t) {
     const bf16* p = static_cast<const bf16*>(t.data);
-    std::vector<float> out(size_t(end - begin));
-    for (int64_t i = begin; i < end; ++i) out[size_t(i - begin)] = bf16_to_f32(p[i]);
+    std::vector<float> out(size_t(t.numel()));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(p[i]);
     return out;
   }
   static void narrow(const float* src, const Tensor& dst) {

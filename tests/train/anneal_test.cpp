@@ -19,20 +19,7 @@ namespace {
 
 // The tiny model (2 layers) in NVFP4 with no BF16 layers, so every Linear is quantized before the switch.
 TrainConfig anneal_job(double fraction, const std::string& anneal_recipe, bool fprop_only = false) {
-  TrainConfig c;
-  c.device = "cpu";
-  c.model = "tiny";
-  c.recipe = "bf16_with_nvfp4_mixed";
-  c.num_layers_at_start_in_bf16 = 0;
-  c.num_layers_at_end_in_bf16 = 0;
-  c.train_iters = 6;
-  c.lr = 3e-3;
-  c.min_lr = 3e-4;
-  c.lr_warmup_iters = 1;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 4;
-  c.seq_length = 64;
-  c.log_interval = 100;
+  TrainConfig c = test::tiny_job("cpu", "bf16_with_nvfp4_mixed");
   c.anneal_start_fraction = fraction;
   c.anneal_recipe = anneal_recipe;
   c.anneal_fprop_only = fprop_only;
