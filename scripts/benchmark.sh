@@ -2,8 +2,10 @@
 # Usage: bash scripts/benchmark.sh [build-dir] [results-dir] [parts] [workloads]
 # Runs nibble and the PyTorch peer on the standard workloads in one GPU job and regenerates
 # BENCHMARKS.md. Usage (on a GPU machine, from the repository root, with a built nibble):
-#   bash scripts/benchmark.sh [build-dir] [results-dir] [parts]
-# parts: a comma list of quant,gemm,train,recipes,peer,data,ckpt (default all); workloads: proxy,deep (default both).
+#   bash scripts/benchmark.sh [build-dir] [results-dir] [parts] [workloads]
+# parts: a comma list of quant,gemm,train,recipes,peer,data,ckpt (default all); workloads: a comma list of
+# proxy,deep,real1b,real3b (default all four): the protocol's two Llama-3.1-8B proxies and the real Llama 3.2
+# 1B and 3B models (tied embeddings), all at seq 4096 with 8 micro-batches per step.
 # ckpt writes llama3-8b-proxy checkpoints (about 23 GB each) under NIBBLE_BENCH_CKPT (default /tmp) and deletes them.
 # NIBBLE_BENCH_MERGE=1 replaces only the sections this run measured in the existing BENCHMARKS.md.
 # The data part needs NIBBLE_BENCH_DATA=<folder> holding shuf_gpt2_text_document.{bin,idx}, gpt2.tiktoken,
@@ -13,7 +15,15 @@ set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench}
 parts=${3:-quant,gemm,train,recipes,peer,data,ckpt}
-only=${4:-proxy,deep}
+only=${4:-proxy,deep,real1b,real3b}
+# name model micro-batch (global batch = 8 micro-batches)
+workloads=("proxy llama3-8b-proxy 2" "deep llama3-8b-proxy-deep 1" "real1b llama3.2-1b 2" "real3b llama3.2-3b 1")
+# A misspelt workload would otherwise run nothing and say nothing; checked before any GPU work.
+IFS=, read -r -a wanted <<< "$only"
+for t in "${wanted[@]}"; do
+  [[ " ${workloads[*]%% *} " == *" $t "* ]] ||
+    { echo "unknown workload '$t' (choose from proxy,deep,real1b,real3b)" >&2; exit 2; }
+done
 mkdir -p "$out"
 nb="$build/nibble"
 has() { [[ ",$parts," == *",$1,"* ]]; }
@@ -25,8 +35,6 @@ if has quant; then "$nb" bench quant --markdown > "$out/quant.md" 2> "$out/quant
 if has gemm; then
   "$nb" bench gemm --markdown > "$out/gemm.md" 2> "$out/gemm.err" || { cat "$out/gemm.err"; exit 1; }
 fi
-# name model micro-batch
-workloads=("proxy llama3-8b-proxy 2" "deep llama3-8b-proxy-deep 1")
 for w in "${workloads[@]}"; do
   read -r tag model mbs <<< "$w"
   [[ ",$only," == *",$tag,"* ]] || continue

@@ -2,7 +2,7 @@
 import json, os, re, statistics, sys, datetime
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from md_sections import merge_sections  # noqa: E402  (the --merge-into logic, shared with benchmark_dist_report.py)
+from md_sections import merge_sections, split_sections  # noqa: E402  (shared with benchmark_dist_report.py)
 
 out = sys.argv[1]
 # --merge-into FILE: replace only the "## " sections this results folder has (and the header) in FILE.
@@ -36,6 +36,15 @@ def peer(tag, numerics):
     return json.loads(t[-1]) if t and t[-1].startswith("{") else None
 
 
+# The workload tags of scripts/benchmark.sh, in table order. Older results folders hold only proxy and deep.
+WORKLOADS = ["proxy", "deep", "real1b", "real3b"]
+
+
+def measured(tag):
+    """Whether this results folder holds any nibble or peer output of the workload (a log, a run, a JSON)."""
+    return any(f.startswith((f"nibble-{tag}-", f"peer-{tag}-")) for f in os.listdir(out))
+
+
 info = read("info.txt")
 gpu = re.search(r"GPU 0\s*:\s*([^,]+)", info)
 print("# BENCHMARKS\n")
@@ -46,29 +55,36 @@ print(f"- date: {datetime.date.today().isoformat()}")
 print("- command: `bash scripts/benchmark.sh build runs/bench`\n")
 
 print("## Training step: nibble BF16 vs the PyTorch peer (same run)\n")
-print("Workloads from the benchmark protocol: Llama-3.1-8B layer shapes, seq 4096, 8 micro-batches per step; "
-      "`proxy` = 4 layers, micro-batch 2; `deep` = 8 layers, micro-batch 1. Model TFLOP/s by the protocol's formula; "
+print("Workloads, all at seq 4096 with 8 micro-batches per step: the benchmark protocol's Llama-3.1-8B proxies "
+      "(8B layer shapes), `proxy` = 4 layers, micro-batch 2, and `deep` = 8 layers, micro-batch 1; the real Llama 3.2 "
+      "models with tied embeddings, `real1b` = llama3.2-1b (16 layers, hidden 2048), micro-batch 2, and `real3b` = "
+      "llama3.2-3b (28 layers, hidden 3072), micro-batch 1. Model TFLOP/s by the protocol's formula; "
       "medians over the timed steps (step 1 of nibble and the peer's warm-up steps excluded). Peak memory: nibble = GPU "
       "memory in use above the CUDA context at its highest; peer = `torch.cuda.max_memory_allocated` (reserved beside it).\n")
 print("| workload | nibble / peer (autocast) tokens/s | nibble / peer (all-BF16) tokens/s | nibble tokens/s | nibble TFLOP/s | "
       "nibble step ms | nibble peak GiB | peer autocast tokens/s (TFLOP/s, peak GiB alloc/reserved) | peer all-BF16 tokens/s (TFLOP/s, peak GiB) |")
 print("|---|---|---|---|---|---|---|---|---|")
-for tag in ["proxy", "deep"]:
+# A workload this folder has nothing of gets no row (older folders: proxy and deep only); none at all: every row "not run".
+for tag in [t for t in WORKLOADS if measured(t)] or WORKLOADS:
     n, pa, pb = nibble_run(tag), peer(tag, "autocast"), peer(tag, "bf16")
     def ratio(p):
         return f"**{n['tokens_per_s'] / p['tokens_per_s']:.2f}x**" if n and p else "n/a"
-    def pcell(p):
+    def failed(name):  # the last line of a log that produced no result (an out-of-memory run, say), else None
+        err = read(name).strip().splitlines()
+        return f"failed: {err[-1][:120].replace('|', '/')}" if err else None
+    def pcell(p, numerics):
         return (f"{p['tokens_per_s']:.0f} ({p['tflops']:.0f}, {p['peak_mem_gib']:.1f}/{p['peak_reserved_gib']:.1f})"
-                if p else "n/a")
+                if p else failed(f"peer-{tag}-{numerics}.err") or "n/a")
+    pcells = f"{pcell(pa, 'autocast')} | {pcell(pb, 'bf16')}"
     if n:
         print(f"| {tag} | {ratio(pa)} | {ratio(pb)} | {n['tokens_per_s']:.0f} | {n['tflops']:.0f} | {n['step_ms']:.0f} | "
-              f"{n['peak_mem_gib']:.1f} | {pcell(pa)} | {pcell(pb)} |")
+              f"{n['peak_mem_gib']:.1f} | {pcells} |")
     else:
-        print(f"| {tag} | n/a | n/a | not run | | | | {pcell(pa)} | {pcell(pb)} |")
+        print(f"| {tag} | n/a | n/a | {failed(f'nibble-{tag}-bf16.log') or 'not run'} | | | | {pcells} |")
 
 RECIPES = ["bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
            "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"]
-if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in ["proxy", "deep"] for r in RECIPES):
+if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in WORKLOADS for r in RECIPES):
     print("\n## Precision recipes vs nibble BF16 (same run)\n")
     print("Every transformer layer in the recipe's format (`--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0`); "
           "embedding, attention, LM head and loss stay BF16. On Hopper FP8 runs on FP8 tensor cores (cuBLASLt); MXFP8 and "
@@ -76,7 +92,7 @@ if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in ["proxy
           "model TFLOP/s counts the model's FLOPs only.\n")
     print("| workload | recipe | tokens/s ratio | step time ratio | peak memory ratio | tokens/s | TFLOP/s | step ms | peak GiB | final loss |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for tag in ["proxy", "deep"]:
+    for tag in WORKLOADS:
         base = nibble_run(tag)
         for r in RECIPES:
             n = nibble_run(tag, r)
@@ -147,9 +163,43 @@ if ckpt_log:
         print(f"\nResume from the last checkpoint (CRC-32 of every file checked, tensors read, uploaded): "
               f"{float(loaded.group(1)):.1f} s.")
 
+
+def row_tag(line):
+    """The workload tag of a table row of the workload tables ("| real1b | ..." -> "real1b"), else None."""
+    cells = line.split("|")
+    if not line.startswith("|") or len(cells) < 3:
+        return None
+    first = cells[1].strip().split()
+    return first[0].strip("`*") if first else None
+
+
+def keep_unmeasured_rows(new_text, path):
+    """--merge-into: in the workload tables, the file's rows of workloads this folder did not run stay, so a run
+    of some workloads (say real1b,real3b) does not drop the others' rows; a note under the table names them."""
+    head, new_secs = split_sections(new_text)
+    _, old_secs = split_sections(open(path).read())
+    for title, body in new_secs.items():
+        if not title.startswith(("## Training step", "## Precision recipes")) or title not in old_secs:
+            continue
+        kept = [l for l in old_secs[title].splitlines() if row_tag(l) in WORKLOADS and not measured(row_tag(l))]
+        lines = body.rstrip("\n").splitlines()
+        table = [i for i, l in enumerate(lines) if l.startswith("|")]
+        if not kept or not table:
+            continue
+        first, last = table[0], table[-1]
+        order = lambda l: WORKLOADS.index(row_tag(l)) if row_tag(l) in WORKLOADS else len(WORKLOADS)
+        rows = sorted(lines[first + 2:last + 1] + kept, key=order)  # stable: recipe order within a workload
+        tags = ", ".join(dict.fromkeys(f"`{row_tag(l)}`" for l in kept))
+        note = [f"Rows of {tags}: kept from the results merged into this file before (this results folder did not run "
+                "them; see the header's commit and merged lines)."]
+        new_secs[title] = "\n".join(lines[:first + 2] + rows + [""] + note + lines[last + 1:]) + "\n\n"
+    return head + "".join(new_secs.values())
+
+
 if merge_into:
     new_text, sys.stdout = sys.stdout.getvalue(), _captured
+    new_text = keep_unmeasured_rows(new_text, merge_into)
     # a "Training step" section printed with "not run" rows means this results folder has no training runs
-    no_training = not (nibble_run("proxy") or nibble_run("deep"))
+    no_training = not any(nibble_run(t) for t in WORKLOADS)
     merge_sections(merge_into, new_text, os.path.basename(out.rstrip('/')), read('commit.txt').strip(),
                    skip=lambda title: no_training and title.startswith("## Training step"))

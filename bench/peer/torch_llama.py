@@ -1,7 +1,9 @@
 """The PyTorch peer: the same Llama model and training step as nibble, as a user would write it.
 
 torch.compile, F.scaled_dot_product_attention (flash/cuDNN backend), fused AdamW, same shapes,
-same batch, same FLOP formula (docs: bench protocol). Two numerics:
+same batch, same FLOP formula (docs: bench protocol). The presets are nibble's (src/model/llama_config.cpp):
+the protocol's Llama-3.1-8B proxies and the real Llama 3.2 1B / 3B with tied embeddings (the LM head is the
+embedding's weight, one parameter), so parameters and model FLOPs equal nibble's. Two numerics:
   --numerics autocast : FP32 parameters and AdamW state, BF16 compute under torch.autocast
                         (the same numerics as nibble's bf16_mixed: the comparison that counts)
   --numerics bf16     : BF16 parameters and optimizer state (faster, weaker numerics)
@@ -13,9 +15,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# Optional keys (defaults as in nibble's LlamaConfig): rope_theta 500000, rope_factor 8 (Llama 3.1 scaling),
+# tied False.
 PRESETS = {
     "llama3-8b-proxy": dict(hidden=4096, ffn=14336, layers=4, heads=32, kv_heads=8, head_dim=128, vocab=128256),
     "llama3-8b-proxy-deep": dict(hidden=4096, ffn=14336, layers=8, heads=32, kv_heads=8, head_dim=128, vocab=128256),
+    # Llama 3.2: tied embeddings, RoPE scaling factor 32.
+    "llama3.2-1b": dict(hidden=2048, ffn=8192, layers=16, heads=32, kv_heads=8, head_dim=64, vocab=128256,
+                        rope_factor=32.0, tied=True),
+    "llama3.2-3b": dict(hidden=3072, ffn=8192, layers=28, heads=24, kv_heads=8, head_dim=128, vocab=128256,
+                        rope_factor=32.0, tied=True),
     "tiny": dict(hidden=64, ffn=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=256),
 }
 
@@ -71,10 +80,13 @@ class Llama(nn.Module):
         self.blocks = nn.ModuleList([Block(c) for _ in range(c["layers"])])
         self.norm = nn.RMSNorm(c["hidden"], eps=1e-5)
         self.lm_head = nn.Linear(c["hidden"], c["vocab"], bias=False)
-        cos, sin = rope_tables(seq, c["head_dim"])
+        if c.get("tied", False):
+            self.lm_head.weight = self.embed.weight  # one [vocab, hidden] parameter, gradients from both uses
+        cos, sin = rope_tables(seq, c["head_dim"], theta=c.get("rope_theta", 500000.0),
+                               factor=c.get("rope_factor", 8.0))
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
-        for p in self.parameters():
+        for p in self.parameters():  # a tied weight is listed (and initialized) once
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
@@ -87,13 +99,14 @@ class Llama(nn.Module):
 
 
 def matmul_params(c):
+    # The LM head's GEMM counts whether or not its weight is tied to the embedding (the lookup is no GEMM).
     h, q, kv, f = c["hidden"], c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"], c["ffn"]
     return c["layers"] * (h * (q + 2 * kv) + q * h + 3 * h * f) + h * c["vocab"]
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="llama3-8b-proxy")
+    ap.add_argument("--model", choices=list(PRESETS), default="llama3-8b-proxy")
     ap.add_argument("--numerics", choices=["autocast", "bf16"], default="autocast")
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--micro-batches", type=int, default=8)
@@ -140,6 +153,7 @@ def main():
     flops_tok = 6 * matmul_params(c) + 6 * c["layers"] * c["heads"] * c["head_dim"] * a.seq_length
     print(json.dumps({
         "system": "pytorch-" + a.numerics + ("" if a.no_compile else "-compile"), "model": a.model,
+        "params": sum(p.numel() for p in model.parameters()), "gflops_per_token": flops_tok / 1e9,
         "device": torch.cuda.get_device_name(), "step_ms": step_s * 1e3, "tokens_per_s": tokens / step_s,
         "tflops": flops_tok * tokens / step_s / 1e12, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30, "loss": float(loss) * a.micro_batches,
