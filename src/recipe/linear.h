@@ -60,6 +60,10 @@ struct RoleQuantStats {
   bool seen = false;  // the role was quantized while collection was on
   Fmt fmt = Fmt::bf16;
   double flushed = 0, saturated = 0, sqnr_db = 0;
+  // NVFP4 input and grad roles (linear_stats.h): mean crest factor max|x| / rms(x) of the column-wise
+  // blocks (16 tokens of one feature) of the source, and of the same blocks after the 16-point RHT.
+  bool has_crest = false;
+  double crest = 0, crest_rht = 0;
 };
 
 // Weight-gradient error of the measured micro-batch (linear_stats.h): dW_ref = dY^T X from the BF16

@@ -4,6 +4,11 @@
 //   saturated share of elements stored at the format's largest magnitude code (clipped or at the top
 //             of the range: e4m3 448, e5m2 57344, e2m1 6 times the block/tensor scale)
 //   sqnr_db   10 log10(sum x^2 / sum (x - x_hat)^2) with x the BF16 source, x_hat the dequantized copy
+//   crest     NVFP4 input and grad roles: mean over the sampled column-wise blocks (16 consecutive tokens
+//             of one feature, the blocks the Wgrad operands are quantized in) of max|x| / rms(x), all-zero
+//             blocks skipped; crest_rht the same after the 16-point RHT (rht16_ref). The RHT raises the FP4
+//             error of an operand whose crest factor it lowers and lowers it where it raises the crest
+//             factor (tests/nvfp4/rht_study_test.cpp; bench/convergence/NOTES.md).
 // The report keeps each role (LinearHealth::roles) and the worst role (largest flushed/saturated,
 // smallest SQNR). Computed on the host from copies of the device data (a synchronizing diagnostic, not
 // for every step).
@@ -85,7 +90,10 @@ class StatsAccumulator {
     double sig = 0, err = 0;
     int64_t n = 0, nonzero = 0, flushed = 0, saturated = 0;
     Fmt fmt = Fmt::bf16;
+    double crest = 0, crest_rht = 0;  // sums over crest_blocks blocks
+    int64_t crest_blocks = 0;
   };
+  static void add_crest(const std::vector<bf16>& x, int64_t rows, int64_t cols, Sums* s);
   Status measure(const Linear::Impl& s, const Tensor& dy, const Tensor& a, Stream stream);
   Status alt_wgrad(const Linear::Impl& s, const bf16* x, const bf16* dy, int64_t m, const Tensor& a, Stream stream);
 

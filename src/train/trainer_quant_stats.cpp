@@ -26,6 +26,10 @@ Json roles_json(const recipe::LinearHealth& h) {
     j["flushed"] = num(s.flushed);
     j["saturated"] = num(s.saturated);
     j["sqnr_db"] = num(s.sqnr_db);
+    if (s.has_crest) {
+      j["crest"] = num(s.crest);
+      j["crest_rht"] = num(s.crest_rht);
+    }
     roles[kRoleNames[r]] = std::move(j);
   }
   return roles;

@@ -2,6 +2,7 @@
 // hand-quantized tensors (FP8 E4M3 per tensor, NVFP4), the Wgrad error against an FP64 dY^T X, the
 // RHT-toggled alternative against a Linear that runs the toggled recipe, and numerics left untouched.
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -103,6 +104,38 @@ TEST(LinearStats, HandQuantizedNvfp4) {
   const double sig = 2688.0 * 2688.0 + 100.0 * 100.0 + 1000.0 * 1000.0 + 144.0 + 30.25;
   const double err = 100.0 * 100.0 + 104.0 * 104.0 + 0.25;
   EXPECT_NEAR(in.sqnr_db, 10.0 * std::log10(sig / err), 1e-9);
+}
+
+// The block crest factor of the input role, by hand. x [32, 32] is zero but for two column-wise blocks
+// (16 consecutive tokens of one feature; all-zero blocks are skipped):
+//   feature 0, tokens 0-15: one spike 4 and 15 zeros -> max 4, rms sqrt(16/16) = 1: crest 4. Its RHT is
+//     (1/4) * 4 * s_0 * (row 0 of H16) = 16 values +-1: crest 1 (the spike spread over the block).
+//   feature 1, tokens 0-15: all 1 -> crest 1. Its RHT is (1/4) * s H16, computed here from the sign mask
+//     and H16[i][j] = (-1)^popcount(i & j) (any ordering of H's columns gives the same crest factor).
+TEST(LinearStats, Nvfp4BlockCrestFactorsByHand) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  std::vector<float> x(size_t(32 * 32), 0.f);
+  x[0] = 4.f;
+  for (int t = 0; t < 16; ++t) x[size_t(t * 32 + 1)] = 1.f;
+  double peak = 0, sq = 0;
+  for (int j = 0; j < 16; ++j) {
+    double y = 0;
+    for (int i = 0; i < 16; ++i) {
+      const double sign = (nvfp4::kRhtSignMask >> i) & 1u ? -1.0 : 1.0;
+      y += sign * ((__builtin_popcount(unsigned(i & j)) & 1) ? -1.0 : 1.0) / 4.0;
+    }
+    peak = std::max(peak, std::fabs(y));
+    sq += y * y;
+  }
+  const double constant_block_rht = peak / std::sqrt(sq / 16.0);  // 2.0 for the mask 0xD7E8
+  LinearHealth h = forward_stats(r, x, 32, 32, 32);
+  const RoleQuantStats& in = h.roles[0];
+  ASSERT_TRUE(in.has_crest);
+  EXPECT_DOUBLE_EQ(in.crest, (4.0 + 1.0) / 2.0);
+  EXPECT_DOUBLE_EQ(in.crest_rht, (1.0 + constant_block_rht) / 2.0);
+  EXPECT_DOUBLE_EQ(constant_block_rht, 2.0);
+  EXPECT_FALSE(h.roles[1].has_crest);  // weights are not Wgrad operands: no crest factor
 }
 
 // A Linear of `r` run forward + backward once on fixed data, statistics on or off; dw starts at dw0.
