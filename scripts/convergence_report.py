@@ -33,10 +33,14 @@ W, H, L, R, T, B = 860, 500, 80, 250, 48, 58
 SMOOTH = 50  # steps in the training-loss moving average
 
 
-def load_runs(root):
+def load_runs(root, sub="runs"):
+    """Runs stored under root/sub: {config: {seed: meta + metrics}}. sub "crest" holds the short runs taken
+    only for their block crest factors (not part of the loss comparison)."""
     runs = {}
-    for name in sorted(os.listdir(os.path.join(root, "runs"))):
-        d = os.path.join(root, "runs", name)
+    if not os.path.isdir(os.path.join(root, sub)):
+        return runs
+    for name in sorted(os.listdir(os.path.join(root, sub))):
+        d = os.path.join(root, sub, name)
         if not os.path.isfile(os.path.join(d, "meta.json")):
             continue
         meta = json.load(open(os.path.join(d, "meta.json")))
@@ -200,23 +204,33 @@ def verdicts(runs):
     else:
         out.append("- **NVFP4 within about 1-1.5% of BF16:** no paired runs stored yet.")
     base_nv = {s: final_val(r) for s, r in runs.get("nvfp4", {}).items()}
-    for c, what in (("nvfp4_no_rht", "RHT"), ("nvfp4_no_sr", "SR"), ("nvfp4_no_2d", "2D"), ("nvfp4_none", "RHT+SR+2D")):
+    # (configuration, the feature, what the configuration does to it, paper): removed = the run lacks the
+    # feature (it helps when the loss rises), added = the run adds it (it helps when the loss falls).
+    for c, what, change, source in (("nvfp4_no_rht", "RHT", "removed", "paper"),
+                                    ("nvfp4_no_sr", "SR", "removed", "paper"),
+                                    ("nvfp4_no_2d", "2D", "removed", "paper"),
+                                    ("nvfp4_none", "RHT+SR+2D", "removed", "paper"),
+                                    ("nvfp4_all", "keeping the last blocks in BF16", "removed", "paper"),
+                                    ("nvfp4_4over6", "4/6 block scaling", "added", "Four Over Six")):
         d = [100.0 * (final_val(r) - base_nv[s]) / base_nv[s] for s, r in runs.get(c, {}).items() if s in base_nv]
         if not d:
             out.append(f"- **{what} helps:** not measured yet (no `{c}` run with a matching NVFP4 seed).")
             continue
         dm, dsd, dn = mean_sd(d)
+        gain = dm if change == "removed" else -dm  # > 0: the feature lowers the loss
         spread = dsd if dn > 1 else noise
         if math.isnan(spread):
             verdict = "no seed spread to judge against yet"
-        elif dm > 2 * spread:
-            verdict = "helps (removing it raises the loss by more than twice the seed spread)"
-        elif dm < -2 * spread:
-            verdict = "hurts at this scale (removing it lowers the loss by more than twice the seed spread)"
+        elif gain > 2 * spread:
+            verdict = "helps (its effect on the loss is more than twice the seed spread)"
+        elif gain < -2 * spread:
+            verdict = "hurts at this scale (its effect on the loss is more than twice the seed spread)"
         else:
             verdict = "no effect distinguishable from seed noise at this scale"
-        out.append(f"- **{what} helps (paper):** without {what} the validation loss is {dm:+.2f}% vs. NVFP4 "
-                   f"(seed spread of the NVFP4-BF16 difference: {noise:.2f}%): {verdict}.")
+        run = f"without {what}" if change == "removed" else f"with {what}"
+        out.append(f"- **{what[0].upper() + what[1:]} helps ({source}):** {run} the validation loss is {dm:+.2f}% "
+                   f"vs. NVFP4 ({'seed' + ('s ' if dn > 1 else ' ') + ', '.join(str(s) for s in sorted(runs[c]) if s in base_nv)}; "
+                   f"seed spread of the NVFP4-BF16 difference: {noise:.2f}%): {verdict}.")
     # Paired by seed: the gap and the annealed run's difference over the seeds both configurations have.
     base = {s: r for s, r in runs.get("bf16", {}).items()}
     seeds = sorted(set(runs.get("nvfp4_anneal", {})) & set(runs.get("nvfp4", {})) & set(base))
@@ -225,11 +239,14 @@ def verdicts(runs):
     if an:
         gap, agap = statistics.fmean(rel("nvfp4", s) for s in seeds), statistics.fmean(an)
         closed = (gap - agap) / gap if gap > 0 else float("nan")
+        per_seed = [(rel("nvfp4", s) - rel("nvfp4_anneal", s)) / rel("nvfp4", s) for s in seeds
+                    if rel("nvfp4", s) > 0]
         out.append(f"- **Annealing closes most of the gap (paper):** over seed{'s' if len(seeds) > 1 else ''} "
                    + ", ".join(str(s) for s in seeds) + f", NVFP4 {gap:+.2f}%, annealed {agap:+.2f}% vs. BF16"
                    + (f": {100 * closed:.0f}% of the gap closed" if not math.isnan(closed) else
                       ": NVFP4 shows no gap to close")
-                   + f" (seed spread of the NVFP4-BF16 difference: {noise:.2f}%).")
+                   + (" (per seed: " + ", ".join(f"{100 * x:.0f}%" for x in per_seed) + ")" if per_seed else "")
+                   + f"; seed spread of the NVFP4-BF16 difference: {noise:.2f}%.")
     else:
         out.append("- **Annealing closes most of the gap:** not measured yet.")
     return out
@@ -276,7 +293,7 @@ def main():
         lines += ["", "Not run yet: " + ", ".join(f"`{c}`" for c in missing) + "."]
     for title, svg in loss_plots(runs, root) + quant_plots(runs, root):
         lines += ["", f"### {title}", "", f"![{title}](bench/convergence/{svg})"]
-    rht = rht_table(runs)
+    rht = rht_table(runs, load_runs(root, "crest"))
     if rht:
         lines += ["", "## Does RHT lower the Wgrad error? (measured on the runs' own tensors)", "",
                   "Each `--quant-stats` step measures, for every quantized Linear, the first micro-batch's weight "
@@ -330,7 +347,7 @@ def quant_plots(runs, root):
     return made
 
 
-def rht_table(runs):
+def rht_table(runs, crest_runs):
     """Per Linear kind, the relative Wgrad error with the recipe's RHT and with RHT toggled, averaged over
     every stats step of every NVFP4 seed (real activations and gradients of the study's runs)."""
     rows, acc = [], {}
@@ -351,7 +368,42 @@ def rht_table(runs):
     for (c, kind), (w, wo, lost) in sorted(acc.items()):
         rows.append(f"| {c} | {kind} | {len(w)} | {statistics.fmean(w):.4f} | {statistics.fmean(wo):.4f} | "
                     f"{statistics.fmean(wo) / statistics.fmean(w):.3f} | {lost} |")
+    return rows + crest_table([("", runs), (" (short run)", crest_runs)])
+
+
+def crest_table(sources):
+    """Mean crest factor (max|x| / rms) of the Wgrad operands' column-wise blocks (16 tokens of one feature),
+    before and after the RHT, per Linear kind: the quantity that decides whether the RHT lowers the error.
+    Records from binaries before the statistic have none; then there is no table."""
+    acc = {}
+    for suffix, runs in sources:
+        for c in ("nvfp4", "nvfp4_all"):
+            for run in runs.get(c, {}).values():
+                label = c + suffix + (f", {run['tokens'] / 1e6:.0f}M tokens" if suffix else "")
+                crest_records(label, run, acc)
+    if not acc:
+        return []
+    rows = ["", "Block crest factors of the Wgrad operands (mean of max|x| / rms over the sampled 16-token "
+            "column blocks; a Gaussian block has about 2.1). On synthetic operands (tests/nvfp4/rht_study_test.cpp) "
+            "the RHT raises the FP4 error of an operand whose crest factor it lowers, and lowers it where it raises "
+            "the crest factor.", "",
+            "| run | Linear | operand | records | crest factor | after RHT |", "|---|---|---|---:|---:|---:|"]
+    for (c, kind, role), (before, after) in sorted(acc.items()):
+        name = "X (input)" if role == "input" else "dY (grad)"
+        rows.append(f"| {c} | {kind} | {name} | {len(before)} | {statistics.fmean(before):.3f} | "
+                    f"{statistics.fmean(after):.3f} |")
     return rows
+
+
+def crest_records(label, run, acc):
+    for q in per_linear(run):
+        kind = q["quant_stats"].split(".")[-1]
+        for role in ("input", "grad"):
+            r = q.get("roles", {}).get(role, {})
+            if r.get("crest") is not None and r.get("crest_rht") is not None:
+                e = acc.setdefault((label, kind, role), [[], []])
+                e[0].append(r["crest"])
+                e[1].append(r["crest_rht"])
 
 
 if __name__ == "__main__":
