@@ -115,7 +115,10 @@ TEST(LoraCpu, AdapterGradientsMatchFiniteDifferences) {
       Tensor w = P.compute(p.name), g = P.grad(p.name);
       std::vector<float> r(size_t(p.numel));
       double nrm = 0, analytic = 0;
-      for (auto& x : r) nrm += double(x = nd(rng)) * x;
+      for (auto& x : r) {
+        x = nd(rng);
+        nrm += double(x) * x;
+      }
       for (int64_t i = 0; i < p.numel; ++i)
         analytic += double(g.ptr<float>()[i]) * (r[size_t(i)] /= float(std::sqrt(nrm)));
       const float h = 1e-2f;
