@@ -337,6 +337,10 @@ def quant_plots(runs, root):
         if chart(series, f"{c}: quantization SQNR per role (median over Linears)", "tokens (millions)", "SQNR (dB)",
                  os.path.join(root, f"{c}_sqnr.svg")):
             made.append((f"{TITLES[c]}: SQNR per role", f"{c}_sqnr.svg"))
+        if chart(range_series(by_it, k, med), f"{c}: underflow and saturation per role (median over Linears)",
+                 "tokens (millions)", "% of elements", os.path.join(root, f"{c}_range.svg")):
+            made.append((f"{TITLES[c]}: underflow (flushed to zero, solid) and saturation (dashed) per role",
+                         f"{c}_range.svg"))
         snr = [("median", COLOURS[3], [(it * k, med([q["wgrad"]["snr"] for q in qs if "wgrad" in q]))
                                        for it, qs in sorted(by_it.items())], False),
                ("lowest Linear", COLOURS[4], [(it * k, min(q["wgrad"]["snr"] for q in qs if "wgrad" in q))
@@ -345,6 +349,20 @@ def quant_plots(runs, root):
                  "||dW_ref|| / ||dW_q - dW_ref||", os.path.join(root, f"{c}_wgrad_snr.svg"), hline=math.sqrt(3)):
             made.append((f"{TITLES[c]}: Wgrad SNR against the sqrt(3) criterion", f"{c}_wgrad_snr.svg"))
     return made
+
+
+def range_series(by_it, k, med):
+    """Per role, the flushed (underflow) share of non-zero elements, solid, and the saturated share, dashed,
+    in percent. NVFP4 stores each block's largest element at the top code, so saturation is at least 1/16
+    for 1x16 blocks (inputs, gradients) and 1/256 for 16x16 weight tiles."""
+    series = []
+    for i, role in enumerate(("input", "weight", "grad")):
+        for key, dashed in (("flushed", False), ("saturated", True)):
+            pts = [(it * k, 100.0 * med([q["roles"][role][key] for q in qs if role in q["roles"]
+                                         and q["roles"][role][key] is not None]))
+                   for it, qs in sorted(by_it.items())]
+            series.append((f"{role} {key}", COLOURS[i + 1], pts, dashed))
+    return series
 
 
 def rht_table(runs, crest_runs):
