@@ -90,36 +90,6 @@ static Status gather_rows(const QCopies& c, const bf16* src, int64_t stride, Sam
   return Status::ok();
 }
 
-// Column-wise blocks of the sampled rows: the 16 rows of each sampled group are 16 consecutive tokens, so
-// column c of a group is one block of the Wgrad operand's column-wise copy.
-void StatsAccumulator::add_crest(const std::vector<bf16>& x, int64_t rows, int64_t cols, Sums* s) {
-  auto crest_of = [](const float* v) {
-    double peak = 0, sq = 0;
-    for (int i = 0; i < nvfp4::kBlock; ++i) {
-      peak = std::max(peak, std::fabs(double(v[i])));
-      sq += double(v[i]) * v[i];
-    }
-    return peak / std::sqrt(sq / nvfp4::kBlock);
-  };
-  float block[nvfp4::kBlock], transformed[nvfp4::kBlock];
-  for (int64_t g = 0; g + nvfp4::kBlock <= rows; g += nvfp4::kBlock) {
-    for (int64_t c = 0; c < cols; ++c) {
-      bool any = false;
-      for (int i = 0; i < nvfp4::kBlock; ++i) {
-        block[i] = bf16_to_f32(x[size_t((g + i) * cols + c)]);
-        any = any || block[i] != 0.f;
-      }
-      if (!any) continue;
-      nvfp4::rht16_ref(block, transformed);
-      const double before = crest_of(block), after = crest_of(transformed);
-      if (!std::isfinite(before) || !std::isfinite(after)) continue;  // non-finite sources are counted elsewhere
-      s->crest += before;
-      s->crest_rht += after;
-      ++s->crest_blocks;
-    }
-  }
-}
-
 Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   // Waits for the training kernels queued so far, so that stats_ms counts this pass only.
   if (c.dev == Device::cuda) device_synchronize();
@@ -155,7 +125,8 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
     if ((nvfp4 ? code & 0x7u : code & 0x7Fu) == top) ++s.saturated;
   }
   s.n += n;
-  if (nvfp4 && c.role != Role::weight) add_crest(rows.x, rows.rows, c.cols, &s);
+  // The 16 rows of each sampled group are 16 consecutive tokens: whole column-wise (Wgrad) blocks.
+  if (nvfp4 && c.role != Role::weight) nvfp4::add_column_block_crests(rows.x.data(), rows.rows, c.cols, &s.crest);
   ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return Status::ok();
 }
@@ -171,10 +142,10 @@ void StatsAccumulator::take(LinearHealth* out) {
     rs.flushed = s.nonzero ? double(s.flushed) / double(s.nonzero) : 0.0;
     rs.saturated = double(s.saturated) / double(s.n);
     rs.sqnr_db = s.err > 0 ? 10.0 * std::log10(s.sig / s.err) : INFINITY;
-    if (s.crest_blocks > 0) {
+    if (s.crest.blocks > 0) {
       rs.has_crest = true;
-      rs.crest = s.crest / double(s.crest_blocks);
-      rs.crest_rht = s.crest_rht / double(s.crest_blocks);
+      rs.crest = s.crest.plain / double(s.crest.blocks);
+      rs.crest_rht = s.crest.rht / double(s.crest.blocks);
     }
     out->flushed = any ? std::max(out->flushed, rs.flushed) : rs.flushed;
     out->saturated = any ? std::max(out->saturated, rs.saturated) : rs.saturated;

@@ -37,6 +37,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "formats/nvfp4/nvfp4.h"
 #include "recipe/linear.h"
 
 namespace nb::recipe {
@@ -90,10 +91,8 @@ class StatsAccumulator {
     double sig = 0, err = 0;
     int64_t n = 0, nonzero = 0, flushed = 0, saturated = 0;
     Fmt fmt = Fmt::bf16;
-    double crest = 0, crest_rht = 0;  // sums over crest_blocks blocks
-    int64_t crest_blocks = 0;
+    nvfp4::CrestSums crest;
   };
-  static void add_crest(const std::vector<bf16>& x, int64_t rows, int64_t cols, Sums* s);
   Status measure(const Linear::Impl& s, const Tensor& dy, const Tensor& a, Stream stream);
   Status alt_wgrad(const Linear::Impl& s, const bf16* x, const bf16* dy, int64_t m, const Tensor& a, Stream stream);
 

@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 #include "core/bf16.h"
@@ -168,21 +169,11 @@ double relative_error(const std::vector<double>& approx, const std::vector<doubl
   return std::sqrt(diff / norm);
 }
 
-double crest_factor(const float* v) {
-  double peak = 0, sum_sq = 0;
-  for (int i = 0; i < kBlock; ++i) {
-    peak = std::max(peak, double(std::fabs(v[i])));
-    sum_sq += double(v[i]) * double(v[i]);
-  }
-  return sum_sq > 0 ? peak / std::sqrt(sum_sq / kBlock) : 1.0;
-}
-
-// Mean over X's column blocks (16 tokens of one channel) of the crest factor, optionally after the RHT.
-double mean_block_crest(const std::vector<bf16>& x, bool rht) {
-  const auto blocks = transposed_exact(x, kInFeatures, rht);
-  double total = 0;
-  for (size_t i = 0; i < blocks.size(); i += kBlock) total += crest_factor(blocks.data() + i);
-  return total * kBlock / double(blocks.size());  // mean over the blocks
+// Mean over X's column blocks (16 tokens of one channel) of the crest factor, before and after the RHT.
+std::pair<double, double> mean_block_crests(const std::vector<bf16>& x) {
+  CrestSums sums;
+  add_column_block_crests(x.data(), kTokens, kInFeatures, &sums);
+  return {sums.plain / double(sums.blocks), sums.rht / double(sums.blocks)};
 }
 
 struct FamilyResult {
@@ -204,8 +195,7 @@ FamilyResult measure(const std::string& name, const Operands& ops) {
     return relative_error(wgrad(dy_t, transposed_nvfp4(x, kInFeatures, rht, false)), dw_ref);
   };
   FamilyResult r{name};
-  r.crest_plain = mean_block_crest(x, false);
-  r.crest_rht = mean_block_crest(x, true);
+  std::tie(r.crest_plain, r.crest_rht) = mean_block_crests(x);
   r.error_plain = error(false, true);
   r.error_rht = error(true, true);
   r.x_error_plain = error(false, false);

@@ -80,6 +80,16 @@ Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out
 void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float* row_amax, float* col_amax);
 // RHT of one 16-element chunk: y = round_bf16((1/4) * (x o s) * H16), fixed butterfly order.
 void rht16_ref(const float* x, float* y);
+// Crest factors max|x| / rms(x) of the column-wise blocks of x [rows, cols] (16 consecutive rows of one
+// column: the blocks of the column-wise copy, 16 tokens of one feature) and of the same blocks after
+// rht16_ref, summed over the blocks that are neither all zero nor non-finite; rows past the last whole 16
+// are ignored. The RHT raises the FP4 error of blocks whose crest factor it lowers and lowers the error
+// where it raises it (tests/nvfp4/rht_study_test.cpp).
+struct CrestSums {
+  double plain = 0, rht = 0;
+  int64_t blocks = 0;
+};
+void add_column_block_crests(const bf16* x, int64_t rows, int64_t cols, CrestSums* sums);
 // x_hat = e2m1(q) * float(s_b) * amax / (6*448); data [outer, inner/2], scales [outer, inner/16].
 void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out);
 

@@ -2,6 +2,7 @@
 // This file is the definition the CUDA kernels are tested against bit for bit. Layouts and the SR
 // random-byte rule are described in nvfp4.h; the per-block math lives in nvfp4_math.h (shared).
 #include <algorithm>
+#include <cmath>
 #include <vector>
 #include "formats/hadamard/hadamard.h"
 #include "formats/nvfp4/nvfp4.h"
@@ -29,6 +30,35 @@ Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
 void rht16_ref(const float* x, float* y) {
   for (int i = 0; i < kBlock; ++i) y[i] = x[i];
   hadamard::rht16_bf16(y);
+}
+
+static double crest_factor(const float* v) {
+  double peak = 0, sum_sq = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    peak = std::max(peak, std::fabs(double(v[i])));
+    sum_sq += double(v[i]) * v[i];
+  }
+  return peak / std::sqrt(sum_sq / kBlock);
+}
+
+void add_column_block_crests(const bf16* x, int64_t rows, int64_t cols, CrestSums* sums) {
+  float block[kBlock], transformed[kBlock];
+  for (int64_t r0 = 0; r0 + kBlock <= rows; r0 += kBlock) {
+    for (int64_t c = 0; c < cols; ++c) {
+      bool any = false;
+      for (int i = 0; i < kBlock; ++i) {
+        block[i] = bf16_to_f32(x[size_t((r0 + i) * cols + c)]);
+        any = any || block[i] != 0.f;
+      }
+      if (!any) continue;
+      rht16_ref(block, transformed);
+      const double plain = crest_factor(block), rht = crest_factor(transformed);
+      if (!std::isfinite(plain) || !std::isfinite(rht)) continue;
+      sums->plain += plain;
+      sums->rht += rht;
+      ++sums->blocks;
+    }
+  }
 }
 
 namespace {
