@@ -123,11 +123,16 @@ def mean_sd(xs):
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else float("nan")), len(xs)
 
 
+def rel_diff_by_seed(runs, config, metric, base_config="bf16"):
+    """{seed: (config - base) / base in %} for every seed both configurations have."""
+    base = runs.get(base_config, {})
+    return {s: 100.0 * (metric(r) - metric(base[s])) / metric(base[s])
+            for s, r in sorted(runs.get(config, {}).items()) if s in base}
+
+
 def paired_rel_diff(runs, config, metric):
-    """(config - bf16) / bf16 in % for every seed both have."""
-    base = runs.get("bf16", {})
-    return [100.0 * (metric(r) - metric(base[s])) / metric(base[s])
-            for s, r in sorted(runs.get(config, {}).items()) if s in base]
+    """(config - bf16) / bf16 in % for every seed both have, in seed order."""
+    return list(rel_diff_by_seed(runs, config, metric).values())
 
 
 def fmt_pm(m, sd, n, unit=""):
@@ -203,7 +208,6 @@ def verdicts(runs):
                    + f" from BF16; NVFP4 is worse in {worse} of {n} seeds. Verdict: {verdict}.")
     else:
         out.append("- **NVFP4 within about 1-1.5% of BF16:** no paired runs stored yet.")
-    base_nv = {s: final_val(r) for s, r in runs.get("nvfp4", {}).items()}
     # (configuration, the feature, what the configuration does to it, paper): removed = the run lacks the
     # feature (it helps when the loss rises), added = the run adds it (it helps when the loss falls).
     for c, what, change, source in (("nvfp4_no_rht", "RHT", "removed", "paper"),
@@ -212,7 +216,8 @@ def verdicts(runs):
                                     ("nvfp4_none", "RHT+SR+2D", "removed", "paper"),
                                     ("nvfp4_all", "keeping the last blocks in BF16", "removed", "paper"),
                                     ("nvfp4_4over6", "4/6 block scaling", "added", "Four Over Six")):
-        d = [100.0 * (final_val(r) - base_nv[s]) / base_nv[s] for s, r in runs.get(c, {}).items() if s in base_nv]
+        by_seed = rel_diff_by_seed(runs, c, final_val, base_config="nvfp4")
+        d = list(by_seed.values())
         if not d:
             out.append(f"- **{what} helps:** not measured yet (no `{c}` run with a matching NVFP4 seed).")
             continue
@@ -229,18 +234,15 @@ def verdicts(runs):
             verdict = "no effect distinguishable from seed noise at this scale"
         run = f"without {what}" if change == "removed" else f"with {what}"
         out.append(f"- **{what[0].upper() + what[1:]} helps ({source}):** {run} the validation loss is {dm:+.2f}% "
-                   f"vs. NVFP4 ({'seed' + ('s ' if dn > 1 else ' ') + ', '.join(str(s) for s in sorted(runs[c]) if s in base_nv)}; "
+                   f"vs. NVFP4 ({'seed' + ('s ' if dn > 1 else ' ') + ', '.join(str(s) for s in by_seed)}; "
                    f"seed spread of the NVFP4-BF16 difference: {noise:.2f}%): {verdict}.")
     # Paired by seed: the gap and the annealed run's difference over the seeds both configurations have.
-    base = {s: r for s, r in runs.get("bf16", {}).items()}
-    seeds = sorted(set(runs.get("nvfp4_anneal", {})) & set(runs.get("nvfp4", {})) & set(base))
-    rel = lambda c, s: 100.0 * (final_val(runs[c][s]) - final_val(base[s])) / final_val(base[s])
-    an = [rel("nvfp4_anneal", s) for s in seeds]
-    if an:
-        gap, agap = statistics.fmean(rel("nvfp4", s) for s in seeds), statistics.fmean(an)
+    gaps, annealed = rel_diff_by_seed(runs, "nvfp4", final_val), rel_diff_by_seed(runs, "nvfp4_anneal", final_val)
+    seeds = sorted(gaps.keys() & annealed.keys())
+    if seeds:
+        gap, agap = statistics.fmean(gaps[s] for s in seeds), statistics.fmean(annealed[s] for s in seeds)
         closed = (gap - agap) / gap if gap > 0 else float("nan")
-        per_seed = [(rel("nvfp4", s) - rel("nvfp4_anneal", s)) / rel("nvfp4", s) for s in seeds
-                    if rel("nvfp4", s) > 0]
+        per_seed = [(gaps[s] - annealed[s]) / gaps[s] for s in seeds if gaps[s] > 0]
         out.append(f"- **Annealing closes most of the gap (paper):** over seed{'s' if len(seeds) > 1 else ''} "
                    + ", ".join(str(s) for s in seeds) + f", NVFP4 {gap:+.2f}%, annealed {agap:+.2f}% vs. BF16"
                    + (f": {100 * closed:.0f}% of the gap closed" if not math.isnan(closed) else
