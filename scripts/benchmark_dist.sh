@@ -71,13 +71,11 @@ if has overlap1; then
     for overlap in none both; do
       flags=()
       [ "$overlap" = both ] && flags=(--overlap-grad-reduce --overlap-param-gather)
-      if [ "$link" = socket ]; then
-        NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 run "proxy1-2gpu-$link-$overlap" "${proxy1[@]}" --global-batch-size 4 \
-          --nproc-per-node 2 --use-distributed-optimizer "${flags[@]}"
-      else
+      (  # a subshell, so the socket transport's settings end with its run
+        [ "$link" = socket ] && export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1
         run "proxy1-2gpu-$link-$overlap" "${proxy1[@]}" --global-batch-size 4 --nproc-per-node 2 \
           --use-distributed-optimizer "${flags[@]}"
-      fi
+      )
     done
   done
 fi
