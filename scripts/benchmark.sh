@@ -52,6 +52,12 @@ for w in "${workloads[@]}"; do
         --micro-batch-size "$mbs" --global-batch-size "$gbs" --seq-length 4096 --train-iters 6 --lr-warmup-iters 1 \
         --log-interval 1 --save "$out/nibble-$tag-$recipe" > "$out/nibble-$tag-$recipe.log" 2>&1
     done
+    # The emulated formats again with each weight dequantized once per step (speed for 2-4 bytes per weight).
+    for recipe in bf16_with_mxfp8_mixed bf16_with_nvfp4_mixed; do
+      "$nb" train --model "$model" --recipe "$recipe" --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 \
+        --emulated-weight-cache --micro-batch-size "$mbs" --global-batch-size "$gbs" --seq-length 4096 --train-iters 6 \
+        --lr-warmup-iters 1 --log-interval 1 --save "$out/nibble-$tag-$recipe-cache" > "$out/nibble-$tag-$recipe-cache.log" 2>&1
+    done
   fi
   if has peer; then
     for numerics in autocast bf16; do

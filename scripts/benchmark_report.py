@@ -83,13 +83,21 @@ for tag in [t for t in WORKLOADS if measured(t)] or WORKLOADS:
         print(f"| {tag} | n/a | n/a | {failed(f'nibble-{tag}-bf16.log') or 'not run'} | | | | {pcells} |")
 
 RECIPES = ["bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
-           "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"]
+           "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_mxfp8_mixed-cache",
+           "bf16_with_nvfp4_mixed", "bf16_with_nvfp4_mixed-cache"]
+
+
+def recipe_label(run):
+    """`recipe`, plus the flag of the runs named <recipe>-cache (scripts/benchmark.sh)."""
+    return f"`{run[:-6]}` + `--emulated-weight-cache`" if run.endswith("-cache") else f"`{run}`"
 if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in WORKLOADS for r in RECIPES):
     print("\n## Precision recipes vs nibble BF16 (same run)\n")
     print("Every transformer layer in the recipe's format (`--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0`); "
           "embedding, attention, LM head and loss stay BF16. On Hopper FP8 runs on FP8 tensor cores (cuBLASLt); MXFP8 and "
           "NVFP4 are exact emulation (dequantize to BF16, BF16 tensor cores). Ratios are recipe / BF16 of the same workload; "
-          "model TFLOP/s counts the model's FLOPs only.\n")
+          "model TFLOP/s counts the model's FLOPs only. `--emulated-weight-cache`: each MXFP8/NVFP4 weight dequantized "
+          "to BF16 once per step instead of in every micro-batch's Fprop and Dgrad (2 bytes per weight element for "
+          "NVFP4's 2D weights, 4 for MXFP8's two copies).\n")
     print("| workload | recipe | tokens/s ratio | step time ratio | peak memory ratio | tokens/s | TFLOP/s | step ms | peak GiB | final loss |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for tag in WORKLOADS:
@@ -99,10 +107,10 @@ if any(os.path.exists(os.path.join(out, f"nibble-{t}-{r}.log")) for t in WORKLOA
             if not n:
                 if os.path.exists(os.path.join(out, f"nibble-{tag}-{r}.log")):
                     err = read(f"nibble-{tag}-{r}.log").strip().splitlines()
-                    print(f"| {tag} | {r} | failed: {err[-1][:120] if err else '?'} | | | | | | | |")
+                    print(f"| {tag} | {recipe_label(r)} | failed: {err[-1][:120] if err else '?'} | | | | | | | |")
                 continue
             ratio = lambda k: f"{n[k] / base[k]:.2f}x" if base else "n/a"
-            print(f"| {tag} | `{r}` | **{ratio('tokens_per_s')}** | {ratio('step_ms')} | {ratio('peak_mem_gib')} | "
+            print(f"| {tag} | {recipe_label(r)} | **{ratio('tokens_per_s')}** | {ratio('step_ms')} | {ratio('peak_mem_gib')} | "
                   f"{n['tokens_per_s']:.0f} | {n['tflops']:.0f} | {n['step_ms']:.0f} | {n['peak_mem_gib']:.1f} | {n['loss']:.3f} |")
 
 

@@ -145,10 +145,23 @@ Status get_scratch(size_t need, Stream stream, char** out) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+void describe_bf16(const void* data, bool k_major, LtOperand* lt) {
+  lt->data = data;
+  lt->type = ElemType::bf16;
+  lt->k_major = k_major;
+  lt->scale_mode = ScaleMode::none;
+  lt->scale = nullptr;
+}
+
 // Dequantizes rows [r0, r0 + rows) of one operand into `out` (BF16, dense, in the stored layout:
-// [rows, K] or [K, rows]) and describes that block for the BF16 GEMM.
+// [rows, K] or [K, rows]) and describes that block for the BF16 GEMM. An operand given dequantized is
+// only described (it is never chunked: r0 = 0, rows = all).
 Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, Stream stream, LtOperand* lt,
                        const char* name) {
+  if (q.dequantized) {
+    describe_bf16(q.dequantized, q.k_major, lt);
+    return Status::ok();
+  }
   if (!aligned16(q.data) || !aligned16(q.scales))
     return errorf("matmul_quantized: %s operand %s needs 16-byte aligned data and scales pointers",
                   qformat_name(q.format), name);
@@ -171,11 +184,7 @@ Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, S
                                                     !q.k_major);
   }
   CUDA_CHECK_LAUNCH();
-  lt->data = out;
-  lt->type = ElemType::bf16;
-  lt->k_major = q.k_major;
-  lt->scale_mode = ScaleMode::none;
-  lt->scale = nullptr;
+  describe_bf16(out, q.k_major, lt);
   return Status::ok();
 }
 
@@ -183,11 +192,11 @@ Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, S
 
 Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c, int64_t m, int64_t n, int64_t k,
                             float beta, Stream stream) {
-  const EmulationPlan plan = plan_emulation(m, n, k);
+  const EmulationPlan plan = plan_emulation(m, n, k, a.dequantized != nullptr, b.dequantized != nullptr);
   const QOperand& chunked = plan.chunk_b ? b : a;
   const QOperand& whole = plan.chunk_b ? a : b;
-  const size_t chunk_bytes = align_up(size_t(plan.chunk_rows * k) * sizeof(bf16));
-  const size_t whole_bytes = align_up(size_t(whole.rows * k) * sizeof(bf16));
+  const size_t chunk_bytes = chunked.dequantized ? 0 : align_up(size_t(plan.chunk_rows * k) * sizeof(bf16));
+  const size_t whole_bytes = whole.dequantized ? 0 : align_up(size_t(whole.rows * k) * sizeof(bf16));
   char* scratch = nullptr;
   NB_TRY(get_scratch(plan.scratch_bytes, stream, &scratch));
   LtProblem p;
@@ -231,3 +240,17 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
 }
 
 }  // namespace nb::gemm::detail
+
+namespace nb::gemm {
+
+Status dequantize_operand_cuda(const QOperand& op, void* out, Stream stream) {
+  if (op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4)
+    return errorf("dequantize_operand_cuda: %s operands run on FP8 tensor cores and are never dequantized",
+                  qformat_name(op.format));
+  QOperand q = op;
+  q.dequantized = nullptr;
+  detail::LtOperand unused;
+  return detail::dequantize_rows(q, 0, q.rows, static_cast<bf16*>(out), stream, &unused, "operand");
+}
+
+}  // namespace nb::gemm

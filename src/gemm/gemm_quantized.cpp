@@ -65,6 +65,11 @@ Status check_operand(const QOperand& op, const char* name) {
         "matmul_quantized: operand %s (%s) is [%lld, %lld]; this format needs rows a multiple of %lld "
         "and K a multiple of %lld (pad the tensor or use another recipe)",
         name, fmt, (long long)op.rows, (long long)op.k, (long long)rows_mult, (long long)k_mult);
+  if (op.dequantized != nullptr && op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4)
+    return errorf(
+        "matmul_quantized: operand %s (%s) comes with a dequantized BF16 copy, which only the emulated "
+        "mxfp8 and nvfp4 GEMMs read; pass it without one",
+        name, fmt);
   if (op.format == QFormat::nvfp4 && op.amax == nullptr)
     return errorf("matmul_quantized: nvfp4 operand %s has no amax pointer (the copy's FP32 amax)", name);
   return Status::ok();
@@ -242,18 +247,22 @@ int64_t set_emulation_chunk_elements(int64_t elements) {
   return g_emulation_chunk_elements.exchange(elements > 0 ? elements : kDefaultEmulationChunkElements);
 }
 
-EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k) {
+EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k, bool a_given, bool b_given) {
   EmulationPlan p;
-  p.chunk_b = n > m;  // the operand with more elements (they share K); A on a tie (contiguous C rows)
-  const int64_t big = p.chunk_b ? n : m, small = p.chunk_b ? m : n;
-  p.chunk_rows = big;
+  // The chunked operand: the one with more elements (they share K), A on a tie (contiguous C rows); but
+  // an operand given already dequantized is never chunked and takes no scratch.
+  p.chunk_b = a_given != b_given ? a_given : n > m;
+  const int64_t chunked = p.chunk_b ? n : m, whole = p.chunk_b ? m : n;
+  const bool chunked_given = p.chunk_b ? b_given : a_given, whole_given = p.chunk_b ? a_given : b_given;
+  p.chunk_rows = chunked;
   const int64_t cap = emulation_chunk_elements();
-  if (big * k > cap) {
+  if (!chunked_given && chunked * k > cap) {
     // Blocks of 128 rows keep every block's pointers (operand data/scales, C) as aligned as the whole.
     const int64_t rows = std::max<int64_t>(128, cap / k / 128 * 128);
-    if (rows < big) p.chunk_rows = rows;
+    if (rows < chunked) p.chunk_rows = rows;
   }
-  p.scratch_bytes = align256(size_t(p.chunk_rows * k) * 2) + align256(size_t(small * k) * 2) + 256;
+  p.scratch_bytes = (chunked_given ? 0 : align256(size_t(p.chunk_rows * k) * 2)) +
+                    (whole_given ? 0 : align256(size_t(whole * k) * 2)) + 256;
   return p;
 }
 }  // namespace detail
@@ -270,6 +279,9 @@ Status emulated_matmul_cuda(const QOperand&, const QOperand&, const CView&, int6
       "matmul_quantized on cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
 }
 }  // namespace detail
+Status dequantize_operand_cuda(const QOperand&, void*, Stream) {
+  return errorf("dequantize_operand_cuda: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
+}
 #endif
 
 }  // namespace nb::gemm

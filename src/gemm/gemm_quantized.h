@@ -44,6 +44,8 @@
 //         last bit is >= 2^-133 (BF16 subnormals). Outside that: a product >= 2^128 (possible only
 //         with E8M0 codes >= 247) becomes Inf, and blocks with codes <= 2 (block amax below about
 //         2^-116) may have elements rounded to nearest even in BF16.
+//         An operand with QOperand::dequantized set skips its dequantization (a weight dequantized
+//         once per step: --emulated-weight-cache); the GEMM then runs unchunked over that operand.
 //         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper). Native
 //         FP4 tensor cores need both operands K-major, so a native path would need the real
 //         column-wise copy of a 2D NVFP4 weight (not the k_major = false row copy).
@@ -69,6 +71,11 @@ struct QOperand {
   const void* scales = nullptr;  // see the header comment per format
   const float* amax = nullptr;   // nvfp4 only
   bool k_major = true;           // false (mxfp8, nvfp4): stored [K, rows], see the header comment
+  // mxfp8, nvfp4 on cuda only: this operand already dequantized to BF16 by dequantize_operand_cuda (same
+  // stored layout, block scales applied, nvfp4's global scale not). The emulated GEMM reads it instead of
+  // dequantizing data/scales again; a weight used by every micro-batch of a step is dequantized once.
+  // data, scales and amax must still describe the operand (validation; nvfp4's alpha reads amax).
+  const void* dequantized = nullptr;
 };
 
 struct QGemmOptions {
@@ -80,6 +87,11 @@ struct QGemmOptions {
 
 // C = alpha * A . B^T + beta * C (see the header comment for alpha per format).
 Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, const QGemmOptions& opt, Stream stream);
+
+// Device: the BF16 operand an emulated (mxfp8, nvfp4) GEMM would make of `op`, all of it, in its stored
+// layout ([rows, K], or [K, rows] when k_major = false) into `out` (rows x K elements), for
+// QOperand::dequantized. The values are exact (see the emulation above). Other formats: an error.
+Status dequantize_operand_cuda(const QOperand& op, void* out, Stream stream);
 
 // Host, exact: the dequantized operand [rows, K] (K-major even for k_major = false), block scales
 // and per-tensor scale_inv applied, nvfp4 WITHOUT its global scale (see nvfp4_global_alpha).
@@ -130,7 +142,9 @@ struct EmulationPlan {
   size_t scratch_bytes = 0;  // one block of the chunked operand + the other operand whole (BF16) + 2 scalars,
                              // each piece 256-byte aligned
 };
-EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k);
+// a_given / b_given: that operand is already dequantized (QOperand::dequantized): it needs no scratch and
+// is never chunked; the other operand is then the chunked one (when it holds more than the cap).
+EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k, bool a_given = false, bool b_given = false);
 // The cap in elements (default kDefaultEmulationChunkElements); set returns the previous cap, and a
 // value <= 0 restores the default. For tests (forcing chunking on small shapes); not thread-safe with
 // GEMMs in flight on other threads.

@@ -13,6 +13,9 @@
 // Memory: the copies kept across calls (input column-wise, weight both) are owned by the Linear; the
 // transient ones (input row-wise: forward only; grad both: backward only) live in a LinearWorkspace,
 // shared by all Linears of a model (they run one after another on one stream) or private to this one.
+// Recipe::keep_dequantized_weights (emulated mxfp8/nvfp4 on cuda): the weight role also keeps its copies
+// dequantized to BF16, made right after each quantization (once per step), which the emulated Fprop and
+// Dgrad read instead of dequantizing the weight in every micro-batch; counted in bytes().
 // Stochastic-rounding key: RngKey{recipe.seed, step, (tensor_id << 8) | (micro_batch % 64) << 2 | role << 1},
 // role 0 = input, 1 = grad; the NVFP4 quantizer flips bit 0 for the column-wise copy.
 // backward() pairs with the latest forward() (the forward/backward of one micro-batch run back to back).

@@ -34,6 +34,10 @@ struct Recipe {
   bool fp8_pow2_scales = false;     // sub-channel
   int64_t bf16_layers_at_start = 0, bf16_layers_at_end = 0;
   uint64_t seed = 0;  // stochastic-rounding key seed (RngKey.seed); addition to the agreed API
+  // Execution, not numerics: the emulated GEMMs (mxfp8, nvfp4 on Hopper) read each quantized weight
+  // dequantized to BF16 once per step instead of dequantizing it in every micro-batch (linear.h). Costs
+  // 2 bytes per weight element per kept copy (nvfp4 2D: one; mxfp8, 1D nvfp4: two).
+  bool keep_dequantized_weights = false;
 
   // True when transformer layer `layer` (0-based) of `num_layers` keeps its linears in BF16.
   bool layer_in_bf16(int64_t layer, int64_t num_layers) const;

@@ -150,6 +150,10 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
                  "NVFP4 4/6 adaptive block scaling (each block scaled to 4 or 6, lower MSE) on the weights, "
                  "the activations, all (both) or none; gradients never",
                  &c.fp4_4over6, {"none", "weights", "activations", "all"}),
+      bool_key("emulated-weight-cache",
+               "MXFP8/NVFP4 on Hopper: dequantize each weight to BF16 once per step for the emulated GEMMs instead "
+               "of in every micro-batch (faster; 2 bytes per weight element, 4 for MXFP8)",
+               &c.emulated_weight_cache),
       bool_key("first-last-layers-bf16", "keep the first and last transformer layers in BF16",
                &c.first_last_layers_bf16),
       int_key("num-layers-at-start-in-bf16", "transformer layers at the start kept in BF16 (-1 = the recipe's)",

@@ -76,6 +76,14 @@ Status Trainer::resolve_config() {
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
   recipe_.seed = uint64_t(cfg_.seed);
+  if (cfg_.emulated_weight_cache) {
+    if (recipe_.weight.fmt != recipe::Fmt::mxfp8 && recipe_.weight.fmt != recipe::Fmt::nvfp4)
+      return errorf(
+          "--emulated-weight-cache keeps MXFP8/NVFP4 weights dequantized for their emulated GEMMs, but recipe "
+          "'%s' has %s weights; leave the flag out",
+          recipe_.name.c_str(), recipe::fmt_name(recipe_.weight.fmt));
+    recipe_.keep_dequantized_weights = true;
+  }
   NB_TRY(resolve_anneal());
   accum_ = cfg_.global_batch_size / (cfg_.micro_batch_size * cfg_.data_parallel);
   tokens_per_step_ = cfg_.global_batch_size * cfg_.seq_length;
@@ -193,6 +201,10 @@ Status Trainer::estimate_memory() {
                                                            double(std::max(model_cfg_.ffn, model_cfg_.hidden) * 2);
   else if (recipe_.quantized() || anneal_recipe_.quantized())  // the two recipes' copies never coexist
     workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
+  if (recipe_.keep_dequantized_weights) {  // BF16 copies of the weights: one (2D NVFP4) or two per weight
+    const bool two = recipe_.weight.fmt == recipe::Fmt::mxfp8 || !recipe_.weight.two_d;
+    workspace_bytes_ += (two ? 4.0 : 2.0) * double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
+  }
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
   std::printf(

@@ -198,6 +198,51 @@ TEST(EmulationPlan, LargerOperandIsChunkedUnderTheCap) {
   EXPECT_EQ(emulation_chunk_elements(), kDefaultEmulationChunkElements);
 }
 
+// An operand given already dequantized (QOperand::dequantized: a weight kept in BF16 for the step) takes
+// no scratch and is never chunked; the other operand is chunked under the cap even when it is the smaller.
+TEST(EmulationPlan, GivenOperandIsNeitherChunkedNorInScratch) {
+  using namespace detail;
+  const size_t mib = size_t(1) << 20;
+  // gate+up Fprop at 8192 tokens: X [8192, 4096] x W [28672, 4096] given: only X is dequantized, whole.
+  EmulationPlan p = plan_emulation(8192, 28672, 4096, false, true);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 8192);
+  EXPECT_EQ(p.scratch_bytes, 64 * mib + 256);
+  // Its Dgrad: dY [8192, K = 28672] x W^T [4096, K = 28672] given: dY is chunked (2304 rows) as before,
+  // without W's 224 MiB.
+  p = plan_emulation(8192, 4096, 28672, false, true);
+  EXPECT_FALSE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 2304);
+  EXPECT_EQ(p.scratch_bytes, size_t(2304 * 28672) * 2 + 256);
+  // A given A makes B the chunked operand although A is the larger.
+  set_emulation_chunk_elements(128 * 384);
+  p = plan_emulation(1024, 256, 384, true, false);
+  EXPECT_TRUE(p.chunk_b);
+  EXPECT_EQ(p.chunk_rows, 128);
+  EXPECT_EQ(p.scratch_bytes, size_t(128 * 384) * 2 + 256);
+  // Both given: one GEMM, only the scalars in scratch.
+  p = plan_emulation(1024, 256, 384, true, true);
+  EXPECT_EQ(p.chunk_rows, p.chunk_b ? 256 : 1024);
+  EXPECT_EQ(p.scratch_bytes, size_t(256));
+  set_emulation_chunk_elements(0);
+}
+
+// A dequantized copy is for the emulated formats only: an FP8 operand that carries one is refused.
+TEST(QuantizedGemm, DequantizedCopyOnlyForEmulatedFormats) {
+  const uint8_t codes[16 * 16] = {};
+  const float scale_inv = 1.f;
+  QOperand a{QFormat::fp8_e4m3, 16, 16, codes, &scale_inv};
+  QOperand b = a;
+  b.format = QFormat::fp8_e4m3;
+  float dummy = 0;
+  b.dequantized = &dummy;
+  std::vector<float> c(16 * 16);
+  Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {16, 16});
+  Status st = matmul_quantized(a, b, ct, {}, nullptr);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("dequantized BF16 copy"), std::string::npos) << st.message();
+}
+
 // Odd but valid shapes (per-tensor FP8: K a multiple of 16 only).
 TEST(CpuQGemm, OddShapes) {
   HostQuant a(QFormat::fp8_e4m3, 48, 80, 5), b(QFormat::fp8_e4m3, 16, 80, 6);

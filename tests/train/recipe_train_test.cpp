@@ -71,3 +71,23 @@ TEST(RecipeTraining, LayerCountsSelectTheIntendedLayers) {
   TrainSummary s;
   EXPECT_FALSE(run_training(bad, &s).is_ok());
 }
+
+// --emulated-weight-cache speeds up emulated MXFP8/NVFP4 GEMMs; on a recipe without such weights it would
+// do nothing, so it is refused in one sentence. On the CPU reference it changes nothing.
+TEST(RecipeTraining, EmulatedWeightCacheNeedsAnEmulatedRecipe) {
+  TrainConfig a = tiny_job("bf16_with_fp8_current_scaling_mixed");
+  a.emulated_weight_cache = true;
+  a.train_iters = 2;
+  TrainSummary s;
+  Status st = run_training(a, &s);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("--emulated-weight-cache"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("fp8_e4m3 weights"), std::string::npos) << st.message();
+  TrainConfig b = tiny_job("bf16_with_nvfp4_mixed"), c = b;
+  b.train_iters = c.train_iters = 3;
+  c.emulated_weight_cache = true;
+  TrainSummary sb, sc;
+  ASSERT_TRUE(run_training(b, &sb).is_ok());
+  ASSERT_TRUE(run_training(c, &sc).is_ok());
+  EXPECT_EQ(sb.losses, sc.losses);
+}

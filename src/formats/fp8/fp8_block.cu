@@ -2,7 +2,12 @@
 // memory (as raw BF16, 33 KB) and writes the row copy and the transposed copy with their FP32
 // scale_inv in the GEMM-ready layout of fp8_block.h. vec128: one scale per 128-element row (row copy)
 // or column (transposed copy) of the tile; blk128x128: one scale per tile, shared by both copies.
+// The E4M3 encode is the hardware's RNE satfinite conversion (two values per instruction) in tiles whose
+// inputs are all finite (every product is then finite or +-Inf, where the hardware byte equals
+// f32_to_e4m3_satfinite's); a tile holding Inf or NaN takes the software encode.
+#include <cuda_fp8.h>
 #include "core/cuda_check.h"
+#include "core/macros.h"
 #include "formats/fp8/fp8_block.h"
 
 namespace nb::fp8 {
@@ -18,6 +23,20 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
 
+__device__ __forceinline__ uint32_t encode4_exact(const float* v, float scale) {
+  uint32_t q = 0;
+  for (int j = 0; j < 4; ++j) q |= f32_to_e4m3_satfinite(v[j] * scale) << (8 * j);
+  return q;
+}
+
+// Four values to E4M3 bytes (v[0] in the low byte).
+__device__ __forceinline__ uint32_t encode4(const float* v, float scale, bool finite_tile) {
+  if (!finite_tile) return encode4_exact(v, scale);
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * scale, v[1] * scale), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * scale, v[3] * scale), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
 __global__ void __launch_bounds__(kThreads)
     block_quantize_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, bool tile_scale, bool pow2,
                           bool rowwise, bool colwise, uint8_t* row_data, float* row_scale_inv, uint8_t* col_data,
@@ -29,9 +48,18 @@ __global__ void __launch_bounds__(kThreads)
 
   float m = 0.0f;
   bool bad = false;
-  for (int i = threadIdx.x; i < kT * kT / 8; i += kThreads) {  // 16-byte chunks
-    const int r = i / (kT / 8), c = 8 * (i % (kT / 8));
-    const uint4 w = *reinterpret_cast<const uint4*>(x + (r0 + r) * cols + c0 + c);
+  // All of a thread's 16-byte chunks are loaded before any is used, so their loads are in flight together.
+  constexpr int kChunks = kT * kT / 8 / kThreads;
+  uint4 chunk[kChunks];
+  NB_UNROLL
+  for (int it = 0; it < kChunks; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i / (kT / 8), c = 8 * (i % (kT / 8));
+    chunk[it] = *reinterpret_cast<const uint4*>(x + (r0 + r) * cols + c0 + c);
+  }
+  NB_UNROLL
+  for (int it = 0; it < kChunks; ++it) {
+    const int i = threadIdx.x + it * kThreads, r = i / (kT / 8), c = 8 * (i % (kT / 8));
+    const uint4 w = chunk[it];
     const uint32_t u[4] = {w.x, w.y, w.z, w.w};
     for (int j = 0; j < 4; ++j) {
       float v0 = bits_f32(u[j] << 16), v1 = bits_f32(u[j] & 0xFFFF0000u);
@@ -42,7 +70,8 @@ __global__ void __launch_bounds__(kThreads)
   }
   m = warp_max(m);
   if (lane == 0) warp_amax[warp] = m;
-  if (__syncthreads_or(bad) && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
+  const bool finite_tile = !__syncthreads_or(bad);
+  if (!finite_tile && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
   float tile_amax = 0.0f;
   for (int w = 0; w < kThreads / 32; ++w) tile_amax = fmaxf(tile_amax, warp_amax[w]);
   const float tile_scale_value = scale_from_amax(tile_amax, kE4M3Max, pow2);
@@ -63,8 +92,7 @@ __global__ void __launch_bounds__(kThreads)
         scale = scale_from_amax(a, kE4M3Max, pow2);
         if (lane == 0) row_scale_inv[(c0 / kT) * round4(rows) + r0 + r] = 1.0f / scale;
       }
-      uint32_t q = 0;
-      for (int j = 0; j < 4; ++j) q |= f32_to_e4m3_satfinite(v[j] * scale) << (8 * j);
+      const uint32_t q = encode4(v, scale, finite_tile);
       *reinterpret_cast<uint32_t*>(row_data + (r0 + r) * cols + c0 + 4 * lane) = q;
     }
   }
@@ -85,8 +113,7 @@ __global__ void __launch_bounds__(kThreads)
         scale = scale_from_amax(a, kE4M3Max, pow2);
         if (lane == 0) col_scale_inv[(r0 / kT) * round4(cols) + c0 + c] = 1.0f / scale;
       }
-      uint32_t q = 0;
-      for (int j = 0; j < 4; ++j) q |= f32_to_e4m3_satfinite(v[j] * scale) << (8 * j);
+      const uint32_t q = encode4(v, scale, finite_tile);
       *reinterpret_cast<uint32_t*>(col_data + (c0 + c) * rows + r0 + 4 * lane) = q;
     }
   }

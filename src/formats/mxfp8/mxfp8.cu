@@ -1,9 +1,13 @@
 // MXFP8 CUDA quantizer: one kernel reads a 32x256 BF16 tile once (16-byte loads) and writes the
 // row-wise copy (blocks of 32 along cols) and the column-wise copy (blocks of 32 along rows, kept
-// un-transposed) with their E8M0 scales (8-byte stores). Per-element math is the NB_HD code of
-// mxfp8.h and scalar_codecs.h, so the codes equal the CPU reference bit for bit (max is exact in
-// any order).
+// un-transposed) with their E8M0 scales (8-byte stores). Scales are the NB_HD code of mxfp8.h, so the
+// codes equal the CPU reference bit for bit (max is exact in any order). The E4M3 encode is the
+// hardware's RNE satfinite conversion (two values per instruction) in tiles whose inputs are all
+// finite: there every product x * 2^k is finite and the hardware byte equals f32_to_e4m3_satfinite's.
+// A tile holding Inf or NaN takes the software encode, whose NaN byte the hardware need not match.
+#include <cuda_fp8.h>
 #include "core/cuda_check.h"
+#include "core/macros.h"
 #include "formats/mxfp8/mxfp8.h"
 
 namespace nb::mxfp8 {
@@ -23,11 +27,27 @@ __device__ __forceinline__ void unpack8(uint4 w, float* v) {
   }
 }
 
-__device__ __forceinline__ uint2 encode8(const float* v, const float* inv) {
+// The software encode, for tiles with non-finite inputs (inlined: a call would put v and inv on the stack).
+__device__ __forceinline__ uint2 encode8_exact(const float* v, const float* inv) {
   uint32_t lo = 0, hi = 0;
   for (int j = 0; j < 4; ++j) lo |= f32_to_e4m3_satfinite(v[j] * inv[j]) << (8 * j);
   for (int j = 0; j < 4; ++j) hi |= f32_to_e4m3_satfinite(v[4 + j] * inv[4 + j]) << (8 * j);
   return make_uint2(lo, hi);
+}
+
+__device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {  // a in the low byte
+  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ uint2 encode8(const float* v, const float* inv, bool finite_tile) {
+  if (!finite_tile) return encode8_exact(v, inv);
+  uint32_t w[2];
+  for (int h = 0; h < 2; ++h) {
+    const float* a = v + 4 * h;
+    const float* s = inv + 4 * h;
+    w[h] = cvt_e4m3x2(a[0] * s[0], a[1] * s[1]) | (cvt_e4m3x2(a[2] * s[2], a[3] * s[3]) << 16);
+  }
+  return make_uint2(w[0], w[1]);
 }
 
 // x [rows, cols] BF16; rows, cols multiples of 32. A 32-column block of the tile is all in or all out.
@@ -43,6 +63,7 @@ __global__ void __launch_bounds__(kThreads)
 
   float v[4][8];
   bool bad = false;
+  NB_UNROLL
   for (int p = 0; p < kRows / kRowsPerPass; ++p) {
     const int r = p * kRowsPerPass + row_in_pass;
     uint4 w = make_uint4(0, 0, 0, 0);
@@ -52,9 +73,11 @@ __global__ void __launch_bounds__(kThreads)
     const uint32_t u[4] = {w.x, w.y, w.z, w.w};
     for (int j = 0; j < 4; ++j) *reinterpret_cast<uint32_t*>(&tile[r][8 * chunk + 2 * j]) = u[j];
   }
-  if (__syncthreads_or(bad) && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
+  const bool finite_tile = !__syncthreads_or(bad);
+  if (!finite_tile && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
 
   if (rowwise) {  // 4 neighbouring threads (lanes 4k..4k+3) hold one 32-element row block
+    NB_UNROLL
     for (int p = 0; p < kRows / kRowsPerPass; ++p) {
       float a = 0.0f;
       for (int j = 0; j < 8; ++j) a = fmaxf(a, fabsf(v[p][j]));
@@ -65,7 +88,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int j = 0; j < 8; ++j) inv[j] = e8m0_inverse_scale(code);
       if (chunk_in) {
         const int64_t r = r0 + p * kRowsPerPass + row_in_pass;
-        *reinterpret_cast<uint2*>(row_data + r * cols + c0 + 8 * chunk) = encode8(v[p], inv);
+        *reinterpret_cast<uint2*>(row_data + r * cols + c0 + 8 * chunk) = encode8(v[p], inv, finite_tile);
         if (chunk % 4 == 0) row_scales[r * (cols / kBlock) + (c0 + 8 * chunk) / kBlock] = uint8_t(code);
       }
     }
@@ -82,10 +105,11 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     float inv[8];
     for (int j = 0; j < 8; ++j) inv[j] = col_inv[8 * chunk + j];
+    NB_UNROLL
     for (int p = 0; p < kRows / kRowsPerPass; ++p) {
       if (!chunk_in) continue;
       const int64_t r = r0 + p * kRowsPerPass + row_in_pass;
-      *reinterpret_cast<uint2*>(col_data + r * cols + c0 + 8 * chunk) = encode8(v[p], inv);
+      *reinterpret_cast<uint2*>(col_data + r * cols + c0 + 8 * chunk) = encode8(v[p], inv, finite_tile);
     }
   }
 }

@@ -396,6 +396,59 @@ TEST(QGemmGpu, Nvfp4TwoDRowCopyAsDgradOperand) {
               (long long)differing_elements(via_col, via_row, 2), (long long)(via_col.size() / 2));
 }
 
+// A weight dequantized once per step (QOperand::dequantized): dequantize_operand_cuda writes exactly the
+// BF16 values of the reference decoder in the operand's stored layout, and a GEMM that reads them gives
+// the same bits as the one that dequantizes the operand itself (same problem, same cuBLASLt plan).
+TEST(QGemmGpu, DequantizedOperandIsExactAndGivesTheSameGemm) {
+  NB_REQUIRE_GPU();
+  // B is [512, K = 384]: the row copy of a [512, 384] source, or (`from_col`) the column copy of a
+  // [384, 512] source (MXFP8: stored [K, rows]; NVFP4: transposed, K-major), or (`kfirst`) the NVFP4 row
+  // copy of a [384, 512] source read as [K, rows] (a 2D weight's Dgrad operand).
+  struct Case {
+    QFormat f;
+    bool from_col, kfirst;
+  };
+  for (const Case cs :
+       {Case{QFormat::mxfp8, false, false}, Case{QFormat::mxfp8, true, false}, Case{QFormat::nvfp4, false, false},
+        Case{QFormat::nvfp4, true, false}, Case{QFormat::nvfp4, false, true}}) {
+    const bool wide = cs.from_col || cs.kfirst;
+    DevQuant x(cs.f, 256, 384, 91), w(cs.f, wide ? 384 : 512, wide ? 512 : 384, 92);
+    auto as_b = [&](QOperand q) {
+      if (cs.kfirst) {
+        q.rows = 512;
+        q.k = 384;
+        q.k_major = false;
+      }
+      return q;
+    };
+    QOperand b = as_b(w.op(cs.from_col));
+    const QOperand b_host = as_b(operand_view(cs.f, w.r, w.c, const_cast<void**>(w.hp), cs.from_col));
+    const std::vector<float> xb = cs.kfirst ? transposed(w.xhat(false), 384, 512) : w.xhat(cs.from_col);
+    ASSERT_EQ(b.rows, 512);
+    ASSERT_EQ(b.k, 384);
+    Dev deq(size_t(b.rows * b.k) * 2);
+    ASSERT_TRUE(dequantize_operand_cuda(b, deq.p, nullptr).is_ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<bf16> got(size_t(b.rows * b.k));
+    ASSERT_TRUE(copy_bytes(got.data(), Device::cpu, deq.p, Device::cuda, deq.bytes).is_ok());
+    std::vector<double> ref(got.size());
+    ASSERT_TRUE(dequantize_operand_ref(b_host, ref.data()).is_ok());
+    int64_t mismatches = 0;
+    for (int64_t r = 0; r < b.rows; ++r)
+      for (int64_t kk = 0; kk < b.k; ++kk) {
+        const size_t stored = size_t(b.k_major ? r * b.k + kk : kk * b.rows + r);
+        mismatches += bf16_to_f32(got[stored]) != float(ref[size_t(r * b.k + kk)]);
+      }
+    const char* layout = b.k_major ? "K-major" : "[K, rows]";
+    EXPECT_EQ(mismatches, 0) << qformat_name(cs.f) << " " << layout;
+    std::vector<uint8_t> own, given;
+    check_gpu_ops(x.op(false), x.xhat(false), b, xb, {}, &own);
+    b.dequantized = deq.p;
+    check_gpu_ops(x.op(false), x.xhat(false), b, xb, {}, &given);
+    EXPECT_EQ(differing_elements(own, given, 2), 0) << qformat_name(cs.f) << " " << layout;
+  }
+}
+
 // The combinations matmul_quantized() rejects up front are indeed rejected by cuBLASLt on this GPU
 // (called through the internal entry point that skips the up-front checks).
 TEST(QGemmGpu, CublasLtRejectsWhatWeReject) {

@@ -85,6 +85,39 @@ TEST(LinearGpu, BytesCountsTheQuantizedCopies) {
   EXPECT_FALSE(bf.keeps_quantized_input());
 }
 
+// keep_dequantized_weights: the emulated GEMMs read the weight dequantized once (no per-GEMM pass) and
+// give the same bits; the BF16 copies (one for a 2D NVFP4 weight, two otherwise) are counted in bytes().
+TEST(LinearGpu, KeptDequantizedWeightsGiveTheSameResults) {
+  NB_REQUIRE_GPU();
+  struct Case {
+    const char* preset;
+    bool one_d;
+    size_t copies;
+  };
+  for (const Case cs : {Case{"bf16_with_nvfp4_mixed", false, 1}, Case{"bf16_with_nvfp4_mixed", true, 2},
+                        Case{"bf16_with_mxfp8_mixed", false, 2}}) {
+    Recipe r;
+    ASSERT_TRUE(recipe_preset(cs.preset, &r).is_ok());
+    if (cs.one_d) r.weight.two_d = false;
+    r.seed = 77;
+    const std::vector<float> x = random_bf16_values(kM * kK, 1.0, 41), w = random_bf16_values(kN * kK, 0.05, 42),
+                             dy = random_bf16_values(kM * kN, 1e-3, 43);
+    LinearRun plain, kept;
+    ASSERT_TRUE(run_linear(r, Device::cuda, kM, kK, kN, x, w, dy, &plain).is_ok());
+    Recipe rk = r;
+    rk.keep_dequantized_weights = true;
+    ASSERT_TRUE(run_linear(rk, Device::cuda, kM, kK, kN, x, w, dy, &kept).is_ok());
+    const std::string what = std::string(cs.preset) + (cs.one_d ? " 1D weights" : "");
+    EXPECT_TRUE(plain.y == kept.y) << what << ": Fprop differs";
+    EXPECT_TRUE(plain.dx == kept.dx) << what << ": Dgrad differs";
+    EXPECT_TRUE(plain.dw == kept.dw) << what << ": Wgrad differs";
+    Linear a, b;
+    ASSERT_TRUE(a.init(r, false, "l", 1, kM, kK, kN, Device::cuda).is_ok());
+    ASSERT_TRUE(b.init(rk, false, "l", 1, kM, kK, kN, Device::cuda).is_ok());
+    EXPECT_EQ(b.bytes() - a.bytes(), cs.copies * size_t(kN * kK) * 2) << what;
+  }
+}
+
 }  // namespace
 }  // namespace nb::recipe
 
