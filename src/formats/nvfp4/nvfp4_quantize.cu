@@ -114,12 +114,136 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---- per-element work: Philox bytes and E2M1 codes ------------------------------------------------
+// Philox4x32-10 as core/philox.h computes it, with everything that is the same for every block of a copy
+// worked out once on the host: the 10 round keys (k += W per round, 32-bit wrap, as philox4x32_10) and the
+// counter words that do not depend on the block (c2 = stream, c3 = step). The kernel reads them from the
+// parameter bank, so a round is two IMAD.WIDE (hi and lo at once) and two 3-input XORs, with no registers
+// and no instructions spent on the key schedule.
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
+
+struct PhiloxStream {
+  uint32_t n0_xor;  // round 0: n0 = c1 ^ (hi(M1 * stream) ^ k0)
+  uint32_t n1;      // round 0: n1 = lo(M1 * stream)
+  uint32_t n2_xor;  // round 0: n2 = hi(M0 * c0) ^ (step ^ k1)
+};
+struct PhiloxSchedule {
+  uint32_t k0[10], k1[10];  // key of round r
+  PhiloxStream row, col;    // row-wise copy: the key's stream; column-wise: colwise_key's
+};
+
+PhiloxStream philox_stream(const RngKey& key) {
+  const uint64_t p1 = uint64_t(kPhiloxM1) * key.stream;
+  return {uint32_t(p1 >> 32) ^ uint32_t(key.seed), uint32_t(p1), key.step ^ uint32_t(key.seed >> 32)};
+}
+
+PhiloxSchedule philox_schedule(const RngKey& key) {
+  PhiloxSchedule ps{};
+  uint32_t k0 = uint32_t(key.seed), k1 = uint32_t(key.seed >> 32);
+  for (int r = 0; r < 10; ++r, k0 += kPhiloxW0, k1 += kPhiloxW1) {
+    ps.k0[r] = k0;
+    ps.k1[r] = k1;
+  }
+  ps.row = philox_stream(key);
+  ps.col = philox_stream(colwise_key(key));
+  return ps;
+}
+
+// 32 x 32 -> 64-bit product, one IMAD.WIDE.U32 (from uint64_t(a) * b with a truncated 64-bit counter
+// the compiler builds a 64-bit multiply and adds a zero high part).
+NB_DEVICE uint64_t mul_wide_u32(uint32_t a, uint32_t b) {
+  uint64_t p;
+  asm("mul.wide.u32 %0, %1, %2;" : "=l"(p) : "r"(a), "r"(b));
+  return p;
+}
+
+// philox_block(key, block) for stream st of schedule ks: the same 16 bytes.
+NB_DEVICE Philox4x32 philox_block_sched(const PhiloxSchedule& ks, const PhiloxStream& st, uint64_t block) {
+  const uint64_t p = mul_wide_u32(kPhiloxM0, uint32_t(block));
+  uint32_t c0 = uint32_t(block >> 32) ^ st.n0_xor, c1 = st.n1, c2 = uint32_t(p >> 32) ^ st.n2_xor, c3 = uint32_t(p);
+  NB_UNROLL
+  for (int r = 1; r < 10; ++r) {
+    const uint64_t p0 = mul_wide_u32(kPhiloxM0, c0), p1 = mul_wide_u32(kPhiloxM1, c2);
+    c0 = uint32_t(p1 >> 32) ^ c1 ^ ks.k0[r];
+    c1 = uint32_t(p1);
+    c2 = uint32_t(p0 >> 32) ^ c3 ^ ks.k1[r];
+    c3 = uint32_t(p0);
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// The E2M1 codecs below return the code of x (sign in bit 3) in the low 4 bits of a float's bit pattern
+// whose bits 4..22 are 0 (bits 23..30 hold an exponent: see pack8_codes). Both add a magic number M' to
+// a = min(|x|, 6): e2m1_code_rne's M = 2^(e - 105) with e = max(exponent field of a, 127) (127, 128, 129
+// for a < 2, < 4, <= 6), whose ulp is the grid step of a's binade (2^(e - 128): 0.5, 1, 2), plus
+// 2 * (e - 127) ulps (the binade's code offset), plus 8 ulps when x < 0 (the sign bit of the code, in
+// the sum instead of a select and an OR). Byte 1 of M' is 0 and byte 0 at most 12; a + M' stays in M's
+// binade (mantissa <= 15), so the low 4 bits of the sum are 8 * (x < 0) + 2 * (e - 127) + (steps of a).
+NB_DEVICE uint32_t e2m1_magic_bits(float a, float x) {
+  const uint32_t ab = f32_bits(a);
+  return ((ab > 0x3F800000u ? ab : 0x3F800000u) >> 23) * 0x800002u + (x < 0.0f ? 0x0AFFFF0Au : 0x0AFFFF02u);
+}
+
+// e2m1_code_rne(x): the FPU rounds a to a multiple of the step, ties to even; the 8 sign ulps are an even
+// number of steps, like the code offset, so the tie parity and hence the code are unchanged.
+NB_DEVICE uint32_t e2m1_code_rne_bits(float x) {
+  const float a = fminf(fabsf(x), 6.0f);
+  return f32_bits(a + bits_f32(e2m1_magic_bits(a, x)));
+}
+
+// e2m1_code_sr(x, byte `byte` of w), without a byte -> float conversion or step selects:
+//  - the random offset: q = M' with byte 1 replaced by the random byte is M' + rand8 * 256 steps, so
+//    q - M' = rand8 * 256 * step exactly (same binade) and t = fma(q - M', 2^-16, a) rounds the exact
+//    a + rand8 * step / 256 once, as the codec's a + float(rand8) * (step / 256) (exact product) does.
+//  - the floor: t + M' rounded toward zero adds floor(t / step) steps to M' (t < 5 steps), i.e. codes:
+//    for a < 2, t < 2.5 and floor(2t) is the code (t in [2, 2.5) gives 4, the code of 2); for
+//    2 <= a < 4, t < 5 and 2 + floor(t) is the code; for a >= 4, t < 8 (a <= 6 and the offset < 2 are
+//    multiples of 2^-21) and 4 + floor(t / 2) is 6 below 6 and 7 from 6 up, the codec's saturation.
+//  - |x| > 6, Inf and NaN: a = 6 (fminf returns the non-NaN operand), t >= 6, code 7; the codec's
+//    min(|x| + offset, 6) is 6 there too. The sign is the codec's (x < 0; -0.0 and NaN give 0).
+NB_DEVICE uint32_t e2m1_code_sr_bits(float x, uint32_t w, int byte) {
+  const float a = fminf(fabsf(x), 6.0f);
+  const uint32_t magic = e2m1_magic_bits(a, x);
+  const float q = bits_f32(__byte_perm(magic, w, 0x3200u | ((4u + byte) << 4)));
+  const float t = __fmaf_rn(__fsub_rn(q, bits_f32(magic)), 0x1p-16f, a);
+  return f32_bits(__fadd_rz(t, bits_f32(magic)));
+}
+
+// Eight results of e2m1_code_*_bits packed into one word without a mask per code: shifted left by 4 * i
+// for i >= 3, a result's exponent bits leave the word and its bits 4..22 are 0, so the shifted codes do
+// not overlap (sum = OR); codes 0..2 are summed apart and masked once (their exponent bits only reach
+// bits >= 23 of that sum, and carries only go up).
+NB_DEVICE uint32_t pack8_codes(const uint32_t* u) {
+  const uint32_t lo = u[0] + (u[1] << 4) + (u[2] << 8);
+  uint32_t hi = 0;
+  NB_UNROLL
+  for (int i = 3; i < 8; ++i) hi += u[i] << (4 * i);
+  return (lo & 0xFFFu) | hi;
+}
+
+// encode_block16 (nvfp4_math.h) on the GPU: the same 8 bytes, through the codecs above.
+NB_DEVICE uint64_t encode_block16_gpu(const float* v, float enc, bool sr, const Philox4x32& rand) {
+  uint32_t word[2];
+  NB_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    uint32_t u[8];
+    NB_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const float x = v[8 * h + i] * enc;
+      u[i] = sr ? e2m1_code_sr_bits(x, rand.v[2 * h + i / 4], i % 4) : e2m1_code_rne_bits(x);
+    }
+    word[h] = pack8_codes(u);
+  }
+  return uint64_t(word[0]) | (uint64_t(word[1]) << 32);
+}
+
 // ---- fused quantize pass -------------------------------------------------------------------------
 struct KernelArgs {
   const bf16* x;
   int64_t rows, cols;
   bool rowwise, colwise;
-  RngKey rng;
+  PhiloxSchedule rng;
   uint8_t *row_data, *row_scales, *col_data, *col_scales;
   const float *row_amax, *col_amax;
   int* nonfinite;
@@ -219,7 +343,6 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
   // One division per scale code instead of one per block (same expression as block_encode_scale).
   enc_lut[0][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_row);
   enc_lut[1][t] = block_encode_scale_dec(uint32_t(t), 1.0f / s_enc_col);
-  const RngKey col_key = colwise_key(a.rng);
 
   const int64_t tiles_x = (a.cols + kTileCols - 1) / kTileCols;
   const int64_t tiles = tiles_x * ((a.rows + kTileRows - 1) / kTileRows);
@@ -288,13 +411,14 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
           s = block_scale_code_hw(bits_f32(max(m2 & 0xFFFFu, m2 >> 16) << 16), s_enc_row_div6);
         }
         const float enc = enc_lut[0][s];
-        const int64_t grow = r0 + row, gblk = c0 / 16 + blk;
+        // The block's index in the row-wise copy, (grow * cols) / 16 + gblk (cols is a multiple of 16):
+        // its Philox counter, its scale's offset and its 8 code bytes' offset / 8.
+        const int64_t gblock = (r0 + row) * (a.cols / 16) + c0 / 16 + blk;
         Philox4x32 rand{};
-        if constexpr (kSr) rand = philox_block(a.rng, uint64_t((grow * a.cols) / 16 + gblk));
-        const uint64_t packed = encode_block16(v, enc, kSr, rand);
-        *reinterpret_cast<uint2*>(a.row_data + grow * (a.cols / 2) + gblk * 8) =
-            make_uint2(uint32_t(packed), uint32_t(packed >> 32));
-        a.row_scales[grow * (a.cols / 16) + gblk] = uint8_t(s);
+        if constexpr (kSr) rand = philox_block_sched(a.rng, a.rng.row, uint64_t(gblock));
+        const uint64_t packed = encode_block16_gpu(v, enc, kSr, rand);
+        *reinterpret_cast<uint2*>(a.row_data + gblock * 8) = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
+        a.row_scales[gblock] = uint8_t(s);
       }
     }
 
@@ -327,8 +451,10 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
           }
           const float enc = enc_lut[1][s];
           Philox4x32 rand{};
-          if constexpr (kSr) rand = philox_block(col_key, uint64_t(((c0 + col) * a.rows + r0) / 16 + k));
-          const uint64_t packed = encode_block16(v, enc, kSr, rand);
+          // ((c0 + col) * rows + r0) / 16 + k (rows and r0 are multiples of 16)
+          if constexpr (kSr)
+            rand = philox_block_sched(a.rng, a.rng.col, uint64_t((c0 + col) * (a.rows / 16) + r0 / 16 + k));
+          const uint64_t packed = encode_block16_gpu(v, enc, kSr, rand);
           col_stage[col * kColStagePitchWords + 2 * k] = uint32_t(packed);
           col_stage[col * kColStagePitchWords + 2 * k + 1] = uint32_t(packed >> 32);
           col_scale_stage[col * 4 + k] = uint8_t(s);
@@ -408,7 +534,7 @@ Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const Quantiz
                out.cols,
                opts.rowwise,
                opts.colwise,
-               opts.rng,
+               philox_schedule(opts.rng),
                out.row_data,
                out.row_scales,
                out.col_data,
