@@ -195,18 +195,16 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
   const EmulationPlan plan = plan_emulation(m, n, k, a.dequantized != nullptr, b.dequantized != nullptr);
   const QOperand& chunked = plan.chunk_b ? b : a;
   const QOperand& whole = plan.chunk_b ? a : b;
-  const size_t chunk_bytes = chunked.dequantized ? 0 : align_up(size_t(plan.chunk_rows * k) * sizeof(bf16));
-  const size_t whole_bytes = whole.dequantized ? 0 : align_up(size_t(whole.rows * k) * sizeof(bf16));
   char* scratch = nullptr;
   NB_TRY(get_scratch(plan.scratch_bytes, stream, &scratch));
   LtProblem p;
   p.k = k;
   LtOperand whole_lt;
-  NB_TRY(dequantize_rows(whole, 0, whole.rows, reinterpret_cast<bf16*>(scratch + chunk_bytes), stream, &whole_lt,
+  NB_TRY(dequantize_rows(whole, 0, whole.rows, reinterpret_cast<bf16*>(scratch + plan.chunk_bytes), stream, &whole_lt,
                          plan.chunk_b ? "A" : "B"));
   (plan.chunk_b ? p.a : p.b) = whole_lt;
   if (a.format == QFormat::nvfp4) {
-    float* scalars = reinterpret_cast<float*>(scratch + chunk_bytes + whole_bytes);
+    float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
     nvfp4_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(a.amax, b.amax, beta, scalars);
     CUDA_CHECK_LAUNCH();
     p.device_alpha_beta = scalars;

@@ -261,8 +261,9 @@ EmulationPlan plan_emulation(int64_t m, int64_t n, int64_t k, bool a_given, bool
     const int64_t rows = std::max<int64_t>(128, cap / k / 128 * 128);
     if (rows < chunked) p.chunk_rows = rows;
   }
-  p.scratch_bytes = (chunked_given ? 0 : align256(size_t(p.chunk_rows * k) * 2)) +
-                    (whole_given ? 0 : align256(size_t(whole * k) * 2)) + 256;
+  p.chunk_bytes = chunked_given ? 0 : align256(size_t(p.chunk_rows * k) * 2);
+  p.whole_bytes = whole_given ? 0 : align256(size_t(whole * k) * 2);
+  p.scratch_bytes = p.chunk_bytes + p.whole_bytes + 256;
   return p;
 }
 }  // namespace detail

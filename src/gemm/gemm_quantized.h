@@ -137,10 +137,12 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
 // (a multiple of 128, at least 128, the last block the remainder), one GEMM per block.
 constexpr int64_t kDefaultEmulationChunkElements = int64_t(64) << 20;  // 128 MiB of BF16
 struct EmulationPlan {
-  bool chunk_b = false;      // blocks of B's rows (C column blocks) instead of A's (C row blocks)
-  int64_t chunk_rows = 0;    // rows of the chunked operand per GEMM (all of its rows when not chunked)
-  size_t scratch_bytes = 0;  // one block of the chunked operand + the other operand whole (BF16) + 2 scalars,
-                             // each piece 256-byte aligned
+  bool chunk_b = false;    // blocks of B's rows (C column blocks) instead of A's (C row blocks)
+  int64_t chunk_rows = 0;  // rows of the chunked operand per GEMM (all of its rows when not chunked)
+  // The scratch, in this order, each piece 256-byte aligned: one block of the chunked operand (BF16), the
+  // other operand whole (BF16), 2 FP32 scalars. A piece of an operand given already dequantized is 0 bytes.
+  size_t chunk_bytes = 0, whole_bytes = 0;
+  size_t scratch_bytes = 0;  // chunk_bytes + whole_bytes + 256
 };
 // a_given / b_given: that operand is already dequantized (QOperand::dequantized): it needs no scratch and
 // is never chunked; the other operand is then the chunked one (when it holds more than the cap).

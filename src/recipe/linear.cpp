@@ -36,14 +36,13 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap_, int64_t cols_, Device dev_,
+Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
                      LinearWorkspace* workspace_, bool row_only_) {
   role = role_;
   spec = s;
   cols = cols_;
   dev = dev_;
   rows = 0;
-  rows_cap = rows_cap_;
   col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
   row_only = row_only_ && !col_is_row;
   const int64_t n = rows_cap * cols;
@@ -186,7 +185,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
       sf[kRowAmax] = sf[kColAmax] = 0.f;
   }
   used_in_step = true;
-  if (dequantized_kept) {
+  if (dequantized_kept()) {
     NB_TRY(gemm::dequantize_operand_cuda(row_operand(), dequant_row.data(), stream));
     if (colwise) NB_TRY(gemm::dequantize_operand_cuda(col_operand(), dequant_col.data(), stream));
   }
@@ -195,7 +194,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   return Status::ok();
 }
 
-Status QCopies::keep_dequantized() {
+Status QCopies::keep_dequantized(int64_t rows_cap) {
   const bool emulated = spec.fmt == Fmt::mxfp8 || spec.fmt == Fmt::nvfp4;
   if (!emulated || dev != Device::cuda || workspace != nullptr) return Status::ok();
   const int64_t n = rows_cap * cols;
@@ -205,7 +204,6 @@ Status QCopies::keep_dequantized() {
     NB_TRY(Buffer::allocate(&dequant_col, DType::bf16, dev, {n}));
     owned_bytes += size_t(n) * 2;
   }
-  dequantized_kept = true;
   return Status::ok();
 }
 
@@ -226,7 +224,7 @@ gemm::QOperand QCopies::row_operand() const {
                                                                        : static_cast<const void*>(ptr(row_scales));
   op.amax = sf + kRowAmax;
   // The dequantized row copy; col_operand() keeps it for col_is_row (the same stored bytes).
-  if (dequantized_kept) op.dequantized = dequant_row.data();
+  if (dequantized_kept()) op.dequantized = dequant_row.data();
   return op;
 }
 
@@ -252,7 +250,7 @@ gemm::QOperand QCopies::col_operand_at(const uint8_t* data) const {
   if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = ptr(col_scales);
   op.amax = state_f.ptr<float>() + kColAmax;
   op.k_major = spec.fmt != Fmt::mxfp8;  // MXFP8 keeps its column-wise copy un-transposed
-  op.dequantized = dequantized_kept && data == ptr(col_data) ? dequant_col.data() : nullptr;
+  op.dequantized = dequantized_kept() && data == ptr(col_data) ? dequant_col.data() : nullptr;
   return op;
 }
 

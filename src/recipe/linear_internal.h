@@ -68,16 +68,15 @@ struct QCopies {
   Role role = Role::input;
   RoleSpec spec;
   int64_t rows = 0, cols = 0;
-  int64_t rows_cap = 0;  // the largest rows a quantize may bring (init)
   Device dev = Device::cpu;
   Piece row_data, row_scales, col_data, col_scales;
   bool col_is_row = false;  // 2D NVFP4: no column-wise copy; col_operand() reads the row copy
   bool row_only = false;    // frozen Linear: no column-wise copy is made or stored (see above)
   Buffer state_f, state_i;
   // keep_dequantized(): the copies dequantized to BF16 after every quantize (the emulated GEMMs read
-  // them, gemm::QOperand::dequantized); dequant_col stays empty when col_is_row.
+  // them, gemm::QOperand::dequantized); dequant_col stays empty when col_is_row. Empty: not kept.
   Buffer dequant_row, dequant_col;
-  bool dequantized_kept = false;
+  bool dequantized_kept() const { return dequant_row.data() != nullptr; }
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
   size_t slot_bytes = 0;        // this role's need in the slot (registered at init)
@@ -94,8 +93,8 @@ struct QCopies {
   // then folds flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
   // Owned-copies roles (the weight) of an emulated format on cuda: from now on each quantize also keeps
-  // the BF16 dequantization of its copies (a no-op elsewhere). Call after init.
-  Status keep_dequantized();
+  // the BF16 dequantization of its copies, sized for `rows_cap` rows as init was (a no-op elsewhere).
+  Status keep_dequantized(int64_t rows_cap);
   gemm::QOperand row_operand() const;  // [rows, cols]
   gemm::QOperand col_operand() const;  // [cols, rows] (col_is_row: the row copy, stored [rows, cols])
   // The column operand with its data at `data` (the column copy's layout); its scales and amax are this

@@ -90,7 +90,7 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
   impl->weight_transposed_on_use = frozen && (r.weight.fmt == Fmt::fp8_e4m3 || r.weight.fmt == Fmt::fp8_e5m2);
   NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen));
   NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use));
-  if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized().context("linear '" + name + "' weight"));
+  if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out).context("linear '" + name + "' weight"));
   NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen));
   if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
   if (private_workspace) NB_TRY(ws->allocate().context("linear '" + name + "'"));

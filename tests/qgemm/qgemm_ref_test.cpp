@@ -233,7 +233,6 @@ TEST(QuantizedGemm, DequantizedCopyOnlyForEmulatedFormats) {
   const float scale_inv = 1.f;
   QOperand a{QFormat::fp8_e4m3, 16, 16, codes, &scale_inv};
   QOperand b = a;
-  b.format = QFormat::fp8_e4m3;
   float dummy = 0;
   b.dequantized = &dummy;
   std::vector<float> c(16 * 16);

@@ -6,10 +6,10 @@
 // round trip is needed and every block uses the identical FP32 scale.
 #include <algorithm>
 #include <cuda_bf16.h>
-#include <cuda_fp8.h>
 #include "core/cuda_check.h"
 #include "core/device_info.h"
 #include "formats/fp8/fp8.h"
+#include "formats/fp8/fp8_convert.cuh"
 
 namespace nb::fp8 {
 namespace {
@@ -26,7 +26,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // conversion (sm_89+), about 20x fewer instructions than the software encode(). Finite values and
 // +-Inf give encode()'s bytes; NaN, where the hardware's NaN byte may differ, takes encode()'s.
 __device__ __forceinline__ uint32_t encode2(float a, float b, Format fmt) {
-  uint32_t q = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, fmt == Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
+  uint32_t q = fmt == Format::e4m3 ? cvt_fp8x2<Format::e4m3>(a, b) : cvt_fp8x2<Format::e5m2>(a, b);
   if (a != a) q = (q & 0xFF00u) | encode(a, fmt);
   if (b != b) q = (q & 0x00FFu) | (encode(b, fmt) << 8);
   return q;
@@ -147,13 +147,6 @@ __device__ __forceinline__ int tile_word(int r, int word_col) {
   return r * kTileWords + (word_col ^ (((r >> 4) & 7) << 2));
 }
 
-// Two values to FP8 (a in the low byte), the hardware's RNE satfinite conversion alone: equal to
-// encode() for every finite product (and +-Inf); NaN products take encode2().
-template <Format F>
-__device__ __forceinline__ uint32_t cvt2(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, F == Format::e4m3 ? __NV_E4M3 : __NV_E5M2);
-}
-
 // The 8 values of a chunk with encode2's NaN handling; out of line so the common path keeps its registers.
 template <Format F>
 __device__ __noinline__ uint2 encode_chunk_exact(uint4 w, float scale) {
@@ -204,8 +197,8 @@ __global__ void __launch_bounds__(kThreads, 4)
     const uint32_t chunk_bad =
         (nonfinite_bits(u[0]) | nonfinite_bits(u[1]) | nonfinite_bits(u[2]) | nonfinite_bits(u[3])) & kNonfiniteMask;
     uint32_t q[2];
-    NB_UNROLL for (int i = 0; i < 2; ++i) q[i] =
-        cvt2<F>(v[4 * i] * scale, v[4 * i + 1] * scale) | cvt2<F>(v[4 * i + 2] * scale, v[4 * i + 3] * scale) << 16;
+    NB_UNROLL for (int i = 0; i < 2; ++i) q[i] = cvt_fp8x2<F>(v[4 * i] * scale, v[4 * i + 1] * scale) |
+                                                 cvt_fp8x2<F>(v[4 * i + 2] * scale, v[4 * i + 3] * scale) << 16;
     if (chunk_bad || exact_all) {  // rare: a NaN product needs the reference's NaN byte
       const uint2 e = encode_chunk_exact<F>(w[j], scale);
       q[0] = e.x;

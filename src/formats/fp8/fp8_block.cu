@@ -5,10 +5,10 @@
 // The E4M3 encode is the hardware's RNE satfinite conversion (two values per instruction) in tiles whose
 // inputs are all finite (every product is then finite or +-Inf, where the hardware byte equals
 // f32_to_e4m3_satfinite's); a tile holding Inf or NaN takes the software encode.
-#include <cuda_fp8.h>
 #include "core/cuda_check.h"
 #include "core/macros.h"
 #include "formats/fp8/fp8_block.h"
+#include "formats/fp8/fp8_convert.cuh"
 
 namespace nb::fp8 {
 namespace {
@@ -32,9 +32,8 @@ __device__ __forceinline__ uint32_t encode4_exact(const float* v, float scale) {
 // Four values to E4M3 bytes (v[0] in the low byte).
 __device__ __forceinline__ uint32_t encode4(const float* v, float scale, bool finite_tile) {
   if (!finite_tile) return encode4_exact(v, scale);
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * scale, v[1] * scale), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * scale, v[3] * scale), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
+  return cvt_fp8x2<Format::e4m3>(v[0] * scale, v[1] * scale) |
+         (cvt_fp8x2<Format::e4m3>(v[2] * scale, v[3] * scale) << 16);
 }
 
 __global__ void __launch_bounds__(kThreads)

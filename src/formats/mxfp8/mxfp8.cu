@@ -5,9 +5,9 @@
 // hardware's RNE satfinite conversion (two values per instruction) in tiles whose inputs are all
 // finite: there every product x * 2^k is finite and the hardware byte equals f32_to_e4m3_satfinite's.
 // A tile holding Inf or NaN takes the software encode, whose NaN byte the hardware need not match.
-#include <cuda_fp8.h>
 #include "core/cuda_check.h"
 #include "core/macros.h"
+#include "formats/fp8/fp8_convert.cuh"
 #include "formats/mxfp8/mxfp8.h"
 
 namespace nb::mxfp8 {
@@ -35,17 +35,14 @@ __device__ __forceinline__ uint2 encode8_exact(const float* v, const float* inv)
   return make_uint2(lo, hi);
 }
 
-__device__ __forceinline__ uint32_t cvt_e4m3x2(float a, float b) {  // a in the low byte
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-}
-
 __device__ __forceinline__ uint2 encode8(const float* v, const float* inv, bool finite_tile) {
   if (!finite_tile) return encode8_exact(v, inv);
   uint32_t w[2];
   for (int h = 0; h < 2; ++h) {
     const float* a = v + 4 * h;
     const float* s = inv + 4 * h;
-    w[h] = cvt_e4m3x2(a[0] * s[0], a[1] * s[1]) | (cvt_e4m3x2(a[2] * s[2], a[3] * s[3]) << 16);
+    w[h] = fp8::cvt_fp8x2<fp8::Format::e4m3>(a[0] * s[0], a[1] * s[1]) |
+           (fp8::cvt_fp8x2<fp8::Format::e4m3>(a[2] * s[2], a[3] * s[3]) << 16);
   }
   return make_uint2(w[0], w[1]);
 }
