@@ -14,6 +14,7 @@ namespace {
 struct BenchGemmArgs {
   int iters = 20;
   bool markdown = false;
+  bool in_loop = false;
   double min_ceiling = -1;  // TFLOP/s the 8192^3 GEMM must reach; -1 = the device's expected floor
 };
 
@@ -33,6 +34,38 @@ int check_ceiling(const GpuInfo& g, double ceiling, double floor) {
   return 3;
 }
 
+struct Shape {
+  const char* name;
+  int64_t m, n, k;
+};
+
+// The in-loop dequantizing GEMM's table (docs/PERFORMANCE.md): every figure a TFLOP/s of the same shape.
+int print_in_loop_table(const Shape* shapes, size_t count, const BenchGemmArgs& a) {
+  std::printf(
+      "%sIn-loop dequantization (A quantized, B BF16; TFLOP/s, median of %d runs): cuBLASLt BF16; the wgmma kernel "
+      "with a BF16 A; per format the emulation (dequantize A, then cuBLASLt) and the kernel dequantizing A in its "
+      "main loop.\n\n",
+      a.markdown ? "\n" : "", a.iters);
+  if (a.markdown)
+    std::printf(
+        "| GEMM (M x N x K) | cuBLASLt BF16 | wgmma BF16 | MXFP8 emulated | MXFP8 in-loop | NVFP4 emulated | "
+        "NVFP4 in-loop |\n|---|---:|---:|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < count; ++i) {
+    const Shape& sh = shapes[i];
+    gemm::InLoopTflops t;
+    Status s = gemm::measure_in_loop_gemms(sh.m, sh.n, sh.k, a.iters, &t);
+    if (!s) {
+      std::fprintf(stderr, "error: %s\n", s.message().c_str());
+      return 1;
+    }
+    std::printf(a.markdown ? "| %s: %lld x %lld x %lld | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f |\n"
+                           : "%-34s %6lld x %6lld x %6lld  %5.0f %5.0f  mxfp8 %5.0f %5.0f  nvfp4 %5.0f %5.0f\n",
+                sh.name, (long long)sh.m, (long long)sh.n, (long long)sh.k, t.cublaslt_bf16, t.in_loop_bf16,
+                t.emulated_mxfp8, t.in_loop_mxfp8, t.emulated_nvfp4, t.in_loop_nvfp4);
+  }
+  return 0;
+}
+
 int run_bench_gemm(const BenchGemmArgs& a) {
   std::string why;
   auto gpus = query_gpus(&why);
@@ -40,10 +73,6 @@ int run_bench_gemm(const BenchGemmArgs& a) {
     std::fprintf(stderr, "bench gemm needs a GPU: %s\n", why.c_str());
     return 1;
   }
-  struct Shape {
-    const char* name;
-    int64_t m, n, k;
-  };
   // Fprop shapes of one Llama-3.1-8B layer at 8192 tokens (Y[M,N] = X[M,K] W[N,K]^T).
   const Shape shapes[] = {
       {"8192^3 (ceiling)", 8192, 8192, 8192},         {"Llama-8B q/k/v fused (N 6144)", 8192, 6144, 4096},
@@ -79,7 +108,9 @@ int run_bench_gemm(const BenchGemmArgs& a) {
       std::printf("%-34s %6lld x %6lld x %6lld  %7.1f TFLOP/s\n", sh.name, (long long)sh.m, (long long)sh.n,
                   (long long)sh.k, tflops);
   }
-  return check_ceiling(gpus[0], ceiling, a.min_ceiling >= 0 ? a.min_ceiling : expected_ceiling_floor(gpus[0]));
+  const int rc = check_ceiling(gpus[0], ceiling, a.min_ceiling >= 0 ? a.min_ceiling : expected_ceiling_floor(gpus[0]));
+  if (rc != 0 || !a.in_loop) return rc;
+  return print_in_loop_table(shapes, 5, a);  // every shape but the LM head (BF16 in every recipe)
 }
 }  // namespace
 
@@ -90,6 +121,8 @@ void add_bench_gemm_command(CLI::App& bench) {
   g->add_option("--min-ceiling-tflops", a->min_ceiling,
                 "exit 3 if the 8192^3 GEMM is slower (default: 600 on Hopper, no check elsewhere; 0 = none)");
   g->add_flag("--markdown", a->markdown, "print a Markdown table for BENCHMARKS.md");
+  g->add_flag("--in-loop", a->in_loop,
+              "also time the Hopper GEMM that dequantizes MXFP8/NVFP4 A in its main loop against the emulation");
   g->callback([a] { exit_code() = run_bench_gemm(*a); });
 }
 

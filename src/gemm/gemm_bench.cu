@@ -8,6 +8,8 @@
 #include "core/philox.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_bench.h"
+#include "gemm/gemm_quantized.h"
+#include "gemm/wgmma_gemm.h"
 
 namespace nb::gemm {
 namespace {
@@ -66,6 +68,22 @@ Status median_ms(int iters, cudaStream_t stream, const std::function<Status()>& 
   return Status::ok();
 }
 
+// Random bytes for quantized codes and scales: byte & and_mask | or_mask, so that the bench never feeds
+// NaN codes (they would not change the speed, but keep the operands what training produces).
+__global__ void fill_random_bytes(uint8_t* x, int64_t n, uint64_t seed, uint32_t and_mask, uint32_t or_mask) {
+  const int64_t block = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (block * 16 >= n) return;
+  const Philox4x32 r = philox_block(RngKey{seed, 0, 0}, uint64_t(block));
+  for (int j = 0; j < 16 && block * 16 + j < n; ++j)
+    x[block * 16 + j] = uint8_t((philox_byte(r, j) & and_mask) | or_mask);
+}
+
+void fill_bytes(Buffer& b, uint64_t seed, uint32_t and_mask, uint32_t or_mask, cudaStream_t stream) {
+  const int64_t n = b.tensor().bytes(), blocks16 = (n + 15) / 16;
+  fill_random_bytes<<<unsigned((blocks16 + 255) / 256), 256, 0, stream>>>(b.ptr<uint8_t>(), n, seed, and_mask, or_mask);
+  CUDA_CHECK_LAUNCH();
+}
+
 struct StreamOwner {
   cudaStream_t s = nullptr;
   StreamOwner() { CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
@@ -106,6 +124,59 @@ Status measure_gemm_tflops(int64_t m, int64_t n, int64_t k, int iters, double* t
   GemmArgs args;
   args.trans_b = true;
   return measure_matmul_tflops(m, n, k, args, DType::bf16, iters, tflops);
+}
+
+Status measure_in_loop_gemms(int64_t m, int64_t n, int64_t k, int iters, InLoopTflops* out) {
+  Buffer a16, b16, c, scratch, codes8, scales8, codes4, scales4;
+  NB_TRY(Buffer::allocate(&a16, DType::bf16, Device::cuda, {m, k}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&b16, DType::bf16, Device::cuda, {n, k}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&c, DType::bf16, Device::cuda, {m, n}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&scratch, DType::bf16, Device::cuda, {m, k}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&codes8, DType::u8, Device::cuda, {m, k}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&scales8, DType::u8, Device::cuda, {m, k / 32}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&codes4, DType::u8, Device::cuda, {m, k / 2}).context("in-loop GEMM timing"));
+  NB_TRY(Buffer::allocate(&scales4, DType::u8, Device::cuda, {m, k / 16}).context("in-loop GEMM timing"));
+  StreamOwner stream;
+  fill_random(a16.ptr<bf16>(), m * k, 1, stream.s);
+  fill_random(b16.ptr<bf16>(), n * k, 2, stream.s);
+  fill_bytes(codes8, 3, 0xF7u, 0, stream.s);      // E4M3 without 0x7F/0xFF (NaN)
+  fill_bytes(scales8, 4, 0x07u, 120, stream.s);   // E8M0 2^-7 .. 2^0
+  fill_bytes(codes4, 5, 0xFFu, 0, stream.s);      // every E2M1 code
+  fill_bytes(scales4, 6, 0x1Fu, 0x30, stream.s);  // positive normal E4M3
+  const Tensor b = b16.tensor(), ct = c.tensor();
+  GemmArgs args;
+  args.trans_b = true;
+  const double flop = 2.0 * double(m) * double(n) * double(k);
+  auto tflops = [&](const std::function<Status()>& step, double* result) -> Status {
+    double ms = 0;
+    NB_TRY(median_ms(iters, stream.s, step, &ms));
+    *result = flop / (ms * 1e-3) / 1e12;
+    return Status::ok();
+  };
+  auto in_loop = [&](InLoopFormat f, const Buffer& data, const Buffer* scales) {
+    const InLoopOperand op{f, data.data(), scales ? scales->ptr<uint8_t>() : nullptr};
+    return [&, op] { return in_loop_gemm_cuda(op, b16.ptr<bf16>(), c.ptr<bf16>(), m, n, k, nullptr, stream.s); };
+  };
+  // The emulation with B given: dequantize A into BF16, then the BF16 cuBLASLt GEMM.
+  auto emulated = [&](QFormat f, const Buffer& data, const Buffer& scales) {
+    QOperand q;
+    q.format = f;
+    q.rows = m;
+    q.k = k;
+    q.data = data.data();
+    q.scales = scales.data();
+    return [&, q] {
+      NB_TRY(dequantize_operand_cuda(q, scratch.data(), stream.s));
+      return matmul(scratch.tensor(), b, ct, args, stream.s);
+    };
+  };
+  NB_TRY(tflops([&] { return matmul(a16.tensor(), b, ct, args, stream.s); }, &out->cublaslt_bf16));
+  NB_TRY(tflops(in_loop(InLoopFormat::bf16, a16, nullptr), &out->in_loop_bf16));
+  NB_TRY(tflops(emulated(QFormat::mxfp8, codes8, scales8), &out->emulated_mxfp8));
+  NB_TRY(tflops(in_loop(InLoopFormat::mxfp8, codes8, &scales8), &out->in_loop_mxfp8));
+  NB_TRY(tflops(emulated(QFormat::nvfp4, codes4, scales4), &out->emulated_nvfp4));
+  NB_TRY(tflops(in_loop(InLoopFormat::nvfp4, codes4, &scales4), &out->in_loop_nvfp4));
+  return Status::ok();
 }
 
 Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps) {

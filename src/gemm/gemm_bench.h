@@ -23,6 +23,17 @@ Status measure_gemm_tflops(int64_t m, int64_t n, int64_t k, int iters, double* t
 Status measure_matmul_tflops(int64_t m, int64_t n, int64_t k, const GemmArgs& args, DType c_dtype, int iters,
                              double* tflops);
 
+// The in-loop dequantizing GEMM (wgmma_gemm.h) against what training runs today, C[M,N] = A . B^T with
+// a BF16 B [N,K] (a weight dequantized once per step) and A [M,K] in each format, TFLOP/s each:
+// cuBLASLt BF16; the in-loop kernel with a BF16 A (its own ceiling); for MXFP8 and NVFP4 A the
+// emulation (dequantize_operand_cuda into BF16, then cuBLASLt) and the in-loop kernel.
+struct InLoopTflops {
+  double cublaslt_bf16 = 0, in_loop_bf16 = 0;
+  double emulated_mxfp8 = 0, in_loop_mxfp8 = 0;
+  double emulated_nvfp4 = 0, in_loop_nvfp4 = 0;
+};
+Status measure_in_loop_gemms(int64_t m, int64_t n, int64_t k, int iters, InLoopTflops* out);
+
 // cudaMemcpyAsync device-to-device of `bytes`; gbps = 2 * bytes (read + written) / median time / 1e9.
 Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps);
 
