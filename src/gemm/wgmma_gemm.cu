@@ -27,16 +27,12 @@ struct ATile {  // bytes of one stage's A tile, as loaded (codes for the quantiz
   static constexpr int row_bytes = bytes / kBM;
 };
 constexpr int kBTileBytes = kBN * kBK * 2;
-constexpr int kConvTileBytes = 64 * kBK * 2;  // one consumer's converted 64x64 BF16 A tile
 
-// The shared-memory map, from a 1024-byte aligned base: [stage: B tile | A tile] x kStages, then (quantized
-// A) 2 consumers x 2 converted tiles, then the barriers.
+// The shared-memory map, from a 1024-byte aligned base: [stage: B tile | A tile] x kStages, then the barriers.
 template <InLoopFormat F>
 struct SmemMap {
   static constexpr int stage_bytes = (kBTileBytes + ATile<F>::bytes + 1023) / 1024 * 1024;
-  static constexpr int conv_offset = kStages * stage_bytes;
-  static constexpr int conv_bytes = F == InLoopFormat::bf16 ? 0 : 2 * 2 * kConvTileBytes;
-  static constexpr int bar_offset = conv_offset + conv_bytes;
+  static constexpr int bar_offset = kStages * stage_bytes;
   static constexpr int total = bar_offset + 2 * kStages * 8 + 1024;  // + slack to align the base
 };
 
@@ -45,22 +41,25 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
 
-// 16 MXFP8 codes (E4M3) times 2^(e-127) -> 16 BF16 (8 words), rounded as dequantize_operand_cuda does.
-__device__ __forceinline__ void convert16_mxfp8(uint4 q, uint8_t scale_code, uint32_t* out) {
-  const float s = e8m0_to_f32(scale_code);
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  NB_UNROLL
-  for (int i = 0; i < 8; ++i) {
-    const uint16_t pair = uint16_t(w[i / 2] >> (16 * (i % 2)));
-    uint32_t h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
-    float lo, hi;
-    asm("{\n.reg .f16 l, h;\nmov.b32 {l, h}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, h;\n}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h2));
-    out[i] = pack_bf16x2(lo * s, hi * s);
-  }
+// Two E4M3 codes in bytes 0 and 2 (bytes 1 and 3 ignored) -> their exact values as a BF16 pair, with integer
+// ops and one BF16 multiply instead of the conversion pipe (16 results per clock per SM, which bound the
+// first version): the code's exponent and mantissa bits placed as a BF16's low exponent bits read as
+// 2^(e-127) x 1.m (or m/8 x 2^-126 for e = 0), and x 2^120 rebiases them to 2^(e-7) x 1.m, exactly.
+// The NaN codes 0x7F/0xFF come out as +-480; see mxfp8_fragment for why that is harmless.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
+  const uint32_t x = ((v << 4) & 0x07F007F0u) | ((v << 8) & 0x80008000u);
+  return mul_bf16x2(x, 0x7B807B80u);  // 2^120 in both halves
 }
 
 // 8 packed E2M1 codes (one 32-bit word, low nibble first) -> 4 words of BF16 pairs, by table lookup: the
@@ -70,69 +69,83 @@ __device__ __forceinline__ void e2m1x8_to_bf16(uint32_t w, uint32_t* out) {
   for (int half = 0; half < 2; ++half) {
     const uint32_t v = w >> (16 * half);  // 4 codes in the low 16 bits
     const uint32_t sel = v & 0x7777u;
-    uint32_t hi, lo, p01, p23;
     // BF16 of 0, 0.5, 1, 1.5, 2, 3, 4, 6: high bytes 00 3F 3F 3F 40 40 40 40, low bytes 00 00 80 C0 00 40 80 C0.
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(hi) : "r"(0x3F3F3F00u), "r"(0x40404040u), "r"(sel));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(lo) : "r"(0xC0800000u), "r"(0xC0804000u), "r"(sel));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p01) : "r"(lo), "r"(hi), "r"(0x5140u));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(p23) : "r"(lo), "r"(hi), "r"(0x7362u));
-    out[2 * half] = p01 | ((v << 12) & 0x8000u) | ((v << 24) & 0x80000000u);
-    out[2 * half + 1] = p23 | ((v << 4) & 0x8000u) | ((v << 16) & 0x80000000u);
+    const uint32_t hi = prmt(0x3F3F3F00u, 0x40404040u, sel), lo = prmt(0xC0800000u, 0xC0804000u, sel);
+    out[2 * half] = prmt(lo, hi, 0x5140u) | ((v << 12) & 0x8000u) | ((v << 24) & 0x80000000u);
+    out[2 * half + 1] = prmt(lo, hi, 0x7362u) | ((v << 4) & 0x8000u) | ((v << 16) & 0x80000000u);
   }
 }
 
-// 16 NVFP4 codes times their E4M3 block scale -> 16 BF16; exact (at most 6 significant bits).
-__device__ __forceinline__ void convert16_nvfp4(uint2 q, uint8_t scale_code, uint32_t* out) {
-  const uint32_t sb = f32_bits(e4m3_to_f32(scale_code)) >> 16;  // E4M3 is exact in BF16
-  const uint32_t s2 = sb | (sb << 16);
-  e2m1x8_to_bf16(q.x, out);
-  e2m1x8_to_bf16(q.y, out + 4);
-  NB_UNROLL
-  for (int i = 0; i < 8; ++i) asm("mul.rn.bf16x2 %0, %0, %1;" : "+r"(out[i]) : "r"(s2));
-}
-
-// Where this thread's two 16-element chunks of its consumer's 64x64 A tile lie: chunk j = tid + 128 p,
-// row j / 4, elements 16 (j % 4) ...
-struct ChunkPos {
-  int row[2], col16[2];
+// The A fragment of wgmma (per warp the mma.m16n8k16 layout) asks each thread for rows g and g + 8 of its
+// warp's 16 and, per 16-wide K slice, elements 2t, 2t + 1 and 2t + 8, 2t + 9 (g = lane / 4, t = lane % 4).
+struct FragPos {
+  int row;  // g within the consumer's 64 rows (16 * warp + lane / 4); the second row is row + 8
+  int t;
 };
-__device__ __forceinline__ ChunkPos chunk_positions(int tid) {
-  ChunkPos p;
+
+// Block scales of this thread's two rows for one K step, loaded a step ahead from global memory.
+// NVFP4: 4 E4M3 bytes per row (one per 16-wide slice); MXFP8: 2 E8M0 bytes per row (slices 0-1, 2-3).
+template <InLoopFormat F>
+__device__ __forceinline__ void load_scales(const uint8_t* scales, int64_t pitch, int64_t row, int kb, uint32_t* sc) {
   NB_UNROLL
   for (int i = 0; i < 2; ++i) {
-    const int j = tid + 128 * i;
-    p.row[i] = j / 4;
-    p.col16[i] = j % 4;
-  }
-  return p;
-}
-
-// One scale byte per chunk (the chunk lies inside one MXFP8 or NVFP4 block), from global memory.
-template <InLoopFormat F>
-__device__ __forceinline__ void load_scales(const uint8_t* scales, int64_t pitch, int64_t row0, int kb,
-                                            const ChunkPos& p, uint8_t* out) {
-  constexpr int kBlock = F == InLoopFormat::mxfp8 ? 32 : 16;
-  NB_UNROLL
-  for (int i = 0; i < 2; ++i)
-    out[i] = __ldg(scales + (row0 + p.row[i]) * pitch + (int64_t(kb) * kBK + 16 * p.col16[i]) / kBlock);
-}
-
-// Converts this consumer's 64 rows of the stage's A codes into `dst` (64x64 BF16, 128-byte swizzle:
-// 16-byte chunk c of row r at chunk c ^ (r % 8)).
-template <InLoopFormat F>
-__device__ __forceinline__ void convert_tile(const uint8_t* codes, const ChunkPos& p, const uint8_t* scale,
-                                             uint8_t* dst) {
-  NB_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const int r = p.row[i], c = p.col16[i];
-    uint32_t w[8];
-    if constexpr (F == InLoopFormat::mxfp8)
-      convert16_mxfp8(*reinterpret_cast<const uint4*>(codes + r * ATile<F>::row_bytes + 16 * c), scale[i], w);
+    const uint8_t* p = scales + (row + 8 * i) * pitch;
+    if constexpr (F == InLoopFormat::nvfp4)
+      sc[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + kb);
     else
-      convert16_nvfp4(*reinterpret_cast<const uint2*>(codes + r * ATile<F>::row_bytes + 8 * c), scale[i], w);
-    uint8_t* row = dst + r * 128;
-    *reinterpret_cast<uint4*>(row + (((2 * c) ^ (r & 7)) * 16)) = make_uint4(w[0], w[1], w[2], w[3]);
-    *reinterpret_cast<uint4*>(row + (((2 * c + 1) ^ (r & 7)) * 16)) = make_uint4(w[4], w[5], w[6], w[7]);
+      sc[i] = __ldg(reinterpret_cast<const uint16_t*>(p) + kb);
+  }
+}
+
+// NVFP4 rows are 32 code bytes per K step: slice s is bytes 8s..8s+7, and a thread's pairs are byte t (a0/a1)
+// and byte t + 4 (a2/a3) of it. The four bytes gather into one word, converted by table; each pair is then
+// multiplied by its row's E4M3 scale in BF16 (exact: at most 6 significant bits).
+__device__ __forceinline__ void nvfp4_fragment(const uint8_t* codes, FragPos p, const uint32_t* sc, uint32_t* f) {
+  const uint8_t* rg = codes + p.row * 32;
+  const uint32_t pick = uint32_t(p.t) | (uint32_t(p.t + 4) << 4);
+  uint32_t s2[2][4];  // per row and slice: the scale as a BF16 pair (E4M3 is exact in BF16)
+  NB_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    NB_UNROLL
+    for (int j = 0; j < 4; ++j) s2[i][j] = e4m3x2_to_bf16x2(prmt(sc[i], 0, uint32_t(j) | (uint32_t(j) << 8)));
+  }
+  NB_UNROLL
+  for (int s = 0; s < 4; ++s) {
+    const uint2 x = *reinterpret_cast<const uint2*>(rg + 8 * s);
+    const uint2 y = *reinterpret_cast<const uint2*>(rg + 8 * 32 + 8 * s);
+    const uint32_t w = prmt(prmt(x.x, y.x, pick), prmt(x.y, y.y, pick), 0x5410u);
+    e2m1x8_to_bf16(w, f + 4 * s);
+    NB_UNROLL
+    for (int j = 0; j < 4; ++j) f[4 * s + j] = mul_bf16x2(f[4 * s + j], s2[j & 1][s]);
+  }
+}
+
+// MXFP8 rows are 64 code bytes per K step: slice s is bytes 16s..16s+15, a thread's pairs bytes 2t, 2t + 1
+// (a0/a1) and 2t + 8, 2t + 9 (a2/a3), each picked into bytes 0 and 2 of a word. Value = E4M3 x 2^(e-127):
+// the exact BF16 of the code times the block's 2^(e-127) as a BF16 (exact for every E8M0 code: 2^-127 is a
+// BF16 subnormal, 255 is NaN), one rounding, as dequantize_operand_cuda's FP32 product rounded to BF16.
+// E4M3 NaN codes never meet a finite scale: the MXFP8 quantizer writes them only for NaN inputs, whose
+// block then has the NaN scale (mxfp8.h), so the product is NaN either way.
+__device__ __forceinline__ void mxfp8_fragment(const uint8_t* codes, FragPos p, const uint32_t* sc, uint32_t* f) {
+  const uint8_t* rg = codes + p.row * 64;
+  const uint32_t pick = uint32_t(2 * p.t) | (uint32_t(2 * p.t + 1) << 8);
+  uint32_t scale[2][2];  // per row and 32-block: 2^(e-127) as a BF16 pair
+  NB_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    NB_UNROLL
+    for (int b = 0; b < 2; ++b) {
+      const uint32_t bits = __float_as_uint(e8m0_to_f32((sc[i] >> (8 * b)) & 0xFFu)) >> 16;  // exact
+      scale[i][b] = bits | (bits << 16);
+    }
+  }
+  NB_UNROLL
+  for (int s = 0; s < 4; ++s) {
+    NB_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const uint4 q = *reinterpret_cast<const uint4*>(rg + i * 8 * 64 + 16 * s);
+      f[4 * s + i] = mul_bf16x2(e4m3x2_to_bf16x2(prmt(q.x, q.y, pick)), scale[i][s / 2]);
+      f[4 * s + 2 + i] = mul_bf16x2(e4m3x2_to_bf16x2(prmt(q.z, q.w, pick)), scale[i][s / 2]);
+    }
   }
 }
 
@@ -181,32 +194,16 @@ __device__ __forceinline__ void store_c(const float (*acc)[64], bf16* c, int n, 
   }
 }
 
-template <InLoopFormat F>
-__device__ void consume(uint8_t* smem, uint64_t* full, uint64_t* empty, const uint8_t* scales, int64_t scale_pitch,
-                        bf16* c, int n, TileCoord t, int kblocks, const float* alpha) {
-  constexpr int kStage = SmemMap<F>::stage_bytes;
-  const int cw = threadIdx.x / 128 - 1, tid = threadIdx.x % 128;
-  float acc[2][64];
-  NB_UNROLL
-  for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
-  const ChunkPos pos = chunk_positions(tid);
-  uint8_t scale[2] = {0, 0};
-  if constexpr (F != InLoopFormat::bf16) load_scales<F>(scales, scale_pitch, t.m0 + 64 * cw, 0, pos, scale);
+// BF16 A: both operands from shared memory. Per K step: wait for the stage, 8 MMAs, retire the previous
+// step's MMAs and hand their stage back to the producer.
+__device__ __forceinline__ void consume_bf16(uint8_t* smem, uint64_t* full, uint64_t* empty, float (*acc)[64], int cw,
+                                             int kblocks) {
+  constexpr int kStage = SmemMap<InLoopFormat::bf16>::stage_bytes;
   for (int kb = 0; kb < kblocks; ++kb) {
     const int s = kb % kStages;
     uint8_t* stage = smem + s * kStage;
     mbar_wait(&full[s], (kb / kStages) & 1);
-    const uint8_t* a_tile;
-    if constexpr (F == InLoopFormat::bf16) {
-      a_tile = stage + kBTileBytes + cw * 64 * 128;
-    } else {
-      uint8_t* conv = smem + SmemMap<F>::conv_offset + (2 * cw + (kb & 1)) * kConvTileBytes;
-      convert_tile<F>(stage + kBTileBytes + cw * 64 * ATile<F>::row_bytes, pos, scale, conv);
-      if (kb + 1 < kblocks) load_scales<F>(scales, scale_pitch, t.m0 + 64 * cw, kb + 1, pos, scale);
-      fence_async_shared();
-      named_barrier(1 + cw, 128);
-      a_tile = conv;
-    }
+    const uint8_t* a_tile = stage + kBTileBytes + cw * 64 * 128;
     wgmma_fence();
     NB_UNROLL
     for (int ks = 0; ks < kBK / 16; ++ks) {
@@ -215,11 +212,62 @@ __device__ void consume(uint8_t* smem, uint64_t* full, uint64_t* empty, const ui
       wgmma_m64n128k16(acc[1], da, sw128_desc(stage + kBTileBytes / 2) + 2 * ks);
     }
     wgmma_commit();
-    wgmma_wait<1>();  // the previous step's MMAs are done: its stage (and converted tile) may be reused
-    if (kb > 0 && tid == 0) mbar_arrive(&empty[(kb - 1) % kStages]);
+    wgmma_wait<1>();
+    if (kb > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(kb - 1) % kStages]);
   }
   wgmma_wait<0>();
-  store_c(acc, c, n, t.m0 + 64 * cw, t.n0, alpha ? *alpha : 1.0f);
+}
+
+// Quantized A: each thread dequantizes its own A fragment from the stage's codes straight into registers
+// and the MMAs read A from there (RS wgmma), so the BF16 A never touches shared memory. Three fragment
+// buffers (three K steps per loop trip keep the buffer index static): step kb issues its MMAs, then
+// converts step kb + 1 while the MMAs of kb - 1 and kb run, then retires kb - 1's (freeing its stage and,
+// for step kb + 2, its buffer). The conversion thus never waits on the tensor cores, nor they on it.
+template <InLoopFormat F>
+__device__ __forceinline__ void consume_quantized(uint8_t* smem, uint64_t* full, uint64_t* empty, float (*acc)[64],
+                                                  int cw, int kblocks, const uint8_t* scales, int64_t scale_pitch,
+                                                  int64_t m0) {
+  constexpr int kStage = SmemMap<F>::stage_bytes;
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x % 128) / 32;
+  const FragPos pos{16 * warp + lane / 4, lane % 4};
+  const int64_t grow = m0 + 64 * cw + pos.row;
+  uint32_t frag[3][16] = {};
+  uint32_t sc[2];
+  auto convert = [&](int kb, uint32_t* f) {  // waits for step kb's stage, fills f, prefetches kb + 1's scales
+    const int s = kb % kStages;
+    mbar_wait(&full[s], (kb / kStages) & 1);
+    const uint8_t* codes = smem + s * kStage + kBTileBytes + cw * 64 * ATile<F>::row_bytes;
+    if constexpr (F == InLoopFormat::nvfp4)
+      nvfp4_fragment(codes, pos, sc, f);
+    else
+      mxfp8_fragment(codes, pos, sc, f);
+    if (kb + 1 < kblocks) load_scales<F>(scales, scale_pitch, grow, kb + 1, sc);
+  };
+  auto step = [&](int kb, uint32_t* f, uint32_t* next, uint32_t* prev) {
+    const uint8_t* stage = smem + (kb % kStages) * kStage;
+    wgmma_fence();
+    NB_UNROLL
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      wgmma_m64n128k16_rs(acc[0], f + 4 * ks, sw128_desc(stage) + 2 * ks);
+      wgmma_m64n128k16_rs(acc[1], f + 4 * ks, sw128_desc(stage + kBTileBytes / 2) + 2 * ks);
+    }
+    wgmma_commit();
+    if (kb + 1 < kblocks) convert(kb + 1, next);
+    wgmma_wait<1>();  // step kb - 1's MMAs are retired: `prev` and that stage are free
+    NB_UNROLL
+    for (int i = 0; i < 16; ++i) fence_operand(prev[i]);
+    if (kb > 0 && threadIdx.x % 128 == 0) mbar_arrive(&empty[(kb - 1) % kStages]);
+  };
+  load_scales<F>(scales, scale_pitch, grow, 0, sc);
+  convert(0, frag[0]);
+  for (int kb = 0; kb < kblocks; kb += 3) {
+    step(kb, frag[0], frag[1], frag[2]);
+    if (kb + 1 < kblocks) step(kb + 1, frag[1], frag[2], frag[0]);
+    if (kb + 2 < kblocks) step(kb + 2, frag[2], frag[0], frag[1]);
+  }
+  wgmma_wait<0>();
+  NB_UNROLL
+  for (int i = 0; i < 16; ++i) fence_operand(frag[0][i]), fence_operand(frag[1][i]), fence_operand(frag[2][i]);
 }
 
 template <InLoopFormat F>
@@ -245,7 +293,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) produce<F>(&map_a, &map_b, smem, full, empty, t, k / kBK);
   } else {
     regs_alloc<232>();
-    consume<F>(smem, full, empty, scales, scale_pitch, c, n, t, k / kBK, alpha);
+    const int cw = threadIdx.x / 128 - 1;  // consumer warpgroup: rows 64 cw .. 64 cw + 63 of the tile
+    float acc[2][64];
+    NB_UNROLL
+    for (int i = 0; i < 64; ++i) acc[0][i] = acc[1][i] = 0.f;
+    if constexpr (F == InLoopFormat::bf16)
+      consume_bf16(smem, full, empty, acc, cw, k / kBK);
+    else
+      consume_quantized<F>(smem, full, empty, acc, cw, k / kBK, scales, scale_pitch, t.m0);
+    store_c(acc, c, n, t.m0 + 64 * cw, t.n0, alpha ? *alpha : 1.0f);
   }
 }
 
@@ -319,6 +375,12 @@ Status in_loop_gemm_cuda(const InLoopOperand& a, const bf16* b, bf16* c, int64_t
     return errorf("in-loop GEMM: dimensions above 2^30 are not supported");
   if (!a.data || !b || !c || (a.format != InLoopFormat::bf16 && !a.scales))
     return errorf("in-loop GEMM: null operand pointer");
+  auto misaligned = [](const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) != 0; };
+  if (misaligned(a.data, 16) || misaligned(b, 16) || misaligned(c, 16) ||
+      (a.format != InLoopFormat::bf16 && misaligned(a.scales, 4)))
+    return errorf(
+        "in-loop GEMM: A, B and C must be 16-byte aligned and A's scales 4-byte aligned (TMA and the "
+        "scale loads need it)");
   auto s = static_cast<cudaStream_t>(stream);
   switch (a.format) {
     case InLoopFormat::bf16: return launch<InLoopFormat::bf16>(a, b, c, m, n, k, alpha, s);

@@ -13,11 +13,15 @@
 // from cuBLASLt's.
 //
 // Design (sm_90a): one 128x256 tile of C per CTA, K in steps of 64; three warpgroups. The producer's
-// one thread streams A (BF16 tile, or the raw codes) and B through a 4-stage ring of shared memory with
-// TMA, B in the 128-byte swizzle wgmma reads. Each of the two consumer warpgroups owns 64 rows: for a
-// quantized A it converts its 64x64 codes to BF16 into its own double-buffered swizzled tile (scales read
-// from global one step ahead), fences the async proxy, and issues 8 wgmma m64n128k16 per K step.
-// Requires M % 128 == 0, N % 256 == 0, K % 64 == 0 and 16-byte aligned rows; else an error.
+// one thread streams A (BF16 tile, or the raw codes: 1/2 or 1/4 of the bytes) and B through a 4-stage ring
+// of shared memory with TMA, B in the 128-byte swizzle wgmma reads. Each of the two consumer warpgroups
+// owns 64 rows and issues 8 wgmma m64n128k16 per K step: from shared memory for a BF16 A; for a quantized
+// A each thread converts its own A fragment (codes from shared memory, block scales from global a step
+// ahead) straight into registers, and the wgmma reads A from there (three fragment buffers, so the
+// conversion of step k+1 overlaps the MMAs of k-1 and k). Measured against the emulation in
+// docs/PERFORMANCE.md ("In-loop dequantization"): correct and bit-exact, but not yet faster.
+// Requires M % 128 == 0, N % 256 == 0, K % 64 == 0, 16-byte aligned A, B, C and 4-byte aligned scales;
+// else an error.
 #pragma once
 #include <cstdint>
 #include "core/bf16.h"

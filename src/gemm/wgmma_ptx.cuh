@@ -44,14 +44,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// Ordinary stores to shared memory become visible to wgmma (which reads through the async proxy).
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// Named barrier over `threads` threads (one consumer warpgroup), so the other warpgroups run on.
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ---- wgmma ----
 // Descriptor of a K-major tile whose rows are 128 bytes (64 BF16) in TMA's 128-byte swizzle: start
 // address >> 4, leading offset 1 (unused by swizzled K-major layouts), stride 1024 bytes between 8-row

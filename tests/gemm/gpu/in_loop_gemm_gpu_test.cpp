@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 #include "common/gpu.h"
@@ -135,6 +136,54 @@ TEST(InLoopGemmGpu, Mxfp8DequantizedInTheLoopMatchesTheReference) {
 TEST(InLoopGemmGpu, Nvfp4DequantizedInTheLoopMatchesTheReferenceWithAlpha) {
   NB_REQUIRE_GPU();
   check(InLoopFormat::nvfp4, 256, 512, 512, 0.375f);
+}
+
+// B = [I | 0] (N = K) makes C = A exactly (one non-zero product per output): the kernel's dequantized A must
+// equal dequantize_operand_cuda's bit for bit, codes with subnormal values and every scale code included.
+void check_dequantized_values_exact(InLoopFormat f) {
+  const int64_t m = 128, n = 256, k = 256;
+  std::mt19937 rng(7);
+  HostA a = make_a(f, m, k, rng);
+  // E8M0 codes 0..246: from 2^-127 (BF16 subnormal results) up to where 448 x 2^(e-127) is still finite (an
+  // Inf in A would turn C's row into NaN through its products with B's zeros).
+  if (f == InLoopFormat::mxfp8)
+    for (size_t i = 0; i < a.scales.size(); ++i) a.scales[i] = uint8_t(i % 247);
+  std::vector<uint16_t> eye(size_t(n * k), 0);
+  for (int64_t j = 0; j < n; ++j) eye[size_t(j * k + j)] = 0x3F80;  // 1.0
+  Device da(a.data.size()), ds(a.scales.size()), db(eye.size() * 2), dc(size_t(m * n) * 2), dd(size_t(m * k) * 2);
+  da.upload(a.data);
+  ds.upload(a.scales);
+  db.upload(eye);
+  QOperand q;
+  q.format = f == InLoopFormat::mxfp8 ? QFormat::mxfp8 : QFormat::nvfp4;
+  q.rows = m;
+  q.k = k;
+  q.data = da.p;
+  q.scales = ds.p;
+  ASSERT_TRUE(dequantize_operand_cuda(q, dd.p, nullptr));
+  InLoopOperand op{f, da.p, static_cast<const uint8_t*>(ds.p)};
+  ASSERT_TRUE(
+      in_loop_gemm_cuda(op, static_cast<const bf16*>(db.p), static_cast<bf16*>(dc.p), m, n, k, nullptr, nullptr));
+  std::vector<uint16_t> c(size_t(m * n)), d(size_t(m * k));
+  ASSERT_EQ(cudaMemcpy(c.data(), dc.p, c.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d.data(), dd.p, d.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  int bad = 0;
+  for (size_t i = 0; i < c.size() && bad < 5; ++i)
+    if (c[i] != d[i] && !(bf16_to_f32(bf16{c[i]}) == 0.f && bf16_to_f32(bf16{d[i]}) == 0.f)) {
+      ADD_FAILURE() << in_loop_format_name(f) << " element " << i << ": in-loop 0x" << std::hex << c[i]
+                    << ", dequantize_operand_cuda 0x" << d[i] << std::dec;
+      ++bad;
+    }
+}
+
+TEST(InLoopGemmGpu, Mxfp8DequantizedValuesAreExact) {
+  NB_REQUIRE_GPU();
+  check_dequantized_values_exact(InLoopFormat::mxfp8);
+}
+
+TEST(InLoopGemmGpu, Nvfp4DequantizedValuesAreExact) {
+  NB_REQUIRE_GPU();
+  check_dequantized_values_exact(InLoopFormat::nvfp4);
 }
 
 TEST(InLoopGemmGpu, TileRasterCoversEveryTileOfAPartialGroup) {
