@@ -33,7 +33,7 @@ if has quant; then "$nb" bench quant --markdown > "$out/quant.md" 2> "$out/quant
 # The GEMM ceiling doubles as a check of the GPU: below its floor (600 TFLOP/s on Hopper) the run stops,
 # because every later figure would be read against a broken ceiling.
 if has gemm; then
-  "$nb" bench gemm --markdown > "$out/gemm.md" 2> "$out/gemm.err" || { cat "$out/gemm.err"; exit 1; }
+  "$nb" bench gemm --in-loop --markdown > "$out/gemm.md" 2> "$out/gemm.err" || { cat "$out/gemm.err"; exit 1; }
 fi
 for w in "${workloads[@]}"; do
   read -r tag model mbs <<< "$w"
