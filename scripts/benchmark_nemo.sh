@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# NeMo's Llama3-8B pretraining configuration on every GPU of one machine (docs/DISTRIBUTED.md, "NeMo's
+# configuration"), and data-parallel scaling from 1 GPU up at NeMo's per-GPU batch; writes logs to OUT, then
+# merges its sections into BENCHMARKS.md (scripts/benchmark_nemo_report.py).
+#   bash scripts/benchmark_nemo.sh [build-dir] [OUT] [parts]
+# parts, a comma list (default 8b,scaling):
+#   8b       llama3.1-8b (the shapes of NeMo's LLAMA3_8B), seq 8192, global batch 128, micro-batch 2, TP = PP =
+#            CP = 1, --use-distributed-optimizer, on all N GPUs (gradient accumulation 128 / 2N: 8 on 8 GPUs), in
+#            the five recipes of NEMO_RECIPES (default: bf16_mixed, FP8 current and delayed scaling, MXFP8 and
+#            NVFP4); then BF16 on 2 GPUs with the same per-GPU batch (micro-batch 2 x 8), the full model's
+#            2 -> N scaling. Micro-batch and recompute are the first of "2 none", "2 selective", "1 none",
+#            "1 selective", "1 full" that run. Needs at least 2 GPUs.
+#   scaling  llama3-8b-proxy at seq 8192 with NeMo's per-GPU batch (micro-batch 2 x 8) on 1, 2, 4 and 8 GPUs
+#            (as many as the machine has), distributed optimizer from 2 GPUs on, in the recipes of
+#            NEMO_SCALING_RECIPES (default: bf16_mixed).
+# Each call can take a subset (NEMO_RECIPES="bf16_mixed" ...) to stay within a time limit; the report reads
+# whatever runs OUT holds. NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
+set -uo pipefail
+build=${1:-build}
+out=${2:-runs/bench-nemo}
+parts=${3:-8b,scaling}
+nb="$build/nibble"
+export NCCL_NVLS_ENABLE=0
+read -r -a recipes <<< "${NEMO_RECIPES:-bf16_mixed bf16_with_fp8_current_scaling_mixed \
+bf16_with_fp8_delayed_scaling_mixed bf16_with_mxfp8_mixed bf16_with_nvfp4_mixed}"
+read -r -a scaling_recipes <<< "${NEMO_SCALING_RECIPES:-bf16_mixed}"
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+mkdir -p "$out"
+has() { [[ ",$parts," == *",$1,"* ]]; }
+"$nb" info > "$out/info.txt" 2>&1
+# NIBBLE_COMMIT names the commit of a carried build (a copied tree may hold a stale .git).
+echo "${NIBBLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$out/commit.txt"
+echo "$gpus" > "$out/gpus.txt"
+nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
+
+# run NAME ARGS...: one training run whose metrics.jsonl lands in OUT/NAME (no checkpoints are written).
+run() {
+  local name=$1; shift
+  rm -rf "${out:?}/$name"
+  "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
+}
+
+# fit NAME ARGS...: the first micro-batch/recompute pair that runs; records it in OUT/NAME.fit and keeps the
+# logs of the pairs that did not fit.
+fit() {
+  local name=$1; shift
+  for pair in "2 none" "2 selective" "1 none" "1 selective" "1 full"; do
+    read -r mbs recompute <<< "$pair"
+    if run "$name" "$@" --micro-batch-size "$mbs" --recompute "$recompute"; then
+      echo "$mbs $recompute" > "$out/$name.fit"
+      return 0
+    fi
+    cp "$out/$name.log" "$out/$name-mbs$mbs-$recompute.failed.log"
+  done
+  return 1
+}
+
+# The recipe's own BF16 layers, except NVFP4: NeMo's 8B NVFP4 recipe keeps the last 4 layers in BF16.
+layer_flags() {
+  [ "$1" = bf16_with_nvfp4_mixed ] && echo "--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4"
+}
+
+if has 8b; then
+  if [ "$gpus" -lt 2 ]; then
+    echo "8b: needs at least 2 GPUs, this machine has $gpus" > "$out/8b.skipped"
+  else
+    nemo=(--model llama3.1-8b --seq-length 8192 --use-distributed-optimizer --train-iters 4)
+    for recipe in "${recipes[@]}"; do
+      # shellcheck disable=SC2046  # layer_flags prints separate words on purpose
+      fit "nemo-8b-$recipe-${gpus}gpu" "${nemo[@]}" --recipe "$recipe" $(layer_flags "$recipe") \
+        --global-batch-size 128 --nproc-per-node "$gpus"
+    done
+    # The 2-GPU row of the full model's scaling: micro-batch 2 x 8 per GPU, as on N GPUs.
+    [ "$gpus" -gt 2 ] && fit nemo-8b-bf16_mixed-2gpu "${nemo[@]}" --recipe bf16_mixed --global-batch-size 32 \
+      --nproc-per-node 2
+  fi
+fi
+
+if has scaling; then
+  proxy=(--model llama3-8b-proxy --seq-length 8192 --micro-batch-size 2 --train-iters 8)
+  for recipe in "${scaling_recipes[@]}"; do
+    for n in 1 2 4 8; do
+      [ "$n" -gt "$gpus" ] && break
+      dist=()
+      [ "$n" -gt 1 ] && dist=(--nproc-per-node "$n" --use-distributed-optimizer)
+      # shellcheck disable=SC2046
+      run "nemo-proxy-$recipe-${n}gpu" "${proxy[@]}" --recipe "$recipe" $(layer_flags "$recipe") \
+        --global-batch-size $((16 * n)) "${dist[@]}"
+    done
+  done
+fi
+
+python3 scripts/benchmark_nemo_report.py "$out" --merge-into BENCHMARKS.md && echo "BENCHMARKS.md: sections from $out merged"
