@@ -11,7 +11,7 @@
 #            2 -> N scaling. Micro-batch and recompute are the first of "2 none", "2 selective", "1 none",
 #            "1 selective", "1 full" that run. Needs at least 2 GPUs.
 #   scaling  llama3-8b-proxy at seq 8192 with NeMo's per-GPU batch (micro-batch 2 x 8) on 1, 2, 4 and 8 GPUs
-#            (as many as the machine has), distributed optimizer from 2 GPUs on, in the recipes of
+#            (as many as the machine has), distributed optimizer from 2 GPUs on, every layer in the recipes of
 #            NEMO_SCALING_RECIPES (default: bf16_mixed).
 # Each call can take a subset (NEMO_RECIPES="bf16_mixed" ...) to stay within a time limit; the report reads
 # whatever runs OUT holds. NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
@@ -55,10 +55,12 @@ fit() {
   return 1
 }
 
-# The recipe's own BF16 layers, except NVFP4: NeMo's 8B NVFP4 recipe keeps the last 4 layers in BF16.
-layer_flags() {
+# BF16 layers of the 8B: the recipe's own, but NVFP4 keeps the last 4 (the NVFP4 playbook's setting).
+layer_flags_8b() {
   [ "$1" = bf16_with_nvfp4_mixed ] && echo "--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4"
 }
+# The 4-layer proxy quantizes every layer (as scripts/benchmark.sh does): 4 BF16 layers would leave no NVFP4.
+every_layer=(--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0)
 
 if has 8b; then
   if [ "$gpus" -lt 2 ]; then
@@ -66,8 +68,8 @@ if has 8b; then
   else
     nemo=(--model llama3.1-8b --seq-length 8192 --use-distributed-optimizer --train-iters 4)
     for recipe in "${recipes[@]}"; do
-      # shellcheck disable=SC2046  # layer_flags prints separate words on purpose
-      fit "nemo-8b-$recipe-${gpus}gpu" "${nemo[@]}" --recipe "$recipe" $(layer_flags "$recipe") \
+      # shellcheck disable=SC2046  # layer_flags_8b prints separate words on purpose
+      fit "nemo-8b-$recipe-${gpus}gpu" "${nemo[@]}" --recipe "$recipe" $(layer_flags_8b "$recipe") \
         --global-batch-size 128 --nproc-per-node "$gpus"
     done
     # The 2-GPU row of the full model's scaling: micro-batch 2 x 8 per GPU, as on N GPUs.
@@ -83,8 +85,7 @@ if has scaling; then
       [ "$n" -gt "$gpus" ] && break
       dist=()
       [ "$n" -gt 1 ] && dist=(--nproc-per-node "$n" --use-distributed-optimizer)
-      # shellcheck disable=SC2046
-      run "nemo-proxy-$recipe-${n}gpu" "${proxy[@]}" --recipe "$recipe" $(layer_flags "$recipe") \
+      run "nemo-proxy-$recipe-${n}gpu" "${proxy[@]}" --recipe "$recipe" "${every_layer[@]}" \
         --global-batch-size $((16 * n)) "${dist[@]}"
     done
   done

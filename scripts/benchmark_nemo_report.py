@@ -76,7 +76,7 @@ def section_8b(out, device, commit):
             "--global-batch-size 128`: NeMo's Llama3-8B pretraining configuration (Llama 3 and 3.1 8B have the same "
             f"shapes), TP = PP = CP = 1, gradient accumulation 128 / (micro-batch x {n}); micro-batch and recompute "
             "per recipe are the first of 2/none, 2/selective, 1/none, 1/selective, 1/full that fit (NeMo: 2/none); "
-            "NVFP4 with the last 4 layers BF16. 4 steps, means over "
+            "NVFP4 with the last 4 layers BF16 (the NVFP4 playbook's setting). 4 steps, means over "
             f"{timed_steps(stats)}, peak memory of rank 0. Device: "
             + (f"not run ({skipped})" if skipped else f"{n} x {device}") + f"; commit {commit}.\n"]
     text += recipe_rows(out, n, stats, float(peak.group(1)) if peak else 989.4)
@@ -121,7 +121,7 @@ def section_scaling(out, device, commit):
     text = [SECTION_SCALING + "\n",
             "`nibble train --model llama3-8b-proxy --seq-length 8192 --micro-batch-size 2 --train-iters 8`: NeMo's "
             "per-GPU batch (micro-batch 2 x 8 accumulation steps) on 1 GPU (global batch 16) and on N GPUs (global "
-            "batch 16 N, `--use-distributed-optimizer`), NVLink multicast off (`NCCL_NVLS_ENABLE=0`). Means over "
+            "batch 16 N, `--use-distributed-optimizer`), every layer in the recipe (no BF16 layers kept), NVLink multicast off (`NCCL_NVLS_ENABLE=0`). Means over "
             f"{timed_steps(stats)}, peak memory of rank 0. Device: {device}"
             f"{f' (GPU0-GPU1 link in `nvidia-smi topo -m`: {link})' if link else ''}; this machine has "
             f"{gpu_count(out)} GPU(s); commit {commit}.\n"]
