@@ -91,4 +91,5 @@ if has scaling; then
   done
 fi
 
-python3 scripts/benchmark_nemo_report.py "$out" --merge-into BENCHMARKS.md && echo "BENCHMARKS.md: sections from $out merged"
+python3 scripts/benchmark_nemo_report.py "$out" --merge-into BENCHMARKS.md &&
+  echo "BENCHMARKS.md: sections from $out merged"

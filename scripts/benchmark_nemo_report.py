@@ -97,8 +97,8 @@ def section_8b(out, device, commit):
 
 
 def scaling_rows(stats):
-    rows = ["| recipe | GPUs | global batch | avg step ms | tokens/s/GPU | model TFLOP/s/GPU | per-GPU scaling vs 1 GPU | "
-            "peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| recipe | GPUs | global batch | avg step ms | tokens/s/GPU | model TFLOP/s/GPU | "
+            "per-GPU scaling vs 1 GPU | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for recipe, label in RECIPES:
         one = stats.get((recipe, 1))
         for n in WORLD_SIZES:
@@ -121,7 +121,8 @@ def section_scaling(out, device, commit):
     text = [SECTION_SCALING + "\n",
             "`nibble train --model llama3-8b-proxy --seq-length 8192 --micro-batch-size 2 --train-iters 8`: NeMo's "
             "per-GPU batch (micro-batch 2 x 8 accumulation steps) on 1 GPU (global batch 16) and on N GPUs (global "
-            "batch 16 N, `--use-distributed-optimizer`), every layer in the recipe (no BF16 layers kept), NVLink multicast off (`NCCL_NVLS_ENABLE=0`). Means over "
+            "batch 16 N, `--use-distributed-optimizer`), every layer in the recipe (no BF16 layers kept), "
+            "NVLink multicast off (`NCCL_NVLS_ENABLE=0`). Means over "
             f"{timed_steps(stats)}, peak memory of rank 0. Device: {device}"
             f"{f' (GPU0-GPU1 link in `nvidia-smi topo -m`: {link})' if link else ''}; this machine has "
             f"{gpu_count(out)} GPU(s); commit {commit}.\n"]
