@@ -98,7 +98,8 @@ def section_8b(out, device, commit):
 
 def scaling_rows(stats):
     rows = ["| recipe | GPUs | global batch | avg step ms | tokens/s/GPU | model TFLOP/s/GPU | "
-            "per-GPU scaling vs 1 GPU | peak GiB |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "per-GPU scaling vs 1 GPU | tokens/s vs BF16 on as many GPUs | peak GiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for recipe, label in RECIPES:
         one = stats.get((recipe, 1))
         for n in WORLD_SIZES:
@@ -106,11 +107,13 @@ def scaling_rows(stats):
             if s is None:
                 continue
             if not isinstance(s, dict):
-                rows.append(f"| {label} | {n} | {16 * n} | {s} | | | | |")
+                rows.append(f"| {label} | {n} | {16 * n} | {s} | | | | | |")
                 continue
             scale = f"{100 * s['tokens'] / one['tokens']:.1f}%" if isinstance(one, dict) else "n/a"
+            bf16 = stats.get(("bf16_mixed", n))
+            vs = f"{s['tokens'] / bf16['tokens']:.2f}x" if isinstance(bf16, dict) else "n/a"
             rows.append(f"| {label} | {n} | {16 * n} | {s['step_ms']:.1f} | {s['tokens']:.0f} | {s['tflops']:.1f} | "
-                        f"{scale} | {s['peak']:.1f} |")
+                        f"{scale} | {vs} | {s['peak']:.1f} |")
     return rows
 
 
