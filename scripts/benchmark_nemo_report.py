@@ -20,7 +20,7 @@ from md_sections import merge_sections  # noqa: E402
 
 RECIPES = [("bf16_mixed", "BF16"), ("bf16_with_fp8_current_scaling_mixed", "FP8 current scaling"),
            ("bf16_with_fp8_delayed_scaling_mixed", "FP8 delayed scaling"), ("bf16_with_mxfp8_mixed", "MXFP8"),
-           ("bf16_with_nvfp4_mixed", "NVFP4, last 4 layers BF16")]
+           ("bf16_with_nvfp4_mixed", "NVFP4")]
 WORLD_SIZES = [1, 2, 4, 8]
 SUMMARY_URL = "https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html"
 # NeMo's published Llama3 8B pretraining rows in this configuration (seq 8192, global batch 128, micro-batch 2,
@@ -47,6 +47,7 @@ def recipe_rows(out, n, stats, peak_tflops):
     base = stats.get("bf16_mixed")
     for recipe, label in RECIPES:
         s = stats[recipe]
+        label += ", last 4 layers BF16" if recipe == "bf16_with_nvfp4_mixed" else ""
         if not isinstance(s, dict):
             rows.append(f"| {label} (`{recipe}`) | | {s} | | | | | |")
             continue
@@ -120,7 +121,7 @@ def scaling_rows(stats):
 def section_scaling(out, device, commit):
     stats = {(r, n): run_stats(out, f"nemo-proxy-{r}-{n}gpu") for r, _ in RECIPES for n in WORLD_SIZES
              if os.path.exists(os.path.join(out, f"nemo-proxy-{r}-{n}gpu.log"))}
-    link = topology(out)
+    link = topology(out) if gpu_count(out) >= 2 else None
     text = [SECTION_SCALING + "\n",
             "`nibble train --model llama3-8b-proxy --seq-length 8192 --micro-batch-size 2 --train-iters 8`: NeMo's "
             "per-GPU batch (micro-batch 2 x 8 accumulation steps) on 1 GPU (global batch 16) and on N GPUs (global "
