@@ -106,7 +106,9 @@ Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t buc
   // Buckets of a multiple of kAlign x d elements, so that every rank's slice of every bucket starts aligned.
   const int64_t unit = kAlign * shard_count;
   padded_total_ = shard_count == 1 ? total_ : (total_ + unit - 1) / unit * unit;
-  bucket_len_ = bucket_elems > 0 ? (bucket_elems + unit - 1) / unit * unit : std::max<int64_t>(padded_total_, 1);
+  // A bucket never exceeds the flat space: its BF16 reduction scratch (train/grad_sync.h) is bucket_len long.
+  const int64_t whole = std::max<int64_t>(padded_total_, 1);
+  bucket_len_ = bucket_elems > 0 ? std::min(whole, (bucket_elems + unit - 1) / unit * unit) : whole;
   shard_len_ = padded_total_ / shard_count;
   if (!frozen_) {
     NB_TRY(Buffer::allocate(&master_, DType::f32, device_, {shard_len_}));

@@ -205,6 +205,10 @@ Status Trainer::estimate_memory() {
     const bool two = recipe_.weight.fmt == recipe::Fmt::mxfp8 || !recipe_.weight.two_d;
     workspace_bytes_ += (two ? 4.0 : 2.0) * double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
   }
+  if (world_.size > 1 && cfg_.grad_reduce_in_bf16 && !lora()) {  // one bucket in BF16 (train/grad_sync.h)
+    const int64_t all = model_cfg_.total_params(), bucket = model_.optimizer_bucket_elems;
+    workspace_bytes_ += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
+  }
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
   std::printf(

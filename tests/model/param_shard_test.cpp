@@ -21,7 +21,8 @@ TEST(ParamShards, TileTheFlatSpaceAndHoldTheirSlice) {
     host[size_t(i)] = 0.001f * float(i % 9973) - 3.f;
     m[size_t(i)] = float(i);
   }
-  for (int64_t bucket : {int64_t(0), int64_t(1000), int64_t(12345)})
+  // 1e9 elements: a --ddp-bucket-size beyond the model, which must give one bucket no longer than the flat space.
+  for (int64_t bucket : {int64_t(0), int64_t(1000), int64_t(12345), int64_t(1'000'000'000)})
     for (int d : {1, 2, 3, 4, 7}) {
       int64_t covered = 0;
       for (int r = 0; r < d; ++r) {
@@ -32,6 +33,7 @@ TEST(ParamShards, TileTheFlatSpaceAndHoldTheirSlice) {
         EXPECT_GE(P.padded_total(), total);
         EXPECT_LT(P.padded_total() - total, d > 1 ? 64 * d : 1);  // padding below one aligned unit
         if (bucket > 0) { EXPECT_EQ(P.bucket_count(), (P.padded_total() + P.bucket_len() - 1) / P.bucket_len()); }
+        EXPECT_LE(P.bucket_len(), P.padded_total());
         ASSERT_TRUE(P.set_master(host.data()).is_ok());
         ASSERT_TRUE(P.set_flat(P.flat_m(), m.data()).is_ok());
         const float* master = P.flat_master().ptr<float>();
