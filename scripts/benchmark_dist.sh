@@ -16,21 +16,8 @@ set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench-dist}
 parts=${3:-8b,scaling,overlap1}
-nb="$build/nibble"
-export NCCL_NVLS_ENABLE=0
-mkdir -p "$out"
-has() { [[ ",$parts," == *",$1,"* ]]; }
-"$nb" info > "$out/info.txt" 2>&1
-# NIBBLE_COMMIT names the commit of a carried build (a copied tree may hold a stale .git).
-echo "${NIBBLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$out/commit.txt"
-nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
-
-# run NAME ARGS...: one training run whose metrics.jsonl lands in OUT/NAME (no checkpoints are written).
-run() {
-  local name=$1; shift
-  rm -rf "${out:?}/$name"
-  "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
-}
+# shellcheck source=scripts/bench_common.sh
+source "$(dirname "$0")/bench_common.sh"
 
 if has 8b; then
   for recipe in bf16_mixed bf16_with_fp8_current_scaling_mixed bf16_with_nvfp4_mixed; do

@@ -17,7 +17,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from md_sections import merge_sections  # noqa: E402  (the --merge-into logic, shared with benchmark_report.py)
+from md_sections import write_report  # noqa: E402  (the --merge-into logic, shared with benchmark_report.py)
 
 RECIPES = [("bf16_mixed", "BF16"), ("bf16_with_fp8_current_scaling_mixed", "FP8 current scaling"),
            ("bf16_with_nvfp4_mixed", "NVFP4, last 4 layers BF16")]
@@ -263,14 +263,8 @@ def main():
     args = ap.parse_args()
     names = [f"8b-{r}" for r, _ in RECIPES] + [n for n, _ in SCALING + SCALING1]
     device, commit = device_and_commit(args.out, names)
-    sections = [section_8b(args.out, device, commit), section_scaling(args.out, device, commit)]
-    text = "\n".join(body for body, _ in sections)
-    if not args.merge_into:
-        sys.stdout.write(text)
-        return
-    absent = {body.splitlines()[0] for body, ran in sections if not ran}  # no run of it: keep the file's section
-    merge_sections(args.merge_into, text, os.path.basename(args.out.rstrip("/")), commit,
-                   skip=lambda title: title in absent)
+    write_report([section_8b(args.out, device, commit), section_scaling(args.out, device, commit)], args.merge_into,
+                 args.out, commit)
 
 
 if __name__ == "__main__":

@@ -14,31 +14,18 @@
 #            (as many as the machine has), distributed optimizer from 2 GPUs on, every layer in the recipes of
 #            NEMO_SCALING_RECIPES (default: bf16_mixed).
 # Each call can take a subset (NEMO_RECIPES="bf16_mixed" ...) to stay within a time limit; the report reads
-# whatever runs OUT holds. NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
+# whatever runs OUT holds. NCCL_NVLS_ENABLE stays 0 (scripts/bench_common.sh).
 set -uo pipefail
 build=${1:-build}
 out=${2:-runs/bench-nemo}
 parts=${3:-8b,scaling}
-nb="$build/nibble"
-export NCCL_NVLS_ENABLE=0
 read -r -a recipes <<< "${NEMO_RECIPES:-bf16_mixed bf16_with_fp8_current_scaling_mixed \
 bf16_with_fp8_delayed_scaling_mixed bf16_with_mxfp8_mixed bf16_with_nvfp4_mixed}"
 read -r -a scaling_recipes <<< "${NEMO_SCALING_RECIPES:-bf16_mixed}"
+# shellcheck source=scripts/bench_common.sh
+source "$(dirname "$0")/bench_common.sh"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-mkdir -p "$out"
-has() { [[ ",$parts," == *",$1,"* ]]; }
-"$nb" info > "$out/info.txt" 2>&1
-# NIBBLE_COMMIT names the commit of a carried build (a copied tree may hold a stale .git).
-echo "${NIBBLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$out/commit.txt"
 echo "$gpus" > "$out/gpus.txt"
-nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
-
-# run NAME ARGS...: one training run whose metrics.jsonl lands in OUT/NAME (no checkpoints are written).
-run() {
-  local name=$1; shift
-  rm -rf "${out:?}/$name"
-  "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
-}
 
 # fit NAME ARGS...: the first micro-batch/recompute pair that runs; records it in OUT/NAME.fit and keeps the
 # logs of the pairs that did not fit.

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_dist_report import device_and_commit, read, run_stats, timed_steps, topology, verdict  # noqa: E402
-from md_sections import merge_sections  # noqa: E402
+from md_sections import write_report  # noqa: E402
 
 RECIPES = [("bf16_mixed", "BF16"), ("bf16_with_fp8_current_scaling_mixed", "FP8 current scaling"),
            ("bf16_with_fp8_delayed_scaling_mixed", "FP8 delayed scaling"), ("bf16_with_mxfp8_mixed", "MXFP8"),
@@ -148,14 +148,8 @@ def main():
     args = ap.parse_args()
     logs = [f[:-4] for f in os.listdir(args.out) if f.startswith("nemo-") and f.endswith(".log")]
     device, commit = device_and_commit(args.out, logs)
-    sections = [section_8b(args.out, device, commit), section_scaling(args.out, device, commit)]
-    text = "\n".join(body for body, _ in sections)
-    if not args.merge_into:
-        sys.stdout.write(text)
-        return
-    absent = {body.splitlines()[0] for body, ran in sections if not ran}  # no run of it: keep the file's section
-    merge_sections(args.merge_into, text, os.path.basename(args.out.rstrip("/")), commit,
-                   skip=lambda title: title in absent)
+    write_report([section_8b(args.out, device, commit), section_scaling(args.out, device, commit)], args.merge_into,
+                 args.out, commit)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 A report is a header followed by "## " sections. merge_sections replaces, in the file, only the sections whose
 "## " title line the new report has (adding the others at the end), keeps the file's header and appends to it a
-"- merged: TITLES from RESULTS (commit C)" note. Standard library only.
+"- merged: TITLES from RESULTS (commit C)" note. write_report prints a report's sections or merges those that
+have a run. Standard library only.
 """
+import os
 import re
+import sys
 
 
 def split_sections(text):
@@ -26,3 +29,14 @@ def merge_sections(path, new_text, results_name, commit, skip=lambda title: Fals
     old_head = old_head.rstrip() + "\n- merged: " + ", ".join(taken) + f" from {results_name} (commit {commit})\n\n"
     open(path, "w").write(old_head + "".join(b.rstrip("\n") + "\n\n" for b in merged.values()).rstrip("\n") + "\n")
     return taken
+
+
+def write_report(sections, merge_into, out, commit):
+    """SECTIONS: (text, ran) pairs, each text one "## " section. Prints them all, or merges into MERGE_INTO those
+    that ran (a section with no run in OUT keeps the file's own)."""
+    text = "\n".join(body for body, _ in sections)
+    if not merge_into:
+        sys.stdout.write(text)
+        return
+    absent = {body.splitlines()[0] for body, ran in sections if not ran}
+    merge_sections(merge_into, text, os.path.basename(out.rstrip("/")), commit, skip=lambda title: title in absent)

@@ -1,0 +1,18 @@
+# Shared start of the multi-GPU benchmark scripts (benchmark_dist.sh, benchmark_nemo.sh), sourced once they have
+# set build, out and parts: NVLink multicast off (NCCL_NVLS_ENABLE=0, as the shared machines require), the
+# results folder with info.txt, commit.txt and topo.txt, and the helpers has PART and run NAME ARGS...
+nb="$build/nibble"
+export NCCL_NVLS_ENABLE=0
+mkdir -p "$out"
+has() { [[ ",$parts," == *",$1,"* ]]; }
+"$nb" info > "$out/info.txt" 2>&1
+# NIBBLE_COMMIT names the commit of a carried build (a copied tree may hold a stale .git).
+echo "${NIBBLE_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" > "$out/commit.txt"
+nvidia-smi topo -m > "$out/topo.txt" 2>&1 || true
+
+# run NAME ARGS...: one training run whose metrics.jsonl lands in OUT/NAME (no checkpoints are written).
+run() {
+  local name=$1; shift
+  rm -rf "${out:?}/$name"
+  "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
+}
