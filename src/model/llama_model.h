@@ -155,11 +155,12 @@ class LlamaModel {
   // against other implementations; BF16 logits on CUDA are widened).
   Status forward_logits(const int32_t* tokens, const int32_t* labels, float* logits, double* loss_sum);
 
-  // Internal: one layer's weight views and one micro-batch's activations (defined in the .cpp).
+  // Internal: one layer's weight views and one micro-batch's activations (model/llama_internal.h).
   struct Layer;
   struct Acts;
 
  private:
+  friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;

@@ -1,0 +1,118 @@
+// Activation plans of LlamaModel: which tensors one micro-batch keeps for its backward, under each recompute
+// mode and precision recipe, laid out in the arena (or only counted, for the memory estimate).
+#include <algorithm>
+#include <vector>
+#include "model/llama_internal.h"
+
+namespace nb {
+namespace llama {
+
+std::vector<bool> quantized_layers(const LlamaConfig& c, const recipe::Recipe& r) {
+  std::vector<bool> q(size_t(c.layers));
+  for (int64_t l = 0; l < c.layers; ++l) q[size_t(l)] = r.quantized() && !r.layer_in_bf16(l, c.layers);
+  return q;
+}
+std::vector<bool> scratch_input_layers(const LlamaConfig& c, const recipe::Recipe& r, const LoraSpec* lora) {
+  return lora ? std::vector<bool>(size_t(c.layers), false) : quantized_layers(c, r);
+}
+
+namespace {
+void plan_lora(LoraScratch* s, Planner& P, const LlamaConfig& c, int64_t T, DType dt, const LoraSpec& lora) {
+  s->h = P(dt, {T, lora.rank});
+  s->dh = P(dt, {T, lora.rank});
+  if (lora.dropout > 0) {
+    const int64_t in = std::max({c.hidden, c.q_dim(), c.ffn});
+    s->xd = P(dt, {T, in});
+    s->dxd = P(dt, {T, in});
+  }
+}
+}  // namespace
+
+void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora) {
+  const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim();
+  a->resid.clear();
+  for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
+  auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest) {
+    // keep_cheap: norms' outputs and the SwiGLU product (recomputed by selective recompute)
+    if (keep_cheap) {
+      p.n1 = P(dt, {T, H});
+      p.n2 = P(dt, {T, H});
+      p.a = P(dt, {T, F});
+    }
+    if (keep_rest) {
+      p.rstd1 = P(DType::f32, {T});
+      p.rstd2 = P(DType::f32, {T});
+      p.q = P(dt, {T, qd});
+      p.k = P(dt, {T, kvd});
+      p.v = P(dt, {T, kvd});
+      p.o = P(dt, {T, qd});
+      p.lse = P(DType::f32, {s.batch, c.heads, s.seq});
+      p.mid = P(dt, {T, H});
+      p.gu = P(dt, {T, 2 * F});
+    }
+  };
+  a->layer.assign(size_t(c.layers), {});
+  LlamaModel::Acts::PerLayer scratch;
+  if (rc == Recompute::full) {
+    make_layer(scratch, true, true);
+    for (auto& p : a->layer) p = scratch;
+  } else {
+    bool any_shared = rc == Recompute::selective;
+    for (bool q : quantized) any_shared = any_shared || q;
+    if (any_shared) make_layer(scratch, true, false);
+    for (size_t l = 0; l < a->layer.size(); ++l) {
+      auto& p = a->layer[l];
+      const bool shared = rc == Recompute::selective || quantized[l];
+      make_layer(p, !shared, true);
+      if (shared) {
+        p.n1 = scratch.n1;
+        p.n2 = scratch.n2;
+        p.a = scratch.a;
+      }
+    }
+  }
+  a->nf = P(dt, {T, H});
+  a->rstdf = P(DType::f32, {T});
+  a->logits = P(dt, {chunk, c.vocab});
+  a->losses = P(DType::f32, {T});
+  a->dnf = P(dt, {T, H});
+  a->dx = P(dt, {T, H});
+  a->dx2 = P(dt, {T, H});
+  a->dmid = P(dt, {T, H});
+  a->dn = P(dt, {T, H});
+  a->da = P(dt, {T, F});
+  a->dgu = P(dt, {T, 2 * F});
+  a->dout = P(dt, {T, qd});
+  a->dq = P(dt, {T, qd});
+  a->dk = P(dt, {T, kvd});
+  a->dv = P(dt, {T, kvd});
+  if (lora) plan_lora(&a->lora, P, c, T, dt, *lora);
+  // The fused QKV output lives only until rope_split_qkv, before the layer writes gu; its gradient only
+  // after gate_up's backward has consumed dgu. Both borrow those buffers when they are large enough.
+  if (2 * F < qd + 2 * kvd) {
+    a->qkv = P(dt, {T, qd + 2 * kvd});
+    a->dqkv = P(dt, {T, qd + 2 * kvd});
+  }
+}
+
+// Rounded down to a multiple of 128 tokens so the LM-head GEMMs get whole tiles (4096 for V = 128256).
+int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
+  int64_t c = std::max<int64_t>(1, (int64_t(1) << 29) / cfg.vocab);
+  if (c >= 128) c = c / 128 * 128;
+  return std::min<int64_t>(shape.tokens(), c);
+}
+
+}  // namespace llama
+
+int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                          const recipe::Recipe& recipe, const LoraSpec* lora) {
+  llama::Planner plan;
+  plan.dev = dev;
+  Acts probe;
+  llama::plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
+                   llama::lm_chunk_tokens(cfg, shape), llama::scratch_input_layers(cfg, recipe, lora), lora);
+  return plan.bytes;
+}
+
+}  // namespace nb
