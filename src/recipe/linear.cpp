@@ -101,95 +101,131 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   return Status::ok();
 }
 
-// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
-Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
-  rows = rows_;
-  const bool cuda = dev == Device::cuda;
-  // The slot may be unallocated (no allocate() yet) or smaller (a larger Linear registered later).
+// The workspace slot may be unallocated (no allocate() yet) or smaller (a larger Linear registered later).
+// The NVFP4 quantizer only ever sets the non-finite flag; the others clear it themselves. Clear it for all.
+Status QCopies::begin_quantize(Stream stream) {
   if (workspace) {
     uint8_t* base = nullptr;
     NB_TRY(workspace->acquire(slot, slot_bytes, &base));
   }
-  float* sf = state_f.ptr<float>();
   int* si = state_i.ptr<int>();
-  // The NVFP4 quantizer only ever sets its flag; the others clear it themselves. Clear it for all.
-  if (cuda)
-    NB_TRY(memset_cuda(si + kFlag, 0, sizeof(int), stream));
-  else
-    si[kFlag] = 0;
+  if (dev == Device::cuda) return memset_cuda(si + kFlag, 0, sizeof(int), stream);
+  si[kFlag] = 0;
+  return Status::ok();
+}
+
+// Per-tensor FP8 (current or delayed scaling): one scale for the row copy and its transpose.
+Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
+  const bool cuda = dev == Device::cuda;
+  float* sf = state_f.ptr<float>();
+  const auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
+  fp8::TensorView v{rows,
+                    cols,
+                    ptr(row_data),
+                    colwise ? ptr(col_data) : nullptr,
+                    sf + kScaleInv,
+                    sf + kRowAmax,
+                    state_i.ptr<int>() + kFlag};
+  // Delayed scaling needs a history: a role's first step (nothing recorded yet) scales by its current
+  // amax. TE starts from scale 1 instead, which flushes the whole first step's gradients to zero
+  // when they are below E5M2's 2^-16 (e.g. the loss gradient of 65,536 tokens, ~1.5e-5 per token).
+  if (a.scaling == Fp8Scaling::delayed && has_history) {
+    NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
+                : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
+  } else {
+    NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream) : fp8::quantize_current_ref(src, f, false, v));
+  }
+  // The transposed copy has the same scale and amax.
+  if (cuda) return memset_cuda(sf + kColAmax, 0, sizeof(float), stream);
+  sf[kColAmax] = 0.f;
+  return Status::ok();
+}
+
+// FP8 sub-channel (1x128 or 128x128 blocks), each block with its own FP32 scale.
+Status QCopies::quantize_fp8_block(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
+  fp8::BlockOptions o;
+  o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+  o.pow2_scales = a.pow2_scales;
+  o.colwise = colwise;
+  fp8::BlockView v{rows,
+                   cols,
+                   ptr(row_data),
+                   reinterpret_cast<float*>(ptr(row_scales)),
+                   colwise ? ptr(col_data) : nullptr,
+                   colwise ? reinterpret_cast<float*>(ptr(col_scales)) : nullptr,
+                   state_i.ptr<int>() + kFlag};
+  return dev == Device::cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v);
+}
+
+Status QCopies::quantize_mxfp8(const bf16* src, bool colwise, Stream stream) {
+  mxfp8::QuantizedView v{rows,
+                         cols,
+                         ptr(row_data),
+                         ptr(row_scales),
+                         colwise ? ptr(col_data) : nullptr,
+                         colwise ? ptr(col_scales) : nullptr,
+                         state_i.ptr<int>() + kFlag};
+  const mxfp8::Options o{true, colwise};
+  return dev == Device::cuda ? mxfp8::quantize_cuda(src, o, v, stream) : mxfp8::quantize_ref(src, o, v);
+}
+
+// col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
+// backends (col_operand() uses the row amax, which is the column one for 2D).
+Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
+  nvfp4::Options o;
+  o.two_d = spec.two_d;
+  o.rht = spec.rht;
+  o.sr = spec.sr;
+  o.four_over_six = spec.four_over_six;
+  o.rng = a.rng;
+  o.colwise = colwise;
+  float* sf = state_f.ptr<float>();
+  nvfp4::QuantizedView v{rows,
+                         cols,
+                         ptr(row_data),
+                         ptr(row_scales),
+                         colwise ? ptr(col_data) : nullptr,
+                         colwise ? ptr(col_scales) : nullptr,
+                         sf + kRowAmax,
+                         colwise ? sf + kColAmax : nullptr,
+                         state_i.ptr<int>() + kFlag};
+  return dev == Device::cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v);
+}
+
+// Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
+Status QCopies::clear_block_amaxes(Stream stream) {
+  if (spec.fmt != Fmt::fp8_block128 && spec.fmt != Fmt::fp8_block128x128 && spec.fmt != Fmt::mxfp8) return Status::ok();
+  float* sf = state_f.ptr<float>();
+  if (dev != Device::cuda) {
+    sf[kRowAmax] = sf[kColAmax] = 0.f;
+    return Status::ok();
+  }
+  NB_TRY(memset_cuda(sf + kRowAmax, 0, sizeof(float), stream));
+  return memset_cuda(sf + kColAmax, 0, sizeof(float), stream);
+}
+
+Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
+  rows = rows_;
+  NB_TRY(begin_quantize(stream));
   const bool colwise = !col_is_row && !row_only;
-  uint8_t* rd = ptr(row_data);
-  uint8_t* cd = colwise ? ptr(col_data) : nullptr;
-  auto* rs = ptr(row_scales);
-  auto* cs = colwise ? ptr(col_scales) : nullptr;
   switch (spec.fmt) {
     case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
     case Fmt::fp8_e4m3:
-    case Fmt::fp8_e5m2: {
-      auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
-      fp8::TensorView v{rows, cols, rd, cd, sf + kScaleInv, sf + kRowAmax, si + kFlag};
-      // Delayed scaling needs a history: a role's first step (nothing recorded yet) scales by its current
-      // amax. TE starts from scale 1 instead, which flushes the whole first step's gradients to zero
-      // when they are below E5M2's 2^-16 (e.g. the loss gradient of 65,536 tokens, ~1.5e-5 per token).
-      if (a.scaling == Fp8Scaling::delayed && has_history) {
-        NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
-                    : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
-      } else {
-        NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream)
-                    : fp8::quantize_current_ref(src, f, false, v));
-      }
-      // The transposed copy has the same scale and amax.
-      if (cuda)
-        NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
-      else
-        sf[kColAmax] = 0.f;
-      break;
-    }
+    case Fmt::fp8_e5m2: NB_TRY(quantize_fp8_tensor(src, a, colwise, stream)); break;
     case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128: {
-      fp8::BlockOptions o;
-      o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
-      o.pow2_scales = a.pow2_scales;
-      o.colwise = colwise;
-      fp8::BlockView v{rows, cols, rd, reinterpret_cast<float*>(rs), cd, reinterpret_cast<float*>(cs), si + kFlag};
-      NB_TRY(cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v));
-      break;
-    }
-    case Fmt::mxfp8: {
-      mxfp8::QuantizedView v{rows, cols, rd, rs, cd, cs, si + kFlag};
-      const mxfp8::Options o{true, colwise};
-      NB_TRY(cuda ? mxfp8::quantize_cuda(src, o, v, stream) : mxfp8::quantize_ref(src, o, v));
-      break;
-    }
-    case Fmt::nvfp4: {
-      nvfp4::Options o;
-      o.two_d = spec.two_d;
-      o.rht = spec.rht;
-      o.sr = spec.sr;
-      o.four_over_six = spec.four_over_six;
-      o.rng = a.rng;
-      // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
-      // backends (col_operand() uses the row amax, which is the column one for 2D).
-      o.colwise = colwise;
-      nvfp4::QuantizedView v{rows, cols, rd, rs, cd, cs, sf + kRowAmax, colwise ? sf + kColAmax : nullptr, si + kFlag};
-      NB_TRY(cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v));
-      break;
-    }
+    case Fmt::fp8_block128x128: NB_TRY(quantize_fp8_block(src, a, colwise, stream)); break;
+    case Fmt::mxfp8: NB_TRY(quantize_mxfp8(src, colwise, stream)); break;
+    case Fmt::nvfp4: NB_TRY(quantize_nvfp4(src, a, colwise, stream)); break;
   }
-  // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
-  if (spec.fmt == Fmt::fp8_block128 || spec.fmt == Fmt::fp8_block128x128 || spec.fmt == Fmt::mxfp8) {
-    if (cuda) NB_TRY(memset_cuda(sf + kRowAmax, 0, sizeof(float), stream));
-    if (cuda)
-      NB_TRY(memset_cuda(sf + kColAmax, 0, sizeof(float), stream));
-    else
-      sf[kRowAmax] = sf[kColAmax] = 0.f;
-  }
+  NB_TRY(clear_block_amaxes(stream));
   used_in_step = true;
   if (dequantized_kept()) {
     NB_TRY(gemm::dequantize_operand_cuda(row_operand(), dequant_row.data(), stream));
     if (colwise) NB_TRY(gemm::dequantize_operand_cuda(col_operand(), dequant_col.data(), stream));
   }
-  if (cuda) return fold_role_state_cuda(sf, si, stream);
+  float* sf = state_f.ptr<float>();
+  int* si = state_i.ptr<int>();
+  if (dev == Device::cuda) return fold_role_state_cuda(sf, si, stream);
   fold_role_state_host(sf, si);
   return Status::ok();
 }

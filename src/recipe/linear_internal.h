@@ -101,6 +101,13 @@ struct QCopies {
   // role's. Per-tensor FP8 row_only: `data` = the row copy transposed.
   gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
+  // quantize()'s steps: the slot and the cleared flag, one per format family, then the block formats' amaxes.
+  Status begin_quantize(Stream stream);
+  Status quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
+  Status quantize_fp8_block(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
+  Status quantize_mxfp8(const bf16* src, bool colwise, Stream stream);
+  Status quantize_nvfp4(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
+  Status clear_block_amaxes(Stream stream);
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;
   Status write_state(const float* floats, const int* ints, Stream stream);
