@@ -106,36 +106,157 @@ class DocReader {
   int64_t line_no_ = 0;
 };
 
-// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
-int run_preprocess(const PreprocessArgs& a) {
-  std::unique_ptr<BpeTokenizer> tok;
-  if (Status st = BpeTokenizer::load(a.tokenizer, a.family, &tok); !st) {
-    std::fprintf(stderr, "error: %s\n", st.message().c_str());
-    return 1;
-  }
-  if (a.append_eod && tok->eod() < 0) {
-    std::fprintf(stderr, "error: --append-eod: the tokenizer %s has no end-of-document token\n", a.tokenizer.c_str());
-    return 1;
-  }
-  if (a.add_bos && tok->bos() < 0) {
-    std::fprintf(stderr, "error: --add-bos: the tokenizer %s has no beginning-of-text token\n", a.tokenizer.c_str());
-    return 1;
-  }
-  const IndexedDtype dtype = token_dtype_for_vocab(tok->vocab_size());
-  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers(a.json_keys.size());
-  for (size_t k = 0; k < a.json_keys.size(); ++k)
-    if (Status st =
-            IndexedDatasetWriter::create(a.output_prefix + "_" + a.json_keys[k] + "_document", dtype, &writers[k]);
-        !st) {
-      std::fprintf(stderr, "error: %s\n", st.message().c_str());
-      return 1;
-    }
-  DocReader reader(a);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto last = t0;
+// One preprocess run's state, shared by its steps: the tokenizer, one writer per json key, the progress.
+struct PreprocessRun {
+  const PreprocessArgs& a;
+  std::unique_ptr<BpeTokenizer> tok{};
+  IndexedDtype dtype = IndexedDtype::u16;
+  std::vector<std::unique_ptr<IndexedDatasetWriter>> writers{};
+  int workers = 1;
+  std::chrono::steady_clock::time_point t0{}, last{};  // the start and the last progress line
   int64_t docs = 0, tokens = 0;
   double mb = 0;
-  const int workers = std::max(1, a.workers);
+};
+
+// Token ids per document of a round, then per json key.
+using RoundIds = std::vector<std::vector<std::vector<int32_t>>>;
+
+// Loads the tokenizer and checks it has the tokens that --append-eod and --add-bos need; false once reported.
+bool load_tokenizer(PreprocessRun* r) {
+  const PreprocessArgs& a = r->a;
+  if (Status st = BpeTokenizer::load(a.tokenizer, a.family, &r->tok); !st) {
+    std::fprintf(stderr, "error: %s\n", st.message().c_str());
+    return false;
+  }
+  if (a.append_eod && r->tok->eod() < 0) {
+    std::fprintf(stderr, "error: --append-eod: the tokenizer %s has no end-of-document token\n", a.tokenizer.c_str());
+    return false;
+  }
+  if (a.add_bos && r->tok->bos() < 0) {
+    std::fprintf(stderr, "error: --add-bos: the tokenizer %s has no beginning-of-text token\n", a.tokenizer.c_str());
+    return false;
+  }
+  return true;
+}
+
+// Opens PREFIX_<key>_document for every json key, in the token dtype the vocabulary needs; false once reported.
+bool create_writers(PreprocessRun* r) {
+  const PreprocessArgs& a = r->a;
+  r->dtype = token_dtype_for_vocab(r->tok->vocab_size());
+  r->writers.resize(a.json_keys.size());
+  for (size_t k = 0; k < a.json_keys.size(); ++k)
+    if (Status st = IndexedDatasetWriter::create(a.output_prefix + "_" + a.json_keys[k] + "_document", r->dtype,
+                                                 &r->writers[k]);
+        !st) {
+      std::fprintf(stderr, "error: %s\n", st.message().c_str());
+      return false;
+    }
+  return true;
+}
+
+// Each worker tokenizes a contiguous slice of the round; returns the first worker's error, empty if none.
+std::string tokenize_round(const PreprocessRun& r, const std::vector<std::string>& raw, bool jsonl, RoundIds* ids) {
+  const PreprocessArgs& a = r.a;
+  const int workers = r.workers;
+  std::vector<std::string> errors(static_cast<size_t>(workers));
+  std::vector<std::future<void>> futs;
+  for (int w = 0; w < workers; ++w)
+    futs.push_back(std::async(std::launch::async, [&, w] {
+      for (size_t i = size_t(w) * raw.size() / workers; i < size_t(w + 1) * raw.size() / workers; ++i) {
+        for (size_t k = 0; k < a.json_keys.size(); ++k) {
+          std::string text;
+          if (jsonl) {
+            if (!jsonl_field(raw[i], a.json_keys[k], &text)) {
+              if (errors[w].empty())
+                errors[w] = strprintf("input document %lld is not a JSON object with a string field \"%s\"",
+                                      (long long)(r.docs + i + 1), a.json_keys[k].c_str());
+              continue;
+            }
+          } else {
+            text = raw[i];
+          }
+          auto& out = (*ids)[i][k];
+          if (a.add_bos) out.push_back(r.tok->bos());
+          r.tok->encode(text, &out);
+          if (a.append_eod && !out.empty()) out.push_back(r.tok->eod());
+        }
+      }
+    }));
+  for (auto& f : futs) f.get();
+  for (const auto& e : errors)
+    if (!e.empty()) return e;
+  return {};
+}
+
+// Appends the round's documents in input order, an empty document where a text had no tokens; false once reported.
+bool write_round(PreprocessRun* r, const std::vector<std::string>& raw, const RoundIds& ids) {
+  for (size_t i = 0; i < raw.size(); ++i) {
+    for (size_t k = 0; k < r->a.json_keys.size(); ++k) {
+      const auto& v = ids[i][k];
+      if (v.empty()) {
+        r->writers[k]->add_empty_document();
+      } else if (Status st = r->writers[k]->add_document(v.data(), int64_t(v.size())); !st) {
+        std::fprintf(stderr, "\nerror: %s\n", st.message().c_str());
+        return false;
+      }
+      r->tokens += int64_t(v.size());
+    }
+    r->mb += double(raw[i].size()) / 1e6;
+  }
+  r->docs += int64_t(raw.size());
+  return true;
+}
+
+// Tokenizes one round and writes it; false once an error is reported.
+bool process_round(PreprocessRun* r, const std::vector<std::string>& raw, bool jsonl) {
+  RoundIds ids(raw.size(), std::vector<std::vector<int32_t>>(r->a.json_keys.size()));
+  if (std::string e = tokenize_round(*r, raw, jsonl, &ids); !e.empty()) {
+    std::fprintf(stderr, "\nerror: %s; check --json-keys\n", e.c_str());
+    return false;
+  }
+  return write_round(r, raw, ids);
+}
+
+// Redraws the progress line in place, at most once a second.
+void show_progress(PreprocessRun* r) {
+  auto now = std::chrono::steady_clock::now();
+  if (std::chrono::duration<double>(now - r->last).count() > 1.0) {
+    double s = std::chrono::duration<double>(now - r->t0).count();
+    std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   ", (long long)r->docs,
+                 r->mb, r->mb / s, r->docs / s, (long long)r->tokens);
+    r->last = now;
+  }
+}
+
+// Writes every dataset's index; false once an error is reported.
+bool finalize_writers(const PreprocessRun& r) {
+  for (const auto& w : r.writers)
+    if (Status st = w->finalize(); !st) {
+      std::fprintf(stderr, "\nerror: %s\n", st.message().c_str());
+      return false;
+    }
+  return true;
+}
+
+// The last progress line on stderr, then the one-line summary on stdout.
+void print_summary(const PreprocessRun& r) {
+  const PreprocessArgs& a = r.a;
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - r.t0).count();
+  std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   \n", (long long)r.docs, r.mb,
+               r.mb / s, r.docs / s, (long long)r.tokens);
+  std::printf(
+      "wrote %s_%s_document.{bin,idx}: %lld documents, %lld tokens, dtype %s (vocab %lld), %.1f s, %.2f MB/s with %d "
+      "workers\n",
+      a.output_prefix.c_str(), a.json_keys[0].c_str(), (long long)r.docs, (long long)r.tokens,
+      r.dtype == IndexedDtype::u16 ? "uint16" : "int32", (long long)r.tok->vocab_size(), s, r.mb / s, r.workers);
+}
+
+int run_preprocess(const PreprocessArgs& a) {
+  PreprocessRun r{a};
+  if (!load_tokenizer(&r) || !create_writers(&r)) return 1;
+  DocReader reader(a);
+  r.t0 = r.last = std::chrono::steady_clock::now();
+  r.workers = std::max(1, a.workers);
   for (;;) {
     std::vector<std::string> raw;
     bool jsonl = false, done = false;
@@ -144,74 +265,11 @@ int run_preprocess(const PreprocessArgs& a) {
       return 1;
     }
     if (done) break;
-    // Each worker tokenizes a contiguous slice; results are written in input order.
-    std::vector<std::vector<std::vector<int32_t>>> ids(raw.size(),
-                                                       std::vector<std::vector<int32_t>>(a.json_keys.size()));
-    std::vector<std::string> errors(static_cast<size_t>(workers));
-    std::vector<std::future<void>> futs;
-    for (int w = 0; w < workers; ++w)
-      futs.push_back(std::async(std::launch::async, [&, w] {
-        for (size_t i = size_t(w) * raw.size() / workers; i < size_t(w + 1) * raw.size() / workers; ++i) {
-          for (size_t k = 0; k < a.json_keys.size(); ++k) {
-            std::string text;
-            if (jsonl) {
-              if (!jsonl_field(raw[i], a.json_keys[k], &text)) {
-                if (errors[w].empty())
-                  errors[w] = strprintf("input document %lld is not a JSON object with a string field \"%s\"",
-                                        (long long)(docs + i + 1), a.json_keys[k].c_str());
-                continue;
-              }
-            } else {
-              text = raw[i];
-            }
-            auto& out = ids[i][k];
-            if (a.add_bos) out.push_back(tok->bos());
-            tok->encode(text, &out);
-            if (a.append_eod && !out.empty()) out.push_back(tok->eod());
-          }
-        }
-      }));
-    for (auto& f : futs) f.get();
-    for (const auto& e : errors)
-      if (!e.empty()) {
-        std::fprintf(stderr, "\nerror: %s; check --json-keys\n", e.c_str());
-        return 1;
-      }
-    for (size_t i = 0; i < raw.size(); ++i) {
-      for (size_t k = 0; k < a.json_keys.size(); ++k) {
-        const auto& v = ids[i][k];
-        if (v.empty()) {
-          writers[k]->add_empty_document();
-        } else if (Status st = writers[k]->add_document(v.data(), int64_t(v.size())); !st) {
-          std::fprintf(stderr, "\nerror: %s\n", st.message().c_str());
-          return 1;
-        }
-        tokens += int64_t(v.size());
-      }
-      mb += double(raw[i].size()) / 1e6;
-    }
-    docs += int64_t(raw.size());
-    auto now = std::chrono::steady_clock::now();
-    if (std::chrono::duration<double>(now - last).count() > 1.0) {
-      double s = std::chrono::duration<double>(now - t0).count();
-      std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   ", (long long)docs, mb,
-                   mb / s, docs / s, (long long)tokens);
-      last = now;
-    }
+    if (!process_round(&r, raw, jsonl)) return 1;
+    show_progress(&r);
   }
-  for (auto& w : writers)
-    if (Status st = w->finalize(); !st) {
-      std::fprintf(stderr, "\nerror: %s\n", st.message().c_str());
-      return 1;
-    }
-  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(stderr, "\r  %lld docs | %.1f MB | %.2f MB/s | %.0f docs/s | %lld tokens   \n", (long long)docs, mb,
-               mb / s, docs / s, (long long)tokens);
-  std::printf(
-      "wrote %s_%s_document.{bin,idx}: %lld documents, %lld tokens, dtype %s (vocab %lld), %.1f s, %.2f MB/s with %d "
-      "workers\n",
-      a.output_prefix.c_str(), a.json_keys[0].c_str(), (long long)docs, (long long)tokens,
-      dtype == IndexedDtype::u16 ? "uint16" : "int32", (long long)tok->vocab_size(), s, mb / s, workers);
+  if (!finalize_writers(r)) return 1;
+  print_summary(r);
   return 0;
 }
 

@@ -27,8 +27,25 @@ int safetensors_dtype_size(const std::string& dtype) {
   return 0;
 }
 
-// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
-Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) {
+namespace {
+// One tensor's byte range in the data buffer, kept to check that the ranges tile it exactly.
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// What the header steps share: the file, the sizes that bound every offset, and the ranges seen so far.
+struct HeaderScan {
+  const std::string& path;
+  uint64_t file_size = 0;
+  uint64_t header_len = 0;   // the JSON header's length, from the file's first 8 bytes
+  uint64_t buffer_size = 0;  // the tensor data after the header
+  std::vector<Span> spans{};
+};
+
+// Reads the little-endian header length and the JSON text it covers, checking both fit the file.
+Status read_header_text(HeaderScan* s, std::string* header) {
+  const std::string& path = s->path;
   std::ifstream f(path, std::ios::binary);
   if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -44,79 +61,113 @@ Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) 
   if (n > kMaxHeader || n > file_size - 8)
     return errorf("%s has a corrupt safetensors header: header length %llu exceeds the file (%llu bytes) or 100 MB",
                   path.c_str(), (unsigned long long)n, (unsigned long long)file_size);
-  std::string header(n, '\0');
-  f.read(header.data(), std::streamsize(n));
-  nlohmann::json j;
+  header->assign(n, '\0');
+  f.read(header->data(), std::streamsize(n));
+  s->file_size = file_size;
+  s->header_len = n;
+  s->buffer_size = file_size - 8 - n;
+  return Status::ok();
+}
+
+// The header must be one JSON object: tensor name -> entry, plus an optional __metadata__.
+Status parse_header_object(const std::string& path, const std::string& header, nlohmann::json* j) {
   try {
-    j = nlohmann::json::parse(header);
+    *j = nlohmann::json::parse(header);
   } catch (const std::exception& e) {
     return errorf("%s has a corrupt safetensors header: invalid JSON (%s)", path.c_str(), e.what());
   }
-  if (!j.is_object()) return errorf("%s has a corrupt safetensors header: the JSON is not an object", path.c_str());
-  const uint64_t buffer_size = file_size - 8 - n;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
-  std::vector<Span> spans;
+  if (!j->is_object()) return errorf("%s has a corrupt safetensors header: the JSON is not an object", path.c_str());
+  return Status::ok();
+}
+
+// __metadata__ maps names to strings; only string values are kept, others are skipped.
+Status read_metadata(const std::string& path, const nlohmann::json& v, std::map<std::string, std::string>* metadata) {
+  if (!v.is_object()) return errorf("%s: __metadata__ is not an object", path.c_str());
+  for (auto m = v.begin(); m != v.end(); ++m)
+    if (m.value().is_string()) (*metadata)[m.key()] = m.value().get<std::string>();
+  return Status::ok();
+}
+
+// Dimensions must be non-negative integers whose product stays under 2^50, so byte counts cannot overflow.
+Status read_shape(const std::string& path, const std::string& name, const nlohmann::json& shape,
+                  std::vector<int64_t>* dims, uint64_t* numel) {
+  *numel = 1;
+  for (const auto& d : shape) {
+    if (!d.is_number_unsigned())
+      return errorf("%s: tensor '%s' has a negative or non-integer dimension", path.c_str(), name.c_str());
+    uint64_t dim = d.get<uint64_t>();
+    if (dim != 0 && *numel > (1ull << 50) / dim)
+      return errorf("%s: tensor '%s' shape overflows", path.c_str(), name.c_str());
+    *numel *= dim;
+    dims->push_back(int64_t(dim));
+  }
+  return Status::ok();
+}
+
+// Checks one tensor's fields, dtype, shape and byte range, then records it; its range joins the tiling check.
+Status add_tensor(HeaderScan* s, const std::string& name, const nlohmann::json& v, SafeTensorsHeader* out) {
+  const std::string& path = s->path;
+  if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
+      !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+      v["data_offsets"].size() != 2)
+    return errorf("%s: tensor '%s' needs string dtype, array shape and two data_offsets", path.c_str(), name.c_str());
+  SafeTensorEntry t;
+  t.dtype = v["dtype"].get<std::string>();
+  int esize = safetensors_dtype_size(t.dtype);
+  if (esize == 0) return errorf("%s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
+  uint64_t numel = 0;
+  NB_TRY(read_shape(path, name, v["shape"], &t.shape, &numel));
+  const auto& off = v["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    return errorf("%s: tensor '%s' has non-integer data_offsets", path.c_str(), name.c_str());
+  uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+  if (e < b || e > s->buffer_size)
+    return errorf("%s: tensor '%s' data_offsets [%llu, %llu) fall outside the %llu-byte buffer (truncated file?)",
+                  path.c_str(), name.c_str(), (unsigned long long)b, (unsigned long long)e,
+                  (unsigned long long)s->buffer_size);
+  if (e - b != numel * uint64_t(esize))
+    return errorf("%s: tensor '%s' spans %llu bytes but its shape and dtype need %llu", path.c_str(), name.c_str(),
+                  (unsigned long long)(e - b), (unsigned long long)(numel * esize));
+  s->spans.push_back({b, e, name});
+  t.file_offset = 8 + s->header_len + b;  // absolute: the buffer starts after the length and the header
+  t.nbytes = e - b;
+  out->tensors[name] = std::move(t);
+  return Status::ok();
+}
+
+// Sorted by start, the tensors' ranges must cover the buffer with no gap and no overlap.
+Status check_spans_tile_buffer(HeaderScan* s) {
+  std::sort(s->spans.begin(), s->spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  uint64_t pos = 0;
+  for (const auto& sp : s->spans) {
+    if (sp.begin != pos)
+      return errorf("%s: tensor '%s' starts at byte %llu, expected %llu (offsets must tile the buffer)",
+                    s->path.c_str(), sp.name.c_str(), (unsigned long long)sp.begin, (unsigned long long)pos);
+    pos = sp.end;
+  }
+  if (pos != s->buffer_size)
+    return errorf("%s: tensors cover %llu bytes but the buffer holds %llu", s->path.c_str(), (unsigned long long)pos,
+                  (unsigned long long)s->buffer_size);
+  return Status::ok();
+}
+}  // namespace
+
+Status read_safetensors_header(const std::string& path, SafeTensorsHeader* out) {
+  HeaderScan s{path};
+  std::string header;
+  NB_TRY(read_header_text(&s, &header));
+  nlohmann::json j;
+  NB_TRY(parse_header_object(path, header, &j));
   *out = SafeTensorsHeader{};
-  out->file_size = file_size;
+  out->file_size = s.file_size;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) return errorf("%s: __metadata__ is not an object", path.c_str());
-      for (auto m = v.begin(); m != v.end(); ++m)
-        if (m.value().is_string()) out->metadata[m.key()] = m.value().get<std::string>();
+    if (it.key() == "__metadata__") {
+      NB_TRY(read_metadata(path, it.value(), &out->metadata));
       continue;
     }
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
-        !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
-        v["data_offsets"].size() != 2)
-      return errorf("%s: tensor '%s' needs string dtype, array shape and two data_offsets", path.c_str(), name.c_str());
-    SafeTensorEntry t;
-    t.dtype = v["dtype"].get<std::string>();
-    int esize = safetensors_dtype_size(t.dtype);
-    if (esize == 0)
-      return errorf("%s: tensor '%s' has unknown dtype '%s'", path.c_str(), name.c_str(), t.dtype.c_str());
-    uint64_t numel = 1;
-    for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned())
-        return errorf("%s: tensor '%s' has a negative or non-integer dimension", path.c_str(), name.c_str());
-      uint64_t dim = d.get<uint64_t>();
-      if (dim != 0 && numel > (1ull << 50) / dim)
-        return errorf("%s: tensor '%s' shape overflows", path.c_str(), name.c_str());
-      numel *= dim;
-      t.shape.push_back(int64_t(dim));
-    }
-    const auto& off = v["data_offsets"];
-    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      return errorf("%s: tensor '%s' has non-integer data_offsets", path.c_str(), name.c_str());
-    uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (e < b || e > buffer_size)
-      return errorf("%s: tensor '%s' data_offsets [%llu, %llu) fall outside the %llu-byte buffer (truncated file?)",
-                    path.c_str(), name.c_str(), (unsigned long long)b, (unsigned long long)e,
-                    (unsigned long long)buffer_size);
-    if (e - b != numel * uint64_t(esize))
-      return errorf("%s: tensor '%s' spans %llu bytes but its shape and dtype need %llu", path.c_str(), name.c_str(),
-                    (unsigned long long)(e - b), (unsigned long long)(numel * esize));
-    spans.push_back({b, e, name});
-    t.file_offset = 8 + n + b;  // absolute: the buffer starts after the length and the header
-    t.nbytes = e - b;
-    out->tensors[name] = std::move(t);
+    NB_TRY(add_tensor(&s, it.key(), it.value(), out));
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-  uint64_t pos = 0;
-  for (const auto& s : spans) {
-    if (s.begin != pos)
-      return errorf("%s: tensor '%s' starts at byte %llu, expected %llu (offsets must tile the buffer)", path.c_str(),
-                    s.name.c_str(), (unsigned long long)s.begin, (unsigned long long)pos);
-    pos = s.end;
-  }
-  if (pos != buffer_size)
-    return errorf("%s: tensors cover %llu bytes but the buffer holds %llu", path.c_str(), (unsigned long long)pos,
-                  (unsigned long long)buffer_size);
-  return Status::ok();
+  return check_spans_tile_buffer(&s);
 }
 
 Status read_safetensors(const std::string& path, SafeTensorsFile* out) {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -455,7 +456,115 @@ Status BpeTokenizer::from_hf_json_text(const std::string& json_text, const std::
   }
 }
 
-// NOLINTNEXTLINE(readability-function-size): a listed offender (docs/HARDENING.md), to shrink when next changed
+namespace {
+using nlohmann::json;
+
+// Checks each model.vocab entry (byte-level alphabet, an integer id in range, no id used twice), then hands its id
+// and bytes to `add`.
+Status read_hf_vocab(const json& vocab, const std::string& where,
+                     const std::function<void(int64_t id, const std::string& bytes)>& add) {
+  std::string bytes;
+  std::vector<bool> seen;  // merges are keyed by id pairs, so an id shared by two tokens would merge wrongly
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!unicode_string_to_bytes(it.key(), &bytes))
+      return errorf(
+          "%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) "
+          "is supported",
+          where.c_str(), it.key().c_str());
+    if (!it.value().is_number_integer())
+      return errorf("%s: vocabulary entry \"%s\" has an id that is not an integer", where.c_str(), it.key().c_str());
+    int64_t id = it.value().get<int64_t>();
+    if (id < 0 || id > (1 << 24)) return errorf("%s: vocabulary id %lld out of range", where.c_str(), (long long)id);
+    if (id >= int64_t(seen.size())) seen.resize(size_t(id) + 1);
+    if (seen[size_t(id)])
+      return errorf("%s: vocabulary id %lld belongs to two entries (one is \"%s\"); each token needs its own id",
+                    where.c_str(), (long long)id, it.key().c_str());
+    seen[size_t(id)] = true;
+    add(id, bytes);
+  }
+  return Status::ok();
+}
+
+// One model.merges entry's two parts, from an "a b" string or an [a, b] pair (throws if a part is not a string).
+Status merge_parts(const json& m, const std::string& where, std::string* a, std::string* b) {
+  if (m.is_string()) {
+    std::string s = m.get<std::string>();
+    size_t sp = s.find(' ');
+    if (sp == std::string::npos)
+      return errorf("%s: merge \"%s\" has no space between its two parts", where.c_str(), s.c_str());
+    *a = s.substr(0, sp);
+    *b = s.substr(sp + 1);
+  } else if (m.is_array() && m.size() == 2) {
+    *a = m[0].get<std::string>();
+    *b = m[1].get<std::string>();
+  } else {
+    return errorf("%s: model.merges entries must be \"a b\" strings or [a, b] pairs", where.c_str());
+  }
+  return Status::ok();
+}
+
+// model.merges in list order = merge priority, keyed by (left id << 32 | right id); both parts and their
+// concatenation must be vocabulary tokens, which `lookup` finds (-1 if absent).
+Status read_hf_merges(const json& merges, const std::string& where,
+                      const std::function<int32_t(std::string_view)>& lookup,
+                      std::unordered_map<uint64_t, int32_t>* merge_priority) {
+  int32_t priority = 0;
+  for (const auto& m : merges) {
+    std::string a, b;
+    NB_TRY(merge_parts(m, where, &a, &b));
+    std::string ba, bb;
+    if (!unicode_string_to_bytes(a, &ba) || !unicode_string_to_bytes(b, &bb))
+      return errorf("%s: merge %d is not in the byte-level alphabet", where.c_str(), priority);
+    int32_t la = lookup(ba), lb = lookup(bb);
+    if (la < 0 || lb < 0 || lookup(ba + bb) < 0)
+      return errorf("%s: merge %d (\"%s\" + \"%s\") uses or makes a token missing from model.vocab", where.c_str(),
+                    priority, a.c_str(), b.c_str());
+    merge_priority->emplace((uint64_t(uint32_t(la)) << 32) | uint32_t(lb), priority++);
+  }
+  return Status::ok();
+}
+
+// added_tokens become the special tokens; each needs an id and a content.
+Status read_added_tokens(const json& added, const std::string& where, std::vector<SpecialToken>* specials) {
+  for (const auto& t : added) {
+    SpecialToken s{t.value("content", std::string()), t.value("id", -1)};
+    if (s.id < 0 || s.text.empty()) return errorf("%s: added_tokens entries need an id and a content", where.c_str());
+    specials->push_back(s);
+  }
+  return Status::ok();
+}
+
+// The pre-tokenization regex: a Split regex (Llama 3 style) or GPT-2's for ByteLevel with use_regex, searching a
+// Sequence in order; the first one found wins, so a set `pattern` is kept.
+void find_pre_tokenizer_regex(const json& p, std::string* pattern) {
+  if (!p.is_object()) return;
+  std::string type = p.value("type", std::string());
+  if (type == "Sequence")
+    for (const auto& q : p.value("pretokenizers", json::array())) find_pre_tokenizer_regex(q, pattern);
+  if (type == "Split" && p.contains("pattern") && p["pattern"].contains("Regex") && pattern->empty())
+    *pattern = p["pattern"]["Regex"].get<std::string>();
+  if (type == "ByteLevel" && p.value("use_regex", true) && pattern->empty()) *pattern = kGpt2Pattern;
+}
+
+// The BOS convention from the post-processor's single-sequence template (TemplateProcessing, also inside a
+// Sequence): a leading SpecialToken naming one of `specials` is the BOS, and the tokenizer adds it itself.
+void find_template_bos(const json& p, const std::vector<SpecialToken>& specials, int32_t* bos, bool* adds_bos) {
+  if (!p.is_object()) return;
+  std::string type = p.value("type", std::string());
+  if (type == "Sequence")
+    for (const auto& q : p.value("processors", json::array())) find_template_bos(q, specials, bos, adds_bos);
+  if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array() && !p["single"].empty() &&
+      p["single"][0].contains("SpecialToken")) {
+    std::string name = p["single"][0]["SpecialToken"].value("id", std::string());
+    for (const auto& s : specials)
+      if (s.text == name) {
+        *bos = s.id;
+        *adds_bos = true;
+      }
+  }
+}
+}  // namespace
+
 Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std::string& where,
                                          std::unique_ptr<BpeTokenizer>* out) {
   using nlohmann::json;
@@ -466,87 +575,19 @@ Status BpeTokenizer::from_hf_json_parsed(const std::string& json_text, const std
     return errorf("%s: model.type must be BPE with a model.vocab object (only byte-level BPE tokenizers are supported)",
                   where.c_str());
   auto tok = std::unique_ptr<BpeTokenizer>(new BpeTokenizer());
-  std::string bytes;
-  std::vector<bool> seen;  // merges are keyed by id pairs, so an id shared by two tokens would merge wrongly
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!unicode_string_to_bytes(it.key(), &bytes))
-      return errorf(
-          "%s: vocabulary entry \"%s\" is not in the byte-level alphabet; only byte-level BPE (GPT-2 / Llama 3 style) "
-          "is supported",
-          where.c_str(), it.key().c_str());
-    if (!it.value().is_number_integer())
-      return errorf("%s: vocabulary entry \"%s\" has an id that is not an integer", where.c_str(), it.key().c_str());
-    int64_t id = it.value().get<int64_t>();
-    if (id < 0 || id > (1 << 24)) return errorf("%s: vocabulary id %lld out of range", where.c_str(), (long long)id);
+  auto add_token = [&](int64_t id, const std::string& bytes) {
     if (id >= int64_t(tok->id_to_bytes_.size())) tok->id_to_bytes_.resize(size_t(id) + 1);
-    if (id >= int64_t(seen.size())) seen.resize(size_t(id) + 1);
-    if (seen[size_t(id)])
-      return errorf("%s: vocabulary id %lld belongs to two entries (one is \"%s\"); each token needs its own id",
-                    where.c_str(), (long long)id, it.key().c_str());
-    seen[size_t(id)] = true;
     tok->id_to_bytes_[size_t(id)] = bytes;
     tok->bytes_to_id_[bytes] = int32_t(id);
-  }
-  int32_t priority = 0;
-  for (const auto& m : model.value("merges", json::array())) {
-    std::string a, b;
-    if (m.is_string()) {
-      std::string s = m.get<std::string>();
-      size_t sp = s.find(' ');
-      if (sp == std::string::npos)
-        return errorf("%s: merge \"%s\" has no space between its two parts", where.c_str(), s.c_str());
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else if (m.is_array() && m.size() == 2) {
-      a = m[0].get<std::string>();
-      b = m[1].get<std::string>();
-    } else {
-      return errorf("%s: model.merges entries must be \"a b\" strings or [a, b] pairs", where.c_str());
-    }
-    std::string ba, bb;
-    if (!unicode_string_to_bytes(a, &ba) || !unicode_string_to_bytes(b, &bb))
-      return errorf("%s: merge %d is not in the byte-level alphabet", where.c_str(), priority);
-    int32_t la = tok->lookup(ba), lb = tok->lookup(bb);
-    if (la < 0 || lb < 0 || tok->lookup(ba + bb) < 0)
-      return errorf("%s: merge %d (\"%s\" + \"%s\") uses or makes a token missing from model.vocab", where.c_str(),
-                    priority, a.c_str(), b.c_str());
-    tok->merge_priority_.emplace((uint64_t(uint32_t(la)) << 32) | uint32_t(lb), priority++);
-  }
+  };
+  NB_TRY(read_hf_vocab(model["vocab"], where, add_token));
+  auto lookup = [&](std::string_view bytes) { return tok->lookup(bytes); };
+  NB_TRY(read_hf_merges(model.value("merges", json::array()), where, lookup, &tok->merge_priority_));
   tok->whole_piece_shortcut_ = tok->merge_priority_.empty() || model.value("ignore_merges", false);
-  for (const auto& t : j.value("added_tokens", json::array())) {
-    SpecialToken s{t.value("content", std::string()), t.value("id", -1)};
-    if (s.id < 0 || s.text.empty()) return errorf("%s: added_tokens entries need an id and a content", where.c_str());
-    tok->specials_.push_back(s);
-  }
-  // Pre-tokenization: a Split regex (Llama 3 style) or ByteLevel with use_regex (GPT-2 style).
-  std::function<void(const json&)> scan_pre = [&](const json& p) {
-    if (!p.is_object()) return;
-    std::string type = p.value("type", std::string());
-    if (type == "Sequence")
-      for (const auto& q : p.value("pretokenizers", json::array())) scan_pre(q);
-    if (type == "Split" && p.contains("pattern") && p["pattern"].contains("Regex") && tok->pattern_.empty())
-      tok->pattern_ = p["pattern"]["Regex"].get<std::string>();
-    if (type == "ByteLevel" && p.value("use_regex", true) && tok->pattern_.empty()) tok->pattern_ = kGpt2Pattern;
-  };
-  if (j.contains("pre_tokenizer")) scan_pre(j["pre_tokenizer"]);
+  NB_TRY(read_added_tokens(j.value("added_tokens", json::array()), where, &tok->specials_));
+  if (j.contains("pre_tokenizer")) find_pre_tokenizer_regex(j["pre_tokenizer"], &tok->pattern_);
   if (tok->pattern_.empty()) tok->pattern_ = kGpt2Pattern;
-  // BOS convention from the post-processor's single-sequence template.
-  std::function<void(const json&)> scan_post = [&](const json& p) {
-    if (!p.is_object()) return;
-    std::string type = p.value("type", std::string());
-    if (type == "Sequence")
-      for (const auto& q : p.value("processors", json::array())) scan_post(q);
-    if (type == "TemplateProcessing" && p.contains("single") && p["single"].is_array() && !p["single"].empty() &&
-        p["single"][0].contains("SpecialToken")) {
-      std::string name = p["single"][0]["SpecialToken"].value("id", std::string());
-      for (const auto& s : tok->specials_)
-        if (s.text == name) {
-          tok->bos_ = s.id;
-          tok->adds_bos_ = true;
-        }
-    }
-  };
-  if (j.contains("post_processor")) scan_post(j["post_processor"]);
+  if (j.contains("post_processor")) find_template_bos(j["post_processor"], tok->specials_, &tok->bos_, &tok->adds_bos_);
   NB_TRY(tok->finish(where));
   *out = std::move(tok);
   return Status::ok();
