@@ -24,9 +24,7 @@ double run(LlamaModel& m, const std::vector<int32_t>& tok, const std::vector<int
   ops::fill(m.params().flat_grad(), 0.f, nullptr);
   double sum = 0;
   EXPECT_TRUE(m.stage_batches(tok.data(), lab.data(), 1).is_ok());
-  if (starts) {
-    EXPECT_TRUE(m.stage_segments(starts, 1).is_ok());
-  }
+  if (starts) { EXPECT_TRUE(m.stage_segments(starts, 1).is_ok()); }
   EXPECT_TRUE(m.forward_backward_staged(0, scale).is_ok());
   EXPECT_TRUE(m.take_loss_sum(&sum).is_ok());
   return sum;
