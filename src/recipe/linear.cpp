@@ -101,6 +101,17 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   return Status::ok();
 }
 
+// Where this quantize writes, once the workspace slot is acquired (transient pieces live in it).
+QCopies::Outputs QCopies::outputs() const {
+  const bool colwise = !col_is_row && !row_only;
+  return {colwise,
+          ptr(row_data),
+          ptr(row_scales),
+          colwise ? ptr(col_data) : nullptr,
+          colwise ? ptr(col_scales) : nullptr,
+          state_i.ptr<int>() + kFlag};
+}
+
 // The workspace slot may be unallocated (no allocate() yet) or smaller (a larger Linear registered later).
 // The NVFP4 quantizer only ever sets the non-finite flag; the others clear it themselves. Clear it for all.
 Status QCopies::begin_quantize(Stream stream) {
@@ -115,17 +126,11 @@ Status QCopies::begin_quantize(Stream stream) {
 }
 
 // Per-tensor FP8 (current or delayed scaling): one scale for the row copy and its transpose.
-Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
+Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
   const bool cuda = dev == Device::cuda;
   float* sf = state_f.ptr<float>();
   const auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
-  fp8::TensorView v{rows,
-                    cols,
-                    ptr(row_data),
-                    colwise ? ptr(col_data) : nullptr,
-                    sf + kScaleInv,
-                    sf + kRowAmax,
-                    state_i.ptr<int>() + kFlag};
+  fp8::TensorView v{rows, cols, o.row_data, o.col_data, sf + kScaleInv, sf + kRowAmax, o.flag};
   // Delayed scaling needs a history: a role's first step (nothing recorded yet) scales by its current
   // amax. TE starts from scale 1 instead, which flushes the whole first step's gradients to zero
   // when they are below E5M2's 2^-16 (e.g. the loss gradient of 65,536 tokens, ~1.5e-5 per token).
@@ -142,54 +147,39 @@ Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, bool
 }
 
 // FP8 sub-channel (1x128 or 128x128 blocks), each block with its own FP32 scale.
-Status QCopies::quantize_fp8_block(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
-  fp8::BlockOptions o;
-  o.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
-  o.pow2_scales = a.pow2_scales;
-  o.colwise = colwise;
-  fp8::BlockView v{rows,
-                   cols,
-                   ptr(row_data),
-                   reinterpret_cast<float*>(ptr(row_scales)),
-                   colwise ? ptr(col_data) : nullptr,
-                   colwise ? reinterpret_cast<float*>(ptr(col_scales)) : nullptr,
-                   state_i.ptr<int>() + kFlag};
-  return dev == Device::cuda ? fp8::quantize_block_cuda(src, o, v, stream) : fp8::quantize_block_ref(src, o, v);
+Status QCopies::quantize_fp8_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
+  fp8::BlockOptions opt;
+  opt.kind = spec.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+  opt.pow2_scales = a.pow2_scales;
+  opt.colwise = o.colwise;
+  fp8::BlockView v{rows,       cols,
+                   o.row_data, reinterpret_cast<float*>(o.row_scales),
+                   o.col_data, reinterpret_cast<float*>(o.col_scales),
+                   o.flag};
+  return dev == Device::cuda ? fp8::quantize_block_cuda(src, opt, v, stream) : fp8::quantize_block_ref(src, opt, v);
 }
 
-Status QCopies::quantize_mxfp8(const bf16* src, bool colwise, Stream stream) {
-  mxfp8::QuantizedView v{rows,
-                         cols,
-                         ptr(row_data),
-                         ptr(row_scales),
-                         colwise ? ptr(col_data) : nullptr,
-                         colwise ? ptr(col_scales) : nullptr,
-                         state_i.ptr<int>() + kFlag};
-  const mxfp8::Options o{true, colwise};
-  return dev == Device::cuda ? mxfp8::quantize_cuda(src, o, v, stream) : mxfp8::quantize_ref(src, o, v);
+Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream) {
+  mxfp8::QuantizedView v{rows, cols, o.row_data, o.row_scales, o.col_data, o.col_scales, o.flag};
+  const mxfp8::Options opt{true, o.colwise};
+  return dev == Device::cuda ? mxfp8::quantize_cuda(src, opt, v, stream) : mxfp8::quantize_ref(src, opt, v);
 }
 
 // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
 // backends (col_operand() uses the row amax, which is the column one for 2D).
-Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream) {
-  nvfp4::Options o;
-  o.two_d = spec.two_d;
-  o.rht = spec.rht;
-  o.sr = spec.sr;
-  o.four_over_six = spec.four_over_six;
-  o.rng = a.rng;
-  o.colwise = colwise;
+Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
+  nvfp4::Options opt;
+  opt.two_d = spec.two_d;
+  opt.rht = spec.rht;
+  opt.sr = spec.sr;
+  opt.four_over_six = spec.four_over_six;
+  opt.rng = a.rng;
+  opt.colwise = o.colwise;
   float* sf = state_f.ptr<float>();
-  nvfp4::QuantizedView v{rows,
-                         cols,
-                         ptr(row_data),
-                         ptr(row_scales),
-                         colwise ? ptr(col_data) : nullptr,
-                         colwise ? ptr(col_scales) : nullptr,
-                         sf + kRowAmax,
-                         colwise ? sf + kColAmax : nullptr,
-                         state_i.ptr<int>() + kFlag};
-  return dev == Device::cuda ? nvfp4::quantize_cuda(src, o, v, stream) : nvfp4::quantize_ref(src, o, v);
+  nvfp4::QuantizedView v{rows,       cols,         o.row_data,    o.row_scales,
+                         o.col_data, o.col_scales, sf + kRowAmax, o.colwise ? sf + kColAmax : nullptr,
+                         o.flag};
+  return dev == Device::cuda ? nvfp4::quantize_cuda(src, opt, v, stream) : nvfp4::quantize_ref(src, opt, v);
 }
 
 // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).
@@ -207,21 +197,21 @@ Status QCopies::clear_block_amaxes(Stream stream) {
 Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
   rows = rows_;
   NB_TRY(begin_quantize(stream));
-  const bool colwise = !col_is_row && !row_only;
+  const Outputs o = outputs();
   switch (spec.fmt) {
     case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
     case Fmt::fp8_e4m3:
-    case Fmt::fp8_e5m2: NB_TRY(quantize_fp8_tensor(src, a, colwise, stream)); break;
+    case Fmt::fp8_e5m2: NB_TRY(quantize_fp8_tensor(src, a, o, stream)); break;
     case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128: NB_TRY(quantize_fp8_block(src, a, colwise, stream)); break;
-    case Fmt::mxfp8: NB_TRY(quantize_mxfp8(src, colwise, stream)); break;
-    case Fmt::nvfp4: NB_TRY(quantize_nvfp4(src, a, colwise, stream)); break;
+    case Fmt::fp8_block128x128: NB_TRY(quantize_fp8_block(src, a, o, stream)); break;
+    case Fmt::mxfp8: NB_TRY(quantize_mxfp8(src, o, stream)); break;
+    case Fmt::nvfp4: NB_TRY(quantize_nvfp4(src, a, o, stream)); break;
   }
   NB_TRY(clear_block_amaxes(stream));
   used_in_step = true;
   if (dequantized_kept()) {
     NB_TRY(gemm::dequantize_operand_cuda(row_operand(), dequant_row.data(), stream));
-    if (colwise) NB_TRY(gemm::dequantize_operand_cuda(col_operand(), dequant_col.data(), stream));
+    if (o.colwise) NB_TRY(gemm::dequantize_operand_cuda(col_operand(), dequant_col.data(), stream));
   }
   float* sf = state_f.ptr<float>();
   int* si = state_i.ptr<int>();

@@ -102,11 +102,18 @@ struct QCopies {
   gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // quantize()'s steps: the slot and the cleared flag, one per format family, then the block formats' amaxes.
+  // Outputs: the copies' data and scales (column ones null unless colwise) and the non-finite flag.
+  struct Outputs {
+    bool colwise;
+    uint8_t *row_data, *row_scales, *col_data, *col_scales;
+    int* flag;
+  };
+  Outputs outputs() const;
   Status begin_quantize(Stream stream);
-  Status quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
-  Status quantize_fp8_block(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
-  Status quantize_mxfp8(const bf16* src, bool colwise, Stream stream);
-  Status quantize_nvfp4(const bf16* src, const QuantizeArgs& a, bool colwise, Stream stream);
+  Status quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
+  Status quantize_fp8_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
+  Status quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream);
+  Status quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
   Status clear_block_amaxes(Stream stream);
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;
