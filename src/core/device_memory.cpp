@@ -26,6 +26,12 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
   std::memcpy(dst, src, bytes);
   return Status::ok();
 }
+Status copy_bytes_async(void* dst, Device dd, const void* src, Device sd, size_t bytes, void*) {
+  return copy_bytes(dst, dd, src, sd, bytes);
+}
+Status pin_host_range(void*, size_t) { return Status::ok(); }
+void unpin_host_range(void*) {}
+void stream_synchronize(void*) {}
 bool cuda_device_available(std::string* why) {
   if (why) *why = kNoCuda;
   return false;

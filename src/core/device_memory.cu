@@ -41,6 +41,27 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
   return Status::ok();
 }
 
+Status copy_bytes_async(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* stream) {
+  if (dd == Device::cpu && sd == Device::cpu) {
+    std::memcpy(dst, src, bytes);
+    return Status::ok();
+  }
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStream_t(stream)));
+  return Status::ok();
+}
+
+Status pin_host_range(void* p, size_t bytes) {
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+    const cudaError_t e = cudaGetLastError();
+    return errorf("cannot page-lock %.2f GiB of host memory (%s)", double(bytes) / 1073741824.0, cudaGetErrorString(e));
+  }
+  return Status::ok();
+}
+void unpin_host_range(void* p) {
+  if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();  // never registered: nothing to undo
+}
+void stream_synchronize(void* stream) { CUDA_CHECK(cudaStreamSynchronize(cudaStream_t(stream))); }
+
 void device_memory_info(size_t* f, size_t* t) {
   if (cudaMemGetInfo(f, t) != cudaSuccess) {
     cudaGetLastError();

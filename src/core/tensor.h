@@ -66,6 +66,15 @@ void device_free(void* p);
 Status pinned_host_malloc(void** p, size_t bytes);
 void pinned_host_free(void* p);
 Status copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes);
+// The same, queued on `stream` (host memory must be page-locked for the copy to be asynchronous); on the
+// CPU backend a plain memcpy that is done when it returns.
+Status copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, void* stream);
+// Page-locks (and maps for the GPU) existing host memory, e.g. one piece of a large mmap'd array; a
+// failure is a Status that names the size. No-ops without CUDA.
+Status pin_host_range(void* p, size_t bytes);
+void unpin_host_range(void* p);
+// The host waits for the work queued on `stream` so far (no-op on the CPU backend).
+void stream_synchronize(void* stream);
 // True if a CUDA device is usable; otherwise `why` says why not (no driver, no GPU, CPU-only build).
 bool cuda_device_available(std::string* why);
 // Free and total bytes of the current GPU; both 0 without one.

@@ -1,6 +1,7 @@
 // LlamaModel: its parameters, Linears and arena, staged micro-batches, quantization health and scaling
 // state. The pass over one micro-batch is llama_pass.cpp; the activation plan, llama_plan.cpp.
 #include "model/llama_model.h"
+#include "optim/adamw_stream.h"
 #include <algorithm>
 #include <array>
 #include <vector>
@@ -119,9 +120,17 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
   return Status::ok();
 }
 
-int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards) {
+int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
+                                    const optim::Placement& placement) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
-  if (shards > 1) return cfg.total_params() * (4 + compute_bytes) + cfg.total_params() * 12 / shards;
+  if (shards > 1 || placement.offload_fraction > 0) {  // every weight has a compute copy
+    const int64_t weights = cfg.total_params() * (4 + compute_bytes);
+    if (!(placement.offload_fraction > 0)) return weights + cfg.total_params() * 12 / shards;
+    const int64_t shard = (cfg.total_params() + shards - 1) / shards;
+    const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
+    const int64_t chunk = std::max(placement.chunk_elems, optim::OptimizerState::kPageElems);
+    return weights + resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));
+  }
   // Quantized layers' linear weights have no compute copy (params.h).
   int64_t master_only = 0;
   for (bool q : llama::quantized_layers(cfg, recipe)) master_only += q ? cfg.linear_params_per_layer() : 0;
@@ -190,8 +199,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
   } else {
     // An empty master-only range: asked for, sharded, or a planned recipe switch (its BF16 GEMMs read weights).
-    if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch) qe = qb;
-    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems));
+    const bool offload = optimizer_placement.offload_fraction > 0;
+    if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch || offload) qe = qb;
+    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
+                            optimizer_placement));
   }
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {

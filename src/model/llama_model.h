@@ -74,8 +74,9 @@ class LlamaModel {
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)
   // With the distributed optimizer over `shards` ranks: 4 (gradient) + 12 / shards + the compute copy.
+  // With an offload placement, the device part of the state and the streaming windows only.
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
-                                 int shards = 1);
+                                 int shards = 1, const optim::Placement& placement = {});
   // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
   // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
   // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy.
@@ -102,6 +103,10 @@ class LlamaModel {
   int optimizer_shard_rank = 0, optimizer_shard_count = 1;
   // Set before init: the gradient-bucket length in elements (--ddp-bucket-size; 0 = one bucket).
   int64_t optimizer_bucket_elems = 0;
+  // Set before init: the share of master, m and v kept in host memory (--optimizer-cpu-offload). An
+  // offloaded state keeps a compute copy of every weight: the FP32 master is not on the GPU to quantize
+  // from (the copy holds the same RNE values, so results are bit-identical).
+  optim::Placement optimizer_placement;
   // Data-parallel overlap (docs/DISTRIBUTED.md): weights_needed(names) runs before a forward first reads
   // those parameters' compute copies (the embedding, each layer, the final norm and LM head); grads_final
   // (names) runs when those parameters' gradients are complete, which only the backward of the step's

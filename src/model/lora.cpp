@@ -93,7 +93,7 @@ Status lora_backward(const LoraModule& m, const Tensor& dy, const Tensor& x, con
 Status lora_adapter_from_store(const ParamStore& P, const LlamaConfig& c, const LoraSpec& s, LoraAdapter* out) {
   lora_allocate(c, s, out);
   std::vector<float> host(size_t(P.total()));
-  NB_TRY(P.get_flat(P.flat_master(), host.data()));
+  NB_TRY(P.get_state(optim::StateArray::master, host.data()));
   for (LoraLinear& L : out->linears) {
     const ParamInfo& a = P.info(lora_param_name(L.layer, L.target, true));
     const ParamInfo& b = P.info(lora_param_name(L.layer, L.target, false));
@@ -106,7 +106,7 @@ Status lora_adapter_from_store(const ParamStore& P, const LlamaConfig& c, const 
 Status lora_store_from_adapter(const LoraAdapter& ad, const LlamaConfig& c, ParamStore& P) {
   NB_TRY(check_lora_adapter(ad, c));
   std::vector<float> host(size_t(P.total()), 0.f);
-  NB_TRY(P.get_flat(P.flat_master(), host.data()));
+  NB_TRY(P.get_state(optim::StateArray::master, host.data()));
   int64_t found = 0;
   for (const LoraLinear& L : ad.linears) {
     const std::string an = lora_param_name(L.layer, L.target, true), bn = lora_param_name(L.layer, L.target, false);

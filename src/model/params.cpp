@@ -111,19 +111,20 @@ Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t buc
   bucket_len_ = bucket_elems > 0 ? std::min(whole, (bucket_elems + unit - 1) / unit * unit) : whole;
   shard_len_ = padded_total_ / shard_count;
   if (!frozen_) {
-    NB_TRY(Buffer::allocate(&master_, DType::f32, device_, {shard_len_}));
+    NB_TRY(state_->allocate(device_, shard_len_, placement_));
     NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {padded_total()}));
-    NB_TRY(Buffer::allocate(&m_, DType::f32, device_, {shard_len_}));
-    NB_TRY(Buffer::allocate(&v_, DType::f32, device_, {shard_len_}));
   }
   const int64_t compute_n = shard_count > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
   return Buffer::allocate(&compute_, compute_dtype(), device_, {std::max<int64_t>(1, compute_n)});
 }
 
 Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin, int64_t master_only_end,
-                            int shard_rank, int shard_count, int64_t bucket_elems) {
+                            int shard_rank, int shard_count, int64_t bucket_elems, const optim::Placement& placement) {
   device_ = dev;
   frozen_ = false;
+  placement_ = placement;
+  NB_CHECK(placement.offload_fraction <= 0 || master_only_begin == master_only_end,
+           "internal: an offloaded optimizer state needs every compute copy");
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
   return allocate_buffers(shard_rank, shard_count, bucket_elems);
@@ -132,6 +133,7 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
 Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
   device_ = dev;
   frozen_ = false;
+  placement_ = {};
   NB_TRY(layout(std::move(params)));
   return allocate_buffers(0, 1, 0);
 }
@@ -139,6 +141,7 @@ Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
 Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end) {
   device_ = dev;
   frozen_ = true;
+  placement_ = {};
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, no_copy_begin, no_copy_end));
   return allocate_buffers(0, 1, 0);
@@ -157,9 +160,7 @@ Status ParamStore::initialize(uint64_t seed) {
     });
   }
   for (auto& th : pool) th.join();
-  ops::fill(flat_m(), 0.0f, nullptr);
-  ops::fill(flat_v(), 0.0f, nullptr);
-  ops::fill(flat_master(), 0.0f, nullptr);  // a shard's padding past the last parameter stays zero
+  NB_TRY(state_->fill_zero());  // a shard's padding past the last parameter stays zero
   if (shard_count_ > 1) ops::fill(padded_compute(), 0.0f, nullptr);
   NB_TRY(set_master(host.data()));
   ops::fill(padded_grad(), 0.0f, nullptr);
@@ -176,21 +177,23 @@ ParamStore::Slice ParamStore::own_slice(int b) const {
 }
 // Master, m and v hold this store's slices of the flat space (all of it without sharding); a slice's
 // part in the padding past total() stays as it is (zero).
-Status ParamStore::set_flat(const Tensor& flat, const float* host) {
+Status ParamStore::set_state(optim::StateArray a, const float* host) {
   for (int b = 0; b < bucket_count(); ++b) {
     const Slice s = own_slice(b);
     const int64_t end = std::min(s.end, total_);
-    if (end > s.begin)
-      NB_TRY(copy_bytes(static_cast<float*>(flat.data) + s.local, device_, host + s.begin, Device::cpu,
-                        size_t(end - s.begin) * 4));
+    if (end > s.begin) NB_TRY(state_->write(a, s.local, host + s.begin, end - s.begin));
   }
   return Status::ok();
+}
+Status ParamStore::get_state(optim::StateArray a, float* host) const {
+  NB_CHECK(shard_count_ == 1, "internal: get_state of a sharded store (gather it first)");
+  return state_->read(a, 0, host, total_);
 }
 // The compute copy is cast on the device from the full FP32 values: from the master itself when this
 // store holds all of it, else from the gradient buffer used as scratch (only at start or load).
 Status ParamStore::set_master(const float* host) {
-  NB_TRY(set_flat(flat_master(), host));
-  if (shard_count_ == 1) {
+  NB_TRY(set_state(optim::StateArray::master, host));
+  if (shard_count_ == 1 && !state_->offloaded()) {
     for (const Piece& p : compute_pieces(0, total_))
       if (p.compute.data) ops::cast(range(flat_master(), p.begin, p.end), p.compute, nullptr);
     return Status::ok();
@@ -256,13 +259,19 @@ Tensor ParamStore::grad(const std::string& n) const {
 }
 Tensor ParamStore::master(const std::string& n) const {
   NB_CHECK(!frozen_, "internal: %s is frozen (no FP32 master)", n.c_str());
-  NB_CHECK(shard_count_ == 1, "internal: per-parameter master views of a sharded store");
-  return shaped(master_, DType::f32, info(n));
+  NB_CHECK(shard_count_ == 1 && !state_->offloaded(),
+           "internal: per-parameter master views of a sharded or "
+           "offloaded store");
+  const ParamInfo& p = info(n);
+  const Tensor flat = flat_master();
+  return p.shape.size() == 1
+             ? Tensor::make(flat.ptr<float>() + p.offset, DType::f32, device_, {p.shape[0]})
+             : Tensor::make(flat.ptr<float>() + p.offset, DType::f32, device_, {p.shape[0], p.shape[1]});
 }
 size_t ParamStore::bytes() const {
   const int64_t compute_n = shard_count_ > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
   if (frozen_) return size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
-  return size_t(padded_total()) * 4 + size_t(shard_len_) * 12 +
+  return size_t(padded_total()) * 4 + state_->device_bytes() +
          size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
 }
 

@@ -14,12 +14,17 @@
 // this store keeps master, m and v only for its own slices, back to back in bucket order: 2 (BF16 copy)
 // + 4 (gradient) + 12 / d bytes per parameter. Gradient and compute buffers stay whole (padded) so that
 // collectives work on them in place. Sharding needs every parameter to have a compute copy.
+// Master, m and v belong to an optim::OptimizerState (optim/optimizer_state.h), which places a share of
+// them in host memory with --optimizer-cpu-offload; then the flat_master/m/v views are the device part
+// only, and whole-array transfers go through get_state/set_state.
 #pragma once
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 #include "core/tensor.h"
 #include "model/llama_config.h"
+#include "optim/optimizer_state.h"
 
 namespace nb {
 
@@ -43,7 +48,8 @@ class ParamStore {
   // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
   // bucket_elems: the bucket length asked for (0 = one bucket), rounded up to a multiple of kAlign x d.
   Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0,
-                  int shard_rank = 0, int shard_count = 1, int64_t bucket_elems = 0);
+                  int shard_rank = 0, int shard_count = 1, int64_t bucket_elems = 0,
+                  const optim::Placement& placement = {});
   // A store of the given parameters (LoRA adapters): every one trainable, one shard, no master-only range.
   Status allocate(std::vector<ParamInfo> params, Device dev);
   // A frozen store (a LoRA base): the compute copy only, no master, gradient or AdamW state (grad(),
@@ -69,10 +75,13 @@ class ParamStore {
   // Flat views, for the optimizer and reductions. Master, m and v cover this store's slices (element 0 is
   // the first element of its slice of bucket 0; without sharding, everything); gradients cover the whole
   // flat space.
-  Tensor flat_master() const { return view(master_, DType::f32, 0, shard_len_); }
+  // With an offloaded state these are its device part only (optimizer_state().resident() elements).
+  Tensor flat_master() const { return state_->device_part(optim::StateArray::master); }
   Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
-  Tensor flat_m() const { return view(m_, DType::f32, 0, shard_len_); }
-  Tensor flat_v() const { return view(v_, DType::f32, 0, shard_len_); }
+  Tensor flat_m() const { return state_->device_part(optim::StateArray::m); }
+  Tensor flat_v() const { return state_->device_part(optim::StateArray::v); }
+  optim::OptimizerState& optimizer_state() { return *state_; }
+  const optim::OptimizerState& optimizer_state() const { return *state_; }
   // Buckets and this store's slices of them (the whole bucket without sharding). A slice may reach into
   // the padding past total(); shard_len() is the sum of the slices, padded_total() = d x shard_len().
   struct Slice {
@@ -100,11 +109,13 @@ class ParamStore {
   std::vector<Piece> compute_pieces(int64_t begin, int64_t end) const;
   int64_t master_only_elements() const { return hole_end_ - hole_begin_; }
   // Whole-store transfers for checkpoints and imported weights (host arrays of total() FP32 elements;
-  // the alignment padding between parameters is zero). set_flat stores into master, m or v the part
-  // this store keeps (its shard); get_flat needs the whole array (a sharded store gathers first).
-  // set_master also rewrites the whole compute copy.
+  // the alignment padding between parameters is zero). set_state stores into master, m or v the part
+  // this store keeps (its shard), wherever it lives; get_state needs an unsharded store (a sharded one
+  // gathers first); get_flat copies a whole device buffer (the gradients). set_master also rewrites
+  // the whole compute copy.
   Status get_flat(const Tensor& flat, float* host) const;
-  Status set_flat(const Tensor& flat, const float* host);
+  Status get_state(optim::StateArray a, float* host) const;
+  Status set_state(optim::StateArray a, const float* host);
   Status set_master(const float* host);
   size_t bytes() const;
 
@@ -124,7 +135,9 @@ class ParamStore {
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
   Status allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems);
-  Buffer master_, grad_, m_, v_, compute_;
+  Buffer grad_, compute_;
+  std::unique_ptr<optim::OptimizerState> state_ = std::make_unique<optim::OptimizerState>();  // movable store
+  optim::Placement placement_;
 };
 
 }  // namespace nb

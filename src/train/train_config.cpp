@@ -229,6 +229,17 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
       bool_key("use-distributed-optimizer",
                "shard FP32 master weights and AdamW m, v over the data-parallel ranks (6 + 12/d bytes/param)",
                &c.use_distributed_optimizer),
+      bool_key("optimizer-cpu-offload",
+               "keep FP32 master weights and AdamW m, v in page-locked host memory and stream them through the "
+               "GPU's AdamW each step (bit-identical results)",
+               &c.optimizer_cpu_offload),
+      double_key("optimizer-offload-fraction",
+                 "with --optimizer-cpu-offload: the share of the optimizer state kept in host memory (0..1)",
+                 &c.optimizer_offload_fraction),
+      double_key("optimizer-state-offload-chunk-size-mb",
+                 "with --optimizer-cpu-offload: MiB per state array in each streamed chunk (3 staging windows of 3 "
+                 "arrays live on the GPU)",
+                 &c.optimizer_state_offload_chunk_size_mb),
       int_key(
           "ddp-bucket-size",
           "data parallel: gradient bucket length in elements (0 = one bucket; with an overlap max(40M, 1M x ranks))",
@@ -412,6 +423,16 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   }
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
+  if (!(c.optimizer_offload_fraction >= 0 && c.optimizer_offload_fraction <= 1))
+    return errorf("--optimizer-offload-fraction is the share of the optimizer state in host memory, 0..1; got %g",
+                  c.optimizer_offload_fraction);
+  if (!(c.optimizer_state_offload_chunk_size_mb > 0 && c.optimizer_state_offload_chunk_size_mb <= 4096))
+    return errorf("--optimizer-state-offload-chunk-size-mb must lie in (0, 4096]; got %g",
+                  c.optimizer_state_offload_chunk_size_mb);
+  if (c.optimizer_cpu_offload && c.peft == "lora")
+    return errorf(
+        "--optimizer-cpu-offload moves the full model's optimizer state to host memory; a LoRA run keeps only its "
+        "small adapters' state: leave it out");
   if (c.ddp_bucket_size < 0)
     return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
                   (long long)c.ddp_bucket_size);

@@ -73,6 +73,11 @@ struct TrainConfig {
   bool overlap_grad_reduce = false;
   bool overlap_param_gather = false;
   bool grad_reduce_in_bf16 = false;
+  // Megatron-Core's optimizer offload (optim/optimizer_state.h): a share of master, m and v in page-locked
+  // host memory, streamed through the GPU's AdamW in chunks of this many MiB per array.
+  bool optimizer_cpu_offload = false;
+  double optimizer_offload_fraction = 1.0;
+  double optimizer_state_offload_chunk_size_mb = 64;
   // checkpoints (Megatron's flags; see train/checkpoint.h)
   int64_t save_interval = 0;  // checkpoint every N iterations and at the end (0 = none)
   int64_t save_keep = 0;      // keep the newest N checkpoints (0 = all)

@@ -160,7 +160,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
 Status Trainer::apply_update(double lr, const StepFigures& f) {
   const int64_t it = iteration_;
   if (std::isfinite(f.loss) && std::isfinite(f.grad_norm) && f.nonfinite_where.empty()) {
-    adamw_update(lr, f.grad_norm);
+    NB_TRY(adamw_update(lr, f.grad_norm));
     return gather_updated_weights();
   }
   nan_iters_++;
@@ -178,35 +178,47 @@ Status Trainer::apply_update(double lr, const StepFigures& f) {
   return Status::ok();
 }
 
-// One AdamW update of every parameter with the clipped gradient. Weight decay only on the 2-D weights,
-// which the ParamStore keeps first; master-only weights (quantized layers) pass an empty compute copy.
-void Trainer::adamw_update(double lr, double grad_norm) {
-  ParamStore& P = model_.params();
+// One AdamW update of every parameter with the clipped gradient (optim/adamw_stream.h: in place, or
+// streamed from host memory with --optimizer-cpu-offload). Weight decay only on the 2-D weights, which
+// the ParamStore keeps first.
+Status Trainer::adamw_update(double lr, double grad_norm) {
   float clip = 1.0f;
   if (cfg_.clip_grad > 0 && grad_norm > cfg_.clip_grad) clip = float(cfg_.clip_grad / (grad_norm + 1e-6));
   ++adam_step_;
-  ops::AdamWParams ap{float(lr),
-                      float(cfg_.adam_beta1),
-                      float(cfg_.adam_beta2),
-                      float(cfg_.adam_eps),
-                      float(cfg_.weight_decay),
-                      adam_step_,
-                      clip};
-  // Only this rank's slices with the distributed optimizer (all of it otherwise). Master, m and v are
-  // indexed from each slice's local start; gradients and compute copies by flat position.
+  const ops::AdamWParams ap{float(lr),
+                            float(cfg_.adam_beta1),
+                            float(cfg_.adam_beta2),
+                            float(cfg_.adam_eps),
+                            float(cfg_.weight_decay),
+                            adam_step_,
+                            clip};
+  if (update_segments_.empty()) {
+    NB_TRY(streamer_.init(&model_.params().optimizer_state()));
+    update_segments_ = build_update_segments();
+  }
+  // A checkpoint written straight from the host state must be on disk before the state changes.
+  if (model_.params().optimizer_state().offloaded() && summary_) NB_TRY(finish_saves(summary_));
+  return streamer_.update(update_segments_, ap);
+}
+
+// This rank's slices (distributed optimizer; everything otherwise) cut at the decay boundary and the
+// master-only range: master, m and v are indexed from each slice's local start; gradients and compute
+// copies by flat position. Master-only weights (quantized layers) get no compute copy.
+std::vector<optim::UpdateSegment> Trainer::build_update_segments() {
+  ParamStore& P = model_.params();
+  std::vector<optim::UpdateSegment> segs;
   for (const ParamStore::Slice& s : optimizer_slices())
     for (bool decayed : {true, false}) {
-      ap.weight_decay = decayed ? float(cfg_.weight_decay) : 0.f;
       const int64_t b = std::max(s.begin, decayed ? 0 : P.decayed_count());
       const int64_t e = std::min(s.end, decayed ? P.decayed_count() : P.total());
       if (e <= b) continue;
       const int64_t to_local = s.local - s.begin;
       for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
-        ops::adamw_update(P.range(P.flat_master(), pc.begin + to_local, pc.end + to_local),
-                          P.range(P.flat_grad(), pc.begin, pc.end),
-                          P.range(P.flat_m(), pc.begin + to_local, pc.end + to_local),
-                          P.range(P.flat_v(), pc.begin + to_local, pc.end + to_local), pc.compute, ap, nullptr);
+        segs.push_back({pc.begin + to_local, pc.end + to_local, P.range(P.flat_grad(), pc.begin, pc.end), pc.compute,
+                        decayed ? float(cfg_.weight_decay) : 0.f});
     }
+  std::sort(segs.begin(), segs.end(), [](const auto& x, const auto& y) { return x.begin < y.begin; });
+  return segs;
 }
 
 // Megatron's --eval-iters: each evaluation reads eval_iters global batches (all their micro-batches).
@@ -242,6 +254,7 @@ Status Trainer::train(TrainSummary* summary) {
   if (checkpoints) NB_TRY(prepare_saves());
   TermSignalScope term(!cfg_.save.empty());
   g_term_signal.store(0);
+  summary_ = summary;
   summary->start_iteration = iteration_;
   summary->device = device_name_;
   StepMetrics m;

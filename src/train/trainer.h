@@ -17,6 +17,7 @@
 #include "data/token_source.h"
 #include "dist/communicator.h"
 #include "model/llama_model.h"
+#include "optim/adamw_stream.h"
 #include "recipe/recipe.h"
 #include "train/grad_sync.h"
 #include "train/checkpoint.h"
@@ -51,6 +52,7 @@ class Trainer {
   Status pick_device();
   void print_plan();
   Status estimate_memory();
+  Status check_host_memory();  // --optimizer-cpu-offload: the host part fits this machine's memory
   Status build_model();
   Status build_data();
   Status build_sft_data();
@@ -88,7 +90,7 @@ class Trainer {
   Status connect_ranks();           // after pick_device: the rendezvous store and the communicator
   Status reduce_gradients();        // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
-  Status gather_optimizer_state(const Tensor& shard, float* host);  // for a save: the whole of master, m or v
+  Status gather_optimizer_state(optim::StateArray a, float* host);  // for a save: the whole of master, m or v
   Status prepare_grad_sync();  // after build_model: buckets, overlap hooks, the BF16 scratch
   // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
   std::vector<ParamStore::Slice> optimizer_slices();
@@ -96,6 +98,8 @@ class Trainer {
   Status reduce_amax_over_ranks();  // FP8 delayed scaling: step amaxes -> MAX over ranks (trainer_amax.cpp)
   bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
   bool logging_rank() const { return world_.rank == 0; }
+  // Saves and loads use the offloaded state's host arrays directly (unsharded offload).
+  bool saves_from_state() { return model_.params().optimizer_state().offloaded() && !sharded(); }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
   struct StepFigures {
@@ -105,7 +109,8 @@ class Trainer {
   Status run_micro_batches(double* loss_sum, double* wait_ms);
   Status reduce_step_figures(double loss_sum, StepFigures* f);
   Status apply_update(double lr, const StepFigures& f);
-  void adamw_update(double lr, double grad_norm);
+  Status adamw_update(double lr, double grad_norm);
+  std::vector<optim::UpdateSegment> build_update_segments();
   Status evaluate(int64_t iteration, TrainSummary* summary);
   void report(const TrainSummary& s) const;
 
@@ -136,6 +141,9 @@ class Trainer {
   std::unique_ptr<TokenSource> train_src_, valid_src_;
   LrSchedule sched_;
   Buffer norm_sq_;
+  optim::AdamWStreamer streamer_;                      // the update over master, m and v, wherever they live
+  std::vector<optim::UpdateSegment> update_segments_;  // built at the first update
+  TrainSummary* summary_ = nullptr;                    // train()'s, for saves finished before an update
   Buffer amax_scratch_;  // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
   std::vector<int32_t> step_tokens_, step_labels_;
   std::vector<std::vector<int32_t>> step_segments_;  // packed rows (SFT): each micro-batch's segment starts

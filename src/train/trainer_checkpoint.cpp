@@ -50,7 +50,10 @@ bool free_on_resume(const std::string& key) {
                                 "ddp-bucket-size",
                                 "overlap-grad-reduce",
                                 "overlap-param-gather",
-                                "distributed-timeout-minutes"};
+                                "distributed-timeout-minutes",
+                                "optimizer-cpu-offload",
+                                "optimizer-offload-fraction",
+                                "optimizer-state-offload-chunk-size-mb"};
   for (const char* k : kFree)
     if (key == k) return true;
   return false;
@@ -125,22 +128,28 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   NB_TRY(check_resume_compatible(saved, saved_model));
   ParamStore& P = model_.params();
   const std::vector<HfTensor> layout = hf_tensors(P);
-  std::vector<float> host(size_t(P.total()), 0.0f);
-  NB_TRY(read_checkpoint_tensors(checkpoint_model_file(ref), layout, "", host.data()));
-  NB_TRY(P.set_master(host.data()));
-  const bool optim = !cfg_.finetune && !cfg_.no_load_optim;
-  if (optim) {
-    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, ".exp_avg", host.data()));
-    NB_TRY(P.set_flat(P.flat_m(), host.data()));
-    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, ".exp_avg_sq", host.data()));
-    NB_TRY(P.set_flat(P.flat_v(), host.data()));
+  // An offloaded, unsharded state is read straight into its host arrays (no second host copy of it).
+  std::vector<float> scratch;
+  if (!saves_from_state()) scratch.assign(size_t(P.total()), 0.0f);
+  auto target = [&](optim::StateArray a) {
+    return saves_from_state() ? P.optimizer_state().host_array(a) : scratch.data();
+  };
+  P.optimizer_state().settle();
+  NB_TRY(read_checkpoint_tensors(checkpoint_model_file(ref), layout, "", target(optim::StateArray::master)));
+  NB_TRY(P.set_master(target(optim::StateArray::master)));
+  const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
+  for (optim::StateArray a : {optim::StateArray::m, optim::StateArray::v}) {
+    if (!load_optim) continue;  // fresh moments (zero since initialization)
+    const char* suffix = a == optim::StateArray::m ? ".exp_avg" : ".exp_avg_sq";
+    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, suffix, target(a)));
+    NB_TRY(P.set_state(a, target(a)));
   }
   if (!cfg_.finetune) NB_TRY(restore_state(state).context("checkpoint " + ref.dir));
   std::printf(
       "loaded checkpoint %s in %.1f s: %s%s%s\n", ref.dir.c_str(), ms_since(t0) / 1000.0,
       cfg_.finetune ? "weights only (--finetune), starting at iteration 0"
                     : strprintf("resuming after iteration %lld", (long long)iteration_).c_str(),
-      cfg_.finetune ? "" : (optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
+      cfg_.finetune ? "" : (load_optim ? ", AdamW state loaded" : ", AdamW state fresh (--no-load-optim)"),
       cfg_.finetune ? "" : (cfg_.no_load_rng ? ", RNG streams restarted (--no-load-rng)" : ", RNG state loaded"));
   std::fflush(stdout);  // a job killed right after still shows what it resumed from
   return Status::ok();
@@ -270,7 +279,7 @@ nlohmann::json Trainer::trainer_state() const {
 // with the distributed optimizer the ranks first gather their shards (save()).
 Status Trainer::prepare_saves() {
   if (!logging_rank()) return Status::ok();
-  if (!host_) {
+  if (!host_ && !saves_from_state()) {
     host_ = std::make_unique<HostCopies>();
     NB_TRY(host_->allocate(model_.params().total(), dev_ == Device::cuda).context("checkpoint host copies"));
   }
@@ -286,17 +295,23 @@ Status Trainer::save(TrainSummary* summary) {
   ParamStore& P = model_.params();
   NB_TRY(prepare_saves());
   const auto t0 = std::chrono::steady_clock::now();
-  if (sharded()) {  // every rank takes part in gathering the shards; rank 0 writes
-    NB_TRY(gather_optimizer_state(P.flat_master(), host_ ? host_->master : nullptr));
-    NB_TRY(gather_optimizer_state(P.flat_m(), host_ ? host_->m : nullptr));
-    NB_TRY(gather_optimizer_state(P.flat_v(), host_ ? host_->v : nullptr));
+  using optim::StateArray;
+  const float* arrays[3] = {nullptr, nullptr, nullptr};
+  if (saves_from_state()) {  // the host arrays are the checkpoint's source: no second copy of the state
+    NB_TRY(P.optimizer_state().stage_resident_for_save());
+    for (StateArray a : optim::kStateArrays) arrays[int(a)] = P.optimizer_state().host_array(a);
+  } else if (sharded()) {  // every rank takes part in gathering the shards; rank 0 writes
+    NB_TRY(gather_optimizer_state(StateArray::master, host_ ? host_->master : nullptr));
+    NB_TRY(gather_optimizer_state(StateArray::m, host_ ? host_->m : nullptr));
+    NB_TRY(gather_optimizer_state(StateArray::v, host_ ? host_->v : nullptr));
     if (!logging_rank()) return Status::ok();
   } else {
-    NB_TRY(P.get_flat(P.flat_master(), host_->master));
-    NB_TRY(P.get_flat(P.flat_m(), host_->m));
-    NB_TRY(P.get_flat(P.flat_v(), host_->v));
+    NB_TRY(P.get_state(StateArray::master, host_->master));
+    NB_TRY(P.get_state(StateArray::m, host_->m));
+    NB_TRY(P.get_state(StateArray::v, host_->v));
   }
-  CheckpointData d{iteration_, hf_tensors(P), host_->master, host_->m, host_->v, trainer_state()};
+  if (!arrays[0]) arrays[0] = host_->master, arrays[1] = host_->m, arrays[2] = host_->v;
+  CheckpointData d{iteration_, hf_tensors(P), arrays[0], arrays[1], arrays[2], trainer_state()};
   const double stall_ms = ms_since(t0);
   summary->save_stall_ms_max = std::max(summary->save_stall_ms_max, stall_ms);
   summary->saves++;

@@ -84,13 +84,16 @@ Status Trainer::gather_updated_weights() { return sync_ ? sync_->gather_weights(
 // A save needs master, m and v whole on rank 0: each is gathered, bucket by bucket, into the gradient
 // buffer (free between steps: the next step zeroes it) and copied to the host by rank 0. Every rank
 // must call this.
-Status Trainer::gather_optimizer_state(const Tensor& shard, float* host) {
+// This rank's slice is first copied to its own place in the bucket (from the device or host part of the
+// state), then gathered in place.
+Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
   ParamStore& P = model_.params();
   if (sync_) sync_->settle();
   for (int b = 0; b < P.bucket_count(); ++b) {
     const ParamStore::Slice s = P.own_slice(b);
-    NB_TRY(comm_->all_gather(P.range(shard, s.local, s.local + (s.end - s.begin)),
-                             P.range(P.padded_grad(), P.bucket_begin(b), P.bucket_end(b)), nullptr));
+    const Tensor mine = P.range(P.padded_grad(), s.begin, s.end);
+    NB_TRY(P.optimizer_state().read_to_device(a, s.local, mine.data, s.end - s.begin));
+    NB_TRY(comm_->all_gather(mine, P.range(P.padded_grad(), P.bucket_begin(b), P.bucket_end(b)), nullptr));
   }
   NB_TRY(comm_->wait(nullptr));
   if (!logging_rank()) return Status::ok();

@@ -2,6 +2,7 @@
 // the per-layer recipe are printed, the memory estimate comes before the first allocation, then the
 // model and the data sources are built.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include "core/device_info.h"
@@ -88,6 +89,9 @@ Status Trainer::resolve_config() {
   accum_ = cfg_.global_batch_size / (cfg_.micro_batch_size * cfg_.data_parallel);
   tokens_per_step_ = cfg_.global_batch_size * cfg_.seq_length;
   flops_per_token_ = lora() ? lora_flops_per_token() : model_cfg_.flops_per_token(cfg_.seq_length);
+  if (cfg_.optimizer_cpu_offload)  // where master, m and v live (optim/optimizer_state.h)
+    model_.optimizer_placement = {cfg_.optimizer_offload_fraction,
+                                  int64_t(cfg_.optimizer_state_offload_chunk_size_mb * 1048576.0 / 4.0)};
   return Status::ok();
 }
 
@@ -187,9 +191,9 @@ Status Trainer::estimate_memory() {
   const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
   // Precision annealing plans for both recipes from the start (trainer_anneal.cpp).
   const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
-  param_bytes_ = lora()
-                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
-                     : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count));
+  param_bytes_ = lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
+                        : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan,
+                                                             model_.optimizer_shard_count, model_.optimizer_placement));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
@@ -220,7 +224,7 @@ Status Trainer::estimate_memory() {
   base_used_ = total_bytes_ - free_bytes_;
   if (dev_ != Device::cuda) {
     std::printf("\n");
-    return Status::ok();
+    return check_host_memory();
   }
   int64_t best = 0;
   for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
@@ -234,10 +238,34 @@ Status Trainer::estimate_memory() {
   }
   std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_bytes_)),
               gib(double(total_bytes_)), (long long)best);
+  NB_TRY(check_host_memory());
   if (need > double(free_bytes_))
     return Status::error("out of GPU memory before step 1: this job " +
                          oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
   return Status::ok();
+}
+
+// --optimizer-cpu-offload: the share of master, m and v this rank keeps in page-locked host memory must fit
+// the host beside the other ranks of this machine, or the job stops before anything is allocated.
+Status Trainer::check_host_memory() {
+  const optim::Placement& pl = model_.optimizer_placement;
+  if (!(pl.offload_fraction > 0)) return Status::ok();
+  const int shards = model_.optimizer_shard_count;
+  const int64_t shard = (model_cfg_.total_params() + shards - 1) / shards;
+  const double mine = 12.0 * double(optim::OptimizerState::offloaded_elems(shard, pl));
+  const double node = mine * double(world_.local_size), avail = optim::host_memory_available_bytes();
+  std::printf(
+      "host memory: optimizer state offloaded %.0f%% (%.2f GiB page-locked per rank, %d rank%s here), "
+      "%.2f GiB available\n",
+      100.0 * pl.offload_fraction, gib(mine), world_.local_size, world_.local_size > 1 ? "s" : "", gib(avail));
+  if (avail <= 0 || node <= avail * 0.95) return Status::ok();
+  const double fits = std::floor(100.0 * pl.offload_fraction * avail * 0.95 / node) / 100.0;
+  return errorf(
+      "the offloaded optimizer state needs %.2f GiB of page-locked host memory on this machine (%.0f%% of 12 "
+      "bytes x %lld parameters%s) but %.2f GiB is available; pass --optimizer-offload-fraction %.2f or less (the "
+      "rest stays on the GPU), use more machines, or free host memory",
+      gib(node), 100.0 * pl.offload_fraction, (long long)shard,
+      world_.local_size > 1 ? strprintf(" on each of %d ranks", world_.local_size).c_str() : "", gib(avail), fits);
 }
 
 Status Trainer::build_model() {

@@ -29,7 +29,7 @@ recipe::Recipe preset(const std::string& name) {
 void randomize_b(LlamaModel& m, uint32_t seed) {
   ParamStore& P = m.params();
   std::vector<float> host(size_t(P.total()));
-  ASSERT_TRUE(P.get_flat(P.flat_master(), host.data()).is_ok());
+  ASSERT_TRUE(P.get_state(optim::StateArray::master, host.data()).is_ok());
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 0.05f);
   for (const ParamInfo& p : P.params())

@@ -1,6 +1,6 @@
 // The ParamStore's buckets and slices for the distributed optimizer: every bucket split into d equal,
 // aligned slices, rank r's slices covering every element once over the ranks and stored back to back;
-// set_master / set_flat store exactly this rank's parts of whole arrays, and the whole compute copy.
+// set_master / set_state store exactly this rank's parts of whole arrays, and the whole compute copy.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <vector>
@@ -35,7 +35,7 @@ TEST(ParamShards, TileTheFlatSpaceAndHoldTheirSlice) {
         if (bucket > 0) { EXPECT_EQ(P.bucket_count(), (P.padded_total() + P.bucket_len() - 1) / P.bucket_len()); }
         EXPECT_LE(P.bucket_len(), P.padded_total());
         ASSERT_TRUE(P.set_master(host.data()).is_ok());
-        ASSERT_TRUE(P.set_flat(P.flat_m(), m.data()).is_ok());
+        ASSERT_TRUE(P.set_state(optim::StateArray::m, m.data()).is_ok());
         const float* master = P.flat_master().ptr<float>();
         const float* mm = P.flat_m().ptr<float>();
         int64_t local = 0;
