@@ -35,4 +35,39 @@ void StreamEvent::wait_in(Stream s) {
   if (e_ && recorded_) CUDA_CHECK(cudaStreamWaitEvent(cudaStream_t(s), cudaEvent_t(e_), 0));
 }
 
+TimedSpan::~TimedSpan() {
+  if (b_) cudaEventDestroy(cudaEvent_t(b_));
+  if (e_) cudaEventDestroy(cudaEvent_t(e_));
+}
+Status TimedSpan::create(Device dev) {
+  if (dev != Device::cuda || b_) return Status::ok();
+  cudaEvent_t b = nullptr, e = nullptr;
+  CUDA_CHECK(cudaEventCreate(&b));
+  CUDA_CHECK(cudaEventCreate(&e));
+  b_ = b;
+  e_ = e;
+  return Status::ok();
+}
+void TimedSpan::begin(Stream s) {
+  if (b_)
+    CUDA_CHECK(cudaEventRecord(cudaEvent_t(b_), cudaStream_t(s)));
+  else
+    host_begin_ = detail::host_now_ms();
+}
+void TimedSpan::end(Stream s) {
+  pending_ = true;
+  if (e_)
+    CUDA_CHECK(cudaEventRecord(cudaEvent_t(e_), cudaStream_t(s)));
+  else
+    host_ms_ = detail::host_now_ms() - host_begin_;
+}
+double TimedSpan::ms() {
+  pending_ = false;
+  if (!e_) return host_ms_;
+  float ms = 0;
+  CUDA_CHECK(cudaEventSynchronize(cudaEvent_t(e_)));
+  CUDA_CHECK(cudaEventElapsedTime(&ms, cudaEvent_t(b_), cudaEvent_t(e_)));
+  return double(ms);
+}
+
 }  // namespace nb

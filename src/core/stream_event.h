@@ -43,4 +43,29 @@ class StreamEvent {
   bool recorded_ = false;
 };
 
+namespace detail {
+double host_now_ms();  // steady clock
+}  // namespace detail
+
+// The device time between two points of one stream's work (timed events on CUDA; the host clock on the
+// CPU backend, where every op is done when it returns). ms() waits for the end point.
+class TimedSpan {
+ public:
+  TimedSpan() = default;
+  ~TimedSpan();
+  TimedSpan(const TimedSpan&) = delete;
+  TimedSpan& operator=(const TimedSpan&) = delete;
+  Status create(Device dev);
+  void begin(Stream s);
+  void end(Stream s);
+  bool pending() const { return pending_; }
+  double ms();  // the span's length; clears pending
+
+ private:
+  void* b_ = nullptr;
+  void* e_ = nullptr;
+  double host_begin_ = 0, host_ms_ = 0;
+  bool pending_ = false;
+};
+
 }  // namespace nb

@@ -84,6 +84,7 @@ class LlamaModel {
                                       const LoraSpec& lora);
   // The trainable parameters: the whole model, or with LoRA the adapters only.
   ParamStore& params() { return params_; }
+  const ParamStore& params() const { return params_; }
   // LoRA: set before init. The base is frozen (no FP32 master, gradient or AdamW state) and stored in
   // the recipe's formats, quantized once at init from `base` (HF names: an HF folder or a nibble
   // checkpoint's model file) or, when base is nullptr, from the seeded values a fresh model of this seed

@@ -32,10 +32,10 @@ Tensor AdamWStreamer::window_array(const Window& w, int a, int64_t n) const {
 
 // The segments' parts inside [begin, end), with master, m and v read from base[0..2], whose element 0
 // is local element base_at.
-void AdamWStreamer::update_range(const std::vector<UpdateSegment>& segs, int64_t begin, int64_t end,
-                                 const Tensor* base, int64_t base_at, ops::AdamWParams p) const {
-  auto it = std::upper_bound(segs.begin(), segs.end(), begin,
-                             [](int64_t x, const UpdateSegment& s) { return x < s.end; });
+void AdamWStreamer::update_range(const std::vector<UpdateSegment>& segs, int64_t begin, int64_t end, const Tensor* base,
+                                 int64_t base_at, ops::AdamWParams p) const {
+  auto it =
+      std::upper_bound(segs.begin(), segs.end(), begin, [](int64_t x, const UpdateSegment& s) { return x < s.end; });
   for (; it != segs.end() && it->begin < end; ++it) {
     const int64_t a = std::max(begin, it->begin), b = std::min(end, it->end), n = b - a;
     if (n <= 0) continue;

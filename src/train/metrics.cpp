@@ -49,6 +49,7 @@ std::string format_jsonl(const StepMetrics& m) {
   j["mfu"] = m.mfu;
   j["peak_mem_gib"] = m.peak_mem_gib;
   j["data_wait_ms"] = m.data_wait_ms;
+  j["optimizer_ms"] = m.optimizer_ms;
   j["skipped_iterations"] = m.skipped;
   return j.dump();
 }

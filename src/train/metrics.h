@@ -12,6 +12,7 @@ struct StepMetrics {
   int64_t iteration = 0, total_iters = 0, consumed_samples = 0, global_batch = 0, skipped = 0, nan_iters = 0;
   double step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, lr = 0, loss = 0, grad_norm = 0, peak_mem_gib = 0,
          eta_s = 0, data_wait_ms = 0;
+  double optimizer_ms = 0;  // the AdamW update on the compute stream (streaming included with offload)
 };
 
 // Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.

@@ -64,7 +64,13 @@ Status Trainer::step(StepMetrics* m) {
   const double lr = sched_.at(it);
   NB_TRY(apply_update(lr, f));
   NB_PROFILE_END("optimizer: norm + AdamW");
-  if (dev_ == Device::cuda) device_synchronize();
+  // The step ends when the compute stream is done. Offloaded copy-outs may still run on their own stream,
+  // hidden behind the next forward (the next update waits for them; see optim/adamw_stream.h).
+  if (dev_ == Device::cuda && model_.params().optimizer_state().offloaded() && !sync_)
+    stream_synchronize(nullptr);
+  else if (dev_ == Device::cuda)
+    device_synchronize();
+  m->optimizer_ms = optimizer_span_.pending() ? optimizer_span_.ms() : 0.0;
   iteration_++;
   rng_step_++;
   m->iteration = iteration_;
@@ -194,11 +200,15 @@ Status Trainer::adamw_update(double lr, double grad_norm) {
                             clip};
   if (update_segments_.empty()) {
     NB_TRY(streamer_.init(&model_.params().optimizer_state()));
+    NB_TRY(optimizer_span_.create(dev_));
     update_segments_ = build_update_segments();
   }
   // A checkpoint written straight from the host state must be on disk before the state changes.
   if (model_.params().optimizer_state().offloaded() && summary_) NB_TRY(finish_saves(summary_));
-  return streamer_.update(update_segments_, ap);
+  optimizer_span_.begin(nullptr);
+  NB_TRY(streamer_.update(update_segments_, ap));
+  optimizer_span_.end(nullptr);
+  return Status::ok();
 }
 
 // This rank's slices (distributed optimizer; everything otherwise) cut at the decay boundary and the
@@ -260,7 +270,7 @@ Status Trainer::train(TrainSummary* summary) {
   StepMetrics m;
   m.total_iters = cfg_.train_iters;
   m.global_batch = cfg_.global_batch_size;
-  double time_sum_ms = 0;
+  double time_sum_ms = 0, optimizer_sum_ms = 0;
   int64_t timed_steps = 0;
   while (iteration_ < cfg_.train_iters) {
     Timer step_timer;
@@ -275,6 +285,7 @@ Status Trainer::train(TrainSummary* summary) {
     const double step_ms = step_timer.ms();
     if (it > summary->start_iteration) {
       time_sum_ms += step_ms;
+      optimizer_sum_ms += m.optimizer_ms;
       timed_steps++;
     }  // the first step warms up
     m.step_ms = step_ms;
@@ -314,6 +325,7 @@ Status Trainer::train(TrainSummary* summary) {
   summary->end_iteration = iteration_;
   summary->skipped = skipped_;
   summary->mean_step_ms = timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms;
+  summary->optimizer_ms = timed_steps ? optimizer_sum_ms / double(timed_steps) : m.optimizer_ms;
   const double tokens_per_gpu = double(tokens_per_step_) / double(world_.size);
   summary->tokens_per_s = summary->mean_step_ms > 0 ? tokens_per_gpu / (summary->mean_step_ms / 1000.0) : 0;
   summary->tflops =
@@ -341,6 +353,10 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("| %-34s | %22.1f |\n", "model TFLOP/s/GPU", s.tflops);
   if (peak_tflops_ > 0) std::printf("| %-34s | %21.1f%% |\n", "MFU", 100.0 * s.mfu);
   std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", s.peak_mem_gib);
+  std::printf("| %-34s | %22.1f |\n", "optimizer update (ms, mean)", s.optimizer_ms);
+  const optim::OptimizerState& state = model_.params().optimizer_state();
+  if (state.offloaded())
+    std::printf("| %-34s | %22.2f |\n", "optimizer state in host mem (GiB)", gib(double(state.host_bytes())));
   const double wait_total = train_src_ ? train_src_->wait_ms_total() : 0;
   std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", s.steps ? wait_total / double(s.steps) : 0.0);
   if (cfg_.quant_stats)

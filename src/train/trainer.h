@@ -32,6 +32,7 @@ struct TrainSummary {
   int64_t start_iteration = 0, end_iteration = 0;  // resumed from / stopped at
   double first_loss = 0, final_loss = 0, final_val_loss = -1;
   double mean_step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, peak_mem_gib = 0;
+  double optimizer_ms = 0;  // mean AdamW update time on the compute stream after step 1
   int64_t saves = 0;
   double save_stall_ms_max = 0, save_write_s_max = 0, checkpoint_gib = 0;  // async save figures
   std::string device, stopped_by;  // stopped_by: "", "exit-interval" or "SIGTERM"
@@ -143,8 +144,9 @@ class Trainer {
   Buffer norm_sq_;
   optim::AdamWStreamer streamer_;                      // the update over master, m and v, wherever they live
   std::vector<optim::UpdateSegment> update_segments_;  // built at the first update
-  TrainSummary* summary_ = nullptr;                    // train()'s, for saves finished before an update
-  Buffer amax_scratch_;  // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
+  TimedSpan optimizer_span_;         // the update's time on the compute stream (metrics: optimizer_ms)
+  TrainSummary* summary_ = nullptr;  // train()'s, for saves finished before an update
+  Buffer amax_scratch_;              // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
   std::vector<int32_t> step_tokens_, step_labels_;
   std::vector<std::vector<int32_t>> step_segments_;  // packed rows (SFT): each micro-batch's segment starts
   double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor

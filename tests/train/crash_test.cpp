@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <nlohmann/json.hpp>
 #include "common/nibble_binary.h"
 #include "io/file_util.h"
@@ -66,8 +67,14 @@ int count_saves(const std::string& log) {
 
 }  // namespace
 
-TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
-  const std::string dir = test::temp_folder("sigkill"), save = dir + "/run";
+// The job's extra flags: none, or the optimizer state in host memory (saves are written straight from it).
+const char* const kOffload = "--optimizer-cpu-offload --optimizer-offload-fraction 0.5 ";
+class CrashSafetyState : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CrashSafetyState, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
+  const std::string kJob = ::kJob + GetParam();
+  const std::string dir = test::temp_folder(std::string("sigkill") + (*GetParam() ? "_offload" : "")),
+                    save = dir + "/run";
   std::mt19937 rng(2026);
   int64_t newest = -1, kills_mid_save = 0;
   for (int round = 0; round < 20; ++round) {
@@ -108,6 +115,9 @@ TEST(CrashSafety, SigkillDuringSavesAlwaysLeavesALoadableNewestCheckpoint) {
   EXPECT_NE(r.out.find("resuming after iteration " + std::to_string(newest)), std::string::npos) << r.out;
 }
 
+INSTANTIATE_TEST_SUITE_P(CrashSafety, CrashSafetyState, ::testing::Values("", kOffload),
+                         [](const auto& info) { return std::string(*info.param ? "offload" : "device"); });
+
 TEST(CrashSafety, SigtermSavesAndExitsCleanly) {
   const std::string dir = test::temp_folder("sigterm"), save = dir + "/run";
   pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save, dir + "/log.txt");
@@ -121,12 +131,13 @@ TEST(CrashSafety, SigtermSavesAndExitsCleanly) {
   EXPECT_GT(verified_latest(save), 0);
 }
 
-class DamagedCheckpoint : public ::testing::TestWithParam<const char*> {};
+class DamagedCheckpoint : public ::testing::TestWithParam<std::tuple<const char*, const char*>> {};
 
 TEST_P(DamagedCheckpoint, IsRefusedByItsChecksumInOneSentence) {
-  const std::string dir = test::temp_folder(std::string("damaged_") + GetParam()), save = dir + "/run";
+  const std::string what = std::get<0>(GetParam()), kJob = ::kJob + std::get<1>(GetParam());
+  const std::string dir = test::temp_folder("damaged_" + what + (*std::get<1>(GetParam()) ? "_offload" : "")),
+                    save = dir + "/run";
   ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 1").code, 0);
-  const std::string what = GetParam();
   const std::string file = save + "/iter_0000002/" +
                            (what == "truncate"     ? "model.safetensors"
                             : what == "flip_state" ? "trainer_state.json"
@@ -146,7 +157,12 @@ TEST_P(DamagedCheckpoint, IsRefusedByItsChecksumInOneSentence) {
   EXPECT_EQ(older.code, 0) << older.out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Damage, DamagedCheckpoint, ::testing::Values("truncate", "flip_model", "flip_state"));
+INSTANTIATE_TEST_SUITE_P(Damage, DamagedCheckpoint,
+                         ::testing::Combine(::testing::Values("truncate", "flip_model", "flip_state"),
+                                            ::testing::Values("", kOffload)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + (*std::get<1>(info.param) ? "_offload" : "");
+                         });
 
 // A state whose checksum is right but whose FP8 scale does not fit a float (written by hand, or by a
 // bug) is refused in one sentence: converting such a double to float would be undefined behaviour.
