@@ -128,7 +128,7 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
     if (!(placement.offload_fraction > 0)) return weights + cfg.total_params() * 12 / shards;
     const int64_t shard = (cfg.total_params() + shards - 1) / shards;
     const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
-    const int64_t chunk = std::max(placement.chunk_elems, optim::OptimizerState::kPageElems);
+    const int64_t chunk = std::clamp(placement.chunk_elems, optim::OptimizerState::kPageElems, shard);
     return weights + resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));
   }
   // Quantized layers' linear weights have no compute copy (params.h).

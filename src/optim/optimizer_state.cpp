@@ -48,6 +48,9 @@ Status OptimizerState::allocate(Device dev, int64_t len, const Placement& p) {
   if (off > 0 && resident_ % kPageElems != 0) {  // the host part starts on a page: move whole pages back
     resident_ = resident_ / kPageElems * kPageElems;
   }
+  // No chunk longer than the host part (page-rounded): the staging windows are 3 chunks each.
+  chunk_ =
+      std::min(chunk_, std::max<int64_t>(kPageElems, (len - resident_ + kPageElems - 1) / kPageElems * kPageElems));
   for (Buffer& b : dev_arrays_) NB_TRY(Buffer::allocate(&b, DType::f32, dev, {std::max<int64_t>(1, resident_)}));
   if (!offloaded()) return Status::ok();
   NB_TRY(in_.create(dev));

@@ -53,7 +53,9 @@ class Trainer {
   Status pick_device();
   void print_plan();
   Status estimate_memory();
-  Status check_host_memory();  // --optimizer-cpu-offload: the host part fits this machine's memory
+  Status check_host_memory();
+  std::string offload_fraction_advice(
+      double need) const;  // --optimizer-cpu-offload: the host part fits this machine's memory
   Status build_model();
   Status build_data();
   Status build_sft_data();

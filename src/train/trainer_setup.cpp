@@ -236,13 +236,26 @@ Status Trainer::estimate_memory() {
     else
       break;
   }
-  std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld\n", gib(double(free_bytes_)),
-              gib(double(total_bytes_)), (long long)best);
+  std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld%s\n", gib(double(free_bytes_)),
+              gib(double(total_bytes_)), (long long)best, offload_fraction_advice(need).c_str());
   NB_TRY(check_host_memory());
   if (need > double(free_bytes_))
     return Status::error("out of GPU memory before step 1: this job " +
                          oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
   return Status::ok();
+}
+
+// With offload, the least share of the state in host memory that still fits the GPU at this micro-batch
+// (less streaming per step), keeping 3% of the free memory as slack.
+std::string Trainer::offload_fraction_advice(double need) const {
+  const optim::Placement& pl = model_.optimizer_placement;
+  if (!(pl.offload_fraction > 0)) return "";
+  const int shards = model_.optimizer_shard_count;
+  const double shard = double((model_cfg_.total_params() + shards - 1) / shards);
+  const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(int64_t(shard), pl)));
+  const double room = 0.97 * double(free_bytes_) - (need - on_device);  // for the resident state
+  const double least = std::ceil(100.0 * std::clamp(1.0 - room / (12.0 * shard), 0.0, 1.0)) / 100.0;
+  return strprintf("; least --optimizer-offload-fraction that fits: %.2f", least);
 }
 
 // --optimizer-cpu-offload: the share of master, m and v this rank keeps in page-locked host memory must fit

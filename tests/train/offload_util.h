@@ -58,8 +58,8 @@ inline void expect_offload_bit_exact(const std::string& device, const std::strin
 }
 
 // Steps 1-2 with offload, save; 3-4 without, save; 5-6 with again: equal to 6 steps without offload.
-inline void expect_offload_switch_resume(const std::string& device, const std::string& recipe,
-                                         const std::string& dir, const std::string& data_prefix) {
+inline void expect_offload_switch_resume(const std::string& device, const std::string& recipe, const std::string& dir,
+                                         const std::string& data_prefix) {
   TrainConfig whole = resume_job(device, recipe, data_prefix);
   whole.save = dir + "/switch_whole";
   whole.save_interval = 6;
