@@ -2,6 +2,7 @@
 // verification (CRC-32 per file) and streaming reads of the safetensors files.
 #include "train/checkpoint.h"
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "io/file_util.h"
 #include "io/hf_llama.h"
 #include "io/json_checked.h"
+#include "io/safetensors.h"
 
 namespace nb {
 
@@ -58,6 +60,65 @@ Status write_tensor_file(const std::string& path, const std::vector<HfTensor>& l
 }
 
 // CRC-32 of the state's canonical dump without the field itself.
+Status checksum_failure(const CheckpointRef& ref, const std::string& name, uint64_t size, uint32_t crc,
+                        uint64_t want_size, uint64_t want_crc) {
+  return errorf(
+      "%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08llx): "
+      "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
+      ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc, (unsigned long long)want_size,
+      (unsigned long long)want_crc);
+}
+
+// A byte range of a checkpoint file and where it goes.
+struct FileCopy {
+  uint64_t offset, bytes;
+  char* dst;
+};
+
+// The copies that fill `targets` from a safetensors header, sorted by file offset; every tensor must be F32
+// in its layout shape.
+Status plan_copies(const std::string& path, const SafeTensorsHeader& h, const std::vector<HfTensor>& layout,
+                   const std::vector<CheckpointTarget>& targets, std::vector<FileCopy>* out) {
+  for (const CheckpointTarget& t : targets)
+    for (const HfTensor& x : layout) {
+      const std::string name = x.name + t.suffix;
+      auto it = h.tensors.find(name);
+      if (it == h.tensors.end()) return errorf("%s has no tensor %s", path.c_str(), name.c_str());
+      if (it->second.dtype != "F32" || it->second.shape != x.shape)
+        return errorf("%s: tensor %s is %s %s, expected F32 %s", path.c_str(), name.c_str(), it->second.dtype.c_str(),
+                      nlohmann::json(it->second.shape).dump().c_str(), nlohmann::json(x.shape).dump().c_str());
+      out->push_back({it->second.file_offset, it->second.nbytes, reinterpret_cast<char*>(t.host_flat + x.flat_offset)});
+    }
+  std::sort(out->begin(), out->end(), [](const FileCopy& a, const FileCopy& b) { return a.offset < b.offset; });
+  return Status::ok();
+}
+
+// Reads the file once, front to back: the CRC-32 of every byte, and each copy's bytes as they pass.
+Status stream_file(const std::string& path, const std::vector<FileCopy>& copies, uint32_t* crc, uint64_t* size) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));
+  std::vector<char> buf(size_t(64) << 20);
+  uint32_t c = 0;
+  uint64_t pos = 0;
+  size_t next = 0, got = 0;
+  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    c = crc32_of(buf.data(), got, c);
+    const uint64_t end = pos + got;
+    while (next < copies.size() && copies[next].offset + copies[next].bytes <= pos) ++next;
+    for (size_t i = next; i < copies.size() && copies[i].offset < end; ++i) {
+      const uint64_t a = std::max(pos, copies[i].offset), b = std::min(end, copies[i].offset + copies[i].bytes);
+      if (b > a) std::memcpy(copies[i].dst + (a - copies[i].offset), buf.data() + (a - pos), size_t(b - a));
+    }
+    pos = end;
+  }
+  const bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) return errorf("cannot read %s: %s", path.c_str(), std::strerror(errno));
+  *crc = c;
+  *size = pos;
+  return Status::ok();
+}
+
 uint32_t state_crc(nlohmann::json state) {
   state.erase("state_crc32");
   const std::string s = state.dump();
@@ -180,7 +241,7 @@ Status find_checkpoint(const std::string& load_dir, int64_t step, CheckpointRef*
   return Status::ok();
 }
 
-Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
+Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state, FileCheck check) {
   const std::string path = ref.dir + "/trainer_state.json";
   std::ifstream in(path);
   if (!in) return errorf("checkpoint %s is incomplete: %s is missing", ref.dir.c_str(), path.c_str());
@@ -209,32 +270,16 @@ Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state) {
     }
     if (name.find('/') != std::string::npos || name.find("..") != std::string::npos)
       return errorf("%s names the file '%s' outside its folder; the checkpoint is damaged", path.c_str(), name.c_str());
-    uint32_t crc = 0;
+    uint32_t crc = uint32_t(want_crc);
     uint64_t size = 0;
-    NB_TRY(file_crc32(ref.dir + "/" + name, &crc, &size).context("checkpoint " + ref.dir));
-    if (size != want_size || crc != want_crc)
-      return errorf(
-          "%s/%s fails its checksum (%llu bytes, CRC-32 %08x; trainer_state.json records %llu bytes, %08llx): "
-          "the file is damaged or truncated; load an older checkpoint with --ckpt-step N",
-          ref.dir.c_str(), name.c_str(), (unsigned long long)size, crc, (unsigned long long)want_size,
-          (unsigned long long)want_crc);
-  }
-  return Status::ok();
-}
-
-// The file is a safetensors file like any Hugging Face shard: the HF reader validates its header and
-// reads each tensor; a checkpoint only adds that every tensor is F32 in this model's shape.
-Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTensor>& layout, const std::string& suffix,
-                               float* host_flat) {
-  HfCheckpointReader r;
-  NB_TRY(r.open_file(file));
-  for (const HfTensor& t : layout) {
-    const std::string name = t.name + suffix;
-    if (!r.has(name)) return errorf("%s has no tensor %s", file.c_str(), name.c_str());
-    if (r.dtype(name) != "F32" || r.shape(name) != t.shape)
-      return errorf("%s: tensor %s is %s %s, expected F32 %s", file.c_str(), name.c_str(), r.dtype(name).c_str(),
-                    nlohmann::json(r.shape(name)).dump().c_str(), nlohmann::json(t.shape).dump().c_str());
-    NB_TRY(r.read_f32(name, host_flat + t.flat_offset));
+    if (check == FileCheck::crc) {
+      NB_TRY(file_crc32(ref.dir + "/" + name, &crc, &size).context("checkpoint " + ref.dir));
+    } else {
+      std::error_code ec;
+      size = fs::file_size(ref.dir + "/" + name, ec);
+      if (ec) return errorf("checkpoint %s: cannot read %s: %s", ref.dir.c_str(), name.c_str(), ec.message().c_str());
+    }
+    if (size != want_size || crc != want_crc) return checksum_failure(ref, name, size, crc, want_size, want_crc);
   }
   return Status::ok();
 }
@@ -287,7 +332,11 @@ Status model_config_from_json(const nlohmann::json& j, const std::string& where,
 Status checkpoint_config(const CheckpointRef& ref, TrainConfig* cfg, LlamaConfig* model) {
   nlohmann::json state;
   NB_TRY(read_checkpoint_state(ref, &state));
-  const std::string where = ref.dir + "/trainer_state.json";
+  return checkpoint_config_of(state, ref.dir + "/trainer_state.json", cfg, model);
+}
+
+Status checkpoint_config_of(const nlohmann::json& state, const std::string& where, TrainConfig* cfg,
+                            LlamaConfig* model) {
   if (!state.contains("config") || !state["config"].is_string() || !state.contains("model"))
     return errorf("%s has no configuration; it was not written by nibble", where.c_str());
   *cfg = TrainConfig{};
@@ -324,6 +373,33 @@ Status AsyncCheckpointWriter::wait(CheckpointWriteStats* last) {
 bool AsyncCheckpointWriter::failed() {
   std::lock_guard<std::mutex> lock(mu_);
   return done_ && !result_.is_ok();
+}
+
+Status read_checkpoint_file(const CheckpointRef& ref, const nlohmann::json& state, const std::string& name,
+                            const std::vector<HfTensor>& layout, const std::vector<CheckpointTarget>& targets) {
+  const std::string path = ref.dir + "/" + name;
+  uint64_t want_size = 0, want_crc = 0;
+  try {
+    const auto& e = json_field(json_field(state, "files"), name.c_str());
+    want_size = json_uint(e, "bytes");
+    want_crc = json_uint(e, "crc32");
+  } catch (const std::exception& ex) {
+    return errorf("%s/trainer_state.json: no valid entry for %s (%s); load an older checkpoint with --ckpt-step N",
+                  ref.dir.c_str(), name.c_str(), ex.what());
+  }
+  SafeTensorsHeader h;
+  std::vector<FileCopy> copies;
+  Status st = read_safetensors_header(path, &h);
+  if (st) st = plan_copies(path, h, layout, targets, &copies);
+  uint32_t crc = 0;
+  uint64_t size = 0;
+  if (!st) {  // a damaged header reads as what it is: a file that fails its checksum
+    NB_TRY(file_crc32(path, &crc, &size));
+    return size != want_size || crc != want_crc ? checksum_failure(ref, name, size, crc, want_size, want_crc) : st;
+  }
+  NB_TRY(stream_file(path, copies, &crc, &size));
+  if (size != want_size || crc != want_crc) return checksum_failure(ref, name, size, crc, want_size, want_crc);
+  return Status::ok();
 }
 
 }  // namespace nb

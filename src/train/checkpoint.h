@@ -32,19 +32,32 @@ std::string checkpoint_folder_name(int64_t iteration);  // iter_0000100
 // The checkpoint to load from `load_dir`: `step` < 0 reads latest_checkpointed_iteration.txt.
 // *found = false (and ok) when step < 0 and the folder has no tracker file: nothing saved yet.
 Status find_checkpoint(const std::string& load_dir, int64_t step, CheckpointRef* out, bool* found = nullptr);
-// trainer_state.json of a checkpoint after checking its own CRC and the CRC and size of every file.
-Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state);
+// trainer_state.json of a checkpoint after checking its own CRC and the CRC and size of every file
+// (FileCheck::size: only that each file exists with its size; a caller that reads the files whole with
+// read_checkpoint_file checks their CRCs there, so each file is read once).
+enum class FileCheck { crc, size };
+Status read_checkpoint_state(const CheckpointRef& ref, nlohmann::json* state, FileCheck check = FileCheck::crc);
 // The training configuration and model shape a checkpoint was saved with (checksums verified).
 Status checkpoint_config(const CheckpointRef& ref, TrainConfig* cfg, LlamaConfig* model);
+// The same from a trainer_state.json already read (`where` names it in messages).
+Status checkpoint_config_of(const nlohmann::json& state, const std::string& where, TrainConfig* cfg,
+                            LlamaConfig* model);
 // The model shape as trainer_state.json records it ("model"), and back.
 nlohmann::json model_config_json(const LlamaConfig& c);
 Status model_config_from_json(const nlohmann::json& j, const std::string& where, LlamaConfig* out);
 inline std::string checkpoint_model_file(const CheckpointRef& ref) { return ref.dir + "/model.safetensors"; }
 inline std::string checkpoint_optimizer_file(const CheckpointRef& ref) { return ref.dir + "/optimizer.safetensors"; }
-// Reads FP32 tensors "<name><suffix>" of `file` into host_flat at each tensor's flat offset. Every
-// tensor of `layout` must be present with its shape (an error names the file, tensor and shapes).
-Status read_checkpoint_tensors(const std::string& file, const std::vector<HfTensor>& layout, const std::string& suffix,
-                               float* host_flat);
+// One sequential pass over the checkpoint file `name` (model.safetensors or optimizer.safetensors): each
+// target (suffix, flat host array) receives the tensors "<name><suffix>" of `layout` at their flat
+// offsets, and the file's CRC-32 and size are checked against `state` ("files") on the way, so an 8B
+// checkpoint's 90 GiB are read once. A damaged file is refused in one sentence (its targets then hold
+// partial data; the caller stops).
+struct CheckpointTarget {
+  std::string suffix;
+  float* host_flat = nullptr;
+};
+Status read_checkpoint_file(const CheckpointRef& ref, const nlohmann::json& state, const std::string& name,
+                            const std::vector<HfTensor>& layout, const std::vector<CheckpointTarget>& targets);
 
 // What one save writes. The host arrays (flat, ParamStore layout) must stay valid until the write ends.
 struct CheckpointData {

@@ -121,28 +121,31 @@ Status Trainer::load() {
 Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   const auto t0 = std::chrono::steady_clock::now();
   nlohmann::json state;
-  NB_TRY(read_checkpoint_state(ref, &state));
+  NB_TRY(read_checkpoint_state(ref, &state, FileCheck::size));  // CRCs: checked below, while reading
   TrainConfig saved;
   LlamaConfig saved_model;
-  NB_TRY(checkpoint_config(ref, &saved, &saved_model));
+  NB_TRY(checkpoint_config_of(state, ref.dir + "/trainer_state.json", &saved, &saved_model));
   NB_TRY(check_resume_compatible(saved, saved_model));
   ParamStore& P = model_.params();
   const std::vector<HfTensor> layout = hf_tensors(P);
-  // An offloaded, unsharded state is read straight into its host arrays (no second host copy of it).
-  std::vector<float> scratch;
-  if (!saves_from_state()) scratch.assign(size_t(P.total()), 0.0f);
-  auto target = [&](optim::StateArray a) {
-    return saves_from_state() ? P.optimizer_state().host_array(a) : scratch.data();
+  // Each file is read once, its CRC checked on the way. An offloaded, unsharded state is read straight into
+  // its host arrays (no second host copy of it).
+  using optim::StateArray;
+  const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
+  std::vector<float> scratch[3];
+  auto target = [&](StateArray a) {
+    if (saves_from_state()) return P.optimizer_state().host_array(a);
+    if (scratch[int(a)].empty()) scratch[int(a)].assign(size_t(P.total()), 0.0f);
+    return scratch[int(a)].data();
   };
   P.optimizer_state().settle();
-  NB_TRY(read_checkpoint_tensors(checkpoint_model_file(ref), layout, "", target(optim::StateArray::master)));
-  NB_TRY(P.set_master(target(optim::StateArray::master)));
-  const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
-  for (optim::StateArray a : {optim::StateArray::m, optim::StateArray::v}) {
-    if (!load_optim) continue;  // fresh moments (zero since initialization)
-    const char* suffix = a == optim::StateArray::m ? ".exp_avg" : ".exp_avg_sq";
-    NB_TRY(read_checkpoint_tensors(checkpoint_optimizer_file(ref), layout, suffix, target(a)));
-    NB_TRY(P.set_state(a, target(a)));
+  NB_TRY(read_checkpoint_file(ref, state, "model.safetensors", layout, {{"", target(StateArray::master)}}));
+  NB_TRY(P.set_master(target(StateArray::master)));
+  if (load_optim) {
+    NB_TRY(read_checkpoint_file(ref, state, "optimizer.safetensors", layout,
+                                {{".exp_avg", target(StateArray::m)}, {".exp_avg_sq", target(StateArray::v)}}));
+    NB_TRY(P.set_state(StateArray::m, target(StateArray::m)));
+    NB_TRY(P.set_state(StateArray::v, target(StateArray::v)));
   }
   if (!cfg_.finetune) NB_TRY(restore_state(state).context("checkpoint " + ref.dir));
   std::printf(
