@@ -1,6 +1,7 @@
-# Shared start of the multi-GPU benchmark scripts (benchmark_dist.sh, benchmark_nemo.sh), sourced once they have
-# set build, out and parts: NVLink multicast off (NCCL_NVLS_ENABLE=0, as the shared machines require), the
-# results folder with info.txt, commit.txt and topo.txt, and the helpers has PART and run NAME ARGS...
+# Shared start of the GPU benchmark scripts (benchmark_dist.sh, benchmark_nemo.sh, benchmark_offload.sh), sourced
+# once they have set build, out and parts: NVLink multicast off (NCCL_NVLS_ENABLE=0, as the shared machines
+# require), the results folder with info.txt, commit.txt and topo.txt, and the helpers has PART, run NAME ARGS...
+# and fit NAME ARGS...
 nb="$build/nibble"
 export NCCL_NVLS_ENABLE=0
 mkdir -p "$out"
@@ -15,4 +16,19 @@ run() {
   local name=$1; shift
   rm -rf "${out:?}/$name"
   "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
+}
+
+# fit NAME ARGS...: the first micro-batch/recompute pair that runs; records it in OUT/NAME.fit and keeps the
+# logs of the pairs that did not fit.
+fit() {
+  local name=$1; shift
+  for pair in "2 none" "2 selective" "1 none" "1 selective" "1 full"; do
+    read -r mbs recompute <<< "$pair"
+    if run "$name" "$@" --micro-batch-size "$mbs" --recompute "$recompute"; then
+      echo "$mbs $recompute" > "$out/$name.fit"
+      return 0
+    fi
+    cp "$out/$name.log" "$out/$name-mbs$mbs-$recompute.failed.log"
+  done
+  return 1
 }

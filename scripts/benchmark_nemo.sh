@@ -27,21 +27,6 @@ source "$(dirname "$0")/bench_common.sh"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 echo "$gpus" > "$out/gpus.txt"
 
-# fit NAME ARGS...: the first micro-batch/recompute pair that runs; records it in OUT/NAME.fit and keeps the
-# logs of the pairs that did not fit.
-fit() {
-  local name=$1; shift
-  for pair in "2 none" "2 selective" "1 none" "1 selective" "1 full"; do
-    read -r mbs recompute <<< "$pair"
-    if run "$name" "$@" --micro-batch-size "$mbs" --recompute "$recompute"; then
-      echo "$mbs $recompute" > "$out/$name.fit"
-      return 0
-    fi
-    cp "$out/$name.log" "$out/$name-mbs$mbs-$recompute.failed.log"
-  done
-  return 1
-}
-
 # BF16 layers of the 8B: the recipe's own, but NVFP4 keeps the last 4 (the NVFP4 playbook's setting).
 layer_flags_8b() {
   [ "$1" = bf16_with_nvfp4_mixed ] && echo "--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4"

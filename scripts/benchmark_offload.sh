@@ -25,19 +25,6 @@ source "$(dirname "$0")/bench_common.sh"
 offload=(--optimizer-cpu-offload --optimizer-offload-fraction 1.0)
 free -g > "$out/host_memory.txt" 2>&1
 
-# fit NAME ARGS...: as in benchmark_nemo.sh, the first micro-batch/recompute pair that runs.
-fit() {
-  local name=$1; shift
-  for pair in "2 none" "2 selective" "1 none" "1 selective" "1 full"; do
-    read -r mbs recompute <<< "$pair"
-    if run "$name" "$@" --micro-batch-size "$mbs" --recompute "$recompute"; then
-      echo "$mbs $recompute" > "$out/$name.fit"
-      return 0
-    fi
-    cp "$out/$name.log" "$out/$name-mbs$mbs-$recompute.failed.log"
-  done
-  return 1
-}
 # least NAME: the least offload fraction that fits, as the run's memory estimate printed it (empty if none).
 least() { grep -oE "least --optimizer-offload-fraction that fits: [0-9.]+" "$out/$1.log" | head -1 | awk '{print $NF}'; }
 layer_flags() {  # the NVFP4 playbook keeps the last 4 layers in BF16

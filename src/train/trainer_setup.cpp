@@ -251,8 +251,9 @@ std::string Trainer::offload_fraction_advice(double need) const {
   const optim::Placement& pl = model_.optimizer_placement;
   if (!(pl.offload_fraction > 0)) return "";
   const int shards = model_.optimizer_shard_count;
-  const double shard = double((model_cfg_.total_params() + shards - 1) / shards);
-  const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(int64_t(shard), pl)));
+  const int64_t shard_elems = (model_cfg_.total_params() + shards - 1) / shards;  // this rank's share
+  const double shard = double(shard_elems);
+  const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(shard_elems, pl)));
   const double room = 0.97 * double(free_bytes_) - (need - on_device);  // for the resident state
   const double least = std::ceil(100.0 * std::clamp(1.0 - room / (12.0 * shard), 0.0, 1.0)) / 100.0;
   return strprintf("; least --optimizer-offload-fraction that fits: %.2f", least);
