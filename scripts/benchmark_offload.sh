@@ -26,7 +26,9 @@ offload=(--optimizer-cpu-offload --optimizer-offload-fraction 1.0)
 free -g > "$out/host_memory.txt" 2>&1
 
 # least NAME: the least offload fraction that fits, as the run's memory estimate printed it (empty if none).
-least() { grep -oE "least --optimizer-offload-fraction that fits: [0-9.]+" "$out/$1.log" | head -1 | awk '{print $NF}'; }
+least() {
+  grep -oE "least --optimizer-offload-fraction that fits: [0-9.]+" "$out/$1.log" | head -1 | awk '{print $NF}'
+}
 layer_flags() {  # the NVFP4 playbook keeps the last 4 layers in BF16
   [ "$1" = bf16_with_nvfp4_mixed ] && echo "--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4"
 }
@@ -56,7 +58,8 @@ if has cost; then
       --global-batch-size 64 --train-iters "$iters" --micro-batch-size "$mbs" --recompute "$recompute" \
       --optimizer-cpu-offload --optimizer-offload-fraction "$f"
   fi
-  proxy=(--model llama3-8b-proxy --seq-length 4096 --micro-batch-size 2 --global-batch-size 16 --train-iters $((iters + 2)))
+  proxy=(--model llama3-8b-proxy --seq-length 4096 --micro-batch-size 2 --global-batch-size 16
+         --train-iters $((iters + 2)))
   run cost-proxy-device "${proxy[@]}"
   run cost-proxy-offload "${proxy[@]}" "${offload[@]}"
 fi

@@ -4,9 +4,9 @@
   python3 scripts/benchmark_offload_report.py OUT [--merge-into BENCHMARKS.md]
 
 Reads each run's log in OUT (the resolved configuration and the end-of-run summary table: mean over the steps
-after the first), commit.txt and an optional note_8b.txt (how the 8B runs were split over calls). Prints two "## " sections: Llama 3.1 8B on one GPU with the optimizer state in
-host memory, beside the NVFP4 playbook's published GB300 rows; and what offload costs on models that fit both
-ways. With --merge-into it replaces only the sections that have a run in OUT. Standard library only.
+after the first), commit.txt and an optional note_8b.txt (how the 8B runs were split over calls). Prints two
+"## " sections: Llama 3.1 8B on one GPU with the optimizer state in host memory, beside the NVFP4 playbook's
+published GB300 rows; and what offload costs on models that fit both ways. With --merge-into it replaces only the sections that have a run in OUT. Standard library only.
 """
 import argparse
 import os
@@ -75,7 +75,8 @@ def section_8b(out, commit):
              "included; the copy-outs overlap the next step). Device: " + ran[0]["device"] + f"; commit {commit}. "
              + read(out, "note_8b.txt").strip(), "",
              "| recipe | micro-batch, recompute | offload fraction | step time (s) | tokens/s/GPU | model TFLOP/s/GPU "
-             "| MFU | peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) | step time vs BF16 |",
+             "| MFU | peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) "
+             "| step time vs BF16 |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for label, s, least in runs:
         for r in (s, least):
@@ -128,7 +129,8 @@ def section_cost(out, commit):
              "fraction that fits the GPU, as the memory estimate prints it), same micro-batch and recompute. BF16; "
              "means over the steps after the first. Device: " + device + f"; commit {commit}.", "",
              "| model | micro-batch, recompute | offload fraction | step time (ms) | tokens/s/GPU | model TFLOP/s/GPU "
-             "| peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) | step time vs no offload |",
+             "| peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) "
+             "| step time vs no offload |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"] + rows + ["", "Target:", ""] + verdicts
     return "\n".join(lines) + "\n", True
 
