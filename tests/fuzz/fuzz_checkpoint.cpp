@@ -1,7 +1,8 @@
 // Fuzz target: the checkpoint loader. Input = [u16 length][trainer_state.json][model.safetensors].
 // A state that parses as a JSON object gets its own CRC (and the model file's) fixed up first, so the
 // fuzzer reaches what lies behind the checksums: the file list, the saved configuration, the model
-// description, and reading the tensors of the tiny preset from the safetensors part.
+// description, and reading the tensors of the tiny preset from the safetensors part in the loader's one
+// pass (read_checkpoint_file, which checks the CRC on the way).
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -29,7 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   nb::CheckpointRef ref{dir, 1};
   nb::TrainConfig cfg;
   nb::LlamaConfig m;
-  if (!nb::checkpoint_config(ref, &cfg, &m)) return 0;
+  nlohmann::json checked;
+  if (!nb::read_checkpoint_state(ref, &checked, nb::FileCheck::size)) return 0;
+  if (!nb::checkpoint_config_of(checked, dir + "/trainer_state.json", &cfg, &m)) return 0;
   static const auto layout = [] {
     nb::LlamaConfig tiny;
     (void)nb::llama_preset("tiny", &tiny);
@@ -38,6 +41,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return std::make_pair(nb::hf_tensors(p), p.total());
   }();
   std::vector<float> host(size_t(layout.second));
-  (void)nb::read_checkpoint_tensors(nb::checkpoint_model_file(ref), layout.first, "", host.data());
+  (void)nb::read_checkpoint_file(ref, checked, "model.safetensors", layout.first, {{"", host.data()}});
   return 0;
 }
