@@ -54,6 +54,7 @@ Status AdamWStreamer::update(const std::vector<UpdateSegment>& segs, ops::AdamWP
     update_range(segs, 0, resident, base, 0, p);
   }
   if (!S.offloaded()) return Status::ok();
+  S.note_host_written();
   const Stream in = S.copy_in_stream(), out = S.copy_out_stream();
   const Device dev = S.device();
   last_out_.wait_in(in);  // the previous step's copy-outs have landed in the host arrays

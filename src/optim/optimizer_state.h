@@ -63,6 +63,8 @@ class OptimizerState {
   Stream copy_out_stream() const { return out_.get(); }
   // The host waits until every queued copy out has landed; read/write/stage call it themselves.
   void settle() const;
+  // The streamer is about to write the host arrays (fill_zero can no longer assume fresh zero pages).
+  void note_host_written() { host_fresh_ = false; }
 
   size_t device_bytes() const { return size_t(resident_) * 12; }
   size_t host_bytes() const { return size_t(len_ - resident_) * 12; }
@@ -76,6 +78,7 @@ class OptimizerState {
   float* host_[3] = {nullptr, nullptr, nullptr};
   std::vector<void*> pinned_pieces_;
   SideStream in_, out_;
+  bool host_fresh_ = false;  // the host arrays are untouched anonymous pages, i.e. zero
 };
 
 // Host memory this process may take for page-locked state: MemAvailable from /proc/meminfo, or
