@@ -204,7 +204,7 @@ Status Trainer::adamw_update(double lr, double grad_norm) {
     update_segments_ = build_update_segments();
   }
   // A checkpoint written straight from the host state must be on disk before the state changes.
-  if (model_.params().optimizer_state().offloaded() && summary_) NB_TRY(finish_saves(summary_));
+  if (saves_from_state() && summary_) NB_TRY(finish_saves(summary_));
   optimizer_span_.begin(nullptr);
   NB_TRY(streamer_.update(update_segments_, ap));
   optimizer_span_.end(nullptr);
