@@ -42,10 +42,7 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
 }
 
 Status copy_bytes_async(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* stream) {
-  if (dd == Device::cpu && sd == Device::cpu) {
-    std::memcpy(dst, src, bytes);
-    return Status::ok();
-  }
+  if (dd == Device::cpu && sd == Device::cpu) return copy_bytes(dst, dd, src, sd, bytes);
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStream_t(stream)));
   return Status::ok();
 }

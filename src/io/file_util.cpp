@@ -78,15 +78,16 @@ Status replace_file_atomically(const std::string& path, const std::string& text)
   return sync_folder(slash == std::string::npos ? "." : path.substr(0, slash));
 }
 
-Status file_crc32(const std::string& path, uint32_t* crc, uint64_t* size) {
+Status file_crc32(const std::string& path, uint32_t* crc, uint64_t* size, const FileBlockVisitor& visit) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) return sys_error("open", path);
-  std::vector<uint8_t> buf(size_t(16) << 20);
+  std::vector<char> buf(size_t(16) << 20);
   uint32_t c = 0;
   uint64_t n = 0;
   size_t got = 0;
   while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
     c = crc32_of(buf.data(), got, c);
+    if (visit) visit(buf.data(), got, n);
     n += got;
   }
   const bool bad = std::ferror(f) != 0;

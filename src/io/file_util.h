@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include "core/status.h"
 
@@ -31,8 +32,10 @@ class DurableFile {
 Status replace_file_atomically(const std::string& path, const std::string& text);
 // fsync of a folder, so that renames inside it survive a power loss.
 Status sync_folder(const std::string& dir);
-// CRC-32 and size of a whole file.
-Status file_crc32(const std::string& path, uint32_t* crc, uint64_t* size);
+// CRC-32 and size of a whole file, read front to back in blocks; `visit`, when given, sees each block
+// and the file offset of its first byte (a checkpoint load copies tensors out as they pass).
+using FileBlockVisitor = std::function<void(const char* data, size_t bytes, uint64_t offset)>;
+Status file_crc32(const std::string& path, uint32_t* crc, uint64_t* size, const FileBlockVisitor& visit = {});
 uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
 
 }  // namespace nb

@@ -126,7 +126,7 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
   if (shards > 1 || placement.offload_fraction > 0) {  // every weight has a compute copy
     const int64_t weights = cfg.total_params() * (4 + compute_bytes);
     if (!(placement.offload_fraction > 0)) return weights + cfg.total_params() * 12 / shards;
-    const int64_t shard = (cfg.total_params() + shards - 1) / shards;
+    const int64_t shard = optimizer_shard_elems(cfg, shards);
     const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
     const int64_t chunk = std::clamp(placement.chunk_elems, optim::OptimizerState::kPageElems, shard);
     return weights + resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));

@@ -74,6 +74,10 @@ class LlamaModel {
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)
   // With the distributed optimizer over `shards` ranks: 4 (gradient) + 12 / shards + the compute copy.
+  // The elements of master, m and v one of `shards` optimizer ranks keeps (before bucket padding).
+  static int64_t optimizer_shard_elems(const LlamaConfig& cfg, int shards) {
+    return (cfg.total_params() + shards - 1) / shards;
+  }
   // With an offload placement, the device part of the state and the streaming windows only.
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
                                  int shards = 1, const optim::Placement& placement = {});

@@ -96,7 +96,8 @@ Status ParamStore::set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t
   return Status::ok();
 }
 
-Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems) {
+Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems,
+                                    const optim::Placement& placement) {
   NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
            shard_count);
   NB_CHECK(shard_count == 1 || hole_end_ == hole_begin_, "internal: a sharded store needs every compute copy");
@@ -111,7 +112,7 @@ Status ParamStore::allocate_buffers(int shard_rank, int shard_count, int64_t buc
   bucket_len_ = bucket_elems > 0 ? std::min(whole, (bucket_elems + unit - 1) / unit * unit) : whole;
   shard_len_ = padded_total_ / shard_count;
   if (!frozen_) {
-    NB_TRY(state_->allocate(device_, shard_len_, placement_));
+    NB_TRY(state_->allocate(device_, shard_len_, placement));
     NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {padded_total()}));
   }
   const int64_t compute_n = shard_count > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
@@ -122,29 +123,26 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
                             int shard_rank, int shard_count, int64_t bucket_elems, const optim::Placement& placement) {
   device_ = dev;
   frozen_ = false;
-  placement_ = placement;
   NB_CHECK(placement.offload_fraction <= 0 || master_only_begin == master_only_end,
            "internal: an offloaded optimizer state needs every compute copy");
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
-  return allocate_buffers(shard_rank, shard_count, bucket_elems);
+  return allocate_buffers(shard_rank, shard_count, bucket_elems, placement);
 }
 
 Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
   device_ = dev;
   frozen_ = false;
-  placement_ = {};
   NB_TRY(layout(std::move(params)));
-  return allocate_buffers(0, 1, 0);
+  return allocate_buffers(0, 1, 0, {});
 }
 
 Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end) {
   device_ = dev;
   frozen_ = true;
-  placement_ = {};
   NB_TRY(layout(llama_param_list(cfg)));
   NB_TRY(set_hole(cfg, no_copy_begin, no_copy_end));
-  return allocate_buffers(0, 1, 0);
+  return allocate_buffers(0, 1, 0, {});
 }
 
 Status ParamStore::initialize(uint64_t seed) {

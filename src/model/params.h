@@ -134,10 +134,9 @@ class ParamStore {
   bool frozen_ = false;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
-  Status allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems);
+  Status allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems, const optim::Placement& placement);
   Buffer grad_, compute_;
   std::unique_ptr<optim::OptimizerState> state_ = std::make_unique<optim::OptimizerState>();  // movable store
-  optim::Placement placement_;
 };
 
 }  // namespace nb

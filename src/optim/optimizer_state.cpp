@@ -32,10 +32,10 @@ void OptimizerState::reset() {
 
 int64_t OptimizerState::offloaded_elems(int64_t len, const Placement& p) {
   if (!(p.offload_fraction > 0) || len <= 0) return 0;
-  // Whole pages of the share asked for; the share 1.0 is the whole array.
+  // The resident part ends on a page, so the host part starts on one; the share 1.0 is the whole array.
   if (p.offload_fraction >= 1) return len;
   const int64_t want = int64_t(p.offload_fraction * double(len));
-  return std::min(len, want / kPageElems * kPageElems);
+  return want == 0 ? 0 : len - (len - want) / kPageElems * kPageElems;
 }
 
 Status OptimizerState::allocate(Device dev, int64_t len, const Placement& p) {
@@ -43,11 +43,7 @@ Status OptimizerState::allocate(Device dev, int64_t len, const Placement& p) {
   dev_ = dev;
   len_ = len;
   chunk_ = std::max<int64_t>(kPageElems, (p.chunk_elems + kPageElems - 1) / kPageElems * kPageElems);
-  const int64_t off = offloaded_elems(len, p);
-  resident_ = len - off;
-  if (off > 0 && resident_ % kPageElems != 0) {  // the host part starts on a page: move whole pages back
-    resident_ = resident_ / kPageElems * kPageElems;
-  }
+  resident_ = len - offloaded_elems(len, p);
   // No chunk longer than the host part (page-rounded): the staging windows are 3 chunks each.
   chunk_ =
       std::min(chunk_, std::max<int64_t>(kPageElems, (len - resident_ + kPageElems - 1) / kPageElems * kPageElems));
@@ -127,11 +123,17 @@ Status OptimizerState::fill_zero() {
   return Status::ok();
 }
 
-Status OptimizerState::write(StateArray a, int64_t begin, const float* src, int64_t n) {
-  NB_CHECK(begin >= 0 && n >= 0 && begin + n <= len_, "internal: state write [%lld, +%lld) of %lld", (long long)begin,
+// How many of the elements [begin, begin + n) lie in the device part (the rest are on the host), after
+// checking the range and waiting for the copy-outs in flight.
+int64_t OptimizerState::device_elems(int64_t begin, int64_t n) const {
+  NB_CHECK(begin >= 0 && n >= 0 && begin + n <= len_, "internal: state range [%lld, +%lld) of %lld", (long long)begin,
            (long long)n, (long long)len_);
   settle();
-  const int64_t on_dev = std::clamp<int64_t>(resident_ - begin, 0, n);
+  return std::clamp<int64_t>(resident_ - begin, 0, n);
+}
+
+Status OptimizerState::write(StateArray a, int64_t begin, const float* src, int64_t n) {
+  const int64_t on_dev = device_elems(begin, n);
   if (n > on_dev) host_fresh_ = false;
   if (on_dev > 0)
     NB_TRY(copy_bytes(dev_arrays_[int(a)].ptr<float>() + begin, dev_, src, Device::cpu, size_t(on_dev) * 4));
@@ -141,10 +143,7 @@ Status OptimizerState::write(StateArray a, int64_t begin, const float* src, int6
 }
 
 Status OptimizerState::read(StateArray a, int64_t begin, float* dst, int64_t n) const {
-  NB_CHECK(begin >= 0 && n >= 0 && begin + n <= len_, "internal: state read [%lld, +%lld) of %lld", (long long)begin,
-           (long long)n, (long long)len_);
-  settle();
-  const int64_t on_dev = std::clamp<int64_t>(resident_ - begin, 0, n);
+  const int64_t on_dev = device_elems(begin, n);
   if (on_dev > 0)
     NB_TRY(copy_bytes(dst, Device::cpu, dev_arrays_[int(a)].ptr<float>() + begin, dev_, size_t(on_dev) * 4));
   if (n > on_dev) std::memcpy(dst + on_dev, host_[int(a)] + begin + on_dev, size_t(n - on_dev) * 4);
@@ -152,11 +151,8 @@ Status OptimizerState::read(StateArray a, int64_t begin, float* dst, int64_t n) 
 }
 
 Status OptimizerState::read_to_device(StateArray a, int64_t begin, void* dst, int64_t n) const {
-  NB_CHECK(begin >= 0 && n >= 0 && begin + n <= len_, "internal: state read [%lld, +%lld) of %lld", (long long)begin,
-           (long long)n, (long long)len_);
-  settle();
   float* out = static_cast<float*>(dst);
-  const int64_t on_dev = std::clamp<int64_t>(resident_ - begin, 0, n);
+  const int64_t on_dev = device_elems(begin, n);
   if (on_dev > 0) NB_TRY(copy_bytes(out, dev_, dev_arrays_[int(a)].ptr<float>() + begin, dev_, size_t(on_dev) * 4));
   if (n > on_dev)
     NB_TRY(copy_bytes(out + on_dev, dev_, host_[int(a)] + begin + on_dev, Device::cpu, size_t(n - on_dev) * 4));

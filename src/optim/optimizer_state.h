@@ -70,6 +70,7 @@ class OptimizerState {
   size_t host_bytes() const { return size_t(len_ - resident_) * 12; }
 
  private:
+  int64_t device_elems(int64_t begin, int64_t n) const;
   Status map_host_arrays();
   Status pin_live_part();
   Device dev_ = Device::cpu;

@@ -2,7 +2,6 @@
 // verification (CRC-32 per file) and streaming reads of the safetensors files.
 #include "train/checkpoint.h"
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -93,30 +92,16 @@ Status plan_copies(const std::string& path, const SafeTensorsHeader& h, const st
   return Status::ok();
 }
 
-// Reads the file once, front to back: the CRC-32 of every byte, and each copy's bytes as they pass.
-Status stream_file(const std::string& path, const std::vector<FileCopy>& copies, uint32_t* crc, uint64_t* size) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) return errorf("cannot open %s: %s", path.c_str(), std::strerror(errno));
-  std::vector<char> buf(size_t(64) << 20);
-  uint32_t c = 0;
-  uint64_t pos = 0;
-  size_t next = 0, got = 0;
-  while ((got = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
-    c = crc32_of(buf.data(), got, c);
-    const uint64_t end = pos + got;
-    while (next < copies.size() && copies[next].offset + copies[next].bytes <= pos) ++next;
-    for (size_t i = next; i < copies.size() && copies[i].offset < end; ++i) {
-      const uint64_t a = std::max(pos, copies[i].offset), b = std::min(end, copies[i].offset + copies[i].bytes);
-      if (b > a) std::memcpy(copies[i].dst + (a - copies[i].offset), buf.data() + (a - pos), size_t(b - a));
-    }
-    pos = end;
+// The file's bytes [offset, offset + bytes) as they pass (file_crc32's visitor): each copy's part of them.
+// Copies are sorted by offset and disjoint (safetensors spans tile the buffer).
+void copy_out_block(const std::vector<FileCopy>& copies, size_t* next, const char* data, size_t bytes,
+                    uint64_t offset) {
+  const uint64_t end = offset + bytes;
+  while (*next < copies.size() && copies[*next].offset + copies[*next].bytes <= offset) ++*next;
+  for (size_t i = *next; i < copies.size() && copies[i].offset < end; ++i) {
+    const uint64_t a = std::max(offset, copies[i].offset), b = std::min(end, copies[i].offset + copies[i].bytes);
+    if (b > a) std::memcpy(copies[i].dst + (a - copies[i].offset), data + (a - offset), size_t(b - a));
   }
-  const bool bad = std::ferror(f) != 0;
-  std::fclose(f);
-  if (bad) return errorf("cannot read %s: %s", path.c_str(), std::strerror(errno));
-  *crc = c;
-  *size = pos;
-  return Status::ok();
 }
 
 uint32_t state_crc(nlohmann::json state) {
@@ -397,7 +382,10 @@ Status read_checkpoint_file(const CheckpointRef& ref, const nlohmann::json& stat
     NB_TRY(file_crc32(path, &crc, &size));
     return size != want_size || crc != want_crc ? checksum_failure(ref, name, size, crc, want_size, want_crc) : st;
   }
-  NB_TRY(stream_file(path, copies, &crc, &size));
+  size_t next = 0;  // one pass: the CRC of every byte, and the tensors copied out as they pass
+  NB_TRY(file_crc32(path, &crc, &size, [&](const char* data, size_t bytes, uint64_t offset) {
+    copy_out_block(copies, &next, data, bytes, offset);
+  }));
   if (size != want_size || crc != want_crc) return checksum_failure(ref, name, size, crc, want_size, want_crc);
   return Status::ok();
 }

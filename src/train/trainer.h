@@ -102,7 +102,7 @@ class Trainer {
   bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
   bool logging_rank() const { return world_.rank == 0; }
   // Saves and loads use the offloaded state's host arrays directly (unsharded offload).
-  bool saves_from_state() { return model_.params().optimizer_state().offloaded() && !sharded(); }
+  bool saves_from_state() const { return model_.params().optimizer_state().offloaded() && !sharded(); }
   // loop phases (trainer.cpp)
   Status step(StepMetrics* m);
   struct StepFigures {

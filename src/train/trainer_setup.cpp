@@ -250,8 +250,7 @@ Status Trainer::estimate_memory() {
 std::string Trainer::offload_fraction_advice(double need) const {
   const optim::Placement& pl = model_.optimizer_placement;
   if (!(pl.offload_fraction > 0)) return "";
-  const int shards = model_.optimizer_shard_count;
-  const int64_t shard_elems = (model_cfg_.total_params() + shards - 1) / shards;  // this rank's share
+  const int64_t shard_elems = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
   const double shard = double(shard_elems);
   const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(shard_elems, pl)));
   const double room = 0.97 * double(free_bytes_) - (need - on_device);  // for the resident state
@@ -264,8 +263,7 @@ std::string Trainer::offload_fraction_advice(double need) const {
 Status Trainer::check_host_memory() {
   const optim::Placement& pl = model_.optimizer_placement;
   if (!(pl.offload_fraction > 0)) return Status::ok();
-  const int shards = model_.optimizer_shard_count;
-  const int64_t shard = (model_cfg_.total_params() + shards - 1) / shards;
+  const int64_t shard = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
   const double mine = 12.0 * double(optim::OptimizerState::offloaded_elems(shard, pl));
   const double node = mine * double(world_.local_size), avail = optim::host_memory_available_bytes();
   std::printf(
