@@ -18,11 +18,14 @@ run() {
   "$nb" train --save "$out/$name" --log-interval 1 --lr-warmup-iters 1 "$@" > "$out/$name.log" 2>&1
 }
 
-# fit NAME ARGS...: the first micro-batch/recompute pair that runs; records it in OUT/NAME.fit and keeps the
-# logs of the pairs that did not fit.
+# fit NAME ARGS...: the first micro-batch/recompute pair of FIT_PAIRS (default: 2/none, 2/selective,
+# 1/none, 1/selective, 1/full) that runs; records it in OUT/NAME.fit and keeps the logs of the pairs that
+# did not fit.
 fit() {
   local name=$1; shift
-  for pair in "2 none" "2 selective" "1 none" "1 selective" "1 full"; do
+  local pairs=("2 none" "2 selective" "1 none" "1 selective" "1 full")
+  [ -n "${FIT_PAIRS:-}" ] && IFS=, read -r -a pairs <<< "$FIT_PAIRS"
+  for pair in "${pairs[@]}"; do
     read -r mbs recompute <<< "$pair"
     if run "$name" "$@" --micro-batch-size "$mbs" --recompute "$recompute"; then
       echo "$mbs $recompute" > "$out/$name.fit"

@@ -10,9 +10,11 @@
 #         bf16_mixed) run again at the least fraction that fits the GPU, as the memory estimate prints it.
 #   cost  what offload costs on models that fit both ways: llama3.2-3b (seq 4096, global batch 64) and the
 #         proxy (llama3-8b-proxy, seq 4096, micro-batch 2, global batch 16), BF16, without and with offload
-#         at the same micro-batch and recompute (the 3B also at the least fraction that fits).
+#         at the same micro-batch and recompute (the 3B also at fraction 0.5 and at the least fraction that
+#         fits).
 #   sft   NeMo's SFT workload: llama3.1-8b, seq 16384, micro-batch 1, global batch 8, packed rows of the
-#         preprocess --sft dataset SFT_DATA (a prefix), offload on, in OFFLOAD_RECIPES.
+#         preprocess --sft dataset SFT_DATA (a prefix), offload on, in OFFLOAD_RECIPES; recompute is the
+#         lightest of none, selective, full that runs.
 # OFFLOAD_ITERS (default 3) steps per run; the first is a warm-up that the figures leave out.
 set -uo pipefail
 build=${1:-build}
@@ -53,6 +55,8 @@ if has cost; then
     read -r mbs recompute < "$out/cost-3b-device.fit"
     run cost-3b-offload --model llama3.2-3b --seq-length 4096 --global-batch-size 64 --train-iters "$iters" \
       --micro-batch-size "$mbs" --recompute "$recompute" "${offload[@]}"
+    run cost-3b-offload-half --model llama3.2-3b --seq-length 4096 --global-batch-size 64 --train-iters "$iters" \
+      --micro-batch-size "$mbs" --recompute "$recompute" --optimizer-cpu-offload --optimizer-offload-fraction 0.5
     f=$(least cost-3b-offload)
     [ -n "$f" ] && [ "$f" != 1.00 ] && run cost-3b-offload-least --model llama3.2-3b --seq-length 4096 \
       --global-batch-size 64 --train-iters "$iters" --micro-batch-size "$mbs" --recompute "$recompute" \
@@ -67,8 +71,8 @@ fi
 if has sft; then
   for recipe in "${recipes[@]}"; do
     # shellcheck disable=SC2046
-    run "offload-sft-8b-$recipe" --model llama3.1-8b --sft --data-path "${SFT_DATA:?set SFT_DATA}" \
-      --seq-length 16384 --micro-batch-size 1 --global-batch-size 8 --packed-sequence true --recompute full \
+    FIT_PAIRS="1 none,1 selective,1 full" fit "offload-sft-8b-$recipe" --model llama3.1-8b --sft \
+      --data-path "${SFT_DATA:?set SFT_DATA}" --seq-length 16384 --global-batch-size 8 --packed-sequence true \
       --train-iters "$iters" --lr 1e-5 --min-lr 1e-6 --recipe "$recipe" $(layer_flags "$recipe") "${offload[@]}"
   done
 fi

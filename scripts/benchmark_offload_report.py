@@ -4,9 +4,11 @@
   python3 scripts/benchmark_offload_report.py OUT [--merge-into BENCHMARKS.md]
 
 Reads each run's log in OUT (the resolved configuration and the end-of-run summary table: mean over the steps
-after the first), commit.txt and an optional note_8b.txt (how the 8B runs were split over calls). Prints two
-"## " sections: Llama 3.1 8B on one GPU with the optimizer state in host memory, beside the NVFP4 playbook's
-published GB300 rows; and what offload costs on models that fit both ways. With --merge-into it replaces only the sections that have a run in OUT. Standard library only.
+after the first), commit.txt and an optional note_8b.txt (how the 8B runs were split over calls). Prints three
+"## " sections, each titled with the GPU it ran on: Llama 3.1 8B on one GPU with the optimizer state in host
+memory, beside the NVFP4 playbook's published GB300 rows; what offload costs on models that fit both ways; and
+NeMo's 8B SFT workload beside NeMo's published 8xB200 rows. With --merge-into it replaces only the sections that
+have a run in OUT (so an H100 and an H200 section live side by side). Standard library only.
 """
 import argparse
 import os
@@ -23,8 +25,19 @@ PLAYBOOK = "https://github.com/NVIDIA/dgx-spark-playbooks/tree/main/nvidia/stati
 # micro-batch 4): (precision, model TFLOP/s/GPU, step time, memory). Published constants, not our measurements.
 PLAYBOOK_ROWS = [("BF16", "~1399", "9.05 s", "221.6 GB (nvidia-smi)"),
                  ("NVFP4, last 4 layers BF16", "~2347", "5.39 s", "207.8 GB (nvidia-smi)")]
-SECTION_8B = "## Llama 3.1 8B on one GPU: optimizer state in host memory (same run)"
-SECTION_COST = "## What optimizer offload costs: llama3.2-3b and the proxy on one GPU (same run)"
+SECTION_8B = "## Llama 3.1 8B on one {gpu}: optimizer state in host memory (same run)"
+SECTION_COST = "## What optimizer offload costs: llama3.2-3b and the proxy on one {gpu} (same run)"
+SECTION_SFT = "## NeMo's Llama 3.1 8B SFT workload on one {gpu}: optimizer state in host memory (same run)"
+NEMO_SFT = "https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html"
+# NeMo's published SFT rows (8x B200, Llama 3.1 8B, seq 16384, micro-batch 1, global batch 8, packed):
+# tokens/s/GPU per precision. Published constants, not our measurements.
+NEMO_SFT_ROWS = [("BF16", "24,690"), ("FP8 current scaling", "33,362"), ("NVFP4", "35,578")]
+
+
+def gpu_of(device):
+    """The GPU's short name for a section title: "NVIDIA H100 80GB HBM3" -> "H100"."""
+    m = re.search(r"\b([A-Z]\d{3,4}[A-Za-z]*)\b", device)
+    return m.group(1) if m else (device or "GPU")
 
 
 def read(out, name):
@@ -65,7 +78,7 @@ def section_8b(out, commit):
     if not ran:
         return "", False
     bf16 = runs[0][1]
-    lines = [SECTION_8B, "",
+    lines = [SECTION_8B.format(gpu=gpu_of(ran[0]["device"])), "",
              "`nibble train --model llama3.1-8b --seq-length 4096 --global-batch-size 64 --optimizer-cpu-offload`: "
              "the NVFP4 playbook's model and batch on one GPU, FP32 master weights and AdamW m, v (12 bytes/param, "
              "89.75 GiB) in page-locked host memory, streamed through the GPU's AdamW each step (docs/OFFLOAD.md). "
@@ -112,7 +125,7 @@ def section_cost(out, commit):
         if not base:
             continue
         device = base["device"]
-        for suffix in ("-device", "-offload", "-offload-least"):
+        for suffix in ("-device", "-offload", "-offload-half", "-offload-least"):
             r = summary(out, name + suffix)
             if not r:
                 continue
@@ -124,7 +137,7 @@ def section_cost(out, commit):
                                 f"{verdict(ratio <= 1.05)} ({ratio:.3f}x)")
     if not rows:
         return "", False
-    lines = [SECTION_COST, "",
+    lines = [SECTION_COST.format(gpu=gpu_of(device)), "",
              "The same job without and with `--optimizer-cpu-offload` (fraction 1.0, and for the 3B also the least "
              "fraction that fits the GPU, as the memory estimate prints it), same micro-batch and recompute. BF16; "
              "means over the steps after the first. Device: " + device + f"; commit {commit}.", "",
@@ -135,13 +148,36 @@ def section_cost(out, commit):
     return "\n".join(lines) + "\n", True
 
 
+def section_sft(out, commit):
+    runs = [(label, summary(out, f"offload-sft-8b-{r}")) for r, label in RECIPES]
+    ran = [s for _, s in runs if s]
+    if not ran:
+        return "", False
+    device = ran[0]["device"]
+    lines = [SECTION_SFT.format(gpu=gpu_of(device)), "",
+             "`nibble train --sft --model llama3.1-8b --seq-length 16384 --micro-batch-size 1 --global-batch-size 8 "
+             "--packed-sequence true --optimizer-cpu-offload`: NeMo's 8B SFT shape (packed rows of short "
+             "prompt/answer samples; here the project's own SFT pairs from scripts/sft_pairs.py, random initial "
+             "weights) on one GPU. Recompute is the lightest of none, selective, full that ran. Means over the "
+             "steps after the first. Device: " + device + f"; commit {commit}.", "",
+             "| recipe | micro-batch, recompute | step time (s) | tokens/s/GPU | model TFLOP/s/GPU | peak GPU memory GiB "
+             "| host memory (page-locked) GiB | optimizer update (ms) | NeMo 8x B200 tokens/s/GPU (published) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (label, r), (_, nemo) in zip(runs, NEMO_SFT_ROWS):
+        if r:
+            lines.append(f"| {label} | {r['fit']} | {r['step_s']:.2f} | {r['tokens']} | {r['tflops']:.1f} | "
+                         f"{r['peak']} | {r['host']} | {r['opt_ms']} | [{nemo}]({NEMO_SFT}) |")
+    return "\n".join(lines) + "\n", True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--merge-into")
     a = ap.parse_args()
     commit = read(a.out, "commit.txt").strip() or "unknown"
-    write_report([section_8b(a.out, commit), section_cost(a.out, commit)], a.merge_into, a.out, commit)
+    write_report([section_8b(a.out, commit), section_cost(a.out, commit), section_sft(a.out, commit)], a.merge_into,
+                 a.out, commit)
 
 
 if __name__ == "__main__":

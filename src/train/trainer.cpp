@@ -70,7 +70,9 @@ Status Trainer::step(StepMetrics* m) {
     stream_synchronize(nullptr);
   else if (dev_ == Device::cuda)
     device_synchronize();
-  m->optimizer_ms = optimizer_span_.pending() ? optimizer_span_.ms() : 0.0;
+  // A gated update may still be streaming behind the next forward: its time is read at the next update.
+  if (!streamer_.gated() && optimizer_span_.pending()) optimizer_ms_ = optimizer_span_.ms();
+  m->optimizer_ms = optimizer_ms_;
   iteration_++;
   rng_step_++;
   m->iteration = iteration_;
@@ -89,7 +91,8 @@ Status Trainer::step(StepMetrics* m) {
 // the loss and the gradient norm.
 Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   const int64_t it = iteration_;
-  ops::fill(model_.params().flat_grad(), 0.0f, nullptr);
+  if (!grads_zeroed_) ops::fill(model_.params().flat_grad(), 0.0f, nullptr);
+  grads_zeroed_ = false;
   const int64_t T = cfg_.micro_batch_size * cfg_.seq_length;
   step_segments_.resize(size_t(accum_));
   for (int64_t micro = 0; micro < accum_; ++micro) {
@@ -198,16 +201,34 @@ Status Trainer::adamw_update(double lr, double grad_norm) {
                             float(cfg_.weight_decay),
                             adam_step_,
                             clip};
-  if (update_segments_.empty()) {
-    NB_TRY(streamer_.init(&model_.params().optimizer_state()));
-    NB_TRY(optimizer_span_.create(dev_));
-    update_segments_ = build_update_segments();
-  }
+  ParamStore& P = model_.params();
+  if (update_segments_.empty()) NB_TRY(prepare_update());
   // A checkpoint written straight from the host state must be on disk before the state changes.
   if (saves_from_state() && summary_) NB_TRY(finish_saves(summary_));
-  optimizer_span_.begin(nullptr);
-  NB_TRY(streamer_.update(update_segments_, ap));
-  optimizer_span_.end(nullptr);
+  if (optimizer_span_.pending()) optimizer_ms_ = optimizer_span_.ms();  // done: this step's forward waited
+  const Stream s = streamer_.update_stream();
+  optimizer_span_.begin(s);
+  // Gated, the gradients are zeroed on the update's queue once read, so the next step need not wait
+  // for the update before its first forward.
+  NB_TRY(streamer_.update(update_segments_, ap, streamer_.gated() ? P.flat_grad() : Tensor{}));
+  grads_zeroed_ = streamer_.gated();
+  optimizer_span_.end(s);
+  return Status::ok();
+}
+
+// The streamer, its segments and, for an offloaded state on one rank, the gates that let the next
+// forward run behind the stream (train/update_gates.h). With data parallelism the update stays on the
+// compute stream: reductions and gathers read and write the same buffers.
+Status Trainer::prepare_update() {
+  ParamStore& P = model_.params();
+  const bool gated = P.optimizer_state().offloaded() && !sync_;
+  NB_TRY(streamer_.init(&P.optimizer_state(), gated, P.decayed_count()));
+  NB_TRY(optimizer_span_.create(dev_));
+  update_segments_ = build_update_segments();
+  if (gated) {
+    gates_ = std::make_unique<UpdateGates>(P, streamer_);
+    model_.set_step_hooks(gates_.get());
+  }
   return Status::ok();
 }
 
@@ -234,6 +255,7 @@ std::vector<optim::UpdateSegment> Trainer::build_update_segments() {
 // Megatron's --eval-iters: each evaluation reads eval_iters global batches (all their micro-batches).
 Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   if (!valid_src_) return Status::ok();
+  streamer_.wait_all();
   double sum = 0;
   int64_t n = 0;
   for (int64_t i = 0; i < cfg_.eval_iters * accum_; ++i) {
@@ -318,6 +340,7 @@ Status Trainer::train(TrainSummary* summary) {
       break;
     }
   }
+  streamer_.wait_all();
   if (summary->stopped_by.empty()) NB_TRY(evaluate(iteration_, summary));
   NB_TRY(finish_saves(summary));
   NB_TRY(write_lora_adapter());

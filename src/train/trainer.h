@@ -24,6 +24,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/train_config.h"
+#include "train/update_gates.h"
 
 namespace nb {
 
@@ -113,6 +114,7 @@ class Trainer {
   Status reduce_step_figures(double loss_sum, StepFigures* f);
   Status apply_update(double lr, const StepFigures& f);
   Status adamw_update(double lr, double grad_norm);
+  Status prepare_update();
   std::vector<optim::UpdateSegment> build_update_segments();
   Status evaluate(int64_t iteration, TrainSummary* summary);
   void report(const TrainSummary& s) const;
@@ -146,9 +148,12 @@ class Trainer {
   Buffer norm_sq_;
   optim::AdamWStreamer streamer_;                      // the update over master, m and v, wherever they live
   std::vector<optim::UpdateSegment> update_segments_;  // built at the first update
-  TimedSpan optimizer_span_;         // the update's time on the compute stream (metrics: optimizer_ms)
-  TrainSummary* summary_ = nullptr;  // train()'s, for saves finished before an update
-  Buffer amax_scratch_;              // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
+  std::unique_ptr<UpdateGates> gates_;                 // the next forward's waits on a gated (streamed) update
+  bool grads_zeroed_ = false;                          // the last update zeroed the gradients on its own queue
+  TimedSpan optimizer_span_;                           // the update's time on its queue (metrics: optimizer_ms)
+  double optimizer_ms_ = 0;                            // the last update's time read back
+  TrainSummary* summary_ = nullptr;                    // train()'s, for saves finished before an update
+  Buffer amax_scratch_;  // reduce_amax_over_ranks: the step amaxes, gathered into one buffer
   std::vector<int32_t> step_tokens_, step_labels_;
   std::vector<std::vector<int32_t>> step_segments_;  // packed rows (SFT): each micro-batch's segment starts
   double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor

@@ -152,6 +152,7 @@ Status Trainer::resume_anneal(const nlohmann::json& state) {
 
 Status Trainer::anneal_if_due() {
   if (!anneal_configured() || anneal_announced_ || iteration_ < anneal_step_) return Status::ok();
+  streamer_.wait_all();  // the switch rebuilds quantized weights from the compute copies
   if (!annealed_) NB_TRY(model_.set_recipe(anneal_recipe_, cfg_.anneal_fprop_only).context("precision annealing"));
   annealed_ = anneal_announced_ = true;
   const char* fprop = cfg_.anneal_fprop_only ? "true" : "false";

@@ -293,6 +293,7 @@ Status Trainer::prepare_saves() {
 // The step loop stalls only for the device-to-host copy; the previous save must have finished first
 // (its host copies are about to be overwritten), which finish_saves() also reports.
 Status Trainer::save(TrainSummary* summary) {
+  streamer_.wait_all();
   if (!logging_rank() && !sharded()) return Status::ok();
   NB_TRY(finish_saves(summary));
   ParamStore& P = model_.params();
