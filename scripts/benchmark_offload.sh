@@ -10,8 +10,8 @@
 #         bf16_mixed) run again at the least fraction that fits the GPU, as the memory estimate prints it.
 #   cost  what offload costs on models that fit both ways: llama3.2-3b (seq 4096, global batch 64) and the
 #         proxy (llama3-8b-proxy, seq 4096, micro-batch 2, global batch 16), BF16, without and with offload
-#         at the same micro-batch and recompute (the 3B also at fraction 0.5 and at the least fraction that
-#         fits).
+#         at the same micro-batch and recompute (the 3B also without the per-layer gates, at fraction 0.5 and
+#         at the least fraction that fits).
 #   sft   NeMo's SFT workload: llama3.1-8b, seq 16384, micro-batch 1, global batch 8, packed rows of the
 #         preprocess --sft dataset SFT_DATA (a prefix), offload on, in OFFLOAD_RECIPES; recompute is the
 #         lightest of none, selective, full that runs.
@@ -55,10 +55,13 @@ if has cost; then
     read -r mbs recompute < "$out/cost-3b-device.fit"
     run cost-3b-offload --model llama3.2-3b --seq-length 4096 --global-batch-size 64 --train-iters "$iters" \
       --micro-batch-size "$mbs" --recompute "$recompute" "${offload[@]}"
+    # The same with the next forward waiting for the whole update (no per-layer gates): what the gates hide.
+    NIBBLE_OFFLOAD_GATES=0 run cost-3b-offload-ungated --model llama3.2-3b --seq-length 4096 --global-batch-size 64 \
+      --train-iters "$iters" --micro-batch-size "$mbs" --recompute "$recompute" "${offload[@]}"
     run cost-3b-offload-half --model llama3.2-3b --seq-length 4096 --global-batch-size 64 --train-iters "$iters" \
       --micro-batch-size "$mbs" --recompute "$recompute" --optimizer-cpu-offload --optimizer-offload-fraction 0.5
     f=$(least cost-3b-offload)
-    [ -n "$f" ] && [ "$f" != 1.00 ] && run cost-3b-offload-least --model llama3.2-3b --seq-length 4096 \
+    [ -n "$f" ] && [ "$f" != 1.00 ] && [ "$f" != 0.00 ] && run cost-3b-offload-least --model llama3.2-3b --seq-length 4096 \
       --global-batch-size 64 --train-iters "$iters" --micro-batch-size "$mbs" --recompute "$recompute" \
       --optimizer-cpu-offload --optimizer-offload-fraction "$f"
   fi

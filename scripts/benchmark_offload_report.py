@@ -125,10 +125,12 @@ def section_cost(out, commit):
         if not base:
             continue
         device = base["device"]
-        for suffix in ("-device", "-offload", "-offload-half", "-offload-least"):
+        for suffix in ("-device", "-offload", "-offload-ungated", "-offload-half", "-offload-least"):
             r = summary(out, name + suffix)
             if not r:
                 continue
+            if suffix == "-offload-ungated":
+                r["fraction"] += " (no per-layer gates)"
             ratio = r["step_s"] / base["step_s"]
             rows.append(f"| {label} | {r['fit']} | {r['fraction']} | {r['step_s'] * 1000:.1f} | {r['tokens']} | "
                         f"{r['tflops']:.1f} | {r['peak']} | {r['host']} | {r['opt_ms']} | {ratio:.3f}x |")

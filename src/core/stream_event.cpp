@@ -13,7 +13,7 @@ double host_now_ms() {
 namespace nb {
 
 SideStream::~SideStream() = default;
-Status SideStream::create(Device) { return Status::ok(); }
+Status SideStream::create(Device, bool) { return Status::ok(); }
 StreamEvent::~StreamEvent() = default;
 Status StreamEvent::create(Device) { return Status::ok(); }
 void StreamEvent::record(Stream) { recorded_ = true; }

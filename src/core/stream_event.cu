@@ -9,10 +9,12 @@ namespace nb {
 SideStream::~SideStream() {
   if (s_) cudaStreamDestroy(cudaStream_t(s_));
 }
-Status SideStream::create(Device dev) {
+Status SideStream::create(Device dev, bool high_priority) {
   if (dev != Device::cuda || s_) return Status::ok();
+  int least = 0, greatest = 0;
+  CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   cudaStream_t s = nullptr;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
   s_ = s;
   return Status::ok();
 }

@@ -17,7 +17,9 @@ class SideStream {
   ~SideStream();
   SideStream(const SideStream&) = delete;
   SideStream& operator=(const SideStream&) = delete;
-  Status create(Device dev);
+  // high_priority: the scheduler starts this stream's blocks before those of normal streams (small
+  // kernels that other work waits for, such as a streamed optimizer update beside the forward's GEMMs).
+  Status create(Device dev, bool high_priority = false);
   Stream get() const { return s_; }
 
  private:

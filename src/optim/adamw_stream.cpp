@@ -31,7 +31,7 @@ Status AdamWStreamer::init(OptimizerState* state, bool gated, int64_t tail_begin
   gated_ = gated;
   tail_chunk_ = std::clamp((tail_begin - state->resident()) / state->chunk_elems(), int64_t(0), chunk_count() - 1);
   if (!gated_) return Status::ok();
-  NB_TRY(own_.create(state->device()));
+  NB_TRY(own_.create(state->device(), /*high_priority=*/true));
   for (StreamEvent* e : {&start_, &resident_done_, &all_done_}) NB_TRY(e->create(state->device()));
   chunk_done_.resize(size_t(chunk_count()));
   for (StreamEvent& e : chunk_done_) NB_TRY(e.create(state->device()));

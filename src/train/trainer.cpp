@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include "core/gpu_profile.h"
 #include "core/log.h"
 #include "ops/adamw.h"
@@ -221,7 +222,9 @@ Status Trainer::adamw_update(double lr, double grad_norm) {
 // compute stream: reductions and gathers read and write the same buffers.
 Status Trainer::prepare_update() {
   ParamStore& P = model_.params();
-  const bool gated = P.optimizer_state().offloaded() && !sync_;
+  // NIBBLE_OFFLOAD_GATES=0 keeps the whole update before the next forward (for A/B timing; docs/OFFLOAD.md).
+  const char* gates_env = std::getenv("NIBBLE_OFFLOAD_GATES");
+  const bool gated = P.optimizer_state().offloaded() && !sync_ && !(gates_env && std::string(gates_env) == "0");
   NB_TRY(streamer_.init(&P.optimizer_state(), gated, P.decayed_count()));
   NB_TRY(optimizer_span_.create(dev_));
   update_segments_ = build_update_segments();
