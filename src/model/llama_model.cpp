@@ -258,8 +258,8 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
     NB_TRY(Buffer::allocate(&targets_, DType::i32, dev_, {n, T}));
     staged_capacity_ = n;
   }
-  NB_TRY(copy_bytes(ids_.data(), dev_, tokens, Device::cpu, size_t(n * T) * 4));
-  NB_TRY(copy_bytes(targets_.data(), dev_, labels, Device::cpu, size_t(n * T) * 4));
+  NB_TRY(upload_ids_.upload(ids_.data(), dev_, tokens, size_t(n * T) * 4, nullptr));
+  NB_TRY(upload_targets_.upload(targets_.data(), dev_, labels, size_t(n * T) * 4, nullptr));
   return Status::ok();
 }
 
@@ -281,8 +281,10 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     seg_offset_[size_t(i)] = int64_t(all.size());
     all.insert(all.end(), st.begin(), st.end());
   }
-  NB_TRY(Buffer::allocate(&seg_starts_, DType::i32, dev_, {int64_t(all.size())}));
-  NB_TRY(copy_bytes(seg_starts_.data(), dev_, all.data(), Device::cpu, all.size() * 4));
+  // Grown, never shrunk: freeing device memory would wait for the whole device (a streamed update too).
+  if (seg_starts_.tensor().numel() < int64_t(all.size()))
+    NB_TRY(Buffer::allocate(&seg_starts_, DType::i32, dev_, {int64_t(all.size())}));
+  NB_TRY(upload_seg_starts_.upload(seg_starts_.data(), dev_, all.data(), all.size() * 4, nullptr));
   // The attention's own rules, checked once here: the positions below index by the starts.
   const ops::AttentionShape ash{shape_.batch, S, cfg_.heads, cfg_.kv_heads, cfg_.head_dim, 1.0f};
   std::vector<int32_t> pos(size_t(n * T));
@@ -294,7 +296,7 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
       for (int32_t t = st[k]; t < st[k + 1]; ++t) pos[size_t(i * T + t)] = t - st[k];
   }
   if (positions_.tensor().numel() < n * T) NB_TRY(Buffer::allocate(&positions_, DType::i32, dev_, {n * T}));
-  return copy_bytes(positions_.data(), dev_, pos.data(), Device::cpu, pos.size() * 4);
+  return upload_positions_.upload(positions_.data(), dev_, pos.data(), pos.size() * 4, nullptr);
 }
 
 bool LlamaModel::packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const {

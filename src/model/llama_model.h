@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 #include "core/arena.h"
+#include "core/host_upload.h"
 #include "io/hf_llama.h"
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
@@ -217,6 +218,8 @@ class LlamaModel {
   std::vector<int64_t> seg_offset_;
   Buffer seg_starts_, positions_;
   int64_t staged_capacity_ = 0;
+  // The staged inputs go up through these (core/host_upload.h): never behind a streamed update's copies.
+  HostUpload upload_ids_, upload_targets_, upload_seg_starts_, upload_positions_;
   // LoRA: the frozen base (params_ then holds the adapters), per (layer, linear) its adapter (a.data ==
   // nullptr: not adapted), a scratch for the frozen norms' unused weight gradient, the dropout key state.
   bool lora_enabled_ = false;

@@ -120,8 +120,13 @@ INSTANTIATE_TEST_SUITE_P(CrashSafety, CrashSafetyState, ::testing::Values("", kO
 
 TEST(CrashSafety, SigtermSavesAndExitsCleanly) {
   const std::string dir = test::temp_folder("sigterm"), save = dir + "/run";
-  pid_t pid = spawn_nibble(kJob + "--train-iters 100000 --save " + save, dir + "/log.txt");
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::string job = kJob;
+  job.replace(job.find("--log-interval 1000"), 19, "--log-interval 1");
+  pid_t pid = spawn_nibble(job + "--train-iters 100000 --save " + save, dir + "/log.txt");
+  // Signal once the loop runs (its first log line), however slowly this build starts (sanitizers, a
+  // loaded machine): before that the handler is not installed yet and SIGTERM's default action applies.
+  for (int i = 0; i < 1200 && slurp(dir + "/log.txt").find(" iteration ") == std::string::npos; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   int status = 0;
   ::waitpid(pid, &status, 0);
