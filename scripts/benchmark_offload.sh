@@ -43,7 +43,7 @@ if has 8b; then
     # Then at the least fraction that fits the GPU at the same micro-batch (OFFLOAD_LEAST_RECIPES).
     f=$(least "offload-8b-$recipe")
     read -r mbs recompute < "$out/offload-8b-$recipe.fit"
-    [[ " ${OFFLOAD_LEAST_RECIPES:-bf16_mixed} " == *" $recipe "* ]] && [ -n "$f" ] && [ "$f" != 1.00 ] &&
+    [[ " ${OFFLOAD_LEAST_RECIPES-bf16_mixed} " == *" $recipe "* ]] && [ -n "$f" ] && [ "$f" != 1.00 ] &&
       run "offload-8b-$recipe-least" "${job[@]}" $(layer_flags "$recipe") --optimizer-cpu-offload \
         --optimizer-offload-fraction "$f" --micro-batch-size "$mbs" --recompute "$recompute"
   done

@@ -28,9 +28,8 @@ PLAYBOOK_ROWS = [("BF16", "~1399", "9.05 s", "221.6 GB (nvidia-smi)"),
 SECTION_8B = "## Llama 3.1 8B on one {gpu}: optimizer state in host memory (same run)"
 SECTION_COST = "## What optimizer offload costs: llama3.2-3b and the proxy on one {gpu} (same run)"
 SECTION_SFT = "## NeMo's Llama 3.1 8B SFT workload on one {gpu}: optimizer state in host memory (same run)"
-NEMO_SFT = "https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html"
-# NeMo's published SFT rows (8x B200, Llama 3.1 8B, seq 16384, micro-batch 1, global batch 8, packed):
-# tokens/s/GPU per precision. Published constants, not our measurements.
+# NeMo's SFT rows (8x B200, Llama 3.1 8B, seq 16384, micro-batch 1, global batch 8, packed) as issue 28
+# quotes them: tokens/s/GPU per precision. Constants, not our measurements.
 NEMO_SFT_ROWS = [("BF16", "24,690"), ("FP8 current scaling", "33,362"), ("NVFP4", "35,578")]
 
 
@@ -84,8 +83,8 @@ def section_8b(out, commit):
              "89.75 GiB) in page-locked host memory, streamed through the GPU's AdamW each step (docs/OFFLOAD.md). "
              "Micro-batch and recompute per recipe are the first of 2/none, 2/selective, 1/none, 1/selective, 1/full "
              "that ran; NVFP4 with the last 4 layers BF16 (the playbook's setting). Figures are means over the steps "
-             "after the first. \"Optimizer update\" is the AdamW update's time on the compute stream (copy-ins "
-             "included; the copy-outs overlap the next step). Device: " + ran[0]["device"] + f"; commit {commit}. "
+             "after the first. \"Optimizer update\" is the AdamW update's time on its own queue (copy-ins included); "
+             "the copy-outs and, from commit be2aa06 on, the next step's first forward overlap it. Device: " + ran[0]["device"] + f"; commit {commit}. "
              + read(out, "note_8b.txt").strip(), "",
              "| recipe | micro-batch, recompute | offload fraction | step time (s) | tokens/s/GPU | model TFLOP/s/GPU "
              "| MFU | peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) "
@@ -140,9 +139,10 @@ def section_cost(out, commit):
     if not rows:
         return "", False
     lines = [SECTION_COST.format(gpu=gpu_of(device)), "",
-             "The same job without and with `--optimizer-cpu-offload` (fraction 1.0, and for the 3B also the least "
-             "fraction that fits the GPU, as the memory estimate prints it), same micro-batch and recompute. BF16; "
-             "means over the steps after the first. Device: " + device + f"; commit {commit}.", "",
+             "The same job without and with `--optimizer-cpu-offload` (fraction 1.0; for the 3B also with the next "
+             "forward waiting for the whole update instead of layer by layer (`NIBBLE_OFFLOAD_GATES=0`), at fraction "
+             "0.5, and at the least fraction that fits the GPU when that is not 0), same micro-batch and recompute. "
+             "BF16; means over the steps after the first. Device: " + device + f"; commit {commit}.", "",
              "| model | micro-batch, recompute | offload fraction | step time (ms) | tokens/s/GPU | model TFLOP/s/GPU "
              "| peak GPU memory GiB | host memory (page-locked) GiB | optimizer update (ms) "
              "| step time vs no offload |",
@@ -161,14 +161,17 @@ def section_sft(out, commit):
              "--packed-sequence true --optimizer-cpu-offload`: NeMo's 8B SFT shape (packed rows of short "
              "prompt/answer samples; here the project's own SFT pairs from scripts/sft_pairs.py, random initial "
              "weights) on one GPU. Recompute is the lightest of none, selective, full that ran. Means over the "
-             "steps after the first. Device: " + device + f"; commit {commit}.", "",
+             "steps after the first. Model TFLOP/s follows the protocol's formula, which counts causal attention over "
+             "the whole 16,384-token row; packed samples (here about 300 tokens each) attend only within themselves, "
+             "so it overstates the work done: compare tokens/s. The NeMo column is the 8x B200 figure issue 28 quotes "
+             "for this workload (other hardware, not the same run). Device: " + device + f"; commit {commit}.", "",
              "| recipe | micro-batch, recompute | step time (s) | tokens/s/GPU | model TFLOP/s/GPU | peak GPU memory GiB "
-             "| host memory (page-locked) GiB | optimizer update (ms) | NeMo 8x B200 tokens/s/GPU (published) |",
+             "| host memory (page-locked) GiB | optimizer update (ms) | NeMo 8x B200 tokens/s/GPU (quoted) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (label, r), (_, nemo) in zip(runs, NEMO_SFT_ROWS):
         if r:
             lines.append(f"| {label} | {r['fit']} | {r['step_s']:.2f} | {r['tokens']} | {r['tflops']:.1f} | "
-                         f"{r['peak']} | {r['host']} | {r['opt_ms']} | [{nemo}]({NEMO_SFT}) |")
+                         f"{r['peak']} | {r['host']} | {r['opt_ms']} | {nemo} |")
     return "\n".join(lines) + "\n", True
 
 

@@ -38,5 +38,5 @@ def write_report(sections, merge_into, out, commit):
     if not merge_into:
         sys.stdout.write(text)
         return
-    absent = {body.splitlines()[0] for body, ran in sections if not ran}
+    absent = {body.splitlines()[0] for body, ran in sections if not ran and body}  # an empty body: no title
     merge_sections(merge_into, text, os.path.basename(out.rstrip("/")), commit, skip=lambda title: title in absent)
