@@ -168,7 +168,11 @@ def section_sft(out, commit):
              "| recipe | micro-batch, recompute | step time (s) | tokens/s/GPU | model TFLOP/s/GPU | peak GPU memory GiB "
              "| host memory (page-locked) GiB | optimizer update (ms) | NeMo 8x B200 tokens/s/GPU (quoted) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for (label, r), (_, nemo) in zip(runs, NEMO_SFT_ROWS):
+    for (recipe, _), (label, r), (_, nemo) in zip(RECIPES, runs, NEMO_SFT_ROWS):
+        if not r and read(out, f"offload-sft-8b-{recipe}-mbs1-full.failed.log"):
+            est = re.search(r"needs about ([0-9.]+) GiB", read(out, f"offload-sft-8b-{recipe}-mbs1-full.failed.log"))
+            lines.append(f"| {label} | none of none, selective, full ran: out of GPU memory at 1, full (estimate "
+                         f"{est.group(1) if est else '?'} GiB) | | | | | | | {nemo} |")
         if r:
             lines.append(f"| {label} | {r['fit']} | {r['step_s']:.2f} | {r['tokens']} | {r['tflops']:.1f} | "
                          f"{r['peak']} | {r['host']} | {r['opt_ms']} | {nemo} |")
