@@ -2,7 +2,8 @@
 # Installs nibble's build dependencies from Debian packages; downloads nothing else.
 # The CUDA toolkit (nvcc, cuBLASLt, cuDNN, NCCL) is optional: without nvcc nibble builds its CPU backend only.
 set -euo pipefail
-pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev zlib1g-dev libgloo-dev)
+pkgs=(cmake ninja-build g++ libgtest-dev libcli11-dev nlohmann-json3-dev libpcre2-dev libtomlplusplus-dev zlib1g-dev libgloo-dev
+      libprotobuf-dev protobuf-compiler libboost-dev)
 # --fuzz: also clang and libFuzzer (scripts/fuzz.sh).
 [ "${1:-}" = "--fuzz" ] && pkgs+=(clang-14 libfuzzer-14-dev libclang-rt-14-dev)
 # --lint: clang-format and clang-tidy, pinned to 14 (scripts/format.sh, scripts/tidy.sh).

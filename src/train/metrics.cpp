@@ -51,6 +51,8 @@ std::string format_jsonl(const StepMetrics& m) {
   j["data_wait_ms"] = m.data_wait_ms;
   j["optimizer_ms"] = m.optimizer_ms;
   j["skipped_iterations"] = m.skipped;
+  j["global_batch_size"] = m.global_batch;
+  j["nan_iterations"] = m.nan_iters;
   return j.dump();
 }
 

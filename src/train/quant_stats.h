@@ -1,8 +1,9 @@
-// --quant-stats in the training loop: which steps collect, and the JSONL records they write
-// (trainer_quant_stats.cpp; schema and definitions in docs/RECIPES.md, "Quantization telemetry").
+// --quant-stats in the training loop: which steps collect, and the JSONL records (and TensorBoard scalars)
+// they write (trainer_quant_stats.cpp; schema and definitions in docs/RECIPES.md, "Quantization telemetry").
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 #include "model/llama_model.h"
 #include "recipe/linear.h"
@@ -19,5 +20,12 @@ bool quant_stats_step(const TrainConfig& c, int64_t it);
 // record per quantized Linear. Non-finite numbers are written as null.
 std::string format_quant_stats(int64_t iteration, const recipe::LinearHealth& worst,
                                const std::vector<LlamaModel::LinearStats>& linears);
+
+// The numbers of those records as TensorBoard scalars (--tensorboard-dir): the summary's as
+// quant/worst_sqnr_db, quant/max_flushed, quant/max_saturated, quant/min_wgrad_snr, each Linear's as
+// quant/<linear>/<path in its record>, e.g. quant/model.layers.3.mlp.down_proj/roles/grad/sqnr_db.
+// A null of the JSONL (not measured, not finite) has no scalar.
+std::vector<std::pair<std::string, double>> quant_stats_scalars(const recipe::LinearHealth& worst,
+                                                                const std::vector<LlamaModel::LinearStats>& linears);
 
 }  // namespace nb

@@ -223,6 +223,12 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
   return {
       choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
       int_key("log-interval", "steps between log lines", &c.log_interval),
+      string_key("tensorboard-dir",
+                 "write the step figures (loss, learning rate, throughput, memory, ...), validation loss and "
+                 "--quant-stats figures as TensorBoard scalars to an event file in this folder (rank 0)",
+                 &c.tensorboard_dir),
+      int_key("tensorboard-log-interval", "steps between TensorBoard step scalars (the last step is always written)",
+              &c.tensorboard_log_interval),
       string_key("save", "output folder: config.toml, metrics.jsonl, and checkpoints (--save-interval)", &c.save),
       choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
       double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
@@ -400,6 +406,8 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
+  if (c.tensorboard_log_interval <= 0)
+    return errorf("--tensorboard-log-interval must be positive; got %lld", (long long)c.tensorboard_log_interval);
   if (c.quant_stats_interval < 0)
     return errorf("--quant-stats-interval must not be negative (0 = log-interval); got %lld",
                   (long long)c.quant_stats_interval);

@@ -60,6 +60,9 @@ struct TrainConfig {
   // run
   std::string device = "auto";  // auto | cuda | cpu
   int64_t log_interval = 1;
+  // rank 0's TensorBoard event file goes to this folder (empty = none): step scalars every N steps and the last
+  std::string tensorboard_dir;
+  int64_t tensorboard_log_interval = 1;
   std::string save;             // output folder: resolved config, metrics.jsonl
   std::string on_nan = "stop";  // stop | skip
   double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device

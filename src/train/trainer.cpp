@@ -162,6 +162,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   if (health.has_stats) {
     model_.set_collect_stats(false);  // the evaluation after this step must not feed the next record
     if (jsonl_) jsonl_ << format_quant_stats(it + 1, health, linear_stats) << std::flush;
+    if (tb_) tb_->log_scalars(it + 1, quant_stats_scalars(health, linear_stats));
   }
   return Status::ok();
 }
@@ -279,12 +280,14 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
               loss, std::exp(loss));
   if (jsonl_)
     jsonl_ << "{\"iteration\":" << iteration << ",\"val_loss\":" << loss << ",\"val_ppl\":" << std::exp(loss) << "}\n";
+  if (tb_) tb_->log_validation(iteration, loss);
   summary->final_val_loss = loss;
   return Status::ok();
 }
 
 Status Trainer::train(TrainSummary* summary) {
   if (!cfg_.save.empty() && logging_rank()) jsonl_.open(cfg_.save + "/metrics.jsonl", std::ios::app);
+  if (logging_rank()) NB_TRY(open_tensorboard_log(cfg_, &tb_));
   const bool checkpoints = !cfg_.save.empty() && (cfg_.save_interval > 0 || cfg_.exit_interval > 0);
   if (checkpoints) NB_TRY(prepare_saves());
   TermSignalScope term(!cfg_.save.empty());
@@ -325,6 +328,7 @@ Status Trainer::train(TrainSummary* summary) {
       std::printf("%s\n", format_log_line(m).c_str());
     std::fflush(stdout);
     if (jsonl_) jsonl_ << format_jsonl(m) << "\n" << std::flush;
+    if (tb_) tb_->log_step(m);
     if (summary->losses.empty()) summary->first_loss = m.loss;
     summary->final_loss = m.loss;
     summary->losses.push_back(m.loss);
@@ -396,6 +400,7 @@ void Trainer::report(const TrainSummary& s) const {
 }
 
 Status run_training(TrainConfig cfg, TrainSummary* summary) {
+  NB_TRY(check_tensorboard_dir(cfg.tensorboard_dir));  // before a setup that may take minutes
   Trainer t;
   NB_TRY(t.setup(std::move(cfg)));
   return t.train(summary);

@@ -23,6 +23,7 @@
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/tensorboard_log.h"
 #include "train/train_config.h"
 #include "train/update_gates.h"
 
@@ -159,6 +160,7 @@ class Trainer {
   double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor
   SftPacking train_packing_;  // SFT: the training split's packing, for the efficiency report
   std::ofstream jsonl_;
+  std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir, rank 0 only
   // Training state that a checkpoint carries (besides weights and AdamW moments).
   int64_t iteration_ = 0;       // completed optimizer steps
   int64_t consumed_valid_ = 0;  // validation samples read so far

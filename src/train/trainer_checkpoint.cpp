@@ -53,7 +53,9 @@ bool free_on_resume(const std::string& key) {
                                 "distributed-timeout-minutes",
                                 "optimizer-cpu-offload",
                                 "optimizer-offload-fraction",
-                                "optimizer-state-offload-chunk-size-mb"};
+                                "optimizer-state-offload-chunk-size-mb",
+                                "tensorboard-dir",
+                                "tensorboard-log-interval"};
   for (const char* k : kFree)
     if (key == k) return true;
   return false;

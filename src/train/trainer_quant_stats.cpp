@@ -1,5 +1,6 @@
 // --quant-stats records (quant_stats.h): one summary line and one line per quantized Linear, written with
-// nlohmann::ordered_json (fields in a fixed order, non-finite numbers as null, as format_jsonl does).
+// nlohmann::ordered_json (fields in a fixed order, non-finite numbers as null, as format_jsonl does), and
+// the same numbers as TensorBoard scalars, flattened from the same records so the two never disagree.
 #include "train/quant_stats.h"
 
 #include <cmath>
@@ -64,16 +65,8 @@ Json linear_json(int64_t iteration, const LlamaModel::LinearStats& s) {
   return j;
 }
 
-}  // namespace
-
-bool quant_stats_step(const TrainConfig& c, int64_t it) {
-  if (!c.quant_stats) return false;
-  const int64_t every = c.quant_stats_interval > 0 ? c.quant_stats_interval : c.log_interval;
-  return (it + 1) % every == 0 || it + 1 == c.train_iters;
-}
-
-std::string format_quant_stats(int64_t iteration, const recipe::LinearHealth& worst,
-                               const std::vector<LlamaModel::LinearStats>& linears) {
+Json summary_json(int64_t iteration, const recipe::LinearHealth& worst,
+                  const std::vector<LlamaModel::LinearStats>& linears) {
   double min_snr = std::numeric_limits<double>::infinity();
   bool any_wgrad = false;
   for (const LlamaModel::LinearStats& s : linears) {
@@ -87,8 +80,47 @@ std::string format_quant_stats(int64_t iteration, const recipe::LinearHealth& wo
   summary["quant_max_flushed"] = num(worst.flushed);
   summary["quant_max_saturated"] = num(worst.saturated);
   summary["quant_min_wgrad_snr"] = any_wgrad ? num(min_snr) : Json(nullptr);
-  std::string out = summary.dump() + "\n";
+  return summary;
+}
+
+// The numbers of a record as (prefix + path, value), nested objects joined by '/'; names, flags and
+// nulls (not measured, or not finite) are left out.
+void flatten(const Json& j, const std::string& prefix, std::vector<std::pair<std::string, double>>* out) {
+  for (const auto& [key, v] : j.items()) {
+    if (v.is_object())
+      flatten(v, prefix + key + "/", out);
+    else if (v.is_number())
+      out->emplace_back(prefix + key, v.get<double>());
+  }
+}
+
+}  // namespace
+
+bool quant_stats_step(const TrainConfig& c, int64_t it) {
+  if (!c.quant_stats) return false;
+  const int64_t every = c.quant_stats_interval > 0 ? c.quant_stats_interval : c.log_interval;
+  return (it + 1) % every == 0 || it + 1 == c.train_iters;
+}
+
+std::string format_quant_stats(int64_t iteration, const recipe::LinearHealth& worst,
+                               const std::vector<LlamaModel::LinearStats>& linears) {
+  std::string out = summary_json(iteration, worst, linears).dump() + "\n";
   for (const LlamaModel::LinearStats& s : linears) out += linear_json(iteration, s).dump() + "\n";
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> quant_stats_scalars(const recipe::LinearHealth& worst,
+                                                                const std::vector<LlamaModel::LinearStats>& linears) {
+  std::vector<std::pair<std::string, double>> out;
+  Json summary = summary_json(0, worst, linears);
+  summary.erase("iteration");
+  for (const auto& [key, v] : summary.items())  // quant_worst_sqnr_db -> quant/worst_sqnr_db
+    if (v.is_number()) out.emplace_back("quant/" + key.substr(6), v.get<double>());
+  for (const LlamaModel::LinearStats& s : linears) {
+    Json j = linear_json(0, s);
+    for (const char* k : {"iteration", "quant_stats", "layer"}) j.erase(k);
+    flatten(j, "quant/" + s.linear + "/", &out);
+  }
   return out;
 }
 
