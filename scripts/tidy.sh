@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-$(nproc)}
 command -v run-clang-tidy-14 >/dev/null || { echo "tidy: clang-tidy-14 is missing; run: bash scripts/setup.sh --lint"; exit 1; }
-cmake --preset cpu >/dev/null  # the compile database only; nothing is built
+cmake --preset cpu >/dev/null  # the compile database; only the generated protobuf sources are built
+cmake --build --preset cpu --target nibble_proto >/dev/null
 log=build-cpu/tidy.log
 run-clang-tidy-14 -p build-cpu -quiet -j "$jobs" "$PWD/src/" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$log" || true
 n=$(grep -c "warning:" "$log" || true)
