@@ -7,8 +7,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include "io/tensorboard_event.pb.h"
 
 namespace nb {
@@ -20,12 +18,6 @@ constexpr uint32_t kMaskDelta = 0xa282ead8u;
 
 void put_le(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(char((v >> (8 * i)) & 0xff));
-}
-
-uint64_t get_le(const std::string& s, size_t at, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + size_t(i)]);
-  return v;
 }
 
 // The file name TensorBoard's reader looks for ("tfevents" in it); <host> is this machine's name.
@@ -57,33 +49,6 @@ std::string tfrecord_frame(std::string_view data) {
   out.append(data);
   put_le(&out, masked_crc32c(data.data(), data.size()), 4);
   return out;
-}
-
-Status read_tfrecords(const std::string& path, std::vector<std::string>* records) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return errorf("cannot read the event file %s: %s", path.c_str(), std::strerror(errno));
-  const std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  records->clear();
-  for (size_t at = 0; at < s.size();) {
-    const size_t n = records->size();
-    if (s.size() - at < 12)
-      return errorf("%s: record %zu at byte %zu is cut short in its length field (a truncated file)", path.c_str(), n,
-                    at);
-    if (uint32_t(get_le(s, at + 8, 4)) != masked_crc32c(s.data() + at, 8))
-      return errorf("%s: record %zu at byte %zu: the CRC-32C of its length does not match (a damaged file)",
-                    path.c_str(), n, at);
-    const uint64_t len = get_le(s, at, 8);
-    if (len > s.size() - at - 12 || s.size() - at - 12 - len < 4)
-      return errorf("%s: record %zu at byte %zu is cut short: %llu data bytes announced (a truncated file)",
-                    path.c_str(), n, at, (unsigned long long)len);
-    const char* data = s.data() + at + 12;
-    if (uint32_t(get_le(s, at + 12 + len, 4)) != masked_crc32c(data, len))
-      return errorf("%s: record %zu at byte %zu: the CRC-32C of its data does not match (a damaged file)", path.c_str(),
-                    n, at);
-    records->emplace_back(data, len);
-    at += 12 + len + 4;
-  }
-  return Status::ok();
 }
 
 TensorBoardWriter::~TensorBoardWriter() { close(); }

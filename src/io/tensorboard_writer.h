@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
-#include <vector>
 #include "core/status.h"
 
 namespace nb {
@@ -21,9 +20,6 @@ uint32_t crc32c(const void* data, size_t bytes);
 uint32_t masked_crc32c(const void* data, size_t bytes);
 // One framed record holding `data`.
 std::string tfrecord_frame(std::string_view data);
-// Every record of a TFRecord file, each checked against both its CRCs; an error names the file, the
-// record and its byte offset (a damaged or truncated file).
-Status read_tfrecords(const std::string& path, std::vector<std::string>* records);
 
 class TensorBoardWriter {
  public:

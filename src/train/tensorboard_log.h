@@ -35,7 +35,6 @@ class TensorBoardLog {
   void log_validation(int64_t iteration, double loss);
   // Any other scalars of one iteration (--quant-stats' "quant/..."), flushed.
   void log_scalars(int64_t iteration, const ScalarList& scalars);
-  const std::string& path() const { return writer_.path(); }
 
  private:
   // A write that fails (a full disk) stops the TensorBoard log with one warning, not the training run:

@@ -80,9 +80,6 @@ TEST_F(TensorBoardWriterTest, ScalarsReadBackThroughTheRecordFormat) {
       EXPECT_EQ(s.value, v) << tag;  // float in, float out: exact
       EXPECT_EQ(s.wall_time, 1.7e9 + double(step));
     }
-  std::vector<std::string> records;  // io's own reader agrees
-  ASSERT_TRUE(read_tfrecords(file, &records));
-  EXPECT_EQ(records.size(), 13u);
 }
 
 // proto3 writes a oneof member even when it holds 0: a scalar of 0 must reach TensorBoard.
@@ -106,27 +103,20 @@ TEST_F(TensorBoardWriterTest, CorruptedByteFailsTheCrcCheck) {
   bad[second + 12 + 3] ^= 0x20;  // a data byte of the second record
   write_bytes(file, bad);
   TbFile tb;
-  EXPECT_NE(nb::test::parse_event_file(file, &tb).find("bad data CRC"), std::string::npos);
-  std::vector<std::string> records;
-  Status st = read_tfrecords(file, &records);
-  ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("record 1 at byte " + std::to_string(second)), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("CRC-32C of its data"), std::string::npos) << st.message();
+  std::string err = nb::test::parse_event_file(file, &tb);
+  EXPECT_NE(err.find("bad data CRC in the record at byte " + std::to_string(second)), std::string::npos) << err;
 
   bad = good;
   bad[second] ^= 0x01;  // the second record's length
   write_bytes(file, bad);
-  EXPECT_NE(nb::test::parse_event_file(file, &tb).find("bad length CRC"), std::string::npos);
-  st = read_tfrecords(file, &records);
-  ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("CRC-32C of its length"), std::string::npos) << st.message();
+  err = nb::test::parse_event_file(file, &tb);
+  EXPECT_NE(err.find("bad length CRC"), std::string::npos) << err;
 
   write_bytes(file, good.substr(0, good.size() - 2));  // a record cut short
-  st = read_tfrecords(file, &records);
-  ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("cut short"), std::string::npos) << st.message();
+  err = nb::test::parse_event_file(file, &tb);
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
   write_bytes(file, good);
-  EXPECT_TRUE(read_tfrecords(file, &records));
+  EXPECT_EQ(nb::test::parse_event_file(file, &tb), "");
 }
 
 TEST(TensorBoardEvent, FileNamePattern) {
