@@ -6,7 +6,7 @@
 #include <map>
 #include <memory>
 #include "cli/commands.h"
-#include "dist/spawn.h"
+#include "distributed/spawn.h"
 #include "train/trainer.h"
 
 namespace nb::cli {

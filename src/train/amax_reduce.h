@@ -5,7 +5,7 @@
 #pragma once
 #include "core/status.h"
 #include "core/tensor.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "model/llama_model.h"
 
 namespace nb {

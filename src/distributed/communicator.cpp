@@ -1,5 +1,5 @@
 // What every communicator shares: the choice of backend and the shape rules of the slice collectives.
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace nb::dist {
 

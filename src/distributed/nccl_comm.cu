@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 #include <vector>
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace nb::dist {
 

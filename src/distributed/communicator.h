@@ -7,8 +7,8 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
-#include "dist/tcp_store.h"
-#include "dist/world.h"
+#include "distributed/tcp_store.h"
+#include "distributed/world.h"
 
 namespace nb::dist {
 

@@ -1,6 +1,6 @@
 // TcpStore, the rendezvous store's client (tcp_store.h); the wire format and the server live in
 // store_wire.h and tcp_store_server.cpp.
-#include "dist/tcp_store.h"
+#include "distributed/tcp_store.h"
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include "dist/store_wire.h"
+#include "distributed/store_wire.h"
 
 namespace nb::dist {
 

@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 #include "common/nibble_binary.h"
-#include "dist/ddp_util.h"
+#include "distributed/ddp_util.h"
 
 namespace nb {
 namespace {

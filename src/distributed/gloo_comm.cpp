@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 #include "core/bf16.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace nb::dist {
 

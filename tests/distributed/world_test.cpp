@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <map>
 #include <string>
-#include "dist/world.h"
+#include "distributed/world.h"
 
 using namespace nb;
 using namespace nb::dist;

@@ -23,9 +23,9 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "dist/communicator.h"
-#include "dist/ddp_util.h"
-#include "dist/tcp_store.h"
+#include "distributed/communicator.h"
+#include "distributed/ddp_util.h"
+#include "distributed/tcp_store.h"
 #include "formats/fp8/fp8.h"
 #include "model/llama_model.h"
 #include "model/model_test_util.h"

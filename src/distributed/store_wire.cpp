@@ -1,6 +1,6 @@
 // The rendezvous store's wire helpers (store_wire.h): little-endian fields, deadline-bounded socket
 // transfers, key lists.
-#include "dist/store_wire.h"
+#include "distributed/store_wire.h"
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 #include "core/status.h"
-#include "dist/world.h"
+#include "distributed/world.h"
 
 namespace nb::dist {
 

@@ -1,5 +1,5 @@
 // GradSync: bucketed, optionally overlapped gradient reduction and weight gathering (grad_sync.h).
-#include "train/grad_sync.h"
+#include "distributed/grad_sync.h"
 #include <algorithm>
 #include "ops/elementwise.h"
 

@@ -1,7 +1,7 @@
 // Launcher detection: torchrun, then Open MPI, then Slurm, then a single process. Every variable is
 // parsed completely and checked against the others, because a typo here otherwise shows up much later
 // as a hang in the rendezvous.
-#include "dist/world.h"
+#include "distributed/world.h"
 #include <cctype>
 #include <cerrno>
 #include <climits>

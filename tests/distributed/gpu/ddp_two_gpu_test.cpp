@@ -12,7 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include "common/gpu.h"
-#include "dist/ddp_util.h"
+#include "distributed/ddp_util.h"
 
 namespace nb {
 namespace {

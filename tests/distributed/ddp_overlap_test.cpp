@@ -11,7 +11,7 @@
 // significant bits (relative error <= 2^-9), so step 1's gradient norm moves by at most 2^-9 relative
 // (about 2e-3, checked at 4e-3), and it must move (else the reduction did not run in BF16).
 #include <gtest/gtest.h>
-#include "dist/ddp_util.h"
+#include "distributed/ddp_util.h"
 
 namespace nb {
 namespace {

@@ -2,7 +2,7 @@
 // a threaded process may only make async-signal-safe calls until execve (no setenv, no malloc). The
 // parent then supervises: it polls waitpid every 20 ms, forwards SIGINT/SIGTERM, and stops the other
 // ranks when one fails (a rank left alone would hang in its next collective).
-#include "dist/spawn.h"
+#include "distributed/spawn.h"
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>

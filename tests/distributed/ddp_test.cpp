@@ -24,9 +24,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 #include "common/nibble_binary.h"
-#include "dist/spawn.h"
+#include "distributed/spawn.h"
 #include "io/safetensors.h"
-#include "dist/ddp_util.h"
+#include "distributed/ddp_util.h"
 #include "train/resume_util.h"
 
 namespace nb {

@@ -11,8 +11,8 @@
 #include <cerrno>
 #include <cstring>
 #include "core/log.h"
-#include "dist/store_wire.h"
-#include "dist/tcp_store.h"
+#include "distributed/store_wire.h"
+#include "distributed/tcp_store.h"
 
 namespace nb::dist {
 

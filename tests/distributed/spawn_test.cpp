@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
-#include "dist/spawn.h"
+#include "distributed/spawn.h"
 
 using namespace nb;
 using namespace nb::dist;

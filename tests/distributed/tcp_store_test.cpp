@@ -8,7 +8,7 @@
 #include <chrono>
 #include <random>
 #include <thread>
-#include "dist/tcp_store.h"
+#include "distributed/tcp_store.h"
 
 using namespace nb;
 using namespace nb::dist;

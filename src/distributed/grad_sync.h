@@ -12,7 +12,7 @@
 #include <unordered_map>
 #include <vector>
 #include "core/stream_event.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 #include "model/llama_model.h"
 
 namespace nb {

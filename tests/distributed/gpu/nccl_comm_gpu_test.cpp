@@ -7,7 +7,7 @@
 #include <vector>
 #include "common/gpu.h"
 #include "core/bf16.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 namespace nb::dist {
 namespace {
