@@ -45,6 +45,9 @@ Status LlamaModel::weights_needed(const std::vector<std::string>& names) {
 Status LlamaModel::grads_final(const std::vector<std::string>& names) {
   return hooks_ && report_grads_final_ && !lora_enabled_ ? hooks_->grads_final(names) : Status::ok();
 }
+Status LlamaModel::grads_needed(const std::vector<std::string>& names) {
+  return hooks_ && !lora_enabled_ ? hooks_->grads_needed(names) : Status::ok();
+}
 
 void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   step_ = step;
@@ -120,9 +123,20 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
   return Status::ok();
 }
 
+int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded) {
+  const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = cfg.vocab * cfg.hidden;
+  const int64_t elems = std::max(large, layer) + 3 * layer;
+  return elems * 4 + (weights_sharded ? elems * (dev == Device::cuda ? 2 : 4) : 0);
+}
+
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
-                                    const optim::Placement& placement) {
+                                    const optim::Placement& placement, int fsdp) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
+  if (fsdp != int(Fsdp::off) && shards > 1) {  // per rank: 12 + 4 (+ compute) bytes over d, and the windows
+    const bool weights = fsdp == int(Fsdp::optim_grads_params);
+    const int64_t n = cfg.total_params(), shard = optimizer_shard_elems(cfg, shards);
+    return shard * 16 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights);
+  }
   if (shards > 1 || placement.offload_fraction > 0) {  // every weight has a compute copy
     const int64_t weights = cfg.total_params() * (4 + compute_bytes);
     if (!(placement.offload_fraction > 0)) return weights + cfg.total_params() * 12 / shards;
@@ -138,6 +152,16 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
 }
 
 namespace {
+// Rows of one block of the recipe's weight format: an FSDP row chunk of a whole number of them can be
+// quantized alone (the training-format gather this layout prepares for).
+int64_t fsdp_row_align(const recipe::Recipe& r) {
+  switch (r.weight.fmt) {
+    case recipe::Fmt::nvfp4: return 16;
+    case recipe::Fmt::mxfp8: return 32;
+    case recipe::Fmt::fp8_block128x128: return 128;
+    default: return 1;
+  }
+}
 // The linear layers of a transformer layer (qkv, o, gate_up, down): {in, out} features.
 std::array<std::array<int64_t, 2>, 4> linear_dims(const LlamaConfig& cfg) {
   return {{{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
@@ -201,8 +225,13 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     // An empty master-only range: asked for, sharded, or a planned recipe switch (its BF16 GEMMs read weights).
     const bool offload = optimizer_placement.offload_fraction > 0;
     if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch || offload) qe = qb;
-    NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
-                            optimizer_placement));
+    NB_CHECK(fsdp == Fsdp::off || !offload, "internal: Megatron-FSDP with an offloaded optimizer state");
+    if (fsdp != Fsdp::off)
+      NB_TRY(params_.allocate_fsdp(cfg, dev, optimizer_shard_rank, optimizer_shard_count,
+                                   fsdp == Fsdp::optim_grads_params, fsdp_row_align(recipe)));
+    else
+      NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
+                              optimizer_placement));
   }
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {

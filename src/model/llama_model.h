@@ -80,8 +80,12 @@ class LlamaModel {
     return (cfg.total_params() + shards - 1) / shards;
   }
   // With an offload placement, the device part of the state and the streaming windows only.
+  // With Megatron-FSDP (fsdp != off) the sharded arrays and the windows (fsdp_window_bytes).
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
-                                 int shards = 1, const optim::Placement& placement = {});
+                                 int shards = 1, const optim::Placement& placement = {}, int fsdp = 0);
+  // Megatron-FSDP's windows at their most (distributed/fsdp.h): a large window (the embedding or an untied
+  // LM head) and three layer windows, for the weights (optim_grads_params) and for the FP32 gradients.
+  static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded);
   // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
   // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
   // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy.
@@ -107,6 +111,11 @@ class LlamaModel {
   // compute copy of every weight, so quantized layers quantize from the BF16 copy, as Megatron with
   // TransformerEngine does; the FP32 master of a weight lives on one rank only.
   int optimizer_shard_rank = 0, optimizer_shard_count = 1;
+  // Set before init: Megatron-FSDP over the optimizer's shard ranks (params.h, distributed/fsdp.h): the
+  // gradients are sharded too (optim_grads), and the compute copy (optim_grads_params). Its hooks must be
+  // set (set_step_hooks) and report every micro-batch's final gradients.
+  enum class Fsdp { off, optim_grads, optim_grads_params };
+  Fsdp fsdp = Fsdp::off;
   // Set before init: the gradient-bucket length in elements (--ddp-bucket-size; 0 = one bucket).
   int64_t optimizer_bucket_elems = 0;
   // Set before init: the share of master, m and v kept in host memory (--optimizer-cpu-offload). An
@@ -121,6 +130,8 @@ class LlamaModel {
     virtual ~StepHooks() = default;
     virtual Status weights_needed(const std::vector<std::string>& names) = 0;
     virtual Status grads_final(const std::vector<std::string>& names) = 0;
+    // Before a backward first writes those parameters' gradients (Megatron-FSDP binds their windows).
+    virtual Status grads_needed(const std::vector<std::string>& /*names*/) { return Status::ok(); }
   };
   void set_step_hooks(StepHooks* hooks) { hooks_ = hooks; }
   void set_grads_final_reporting(bool on) { report_grads_final_ = on; }
@@ -177,6 +188,7 @@ class LlamaModel {
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status weights_needed(const std::vector<std::string>& names);  // forward to hooks_ (if any)
   Status grads_final(const std::vector<std::string>& names);
+  Status grads_needed(const std::vector<std::string>& names);
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
   // recipe_'s Linears (qkv, o, gate_up, down per layer) and their shared workspace, allocated.
   Status build_linears();

@@ -54,7 +54,7 @@ class MicroBatchPass {
   Status plan();
   Tensor grad_of(const std::string& n) const;
   Tensor fused_qkv(const std::string& p, Buf b) const;
-  Layer layer_weights(int64_t l) const;
+  Layer layer_weights(int64_t l, bool with_grads) const;
   Tensor weight(int64_t l, int i, const Tensor& compute, const Tensor& master);
   bool adapter(int64_t l, int i, LoraModule* mod) const;
   Status adapt_forward(int64_t l, int i, const Tensor& x, const Tensor& y);
@@ -138,29 +138,31 @@ Tensor MicroBatchPass::fused_qkv(const std::string& p, Buf b) const {
   return Tensor::make(q.data, q.dtype, q.device, {q.shape[0] + k.shape[0] + v.shape[0], q.shape[1]});
 }
 
-LlamaModel::Layer MicroBatchPass::layer_weights(int64_t l) const {
+// Gradient views only for a backward: with Megatron-FSDP they exist only while the unit's window is bound.
+LlamaModel::Layer MicroBatchPass::layer_weights(int64_t l, bool with_grads) const {
   const std::string p = "model.layers." + std::to_string(l) + ".";
   auto compute = [&](const std::string& n) { return W_.has_compute(n) ? W_.compute(n) : Tensor{}; };
   auto master = [&](const std::string& n) {
     return W_.has_compute(n) || m_.lora_enabled_ ? Tensor{} : m_.params_.master(n);
   };
+  auto grad = [&](const std::string& n) { return with_grads ? grad_of(n) : Tensor{}; };
   Layer w;
   w.w_in = W_.compute(p + "input_layernorm.weight");
-  w.g_in = grad_of(p + "input_layernorm.weight");
+  w.g_in = grad(p + "input_layernorm.weight");
   w.wqkv = fused_qkv(p, Buf::compute);
-  w.gqkv = fused_qkv(p, Buf::grad);
+  w.gqkv = with_grads ? fused_qkv(p, Buf::grad) : Tensor{};
   w.mqkv = fused_qkv(p, Buf::master);
   w.mo = master(p + "self_attn.o_proj.weight");
   w.mgu = master(p + "mlp.gate_up_proj.weight");
   w.mdown = master(p + "mlp.down_proj.weight");
   w.wo = compute(p + "self_attn.o_proj.weight");
-  w.go = grad_of(p + "self_attn.o_proj.weight");
+  w.go = grad(p + "self_attn.o_proj.weight");
   w.w_post = W_.compute(p + "post_attention_layernorm.weight");
-  w.g_post = grad_of(p + "post_attention_layernorm.weight");
+  w.g_post = grad(p + "post_attention_layernorm.weight");
   w.wgu = compute(p + "mlp.gate_up_proj.weight");
-  w.ggu = grad_of(p + "mlp.gate_up_proj.weight");
+  w.ggu = grad(p + "mlp.gate_up_proj.weight");
   w.wdown = compute(p + "mlp.down_proj.weight");
-  w.gdown = grad_of(p + "mlp.down_proj.weight");
+  w.gdown = grad(p + "mlp.down_proj.weight");
   return w;
 }
 
@@ -199,7 +201,7 @@ Status MicroBatchPass::adapt_backward(int64_t l, int i, const Tensor& dy, const 
 
 // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
 Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
-  const Layer w = layer_weights(l);
+  const Layer w = layer_weights(l, false);
   auto& a = A_.layer[size_t(l)];
   auto& lin = m_.linears_[size_t(l)];
   NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
@@ -238,7 +240,8 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
 Status MicroBatchPass::head_and_loss(float grad_scale) {
   const std::string lm_name = c_.tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.norm.weight", lm_name}));
-  const Tensor w_lm = W_.compute(lm_name), g_lm = grad_of(lm_name);
+  if (m_.hooks_ && backward_) NB_TRY(m_.grads_needed({"model.norm.weight", lm_name}));
+  const Tensor w_lm = W_.compute(lm_name), g_lm = backward_ ? grad_of(lm_name) : Tensor{};
   ops::rmsnorm_forward(A_.resid[c_.layers], W_.compute("model.norm.weight"), c_.norm_eps, A_.nf, A_.rstdf, st_);
   for (int64_t t0 = 0; t0 < T_; t0 += m_.lm_chunk_tokens_) {
     const int64_t t1 = std::min(T_, t0 + m_.lm_chunk_tokens_);
@@ -335,7 +338,12 @@ Status MicroBatchPass::backward() {
     NB_TRY(m_.grads_final({"model.norm.weight", "lm_head.weight"}));
   Tensor dx = A_.dx, dx_next = A_.dx2;
   for (int64_t l = c_.layers - 1; l >= 0; --l) {
-    const Layer w = layer_weights(l);
+    if (m_.hooks_) {
+      const std::vector<std::string> names = LlamaModel::layer_param_names(l);
+      NB_TRY(m_.weights_needed(names));
+      NB_TRY(m_.grads_needed(names));
+    }
+    const Layer w = layer_weights(l, true);
     if (m_.recompute_ == Recompute::full)
       NB_TRY(forward_layer(l, false));
     else if (m_.recompute_ == Recompute::selective)
@@ -345,6 +353,7 @@ Status MicroBatchPass::backward() {
     std::swap(dx, dx_next);
     if (m_.hooks_) NB_TRY(m_.grads_final(LlamaModel::layer_param_names(l)));
   }
+  if (m_.hooks_) NB_TRY(m_.grads_needed({"model.embed_tokens.weight"}));
   if (!m_.lora_enabled_) ops::embedding_backward(ids_, dx, m_.params_.grad("model.embed_tokens.weight"), st_);
   if (m_.hooks_) NB_TRY(m_.grads_final({"model.embed_tokens.weight"}));
   return Status::ok();

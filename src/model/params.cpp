@@ -9,9 +9,6 @@
 
 namespace nb {
 
-namespace {
-constexpr int64_t kAlign = 64;  // elements: 256-byte aligned FP32 slices, 128-byte BF16 slices
-
 std::vector<ParamInfo> llama_param_list(const LlamaConfig& c) {
   std::vector<ParamInfo> decayed, flat;
   const float std_in = 0.02f, std_out = 0.02f / std::sqrt(2.0f * float(c.layers));
@@ -34,6 +31,7 @@ std::vector<ParamInfo> llama_param_list(const LlamaConfig& c) {
   return decayed;
 }
 
+namespace {
 // Standard normal pairs by Box-Muller from two 32-bit uniforms (FP64 on the host: init only), for
 // elements [begin, end) of a stream; begin is a multiple of 4 (one Philox block gives 4 uniforms).
 void normal_fill(float* out, int64_t begin, int64_t end, uint64_t seed, uint32_t stream, float stddev) {
@@ -70,6 +68,9 @@ void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* ds
 
 Status ParamStore::layout(std::vector<ParamInfo> params) {
   params_ = std::move(params);
+  fsdp_ = shard_compute_ = false;
+  index_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].name] = int(i);
   int64_t off = 0;
   decayed_end_ = 0;
   for (auto& p : params_) {
@@ -173,11 +174,27 @@ ParamStore::Slice ParamStore::own_slice(int b) const {
   const int64_t begin = bucket_begin(b), len = (bucket_end(b) - begin) / shard_count_;
   return {begin + len * shard_rank_, begin + len * (shard_rank_ + 1), begin / shard_count_};
 }
+std::vector<ParamStore::Slice> ParamStore::own_slices() const {
+  std::vector<Slice> out;
+  if (fsdp_) {
+    for (const Group& g : groups_)
+      out.push_back({g.begin + shard_rank_ * g.chunk(), g.begin + (shard_rank_ + 1) * g.chunk(), g.local});
+    return out;
+  }
+  for (int b = 0; b < bucket_count(); ++b) out.push_back(own_slice(b));
+  return out;
+}
+Tensor ParamStore::slice_grad(const Slice& s) const {
+  return fsdp_ ? view(grad_, DType::f32, s.local, s.end - s.begin) : range(padded_grad(), s.begin, s.end);
+}
+Tensor ParamStore::slice_compute(const Slice& s) const {
+  return compute_sharded() ? view(compute_, compute_dtype(), s.local, s.end - s.begin)
+                           : range(padded_compute(), s.begin, s.end);
+}
 // Master, m and v hold this store's slices of the flat space (all of it without sharding); a slice's
 // part in the padding past total() stays as it is (zero).
 Status ParamStore::set_state(optim::StateArray a, const float* host) {
-  for (int b = 0; b < bucket_count(); ++b) {
-    const Slice s = own_slice(b);
+  for (const Slice& s : own_slices()) {
     const int64_t end = std::min(s.end, total_);
     if (end > s.begin) NB_TRY(state_->write(a, s.local, host + s.begin, end - s.begin));
   }
@@ -190,6 +207,7 @@ Status ParamStore::get_state(optim::StateArray a, float* host) const {
 // The compute copy is cast on the device from the full FP32 values: from the master itself when this
 // store holds all of it, else from the gradient buffer used as scratch (only at start or load).
 Status ParamStore::set_master(const float* host) {
+  if (fsdp_) return set_master_fsdp(host);
   NB_TRY(set_state(optim::StateArray::master, host));
   if (shard_count_ == 1 && !state_->offloaded()) {
     for (const Piece& p : compute_pieces(0, total_))
@@ -203,23 +221,24 @@ Status ParamStore::set_master(const float* host) {
 }
 Tensor ParamStore::padded_compute() const {
   NB_CHECK(hole_end_ == hole_begin_, "internal: padded_compute with a master-only range");
+  if (fsdp_) return view(compute_, compute_dtype(), 0, compute_sharded() ? shard_len_ : total_);
   return view(compute_, compute_dtype(), 0, shard_count_ > 1 ? padded_total() : total_);
 }
 
 const ParamInfo& ParamStore::info(const std::string& name) const {
-  for (const auto& p : params_)
-    if (p.name == name) return p;
-  NB_CHECK(false, "no parameter named %s", name.c_str());
-  return params_[0];
+  const auto it = index_.find(name);
+  NB_CHECK(it != index_.end(), "no parameter named %s", name.c_str());
+  return params_[size_t(it->second)];
 }
 
 Tensor ParamStore::view(const Buffer& b, DType dt, int64_t offset, int64_t n) const {
   return Tensor::make(static_cast<uint8_t*>(b.data()) + dtype_bytes(dt, offset), dt, device_, {n});
 }
-Tensor ParamStore::shaped(const Buffer& b, DType dt, const ParamInfo& p) const {
-  void* base = static_cast<uint8_t*>(b.data()) + dtype_bytes(dt, p.offset);
-  if (p.shape.size() == 1) return Tensor::make(base, dt, device_, {p.shape[0]});
-  return Tensor::make(base, dt, device_, {p.shape[0], p.shape[1]});
+Tensor ParamStore::shaped(const Buffer& b, DType dt, const ParamInfo& p) const { return at(b.data(), dt, p, p.offset); }
+Tensor ParamStore::at(void* base, DType dt, const ParamInfo& p, int64_t offset) const {
+  void* first = static_cast<uint8_t*>(base) + dtype_bytes(dt, offset);
+  if (p.shape.size() == 1) return Tensor::make(first, dt, device_, {p.shape[0]});
+  return Tensor::make(first, dt, device_, {p.shape[0], p.shape[1]});
 }
 Tensor ParamStore::range(const Tensor& flat, int64_t begin, int64_t end) const {
   return Tensor::make(static_cast<uint8_t*>(flat.data) + dtype_bytes(flat.dtype, begin), flat.dtype, device_,
@@ -231,6 +250,12 @@ bool ParamStore::has_compute(const std::string& n) const {
 }
 Tensor ParamStore::compute(const std::string& n) const {
   NB_CHECK(has_compute(n), "internal: %s has no compute copy (its layer reads the FP32 master)", n.c_str());
+  if (compute_sharded()) {
+    const Group& g = group_of(n);
+    void* base = unit_compute_[size_t(g.unit)];
+    NB_CHECK(base, "internal: %s read while its unit is not gathered", n.c_str());
+    return at(base, compute_dtype(), info(n), g.unit_offset + info(n).offset - g.begin);
+  }
   ParamInfo p = info(n);
   p.offset = compute_offset(p.offset);
   return shaped(compute_, compute_dtype(), p);
@@ -253,6 +278,12 @@ std::vector<ParamStore::Piece> ParamStore::compute_pieces(int64_t begin, int64_t
 }
 Tensor ParamStore::grad(const std::string& n) const {
   NB_CHECK(!frozen_, "internal: %s is frozen (no gradient)", n.c_str());
+  if (fsdp_) {
+    const Group& g = group_of(n);
+    float* base = unit_grad_[size_t(g.unit)];
+    NB_CHECK(base, "internal: gradient of %s written while its unit has no gradient window", n.c_str());
+    return at(base, DType::f32, info(n), g.unit_offset + info(n).offset - g.begin);
+  }
   return shaped(grad_, DType::f32, info(n));
 }
 Tensor ParamStore::master(const std::string& n) const {
@@ -267,6 +298,9 @@ Tensor ParamStore::master(const std::string& n) const {
              : Tensor::make(flat.ptr<float>() + p.offset, DType::f32, device_, {p.shape[0], p.shape[1]});
 }
 size_t ParamStore::bytes() const {
+  if (fsdp_)
+    return size_t(shard_len_) * 4 + state_->device_bytes() +
+           size_t(padded_compute().numel()) * size_t(dtype_bits(compute_dtype()) / 8);
   const int64_t compute_n = shard_count_ > 1 ? padded_total() : total_ - (hole_end_ - hole_begin_);
   if (frozen_) return size_t(compute_n) * size_t(dtype_bits(compute_dtype()) / 8);
   return size_t(padded_total()) * 4 + state_->device_bytes() +

@@ -14,6 +14,15 @@
 // this store keeps master, m and v only for its own slices, back to back in bucket order: 2 (BF16 copy)
 // + 4 (gradient) + 12 / d bytes per parameter. Gradient and compute buffers stay whole (padded) so that
 // collectives work on them in place. Sharding needs every parameter to have a compute copy.
+// Megatron-FSDP (allocate_fsdp; --use-megatron-fsdp, distributed/fsdp.h): strategy optim_grads shards the
+// gradients as well as master, m and v; optim_grads_params the compute copy too. The unit of sharding is a
+// parameter group (q, k and v together, every other parameter alone), cut by rows into d equal chunks of
+// rows_per_rank rows (zero rows pad its end); rank r keeps chunk r of every group, back to back in group
+// order, in every sharded array: a row chunk is what a quantized format can encode alone, and a gather of
+// the chunks is the whole group, rows in order. The embedding, each transformer layer and the head (final
+// norm and LM head) are units: gathered and reduced together into windows that distributed/fsdp.h binds
+// here while they are in use (bind_compute, bind_grad); compute() and grad() of a parameter resolve to its
+// unit's window.
 // Master, m and v belong to an optim::OptimizerState (optim/optimizer_state.h), which places a share of
 // them in host memory with --optimizer-cpu-offload; then the flat_master/m/v views are the device part
 // only, and whole-array transfers go through get_state/set_state.
@@ -21,12 +30,17 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 #include "core/tensor.h"
 #include "model/llama_config.h"
 #include "optim/optimizer_state.h"
 
 namespace nb {
+
+struct ParamInfo;
+// The parameters of a Llama model, in store order (decayed 2-D weights first, then the norms).
+std::vector<ParamInfo> llama_param_list(const LlamaConfig& c);
 
 struct ParamInfo {
   std::string name;            // Hugging Face name, e.g. model.layers.0.self_attn.q_proj.weight
@@ -45,6 +59,7 @@ void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* ds
 
 class ParamStore {
  public:
+  static constexpr int64_t kAlign = 64;  // elements: 256-byte aligned FP32 slices, 128-byte BF16 slices
   // Linear weights of layers [master_only_begin, master_only_end) get no compute copy (empty range: all do).
   // bucket_elems: the bucket length asked for (0 = one bucket), rounded up to a multiple of kAlign x d.
   Status allocate(const LlamaConfig& cfg, Device dev, int64_t master_only_begin = 0, int64_t master_only_end = 0,
@@ -57,6 +72,30 @@ class ParamStore {
   // storage here at all: their Linears hold them quantized.
   Status allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end);
   bool frozen() const { return frozen_; }
+  // Megatron-FSDP's layout over shard_count ranks (see above): gradients sharded; the compute copy too when
+  // shard_compute (optim_grads_params). Every group's rows per rank are a multiple of row_align (the block
+  // rows of the recipe's weight format) and keep each rank's chunk 256-byte aligned.
+  Status allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count, bool shard_compute,
+                       int64_t row_align);
+  struct Group {
+    int64_t begin = 0, rows = 0, cols = 0, rows_per_rank = 0;  // flat start; true rows; row length; rows a rank keeps
+    int unit = 0;                                              // the unit (window) it belongs to
+    int64_t unit_offset = 0;                                   // its start in the unit's window (elements)
+    int64_t local = 0;                                         // this rank's chunk in the sharded arrays
+    int64_t chunk() const { return rows_per_rank * cols; }
+  };
+  bool fsdp() const { return fsdp_; }
+  bool compute_sharded() const { return fsdp_ && shard_compute_; }
+  const std::vector<Group>& groups() const { return groups_; }
+  // Units: 0 the embedding, 1 + l transformer layer l, layers + 1 the head (final norm, LM head if untied).
+  int unit_count() const { return int(unit_elems_.size()); }
+  int64_t unit_elems(int u) const { return unit_elems_[size_t(u)]; }
+  int unit_of(const std::string& name) const;
+  // Unit u's whole values (compute dtype) and gradients (FP32), unit_elems(u) each; nullptr unbinds.
+  void bind_compute(int u, void* base) { unit_compute_[size_t(u)] = base; }
+  void bind_grad(int u, float* base) { unit_grad_[size_t(u)] = base; }
+  bool compute_bound(int u) const { return unit_compute_[size_t(u)] != nullptr; }
+  bool grad_bound(int u) const { return unit_grad_[size_t(u)] != nullptr; }
   // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
   Status initialize(uint64_t seed);
 
@@ -77,7 +116,7 @@ class ParamStore {
   // flat space.
   // With an offloaded state these are its device part only (optimizer_state().resident() elements).
   Tensor flat_master() const { return state_->device_part(optim::StateArray::master); }
-  Tensor flat_grad() const { return view(grad_, DType::f32, 0, total_); }
+  Tensor flat_grad() const { return view(grad_, DType::f32, 0, fsdp_ ? shard_len_ : total_); }
   Tensor flat_m() const { return state_->device_part(optim::StateArray::m); }
   Tensor flat_v() const { return state_->device_part(optim::StateArray::v); }
   optim::OptimizerState& optimizer_state() { return *state_; }
@@ -96,7 +135,14 @@ class ParamStore {
   int64_t bucket_begin(int b) const { return int64_t(b) * bucket_len_; }
   int64_t bucket_end(int b) const { return std::min(padded_total_, int64_t(b + 1) * bucket_len_); }
   Slice own_slice(int b) const;
-  Tensor padded_grad() const { return view(grad_, DType::f32, 0, padded_total()); }
+  // Every slice of the flat space this store keeps master, m and v for, in flat order: its slice of each
+  // bucket, or with FSDP its chunk of each group.
+  std::vector<Slice> own_slices() const;
+  // The gradients of slice s (from own_slices) and the compute copy the optimizer writes for it: in place in
+  // the whole buffers, or in this rank's shards.
+  Tensor slice_grad(const Slice& s) const;
+  Tensor slice_compute(const Slice& s) const;
+  Tensor padded_grad() const { return view(grad_, DType::f32, 0, fsdp_ ? shard_len_ : padded_total()); }
   Tensor padded_compute() const;  // only without a master-only range
   Tensor flat_compute() const;    // only without a master-only range
   Tensor range(const Tensor& flat, int64_t begin, int64_t end) const;
@@ -134,6 +180,17 @@ class ParamStore {
   bool frozen_ = false;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
+  Status layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align);  // params_fsdp.cpp
+  Status set_master_fsdp(const float* host);
+  Tensor at(void* base, DType dt, const ParamInfo& p, int64_t offset) const;
+  const Group& group_of(const std::string& name) const;
+  bool fsdp_ = false, shard_compute_ = false;
+  std::vector<Group> groups_;
+  std::vector<int> param_group_;  // per parameter: its group (FSDP)
+  std::vector<int64_t> unit_elems_;
+  std::vector<void*> unit_compute_;
+  std::vector<float*> unit_grad_;
+  std::unordered_map<std::string, int> index_;  // name -> parameter
   Status allocate_buffers(int shard_rank, int shard_count, int64_t bucket_elems, const optim::Placement& placement);
   Buffer grad_, compute_;
   std::unique_ptr<optim::OptimizerState> state_ = std::make_unique<optim::OptimizerState>();  // movable store

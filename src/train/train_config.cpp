@@ -235,6 +235,14 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
       bool_key("use-distributed-optimizer",
                "shard FP32 master weights and AdamW m, v over the data-parallel ranks (6 + 12/d bytes/param)",
                &c.use_distributed_optimizer),
+      bool_key("use-megatron-fsdp",
+               "Megatron-FSDP: shard what --data-parallel-sharding-strategy names over the data-parallel ranks",
+               &c.use_megatron_fsdp),
+      choice_key("data-parallel-sharding-strategy",
+                 "with --use-megatron-fsdp: no_shard (DDP), optim (optimizer state), optim_grads (and gradients), "
+                 "optim_grads_params (and weights, gathered per layer when used): 18, 6 + 12/d, 2 + 16/d, 18/d "
+                 "bytes/param",
+                 &c.data_parallel_sharding_strategy, {"no_shard", "optim", "optim_grads", "optim_grads_params"}),
       bool_key("optimizer-cpu-offload",
                "keep FP32 master weights and AdamW m, v in page-locked host memory and stream them through the "
                "GPU's AdamW each step (bit-identical results)",
@@ -444,7 +452,25 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.ddp_bucket_size < 0)
     return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
                   (long long)c.ddp_bucket_size);
-  if (c.overlap_param_gather && !c.use_distributed_optimizer)
+  if (c.data_parallel_sharding_strategy != "no_shard" && !c.use_megatron_fsdp)
+    return errorf("--data-parallel-sharding-strategy %s applies to Megatron-FSDP: add --use-megatron-fsdp",
+                  c.data_parallel_sharding_strategy.c_str());
+  if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
+    const char* s = c.data_parallel_sharding_strategy.c_str();
+    if (c.peft == "lora")
+      return errorf("--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
+                    "sharded yet: use optim or no_shard",
+                    s);
+    if (c.optimizer_cpu_offload)
+      return errorf("--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
+                    "or the other",
+                    s);
+    if (c.grad_reduce_in_bf16)
+      return errorf("--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
+                    "--grad-reduce-in-bf16",
+                    s);
+  }
+  if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
     return errorf(
         "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "
         "(plain DDP gathers nothing)");

@@ -69,6 +69,17 @@ struct TrainConfig {
   int64_t data_parallel = 1;    // the launcher's world size (set by the Trainer, not a key)
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
+  // Megatron-FSDP (docs/DISTRIBUTED.md): no_shard (DDP) | optim (the distributed optimizer) | optim_grads
+  // (gradients sharded too) | optim_grads_params (the compute copy too, gathered per layer when used).
+  bool use_megatron_fsdp = false;
+  std::string data_parallel_sharding_strategy = "no_shard";
+  // The strategy in effect: the distributed optimizer is `optim` with or without --use-megatron-fsdp.
+  std::string sharding_strategy() const {
+    if (use_megatron_fsdp && data_parallel_sharding_strategy.rfind("optim_grads", 0) == 0)
+      return data_parallel_sharding_strategy;
+    return use_distributed_optimizer || (use_megatron_fsdp && data_parallel_sharding_strategy == "optim") ? "optim"
+                                                                                                            : "no_shard";
+  }
   // Megatron's DDP knobs (docs/DISTRIBUTED.md): bucket length in elements (0 = one bucket, or Megatron's
   // max(40M, 1M x ranks) with an overlap), reduction overlapped with the backward, gathers with the
   // next forward (distributed optimizer only), and gradients reduced in BF16.

@@ -120,7 +120,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   for (int64_t micro = 0; micro < accum_; ++micro) {
     const bool last = micro + 1 == accum_;
     if (sync_ && last) sync_->begin_last_backward();  // its backward completes the gradients, bucket by bucket
-    model_.set_grads_final_reporting(sync_ && last);
+    model_.set_grads_final_reporting((sync_ && last) || fsdp_);  // FSDP reduces every micro-batch's
     NB_TRY(model_.forward_backward_staged(micro, grad_scale));
   }
   model_.set_grads_final_reporting(false);
@@ -143,7 +143,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   const int64_t it = iteration_;
   ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
   for (const ParamStore::Slice& s : optimizer_slices())
-    ops::sum_squares_accumulate(P.range(P.padded_grad(), s.begin, s.end), norm_sq_.ptr<float>(), nullptr);
+    ops::sum_squares_accumulate(P.slice_grad(s), norm_sq_.ptr<float>(), nullptr);
   float norm_sq_h = 0;
   NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
   recipe::LinearHealth health;
@@ -248,6 +248,12 @@ std::vector<optim::UpdateSegment> Trainer::build_update_segments() {
       const int64_t e = std::min(s.end, decayed ? P.decayed_count() : P.total());
       if (e <= b) continue;
       const int64_t to_local = s.local - s.begin;
+      if (P.fsdp()) {  // gradients (and with optim_grads_params the compute copy) in this rank's shards
+        const Tensor g = P.slice_grad(s), c = P.slice_compute(s);
+        segs.push_back({b + to_local, e + to_local, P.range(g, b - s.begin, e - s.begin),
+                        P.range(c, b - s.begin, e - s.begin), decayed ? float(cfg_.weight_decay) : 0.f});
+        continue;
+      }
       for (const ParamStore::Piece& pc : P.compute_pieces(b, e))
         segs.push_back({pc.begin + to_local, pc.end + to_local, P.range(P.flat_grad(), pc.begin, pc.end), pc.compute,
                         decayed ? float(cfg_.weight_decay) : 0.f});

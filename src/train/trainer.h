@@ -19,6 +19,7 @@
 #include "model/llama_model.h"
 #include "optim/adamw_stream.h"
 #include "recipe/recipe.h"
+#include "distributed/fsdp.h"
 #include "distributed/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -125,6 +126,8 @@ class Trainer {
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Communicator> comm_;
   std::unique_ptr<GradSync> sync_;  // with a communicator: bucketed reductions and gathers
+  std::unique_ptr<FsdpSync> fsdp_;  // instead, with Megatron-FSDP's optim_grads or optim_grads_params
+  void settle_collectives();        // the default stream waits for gathers and reductions in flight
   bool stop_requested_ = false;     // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;

@@ -24,7 +24,7 @@ Status all_reduce_step_amaxes(const LlamaModel& model, dist::Communicator& comm,
 
 Status Trainer::reduce_amax_over_ranks() {
   if (!comm_ || model_.recipe().fp8_scaling != recipe::Fp8Scaling::delayed) return Status::ok();
-  if (sync_) sync_->settle();  // no collective may start while weight gathers are still in flight
+  settle_collectives();  // no collective may start while weight gathers are still in flight
   return all_reduce_step_amaxes(model_, *comm_, &amax_scratch_);
 }
 

@@ -15,9 +15,12 @@ namespace nb {
 Status Trainer::detect_ranks() {
   NB_TRY(dist::detect_world(&world_));
   cfg_.data_parallel = world_.size;
-  if (cfg_.use_distributed_optimizer && world_.size > 1) {
+  const std::string strategy = cfg_.sharding_strategy();
+  if (strategy != "no_shard" && world_.size > 1) {
     model_.optimizer_shard_rank = world_.rank;
     model_.optimizer_shard_count = world_.size;
+    if (strategy == "optim_grads") model_.fsdp = LlamaModel::Fsdp::optim_grads;
+    if (strategy == "optim_grads_params") model_.fsdp = LlamaModel::Fsdp::optim_grads_params;
   }
   // Megatron's default bucket: one without an overlap (nothing to overlap it with), else
   // max(40M, 1M x ranks) elements, small enough to start early, large enough to keep links busy.
@@ -51,6 +54,20 @@ Status Trainer::connect_ranks() {
 // Buckets over the flat space and, when asked, the model's hooks that launch collectives early.
 Status Trainer::prepare_grad_sync() {
   if (!comm_) return Status::ok();
+  if (model_.fsdp != LlamaModel::Fsdp::off) {
+    fsdp_ = std::make_unique<FsdpSync>();
+    NB_TRY(fsdp_->init(&model_.params(), comm_.get(), dev_));
+    model_.set_step_hooks(fsdp_.get());
+    std::printf("Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
+                "backward%s\n",
+                cfg_.sharding_strategy().c_str(), world_.size,
+                model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
+                                                             : "master, AdamW state, gradients and weights",
+                model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
+                                                             : "; each unit's weights gathered before its forward "
+                                                               "and its backward, the next one prefetched");
+    return Status::ok();
+  }
   const ParamStore& P = model_.params();
   GradSync::Options o{cfg_.overlap_grad_reduce, cfg_.overlap_param_gather, cfg_.grad_reduce_in_bf16};
   std::vector<std::string> order{"model.embed_tokens.weight"};
@@ -70,16 +87,25 @@ Status Trainer::prepare_grad_sync() {
 std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
   const ParamStore& P = model_.params();
   if (!sharded()) return {{0, P.total(), 0}};
-  std::vector<ParamStore::Slice> out;
-  for (int b = 0; b < P.bucket_count(); ++b) out.push_back(P.own_slice(b));
-  return out;
+  return P.own_slices();
 }
 
 // The summed FP32 gradients: on every rank (DDP), or in each rank's own slices (grad_sync.h).
-Status Trainer::reduce_gradients() { return sync_ ? sync_->finish_reduce() : Status::ok(); }
+Status Trainer::reduce_gradients() {
+  if (fsdp_) return fsdp_->finish_reduce();
+  return sync_ ? sync_->finish_reduce() : Status::ok();
+}
 
 // After AdamW updated this rank's slices of the compute copy: every rank's slices, gathered in place.
-Status Trainer::gather_updated_weights() { return sync_ ? sync_->gather_weights() : Status::ok(); }
+Status Trainer::gather_updated_weights() {
+  if (fsdp_) return fsdp_->weights_updated();
+  return sync_ ? sync_->gather_weights() : Status::ok();
+}
+
+void Trainer::settle_collectives() {
+  if (sync_) sync_->settle();
+  if (fsdp_) fsdp_->settle();
+}
 
 // A save needs master, m and v whole on rank 0: each is gathered, bucket by bucket, into the gradient
 // buffer (free between steps: the next step zeroes it) and copied to the host by rank 0. Every rank
@@ -88,6 +114,7 @@ Status Trainer::gather_updated_weights() { return sync_ ? sync_->gather_weights(
 // state), then gathered in place.
 Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
   ParamStore& P = model_.params();
+  if (fsdp_) return fsdp_->gather_state(a, logging_rank() ? host : nullptr);
   if (sync_) sync_->settle();
   for (int b = 0; b < P.bucket_count(); ++b) {
     const ParamStore::Slice s = P.own_slice(b);
@@ -103,7 +130,7 @@ Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
 // Host scalars summed over ranks (loss sums, token counts, flags).
 Status Trainer::sum_over_ranks(double* values, int n) {
   if (!comm_) return Status::ok();
-  if (sync_) sync_->settle();  // no collective may start while weight gathers are still in flight
+  settle_collectives();  // no collective may start while weight gathers are still in flight
   return comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
 }
 

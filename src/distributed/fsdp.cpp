@@ -1,0 +1,238 @@
+// FsdpSync: Megatron-FSDP's gathers and reduce-scatters around the model's pass (fsdp.h).
+#include "distributed/fsdp.h"
+#include <algorithm>
+#include "ops/elementwise.h"
+
+namespace nb {
+
+Status FsdpSync::init(ParamStore* params, dist::Communicator* comm, Device dev) {
+  NB_CHECK(params->fsdp(), "internal: FsdpSync over a store without the FSDP layout");
+  P_ = params;
+  comm_ = comm;
+  dev_ = dev;
+  ranks_ = comm->size();
+  rank_ = comm->rank();
+  const int layers = P_->unit_count() - 2;
+  for (int u = 1; u <= layers; ++u) layer_elems_ = std::max(layer_elems_, P_->unit_elems(u));
+  for (int i = 0; i < 4; ++i) pools_[i].dt = i < 2 ? P_->compute_dtype() : DType::f32;
+  for (int u = 0; u < P_->unit_count(); ++u)
+    for (bool grads : {false, true}) {
+      Pool* pool = pool_for(grads, u);
+      pool->capacity = std::max(pool->capacity, P_->unit_elems(u));
+    }
+  int64_t most = 1;
+  for (const ParamStore::Group& g : P_->groups()) most = std::max(most, g.chunk());
+  NB_TRY(Buffer::allocate(&reduced_chunk_, DType::f32, dev, {most}));
+  NB_TRY(side_.create(dev));
+  return mark_.create(dev);
+}
+
+std::set<int> FsdpSync::units_of(const std::vector<std::string>& names) const {
+  std::set<int> out;
+  for (const std::string& n : names) out.insert(P_->unit_of(n));
+  return out;
+}
+
+FsdpSync::Window* FsdpSync::bound(bool grads, int unit) {
+  for (auto& w : pool_for(grads, unit)->all)
+    if (w->unit == unit) return w.get();
+  return nullptr;
+}
+
+// The oldest freed window of the pool, else a new one (first step only: the pass is the same every
+// micro-batch, so the pool reaches its size once).
+Status FsdpSync::acquire(Pool* pool, int unit, Window** out) {
+  if (!pool->free.empty()) {
+    *out = pool->free.front();
+    pool->free.pop_front();
+    (*out)->unit = unit;
+    return Status::ok();
+  }
+  const int64_t n = pool->capacity;
+  auto w = std::make_unique<Window>();
+  NB_TRY(Buffer::allocate(&w->buf, pool->dt, dev_, {n})
+             .context("Megatron-FSDP window of " + std::to_string(n) + " elements"));
+  w->capacity = n;
+  w->unit = unit;
+  NB_TRY(w->ready.create(dev_));
+  NB_TRY(w->reusable.create(dev_));
+  *out = w.get();
+  pool->all.push_back(std::move(w));
+  return Status::ok();
+}
+
+// `last_user`: the stream whose queued work is the window's last use; the next owner waits for it.
+void FsdpSync::release(Pool* pool, Window* w, Stream last_user) {
+  w->reusable.record(last_user);
+  w->unit = -1;
+  w->waited = false;
+  pool->free.push_back(w);
+}
+
+// Every group of the unit: this rank's chunk of the compute shard, all-gathered into the window.
+Status FsdpSync::gather_unit(int unit) {
+  Window* w = nullptr;
+  NB_TRY(acquire(pool_for(false, unit), unit, &w));
+  const Stream s = side_.get();
+  if (w->reusable.recorded()) w->reusable.wait_in(s);
+  const Tensor shard = P_->padded_compute(), window = w->buf.tensor();
+  for (const ParamStore::Group& g : P_->groups()) {
+    if (g.unit != unit) continue;
+    const Tensor mine = P_->range(shard, g.local, g.local + g.chunk());
+    const Tensor all = P_->range(window, g.unit_offset, g.unit_offset + g.chunk() * ranks_);
+    NB_TRY(comm_->all_gather(mine, all, s));
+    gathered_bytes_ += double(all.bytes()) * (ranks_ - 1) / ranks_;
+  }
+  w->ready.record(s);
+  P_->bind_compute(unit, w->buf.data());
+  return Status::ok();
+}
+
+Status FsdpSync::weights_needed(const std::vector<std::string>& names) {
+  if (!P_->compute_sharded()) return Status::ok();
+  const std::set<int> want = units_of(names);
+  // Units the pass has left: their windows go back once the default stream's queued reads are done.
+  for (int i = 0; i < 2; ++i)
+    for (auto& w : pools_[i].all)
+      if (w->unit >= 0 && !want.count(w->unit) && !prefetched_.count(w->unit)) {
+        P_->bind_compute(w->unit, nullptr);
+        release(&pools_[i], w.get(), nullptr);
+      }
+  for (int u : want) {
+    if (!P_->compute_bound(u)) {
+      mark_.record(nullptr);  // the gather may overwrite a window the default stream read before
+      mark_.wait_in(side_.get());
+      NB_TRY(gather_unit(u));
+    }
+    prefetched_.erase(u);
+    Window* w = bound(false, u);
+    if (!w->waited) {
+      w->ready.wait_in(nullptr);
+      w->waited = true;
+    }
+  }
+  // Forward: the next unit (layers and the head; the embedding's next use is the next micro-batch).
+  const int top = *want.rbegin();
+  if (top >= last_unit_ && top + 1 < P_->unit_count() && !P_->compute_bound(top + 1)) {
+    NB_TRY(gather_unit(top + 1));
+    prefetched_.insert(top + 1);
+  }
+  last_unit_ = top;
+  return Status::ok();
+}
+
+Status FsdpSync::grads_needed(const std::vector<std::string>& names) {
+  const std::set<int> want = units_of(names);
+  for (int u : want) {
+    if (P_->grad_bound(u)) continue;
+    Window* w = nullptr;
+    NB_TRY(acquire(pool_for(true, u), u, &w));
+    if (w->reusable.recorded()) w->reusable.wait_in(nullptr);  // its last reduce-scatter read it
+    ops::fill(P_->range(w->buf.tensor(), 0, P_->unit_elems(u)), 0.0f, nullptr);
+    P_->bind_grad(u, w->buf.ptr<float>());
+  }
+  // Backward: the unit below this one (layer units; the embedding's backward reads no weights).
+  const int next = *want.rbegin() - 1;
+  last_unit_ = *want.rbegin();
+  if (P_->compute_sharded() && next >= 1 && !P_->compute_bound(next)) {
+    mark_.record(nullptr);
+    mark_.wait_in(side_.get());
+    NB_TRY(gather_unit(next));
+    prefetched_.insert(next);
+  }
+  return Status::ok();
+}
+
+// Every group of the window's unit: reduce-scattered (sum) into the scratch chunk, added into the shard.
+Status FsdpSync::reduce_unit(Window* w) {
+  const Stream s = side_.get();
+  const Tensor shard = P_->padded_grad(), window = w->buf.tensor();
+  for (const ParamStore::Group& g : P_->groups()) {
+    if (g.unit != w->unit) continue;
+    const Tensor all = P_->range(window, g.unit_offset, g.unit_offset + g.chunk() * ranks_);
+    const Tensor out = P_->range(reduced_chunk_.tensor(), 0, g.chunk());
+    NB_TRY(comm_->reduce_scatter(all, out, s));
+    ops::add_inplace(P_->range(shard, g.local, g.local + g.chunk()), out, s);
+    reduced_bytes_ += double(all.bytes()) * (ranks_ - 1) / ranks_;
+  }
+  return Status::ok();
+}
+
+Status FsdpSync::grads_final(const std::vector<std::string>& names) {
+  mark_.record(nullptr);  // the side stream starts after the backward work queued so far
+  mark_.wait_in(side_.get());
+  for (int u : units_of(names)) {
+    Window* w = bound(true, u);
+    NB_CHECK(w, "internal: gradients of unit %d reported final without a window", u);
+    NB_TRY(reduce_unit(w));
+    P_->bind_grad(u, nullptr);
+    release(pool_for(true, u), w, side_.get());
+  }
+  return Status::ok();
+}
+
+void FsdpSync::settle() {
+  mark_.record(side_.get());
+  mark_.wait_in(nullptr);
+}
+
+Status FsdpSync::finish_reduce() {
+  for (int i = 2; i < 4; ++i)
+    for (auto& w : pools_[i].all) NB_CHECK(w->unit < 0, "internal: gradients of unit %d never reported final", w->unit);
+  settle();
+  return comm_->wait(side_.get());  // the step reads the gradient norm next: never block on a dead peer
+}
+
+// optim_grads: each group's chunks all-gathered in place in the whole compute copy.
+Status FsdpSync::gather_compute_in_place() {
+  const Tensor all = P_->padded_compute();
+  for (const ParamStore::Group& g : P_->groups()) {
+    const Tensor mine = P_->range(all, g.begin + rank_ * g.chunk(), g.begin + (rank_ + 1) * g.chunk());
+    NB_TRY(comm_->all_gather(mine, P_->range(all, g.begin, g.begin + g.chunk() * ranks_), nullptr));
+    gathered_bytes_ += double(mine.bytes()) * (ranks_ - 1);
+  }
+  return comm_->wait(nullptr);
+}
+
+Status FsdpSync::weights_updated() {
+  if (!P_->compute_sharded()) return gather_compute_in_place();
+  for (int i = 0; i < 2; ++i)
+    for (auto& w : pools_[i].all)
+      if (w->unit >= 0) {
+        P_->bind_compute(w->unit, nullptr);
+        release(&pools_[i], w.get(), nullptr);
+      }
+  prefetched_.clear();
+  last_unit_ = -1;
+  return Status::ok();
+}
+
+Status FsdpSync::gather_state(optim::StateArray a, float* host) {
+  settle();
+  for (const ParamStore::Group& g : P_->groups()) {
+    const int64_t piece_rows = std::clamp<int64_t>(kPieceElems / g.cols, 1, g.rows_per_rank);
+    Buffer in, out;
+    NB_TRY(Buffer::allocate(&in, DType::f32, dev_, {piece_rows * g.cols}));
+    NB_TRY(Buffer::allocate(&out, DType::f32, dev_, {piece_rows * g.cols * ranks_}));
+    for (int64_t j = 0; j < g.rows_per_rank; j += piece_rows) {
+      const int64_t k = std::min(piece_rows, g.rows_per_rank - j), n = k * g.cols;
+      NB_TRY(P_->optimizer_state().read_to_device(a, g.local + j * g.cols, in.data(), n));
+      NB_TRY(comm_->all_gather(P_->range(in.tensor(), 0, n), P_->range(out.tensor(), 0, n * ranks_), nullptr));
+      NB_TRY(comm_->wait(nullptr));
+      if (!host) continue;
+      for (int r = 0; r < ranks_; ++r)
+        NB_TRY(copy_bytes(host + g.begin + (r * g.rows_per_rank + j) * g.cols, Device::cpu,
+                          out.ptr<float>() + r * n, dev_, size_t(n) * 4));
+    }
+  }
+  return Status::ok();
+}
+
+size_t FsdpSync::window_bytes() const {
+  size_t n = 0;
+  for (const Pool& p : pools_)
+    for (const auto& w : p.all) n += size_t(w->capacity) * size_t(dtype_bits(p.dt) / 8);
+  return n;
+}
+
+}  // namespace nb

@@ -1,0 +1,93 @@
+// Megatron-FSDP's step (--use-megatron-fsdp, strategies optim_grads and optim_grads_params; the layout is
+// ParamStore's, model/params.h). Each rank keeps 1/d of every parameter group's rows; the model's hooks
+// say when a unit (the embedding, a transformer layer, the head) is about to be read or written:
+//   - weights_needed (optim_grads_params): the unit's rows are all-gathered into a window, on a side
+//     stream, and the next unit in the pass's direction is prefetched while this one computes; windows of
+//     units the pass has left are recycled. A unit is gathered before its forward and again before its
+//     backward, as Megatron-FSDP and FSDP2 do.
+//   - grads_needed: a zeroed FP32 gradient window for the unit.
+//   - grads_final: the window is reduce-scattered (sum) over the ranks on the side stream and this rank's
+//     rows are added into its gradient shard; every micro-batch's, so no rank holds the whole gradient.
+// Windows come in two sizes: one for the transformer layers, one for the units larger than a layer (the
+// embedding and an untied head), each pool reused oldest-freed first and grown only in the first step.
+// A window is handed out again only after the work that used it: events order the two streams. On the CPU
+// backend every call completes before it returns, so the events are no-ops. Every rank issues the same
+// collectives in the same order: the model's pass is the same on every rank.
+#pragma once
+#include <deque>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+#include "core/stream_event.h"
+#include "distributed/communicator.h"
+#include "model/llama_model.h"
+
+namespace nb {
+
+class FsdpSync : public LlamaModel::StepHooks {
+ public:
+  Status init(ParamStore* params, dist::Communicator* comm, Device dev);
+
+  // StepHooks, from the model's pass.
+  Status weights_needed(const std::vector<std::string>& names) override;
+  Status grads_needed(const std::vector<std::string>& names) override;
+  Status grads_final(const std::vector<std::string>& names) override;
+
+  // After the step's backward: the default stream waits for every reduction (bounded by the timeout).
+  Status finish_reduce();
+  // After AdamW wrote this rank's shard: optim_grads gathers the whole compute copy; optim_grads_params
+  // drops the gathered windows (the next read gathers the new values).
+  Status weights_updated();
+  // Before another collective: the default stream waits for the side stream.
+  void settle();
+  // Checkpoints: master, m or v whole in `host` (total() elements; nullptr on ranks that do not write),
+  // gathered group by group in pieces of at most kPieceElems per rank. Every rank must call it.
+  Status gather_state(optim::StateArray a, float* host);
+
+  // Bytes all-gathered (weights) and reduce-scattered (gradients) by this rank's calls so far.
+  double gathered_bytes() const { return gathered_bytes_; }
+  double reduced_bytes() const { return reduced_bytes_; }
+  size_t window_bytes() const;  // device bytes of the windows allocated so far
+
+  static constexpr int64_t kPieceElems = int64_t(1) << 24;
+
+ private:
+  struct Window {
+    Buffer buf;
+    int64_t capacity = 0;
+    int unit = -1;        // bound to this unit, or free
+    StreamEvent ready;    // compute: the gather is done (recorded on the side stream)
+    StreamEvent reusable; // the last work reading or writing it is done
+    bool waited = false;  // compute: the default stream already waits for `ready`
+  };
+  struct Pool {
+    DType dt = DType::f32;
+    int64_t capacity = 0;  // elements of each window: the largest unit of its size class
+    std::vector<std::unique_ptr<Window>> all;
+    std::deque<Window*> free;  // oldest freed first
+  };
+  // The pool of unit u's windows: weights or gradients, layer-sized or large.
+  Pool* pool_for(bool grads, int unit) { return &pools_[(grads ? 2 : 0) + (P_->unit_elems(unit) > layer_elems_)]; }
+  std::set<int> units_of(const std::vector<std::string>& names) const;
+  Status acquire(Pool* pool, int unit, Window** out);
+  void release(Pool* pool, Window* w, Stream last_user);
+  Window* bound(bool grads, int unit);
+  Status gather_unit(int unit);
+  Status reduce_unit(Window* w);
+  Status gather_compute_in_place();
+
+  ParamStore* P_ = nullptr;
+  dist::Communicator* comm_ = nullptr;
+  Device dev_ = Device::cpu;
+  int ranks_ = 1, rank_ = 0, last_unit_ = -1;
+  Pool pools_[4];             // weights layer-sized, weights large, gradients layer-sized, gradients large
+  int64_t layer_elems_ = 0;  // the largest transformer layer unit
+  std::set<int> prefetched_;  // gathered ahead of the request
+  SideStream side_;
+  StreamEvent mark_;
+  Buffer reduced_chunk_;  // one group's chunk: the reduce-scatter's output before it is added in
+  double gathered_bytes_ = 0, reduced_bytes_ = 0;
+};
+
+}  // namespace nb
