@@ -58,6 +58,7 @@ Status Trainer::step(StepMetrics* m) {
   NB_TRY(anneal_if_due());  // precision annealing switches at the step boundary (trainer_anneal.cpp)
   const int64_t it = iteration_;
   double loss_sum = 0, wait_ms = 0;
+  const double gathered0 = fsdp_ ? fsdp_->gathered_bytes() : 0, reduced0 = fsdp_ ? fsdp_->reduced_bytes() : 0;
   NB_TRY(run_micro_batches(&loss_sum, &wait_ms));
   NB_PROFILE_BEGIN("optimizer: norm + AdamW");
   StepFigures f;
@@ -65,6 +66,10 @@ Status Trainer::step(StepMetrics* m) {
   const double lr = sched_.at(it);
   NB_TRY(apply_update(lr, f));
   NB_PROFILE_END("optimizer: norm + AdamW");
+  if (fsdp_) {  // this step's traffic (evaluations run outside the step)
+    fsdp_step_gathered_ = fsdp_->gathered_bytes() - gathered0;
+    fsdp_step_reduced_ = fsdp_->reduced_bytes() - reduced0;
+  }
   // The step ends when the compute stream is done. Offloaded copy-outs may still run on their own stream,
   // hidden behind the next forward (the next update waits for them; see optim/adamw_stream.h).
   if (dev_ == Device::cuda && model_.params().optimizer_state().offloaded() && !sync_)
@@ -340,6 +345,7 @@ Status Trainer::train(TrainSummary* summary) {
     summary->losses.push_back(m.loss);
     if (cfg_.eval_interval > 0 && iteration_ % cfg_.eval_interval == 0 && iteration_ != cfg_.train_iters)
       NB_TRY(evaluate(iteration_, summary));
+    if (cfg_.sample_interval > 0 && iteration_ % cfg_.sample_interval == 0) NB_TRY(sample(iteration_));
     if (writer_ && writer_->failed()) NB_TRY(finish_saves(summary));  // a background save failed: stop now
     const bool exit_now = cfg_.exit_interval > 0 && iteration_ % cfg_.exit_interval == 0;
     const bool term_now = stop_requested_;
@@ -393,6 +399,11 @@ void Trainer::report(const TrainSummary& s) const {
   const optim::OptimizerState& state = model_.params().optimizer_state();
   if (state.offloaded())
     std::printf("| %-34s | %22.2f |\n", "optimizer state in host mem (GiB)", gib(double(state.host_bytes())));
+  if (fsdp_) {
+    std::printf("| %-34s | %22.2f |\n", "FSDP weights gathered/step (GiB)", gib(fsdp_step_gathered_));
+    std::printf("| %-34s | %22.2f |\n", "FSDP grads reduced/step (GiB)", gib(fsdp_step_reduced_));
+    std::printf("| %-34s | %22.2f |\n", "FSDP windows (GiB)", gib(double(fsdp_->window_bytes())));
+  }
   const double wait_total = train_src_ ? train_src_->wait_ms_total() : 0;
   std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", s.steps ? wait_total / double(s.steps) : 0.0);
   if (cfg_.quant_stats)

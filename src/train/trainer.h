@@ -19,6 +19,7 @@
 #include "model/llama_model.h"
 #include "optim/adamw_stream.h"
 #include "recipe/recipe.h"
+#include "tokenizer/bpe_tokenizer.h"
 #include "distributed/fsdp.h"
 #include "distributed/grad_sync.h"
 #include "train/checkpoint.h"
@@ -119,6 +120,10 @@ class Trainer {
   Status prepare_update();
   std::vector<optim::UpdateSegment> build_update_segments();
   Status evaluate(int64_t iteration, TrainSummary* summary);
+  // samples while training (trainer_sample.cpp): the tokenizer and prompt checked at setup, and a greedy
+  // continuation printed and recorded at every --sample-interval step (rank 0)
+  Status setup_sampling();
+  Status sample(int64_t iteration);
   void report(const TrainSummary& s) const;
 
   TrainConfig cfg_;
@@ -128,6 +133,7 @@ class Trainer {
   std::unique_ptr<GradSync> sync_;  // with a communicator: bucketed reductions and gathers
   std::unique_ptr<FsdpSync> fsdp_;  // instead, with Megatron-FSDP's optim_grads or optim_grads_params
   void settle_collectives();        // the default stream waits for gathers and reductions in flight
+  double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;  // the last step's FSDP traffic, bytes per rank
   bool stop_requested_ = false;     // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
@@ -163,6 +169,8 @@ class Trainer {
   double step_trained_ = 0;   // trained tokens (labels >= 0) of this step over all ranks: the loss's divisor
   SftPacking train_packing_;  // SFT: the training split's packing, for the efficiency report
   std::ofstream jsonl_;
+  std::unique_ptr<BpeTokenizer> sample_tok_;  // --sample-interval: the tokenizer and the encoded prompt
+  std::vector<int32_t> sample_ids_;
   std::unique_ptr<TensorBoardLog> tb_;  // --tensorboard-dir, rank 0 only
   // Training state that a checkpoint carries (besides weights and AdamW moments).
   int64_t iteration_ = 0;       // completed optimizer steps

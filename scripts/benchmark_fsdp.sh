@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Megatron-FSDP benchmarks (docs/DISTRIBUTED.md) on one machine with at least two GPUs; writes logs and
+# metrics to OUT, then merges its sections into BENCHMARKS.md.
+#   bash scripts/benchmark_fsdp.sh [build-dir] [OUT] [parts]
+# parts, a comma list (default 8b,cost):
+#   8b    Llama 3.1 8B, seq 4096, global batch 32, 2 ranks, --data-parallel-sharding-strategy
+#         optim_grads_params, no optimizer offload, in FSDP_RECIPES (default: bf16_mixed,
+#         bf16_with_fp8_current_scaling_mixed, bf16_with_nvfp4_mixed; NVFP4 with the last 4 layers BF16). The
+#         micro-batch and recompute are the first of FIT_PAIRS (bench_common.sh) that run.
+#   cost  llama3-8b-proxy at micro-batch 2, 8 micro-batches per GPU: 1 GPU, then 2 GPUs with optim (the
+#         distributed optimizer), optim_grads and optim_grads_params, all over NVLink.
+# NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
+set -uo pipefail
+build=${1:-build}
+out=${2:-runs/bench-fsdp}
+parts=${3:-8b,cost}
+# shellcheck source=scripts/bench_common.sh
+source "$(dirname "$0")/bench_common.sh"
+fsdp=(--nproc-per-node 2 --use-megatron-fsdp --data-parallel-sharding-strategy)
+
+if has 8b; then
+  IFS=, read -r -a recipes <<< "${FSDP_RECIPES:-bf16_mixed,bf16_with_fp8_current_scaling_mixed,bf16_with_nvfp4_mixed}"
+  for recipe in "${recipes[@]}"; do
+    extra=()
+    [ "$recipe" = bf16_with_nvfp4_mixed ] && extra=(--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4)
+    fit "fsdp-8b-$recipe" "${fsdp[@]}" optim_grads_params --model llama3.1-8b --recipe "$recipe" "${extra[@]}" \
+      --seq-length 4096 --global-batch-size 32 --train-iters 4
+  done
+fi
+
+if has cost; then
+  proxy=(--model llama3-8b-proxy --seq-length 4096 --micro-batch-size 2 --train-iters 8)
+  run fsdp-proxy-1gpu "${proxy[@]}" --global-batch-size 16
+  for strategy in optim optim_grads optim_grads_params; do
+    run "fsdp-proxy-2gpu-$strategy" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy"
+  done
+fi
+
+python3 scripts/benchmark_fsdp_report.py "$out" --merge-into BENCHMARKS.md && echo "BENCHMARKS.md: sections from $out merged"

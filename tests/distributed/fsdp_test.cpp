@@ -1,0 +1,182 @@
+// Megatron-FSDP on the CPU backend (Gloo): the layout every rank agrees on, each strategy against one
+// rank in every recipe, checkpoints across ranks and strategies, and the configurations it refuses.
+//
+// Tolerances: as ddp_test.cpp. FSDP reduce-scatters each micro-batch's gradients and adds them into the
+// shard, where one rank accumulates all micro-batches in one buffer: only the FP32 summation order
+// differs (k <= 16 summands here, below 1e-6 relative at step 1). Later steps amplify it through AdamW's
+// division by sqrt(v) + eps (weights within 1e-2 x steps x lr, losses 1e-5 relative in FP32) and, in
+// quantized recipes, a few weights rounding the other way (losses 1e-2 relative). A strategy that reads a
+// window before it is gathered, drops a unit's reduction or adds one twice moves step 1 by far more.
+#include <gtest/gtest.h>
+#include <set>
+#include "common/nibble_binary.h"
+#include "distributed/ddp_util.h"
+#include "model/params.h"
+
+namespace nb {
+namespace {
+
+LlamaConfig tiny() {
+  LlamaConfig c;
+  EXPECT_TRUE(llama_preset("tiny", &c).is_ok());
+  return c;
+}
+
+// Every group's padded rows are split into equal chunks, one per rank, that tile the group exactly; every
+// parameter lies inside its group (q, k, v back to back); units add up; chunks are whole blocks of rows.
+TEST(FsdpLayout, RankChunksTileEveryGroup) {
+  const LlamaConfig cfg = tiny();
+  for (int ranks : {1, 2, 3, 4}) {
+    std::vector<std::vector<ParamStore::Slice>> slices(static_cast<size_t>(ranks));
+    int64_t shard_len = -1;
+    ParamStore first;
+    for (int r = 0; r < ranks; ++r) {
+      ParamStore P;
+      ASSERT_TRUE(P.allocate_fsdp(cfg, Device::cpu, r, ranks, true, 16).is_ok());
+      slices[size_t(r)] = P.own_slices();
+      if (r == 0) shard_len = P.shard_len();
+      EXPECT_EQ(P.shard_len(), shard_len) << "every rank keeps as much";
+      if (r == 0) first = std::move(P);
+    }
+    const auto& groups = first.groups();
+    int64_t covered = 0;
+    std::vector<int64_t> unit_sum(size_t(first.unit_count()), 0);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const ParamStore::Group& G = groups[g];
+      EXPECT_EQ(G.rows_per_rank % 16, 0) << "whole 16-row blocks";
+      EXPECT_GE(G.rows_per_rank * ranks, G.rows);
+      for (int r = 0; r < ranks; ++r) {
+        const ParamStore::Slice s = slices[size_t(r)][g];
+        EXPECT_EQ(s.begin, G.begin + r * G.chunk());
+        EXPECT_EQ(s.end - s.begin, G.chunk());
+      }
+      covered += G.chunk() * ranks;
+      unit_sum[size_t(G.unit)] += G.chunk() * ranks;
+    }
+    EXPECT_EQ(covered, first.total());
+    for (int u = 0; u < first.unit_count(); ++u) EXPECT_EQ(unit_sum[size_t(u)], first.unit_elems(u)) << "unit " << u;
+    for (const ParamInfo& p : first.params()) {
+      const std::string& n = p.name;
+      int g = 0;
+      while (g + 1 < int(groups.size()) && groups[size_t(g) + 1].begin <= p.offset) ++g;
+      EXPECT_LE(p.offset + p.numel, groups[size_t(g)].begin + groups[size_t(g)].rows * groups[size_t(g)].cols) << n;
+      EXPECT_EQ(first.unit_of(n), groups[size_t(g)].unit) << n;
+    }
+    const ParamInfo &q = first.info("model.layers.1.self_attn.q_proj.weight"),
+                    &k = first.info("model.layers.1.self_attn.k_proj.weight"),
+                    &v = first.info("model.layers.1.self_attn.v_proj.weight");
+    EXPECT_EQ(k.offset, q.offset + q.numel);
+    EXPECT_EQ(v.offset, k.offset + k.numel);
+    EXPECT_EQ(first.unit_of("model.layers.1.mlp.down_proj.weight"), 2);
+    EXPECT_EQ(first.unit_of("model.norm.weight"), int(cfg.layers) + 1);
+  }
+}
+
+// A parameter's compute and gradient views point into its unit's window while one is bound.
+TEST(FsdpLayout, ViewsResolveToTheBoundWindow) {
+  ParamStore P;
+  ASSERT_TRUE(P.allocate_fsdp(tiny(), Device::cpu, 1, 2, true, 1).is_ok());
+  const int u = P.unit_of("model.layers.0.mlp.gate_up_proj.weight");
+  std::vector<float> compute(size_t(P.unit_elems(u))), grad(compute.size());
+  P.bind_compute(u, compute.data());
+  P.bind_grad(u, grad.data());
+  const std::string n = "model.layers.0.mlp.gate_up_proj.weight";
+  const Tensor c = P.compute(n), g = P.grad(n);
+  EXPECT_EQ(c.shape[0], 2 * tiny().ffn);
+  for (const ParamStore::Group& G : P.groups())
+    if (G.unit == u && G.begin <= P.info(n).offset && P.info(n).offset < G.begin + G.chunk() * 2) {
+      EXPECT_EQ(static_cast<float*>(c.data), compute.data() + G.unit_offset + (P.info(n).offset - G.begin));
+      EXPECT_EQ(static_cast<float*>(g.data), grad.data() + G.unit_offset + (P.info(n).offset - G.begin));
+    }
+  P.bind_compute(u, nullptr);
+  EXPECT_FALSE(P.compute_bound(u));
+}
+
+std::string fsdp(const std::string& strategy) {
+  return "--use-megatron-fsdp --data-parallel-sharding-strategy " + strategy;
+}
+
+TEST(FsdpCpu, StrategiesReproduceOneRank) {
+  const std::string dir = test::temp_folder("fsdp_ranks");
+  const int kIters = 4;
+  const std::string one = train(dir, "bf16_mixed", 1, kIters);
+  const auto ref = read_metrics(one);
+  for (const auto& [ranks, strategy] : std::vector<std::pair<int, std::string>>{
+           {2, "optim_grads_params"}, {4, "optim_grads_params"}, {2, "optim_grads"}}) {
+    const std::string save = dir + "/" + strategy + "_" + std::to_string(ranks);
+    const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 4 --save-interval 4 --save " +
+                                            save + " --nproc-per-node " + std::to_string(ranks) + " " + fsdp(strategy));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("Megatron-FSDP " + strategy + " over " + std::to_string(ranks)), std::string::npos) << r.out;
+    const auto got = read_metrics(save);
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << strategy;
+    EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << strategy;
+    for (size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << strategy << " step " << i + 1;
+    EXPECT_LE(max_weight_difference(one, save, kIters), 1e-2 * kIters * kLr) << strategy << ", " << ranks;
+  }
+}
+
+TEST(FsdpCpu, EveryRecipeMatchesOneRankAtStepOne) {
+  const std::string dir = test::temp_folder("fsdp_recipes");
+  for (const char* recipe : {"bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
+                             "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed",
+                             "bf16_with_nvfp4_mixed"}) {
+    const auto ref = read_metrics(train(dir, recipe, 1, 2));
+    const auto got = read_metrics(train(dir, recipe, 2, 2, fsdp("optim_grads_params")));
+    ASSERT_EQ(got.size(), ref.size()) << recipe;
+    EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << recipe;
+    EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << recipe;
+    EXPECT_NEAR(got[1].loss, ref[1].loss, 1e-2 * ref[1].loss) << recipe;
+  }
+}
+
+// Saved at 2 ranks with optim_grads_params after 2 steps; continued at the same layout (bit for bit the
+// uninterrupted run), at 1 rank, and at 4 ranks with the distributed optimizer (loss curves continue).
+TEST(FsdpCpu, CheckpointsLoadAtAnyLayout) {
+  const std::string dir = test::temp_folder("fsdp_layouts");
+  const std::string common = kJob + "--recipe bf16_mixed --save-interval 4 ";
+  const std::string sharded = " --nproc-per-node 2 " + fsdp("optim_grads_params");
+  const std::string whole = dir + "/whole";
+  ASSERT_EQ(test::run_nibble(common + "--train-iters 4 --save " + whole + sharded).code, 0);
+  const auto ref = read_metrics(whole);
+  ASSERT_EQ(ref.size(), 4u);
+  for (const std::string& later : {sharded, std::string(" --nproc-per-node 1"),
+                                   " --nproc-per-node 4 " + fsdp("optim")}) {
+    const std::string save = dir + "/resumed_" + std::to_string(std::hash<std::string>{}(later) % 1000);
+    ASSERT_EQ(test::run_nibble(common + "--train-iters 4 --exit-interval 2 --save " + save + sharded).code, 0);
+    const test::CliRun r = test::run_nibble(common + "--train-iters 4 --load " + save + " --save " + save + later);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto got = read_metrics(save);
+    ASSERT_EQ(got.size(), 4u) << later;
+    for (size_t i = 0; i < 4; ++i) {
+      if (later == sharded) {
+        EXPECT_EQ(got[i].loss, ref[i].loss) << "same layout, step " << i + 1;
+        EXPECT_EQ(got[i].grad_norm, ref[i].grad_norm) << "same layout, step " << i + 1;
+      } else {
+        EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << later << ", step " << i + 1;
+      }
+    }
+  }
+}
+
+TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
+  const std::string base = " train --model tiny --device cpu --train-iters 1 ";
+  struct Case {
+    std::string flags, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
+           {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
+           {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
+           {fsdp("optim_grads_params") + " --peft lora", "not sharded yet"},
+           {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
+    const test::CliRun r = test::run_nibble(base + c.flags);
+    EXPECT_NE(r.code, 0) << c.flags;
+    EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace nb
