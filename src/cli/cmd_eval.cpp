@@ -5,10 +5,13 @@
 // --adapter DIR (a PEFT LoRA folder) evaluates the base with that adapter (dropout off) and also writes the
 // gradients of the mean loss with respect to the adapter, F32 `grad.<nibble name>` in nibble's fused
 // layout (model/lora.h), for parity checks against PEFT (scripts/parity/lora_parity.py).
+// With --tasks / --text / --data-path instead of --tokens it evaluates tasks and perplexity
+// (cmd_eval_tasks.cpp, docs/EVAL.md).
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include "cli/commands.h"
+#include "cli/eval_tasks.h"
 #include "cli/weights_source.h"
 #include "core/device_info.h"
 #include "model/llama_model.h"
@@ -19,6 +22,7 @@ namespace {
 struct EvalArgs {
   WeightsSource src;
   std::string tokens, out, device = "auto", adapter;
+  EvalTaskArgs tasks;  // the task / perplexity mode
 };
 
 void put_f32(SafeTensorsFile& f, const std::string& name, std::vector<int64_t> shape, const float* v, size_t n) {
@@ -125,19 +129,30 @@ Status run_eval(const EvalArgs& a) {
 
 void add_eval_command(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
-  auto* cmd = app.add_subcommand("eval", "Logits and mean loss of a model on given tokens (parity checks)");
+  auto* cmd = app.add_subcommand(
+      "eval", "Multiple-choice tasks and perplexity of a model, or its logits on given tokens (parity checks)");
   cmd->add_option("--load-hf", a->src.load_hf, "A Hugging Face Llama folder");
   cmd->add_option("--load", a->src.load, "A nibble checkpoint folder");
   cmd->add_option("--ckpt-step", a->src.ckpt_step, "Iteration to load from --load (default: the newest)");
-  cmd->add_option("--tokens", a->tokens, "safetensors file with I32 'tokens' [batch, seq + 1]")->required();
-  cmd->add_option("--out", a->out, "Output safetensors: F32 'logits' [batch, seq, vocab], F32 'loss' [1]")->required();
+  cmd->add_option("--tokens", a->tokens, "Parity mode: safetensors file with I32 'tokens' [batch, seq + 1]");
+  cmd->add_option("--out", a->out,
+                  "Parity mode: output safetensors (F32 'logits' [batch, seq, vocab], F32 'loss' [1]); "
+                  "tasks and perplexity: a JSON file of the results");
   cmd->add_option("--adapter", a->adapter,
-                  "A PEFT LoRA folder: evaluate the base with it, and write the adapter's gradients too");
+                  "A PEFT LoRA folder: evaluate the base with it (parity mode also writes the adapter's gradients)");
   cmd->add_option("--device", a->device, "cpu (FP32), cuda (BF16 mixed) or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  add_eval_task_options(cmd, &a->tasks);
   cmd->callback([a] {
-    Status st = run_eval(*a);
+    Status st;
+    if (eval_tasks_requested(a->tasks))
+      st = a->tokens.empty() ? run_eval_tasks(a->src, a->adapter, a->device, a->out, a->tasks)
+                             : errorf("--tokens (parity mode) does not go with --tasks, --text or --data-path");
+    else if (a->tokens.empty() || a->out.empty())
+      st = errorf("pass --tokens and --out (logits for parity checks), or --tasks, --text or --data-path");
+    else
+      st = run_eval(*a);
     if (!st) std::fprintf(stderr, "error: %s\n", st.message().c_str());
     exit_code() = st ? 0 : 1;
   });

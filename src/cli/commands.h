@@ -29,5 +29,6 @@ void add_tokenizer_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_export_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 
 }  // namespace nb::cli

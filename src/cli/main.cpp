@@ -28,6 +28,7 @@ int main(int argc, char** argv) try {
   nb::cli::add_tokenizer_command(app);
   nb::cli::add_export_command(app);
   nb::cli::add_eval_command(app);
+  nb::cli::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) { return app.exit(e); }

@@ -165,6 +165,16 @@ int32_t BpeTokenizer::token_id(const std::string& text) const {
   return lookup(text);
 }
 
+std::vector<int32_t> BpeTokenizer::end_ids() const {
+  std::vector<int32_t> ids;
+  if (eod_ >= 0) ids.push_back(eod_);
+  for (const char* s : {"<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>"})
+    if (const int32_t id = token_id(s); id >= 0) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+
 // Rank of merging parts [a,b) and [b,c) of `piece`; lower merges first.
 uint32_t BpeTokenizer::pair_rank(std::string_view piece, size_t a, size_t b, size_t c) const {
   if (merge_priority_.empty()) {
@@ -288,6 +298,20 @@ Status BpeTokenizer::decode(const std::vector<int32_t>& ids, std::string* out) c
     out->append(id_to_bytes_[size_t(id)]);
   }
   return Status::ok();
+}
+
+std::string BpeTokenizer::decode_lenient(const std::vector<int32_t>& ids) const {
+  std::string out;
+  for (int32_t id : ids) {
+    if (id >= 0 && id < int32_t(id_to_bytes_.size())) {
+      out += id_to_bytes_[size_t(id)];
+      continue;
+    }
+    out += '<';
+    out += std::to_string(id);
+    out += '>';
+  }
+  return out;
 }
 
 }  // namespace nb

@@ -51,12 +51,17 @@ class BpeTokenizer {
   void encode_with_specials(std::string_view text, std::vector<int32_t>* out) const;
   // Bytes of the tokens; unknown ids are an error.
   Status decode(const std::vector<int32_t>& ids, std::string* out) const;
+  // The same for display: an id the tokenizer lacks (a model vocabulary padded past it) becomes "<id>".
+  std::string decode_lenient(const std::vector<int32_t>& ids) const;
 
   int64_t vocab_size() const { return static_cast<int64_t>(id_to_bytes_.size()); }
   int32_t bos() const { return bos_; }              // -1 if none
   int32_t eod() const { return eod_; }              // -1 if none
   bool adds_bos() const { return adds_bos_; }       // the tokenizer's own convention (HF post_processor)
   int32_t token_id(const std::string& text) const;  // special or regular token by its bytes, -1 if absent
+  // The tokens generation stops at: the end-of-document token and Llama 3's end-of-text and end-of-turn
+  // specials, those present (sorted).
+  std::vector<int32_t> end_ids() const;
   const std::string& pattern() const { return pattern_; }
   const std::vector<SpecialToken>& specials() const { return specials_; }
 

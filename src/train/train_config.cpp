@@ -223,6 +223,12 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
   return {
       choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
       int_key("log-interval", "steps between log lines", &c.log_interval),
+      int_key("sample-interval",
+              "every N steps print a greedy continuation of --sample-prompt and record it in metrics.jsonl (0 = off; "
+              "needs --tokenizer)",
+              &c.sample_interval),
+      string_key("sample-prompt", "the prompt of the --sample-interval samples", &c.sample_prompt),
+      int_key("sample-tokens", "new tokens per --sample-interval sample", &c.sample_tokens),
       string_key("tensorboard-dir",
                  "write the step figures (loss, learning rate, throughput, memory, ...), validation loss and "
                  "--quant-stats figures as TensorBoard scalars to an event file in this folder (rank 0)",
@@ -414,6 +420,9 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.adam_beta1 < 0 || c.adam_beta1 >= 1 || c.adam_beta2 < 0 || c.adam_beta2 >= 1)
     return errorf("AdamW betas must lie in [0, 1); got %g, %g", c.adam_beta1, c.adam_beta2);
   if (c.log_interval <= 0) return errorf("--log-interval must be positive");
+  if (c.sample_interval < 0 || c.sample_tokens < 1)
+    return errorf("--sample-interval (%lld) must be >= 0 and --sample-tokens (%lld) >= 1", (long long)c.sample_interval,
+                  (long long)c.sample_tokens);
   if (c.tensorboard_log_interval <= 0)
     return errorf("--tensorboard-log-interval must be positive; got %lld", (long long)c.tensorboard_log_interval);
   if (c.quant_stats_interval < 0)

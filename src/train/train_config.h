@@ -60,6 +60,10 @@ struct TrainConfig {
   // run
   std::string device = "auto";  // auto | cuda | cpu
   int64_t log_interval = 1;
+  // --sample-interval N: a greedy continuation of sample_prompt (sample_tokens new tokens) every N steps,
+  // printed and written to metrics.jsonl (0 = off; needs --tokenizer)
+  int64_t sample_interval = 0, sample_tokens = 32;
+  std::string sample_prompt = "The";
   // rank 0's TensorBoard event file goes to this folder (empty = none): step scalars every N steps and the last
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;

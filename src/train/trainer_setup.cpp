@@ -39,6 +39,7 @@ Status Trainer::setup(TrainConfig cfg) {
   NB_TRY(detect_ranks());
   NB_TRY(resolve_config());
   NB_TRY(check_tokenizer());
+  NB_TRY(setup_sampling());
   NB_TRY(pick_device());
   print_plan();
   NB_TRY(connect_ranks());

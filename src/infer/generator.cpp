@@ -1,0 +1,293 @@
+// The KV-cache forward of a Llama (see generator.h): prefill and decode steps over ModelWeights, written in
+// the model's ops (embedding, RMSNorm, fused-QKV RoPE, attention, SwiGLU) and BF16/FP32 GEMMs, with the
+// decode kernels of infer/decode_ops.h for the cache. Activations of T tokens (T = B x S_max in prefill,
+// B in decode): residual [T,H] (updated in place), norm output [T,H], qkv [T,qd+2kvd], q/o [T,qd],
+// k/v [T,kvd], gate_up [T,2F], SwiGLU output [T,F]; logits [B,V] FP32.
+#include "infer/generator.h"
+#include <algorithm>
+#include <cmath>
+#include "gemm/gemm.h"
+#include "infer/decode_ops.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace nb::infer {
+namespace {
+
+gemm::GemmArgs nt(float beta) {
+  gemm::GemmArgs a;
+  a.trans_b = true;
+  a.beta = beta;
+  return a;
+}
+Tensor view(const Buffer& b, std::initializer_list<int64_t> dims) {
+  const Tensor& t = b.tensor();
+  return Tensor::make(t.data, t.dtype, t.device, dims);
+}
+Tensor at_row(const Tensor& t, int64_t row) {  // the view of row `row` of a 2-D tensor, as [1, cols]
+  return Tensor::make(static_cast<uint8_t*>(t.data) + dtype_bytes(t.dtype, row * t.shape[1]), t.dtype, t.device,
+                      {1, t.shape[1]});
+}
+
+}  // namespace
+
+struct Generator::Impl {
+  LlamaConfig c;
+  ModelWeights w;
+  Device dev = Device::cpu;
+  DType dt = DType::f32;
+  int64_t max_b = 0, L = 0, cap = 0, B = 0;
+  Buffer x, n, rstd, qkv, q, k, v, o, gu, a, lse, last;  // activations for `cap` tokens (last: [max_b, H])
+  Buffer logits, ids, pos, tok_pos, cos, sin, stage, all_logits;
+  std::vector<Buffer> ck, cv;
+  std::vector<int32_t> len;  // host: each row's next position
+  std::vector<char> done;    // rows whose positions no longer advance (generate() finished them)
+
+  Status allocate(int64_t tokens);
+  Tensor weight(const Tensor& compute, const Tensor& master);
+  Status layer(int64_t l, int64_t Bn, int64_t S, bool decode);
+  Status forward(int64_t Bn, int64_t S, bool decode);
+  Status head(const Tensor& rows, const Tensor& out);
+};
+
+Generator::Generator() : impl_(new Impl) {}
+Generator::~Generator() { delete impl_; }
+
+Status Generator::Impl::allocate(int64_t tokens) {
+  if (tokens <= cap) return Status::ok();
+  const int64_t H = c.hidden, qkvd = c.q_dim() + 2 * c.kv_dim();
+  NB_TRY(Buffer::allocate(&x, dt, dev, {tokens, H}));
+  NB_TRY(Buffer::allocate(&n, dt, dev, {tokens, H}));
+  NB_TRY(Buffer::allocate(&rstd, DType::f32, dev, {tokens}));
+  NB_TRY(Buffer::allocate(&qkv, dt, dev, {tokens, qkvd}));
+  NB_TRY(Buffer::allocate(&q, dt, dev, {tokens, c.q_dim()}));
+  NB_TRY(Buffer::allocate(&k, dt, dev, {tokens, c.kv_dim()}));
+  NB_TRY(Buffer::allocate(&v, dt, dev, {tokens, c.kv_dim()}));
+  NB_TRY(Buffer::allocate(&o, dt, dev, {tokens, c.q_dim()}));
+  NB_TRY(Buffer::allocate(&gu, dt, dev, {tokens, 2 * c.ffn}));
+  NB_TRY(Buffer::allocate(&a, dt, dev, {tokens, c.ffn}));
+  NB_TRY(Buffer::allocate(&lse, DType::f32, dev, {tokens * c.heads}));
+  NB_TRY(Buffer::allocate(&ids, DType::i32, dev, {tokens}));
+  NB_TRY(Buffer::allocate(&tok_pos, DType::i32, dev, {tokens}));
+  cap = tokens;
+  return Status::ok();
+}
+
+Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len) {
+  Impl& m = *impl_;
+  if (max_len < 1 || max_len > cfg.max_seq || max_batch < 1)
+    return errorf("a generation context of %lld positions does not fit the model's %lld", (long long)max_len,
+                  (long long)cfg.max_seq);
+  m.c = cfg;
+  m.w = w;
+  m.dev = dev;
+  m.dt = dev == Device::cuda ? DType::bf16 : DType::f32;
+  m.max_b = max_batch;
+  m.L = max_len;
+  B_ = 0;
+  L_ = max_len;
+  NB_TRY(m.allocate(max_batch));
+  NB_TRY(Buffer::allocate(&m.last, m.dt, dev, {max_batch, cfg.hidden}));
+  NB_TRY(Buffer::allocate(&m.logits, DType::f32, dev, {max_batch, cfg.vocab}));
+  NB_TRY(Buffer::allocate(&m.pos, DType::i32, dev, {max_batch}));
+  m.ck.resize(size_t(cfg.layers));
+  m.cv.resize(size_t(cfg.layers));
+  for (int64_t l = 0; l < cfg.layers; ++l) {
+    NB_TRY(Buffer::allocate(&m.ck[size_t(l)], m.dt, dev, {max_batch, max_len, cfg.kv_heads, cfg.head_dim}));
+    NB_TRY(Buffer::allocate(&m.cv[size_t(l)], m.dt, dev, {max_batch, max_len, cfg.kv_heads, cfg.head_dim}));
+  }
+  // RoPE table [L, hd/2] FP32, exactly the training forward's (model/llama_model.cpp).
+  ops::RopeConfig rc;
+  rc.theta = cfg.rope_theta;
+  rc.llama31_scaling = cfg.rope_factor != 1.0;
+  rc.factor = cfg.rope_factor;
+  rc.low_freq_factor = cfg.rope_low_freq_factor;
+  rc.high_freq_factor = cfg.rope_high_freq_factor;
+  rc.original_max_pos = cfg.rope_original_max_pos;
+  std::vector<float> cos_h(size_t(max_len * cfg.head_dim / 2)), sin_h(cos_h.size());
+  ops::rope_table(rc, max_len, cfg.head_dim, cos_h.data(), sin_h.data());
+  NB_TRY(Buffer::allocate(&m.cos, DType::f32, dev, {max_len, cfg.head_dim / 2}));
+  NB_TRY(Buffer::allocate(&m.sin, DType::f32, dev, {max_len, cfg.head_dim / 2}));
+  NB_TRY(copy_bytes(m.cos.data(), dev, cos_h.data(), Device::cpu, cos_h.size() * 4));
+  NB_TRY(copy_bytes(m.sin.data(), dev, sin_h.data(), Device::cpu, sin_h.size() * 4));
+  int64_t most = 0;  // master-only linear weights (a training store's quantized layers) are cast on use
+  for (const LayerWeights& lw : w.layers) {
+    const std::pair<const Tensor*, const Tensor*> pairs[] = {
+        {&lw.wqkv, &lw.mqkv}, {&lw.wo, &lw.mo}, {&lw.wgu, &lw.mgu}, {&lw.wdown, &lw.mdown}};
+    for (const auto& [compute, master] : pairs)
+      if (!compute->data) most = std::max(most, master->numel());
+  }
+  if (most > 0) NB_TRY(Buffer::allocate(&m.stage, m.dt, dev, {most}));
+  return Status::ok();
+}
+
+Tensor Generator::Impl::weight(const Tensor& compute, const Tensor& master) {
+  if (compute.data) return compute;
+  const Tensor s = Tensor::make(stage.data(), dt, dev, {master.shape[0], master.shape[1]});
+  ops::cast(master, s, nullptr);
+  return s;
+}
+
+// Layer l over Bn x S tokens: prefill (S = S_max, causal attention over the new keys) or decode (S = 1,
+// attention over the cache). The residual x is updated in place: x += attn(...) Wo^T; x += mlp(...).
+Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
+  const LayerWeights& lw = w.layers[size_t(l)];
+  const int64_t T = Bn * S, H = c.hidden, hd = c.head_dim, Hq = c.heads, Hkv = c.kv_heads;
+  const Stream st = nullptr;
+  const Tensor X = view(x, {T, H}), N = view(n, {T, H}), R = view(rstd, {T});
+  const Tensor QKV = view(qkv, {T, c.q_dim() + 2 * c.kv_dim()});
+  ops::rmsnorm_forward(X, lw.w_in, c.norm_eps, N, R, st);
+  NB_TRY(gemm::matmul(N, weight(lw.wqkv, lw.mqkv), QKV, nt(0.f), st));
+  const Tensor q4 = view(q, {Bn, S, Hq, hd}), k4 = view(k, {Bn, S, Hkv, hd}), v4 = view(v, {Bn, S, Hkv, hd}),
+               o4 = view(o, {Bn, S, Hq, hd});
+  const Tensor P = decode ? view(pos, {Bn}) : view(tok_pos, {T});
+  ops::rope_split_qkv(view(qkv, {Bn, S, Hq + 2 * Hkv, hd}), cos.tensor(), sin.tensor(), q4, k4, v4, st,
+                      decode ? &P : nullptr);
+  const Tensor& CK = ck[size_t(l)].tensor();
+  const Tensor cache_k = Tensor::make(CK.data, dt, dev, {Bn, L, Hkv, hd});
+  const Tensor cache_v = Tensor::make(cv[size_t(l)].data(), dt, dev, {Bn, L, Hkv, hd});
+  kv_cache_write(view(k, {T, Hkv, hd}), view(v, {T, Hkv, hd}), cache_k, cache_v, P, S, st);
+  const float scale = float(1.0 / std::sqrt(double(hd)));
+  if (decode) {
+    NB_TRY(cache_attention(view(q, {Bn, Hq, hd}), cache_k, cache_v, P, view(o, {Bn, Hq, hd}), scale, st));
+  } else {
+    const ops::AttentionShape ash{Bn, S, Hq, Hkv, hd, scale};
+    NB_TRY(ops::attention_forward(ash, q4, k4, v4, o4, view(lse, {Bn, Hq, S}), st));
+  }
+  NB_TRY(gemm::matmul(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, nt(1.f), st));
+  ops::rmsnorm_forward(X, lw.w_post, c.norm_eps, N, R, st);
+  const Tensor GU = view(gu, {T, 2 * c.ffn}), A = view(a, {T, c.ffn});
+  NB_TRY(gemm::matmul(N, weight(lw.wgu, lw.mgu), GU, nt(0.f), st));
+  ops::swiglu_forward(GU, A, st);
+  return gemm::matmul(A, weight(lw.wdown, lw.mdown), X, nt(1.f), st);
+}
+
+Status Generator::Impl::forward(int64_t Bn, int64_t S, bool decode) {
+  ops::embedding_forward(w.embed, view(ids, {Bn * S}), view(x, {Bn * S, c.hidden}), nullptr);
+  for (int64_t l = 0; l < c.layers; ++l) NB_TRY(layer(l, Bn, S, decode));
+  return Status::ok();
+}
+
+// Final norm and LM head of `rows` [R, H] into FP32 logits `out` [R, V] (the norm output borrows n).
+Status Generator::Impl::head(const Tensor& rows, const Tensor& out) {
+  const int64_t R = rows.shape[0];
+  const Tensor NF = view(n, {R, c.hidden});
+  ops::rmsnorm_forward(rows, w.norm, c.norm_eps, NF, view(rstd, {R}), nullptr);
+  return gemm::matmul(NF, w.lm_head, out, nt(0.f), nullptr);
+}
+
+Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<float>* last_logits,
+                          std::vector<float>* all_logits) {
+  Impl& m = *impl_;
+  const int64_t Bn = int64_t(prompts.size());
+  int64_t S = 0;
+  for (const auto& p : prompts) S = std::max(S, int64_t(p.size()));
+  NB_CHECK(Bn >= 1 && Bn <= m.max_b && S >= 1 && S <= m.L, "prefill of %lld prompts of up to %lld tokens",
+           (long long)Bn, (long long)S);
+  NB_TRY(m.allocate(Bn * S));
+  std::vector<int32_t> ids(size_t(Bn * S), 0), tpos(ids.size());
+  m.len.assign(size_t(Bn), 0);
+  m.done.assign(size_t(Bn), 0);
+  for (int64_t b = 0; b < Bn; ++b) {
+    std::copy(prompts[size_t(b)].begin(), prompts[size_t(b)].end(), ids.begin() + b * S);
+    for (int64_t s = 0; s < S; ++s) tpos[size_t(b * S + s)] = int32_t(s);
+    m.len[size_t(b)] = int32_t(prompts[size_t(b)].size());
+  }
+  NB_TRY(copy_bytes(m.ids.data(), m.dev, ids.data(), Device::cpu, ids.size() * 4));
+  NB_TRY(copy_bytes(m.tok_pos.data(), m.dev, tpos.data(), Device::cpu, tpos.size() * 4));
+  NB_TRY(copy_bytes(m.pos.data(), m.dev, m.len.data(), Device::cpu, size_t(Bn) * 4));
+  m.B = B_ = Bn;
+  NB_TRY(m.forward(Bn, S, false));
+  const int64_t V = m.c.vocab;
+  if (all_logits) {
+    if (m.all_logits.tensor().numel() < Bn * S * V)
+      NB_TRY(Buffer::allocate(&m.all_logits, DType::f32, m.dev, {Bn * S, V}));
+    NB_TRY(m.head(view(m.x, {Bn * S, m.c.hidden}), view(m.all_logits, {Bn * S, V})));
+    all_logits->resize(size_t(Bn * S * V));
+    NB_TRY(copy_bytes(all_logits->data(), Device::cpu, m.all_logits.data(), m.dev, all_logits->size() * 4));
+  }
+  const Tensor X = view(m.x, {Bn * S, m.c.hidden}), G = view(m.last, {Bn, m.c.hidden});
+  for (int64_t b = 0; b < Bn; ++b) {  // each row's last prompt position
+    const Tensor src = at_row(X, b * S + m.len[size_t(b)] - 1), dst = at_row(G, b);
+    NB_TRY(copy_bytes(dst.data, m.dev, src.data, m.dev, size_t(src.bytes())));
+  }
+  NB_TRY(m.head(G, view(m.logits, {Bn, V})));
+  if (last_logits) {
+    last_logits->resize(size_t(Bn * V));
+    NB_TRY(copy_bytes(last_logits->data(), Device::cpu, m.logits.data(), m.dev, last_logits->size() * 4));
+  }
+  return Status::ok();
+}
+
+Status Generator::step(const int32_t* ids, std::vector<float>* logits, std::vector<int32_t>* next_ids) {
+  Impl& m = *impl_;
+  const int64_t Bn = m.B, V = m.c.vocab;
+  NB_CHECK(Bn > 0, "step() before prefill()");
+  for (int64_t b = 0; b < Bn; ++b)
+    if (m.len[size_t(b)] >= m.L)
+      return errorf("sequence %lld reached the end of its %lld-position cache", (long long)b, (long long)m.L);
+  if (ids) NB_TRY(copy_bytes(m.ids.data(), m.dev, ids, Device::cpu, size_t(Bn) * 4));
+  NB_TRY(m.forward(Bn, 1, true));
+  NB_TRY(m.head(view(m.x, {Bn, m.c.hidden}), view(m.logits, {Bn, V})));
+  // Positions advance on the device while every row runs; once generate() froze a row, from the host.
+  bool any_done = false;
+  for (int64_t b = 0; b < Bn; ++b) {
+    any_done = any_done || m.done[size_t(b)];
+    if (!m.done[size_t(b)]) ++m.len[size_t(b)];
+  }
+  if (any_done)
+    NB_TRY(copy_bytes(m.pos.data(), m.dev, m.len.data(), Device::cpu, size_t(Bn) * 4));
+  else
+    advance_positions(view(m.pos, {Bn}), nullptr);
+  if (logits) {
+    logits->resize(size_t(Bn * V));
+    NB_TRY(copy_bytes(logits->data(), Device::cpu, m.logits.data(), m.dev, logits->size() * 4));
+  }
+  if (next_ids) {
+    argmax_rows(view(m.logits, {Bn, V}), view(m.ids, {Bn}), nullptr);
+    next_ids->resize(size_t(Bn));
+    NB_TRY(copy_bytes(next_ids->data(), Device::cpu, m.ids.data(), m.dev, size_t(Bn) * 4));
+  }
+  return Status::ok();
+}
+
+int64_t Generator::max_batch() const { return impl_->max_b; }
+const LlamaConfig& Generator::config() const { return impl_->c; }
+void Generator::freeze_row(int64_t b) { impl_->done[size_t(b)] = 1; }
+
+Status Generator::first_argmax(std::vector<int32_t>* next) {
+  Impl& m = *impl_;
+  argmax_rows(view(m.logits, {m.B, m.c.vocab}), view(m.ids, {m.B}), nullptr);
+  next->resize(size_t(m.B));
+  return copy_bytes(next->data(), Device::cpu, m.ids.data(), m.dev, size_t(m.B) * 4);
+}
+
+Status Generator::copy_ids(const std::vector<int32_t>& ids) {
+  return copy_bytes(impl_->ids.data(), impl_->dev, ids.data(), Device::cpu, ids.size() * 4);
+}
+
+Status check_prompts(const std::vector<std::vector<int32_t>>& prompts, const LlamaConfig& cfg, int64_t context) {
+  if (prompts.empty()) return errorf("no prompt was given; pass --prompt TEXT or --prompts FILE.jsonl");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto& p = prompts[i];
+    if (p.empty()) return errorf("prompt %zu encodes to no tokens; give it some text", i + 1);
+    if (int64_t(p.size()) >= context)
+      return errorf(
+          "prompt %zu has %zu tokens, which leaves no room in the model's context of %lld tokens; shorten it to "
+          "fewer than %lld tokens",
+          i + 1, p.size(), (long long)context, (long long)context);
+    for (int32_t id : p)
+      if (id < 0 || id >= cfg.vocab)
+        return errorf(
+            "prompt %zu holds token id %d, outside the model's vocabulary of %lld (is the tokenizer the "
+            "model's?)",
+            i + 1, id, (long long)cfg.vocab);
+  }
+  return Status::ok();
+}
+
+}  // namespace nb::infer

@@ -1,0 +1,76 @@
+// Autoregressive generation with a KV cache over a Llama's weights (infer/weights.h), on the CPU backend
+// (FP32) or CUDA (BF16 weights, activations and cache; FP32 accumulation, norm statistics, softmax and
+// logits): the same numerics as the training forward (model/llama_pass.cpp), one token per sequence per
+// decode step.
+//
+// Batches: B prompts of different lengths are right-padded to the longest (pad id 0) with per-row lengths.
+// Prefill runs all B x S_max positions in one pass with the causal attention of the training forward
+// (cuDNN on CUDA), so a real token never sees a pad; every position's key and value go into the cache, and
+// the pads' entries are overwritten by the row's own decode steps before any query can reach them. Row b's
+// first new token comes from the logits at position len[b] - 1; decode step i then feeds each row's latest
+// token at position len[b] + i, attending over cache positions 0..len[b] + i.
+//
+// Cache: per layer K and V [B, L, Hkv, hd], L = the longest prompt plus the new tokens, capped at the
+// model's context (max_seq): 2 * layers * B * L * kv_dim elements. Positions live on the device and
+// advance there, so a decode step uploads nothing under greedy decoding (the argmax runs on the device too).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+#include "core/tensor.h"
+#include "infer/sampler.h"
+#include "infer/weights.h"
+#include "model/llama_config.h"
+
+namespace nb::infer {
+
+struct GenerateOptions {
+  int64_t max_new_tokens = 64;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;  // a row ends at the first of these it generates (kept in its tokens)
+  bool prefill_logits = false;    // keep the logits of every prompt position (parity checks)
+};
+
+struct GenerateResult {
+  std::vector<std::vector<int32_t>> tokens;  // per prompt: the new tokens
+  std::vector<std::string> finish;           // per prompt: "stop" (an end token), "length" or "context"
+  int64_t prompt_tokens = 0, decode_steps = 0;
+  double prefill_s = 0, decode_s = 0;  // wall time: prefill up to the first tokens on the host; the rest
+  std::vector<float> prefill_logits;   // [B, S_max, V] FP32 when asked for (pads' rows included)
+};
+
+class Generator {
+ public:
+  Generator();
+  ~Generator();
+  // A context of `max_len` positions for up to `max_batch` sequences (<= cfg.max_seq).
+  Status init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len);
+  Status generate(const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o, GenerateResult* r);
+
+  // The two passes generate() is made of (tests drive them directly).
+  // Prefill: fills the cache with the prompts' positions; last_logits [B, V] gets each row's logits at its
+  // last prompt position, all_logits (optional) [B, S_max, V] every position's.
+  Status prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<float>* last_logits,
+                 std::vector<float>* all_logits = nullptr);
+  // One decode step: feeds ids (host, one per row; nullptr = the device argmax of the previous step) at
+  // each row's next position and writes the logits [B, V] to the host (nullptr = greedy only: next_ids
+  // gets the argmax, and the logits stay on the device).
+  Status step(const int32_t* ids, std::vector<float>* logits, std::vector<int32_t>* next_ids = nullptr);
+  int64_t batch() const { return B_; }
+  int64_t max_len() const { return L_; }
+  int64_t max_batch() const;
+  const LlamaConfig& config() const;
+
+ private:
+  Status first_argmax(std::vector<int32_t>* next);   // the prefill logits' argmax, into the next step's ids
+  Status copy_ids(const std::vector<int32_t>& ids);  // the next step's ids, from the host
+  void freeze_row(int64_t b);                        // row b stopped: its position stays where it is
+  struct Impl;
+  Impl* impl_ = nullptr;
+  int64_t B_ = 0, L_ = 0;
+};
+
+// The shortest checks of a batch against a context: every prompt non-empty and shorter than the context.
+Status check_prompts(const std::vector<std::vector<int32_t>>& prompts, const LlamaConfig& cfg, int64_t context);
+
+}  // namespace nb::infer

@@ -1,0 +1,105 @@
+// `nibble generate` end to end on the CPU: a small HF folder with its tokenizer.json, greedy and seeded runs
+// (the same seed gives the same text), the JSONL record, and bad input answered in one sentence: a prompt
+// longer than the context, an unknown tokenizer, text prompts without any tokenizer (a checkpoint whose
+// training run named none takes the same path; the sampler's settings are checked in sampler_test.cpp).
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include "common/nibble_binary.h"
+#include "infer_test_util.h"
+#include "io/hf_llama.h"
+#include "tokenizer/bpe_tokenizer.h"
+
+using namespace nb;
+namespace fs = std::filesystem;
+
+class GenerateCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("nibble_generate_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::vector<std::string> texts;
+    for (int i = 0; i < 40; ++i)
+      texts.push_back("the quick brown fox jumps over the lazy dog number " + std::to_string(i));
+    BpeTrainOptions opt;
+    opt.vocab_size = 300;
+    std::string summary;
+    ASSERT_TRUE(train_bpe(texts, opt, path("tok.json"), &summary));
+    const LlamaConfig cfg = nb::testing::infer_config(false, 384);
+    LlamaModel model;
+    ASSERT_TRUE(model.init(cfg, Device::cpu, {1, 8}, Recompute::none, 3));
+    nb::testing::scale_weights(model, 9);
+    std::vector<float> host(static_cast<size_t>(model.params().total()));
+    ASSERT_TRUE(model.params().get_flat(model.params().flat_master(), host.data()));
+    HfExportOptions ex;
+    ex.dtype = "fp32";
+    ex.tokenizer_file = path("tok.json");
+    ASSERT_TRUE(write_hf_folder(path("hf"), cfg, hf_tensors(model.params()), host.data(), ex));
+    ex.tokenizer_file.clear();
+    ASSERT_TRUE(write_hf_folder(path("hf_notok"), cfg, hf_tensors(model.params()), host.data(), ex));
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& n) const { return (dir_ / n).string(); }
+  fs::path dir_;
+};
+
+TEST_F(GenerateCli, GreedySeededAndRecorded) {
+  const std::string base = "generate --device cpu --load-hf " + path("hf") + " --prompt 'the quick brown' ";
+  auto r = nb::test::run_nibble(base + "--max-new-tokens 8 --ignore-eos --out " + path("o.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("greedy"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("prefill:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokens/s"), std::string::npos) << r.out;
+  std::ifstream in(path("o.jsonl"));
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto j = nlohmann::json::parse(line);
+  EXPECT_EQ(j["ids"].size(), 8u);
+  EXPECT_EQ(j["prompt"], "the quick brown");
+  EXPECT_EQ(j["finish"], "length");
+  const std::string sampled = base + "--max-new-tokens 12 --temperature 0.9 --top-k 40 --top-p 0.95 --seed 7";
+  auto a = nb::test::run_nibble(sampled), b = nb::test::run_nibble(sampled);
+  ASSERT_EQ(a.code, 0) << a.out;
+  auto text = [](const std::string& out) { return out.substr(0, out.find("prefill:")); };  // times differ
+  EXPECT_EQ(text(a.out), text(b.out));
+}
+
+TEST_F(GenerateCli, BadInputIsOneSentence) {
+  std::string long_prompt;
+  for (int i = 0; i < 100; ++i) long_prompt += "lazy dog " + std::to_string(i * 7919) + " ";
+  auto r = nb::test::run_nibble("generate --device cpu --load-hf " + path("hf") + " --prompt '" + long_prompt + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("context of 128 tokens"), std::string::npos) << r.out;
+  r = nb::test::run_nibble("generate --device cpu --load-hf " + path("hf") + " --tokenizer " + path("none.json") +
+                           " --prompt hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("error: --tokenizer"), std::string::npos) << r.out;
+  r = nb::test::run_nibble("generate --device cpu --load-hf " + path("hf_notok") + " --prompt hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("needs a tokenizer"), std::string::npos) << r.out;
+}
+
+// --sample-interval: a greedy sample printed and recorded in metrics.jsonl; without --tokenizer, refused at start.
+TEST_F(GenerateCli, TrainingSamples) {
+  const std::string train =
+      "train --device cpu --model tiny --num-layers 1 --vocab-size 384 --seq-length 16 --micro-batch-size 1 "
+      "--global-batch-size 1 --train-iters 2 --log-interval 1 --sample-interval 2 ";
+  auto r = nb::test::run_nibble(train);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--sample-interval needs --tokenizer"), std::string::npos) << r.out;
+  r = nb::test::run_nibble(train + "--tokenizer " + path("tok.json") + " --sample-prompt 'the lazy' --save " +
+                           path("run"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("sample at iteration 2: the lazy"), std::string::npos) << r.out;
+  std::ifstream in(path("run/metrics.jsonl"));
+  std::string line, sample;
+  while (std::getline(in, line))
+    if (line.find("\"sample\"") != std::string::npos) sample = line;
+  ASSERT_FALSE(sample.empty());
+  const auto j = nlohmann::json::parse(sample);
+  EXPECT_EQ(j["iteration"], 2);
+  EXPECT_EQ(j["sample_prompt"], "the lazy");
+}
