@@ -128,7 +128,8 @@ Status FsdpSync::grads_needed(const std::vector<std::string>& names) {
     Window* w = nullptr;
     NB_TRY(acquire(pool_for(true, u), u, &w));
     if (w->reusable.recorded()) w->reusable.wait_in(nullptr);  // its last reduce-scatter read it
-    ops::fill(P_->range(w->buf.tensor(), 0, P_->unit_elems(u)), 0.0f, nullptr);
+    if (!w->zeroed) ops::fill(P_->range(w->buf.tensor(), 0, P_->unit_elems(u)), 0.0f, nullptr);
+    w->zeroed = false;
     P_->bind_grad(u, w->buf.ptr<float>());
   }
   // Backward: the unit below this one (layer units; the embedding's backward reads no weights).
@@ -165,6 +166,8 @@ Status FsdpSync::grads_final(const std::vector<std::string>& names) {
     Window* w = bound(true, u);
     NB_CHECK(w, "internal: gradients of unit %d reported final without a window", u);
     NB_TRY(reduce_unit(w));
+    ops::fill(w->buf.tensor(), 0.0f, side_.get());  // ready for its next unit
+    w->zeroed = true;
     P_->bind_grad(u, nullptr);
     release(pool_for(true, u), w, side_.get());
   }

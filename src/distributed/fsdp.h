@@ -5,7 +5,8 @@
 //     stream, and the next unit in the pass's direction is prefetched while this one computes; windows of
 //     units the pass has left are recycled. A unit is gathered before its forward and again before its
 //     backward, as Megatron-FSDP and FSDP2 do.
-//   - grads_needed: a zeroed FP32 gradient window for the unit.
+//   - grads_needed: a zeroed FP32 gradient window for the unit (zeroed on the side stream right after its
+//     previous unit's reduction, so the backward's queue does not spend the memory pass).
 //   - grads_final: the window is reduce-scattered (sum) over the ranks on the side stream and this rank's
 //     rows are added into its gradient shard; every micro-batch's, so no rank holds the whole gradient.
 // Windows come in two sizes: one for the transformer layers, one for the units larger than a layer (the
@@ -60,6 +61,7 @@ class FsdpSync : public LlamaModel::StepHooks {
     StreamEvent ready;    // compute: the gather is done (recorded on the side stream)
     StreamEvent reusable; // the last work reading or writing it is done
     bool waited = false;  // compute: the default stream already waits for `ready`
+    bool zeroed = false;  // gradients: zeroed by the side stream after its last reduction
   };
   struct Pool {
     DType dt = DType::f32;
