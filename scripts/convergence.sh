@@ -39,11 +39,14 @@ config_flags() {
     nvfp4_no_2d) echo "$NVFP4 --fp4-disable-2d" ;;
     nvfp4_none) echo "$NVFP4 --fp4-disable-rht --fp4-disable-sr --fp4-disable-2d" ;;
     nvfp4_anneal) echo "$NVFP4 --anneal-start-fraction 0.8 --anneal-recipe bf16_mixed" ;;
-    nvfp4_4over6) echo "$NVFP4 --fp4-4over6 all" ;;
+    # 4/6 on weights + activations. nvfp4_4over6 ran with the squared error (the only rule before issue 31);
+    # nvfp4_4over6_mae uses TransformerEngine's default, the absolute error.
+    nvfp4_4over6) echo "$NVFP4 --fp4-4over6 all --fp4-4over6-err-mode mse" ;;
+    nvfp4_4over6_mae) echo "$NVFP4 --fp4-4over6 all --fp4-4over6-err-mode mae" ;;
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae"
 
 prepare() {
   local tok="$1"

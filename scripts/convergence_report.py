@@ -19,16 +19,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plot_losses import frame, nice_ticks, polyline  # noqa: E402  (the same axes as the loss plots)
 
 ORDER = ["bf16", "fp8", "mxfp8", "nvfp4", "nvfp4_all", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_no_2d", "nvfp4_none",
-         "nvfp4_anneal", "nvfp4_4over6"]
+         "nvfp4_anneal", "nvfp4_4over6", "nvfp4_4over6_mae"]
 TITLES = {
     "bf16": "BF16 (bf16_mixed)", "fp8": "FP8 current scaling", "mxfp8": "MXFP8",
     "nvfp4": "NVFP4 (paper: last 2 of 12 blocks BF16)", "nvfp4_all": "NVFP4 in every block",
     "nvfp4_no_rht": "NVFP4 without RHT", "nvfp4_no_sr": "NVFP4 without SR", "nvfp4_no_2d": "NVFP4 without 2D",
     "nvfp4_none": "NVFP4 without RHT, SR, 2D", "nvfp4_anneal": "NVFP4, last 20% in BF16 (annealing)",
-    "nvfp4_4over6": "NVFP4 with 4/6 (weights + activations)",
+    "nvfp4_4over6": "NVFP4 with 4/6 (weights + activations), MSE",
+    "nvfp4_4over6_mae": "NVFP4 with 4/6 (weights + activations), MAE",
 }
 COLOURS = ["#000000", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#2ca02c", "#bcbd22"]
+           "#2ca02c", "#bcbd22", "#6b6ecf"]
 W, H, L, R, T, B = 860, 500, 80, 250, 48, 58
 SMOOTH = 50  # steps in the training-loss moving average
 
@@ -215,7 +216,9 @@ def verdicts(runs):
                                     ("nvfp4_no_2d", "2D", "removed", "paper"),
                                     ("nvfp4_none", "RHT+SR+2D", "removed", "paper"),
                                     ("nvfp4_all", "keeping the last blocks in BF16", "removed", "paper"),
-                                    ("nvfp4_4over6", "4/6 block scaling", "added", "Four Over Six")):
+                                    ("nvfp4_4over6", "4/6 block scaling (MSE)", "added", "Four Over Six"),
+                                    ("nvfp4_4over6_mae", "4/6 block scaling (MAE)", "added",
+                                     "Four Over Six, TransformerEngine's default")):
         by_seed = rel_diff_by_seed(runs, c, final_val, base_config="nvfp4")
         d = list(by_seed.values())
         if not d:

@@ -31,6 +31,7 @@ struct QuantArgs {
   std::string input, tensor, random, dist = "normal", format, device = "auto", out;
   uint64_t seed = 1;
   bool two_d = false, rht = false, sr = false, four_over_six = false;
+  std::string err_mode;          // --fp4-4over6-err-mode: mae (default with --4over6) | mse
   bool allow_nonfinite = false;  // NaN/Inf in the input: report and exit 0 instead of failing
 };
 
@@ -319,7 +320,8 @@ Status FormatRun::run_fp8_block() {
 Status FormatRun::run_nvfp4() {
   nvfp4::Options opt;
   opt.two_d = a.two_d;
-  opt.four_over_six = a.four_over_six;  // the amax outputs then hold the decode amax (amax * 1.75)
+  opt.four_over_six = a.four_over_six;  // the amax outputs hold the true amax; decode with amax / (6*256)
+  opt.err_mode = a.err_mode == "mse" ? nvfp4::ErrMode::mse : nvfp4::ErrMode::mae;
   opt.rht = a.rht;
   opt.sr = a.sr;
   opt.rng = RngKey{a.seed, 0, 0};
@@ -336,14 +338,17 @@ Status FormatRun::run_nvfp4() {
   NB_TRY(cuda ? nvfp4::quantize_cuda(dx, opt, v, nullptr) : nvfp4::quantize_ref(x.data(), opt, v));
   NB_TRY(m.download());
   std::vector<float> rh(n), th(n);
-  nvfp4::dequantize_ref(rd.data(), rs.data(), *as<float>(ra), rows, cols, rh.data());
-  nvfp4::dequantize_ref(cd.data(), cs.data(), *as<float>(ca), cols, rows, th.data());
+  nvfp4::dequantize_ref(rd.data(), rs.data(), *as<float>(ra), rows, cols, rh.data(), a.four_over_six);
+  nvfp4::dequantize_ref(cd.data(), cs.data(), *as<float>(ca), cols, rows, th.data(), a.four_over_six);
   put(file, "row_data", "U8", {rows, cols / 2}, rd);
   put(file, "row_scales", "F8_E4M3", {rows, cols / 16}, rs);
   put(file, "col_data", "U8", {cols, rows / 2}, cd);
   put(file, "col_scales", "F8_E4M3", {cols, rows / 16}, cs);
   put(file, "row_amax", "F32", {1}, ra);
   put(file, "col_amax", "F32", {1}, ca);
+  // How to read the amaxes: a 4/6 copy decodes with amax / (6*256) (TransformerEngine's nvfp4_e4m3_max).
+  file->metadata["nvfp4_4over6"] = a.four_over_six ? nvfp4::err_mode_name(opt.err_mode) : "off";
+  file->metadata["nvfp4_e4m3_max"] = a.four_over_six ? "256" : "448";
   auto nibbles = [](const Bytes& b) {
     std::vector<uint32_t> mag(b.size() * 2);
     for (size_t i = 0; i < b.size(); ++i) {
@@ -372,6 +377,8 @@ Status FormatRun::run() {
   NB_TRY(m.map(flag, &dflag));
   if ((a.two_d || a.rht || a.sr || a.four_over_six) && f != "nvfp4")
     return errorf("--2d, --rht, --sr and --4over6 apply to --format nvfp4 only");
+  if (!a.err_mode.empty() && !a.four_over_six)
+    return errorf("--fp4-4over6-err-mode picks the error metric of --4over6; add --4over6 or drop it");
   if (f == "mxfp8")
     NB_TRY(run_mxfp8());
   else if (f == "fp8-e4m3" || f == "fp8-e5m2")
@@ -509,7 +516,11 @@ void add_quant_command(CLI::App& app) {
   cmd->add_flag("--2d", a->two_d, "NVFP4: 16x16 weight tiles");
   cmd->add_flag("--rht", a->rht, "NVFP4: random Hadamard transform on the column-wise copy");
   cmd->add_flag("--sr", a->sr, "NVFP4: stochastic rounding");
-  cmd->add_flag("--4over6", a->four_over_six, "NVFP4: 4/6 adaptive block scaling (each block to 4 or 6, lower MSE)");
+  cmd->add_flag("--4over6", a->four_over_six,
+                "NVFP4: 4/6 adaptive block scaling (each block to 4 or 6, lower error; TransformerEngine's 4over6)");
+  cmd->add_option("--fp4-4over6-err-mode", a->err_mode,
+                  "NVFP4 --4over6: the block error that picks 4 or 6, mae (default, as TransformerEngine) or mse")
+      ->check(CLI::IsMember({"mae", "mse"}));
   cmd->add_option("--device", a->device, "cpu, cuda or auto (cuda when a GPU is usable)");
   cmd->add_option("--out", a->out, "safetensors file for the codes, scales and amax");
   cmd->add_flag("--allow-nonfinite", a->allow_nonfinite,

@@ -6,7 +6,8 @@
 //          -> BF16 [rows, K], value e2m1 x e4m3 (exact: <= 6 significant bits, |v| in [2^-10, 2688]).
 //          Or stored [K, rows] (k_major = false: a 2D weight's row copy as the Dgrad operand): data
 //          [K, rows/2], scales [K, rows/16], dequantized in its stored layout (the GEMM transposes).
-//          alpha = (amax_a * amax_b) / (6*6*448*448) in FP32, computed by a one-thread kernel into
+//          alpha = (amax_a * amax_b) / (6*6*448*448) in FP32 (256 for a 4/6 operand's 448; the
+//          denominator comes from the host, exact), computed by a one-thread kernel into
 //          device memory and read by cuBLASLt in device pointer mode (no host synchronization).
 //   MXFP8  row copy [rows, K] with E8M0 [rows, K/32], or the column-wise copy [K, rows] with E8M0
 //          [K/32, rows]: dequantized in its stored layout (the GEMM transposes), value
@@ -99,8 +100,7 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uin
 }
 
 // The same FP32 expression as nvfp4_global_alpha() on the host.
-__global__ void nvfp4_alpha_kernel(const float* amax_a, const float* amax_b, float beta, float* scalars) {
-  const float denom = 6.0f * 6.0f * 448.0f * 448.0f;
+__global__ void nvfp4_alpha_kernel(const float* amax_a, const float* amax_b, float denom, float beta, float* scalars) {
   scalars[0] = (*amax_a * *amax_b) / denom;
   scalars[1] = beta;
 }
@@ -205,7 +205,8 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
   (plan.chunk_b ? p.a : p.b) = whole_lt;
   if (a.format == QFormat::nvfp4) {
     float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
-    nvfp4_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(a.amax, b.amax, beta, scalars);
+    nvfp4_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        a.amax, b.amax, nvfp4_alpha_denominator(a.nvfp4_4over6, b.nvfp4_4over6), beta, scalars);
     CUDA_CHECK_LAUNCH();
     p.device_alpha_beta = scalars;
     p.beta = beta;  // the plan key distinguishes beta == 0 only in host mode; kept for messages

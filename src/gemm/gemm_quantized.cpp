@@ -137,7 +137,7 @@ Status matmul_quantized_cpu(const QOperand& a, const QOperand& b, const detail::
   NB_TRY(dequantize_operand_ref(a, da.data()));
   NB_TRY(dequantize_operand_ref(b, db.data()));
   double alpha = 1.0;
-  if (a.format == QFormat::nvfp4) alpha = double(nvfp4_global_alpha(*a.amax, *b.amax));
+  if (a.format == QFormat::nvfp4) alpha = double(nvfp4_global_alpha(*a.amax, *b.amax, a.nvfp4_4over6, b.nvfp4_4over6));
   float* cp = static_cast<float*>(c.data);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -166,9 +166,12 @@ const char* qformat_name(QFormat f) {
   return "?";
 }
 
-float nvfp4_global_alpha(float amax_a, float amax_b) {
-  const float denom = 6.0f * 6.0f * 448.0f * 448.0f;  // exact in FP32
-  return (amax_a * amax_b) / denom;
+float nvfp4_alpha_denominator(bool four_over_six_a, bool four_over_six_b) {
+  return 6.0f * 6.0f * (four_over_six_a ? 256.0f : 448.0f) * (four_over_six_b ? 256.0f : 448.0f);  // exact
+}
+
+float nvfp4_global_alpha(float amax_a, float amax_b, bool four_over_six_a, bool four_over_six_b) {
+  return (amax_a * amax_b) / nvfp4_alpha_denominator(four_over_six_a, four_over_six_b);
 }
 
 Status dequantize_operand_ref(const QOperand& op, double* out) {

@@ -17,7 +17,8 @@
 //   fp8_block128x128    128x128 E4M3 tiles; scales FP32 [rows/128, round4(K/128)] (fp8_block.h)
 //   mxfp8               E4M3; scales E8M0 [rows, K/32] (or [K/32, rows] with k_major = false)
 //   nvfp4               data [rows, K/2] packed E2M1; scales E4M3 [rows, K/16]; amax = the copy's
-//                       FP32 amax (global decode scale amax / (6*448)); with k_major = false data
+//                       FP32 amax (global decode scale amax / (6*448), or amax / (6*256) for a copy
+//                       quantized with 4/6: QOperand::nvfp4_4over6); with k_major = false data
 //                       [K, rows/2] and scales [K, rows/16] (blocks of 16 consecutive stored elements)
 // Both operands must share the family (fp8 per-tensor x fp8 per-tensor, fp8 block x fp8 block,
 // mxfp8 x mxfp8, nvfp4 x nvfp4).
@@ -33,7 +34,8 @@
 //         is rejected (cuBLASLt supports 1D x 1D, 1D x 2D, 2D x 1D only; measured on H200).
 //         mxfp8, nvfp4 (emulated on Hopper): each operand dequantized to BF16 with its block scales
 //         only into a workspace owned here, then a BF16 cuBLASLt GEMM with FP32 accumulation and
-//         alpha (nvfp4: amax_a * amax_b / (6*6*448*448), computed on the device, no host sync).
+//         alpha (nvfp4: amax_a * amax_b / (6*6*448*448), 256 for each 4/6 operand's 448, computed on the
+//         device, no host sync).
 //         The scratch is bounded: an operand of more than emulation_chunk_elements() elements is
 //         dequantized a block of rows at a time, one BF16 GEMM per block (rows of A = rows of C,
 //         rows of B = columns of C); see plan_emulation(). Each block's GEMM is a smaller cuBLASLt
@@ -71,6 +73,7 @@ struct QOperand {
   const void* scales = nullptr;  // see the header comment per format
   const float* amax = nullptr;   // nvfp4 only
   bool k_major = true;           // false (mxfp8, nvfp4): stored [K, rows], see the header comment
+  bool nvfp4_4over6 = false;     // nvfp4: quantized with 4/6 (E4M3 bound 256: decode amax / (6*256))
   // mxfp8, nvfp4 on cuda only: this operand already dequantized to BF16 by dequantize_operand_cuda (same
   // stored layout, block scales applied, nvfp4's global scale not). The emulated GEMM reads it instead of
   // dequantizing data/scales again; a weight used by every micro-batch of a step is dequantized once.
@@ -97,8 +100,12 @@ Status dequantize_operand_cuda(const QOperand& op, void* out, Stream stream);
 // and per-tensor scale_inv applied, nvfp4 WITHOUT its global scale (see nvfp4_global_alpha).
 // Operand pointers must be host pointers.
 Status dequantize_operand_ref(const QOperand& op, double* out);
-// FP32 alpha of an nvfp4 x nvfp4 product: (amax_a * amax_b) / (6*6*448*448).
-float nvfp4_global_alpha(float amax_a, float amax_b);
+// FP32 alpha of an nvfp4 x nvfp4 product: (amax_a * amax_b) / (6*6*bound_a*bound_b), bound 448, or
+// 256 for an operand quantized with 4/6 (as TransformerEngine's 4over6 GEMM alpha). The denominator is
+// exact in FP32, so the one rounding is the division's.
+float nvfp4_global_alpha(float amax_a, float amax_b, bool four_over_six_a = false, bool four_over_six_b = false);
+// Its denominator, 6*6*bound_a*bound_b (exact in FP32).
+float nvfp4_alpha_denominator(bool four_over_six_a, bool four_over_six_b);
 
 // Number of cached cuBLASLt plans of the quantized paths (0 on a CPU-only build); for tests.
 size_t quantized_plan_count();

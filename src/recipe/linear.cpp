@@ -173,6 +173,7 @@ Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Out
   opt.rht = spec.rht;
   opt.sr = spec.sr;
   opt.four_over_six = spec.four_over_six;
+  opt.err_mode = spec.four_over_six_err;
   opt.rng = a.rng;
   opt.colwise = o.colwise;
   float* sf = state_f.ptr<float>();
@@ -249,6 +250,7 @@ gemm::QOperand QCopies::row_operand() const {
   op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
                                                                        : static_cast<const void*>(ptr(row_scales));
   op.amax = sf + kRowAmax;
+  op.nvfp4_4over6 = spec.fmt == Fmt::nvfp4 && spec.four_over_six;  // decodes with amax / (6*256)
   // The dequantized row copy; col_operand() keeps it for col_is_row (the same stored bytes).
   if (dequantized_kept()) op.dequantized = dequant_row.data();
   return op;

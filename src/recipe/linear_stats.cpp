@@ -108,7 +108,8 @@ Status StatsAccumulator::add(const QCopies& c, const bf16* src, Stream stream) {
   op.amax = &state[kRowAmax];
   std::vector<double> xhat(static_cast<size_t>(n));
   NB_TRY(gemm::dequantize_operand_ref(op, xhat.data()));
-  const double global = nvfp4 ? double(state[kRowAmax]) / (6.0 * 448.0) : 1.0;
+  const double bound = op.nvfp4_4over6 ? 256.0 : 448.0;  // a 4/6 copy decodes with amax / (6*256)
+  const double global = nvfp4 ? double(state[kRowAmax]) / (6.0 * bound) : 1.0;
   Sums& s = roles_[int(c.role)];
   s.fmt = c.spec.fmt;
   const uint32_t top = c.spec.fmt == Fmt::nvfp4 ? 0x7u : c.spec.fmt == Fmt::fp8_e5m2 ? 0x7Bu : 0x7Eu;

@@ -53,6 +53,7 @@ Status quantize_alt(const bf16* src, int64_t rows, int64_t cols, const RoleSpec&
   o.rht = rht;
   o.sr = spec.sr;
   o.four_over_six = spec.four_over_six;
+  o.err_mode = spec.four_over_six_err;
   o.rng = key;
   uint8_t* scales = data + align256(size_t(rows * cols / 2));
   nvfp4::QuantizedView v{rows, cols, nullptr, nullptr, data, scales, amax, amax + 1, nullptr};
@@ -65,6 +66,7 @@ Status quantize_alt(const bf16* src, int64_t rows, int64_t cols, const RoleSpec&
   op->scales = scales;
   op->amax = amax + 1;
   op->k_major = true;
+  op->nvfp4_4over6 = spec.four_over_six;
   return Status::ok();
 }
 

@@ -74,16 +74,29 @@ static bool uses_nvfp4(const Recipe& r) {
   return r.input.fmt == Fmt::nvfp4 || r.weight.fmt == Fmt::nvfp4 || r.grad.fmt == Fmt::nvfp4;
 }
 
-// fp4_4over6 (a known value): which roles get 4/6 scaling; each named role must be NVFP4.
-static Status apply_4over6(const std::string& v, Recipe* r) {
+// fp4_4over6 and fp4_4over6_err_mode (known values): which roles get 4/6 scaling, with which error
+// metric; each named role must be NVFP4, and mse alone (4/6 off) would do nothing.
+static Status apply_4over6(const std::string& v, const std::string& err, Recipe* r) {
+  if (v == "none" && err != "mae")
+    return errorf(
+        "recipe '%s': fp4-4over6-err-mode %s picks 4/6's error metric, but fp4-4over6 is none; add "
+        "--fp4-4over6 weights|activations|all or drop the err mode",
+        r->name.c_str(), err.c_str());
   const bool weights = v == "weights" || v == "all", activations = v == "activations" || v == "all";
   if ((weights && r->weight.fmt != Fmt::nvfp4) || (activations && r->input.fmt != Fmt::nvfp4))
     return errorf(
         "recipe '%s' does not quantize the %s to NVFP4, so fp4-4over6 %s would do nothing; use "
         "bf16_with_nvfp4_mixed or fp4-4over6 none",
         r->name.c_str(), weights && r->weight.fmt != Fmt::nvfp4 ? "weights" : "activations", v.c_str());
-  if (weights) r->weight.four_over_six = true;
-  if (activations) r->input.four_over_six = true;
+  const nvfp4::ErrMode mode = err == "mse" ? nvfp4::ErrMode::mse : nvfp4::ErrMode::mae;
+  if (weights) {
+    r->weight.four_over_six = true;
+    r->weight.four_over_six_err = mode;
+  }
+  if (activations) {
+    r->input.four_over_six = true;
+    r->input.four_over_six_err = mode;
+  }
   return Status::ok();
 }
 
@@ -92,6 +105,9 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
   if (v46 != "none" && v46 != "weights" && v46 != "activations" && v46 != "all")
     return errorf("recipe '%s': unknown fp4-4over6 value '%s'; use none, weights, activations or all", r->name.c_str(),
                   v46.c_str());
+  if (k.fp4_4over6_err_mode != "mae" && k.fp4_4over6_err_mode != "mse")
+    return errorf("recipe '%s': unknown fp4-4over6-err-mode '%s'; use mae or mse", r->name.c_str(),
+                  k.fp4_4over6_err_mode.c_str());
   if (k.layers_at_start_bf16 < -1 || k.layers_at_end_bf16 < -1)
     return errorf("recipe '%s': BF16 layer counts must be >= 0 (got start %lld, end %lld)", r->name.c_str(),
                   (long long)k.layers_at_start_bf16, (long long)k.layers_at_end_bf16);
@@ -114,7 +130,7 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
     if (k.fp4_disable_sr) role->sr = false;
     if (k.fp4_disable_2d) role->two_d = false;
   }
-  NB_TRY(apply_4over6(k.fp4_4over6, r));
+  NB_TRY(apply_4over6(k.fp4_4over6, k.fp4_4over6_err_mode, r));
   // A given count always wins; first_last_layers_bf16 alone keeps one layer at each end that the
   // preset left quantized ([MB]'s defaults for num_layers_at_start/end_in_bf16 are 1).
   if (k.first_last_layers_bf16) {
@@ -132,7 +148,7 @@ static std::string role_str(const RoleSpec& s, bool wgrad_copy) {
   if (s.two_d) out += "+2d";
   if (s.rht && wgrad_copy) out += "+rht";
   if (s.sr) out += "+sr";
-  if (s.four_over_six) out += "+4/6";
+  if (s.four_over_six) out += s.four_over_six_err == nvfp4::ErrMode::mse ? "+4/6(mse)" : "+4/6";
   return out;
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 #include "core/status.h"
+#include "formats/nvfp4/nvfp4.h"
 
 namespace nb::recipe {
 
@@ -22,6 +23,7 @@ struct RoleSpec {
   Fmt fmt = Fmt::bf16;
   bool rht = false, sr = false, two_d = false;
   bool four_over_six = false;  // NVFP4 4/6 adaptive block scaling of every copy (nvfp4::Options)
+  nvfp4::ErrMode four_over_six_err = nvfp4::ErrMode::mae;  // its error metric (TE's default, MAE)
 };
 
 enum class Fp8Scaling { none, current, delayed };
@@ -62,10 +64,12 @@ struct RecipeKnobs {
   // NVFP4 4/6 adaptive block scaling: none | weights (the weight role) | activations (the input role) |
   // all (both). Gradients never get it (as TransformerEngine).
   std::string fp4_4over6 = "none";
+  // Its block error metric: mae (TransformerEngine's default) | mse.
+  std::string fp4_4over6_err_mode = "mae";
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
-// the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so is
-// fp4_4over6 naming a role that is not NVFP4.
+// the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so are
+// fp4_4over6 naming a role that is not NVFP4 and fp4_4over6_err_mode mse without fp4_4over6.
 Status apply_knobs(const RecipeKnobs& knobs, Recipe* r);
 
 // One line per layer kind: "Fprop nvfp4 x nvfp4 (emulated) | Dgrad nvfp4+sr x nvfp4 (emulated) | Wgrad

@@ -147,9 +147,13 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
       bool_key("fp4-disable-sr", "NVFP4: round gradients to nearest instead of stochastically", &c.fp4_disable_sr),
       bool_key("fp4-disable-2d", "NVFP4: 1x16 weight blocks instead of 16x16", &c.fp4_disable_2d),
       choice_key("fp4-4over6",
-                 "NVFP4 4/6 adaptive block scaling (each block scaled to 4 or 6, lower MSE) on the weights, "
-                 "the activations, all (both) or none; gradients never",
+                 "NVFP4 4/6 adaptive block scaling (each block scaled to 4 or 6, the lower error wins; "
+                 "TransformerEngine's 4over6) on the weights, the activations, all (both) or none; gradients never",
                  &c.fp4_4over6, {"none", "weights", "activations", "all"}),
+      choice_key("fp4-4over6-err-mode",
+                 "NVFP4 4/6: the block error that picks 4 or 6, mae (summed absolute error, TransformerEngine's "
+                 "default) or mse (summed squared error)",
+                 &c.fp4_4over6_err_mode, {"mae", "mse"}),
       bool_key("emulated-weight-cache",
                "MXFP8/NVFP4 on Hopper: dequantize each weight to BF16 once per step for the emulated GEMMs instead "
                "of in every micro-batch (faster; 2 bytes per weight element, 4 for MXFP8)",

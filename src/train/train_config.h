@@ -32,8 +32,9 @@ struct TrainConfig {
   // precision recipe (Megatron-Bridge names and knobs)
   std::string recipe = "bf16_mixed";
   bool disable_fp4 = false, fp4_disable_rht = false, fp4_disable_sr = false, fp4_disable_2d = false;
-  bool emulated_weight_cache = false;  // keep MXFP8/NVFP4 weights dequantized once per step (Recipe)
-  std::string fp4_4over6 = "none";     // none | weights | activations | all: NVFP4 4/6 adaptive block scaling
+  bool emulated_weight_cache = false;       // keep MXFP8/NVFP4 weights dequantized once per step (Recipe)
+  std::string fp4_4over6 = "none";          // none | weights | activations | all: NVFP4 4/6 adaptive block scaling
+  std::string fp4_4over6_err_mode = "mae";  // mae | mse: 4/6's block error metric (TransformerEngine's default MAE)
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;

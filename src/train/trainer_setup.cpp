@@ -73,6 +73,7 @@ Status Trainer::resolve_config() {
   knobs.fp4_disable_sr = cfg_.fp4_disable_sr;
   knobs.fp4_disable_2d = cfg_.fp4_disable_2d;
   knobs.fp4_4over6 = cfg_.fp4_4over6;
+  knobs.fp4_4over6_err_mode = cfg_.fp4_4over6_err_mode;
   knobs.first_last_layers_bf16 = cfg_.first_last_layers_bf16;
   knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;

@@ -10,6 +10,7 @@
 #include "common/nibble_binary.h"
 #include "formats/mxfp8/mxfp8.h"
 #include "io/safetensors.h"
+#include "nvfp4/te_4over6_ref.h"
 
 using namespace nb;
 using nb::test::CliRun;
@@ -192,4 +193,48 @@ TEST(QuantCli, TensorMayBeLeftOutWhenTheFileHoldsOne) {
   CliRun e = nibble("quant --input " + two + " --format mxfp8 --device cpu");
   expect_error(e, "--tensor");
   EXPECT_NE(e.out.find("only, other"), std::string::npos) << e.out;
+}
+
+// `nibble quant --4over6` writes TransformerEngine's 4over6 bytes (te_4over6_ref.h), the true amax and
+// the rule in the metadata, for both error metrics, 1x16 and 16x16, on a lognormal BF16 tensor.
+TEST(QuantCli, FourOverSixWritesTeBytesAndTheTrueAmax) {
+  const int64_t rows = 64, cols = 96;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint8_t> b(size_t(rows * cols * 2));
+  std::vector<float> x(size_t(rows * cols));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t h = f32_to_bf16(std::exp(2.0f * normal(rng)) * (i % 3 ? 1.0f : -1.0f)).bits;
+    x[i] = bf16_to_f32(bf16::from_bits(h));
+    std::memcpy(&b[2 * i], &h, 2);
+  }
+  SafeTensorsFile f;
+  f.tensors["w"] = SafeTensor{"BF16", {rows, cols}, b};
+  const std::string in = tmp("fos_in.safetensors"), out = tmp("fos_out.safetensors");
+  ASSERT_TRUE(write_safetensors(in, f).is_ok());
+  for (const char* mode : {"mae", "mse"})
+    for (bool two_d : {false, true}) {
+      SCOPED_TRACE(std::string(mode) + (two_d ? " 2d" : " 1d"));
+      const std::string flags = std::string(" --4over6") +
+                                (std::string(mode) == "mse" ? " --fp4-4over6-err-mode mse" : "") +
+                                (two_d ? " --2d" : "");
+      CliRun r = nibble("quant --input " + in + " --format nvfp4 --device cpu --out " + out + flags);
+      ASSERT_EQ(r.code, 0) << r.out;
+      SafeTensorsFile q;
+      ASSERT_TRUE(read_safetensors(out, &q).is_ok());
+      nvfp4::te_ref::Copy row, col;
+      nvfp4::te_ref::quantize(x, rows, cols, two_d, std::string(mode) == "mse", &row, &col);
+      EXPECT_TRUE(q.tensors.at("row_data").bytes == row.data);
+      EXPECT_TRUE(q.tensors.at("row_scales").bytes == row.scales);
+      EXPECT_TRUE(q.tensors.at("col_data").bytes == col.data);
+      EXPECT_TRUE(q.tensors.at("col_scales").bytes == col.scales);
+      float amax[2];
+      std::memcpy(&amax[0], q.tensors.at("row_amax").bytes.data(), 4);
+      std::memcpy(&amax[1], q.tensors.at("col_amax").bytes.data(), 4);
+      EXPECT_EQ(amax[0], row.amax);
+      EXPECT_EQ(amax[1], col.amax);
+      EXPECT_EQ(q.metadata.at("nvfp4_4over6"), mode);
+      EXPECT_EQ(q.metadata.at("nvfp4_e4m3_max"), "256");
+    }
+  expect_error(nibble("quant --random 64,64 --format nvfp4 --device cpu --fp4-4over6-err-mode mse"), "--4over6");
 }

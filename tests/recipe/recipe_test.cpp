@@ -113,6 +113,37 @@ TEST(Knobs, FourOverSixActsOnNvfp4WeightsAndActivationsOnly) {
   EXPECT_TRUE(w.weight.four_over_six);
 }
 
+// 4/6's error metric: MAE by default (as TransformerEngine), MSE on request, set on the 4/6 roles only;
+// an unknown metric, or mse while 4/6 is off, is refused.
+TEST(Knobs, FourOverSixErrModeDefaultsToMae) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  RecipeKnobs k;
+  k.fp4_4over6 = "all";
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(r.input.four_over_six_err, nvfp4::ErrMode::mae);
+  EXPECT_EQ(r.weight.four_over_six_err, nvfp4::ErrMode::mae);
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  k.fp4_4over6 = "weights";
+  k.fp4_4over6_err_mode = "mse";
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(r.weight.four_over_six_err, nvfp4::ErrMode::mse);
+  EXPECT_FALSE(r.input.four_over_six);
+  EXPECT_EQ(describe_gemms(r, false, 9, 0),
+            "Fprop nvfp4 x nvfp4+2d+4/6(mse) (emulated) | Dgrad nvfp4+sr x nvfp4+2d+4/6(mse) (emulated) | "
+            "Wgrad nvfp4+rht+sr x nvfp4+rht (emulated) fp32 accumulate");
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());
+  k.fp4_4over6_err_mode = "rmse";
+  Status st = apply_knobs(k, &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("mae or mse"), std::string::npos) << st.message();
+  k.fp4_4over6 = "none";
+  k.fp4_4over6_err_mode = "mse";
+  st = apply_knobs(k, &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("fp4-4over6 is none"), std::string::npos) << st.message();
+}
+
 TEST(Knobs, LayerCountsSelectExactlyTheIntendedLayers) {
   Recipe r;
   ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &r).is_ok());

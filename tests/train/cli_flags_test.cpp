@@ -110,3 +110,17 @@ TEST(TrainCliFlags, NonBooleanKeysStillNeedAValue) {
   EXPECT_NE(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("--save"), std::string::npos) << r.out;
 }
+
+// 4/6's error metric (MAE unless asked, as TransformerEngine: recipe_test) is kept in config.toml like the
+// other recipe keys, here from the config file.
+TEST(TrainCliFlags, FourOverSixErrModeIsSavedInTheConfig) {
+  const std::string toml = fresh_dir("fos_toml") + ".toml";
+  std::ofstream(toml) << "fp4_4over6 = \"weights\"\nfp4_4over6_err_mode = \"mse\"\n";
+  const std::string dir = train_ok("fos_toml", "--config " + toml);
+  EXPECT_EQ(config_value(dir, "fp4_4over6"), "\"weights\"");
+  EXPECT_EQ(config_value(dir, "fp4_4over6_err_mode"), "\"mse\"");
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove(toml);
+  CliRun r = run_nibble(kTiny + "--fp4-4over6-err-mode mse");  // 4/6 off: the metric would do nothing
+  EXPECT_NE(r.code, 0) << r.out;
+}

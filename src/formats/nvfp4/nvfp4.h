@@ -10,7 +10,7 @@
 // plain (unswizzled) layout; swizzle_scales_* produces cuBLAS's 128x4 tiled layout.
 //
 // Options: two_d = 16x16 weight tiles (one scale per tile, repeated into both copies so both hold
-// bit-identical values); rht = random Hadamard transform on the column-wise copy only (result rounded
+// bit-identical values; with 4/6 see below); rht = random Hadamard transform on the column-wise copy only (result rounded
 // to BF16, amax taken after the transform); sr = stochastic rounding of the elements of both copies.
 // SR random byte of element e (flat row-major index inside its copy's [outer, inner] layout):
 //   philox_byte(philox_block(key, e / 16), e % 16), key = opts.rng for the row-wise copy and
@@ -22,13 +22,16 @@
 // finishes with defined bytes (NaN elements get code 7, a NaN block gets scale byte 0x7F), identical
 // on CPU and CUDA.
 //
-// 4/6 adaptive block scaling (four_over_six; "Four Over Six", arXiv 2512.02010, TransformerEngine's
-// NVTE_NVFP4_4OVER6): S_enc uses the E4M3 bound 256 instead of 448 (S_enc = 6*256 / amax), and each
-// block (each 16x16 tile with two_d) tries two scales, base = block_amax * (S_enc * (1/6)) ("map to 6")
-// and base * 1.5 ("map to 4", E4M3 satfinite), keeping map-to-4 only when its squared error is strictly
-// lower (nvfp4_math.h has the rule). The amax slots then hold the DECODE amax, amax * 1.75 (exact for a
-// BF16 amax), so every reader's amax / (6*448) decodes the 256-bound scales unchanged. An amax whose
-// decode amax overflows to Inf also sets *nonfinite.
+// 4/6 adaptive block scaling (four_over_six): TransformerEngine's NVFP4 "4over6" (its reference
+// NVFP4QuantizerRef with nvfp4_use_4over6, E4M3 bound 256; "Four Over Six", arXiv 2512.02010). S_enc uses
+// the E4M3 bound 256 instead of 448 (S_enc = 6*256 / amax); each 1x16 block (each 16x16 tile with two_d)
+// tries base = (block_amax / 6) * S_enc ("map to 6") and base * 1.5 ("map to 4"), both E4M3 satfinite,
+// and keeps map to 4 only when its error (err_mode: summed absolute or squared error) is strictly lower
+// (nvfp4_math.h has the rule). The amax slots hold the TRUE tensor amax, as TE stores it; a 4/6 copy
+// therefore decodes with amax / (6*256) (e4m3_bound(true) in nvfp4_math.h), and every reader must know
+// it (dequantize_*'s four_over_six, gemm::QOperand::nvfp4_4over6). With two_d each copy decides per tile
+// in TE's reduction order for that copy (row copy: per-row sums, column copy: per-column sums), so the
+// two copies of a 4/6 tile can differ where the two candidates' errors are within rounding.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +48,10 @@ constexpr float kScaleMax = 6.0f * 448.0f;  // E2M1 max * E4M3 max
 // RHT sign vector s (spec §3): bit i set where s_i = -1.
 constexpr uint32_t kRhtSignMask = 0xD7E8u;
 
+// 4/6's error metric per candidate: TE's NVTE_NVFP4_4OVER6_ERR_MODE (MAE is TE's default).
+enum class ErrMode : uint8_t { mae, mse };
+const char* err_mode_name(ErrMode m);  // "mae" | "mse"
+
 struct Options {
   bool rowwise = true;
   bool colwise = true;
@@ -52,8 +59,11 @@ struct Options {
   bool rht = false;    // column-wise copy only
   bool sr = false;     // stochastic rounding of elements (scales stay RNE)
   // 4/6 adaptive block scaling of every copy written (the column copy is the RHT'd one with rht; a 2D
-  // tile decides once for its 256 elements). Combines with rht, sr or two_d as plain NVFP4 does.
+  // tile decides once per copy for its 256 elements). Combines with rht, sr or two_d as plain NVFP4 does
+  // (TE's 4over6 has neither RHT nor SR; nibble encodes both candidates with the same RHT'd values and
+  // random bytes).
   bool four_over_six = false;
+  ErrMode err_mode = ErrMode::mae;  // four_over_six only
   RngKey rng{};
 };
 
@@ -65,8 +75,8 @@ struct QuantizedView {
   uint8_t* row_scales = nullptr;  // [rows, cols/16]
   uint8_t* col_data = nullptr;    // [cols, rows/2]
   uint8_t* col_scales = nullptr;  // [cols, rows/16]
-  float* row_amax = nullptr;      // 1 float: amax of the source (x 1.75 with four_over_six)
-  float* col_amax = nullptr;      // 1 float: same, or of the RHT'd source with rht (x 1.75 with four_over_six)
+  float* row_amax = nullptr;      // 1 float: amax of the source
+  float* col_amax = nullptr;      // 1 float: same, or of the RHT'd source with rht
   int* nonfinite = nullptr;       // set to 1 when an amax is NaN/Inf; may be null
 };
 
@@ -90,8 +100,10 @@ struct CrestSums {
   int64_t blocks = 0;
 };
 void add_column_block_crests(const bf16* x, int64_t rows, int64_t cols, CrestSums* sums);
-// x_hat = e2m1(q) * float(s_b) * amax / (6*448); data [outer, inner/2], scales [outer, inner/16].
-void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out);
+// x_hat = e2m1(q) * float(s_b) * amax / (6*448), or / (6*256) for a four_over_six copy; data
+// [outer, inner/2], scales [outer, inner/16].
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out,
+                    bool four_over_six = false);
 
 // cuBLAS block-scale layout: scales padded to 128 rows x 4 columns (zeros), each 128x4 tile 512
 // contiguous bytes; (r, c) -> ((r/128)*(Kp/4) + c/4)*512 + (r%32)*16 + ((r%128)/32)*4 + c%4.
@@ -109,14 +121,13 @@ Status compute_amax_cuda(const bf16* x, int64_t rows, int64_t cols, bool rht, fl
 // With opts.four_over_six it runs quantize_4over6_cuda_with_amax instead.
 Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // The 4/6 quantizer (nvfp4_4over6.cu: a simple kernel, one thread per block or 2D tile, separate from
-// the fused pass): reads the tensor amaxes from the slots of the enabled copies, then replaces them with
-// the decode amaxes (amax * 1.75), so it must run once per amax pre-pass.
+// the fused pass): reads the tensor amaxes from the slots of the enabled copies and leaves them as they are.
 Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // compute_amax_cuda + quantize_cuda_with_amax.
 Status quantize_cuda(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream);
 // amax is a device pointer (as produced by the quantizer).
 Status dequantize_cuda(const uint8_t* data, const uint8_t* scales, const float* amax, int64_t outer, int64_t inner,
-                       float* out, Stream stream);
+                       float* out, Stream stream, bool four_over_six = false);
 Status swizzle_scales_cuda(const uint8_t* scales, int64_t rows, int64_t scale_cols, uint8_t* out, Stream stream);
 Status unswizzle_scales_cuda(const uint8_t* swizzled, int64_t rows, int64_t scale_cols, uint8_t* out, Stream stream);
 

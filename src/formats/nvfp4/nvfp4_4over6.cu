@@ -4,8 +4,8 @@
 // 16x16 tile with two_d), loading straight from global memory; the per-block math is the shared
 // quantize_block16_4over6 / tile_scale_4over6, the RHT the reference's hadamard::rht16_bf16, the SR
 // key rule nvfp4.h's. Its cost against the fused pass is unmeasured until it runs on a GPU.
-// Order on the stream: the caller's amax pre-pass, one launch per copy (both read the tensor amaxes),
-// then a one-thread kernel that replaces the amax slots with the decode amaxes (amax * 1.75).
+// Order on the stream: the caller's amax pre-pass, one launch per copy (both read the tensor amaxes, which
+// stay in their slots: 4/6 stores the true amax), then a one-thread kernel that raises the non-finite flag.
 #include <algorithm>
 #include "core/cuda_check.h"
 #include "core/device_info.h"
@@ -23,6 +23,7 @@ struct CopyArgs {
   int64_t rows, cols;
   bool colwise;  // the transposed copy [cols, rows] instead of the row copy [rows, cols]
   bool rht, sr;
+  ErrMode mode;
   RngKey key;
   const float* amax;  // the tensor amax of this copy
   uint8_t *data, *scales;
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) quantize_4over6_1d_kernel(CopyArgs a
     Philox4x32 rand{};
     if (a.sr) rand = philox_block(a.key, uint64_t(flat));
     uint64_t packed = 0;
-    const uint32_t s = quantize_block16_4over6(v, s_enc, amax, a.sr, rand, &packed);
+    const uint32_t s = quantize_block16_4over6(v, s_enc, amax, a.mode, a.sr, rand, &packed);
     store_block(a.data, a.scales, flat, packed, s);
   }
 }
@@ -65,12 +66,13 @@ __global__ void __launch_bounds__(kThreads) quantize_4over6_1d_kernel(CopyArgs a
 struct TileArgs {
   const bf16* x;
   int64_t rows, cols;
+  ErrMode mode;
   const float* amax;                                       // the one amax of a 2D tensor
   uint8_t *row_data, *row_scales, *col_data, *col_scales;  // null for a disabled copy
 };
 
-// 2D weights (RNE only): thread = one 16x16 tile; one 4/6 decision, then its 16 row blocks and 16
-// column blocks with the chosen scale (the column copy holds the same values, transposed).
+// 2D weights (RNE only): thread = one 16x16 tile; one 4/6 decision per enabled copy (each in that copy's
+// reduction order, as the reference), then its 16 row blocks and 16 column blocks with their scales.
 __global__ void __launch_bounds__(kThreads) quantize_4over6_2d_kernel(TileArgs a) {
   const float amax = *a.amax;
   const float s_enc = global_encode_scale_4over6(amax);
@@ -78,33 +80,30 @@ __global__ void __launch_bounds__(kThreads) quantize_4over6_2d_kernel(TileArgs a
   const Philox4x32 no_rand{};
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < tiles; t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t tr = t / tiles_x, tc = t % tiles_x;
-    const uint32_t s = tile_scale_4over6(a.x, a.cols, tr * 16, tc * 16, s_enc, amax);
-    const float enc = block_encode_scale(s, s_enc);
+    const uint32_t s_row =
+        a.row_data ? tile_scale_4over6(a.x, a.cols, tr * 16, tc * 16, s_enc, amax, a.mode, false) : 0;
+    const uint32_t s_col = a.col_data ? tile_scale_4over6(a.x, a.cols, tr * 16, tc * 16, s_enc, amax, a.mode, true) : 0;
+    const float enc_row = block_encode_scale(s_row, s_enc), enc_col = block_encode_scale(s_col, s_enc);
     for (int i = 0; i < 16; ++i) {
       float v[16];
       if (a.row_data) {
         for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[(tr * 16 + i) * a.cols + tc * 16 + j]);
-        store_block(a.row_data, a.row_scales, (tr * 16 + i) * tiles_x + tc, encode_block16(v, enc, false, no_rand), s);
+        store_block(a.row_data, a.row_scales, (tr * 16 + i) * tiles_x + tc, encode_block16(v, enc_row, false, no_rand),
+                    s_row);
       }
       if (a.col_data) {
         for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(a.x[(tr * 16 + j) * a.cols + tc * 16 + i]);
         store_block(a.col_data, a.col_scales, (tc * 16 + i) * (a.rows / 16) + tr,
-                    encode_block16(v, enc, false, no_rand), s);
+                    encode_block16(v, enc_col, false, no_rand), s_col);
       }
     }
   }
 }
 
-// After both copies are written: the slots get the decode amaxes; a non-finite one (non-finite input, or
-// 1.75 * amax overflowing) sets the flag, as quantize_ref does. Null pointers: disabled copies.
-NB_DEVICE void store_decode_amax(float* slot, int* nonfinite) {
-  const float d = decode_amax_4over6(*slot);
-  if (nonfinite && !amax_is_finite(d)) *nonfinite = 1;
-  *slot = d;
-}
-__global__ void store_decode_amax_kernel(float* row_amax, float* col_amax, int* nonfinite) {
-  if (row_amax) store_decode_amax(row_amax, nonfinite);
-  if (col_amax && col_amax != row_amax) store_decode_amax(col_amax, nonfinite);  // a shared slot: once
+// A non-finite amax of an enabled copy (non-finite input) sets the flag, as quantize_ref does. Null
+// pointers: disabled copies.
+__global__ void flag_nonfinite_amax_kernel(const float* row_amax, const float* col_amax, int* nonfinite) {
+  if ((row_amax && !amax_is_finite(*row_amax)) || (col_amax && !amax_is_finite(*col_amax))) *nonfinite = 1;
 }
 
 int grid_for(int64_t items) {
@@ -123,6 +122,7 @@ Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const 
     TileArgs a{x,
                out.rows,
                out.cols,
+               opts.err_mode,
                row_amax ? row_amax : col_amax,
                opts.rowwise ? out.row_data : nullptr,
                out.row_scales,
@@ -133,19 +133,23 @@ Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const 
   } else {
     const int grid = grid_for(out.rows * out.cols / 16);
     if (opts.rowwise) {
-      const CopyArgs a{x, out.rows, out.cols, false, false, opts.sr, opts.rng, row_amax, out.row_data, out.row_scales};
+      const CopyArgs a{x,        out.rows, out.cols,     false,         false, opts.sr, opts.err_mode,
+                       opts.rng, row_amax, out.row_data, out.row_scales};
       quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a);
       CUDA_CHECK_LAUNCH();
     }
     if (opts.colwise) {
       const RngKey key = colwise_key(opts.rng);
-      const CopyArgs a{x, out.rows, out.cols, true, opts.rht, opts.sr, key, col_amax, out.col_data, out.col_scales};
+      const CopyArgs a{x,   out.rows, out.cols,     true,          opts.rht, opts.sr, opts.err_mode,
+                       key, col_amax, out.col_data, out.col_scales};
       quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a);
       CUDA_CHECK_LAUNCH();
     }
   }
-  store_decode_amax_kernel<<<1, 1, 0, s>>>(row_amax, col_amax, out.nonfinite);
-  CUDA_CHECK_LAUNCH();
+  if (out.nonfinite) {
+    flag_nonfinite_amax_kernel<<<1, 1, 0, s>>>(row_amax, col_amax, out.nonfinite);
+    CUDA_CHECK_LAUNCH();
+  }
   return Status::ok();
 }
 

@@ -9,7 +9,8 @@ namespace {
 
 // Thread = one 16-element block: 8 code bytes in, 16 floats out (four 16-byte stores).
 __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_t* __restrict__ scales,
-                                  const float* __restrict__ amax, int64_t blocks, float* __restrict__ out) {
+                                  const float* __restrict__ amax, float bound, int64_t blocks,
+                                  float* __restrict__ out) {
   const int64_t b = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (b >= blocks) return;
   const uint2 packed = *reinterpret_cast<const uint2*>(data + b * 8);
@@ -17,7 +18,8 @@ __global__ void dequantize_kernel(const uint8_t* __restrict__ data, const uint8_
   const float am = *amax;
   float v[16];
   NB_UNROLL
-  for (int i = 0; i < 16; ++i) v[i] = dequant_value(((i < 8 ? packed.x : packed.y) >> (4 * (i % 8))) & 0xFu, s, am);
+  for (int i = 0; i < 16; ++i)
+    v[i] = dequant_value(((i < 8 ? packed.x : packed.y) >> (4 * (i % 8))) & 0xFu, s, am, bound);
   float4* dst = reinterpret_cast<float4*>(out + b * 16);
   NB_UNROLL
   for (int i = 0; i < 4; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
@@ -45,10 +47,11 @@ unsigned blocks_for(int64_t n) { return unsigned((n + 255) / 256); }
 }  // namespace
 
 Status dequantize_cuda(const uint8_t* data, const uint8_t* scales, const float* amax, int64_t outer, int64_t inner,
-                       float* out, Stream stream) {
+                       float* out, Stream stream, bool four_over_six) {
   NB_TRY(check_shape(outer, inner, Options{}));
   const int64_t blocks = outer * inner / 16;
-  dequantize_kernel<<<blocks_for(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(data, scales, amax, blocks, out);
+  dequantize_kernel<<<blocks_for(blocks), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      data, scales, amax, e4m3_bound(four_over_six), blocks, out);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

@@ -5,7 +5,7 @@
 //   s_b   = e4m3_rne_satfinite(block_amax * (S_enc * (1/6)))
 //   enc_b = min(1 / (float(s_b) * (1 / S_enc)), FLT_MAX)
 //   q     = e2m1(x * enc_b)   (RNE, or SR with one Philox byte per element)
-// and the 4/6 variant (two candidate scales per block, lower squared error wins) further down.
+// and the 4/6 variant (two candidate scales per block, lower error wins) further down.
 // amax values are compared by bit pattern (|x| as unsigned), which orders finite values and Inf like
 // floats and makes a NaN the largest, so a NaN anywhere shows up in the amax instead of vanishing.
 #pragma once
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include "core/bf16.h"
 #include "core/philox.h"
+#include "formats/nvfp4/nvfp4.h"
 #include "formats/scalar_codecs.h"
 
 namespace nb::nvfp4 {
@@ -103,72 +104,83 @@ NB_HD uint64_t encode_block16(const float* v, float enc, bool sr, const Philox4x
   return uint64_t(word[0]) | (uint64_t(word[1]) << 32);
 }
 
-// Dequantized value of one element: e2m1(q) * float(s_b) * amax / (6*448), left to right.
-NB_HD float dequant_value(uint32_t code, uint32_t scale_code, float amax) {
-  return e2m1_to_f32(code) * e4m3_to_f32(scale_code) * amax / (6.0f * 448.0f);
+// Dequantized value of one element: e2m1(q) * float(s_b) * amax / (6*bound), left to right; bound is the
+// copy's E4M3 bound, 448, or 256 for a 4/6 copy (e4m3_bound).
+NB_HD float dequant_value(uint32_t code, uint32_t scale_code, float amax, float bound = 448.0f) {
+  return e2m1_to_f32(code) * e4m3_to_f32(scale_code) * amax / (6.0f * bound);
 }
 
-// ---- 4/6 adaptive block scaling ("Four Over Six", arXiv 2512.02010; TE's NVTE_NVFP4_4OVER6) ----------
+// ---- 4/6 adaptive block scaling: TransformerEngine's 4over6 (NVFP4QuantizerRef, nvfp4_use_4over6) ----
 // S_enc keeps headroom: E4M3 bound 256 instead of 448, so a block scale may grow by 1.5 (256 * 1.5 = 384
 // <= 448) and the block's largest value lands on E2M1's 4 instead of 6 ("map to 4"), where the grid
 // near the block max is finer (3, 4 instead of 4, 6). Each block keeps the candidate with the lower
-// squared error, decoded as the stored bytes will be: (e2m1(q) * float(s) * amax) / (6*256). TE's
-// default error metric is MAE (NVTE_NVFP4_4OVER6_ERR_MODE); nibble uses MSE, as the paper does.
+// error, each element decoded as the stored bytes will be: ((e2m1(q) * float(s)) * amax) / (6*256), FP32,
+// amax the true tensor amax. Operation orders are TE's (its kernel and its reference agree on them).
+
+// The E4M3 bound of a copy's global scale: decode with amax / (6 * bound).
+NB_HD float e4m3_bound(bool four_over_six) { return four_over_six ? 256.0f : 448.0f; }
+
 NB_HD float global_encode_scale_4over6(float amax) {
   float s = fminf((6.0f * 256.0f) / amax, FLT_MAX);
   if (amax == 0.0f || s == 0.0f || !amax_is_finite(amax)) s = 1.0f;
   return s;
 }
 
-// The amax stored with 4/6 bytes. Every reader decodes with amax / (6*448); 1.75 * 256 = 448, so
-// storing 1.75 * amax makes that the 256-bound decode, and exactly: amax is a BF16 magnitude (8
-// significant bits, its subnormals multiples of 2^-133), so 7 * amax needs at most 11 bits and / 4 is
-// exact, hence amax * 1.75f is exact in FP32 (barring overflow to Inf, which the quantizers flag).
-// e2m1 * s has at most 6 bits, so e2m1 * s * (1.75 * amax) (<= 17 bits) and e2m1 * s * amax are both
-// exact, and dividing them by 6*448 and 6*256 rounds the same real number: identical floats. A
-// non-finite amax is passed through unchanged (GPU arithmetic would replace the NaN pattern).
-NB_HD float decode_amax_4over6(float amax) { return amax_is_finite(amax) ? amax * 1.75f : amax; }
-
-// The two scale codes of a block (or 2D tile) with largest magnitude block_amax: map to 6 (the plain
-// rule, at the 256 bound) and map to 4 (1.5 x the same base, saturating at 448). Same FP32 operation
-// order as block_scale_code.
+// The two scale codes of a block (or 2D tile) with largest magnitude block_amax: map to 6 (the plain rule
+// at the 256 bound) and map to 4 (1.5 x the same base, saturating at 448). TE divides the block amax by 6
+// first ((block_amax / 6) * S_enc), where plain NVFP4 multiplies by S_enc * (1/6): the two round
+// differently for some amaxes, so this is not block_scale_code's expression.
 NB_HD void scale_codes_4over6(float block_amax, float s_enc, uint32_t* map6, uint32_t* map4) {
-  const float base = block_amax * (s_enc * (1.0f / 6.0f));
+  const float base = (block_amax / 6.0f) * s_enc;
   *map6 = f32_to_e4m3_satfinite(base);
   *map4 = f32_to_e4m3_satfinite(base * 1.5f);
 }
 
-// err + the squared errors of 16 packed codes with scale code s against v, added in element order
-// (FP32, no FMA): each decoded value is (e2m1(q) * float(s) * amax) / (6*256), left to right.
-NB_HD float add_sq_error16(const float* v, uint64_t packed, uint32_t scale_code, float amax, float err) {
+// err + the errors of 16 packed codes with scale code s against v, added one by one in element order
+// (FP32, no FMA): |d| (MAE) or d * d (MSE) with d = ((e2m1(q) * float(s)) * amax) / (6*256) - v[i].
+NB_HD float add_error16(const float* v, uint64_t packed, uint32_t scale_code, float amax, ErrMode mode, float err) {
   const float s = e4m3_to_f32(scale_code);
   NB_UNROLL
   for (int i = 0; i < 16; ++i) {
     const uint32_t code = uint32_t(packed >> (4 * i)) & 0xFu;
     const float d = e2m1_to_f32(code) * s * amax / (6.0f * 256.0f) - v[i];
-    err = err + d * d;
+    err = err + (mode == ErrMode::mse ? d * d : fabsf(d));
   }
   return err;
 }
 
-// One 16-element block with 4/6: both candidates encoded (RNE, or SR with the same random bytes),
-// map to 4 kept iff its error is strictly lower (ties and NaN errors keep map to 6). s_enc =
+// One 16-element block with 4/6: both candidates encoded (RNE, or SR with the same random bytes), map to
+// 4 kept iff its error is strictly lower (ties and NaN errors keep map to 6, as TE). s_enc =
 // global_encode_scale_4over6(amax). Returns the scale code; *packed gets the codes.
-NB_HD uint32_t quantize_block16_4over6(const float* v, float s_enc, float amax, bool sr, const Philox4x32& rand,
-                                       uint64_t* packed) {
+NB_HD uint32_t quantize_block16_4over6(const float* v, float s_enc, float amax, ErrMode mode, bool sr,
+                                       const Philox4x32& rand, uint64_t* packed) {
   uint32_t s6 = 0, s4 = 0;
   scale_codes_4over6(block_amax16(v), s_enc, &s6, &s4);
   const uint64_t p6 = encode_block16(v, block_encode_scale(s6, s_enc), sr, rand);
   const uint64_t p4 = encode_block16(v, block_encode_scale(s4, s_enc), sr, rand);
-  const bool four = add_sq_error16(v, p4, s4, amax, 0.0f) < add_sq_error16(v, p6, s6, amax, 0.0f);
+  const bool four = add_error16(v, p4, s4, amax, mode, 0.0f) < add_error16(v, p6, s6, amax, mode, 0.0f);
   *packed = four ? p4 : p6;
   return four ? s4 : s6;
 }
 
-// The 4/6 scale code of the 16x16 tile at (r0, c0) of a row-major BF16 tensor with `cols` columns (2D
-// weights: RNE only): one decision for the 256 elements, each candidate's error one FP32 sum over
-// the tile in row-major order.
-NB_HD uint32_t tile_scale_4over6(const bf16* x, int64_t cols, int64_t r0, int64_t c0, float s_enc, float amax) {
+// Sum of 16 partial errors in TE's tree order (its 16-lane shuffle-down reduction: lane i adds lane
+// i + 8, then i + 4, i + 2, i + 1). Overwrites e.
+NB_HD float tree_sum16(float* e) {
+  NB_UNROLL
+  for (int half = 8; half > 0; half /= 2) {
+    NB_UNROLL
+    for (int i = 0; i < half; ++i) e[i] = e[i] + e[i + half];
+  }
+  return e[0];
+}
+
+// The 4/6 scale code of the 16x16 tile at (r0, c0) of a row-major BF16 tensor with `cols` columns, as
+// one copy decides it (2D weights: RNE only). TE quantizes each copy as its own row-major matrix (the
+// column copy is the transposed tensor): each of the tile's 16 lines of that copy (rows of the tile for
+// the row copy, columns for the column copy) gets its error summed in element order, and the 16 line
+// errors are summed by tree_sum16.
+NB_HD uint32_t tile_scale_4over6(const bf16* x, int64_t cols, int64_t r0, int64_t c0, float s_enc, float amax,
+                                 ErrMode mode, bool colwise) {
   uint32_t m = 0;
   for (int i = 0; i < 16; ++i)
     for (int j = 0; j < 16; ++j) {
@@ -179,14 +191,15 @@ NB_HD uint32_t tile_scale_4over6(const bf16* x, int64_t cols, int64_t r0, int64_
   scale_codes_4over6(bits_f32(m), s_enc, &s6, &s4);
   const float enc6 = block_encode_scale(s6, s_enc), enc4 = block_encode_scale(s4, s_enc);
   const Philox4x32 no_rand{};
-  float err6 = 0.0f, err4 = 0.0f;
-  for (int i = 0; i < 16; ++i) {
+  float err6[16], err4[16];
+  for (int line = 0; line < 16; ++line) {
     float v[16];
-    for (int j = 0; j < 16; ++j) v[j] = bf16_to_f32(x[(r0 + i) * cols + c0 + j]);
-    err6 = add_sq_error16(v, encode_block16(v, enc6, false, no_rand), s6, amax, err6);
-    err4 = add_sq_error16(v, encode_block16(v, enc4, false, no_rand), s4, amax, err4);
+    for (int j = 0; j < 16; ++j)
+      v[j] = bf16_to_f32(colwise ? x[(r0 + j) * cols + c0 + line] : x[(r0 + line) * cols + c0 + j]);
+    err6[line] = add_error16(v, encode_block16(v, enc6, false, no_rand), s6, amax, mode, 0.0f);
+    err4[line] = add_error16(v, encode_block16(v, enc4, false, no_rand), s4, amax, mode, 0.0f);
   }
-  return err4 < err6 ? s4 : s6;
+  return tree_sum16(err4) < tree_sum16(err6) ? s4 : s6;
 }
 
 // Key of the column-wise copy's random stream (the row-wise copy uses the key as given).

@@ -24,7 +24,7 @@ Status quantize_4over6_cuda_with_amax(const bf16*, const Options&, const Quantiz
 Status quantize_cuda(const bf16*, const Options&, const QuantizedView&, Stream) {
   return no_cuda("NVFP4 quantization on the GPU");
 }
-Status dequantize_cuda(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, Stream) {
+Status dequantize_cuda(const uint8_t*, const uint8_t*, const float*, int64_t, int64_t, float*, Stream, bool) {
   return no_cuda("NVFP4 dequantization on the GPU");
 }
 Status swizzle_scales_cuda(const uint8_t*, int64_t, int64_t, uint8_t*, Stream) {

@@ -78,8 +78,9 @@ void store_block(uint8_t* data, uint8_t* scales, int64_t outer, int64_t inner, i
 
 // One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.
 template <typename Load>
-void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, bool four_over_six, RngKey key,
-                      uint8_t* data, uint8_t* scales, Load load) {
+void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, const Options& opts, RngKey key, uint8_t* data,
+                      uint8_t* scales, Load load) {
+  const bool sr = opts.sr, four_over_six = opts.four_over_six;
   float s_enc = four_over_six ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
   float v[kBlock];
   for (int64_t o = 0; o < outer_n; ++o) {
@@ -89,7 +90,7 @@ void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, bool 
       if (sr) rand = philox_block(key, uint64_t((o * inner) / kBlock + b));
       if (four_over_six) {
         uint64_t packed = 0;
-        uint32_t s = quantize_block16_4over6(v, s_enc, amax, sr, rand, &packed);
+        uint32_t s = quantize_block16_4over6(v, s_enc, amax, opts.err_mode, sr, rand, &packed);
         store_block(data, scales, o, inner, b, packed, s);
         continue;
       }
@@ -100,27 +101,35 @@ void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, bool sr, bool 
   }
 }
 
+// One scale per 16x16 tile. Plain NVFP4 gives both copies the tile's scale; 4/6 lets each copy decide
+// in its own reduction order (tile_scale_4over6), which may differ where the candidates nearly tie.
 void quantize_2d(const bf16* x, int64_t rows, int64_t cols, float amax, const Options& opts, const QuantizedView& out) {
-  float s_enc = opts.four_over_six ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
+  const bool fos = opts.four_over_six;
+  float s_enc = fos ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
   float v[kBlock];
   Philox4x32 no_rand{};
   for (int64_t tr = 0; tr < rows / kBlock; ++tr) {
     for (int64_t tc = 0; tc < cols / kBlock; ++tc) {
       uint32_t tile_max = 0;
-      for (int i = 0; i < kBlock; ++i)
+      for (int i = 0; i < kBlock && !fos; ++i)
         for (int j = 0; j < kBlock; ++j)
           tile_max = std::max(tile_max, abs_bits(bf16_to_f32(x[(tr * 16 + i) * cols + tc * 16 + j])));
-      uint32_t s = opts.four_over_six ? tile_scale_4over6(x, cols, tr * 16, tc * 16, s_enc, amax)
-                                      : block_scale_code(bits_f32(tile_max), s_enc);
-      float enc = block_encode_scale(s, s_enc);
+      const uint32_t plain = fos ? 0 : block_scale_code(bits_f32(tile_max), s_enc);
+      const uint32_t s_row =
+          fos && opts.rowwise ? tile_scale_4over6(x, cols, tr * 16, tc * 16, s_enc, amax, opts.err_mode, false) : plain;
+      const uint32_t s_col =
+          fos && opts.colwise ? tile_scale_4over6(x, cols, tr * 16, tc * 16, s_enc, amax, opts.err_mode, true) : plain;
+      const float enc_row = block_encode_scale(s_row, s_enc), enc_col = block_encode_scale(s_col, s_enc);
       for (int i = 0; i < kBlock; ++i) {
         if (opts.rowwise) {
           for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[(tr * 16 + i) * cols + tc * 16 + j]);
-          store_block(out.row_data, out.row_scales, tr * 16 + i, cols, tc, encode_block16(v, enc, false, no_rand), s);
+          store_block(out.row_data, out.row_scales, tr * 16 + i, cols, tc, encode_block16(v, enc_row, false, no_rand),
+                      s_row);
         }
         if (opts.colwise) {
           load_col_chunk(x, cols, tr * 16, tc * 16 + i, false, v);
-          store_block(out.col_data, out.col_scales, tc * 16 + i, rows, tr, encode_block16(v, enc, false, no_rand), s);
+          store_block(out.col_data, out.col_scales, tc * 16 + i, rows, tr, encode_block16(v, enc_col, false, no_rand),
+                      s_col);
         }
       }
     }
@@ -152,39 +161,36 @@ Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out
   float row_amax = 0, col_amax = 0;
   compute_amax_ref(x, rows, cols, opts.rht && opts.colwise, &row_amax, &col_amax);
   if (out.nonfinite && (!amax_is_finite(row_amax) || !amax_is_finite(col_amax))) *out.nonfinite = 1;
-  // 4/6 stores the decode amax (nvfp4_math.h); quantization below uses the tensor amax. Only the
-  // enabled copies' decode amaxes can set the flag (the CUDA path computes no other).
-  const float row_slot = opts.four_over_six ? decode_amax_4over6(row_amax) : row_amax;
-  const float col_slot = opts.four_over_six ? decode_amax_4over6(col_amax) : col_amax;
-  if (out.nonfinite && ((opts.rowwise && !amax_is_finite(row_slot)) || (opts.colwise && !amax_is_finite(col_slot))))
-    *out.nonfinite = 1;
-  if (out.row_amax) *out.row_amax = row_slot;
-  if (out.col_amax) *out.col_amax = col_slot;
+  if (out.row_amax) *out.row_amax = row_amax;  // the true amax, with or without 4/6 (as TE stores it)
+  if (out.col_amax) *out.col_amax = col_amax;
   if (opts.two_d) {
     quantize_2d(x, rows, cols, row_amax, opts, out);
     return Status::ok();
   }
   if (opts.rowwise) {
-    quantize_copy_1d(rows, cols, row_amax, opts.sr, opts.four_over_six, opts.rng, out.row_data, out.row_scales,
+    quantize_copy_1d(rows, cols, row_amax, opts, opts.rng, out.row_data, out.row_scales,
                      [&](int64_t r, int64_t b, float* v) {
                        for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[r * cols + b * kBlock + j]);
                      });
   }
   if (opts.colwise) {
-    quantize_copy_1d(cols, rows, col_amax, opts.sr, opts.four_over_six, colwise_key(opts.rng), out.col_data,
-                     out.col_scales,
+    quantize_copy_1d(cols, rows, col_amax, opts, colwise_key(opts.rng), out.col_data, out.col_scales,
                      [&](int64_t c, int64_t b, float* v) { load_col_chunk(x, cols, b * kBlock, c, opts.rht, v); });
   }
   return Status::ok();
 }
 
-void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out) {
+void dequantize_ref(const uint8_t* data, const uint8_t* scales, float amax, int64_t outer, int64_t inner, float* out,
+                    bool four_over_six) {
+  const float bound = e4m3_bound(four_over_six);
   for (int64_t o = 0; o < outer; ++o)
     for (int64_t i = 0; i < inner; ++i) {
       uint32_t code = (data[o * (inner / 2) + i / 2] >> (4 * (i & 1))) & 0xFu;
-      out[o * inner + i] = dequant_value(code, scales[o * (inner / kBlock) + i / kBlock], amax);
+      out[o * inner + i] = dequant_value(code, scales[o * (inner / kBlock) + i / kBlock], amax, bound);
     }
 }
+
+const char* err_mode_name(ErrMode m) { return m == ErrMode::mse ? "mse" : "mae"; }
 
 // ---- cuBLAS scale layout ----------------------------------------------------------------------
 static int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }

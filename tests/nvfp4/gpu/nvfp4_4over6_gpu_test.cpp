@@ -1,7 +1,7 @@
 // CUDA NVFP4 4/6 adaptive block scaling (nvfp4_4over6.cu) against the CPU reference, bit for bit:
-// codes, scales, decode amaxes and the non-finite flag, for RNE, RHT, SR, 2D and one-copy modes on
-// random and adversarial inputs at edge-tile and realistic shapes, NaN/Inf input and an amax whose
-// decode amax overflows; plus a timing report of the 4/6 path against the fused quantizer.
+// codes, scales, the stored (true) amaxes and the non-finite flag, for RNE, RHT, SR, 2D and one-copy
+// modes under both error metrics (MAE, MSE) on random and adversarial inputs at edge-tile and realistic
+// shapes, and NaN/Inf input; plus a timing report of the 4/6 path against the fused quantizer.
 #include <gtest/gtest.h>
 #include <cuda_runtime.h>
 #include <cmath>
@@ -106,37 +106,46 @@ void expect_same(const std::vector<bf16>& x, int64_t rows, int64_t cols, const O
   EXPECT_EQ(gpu.nonfinite, ref.nonfinite);
 }
 
-std::vector<std::pair<std::string, Options>> modes() {
+std::vector<std::pair<std::string, Options>> modes_for(ErrMode mode) {
   Options o;
   o.four_over_six = true;
+  o.err_mode = mode;
+  const std::string tag = std::string("4/6 ") + err_mode_name(mode);
   std::vector<std::pair<std::string, Options>> m;
-  m.push_back({"4/6 both", o});
+  m.push_back({tag + " both", o});
   Options row = o, col = o;
   row.colwise = false;
   col.rowwise = false;
-  m.push_back({"4/6 rowwise", row});
-  m.push_back({"4/6 colwise", col});
+  m.push_back({tag + " rowwise", row});
+  m.push_back({tag + " colwise", col});
   Options rht = o;
   rht.rht = true;
-  m.push_back({"4/6 rht", rht});
+  m.push_back({tag + " rht", rht});
   rht.rowwise = false;
-  m.push_back({"4/6 rht colwise", rht});
+  m.push_back({tag + " rht colwise", rht});
   Options sr = o;
   sr.sr = true;
   sr.rng = RngKey{99, 5, 6};
-  m.push_back({"4/6 sr", sr});
+  m.push_back({tag + " sr", sr});
   sr.rht = true;
-  m.push_back({"4/6 rht+sr", sr});
+  m.push_back({tag + " rht+sr", sr});
   sr.colwise = false;
-  m.push_back({"4/6 sr rowwise", sr});
+  m.push_back({tag + " sr rowwise", sr});
   Options t = o;
   t.two_d = true;
-  m.push_back({"4/6 2d", t});
+  m.push_back({tag + " 2d", t});
   t.colwise = false;
-  m.push_back({"4/6 2d rowwise", t});
+  m.push_back({tag + " 2d rowwise", t});
   t.colwise = true;
   t.rowwise = false;
-  m.push_back({"4/6 2d colwise", t});
+  m.push_back({tag + " 2d colwise", t});
+  return m;
+}
+
+// Every mode under MAE (TE's default) and MSE.
+std::vector<std::pair<std::string, Options>> modes() {
+  auto m = modes_for(ErrMode::mae);
+  for (auto& e : modes_for(ErrMode::mse)) m.push_back(e);
   return m;
 }
 
@@ -150,7 +159,7 @@ TEST(Nvfp4FourOverSixGpu, MatchesReferenceOnEdgeAndMidShapes) {
       expect_same(normal, rows, cols, opts, name + " normal");
       expect_same(adv, rows, cols, opts, name + " adversarial");
     }
-    expect_same(normal, rows, cols, modes()[0].second, "4/6 both, split amax", /*split_amax=*/true);
+    expect_same(normal, rows, cols, modes()[0].second, "4/6 mae both, split amax", /*split_amax=*/true);
   }
 }
 
@@ -160,22 +169,21 @@ TEST(Nvfp4FourOverSixGpu, MatchesReferenceAtRealisticShape) {
   auto x = testing::random_normal_bf16(rows * cols, 2025, 0.02f);
   for (auto& [name, opts] : modes()) {
     if (name.find("wise") != std::string::npos) continue;  // one-copy modes: covered above
-    expect_same(x, rows, cols, opts, name, /*split_amax=*/name == "4/6 both");
+    expect_same(x, rows, cols, opts, name, /*split_amax=*/name == "4/6 mae both");
   }
 }
 
-TEST(Nvfp4FourOverSixGpu, NonFiniteAndOverflowingAmaxMatchAndAreFlagged) {
+// NaN/Inf input: the same bytes as the reference and the flag. A huge finite value (2.5e38) is stored as
+// the true amax and flags nothing (the former decode amax 1.75 * amax overflowed there).
+TEST(Nvfp4FourOverSixGpu, NonFiniteInputMatchesAndIsFlagged) {
   NB_REQUIRE_GPU();
   const int64_t rows = 96, cols = 160;
-  for (float bad : {NAN, INFINITY, -INFINITY, 2.5e38f}) {  // 1.75 * 2.5e38 overflows: decode amax Inf
+  for (float bad : {NAN, INFINITY, -INFINITY, 2.5e38f}) {
     auto x = testing::random_normal_bf16(rows * cols, 3);
     x[size_t(37 * cols + 101)] = f32_to_bf16(bad);
     for (auto& [name, opts] : modes()) {
       HostQuantized gpu = quantize_on_gpu(x, rows, cols, opts, false);
-      // The RHT spreads the finite 2.5e38 over 16 outputs (about a quarter each), so a column-only RHT
-      // copy's decode amax stays finite: no flag there, as in the reference.
-      const bool flagged = !(std::isfinite(bad) && opts.rht && !opts.rowwise);
-      EXPECT_EQ(gpu.nonfinite, flagged ? 1 : 0) << name << " " << bad;
+      EXPECT_EQ(gpu.nonfinite, std::isfinite(bad) ? 0 : 1) << name << " " << bad;
       expect_same(x, rows, cols, opts, name + " with " + std::to_string(bad));
     }
   }
