@@ -20,12 +20,16 @@ double gib(double bytes) { return bytes / 1073741824.0; }
 
 std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
   std::string more;  // weights, gradients and AdamW state shrink with more ranks only when sharded
-  if (!c.use_distributed_optimizer || c.data_parallel == 1)
+  if (c.data_parallel == 1)
     more =
         "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
-        "instead of 18)";
+        "instead of 18) or --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N)";
+  else if (c.sharding_strategy() != "optim_grads_params")
+    more = "; or shard more over the " + std::to_string(c.data_parallel) +
+           " GPUs: --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N bytes per parameter)";
   else
-    more = "; or add GPUs (the optimizer state is already sharded over " + std::to_string(c.data_parallel) + ")";
+    more = "; or add GPUs (weights, gradients and optimizer state are sharded over " +
+           std::to_string(c.data_parallel) + ")";
   return strprintf(
       "needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
       "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)%s",
