@@ -1,10 +1,11 @@
 // `nibble generate`: text from a model (--load checkpoint or --load-hf folder, optionally with a PEFT LoRA
-// --adapter merged in as the weights load) with a KV cache (src/infer/). Prompts come one at a time
-// (--prompt) or batched from --prompts FILE.jsonl; greedy at --temperature 0 (the default), otherwise
-// seeded sampling with --top-k / --top-p. A sequence stops at the tokenizer's end tokens (unless
-// --ignore-eos), after --max-new-tokens, or at the model's context. Prints each continuation and the
-// prefill and decode tokens/s; --out FILE.jsonl records prompts, ids and texts; --logits-out writes the
-// prefill logits (parity checks: scripts/parity/generate_parity.py). Docs: docs/GENERATE.md.
+// --adapter, applied unmerged as PEFT applies it, or merged into the weights with --merge-adapter) with a KV
+// cache (src/infer/). Prompts come one at a time (--prompt) or batched from --prompts FILE.jsonl; greedy at
+// --temperature 0 (the default), otherwise seeded sampling with --top-k / --top-p. A sequence stops at the
+// tokenizer's end tokens (unless --ignore-eos), after --max-new-tokens, or at the model's context. Prints
+// each continuation and the prefill and decode tokens/s; --out FILE.jsonl records prompts, ids and texts;
+// --logits-out writes the prefill logits (parity checks: scripts/parity/generate_parity.py). Docs:
+// docs/GENERATE.md.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -25,13 +26,14 @@ struct GenerateArgs {
   std::string adapter, tokenizer, prompt, prompts, device = "auto", out, logits_out;
   int64_t max_new_tokens = 64, batch_size = 0;
   infer::SamplingParams sampling;
-  bool ignore_eos = false;
+  bool ignore_eos = false, merge_adapter = false;
 };
 
 struct Loaded {
   LlamaConfig cfg;
   Device dev = Device::cpu;
   ParamStore store;
+  Buffer adapter;  // the unmerged adapter's A and B
   infer::ModelWeights weights;
 };
 
@@ -43,17 +45,19 @@ Status pick_device(const std::string& want, Device* dev) {
   return Status::ok();
 }
 
-// The weights in the compute dtype of the device, the adapter (if any) merged in as they stream.
+// The weights in the compute dtype of the device. An adapter is kept apart and applied unmerged after each
+// base GEMM (PEFT's arithmetic, y = x W^T + scale (x A^T) B^T), or with --merge-adapter merged into the
+// weights as they stream (W + scale B A rounded once: base speed, but last bits differ from PEFT's).
 Status load_model(const GenerateArgs& a, const LlamaConfig& cfg, const HfCheckpointReader& reader, Loaded* m) {
   NB_TRY(check_hf_tensors(reader, hf_expected_tensors(cfg), cfg.tied_embeddings));
   HfTensorSource source = [&reader](const HfTensor& t, float* dst) { return reader.read_f32(t.name, dst); };
   LoraAdapter adapter;
-  if (!a.adapter.empty()) {
-    NB_TRY(read_peft_adapter(a.adapter, cfg, &adapter).context("--adapter"));
-    source = lora_merged_source(adapter, cfg, std::move(source));
-  }
+  if (!a.adapter.empty()) NB_TRY(read_peft_adapter(a.adapter, cfg, &adapter).context("--adapter"));
+  if (!a.adapter.empty() && a.merge_adapter) source = lora_merged_source(adapter, cfg, std::move(source));
   NB_TRY(infer::load_inference_store(source, cfg, m->dev, &m->store));
-  return infer::weights_from_store(m->store, cfg, &m->weights);
+  NB_TRY(infer::weights_from_store(m->store, cfg, &m->weights));
+  if (a.adapter.empty() || a.merge_adapter) return Status::ok();
+  return infer::load_inference_adapter(adapter, cfg, m->dev, &m->adapter, &m->weights);
 }
 
 std::string decode_text(const BpeTokenizer* tok, const std::vector<int32_t>& ids) {
@@ -114,6 +118,7 @@ Status run_generate(const GenerateArgs& a) {
   HfCheckpointReader reader;
   NB_TRY(open_weights_source(a.src, &cfg, &reader));
   if (a.max_new_tokens < 1) return errorf("--max-new-tokens %lld must be at least 1", (long long)a.max_new_tokens);
+  if (a.merge_adapter && a.adapter.empty()) return errorf("--merge-adapter needs --adapter DIR");
   NB_TRY(infer::validate(a.sampling));
   std::string origin;
   const std::string tok_path = find_tokenizer(a.tokenizer, a.src.load_hf, a.src.load, a.src.ckpt_step, &origin);
@@ -146,8 +151,8 @@ Status run_generate(const GenerateArgs& a) {
     return errorf("--logits-out needs every prompt in one batch; drop --batch-size");
   std::printf(
       "generate %s%s on %s: %zu prompt(s), batch %lld, context %lld, %s\n", cfg.name.c_str(),
-      a.adapter.empty() ? "" : (" + LoRA " + a.adapter).c_str(), m.dev == Device::cuda ? "cuda (bf16)" : "cpu (fp32)",
-      ids.size(), (long long)batch, (long long)gen.max_len(),
+      a.adapter.empty() ? "" : (" + LoRA " + a.adapter + (a.merge_adapter ? " (merged)" : "")).c_str(),
+      m.dev == Device::cuda ? "cuda (bf16)" : "cpu (fp32)", ids.size(), (long long)batch, (long long)gen.max_len(),
       a.sampling.greedy()
           ? "greedy"
           : strprintf("temperature %g, top-k %lld, top-p %g, seed %llu", double(a.sampling.temperature),
@@ -184,7 +189,9 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--load-hf", a->src.load_hf, "A Hugging Face Llama folder");
   cmd->add_option("--load", a->src.load, "A nibble checkpoint folder");
   cmd->add_option("--ckpt-step", a->src.ckpt_step, "Iteration to load from --load (default: the newest)");
-  cmd->add_option("--adapter", a->adapter, "A PEFT LoRA folder, merged into the weights as they load");
+  cmd->add_option("--adapter", a->adapter, "A PEFT LoRA folder, applied unmerged beside the base weights (as PEFT)");
+  cmd->add_flag("--merge-adapter", a->merge_adapter,
+                "Merge --adapter into the weights as they load (base decode speed; rounds differently from PEFT)");
   cmd->add_option("--tokenizer", a->tokenizer,
                   "tokenizer.json or .tiktoken (default: the --load-hf folder's, or the checkpoint's training run's)");
   cmd->add_option("--prompt", a->prompt, "The prompt text");

@@ -224,8 +224,8 @@ Status FsdpSync::gather_state(optim::StateArray a, float* host) {
       NB_TRY(comm_->wait(nullptr));
       if (!host) continue;
       for (int r = 0; r < ranks_; ++r)
-        NB_TRY(copy_bytes(host + g.begin + (r * g.rows_per_rank + j) * g.cols, Device::cpu,
-                          out.ptr<float>() + r * n, dev_, size_t(n) * 4));
+        NB_TRY(copy_bytes(host + g.begin + (r * g.rows_per_rank + j) * g.cols, Device::cpu, out.ptr<float>() + r * n,
+                          dev_, size_t(n) * 4));
     }
   }
   return Status::ok();

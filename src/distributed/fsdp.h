@@ -57,11 +57,11 @@ class FsdpSync : public LlamaModel::StepHooks {
   struct Window {
     Buffer buf;
     int64_t capacity = 0;
-    int unit = -1;        // bound to this unit, or free
-    StreamEvent ready;    // compute: the gather is done (recorded on the side stream)
-    StreamEvent reusable; // the last work reading or writing it is done
-    bool waited = false;  // compute: the default stream already waits for `ready`
-    bool zeroed = false;  // gradients: zeroed by the side stream after its last reduction
+    int unit = -1;         // bound to this unit, or free
+    StreamEvent ready;     // compute: the gather is done (recorded on the side stream)
+    StreamEvent reusable;  // the last work reading or writing it is done
+    bool waited = false;   // compute: the default stream already waits for `ready`
+    bool zeroed = false;   // gradients: zeroed by the side stream after its last reduction
   };
   struct Pool {
     DType dt = DType::f32;
@@ -84,7 +84,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   Device dev_ = Device::cpu;
   int ranks_ = 1, rank_ = 0, last_unit_ = -1;
   Pool pools_[4];             // weights layer-sized, weights large, gradients layer-sized, gradients large
-  int64_t layer_elems_ = 0;  // the largest transformer layer unit
+  int64_t layer_elems_ = 0;   // the largest transformer layer unit
   std::set<int> prefetched_;  // gathered ahead of the request
   SideStream side_;
   StreamEvent mark_;

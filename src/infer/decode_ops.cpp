@@ -58,7 +58,12 @@ Status cache_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cac
   NB_CHECK(pos.dtype == DType::i32 && pos.numel() == B, "%s: pos must be [B] i32", op);
   if (q.device == Device::cuda)
     NB_OPS_CUDA(op, detail::cache_attention_cuda(q, cache_k, cache_v, pos, out, scale, stream));
+  // The reference attention's arithmetic, operation for operation (ops/attention.cpp, forward_sequence):
+  // FP64 scores scale * (q . k), the max, the sum of exp(s - max), p = exp(s - (max + log sum)), the
+  // output sum p v rounded once to FP32. A CPU decode step then equals the training forward's logits at
+  // that position bit for bit, so CPU tests can compare the two exactly.
   const int64_t Hq = q.shape[1], group = Hq / Hkv;
+  const double sc = double(scale);
   std::vector<double> s(static_cast<size_t>(L)), acc(static_cast<size_t>(D));
   for (int64_t b = 0; b < B; ++b) {
     const int64_t n = int64_t(pos.ptr<int32_t>()[b]) + 1;
@@ -71,18 +76,19 @@ Status cache_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cac
         const float* kj = cache_k.ptr<float>() + ((b * L + j) * Hkv + kvh) * D;
         double dot = 0;
         for (int64_t d = 0; d < D; ++d) dot += double(qh[d]) * double(kj[d]);
-        s[size_t(j)] = dot * double(scale);
+        s[size_t(j)] = sc * dot;
         mx = std::max(mx, s[size_t(j)]);
       }
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(s[size_t(j)] - mx);
+      const double log_sum = mx + std::log(sum);
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t j = 0; j < n; ++j) {
-        const double p = std::exp(s[size_t(j)] - mx);
-        sum += p;
+        const double p = std::exp(s[size_t(j)] - log_sum);
         const float* vj = cache_v.ptr<float>() + ((b * L + j) * Hkv + kvh) * D;
         for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += p * double(vj[d]);
       }
       float* oh = out.ptr<float>() + (b * Hq + h) * D;
-      for (int64_t d = 0; d < D; ++d) oh[d] = float(acc[size_t(d)] / sum);
+      for (int64_t d = 0; d < D; ++d) oh[d] = float(acc[size_t(d)]);
     }
   }
   return Status::ok();

@@ -8,10 +8,11 @@
 //   pos               [T] or [B] i32    on the tensors' device
 //   logits [B, V] f32, ids [B] i32
 // GQA: query head h reads key/value head h / (Hq / Hkv), as ops/attention.h.
-// Precision: CPU FP64 accumulation (as the reference attention); CUDA FP32 scores, online softmax and
-// accumulator, one rounding of the output to BF16. The CUDA attention runs one block per (sequence, query
-// head), four warps over interleaved positions, each keeping a running max, sum and accumulator that are
-// merged at the end (flash-decoding's combine, without splitting across blocks).
+// Precision: CPU FP64 accumulation in exactly the reference attention's operations (so a CPU decode step
+// equals the training forward bit for bit); CUDA FP32 scores, online softmax and accumulator, one rounding
+// of the output to BF16. The CUDA attention runs one block per (sequence, query head), four warps over
+// interleaved positions, each keeping a running max, sum and accumulator that are merged at the end
+// (flash-decoding's combine, without splitting across blocks).
 #pragma once
 #include <cstdint>
 #include "core/status.h"

@@ -2,12 +2,18 @@
 // the model's ops (embedding, RMSNorm, fused-QKV RoPE, attention, SwiGLU) and BF16/FP32 GEMMs, with the
 // decode kernels of infer/decode_ops.h for the cache. Activations of T tokens (T = B x S_max in prefill,
 // B in decode): residual [T,H] (updated in place), norm output [T,H], qkv [T,qd+2kvd], q/o [T,qd],
-// k/v [T,kvd], gate_up [T,2F], SwiGLU output [T,F]; logits [B,V] FP32.
+// k/v [T,kvd], gate_up [T,2F], SwiGLU output [T,F]; logits [B,V] FP32; with LoRA adapters h [T, r].
+//
+// LoRA adapters run unmerged, in the training forward's order (model/llama_pass.cpp, forward_layer): each
+// adapted linear's base GEMM first, then lora_forward adds scale * (x A^T) B^T into the same output (for
+// o and down that output is the residual, as in training). On the CPU every op here is the training
+// path's op on the same rows, so decode logits equal LlamaModel::forward_logits bit for bit.
 #include "infer/generator.h"
 #include <algorithm>
 #include <cmath>
 #include "gemm/gemm.h"
 #include "infer/decode_ops.h"
+#include "model/lora.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -42,13 +48,14 @@ struct Generator::Impl {
   DType dt = DType::f32;
   int64_t max_b = 0, L = 0, cap = 0, B = 0;
   Buffer x, n, rstd, qkv, q, k, v, o, gu, a, lse, last;  // activations for `cap` tokens (last: [max_b, H])
-  Buffer logits, ids, pos, tok_pos, cos, sin, stage, all_logits;
+  Buffer logits, ids, pos, tok_pos, cos, sin, stage, all_logits, lora_h;
   std::vector<Buffer> ck, cv;
   std::vector<int32_t> len;  // host: each row's next position
   std::vector<char> done;    // rows whose positions no longer advance (generate() finished them)
 
   Status allocate(int64_t tokens);
   Tensor weight(const Tensor& compute, const Tensor& master);
+  Status adapt(const LayerWeights& lw, int i, const Tensor& x, const Tensor& y);
   Status layer(int64_t l, int64_t Bn, int64_t S, bool decode);
   Status forward(int64_t Bn, int64_t S, bool decode);
   Status head(const Tensor& rows, const Tensor& out);
@@ -73,6 +80,7 @@ Status Generator::Impl::allocate(int64_t tokens) {
   NB_TRY(Buffer::allocate(&lse, DType::f32, dev, {tokens * c.heads}));
   NB_TRY(Buffer::allocate(&ids, DType::i32, dev, {tokens}));
   NB_TRY(Buffer::allocate(&tok_pos, DType::i32, dev, {tokens}));
+  if (w.lora_rank > 0) NB_TRY(Buffer::allocate(&lora_h, dt, dev, {tokens, w.lora_rank}));
   cap = tokens;
   return Status::ok();
 }
@@ -132,6 +140,16 @@ Tensor Generator::Impl::weight(const Tensor& compute, const Tensor& master) {
   return s;
 }
 
+// y += scale * (x A^T) B^T for linear i's adapter, if it has one: the training path's lora_forward (dropout
+// off, so its key is never read).
+Status Generator::Impl::adapt(const LayerWeights& lw, int i, const Tensor& x, const Tensor& y) {
+  const LoraModule& mod = lw.lora[i];
+  if (!mod.a.data) return Status::ok();
+  LoraScratch s;
+  s.h = lora_h.tensor();
+  return lora_forward(mod, x, s, y, RngKey{}, nullptr);
+}
+
 // Layer l over Bn x S tokens: prefill (S = S_max, causal attention over the new keys) or decode (S = 1,
 // attention over the cache). The residual x is updated in place: x += attn(...) Wo^T; x += mlp(...).
 Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
@@ -142,6 +160,7 @@ Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
   const Tensor QKV = view(qkv, {T, c.q_dim() + 2 * c.kv_dim()});
   ops::rmsnorm_forward(X, lw.w_in, c.norm_eps, N, R, st);
   NB_TRY(gemm::matmul(N, weight(lw.wqkv, lw.mqkv), QKV, nt(0.f), st));
+  NB_TRY(adapt(lw, 0, N, QKV));
   const Tensor q4 = view(q, {Bn, S, Hq, hd}), k4 = view(k, {Bn, S, Hkv, hd}), v4 = view(v, {Bn, S, Hkv, hd}),
                o4 = view(o, {Bn, S, Hq, hd});
   const Tensor P = decode ? view(pos, {Bn}) : view(tok_pos, {T});
@@ -159,11 +178,14 @@ Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
     NB_TRY(ops::attention_forward(ash, q4, k4, v4, o4, view(lse, {Bn, Hq, S}), st));
   }
   NB_TRY(gemm::matmul(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, nt(1.f), st));
+  NB_TRY(adapt(lw, 1, view(o, {T, c.q_dim()}), X));
   ops::rmsnorm_forward(X, lw.w_post, c.norm_eps, N, R, st);
   const Tensor GU = view(gu, {T, 2 * c.ffn}), A = view(a, {T, c.ffn});
   NB_TRY(gemm::matmul(N, weight(lw.wgu, lw.mgu), GU, nt(0.f), st));
+  NB_TRY(adapt(lw, 2, N, GU));
   ops::swiglu_forward(GU, A, st);
-  return gemm::matmul(A, weight(lw.wdown, lw.mdown), X, nt(1.f), st);
+  NB_TRY(gemm::matmul(A, weight(lw.wdown, lw.mdown), X, nt(1.f), st));
+  return adapt(lw, 3, A, X);
 }
 
 Status Generator::Impl::forward(int64_t Bn, int64_t S, bool decode) {

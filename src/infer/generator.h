@@ -1,7 +1,9 @@
 // Autoregressive generation with a KV cache over a Llama's weights (infer/weights.h), on the CPU backend
 // (FP32) or CUDA (BF16 weights, activations and cache; FP32 accumulation, norm statistics, softmax and
 // logits): the same numerics as the training forward (model/llama_pass.cpp), one token per sequence per
-// decode step.
+// decode step. LoRA adapters in the weights (ModelWeights' lora) are applied unmerged after each base GEMM,
+// with the training path's lora_forward: on the CPU, decode logits equal LlamaModel::forward_logits of the
+// same base and adapters bit for bit.
 //
 // Batches: B prompts of different lengths are right-padded to the longest (pad id 0) with per-row lengths.
 // Prefill runs all B x S_max positions in one pass with the causal attention of the training forward

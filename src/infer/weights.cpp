@@ -1,4 +1,4 @@
-// Weight views for inference and the compute-only loader (see weights.h).
+// Weight views for inference, the compute-only loader and the unmerged LoRA adapters (see weights.h).
 #include "infer/weights.h"
 #include <algorithm>
 #include "ops/elementwise.h"
@@ -13,6 +13,27 @@ Tensor fused(const Tensor& first, const Tensor& last, int64_t rows) {
   NB_CHECK(end == static_cast<const uint8_t*>(first.data) + dtype_bytes(first.dtype, rows * first.shape[1]),
            "internal: fused projection weights are not adjacent in the parameter store");
   return Tensor::make(first.data, first.dtype, first.device, {rows, first.shape[1]});
+}
+
+// The LayerWeights::lora slot of a target: the linear it adapts (qkv 0, o 1, gate_up 2, down 3).
+int lora_slot(LoraTarget t) {
+  switch (t) {
+    case LoraTarget::linear_qkv: return 0;
+    case LoraTarget::linear_proj: return 1;
+    case LoraTarget::linear_fc1: return 2;
+    default: return 3;
+  }
+}
+
+// Module (layer, target) with views a and b, as LlamaModel builds its own (model/llama_lora.cpp).
+void attach(ModelWeights* out, int64_t layer, LoraTarget t, const Tensor& a, const Tensor& b, double scale) {
+  LoraModule& m = out->layers[size_t(layer)].lora[lora_slot(t)];
+  m = LoraModule{};
+  m.a = a;
+  m.b = b;
+  m.scale = float(scale);
+  m.id = uint32_t(layer * 4 + lora_slot(t));
+  out->lora_rank = std::max(out->lora_rank, a.shape[0]);
 }
 
 }  // namespace
@@ -75,6 +96,53 @@ Status load_inference_store(const HfTensorSource& source, const LlamaConfig& c, 
     ops::cast(Tensor::make(stage.data(), DType::f32, dev, {t.numel}), dst, nullptr);
   }
   if (dev == Device::cuda) device_synchronize();  // the staging buffer is freed on return
+  return Status::ok();
+}
+
+Status lora_weights_from_store(const ParamStore& adapters, const LlamaConfig& c, const LoraSpec& s, ModelWeights* out) {
+  NB_CHECK(int64_t(out->layers.size()) == c.layers, "internal: attach the base weights before the adapters");
+  for (int64_t l = 0; l < c.layers; ++l)
+    for (LoraTarget t : s.targets) {
+      const std::string a = lora_param_name(l, t, true), b = lora_param_name(l, t, false);
+      if (!adapters.has_compute(a) || !adapters.has_compute(b))
+        return errorf("the adapter store has no compute copy of %s", a.c_str());
+      attach(out, l, t, adapters.compute(a), adapters.compute(b), s.scale());
+    }
+  return Status::ok();
+}
+
+Status load_inference_adapter(const LoraAdapter& ad, const LlamaConfig& c, Device dev, Buffer* storage,
+                              ModelWeights* out) {
+  NB_TRY(check_lora_adapter(ad, c));
+  NB_CHECK(int64_t(out->layers.size()) == c.layers, "internal: attach the base weights before the adapters");
+  std::vector<float> host;  // every linear's A then B, in the adapter's order
+  for (const LoraLinear& L : ad.linears) {
+    host.insert(host.end(), L.a.begin(), L.a.end());
+    host.insert(host.end(), L.b.begin(), L.b.end());
+  }
+  const int64_t n = int64_t(host.size());
+  const DType dt = dev == Device::cuda ? DType::bf16 : DType::f32;
+  NB_TRY(Buffer::allocate(storage, dt, dev, {n}));
+  if (dev == Device::cpu) {
+    std::copy(host.begin(), host.end(), storage->ptr<float>());
+  } else {
+    Buffer stage;  // FP32 on the device, rounded there by the same cast as a training store's compute copies
+    NB_TRY(Buffer::allocate(&stage, DType::f32, dev, {n}));
+    NB_TRY(copy_bytes(stage.data(), dev, host.data(), Device::cpu, size_t(n) * 4));
+    ops::cast(stage.tensor(), storage->tensor(), nullptr);
+    device_synchronize();  // the staging buffer is freed on return
+  }
+  const int64_t r = ad.spec.rank;
+  int64_t at = 0;
+  auto next = [&](int64_t rows, int64_t cols) {
+    const Tensor t = Tensor::make(static_cast<uint8_t*>(storage->data()) + dtype_bytes(dt, at), dt, dev, {rows, cols});
+    at += rows * cols;
+    return t;
+  };
+  for (const LoraLinear& L : ad.linears) {
+    const Tensor a = next(r, L.in), b = next(L.out, r);
+    attach(out, L.layer, L.target, a, b, ad.spec.scale());
+  }
   return Status::ok();
 }
 

@@ -471,17 +471,20 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
     const char* s = c.data_parallel_sharding_strategy.c_str();
     if (c.peft == "lora")
-      return errorf("--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
-                    "sharded yet: use optim or no_shard",
-                    s);
+      return errorf(
+          "--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
+          "sharded yet: use optim or no_shard",
+          s);
     if (c.optimizer_cpu_offload)
-      return errorf("--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
-                    "or the other",
-                    s);
+      return errorf(
+          "--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
+          "or the other",
+          s);
     if (c.grad_reduce_in_bf16)
-      return errorf("--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
-                    "--grad-reduce-in-bf16",
-                    s);
+      return errorf(
+          "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
+          "--grad-reduce-in-bf16",
+          s);
   }
   if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
     return errorf(

@@ -83,7 +83,7 @@ struct TrainConfig {
     if (use_megatron_fsdp && data_parallel_sharding_strategy.rfind("optim_grads", 0) == 0)
       return data_parallel_sharding_strategy;
     return use_distributed_optimizer || (use_megatron_fsdp && data_parallel_sharding_strategy == "optim") ? "optim"
-                                                                                                            : "no_shard";
+                                                                                                          : "no_shard";
   }
   // Megatron's DDP knobs (docs/DISTRIBUTED.md): bucket length in elements (0 = one bucket, or Megatron's
   // max(40M, 1M x ranks) with an overlap), reduction overlapped with the backward, gathers with the

@@ -134,7 +134,7 @@ class Trainer {
   std::unique_ptr<FsdpSync> fsdp_;  // instead, with Megatron-FSDP's optim_grads or optim_grads_params
   void settle_collectives();        // the default stream waits for gathers and reductions in flight
   double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;  // the last step's FSDP traffic, bytes per rank
-  bool stop_requested_ = false;     // SIGTERM reached some rank (agreed by all ranks at the end of a step)
+  bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
   recipe::Recipe anneal_recipe_;   // precision annealing: the recipe after the switch (bf16_mixed when off)

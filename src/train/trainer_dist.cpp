@@ -58,14 +58,15 @@ Status Trainer::prepare_grad_sync() {
     fsdp_ = std::make_unique<FsdpSync>();
     NB_TRY(fsdp_->init(&model_.params(), comm_.get(), dev_));
     model_.set_step_hooks(fsdp_.get());
-    std::printf("Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
-                "backward%s\n",
-                cfg_.sharding_strategy().c_str(), world_.size,
-                model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
-                                                             : "master, AdamW state, gradients and weights",
-                model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
-                                                             : "; each unit's weights gathered before its forward "
-                                                               "and its backward, the next one prefetched");
+    std::printf(
+        "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
+        "backward%s\n",
+        cfg_.sharding_strategy().c_str(), world_.size,
+        model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
+                                                     : "master, AdamW state, gradients and weights",
+        model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
+                                                     : "; each unit's weights gathered before its forward "
+                                                       "and its backward, the next one prefetched");
     return Status::ok();
   }
   const ParamStore& P = model_.params();

@@ -28,8 +28,8 @@ std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
     more = "; or shard more over the " + std::to_string(c.data_parallel) +
            " GPUs: --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N bytes per parameter)";
   else
-    more = "; or add GPUs (weights, gradients and optimizer state are sharded over " +
-           std::to_string(c.data_parallel) + ")";
+    more = "; or add GPUs (weights, gradients and optimizer state are sharded over " + std::to_string(c.data_parallel) +
+           ")";
   return strprintf(
       "needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
       "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)%s",
@@ -197,10 +197,10 @@ Status Trainer::estimate_memory() {
   const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
   // Precision annealing plans for both recipes from the start (trainer_anneal.cpp).
   const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
-  param_bytes_ = lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
-                        : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan,
-                                                             model_.optimizer_shard_count, model_.optimizer_placement,
-                                                             int(model_.fsdp)));
+  param_bytes_ = lora()
+                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
+                     : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
+                                                          model_.optimizer_placement, int(model_.fsdp)));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).

@@ -120,9 +120,9 @@ TEST(FsdpCpu, StrategiesReproduceOneRank) {
 
 TEST(FsdpCpu, EveryRecipeMatchesOneRankAtStepOne) {
   const std::string dir = test::temp_folder("fsdp_recipes");
-  for (const char* recipe : {"bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
-                             "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed",
-                             "bf16_with_nvfp4_mixed"}) {
+  for (const char* recipe :
+       {"bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
+        "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"}) {
     const auto ref = read_metrics(train(dir, recipe, 1, 2));
     const auto got = read_metrics(train(dir, recipe, 2, 2, fsdp("optim_grads_params")));
     ASSERT_EQ(got.size(), ref.size()) << recipe;
@@ -142,8 +142,8 @@ TEST(FsdpCpu, CheckpointsLoadAtAnyLayout) {
   ASSERT_EQ(test::run_nibble(common + "--train-iters 4 --save " + whole + sharded).code, 0);
   const auto ref = read_metrics(whole);
   ASSERT_EQ(ref.size(), 4u);
-  for (const std::string& later : {sharded, std::string(" --nproc-per-node 1"),
-                                   " --nproc-per-node 4 " + fsdp("optim")}) {
+  for (const std::string& later :
+       {sharded, std::string(" --nproc-per-node 1"), " --nproc-per-node 4 " + fsdp("optim")}) {
     const std::string save = dir + "/resumed_" + std::to_string(std::hash<std::string>{}(later) % 1000);
     ASSERT_EQ(test::run_nibble(common + "--train-iters 4 --exit-interval 2 --save " + save + sharded).code, 0);
     const test::CliRun r = test::run_nibble(common + "--train-iters 4 --load " + save + " --save " + save + later);
@@ -166,12 +166,12 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
   struct Case {
     std::string flags, says;
   };
-  for (const Case& c : std::vector<Case>{
-           {"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
-           {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
-           {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
-           {fsdp("optim_grads_params") + " --peft lora", "not sharded yet"},
-           {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
+  for (const Case& c :
+       std::vector<Case>{{"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
+                         {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
+                         {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
+                         {fsdp("optim_grads_params") + " --peft lora", "not sharded yet"},
+                         {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
     const test::CliRun r = test::run_nibble(base + c.flags);
     EXPECT_NE(r.code, 0) << c.flags;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;

@@ -1,7 +1,8 @@
 // `nibble generate` end to end on the CPU: a small HF folder with its tokenizer.json, greedy and seeded runs
 // (the same seed gives the same text), the JSONL record, and bad input answered in one sentence: a prompt
 // longer than the context, an unknown tokenizer, text prompts without any tokenizer (a checkpoint whose
-// training run named none takes the same path; the sampler's settings are checked in sampler_test.cpp).
+// training run named none takes the same path; the sampler's settings are checked in sampler_test.cpp), and
+// a PEFT --adapter applied unmerged (equal to the training path's greedy tokens) or with --merge-adapter.
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <filesystem>
@@ -102,4 +103,56 @@ TEST_F(GenerateCli, TrainingSamples) {
   const auto j = nlohmann::json::parse(sample);
   EXPECT_EQ(j["iteration"], 2);
   EXPECT_EQ(j["sample_prompt"], "the lazy");
+}
+
+// --adapter (a PEFT folder) is applied unmerged: the greedy tokens equal argmax over the training path with
+// the same adapter (a LoRA LlamaModel over the same HF folder) re-run on each growing sequence, bit for bit
+// on the CPU. --merge-adapter merges it instead, and needs --adapter.
+TEST_F(GenerateCli, AdapterIsAppliedUnmerged) {
+  const LlamaConfig cfg = nb::testing::infer_config(false, 384);
+  LoraSpec spec;
+  spec.rank = 4;
+  spec.alpha = 8;
+  ASSERT_TRUE(write_peft_adapter(path("adapter"), cfg, nb::testing::random_adapter(cfg, spec, 5)));
+  const std::vector<std::vector<int32_t>> prompts = {nb::testing::random_tokens(6, cfg.vocab, 1),
+                                                     nb::testing::random_tokens(3, cfg.vocab, 2)};
+  {
+    std::ofstream p(path("prompts.jsonl"));
+    for (const auto& ids : prompts) p << nlohmann::json{{"ids", ids}}.dump() << "\n";
+  }
+  const std::string cmd = "generate --device cpu --load-hf " + path("hf") + " --prompts " + path("prompts.jsonl") +
+                          " --adapter " + path("adapter") + " --max-new-tokens 6 --ignore-eos ";
+  auto r = nb::test::run_nibble(cmd + "--out " + path("o.jsonl"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("+ LoRA"), std::string::npos) << r.out;
+  HfCheckpointReader reader;
+  ASSERT_TRUE(reader.open(path("hf")));
+  LoraAdapter ad;
+  ASSERT_TRUE(read_peft_adapter(path("adapter"), cfg, &ad));
+  const int64_t S = 16, V = cfg.vocab;
+  LlamaModel model;
+  model.set_lora(ad.spec, &reader);
+  ASSERT_TRUE(model.init(cfg, Device::cpu, {1, S}, Recompute::none, 0));
+  ASSERT_TRUE(lora_store_from_adapter(ad, cfg, model.params()));
+  std::ifstream in(path("o.jsonl"));
+  for (const auto& prompt : prompts) {
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    const std::vector<int32_t> got = nlohmann::json::parse(line)["ids"];
+    std::vector<int32_t> seq = prompt;
+    for (size_t i = 0; i < got.size(); ++i) {
+      std::vector<int32_t> padded = seq;
+      padded.resize(size_t(S), 0);
+      const std::vector<float> ref = nb::testing::full_logits(model, padded);
+      const float* row = ref.data() + (int64_t(seq.size()) - 1) * V;
+      seq.push_back(int32_t(std::max_element(row, row + V) - row));
+      ASSERT_EQ(got[i], seq.back()) << "new token " << i;
+    }
+  }
+  r = nb::test::run_nibble(cmd + "--merge-adapter");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(merged)"), std::string::npos) << r.out;
+  r = nb::test::run_nibble("generate --device cpu --load-hf " + path("hf") + " --prompt hi --merge-adapter");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("--merge-adapter needs --adapter"), std::string::npos) << r.out;
 }

@@ -1,12 +1,17 @@
 // Shared by the inference tests: a small GQA Llama with Llama 3.1 RoPE scaling whose weights are scaled
 // for O(1) activations and peaked attention (the default 0.02 init would leave logits near uniform and
-// hide position or cache mistakes), and the full-sequence forward's logits as the oracle.
+// hide position or cache mistakes), and the full-sequence forward's logits as the oracle. For LoRA: such a
+// model as an FP32 HF folder (the frozen base a LoRA LlamaModel reads) and a random adapter.
 #pragma once
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+#include "io/hf_llama.h"
+#include "io/peft_adapter.h"
 #include "model/llama_model.h"
 
 namespace nb::testing {
@@ -45,6 +50,33 @@ inline void scale_weights(LlamaModel& m, uint32_t seed) {
   ASSERT_TRUE(P.set_master(host.data()));
 }
 
+// The weights of a fresh model of c after scale_weights(seed), written as an FP32 HF folder `dir`.
+inline void write_scaled_hf(const LlamaConfig& c, uint32_t seed, const std::string& dir) {
+  LlamaModel m;
+  ASSERT_TRUE(m.init(c, Device::cpu, {1, 8}, Recompute::none, 3));
+  scale_weights(m, seed);
+  std::vector<float> host(static_cast<size_t>(m.params().total()));
+  ASSERT_TRUE(m.params().get_flat(m.params().flat_master(), host.data()));
+  HfExportOptions ex;
+  ex.dtype = "fp32";
+  ASSERT_TRUE(write_hf_folder(dir, c, hf_tensors(m.params()), host.data(), ex));
+}
+
+// A random adapter of spec s for c: A ~ N(0, 1/in), B ~ N(0, 0.2^2) (generate_parity.py's), which moves the
+// logits by O(1), far beyond any rounding.
+inline LoraAdapter random_adapter(const LlamaConfig& c, const LoraSpec& s, uint32_t seed) {
+  LoraAdapter ad;
+  ad.spec = s;
+  lora_allocate(c, s, &ad);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (LoraLinear& L : ad.linears) {
+    for (float& x : L.a) x = nd(rng) / std::sqrt(float(L.in));
+    for (float& x : L.b) x = 0.2f * nd(rng);
+  }
+  return ad;
+}
+
 // Logits [S, V] of one sequence (positions 0..S-1) from LlamaModel's full forward.
 inline std::vector<float> full_logits(LlamaModel& m, const std::vector<int32_t>& seq) {
   std::vector<int32_t> labels(seq.size(), 0);
@@ -70,6 +102,16 @@ inline double max_abs_diff(const float* a, const float* b, size_t n, double* sca
   }
   if (scale) *scale = s;
   return d;
+}
+
+// got and want bit for bit; on a mismatch, where and by how much.
+inline void expect_identical(const float* got, const float* want, int64_t n, const std::string& what) {
+  if (std::memcmp(got, want, size_t(n) * 4) == 0) return;
+  int64_t differ = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i)  // bits, not values: -0 and +0 (or two NaNs) differ too
+    if (std::memcmp(got + i, want + i, 4) != 0 && differ++ == 0) first = i;
+  ADD_FAILURE() << what << ": " << differ << " of " << n << " logits differ, first at " << first << " (" << got[first]
+                << " vs " << want[first] << "), max |diff| " << max_abs_diff(got, want, size_t(n));
 }
 
 }  // namespace nb::testing

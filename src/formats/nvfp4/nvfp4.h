@@ -10,9 +10,9 @@
 // plain (unswizzled) layout; swizzle_scales_* produces cuBLAS's 128x4 tiled layout.
 //
 // Options: two_d = 16x16 weight tiles (one scale per tile, repeated into both copies so both hold
-// bit-identical values; with 4/6 see below); rht = random Hadamard transform on the column-wise copy only (result rounded
-// to BF16, amax taken after the transform); sr = stochastic rounding of the elements of both copies.
-// SR random byte of element e (flat row-major index inside its copy's [outer, inner] layout):
+// bit-identical values; with 4/6 see below); rht = random Hadamard transform on the column-wise copy only (result
+// rounded to BF16, amax taken after the transform); sr = stochastic rounding of the elements of both copies. SR random
+// byte of element e (flat row-major index inside its copy's [outer, inner] layout):
 //   philox_byte(philox_block(key, e / 16), e % 16), key = opts.rng for the row-wise copy and
 //   opts.rng with stream ^= 1 for the column-wise copy.
 //

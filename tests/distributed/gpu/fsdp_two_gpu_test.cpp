@@ -56,9 +56,11 @@ TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
 INSTANTIATE_TEST_SUITE_P(Recipes, FsdpTwoGpus,
                          ::testing::Values("bf16_mixed", "bf16_with_fp8_current_scaling_mixed",
                                            "bf16_with_fp8_delayed_scaling_mixed", "bf16_with_nvfp4_mixed"),
-                         [](const auto& info) { return std::string(info.param).substr(0, 12) == "bf16_mixed"
-                                                         ? std::string("bf16")
-                                                         : std::string(info.param).substr(10, 11); });
+                         [](const auto& info) {
+                           return std::string(info.param).substr(0, 12) == "bf16_mixed"
+                                      ? std::string("bf16")
+                                      : std::string(info.param).substr(10, 11);
+                         });
 
 }  // namespace
 }  // namespace nb

@@ -1,13 +1,17 @@
 // The CUDA decode path: its kernels against the CPU reference (cache writes and argmax exactly, the cache
 // attention within BF16 output rounding), and the CUDA generator against the CUDA full forward of the same
 // BF16 weights (LlamaModel::forward_logits, bf16_mixed): every prefill position and teacher-forced decode
-// steps, one sequence and a batch of different prompt lengths.
+// steps, one sequence and a batch of different prompt lengths; with an unmerged LoRA adapter, against the
+// CUDA training forward of a LoRA LlamaModel over the same base and adapter.
 // Bound (scripts/hf_parity.py's BF16 bound, derived there): both sides round about n = 10 L + 2 activation
 // tensors to BF16 on the way to the logits, so ||dlogits|| / ||logits|| <= 3 * 2^-8 / sqrt(3) * sqrt(n) and
 // max |dlogit| <= 5 * that * rms(logits). The two paths differ only in attention (cuDNN vs the cache
 // kernel) and the logits' last rounding (BF16 in training, FP32 here), so they sit far inside it.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <random>
 #include "../infer_test_util.h"
 #include "common/gpu.h"
@@ -175,6 +179,66 @@ TEST(GeneratorCuda, DecodeMatchesTheCudaFullForward) {
     for (int64_t n : lens) want.insert(want.end(), ref.begin() + (n + i) * V, ref.begin() + (n + i + 1) * V);
   }
   expect_bf16_close(got, want, cfg.layers, "batch of three lengths");
+}
+
+// LoRA on all four linears (rank 8, scale 2, generate_parity.py's sizes), unmerged: the decode and the training
+// forward run the same BF16 adapter GEMMs (lora_forward) after the same base GEMMs, so they differ as the
+// plain model's paths do (attention, the logits' last rounding). The PEFT upload rounds A and B to the very
+// BF16 values of the training store's compute copies.
+TEST(GeneratorCuda, AdapterDecodeMatchesTheCudaTrainingForward) {
+  NB_REQUIRE_GPU();
+  LlamaConfig cfg;
+  ASSERT_TRUE(llama_preset("tiny", &cfg));
+  const int64_t S = 48, V = cfg.vocab;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("nibble_lora_cuda_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ASSERT_NO_FATAL_FAILURE(write_scaled_hf(cfg, 21, (dir / "hf").string()));
+  HfCheckpointReader reader;
+  ASSERT_TRUE(reader.open((dir / "hf").string()));
+  LoraSpec spec;
+  spec.rank = 8;
+  spec.alpha = 16;
+  const LoraAdapter ad = random_adapter(cfg, spec, 31);
+  LlamaModel model;
+  model.set_lora(spec, &reader);
+  ASSERT_TRUE(model.init(cfg, Device::cuda, {1, S}, Recompute::none, 5));
+  ASSERT_TRUE(lora_store_from_adapter(ad, cfg, model.params()));
+  infer::ModelWeights views, peft;
+  Buffer upload;
+  ASSERT_TRUE(infer::weights_from_store(model.base(), cfg, &views));
+  ASSERT_TRUE(infer::lora_weights_from_store(model.params(), cfg, spec, &views));
+  ASSERT_TRUE(infer::weights_from_store(model.base(), cfg, &peft));
+  ASSERT_TRUE(infer::load_inference_adapter(ad, cfg, Device::cuda, &upload, &peft));
+  for (int64_t l = 0; l < cfg.layers; ++l)
+    for (int i = 0; i < 4; ++i) {
+      const LoraModule &x = views.layers[size_t(l)].lora[i], &y = peft.layers[size_t(l)].lora[i];
+      for (const auto& [a, b] : {std::pair{x.a, y.a}, std::pair{x.b, y.b}}) {
+        ASSERT_EQ(a.numel(), b.numel());
+        std::vector<uint16_t> ha(size_t(a.numel())), hb(ha.size());
+        ASSERT_TRUE(copy_bytes(ha.data(), Device::cpu, a.data, Device::cuda, ha.size() * 2));
+        ASSERT_TRUE(copy_bytes(hb.data(), Device::cpu, b.data, Device::cuda, hb.size() * 2));
+        ASSERT_EQ(ha, hb) << "layer " << l << " linear " << i;
+      }
+      EXPECT_EQ(x.scale, y.scale);
+    }
+  const std::vector<int32_t> seq = random_tokens(S, V, 11);
+  const std::vector<float> ref = full_logits(model, seq);
+  infer::Generator gen;
+  ASSERT_TRUE(gen.init(cfg, peft, Device::cuda, 1, S));
+  expect_bf16_close(decode_logits(gen, seq, V), ref, cfg.layers, "LoRA decode, one sequence");
+  std::vector<float> last, all;
+  ASSERT_TRUE(gen.prefill({seq}, &last, &all));
+  expect_bf16_close(all, ref, cfg.layers, "LoRA prefill, every position");
+  // The adapter matters: the base alone is far outside the bound.
+  infer::ModelWeights base;
+  ASSERT_TRUE(infer::weights_from_store(model.base(), cfg, &base));
+  infer::Generator plain;
+  ASSERT_TRUE(plain.init(cfg, base, Device::cuda, 1, S));
+  ASSERT_TRUE(plain.prefill({seq}, &last, &all));
+  double scale = 0;
+  EXPECT_GT(max_abs_diff(all.data(), ref.data(), all.size(), &scale), 0.1 * scale);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(GeneratorCuda, SameSeedSameTokens) {
