@@ -118,19 +118,35 @@ TEST(FsdpCpu, StrategiesReproduceOneRank) {
   }
 }
 
-TEST(FsdpCpu, EveryRecipeMatchesOneRankAtStepOne) {
-  const std::string dir = test::temp_folder("fsdp_recipes");
-  for (const char* recipe :
-       {"bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
-        "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"}) {
-    const auto ref = read_metrics(train(dir, recipe, 1, 2));
-    const auto got = read_metrics(train(dir, recipe, 2, 2, fsdp("optim_grads_params")));
-    ASSERT_EQ(got.size(), ref.size()) << recipe;
-    EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << recipe;
-    EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << recipe;
-    EXPECT_NEAR(got[1].loss, ref[1].loss, 1e-2 * ref[1].loss) << recipe;
+// One recipe per test (so CTest runs them side by side), at global batch 8: 4 micro-batches on one rank,
+// 2 per rank on two.
+class FsdpRecipe : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FsdpRecipe, MatchesOneRankAtStepOne) {
+  const std::string recipe = GetParam(), dir = test::temp_folder("fsdp_recipe_" + recipe);
+  std::string job = kJob;
+  job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 8");
+  std::vector<StepLog> logs[2];
+  for (int ranks : {1, 2}) {
+    const std::string save = dir + "/" + std::to_string(ranks);
+    const test::CliRun r =
+        test::run_nibble(job + "--recipe " + recipe + " --train-iters 2 --save " + save + " --nproc-per-node " +
+                         std::to_string(ranks) + (ranks > 1 ? " " + fsdp("optim_grads_params") : std::string()));
+    ASSERT_EQ(r.code, 0) << r.out;
+    logs[ranks - 1] = read_metrics(save);
   }
+  const auto &ref = logs[0], &got = logs[1];
+  ASSERT_EQ(ref.size(), 2u);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss);
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm);
+  EXPECT_NEAR(got[1].loss, ref[1].loss, 1e-2 * ref[1].loss);
 }
+
+INSTANTIATE_TEST_SUITE_P(FsdpCpu, FsdpRecipe,
+                         ::testing::Values("bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_delayed_scaling_mixed",
+                                           "bf16_with_fp8_subchannel_scaling_mixed", "bf16_with_mxfp8_mixed",
+                                           "bf16_with_nvfp4_mixed"));
 
 // Saved at 2 ranks with optim_grads_params after 2 steps; continued at the same layout (bit for bit the
 // uninterrupted run), at 1 rank, and at 4 ranks with the distributed optimizer (loss curves continue).
