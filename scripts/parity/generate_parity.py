@@ -9,6 +9,12 @@ factor 8, original 8192: the kept, smoothed and divided bands all occur), weight
 and rounded to BF16 (scripts/hf_parity.py's build_model), tied and untied, saved in BF16. Prompts: 4 random
 prompts of 5, 17, 33 and 60 tokens, each continued by 64 greedy tokens (end tokens ignored on both sides).
 The reference runs each prompt alone in FP32 on the CPU (eager attention), so padding plays no part there.
+It is transformers' model loaded back from the saved folder (and PeftModel.from_pretrained of the saved
+adapter), so both sides read the same files. The in-memory model that was cast to BF16 to save it is not
+used: nn.Module.to(bfloat16) also rounds the RoPE inv_freq buffer (a float buffer like any other), which
+.float() cannot restore; the rounded frequencies move the logits by 1e-4 to 1e-2 of their scale, growing with
+position and larger with the adapter, enough to flip greedy near-ties (an INFO line shows how far that copy's
+inv_freq is from the fresh one).
 
 Checks, each one line with PASS/FAIL (exit code 1 when any fails):
   * CPU: nibble generate --device cpu (FP32) equals model.generate(do_sample=False) token for token. A
@@ -31,11 +37,11 @@ import subprocess
 import sys
 
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.numpy import load_file
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hf_parity import UBF, build_model, check_config  # noqa: E402
+from hf_parity import UBF, build_model, check_config, load_pretrained  # noqa: E402
 
 LENGTHS = (5, 17, 33, 60)
 NEW_TOKENS = 64
@@ -52,17 +58,32 @@ class Checks:
         print(f"{'PASS' if ok else 'FAIL'} {name}: {text}", flush=True)
 
 
-def make_model(path, tied):
-    cfg = dict(check_config(), tie_word_embeddings=tied, eos_token_id=None, bos_token_id=None, pad_token_id=0)
-    model = build_model(cfg, seed=11 if tied else 12)
+def greedy_config(model):
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def inv_freq_drift(saved, fresh):
+    """Largest relative difference of the RoPE inv_freq buffers (None where the model has none)."""
+    a, b = (getattr(getattr(m.model, "rotary_emb", None), "inv_freq", None) for m in (saved, fresh))
+    return None if a is None or b is None else float(((a.float() - b.float()).abs() / b.float().abs()).max())
+
+
+def make_model(path, tied):
+    """Saves a random model in BF16; returns transformers' FP32 model loaded back from that folder."""
+    cfg = dict(check_config(), tie_word_embeddings=tied, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    model = greedy_config(build_model(cfg, seed=11 if tied else 12))
     model.to(torch.bfloat16).save_pretrained(path)
-    return model.float().eval()
+    fresh = greedy_config(load_pretrained(path, torch.float32))
+    print(f"INFO RoPE inv_freq of the model cast to BF16 for saving vs loaded back: max relative difference "
+          f"{inv_freq_drift(model.float(), fresh)} (the reference uses the one loaded back)", flush=True)
+    return fresh
 
 
 def make_adapter(model, path):
-    """Random non-zero A and B (A shared across a fused group), scaled so the adapter visibly moves the logits."""
+    """Random non-zero A and B (A shared across a fused group), scaled so the adapter visibly moves the logits.
+    get_peft_model changes `model` in place: call it after the base model's reference."""
     peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=MODULES))
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -74,7 +95,11 @@ def make_adapter(model, path):
                     m.lora_A["default"].weight.copy_(a)
                     m.lora_B["default"].weight.copy_(torch.randn(m.lora_B["default"].weight.shape, generator=g) * 0.2)
     peft_model.save_pretrained(path)
-    return peft_model.eval()
+
+
+def load_adapter_reference(model_dir, adapter_dir):
+    """PEFT's model as it reads the saved base and adapter, as nibble does (FP32 adapter, eager attention)."""
+    return greedy_config(PeftModel.from_pretrained(load_pretrained(model_dir, torch.float32), adapter_dir))
 
 
 def prompts(vocab):
@@ -173,7 +198,8 @@ def run_case(checks, build, work, tied, skip_cuda):
     if not skip_cuda:
         got, logits = nibble(build, os.path.join(d, "model"), pfile, d, "cuda")
         check_cuda(checks, name, refs, got, logits, layers)
-    peft_model = make_adapter(model, os.path.join(d, "adapter"))
+    make_adapter(model, os.path.join(d, "adapter"))
+    peft_model = load_adapter_reference(os.path.join(d, "model"), os.path.join(d, "adapter"))
     refs = [reference(peft_model, p) for p in ps]
     got, _ = nibble(build, os.path.join(d, "model"), pfile, d, "cpu", os.path.join(d, "adapter"))
     check_cpu(checks, name + " + LoRA (PEFT)", refs, got)

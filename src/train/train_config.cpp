@@ -399,6 +399,54 @@ Status resolve_model(TrainConfig& c, LlamaConfig* model) {
   return validate(*model);
 }
 
+namespace {
+// Data parallelism (DDP, the distributed optimizer, Megatron-FSDP) and optimizer offload: the ranges and
+// the combinations that are refused.
+Status validate_parallel_and_offload(const TrainConfig& c) {
+  if (!(c.distributed_timeout_minutes > 0))
+    return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
+  if (!(c.optimizer_offload_fraction >= 0 && c.optimizer_offload_fraction <= 1))
+    return errorf("--optimizer-offload-fraction is the share of the optimizer state in host memory, 0..1; got %g",
+                  c.optimizer_offload_fraction);
+  if (!(c.optimizer_state_offload_chunk_size_mb > 0 && c.optimizer_state_offload_chunk_size_mb <= 4096))
+    return errorf("--optimizer-state-offload-chunk-size-mb must lie in (0, 4096]; got %g",
+                  c.optimizer_state_offload_chunk_size_mb);
+  if (c.optimizer_cpu_offload && c.peft == "lora")
+    return errorf(
+        "--optimizer-cpu-offload moves the full model's optimizer state to host memory; a LoRA run keeps only its "
+        "small adapters' state: leave it out");
+  if (c.ddp_bucket_size < 0)
+    return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
+                  (long long)c.ddp_bucket_size);
+  if (c.data_parallel_sharding_strategy != "no_shard" && !c.use_megatron_fsdp)
+    return errorf("--data-parallel-sharding-strategy %s applies to Megatron-FSDP: add --use-megatron-fsdp",
+                  c.data_parallel_sharding_strategy.c_str());
+  if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
+    const char* s = c.data_parallel_sharding_strategy.c_str();
+    if (c.peft == "lora")
+      return errorf(
+          "--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
+          "sharded yet: use optim or no_shard",
+          s);
+    if (c.optimizer_cpu_offload)
+      return errorf(
+          "--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
+          "or the other",
+          s);
+    if (c.grad_reduce_in_bf16)
+      return errorf(
+          "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
+          "--grad-reduce-in-bf16",
+          s);
+  }
+  if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
+    return errorf(
+        "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "
+        "(plain DDP gathers nothing)");
+  return Status::ok();
+}
+}  // namespace
+
 Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
   if (c.micro_batch_size <= 0)
     return errorf("--micro-batch-size must be positive; got %lld", (long long)c.micro_batch_size);
@@ -450,46 +498,7 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
           "instead of --recipe %s",
           c.recipe.c_str());
   }
-  if (!(c.distributed_timeout_minutes > 0))
-    return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
-  if (!(c.optimizer_offload_fraction >= 0 && c.optimizer_offload_fraction <= 1))
-    return errorf("--optimizer-offload-fraction is the share of the optimizer state in host memory, 0..1; got %g",
-                  c.optimizer_offload_fraction);
-  if (!(c.optimizer_state_offload_chunk_size_mb > 0 && c.optimizer_state_offload_chunk_size_mb <= 4096))
-    return errorf("--optimizer-state-offload-chunk-size-mb must lie in (0, 4096]; got %g",
-                  c.optimizer_state_offload_chunk_size_mb);
-  if (c.optimizer_cpu_offload && c.peft == "lora")
-    return errorf(
-        "--optimizer-cpu-offload moves the full model's optimizer state to host memory; a LoRA run keeps only its "
-        "small adapters' state: leave it out");
-  if (c.ddp_bucket_size < 0)
-    return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
-                  (long long)c.ddp_bucket_size);
-  if (c.data_parallel_sharding_strategy != "no_shard" && !c.use_megatron_fsdp)
-    return errorf("--data-parallel-sharding-strategy %s applies to Megatron-FSDP: add --use-megatron-fsdp",
-                  c.data_parallel_sharding_strategy.c_str());
-  if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
-    const char* s = c.data_parallel_sharding_strategy.c_str();
-    if (c.peft == "lora")
-      return errorf(
-          "--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
-          "sharded yet: use optim or no_shard",
-          s);
-    if (c.optimizer_cpu_offload)
-      return errorf(
-          "--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
-          "or the other",
-          s);
-    if (c.grad_reduce_in_bf16)
-      return errorf(
-          "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
-          "--grad-reduce-in-bf16",
-          s);
-  }
-  if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
-    return errorf(
-        "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "
-        "(plain DDP gathers nothing)");
+  NB_TRY(validate_parallel_and_offload(c));
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())
