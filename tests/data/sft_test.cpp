@@ -3,6 +3,7 @@
 // file:line errors, and the written token/mask datasets read back. A tiny byte-level tokenizer (256 bytes,
 // three merges, Llama 3 specials as added tokens) keeps every expected id readable: text is its bytes.
 #include <gtest/gtest.h>
+#include "common/byte_vocab.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -25,16 +26,7 @@ constexpr int32_t kEod = 259, kBegin = 260, kStart = 261, kEnd = 262, kEot = 263
 
 // tests/tokenizer's tiny_json, with the Llama 3 specials added when `llama3`.
 std::string tiny_json(bool llama3) {
-  std::string vocab;
-  for (int b = 0; b < 256; ++b) {
-    std::string esc;
-    for (char c : bytes_to_unicode_string(std::string(1, char(b)))) {
-      if (c == '"' || c == '\\') esc.push_back('\\');
-      esc.push_back(c);
-    }
-    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
-  }
-  vocab += "\"ab\": 256, \"bc\": 257, \"Ġa\": 258";
+  std::string vocab = test::byte_vocab_entries();
   std::string added = R"({"id": 259, "content": "<|endoftext|>", "special": true})";
   if (llama3)
     added += R"(, {"id": 260, "content": "<|begin_of_text|>", "special": true},

@@ -4,6 +4,7 @@
 // 261 ids (GQA, llama3 RoPE scaling) and per-process temporary folders.
 #pragma once
 #include <gtest/gtest.h>
+#include "common/byte_vocab.h"
 #include <unistd.h>
 #include <filesystem>
 #include <fstream>
@@ -16,16 +17,7 @@
 namespace nb::test {
 
 inline std::string tiny_tokenizer_json(bool adds_bos) {
-  std::string vocab;
-  for (int b = 0; b < 256; ++b) {
-    std::string esc;
-    for (char c : bytes_to_unicode_string(std::string(1, char(b)))) {
-      if (c == '"' || c == '\\') esc.push_back('\\');
-      esc.push_back(c);
-    }
-    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
-  }
-  vocab += "\"ab\": 256, \"bc\": 257, \"Ġa\": 258";
+  const std::string vocab = byte_vocab_entries();
   const std::string post = adds_bos ? R"("post_processor": {"type": "TemplateProcessing",
       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]},)"
                                     : "";

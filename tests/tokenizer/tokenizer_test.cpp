@@ -2,6 +2,7 @@
 // those tests skip with the reason when the files are absent), byte-exact round trips including invalid
 // UTF-8, HF tokenizer.json merge-order semantics, and training.
 #include <gtest/gtest.h>
+#include "common/byte_vocab.h"
 #include <unistd.h>
 
 #include <cstdlib>
@@ -103,17 +104,7 @@ TEST(Llama3Tokenizer, RoundTripsAnyBytes) {
 // tokens' ids, so merge-priority BPE (HF) and rank BPE would disagree: "abc" must become "a"+"bc".
 namespace {
 std::string tiny_json() {
-  std::string vocab;
-  for (int b = 0; b < 256; ++b) {
-    std::string u = bytes_to_unicode_string(std::string(1, char(b)));
-    std::string esc;
-    for (char c : u) {
-      if (c == '"' || c == '\\') esc.push_back('\\');
-      esc.push_back(c);
-    }
-    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
-  }
-  vocab += "\"ab\": 256, \"bc\": 257, \"Ġa\": 258";
+  const std::string vocab = test::byte_vocab_entries();
   return R"({"added_tokens": [{"id": 259, "content": "<|endoftext|>", "special": true}],
              "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
              "model": {"type": "BPE", "vocab": {)" +
