@@ -130,10 +130,10 @@ int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool w
 }
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
-                                    const optim::Placement& placement, int fsdp) {
+                                    const optim::Placement& placement, Fsdp fsdp) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
-  if (fsdp != int(Fsdp::off) && shards > 1) {  // per rank: 12 + 4 (+ compute) bytes over d, and the windows
-    const bool weights = fsdp == int(Fsdp::optim_grads_params);
+  if (fsdp != Fsdp::off && shards > 1) {  // per rank: 12 + 4 (+ compute) bytes over d, and the windows
+    const bool weights = fsdp == Fsdp::optim_grads_params;
     const int64_t n = cfg.total_params(), shard = optimizer_shard_elems(cfg, shards);
     return shard * 16 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights);
   }

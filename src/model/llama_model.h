@@ -34,6 +34,8 @@ struct MicroBatchShape {
 
 class LlamaModel {
  public:
+  // Megatron-FSDP's strategies beyond the distributed optimizer (the `fsdp` member below).
+  enum class Fsdp { off, optim_grads, optim_grads_params };
   // `recipe` chooses the format of every linear layer's three GEMMs (bf16_mixed by default).
   Status init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
               const recipe::Recipe& recipe = recipe::Recipe{});
@@ -82,7 +84,7 @@ class LlamaModel {
   // With an offload placement, the device part of the state and the streaming windows only.
   // With Megatron-FSDP (fsdp != off) the sharded arrays and the windows (fsdp_window_bytes).
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
-                                 int shards = 1, const optim::Placement& placement = {}, int fsdp = 0);
+                                 int shards = 1, const optim::Placement& placement = {}, Fsdp fsdp = Fsdp::off);
   // Megatron-FSDP's windows at their most (distributed/fsdp.h): a large window (the embedding or an untied
   // LM head) and three layer windows, for the weights (optim_grads_params) and for the FP32 gradients.
   static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded);
@@ -114,7 +116,6 @@ class LlamaModel {
   // Set before init: Megatron-FSDP over the optimizer's shard ranks (params.h, distributed/fsdp.h): the
   // gradients are sharded too (optim_grads), and the compute copy (optim_grads_params). Its hooks must be
   // set (set_step_hooks) and report every micro-batch's final gradients.
-  enum class Fsdp { off, optim_grads, optim_grads_params };
   Fsdp fsdp = Fsdp::off;
   // Set before init: the gradient-bucket length in elements (--ddp-bucket-size; 0 = one bucket).
   int64_t optimizer_bucket_elems = 0;
