@@ -86,6 +86,21 @@ inline std::vector<float> full_logits(LlamaModel& m, const std::vector<int32_t>&
   return logits;
 }
 
+// The reference greedy continuation: n tokens, each the argmax of the whole sequence (zero-padded to S)
+// re-run through the training-path forward; KV-cache decoding must reproduce it.
+inline std::vector<int32_t> greedy_by_rerun(LlamaModel& m, std::vector<int32_t> seq, int64_t n, int64_t S, int64_t V) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int32_t> padded = seq;
+    padded.resize(size_t(S), 0);  // causal: later (pad) tokens do not change earlier logits
+    const std::vector<float> ref = full_logits(m, padded);
+    const float* row = ref.data() + (int64_t(seq.size()) - 1) * V;
+    seq.push_back(int32_t(std::max_element(row, row + V) - row));
+    out.push_back(seq.back());
+  }
+  return out;
+}
+
 inline std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> t(static_cast<size_t>(n));
