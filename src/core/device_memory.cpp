@@ -29,6 +29,13 @@ Status copy_bytes(void* dst, Device dd, const void* src, Device sd, size_t bytes
 Status copy_bytes_async(void* dst, Device dd, const void* src, Device sd, size_t bytes, void*) {
   return copy_bytes(dst, dd, src, sd, bytes);
 }
+Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                     Device dev, void*) {
+  if (dev != Device::cpu) return Status::error(kNoCuda);
+  for (size_t r = 0; r < height; ++r)
+    std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+  return Status::ok();
+}
 Status pin_host_range(void*, size_t) { return Status::ok(); }
 void unpin_host_range(void*) {}
 void stream_synchronize(void*) {}

@@ -47,6 +47,19 @@ Status copy_bytes_async(void* dst, Device dd, const void* src, Device sd, size_t
   return Status::ok();
 }
 
+Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                     Device dev, void* stream) {
+  if (width == 0 || height == 0) return Status::ok();
+  if (dev == Device::cpu) {
+    for (size_t r = 0; r < height; ++r)
+      std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
+    return Status::ok();
+  }
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
+                               cudaStream_t(stream)));
+  return Status::ok();
+}
+
 Status pin_host_range(void* p, size_t bytes) {
   if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
     const cudaError_t e = cudaGetLastError();

@@ -69,6 +69,10 @@ Status copy_bytes(void* dst, Device dst_dev, const void* src, Device src_dev, si
 // The same, queued on `stream` (host memory must be page-locked for the copy to be asynchronous); on the
 // CPU backend a plain memcpy that is done when it returns.
 Status copy_bytes_async(void* dst, Device dst_dev, const void* src, Device src_dev, size_t bytes, void* stream);
+// `height` rows of `width` bytes from src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart), both on
+// `dev`, queued on `stream` (cudaMemcpy2DAsync; on the CPU a loop done when it returns).
+Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t height,
+                     Device dev, void* stream);
 // Page-locks (and maps for the GPU) existing host memory, e.g. one piece of a large mmap'd array; a
 // failure is a Status that names the size. No-ops without CUDA.
 Status pin_host_range(void* p, size_t bytes);

@@ -21,7 +21,7 @@ class Communicator {
   virtual int size() const = 0;
   virtual const char* backend() const = 0;  // "gloo" or "nccl"
 
-  // Contiguous tensors on the backend's device (f32; bf16 too on NCCL), queued on `stream` (CUDA;
+  // Contiguous tensors on the backend's device (f32; bf16 too on NCCL; u8 for all_gather), queued on `stream` (CUDA;
   // the CPU backend runs them at once). Every rank calls the same collectives in the same order.
   // In place: every rank ends with the element-wise reduction over all ranks.
   virtual Status all_reduce(const Tensor& t, ReduceOp op, Stream stream) = 0;

@@ -76,13 +76,15 @@ Status FsdpSync::gather_unit(int unit) {
   const Stream s = side_.get();
   if (w->reusable.recorded()) w->reusable.wait_in(s);
   const Tensor shard = P_->padded_compute(), window = w->buf.tensor();
-  for (const ParamStore::Group& g : P_->groups()) {
-    if (g.unit != unit) continue;
+  for (size_t gi = 0; gi < P_->groups().size(); ++gi) {
+    const ParamStore::Group& g = P_->groups()[gi];
+    if (g.unit != unit || (!quantized_group_.empty() && quantized_group_[gi])) continue;
     const Tensor mine = P_->range(shard, g.local, g.local + g.chunk());
     const Tensor all = P_->range(window, g.unit_offset, g.unit_offset + g.chunk() * ranks_);
     NB_TRY(comm_->all_gather(mine, all, s));
     gathered_bytes_ += double(all.bytes()) * (ranks_ - 1) / ranks_;
   }
+  if (!unit_chunk_bytes_.empty() && unit_chunk_bytes_[size_t(unit)] > 0) NB_TRY(gather_quantized(unit));
   w->ready.record(s);
   P_->bind_compute(unit, w->buf.data());
   return Status::ok();
@@ -91,11 +93,13 @@ Status FsdpSync::gather_unit(int unit) {
 Status FsdpSync::weights_needed(const std::vector<std::string>& names) {
   if (!P_->compute_sharded()) return Status::ok();
   const std::set<int> want = units_of(names);
+  if (!qlinears_.empty() && amaxes_stale_) NB_TRY(reduce_amaxes());
   // Units the pass has left: their windows go back once the default stream's queued reads are done.
   for (int i = 0; i < 2; ++i)
     for (auto& w : pools_[i].all)
       if (w->unit >= 0 && !want.count(w->unit) && !prefetched_.count(w->unit)) {
         P_->bind_compute(w->unit, nullptr);
+        release_quantized(w->unit);
         release(&pools_[i], w.get(), nullptr);
       }
   for (int u : want) {
@@ -203,8 +207,10 @@ Status FsdpSync::weights_updated() {
     for (auto& w : pools_[i].all)
       if (w->unit >= 0) {
         P_->bind_compute(w->unit, nullptr);
+        release_quantized(w->unit);
         release(&pools_[i], w.get(), nullptr);
       }
+  amaxes_stale_ = true;  // the next pass quantizes the updated chunks
   prefetched_.clear();
   last_unit_ = -1;
   return Status::ok();
@@ -233,8 +239,8 @@ Status FsdpSync::gather_state(optim::StateArray a, float* host) {
 
 size_t FsdpSync::window_bytes() const {
   size_t n = 0;
-  for (const Pool& p : pools_)
-    for (const auto& w : p.all) n += size_t(w->capacity) * size_t(dtype_bits(p.dt) / 8);
+  for (const Pool* p : {&pools_[0], &pools_[1], &pools_[2], &pools_[3], &qpool_})
+    for (const auto& w : p->all) n += size_t(w->capacity) * size_t(dtype_bits(p->dt) / 8);
   return n;
 }
 

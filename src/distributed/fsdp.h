@@ -11,6 +11,12 @@
 //     rows are added into its gradient shard; every micro-batch's, so no rank holds the whole gradient.
 // Windows come in two sizes: one for the transformer layers, one for the units larger than a layer (the
 // embedding and an untied head), each pool reused oldest-freed first and grown only in the first step.
+// Training-format gathers (set_quantized_linears; optim_grads_params with a quantized recipe): a quantized
+// Linear's weight is not gathered in BF16. Once per optimizer step every rank max-reduces the chunk amaxes
+// (one all-reduce for the whole model); a unit's gather then quantizes this rank's chunk of each such weight
+// with its amax (recipe::Linear's sharded-weight mode), all-gathers the chunks' bytes (codes and scales) once,
+// and each Linear assembles them into a window of quantized copies it reads instead of quantizing
+// (fsdp_quantized.cpp).
 // A window is handed out again only after the work that used it: events order the two streams. On the CPU
 // backend every call completes before it returns, so the events are no-ops. Every rank issues the same
 // collectives in the same order: the model's pass is the same on every rank.
@@ -23,6 +29,7 @@
 #include "core/stream_event.h"
 #include "distributed/communicator.h"
 #include "model/llama_model.h"
+#include "recipe/linear.h"
 
 namespace nb {
 
@@ -34,6 +41,11 @@ class FsdpSync : public LlamaModel::StepHooks {
   Status weights_needed(const std::vector<std::string>& names) override;
   Status grads_needed(const std::vector<std::string>& names) override;
   Status grads_final(const std::vector<std::string>& names) override;
+
+  // Training-format gathers for these Linears (each with its weight's first parameter, as
+  // LlamaModel::quantized_linears gives them): their groups are no longer gathered in BF16.
+  Status set_quantized_linears(const std::vector<std::pair<std::string, recipe::Linear*>>& linears);
+  size_t quantized_linear_count() const { return qlinears_.size(); }
 
   // After the step's backward: the default stream waits for every reduction (bounded by the timeout).
   Status finish_reduce();
@@ -78,6 +90,24 @@ class FsdpSync : public LlamaModel::StepHooks {
   Status gather_unit(int unit);
   Status reduce_unit(Window* w);
   Status gather_compute_in_place();
+  // fsdp_quantized.cpp
+  struct QLinear {
+    recipe::Linear* linear = nullptr;
+    int group = 0, unit = 0;
+    size_t chunk_offset = 0;   // in one rank's slot of the staging buffer (its unit's chunks)
+    size_t window_offset = 0;  // in its unit's window of quantized copies
+  };
+  Status reduce_amaxes();                    // every quantized weight's amax, once per optimizer step
+  Status gather_quantized(int unit);         // the unit's chunks, assembled into a quantized window
+  void release_quantized(int unit);
+  Tensor chunk_of(const ParamStore::Group& g) const;  // this rank's compute rows of the group, 2-D
+
+  std::vector<QLinear> qlinears_;
+  std::vector<char> quantized_group_;  // per group: gathered in its training format
+  std::vector<size_t> unit_chunk_bytes_, unit_window_bytes_;
+  Buffer qstaging_, amaxes_;
+  Pool qpool_;  // windows of quantized copies, one size (the largest layer's)
+  bool amaxes_stale_ = true;
 
   ParamStore* P_ = nullptr;
   dist::Communicator* comm_ = nullptr;

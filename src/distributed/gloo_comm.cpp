@@ -96,8 +96,8 @@ class GlooCommunicator : public Communicator {
   }
 
   Status all_gather(const Tensor& in, const Tensor& out, Stream) override {
-    NB_TRY(check_tensor(in, "all_gather"));
-    NB_TRY(check_tensor(out, "all_gather"));
+    NB_TRY(check_tensor(in, "all_gather", false, true));
+    NB_TRY(check_tensor(out, "all_gather", false, true));
     NB_TRY(check_slices("all_gather", out, in, size()));
     return guarded("all_gather", [&] {
       // Gloo copies the input into its slot first; a private copy keeps that copy from overlapping itself.
@@ -149,9 +149,10 @@ class GlooCommunicator : public Communicator {
     bf16* p = static_cast<bf16*>(dst.data);
     for (int64_t i = 0; i < dst.numel(); ++i) p[i] = f32_to_bf16(src[i]);
   }
-  static Status check_tensor(const Tensor& t, const char* op, bool bf16_ok = false) {
+  // bytes_ok: u8 tensors (quantized weights), which are gathered but never reduced.
+  static Status check_tensor(const Tensor& t, const char* op, bool bf16_ok = false, bool bytes_ok = false) {
     if (t.device != Device::cpu) return errorf("%s: the Gloo communicator takes host tensors", op);
-    if (t.dtype != DType::f32 && !(bf16_ok && t.dtype == DType::bf16))
+    if (t.dtype != DType::f32 && !(bf16_ok && t.dtype == DType::bf16) && !(bytes_ok && t.dtype == DType::u8))
       return errorf("%s: the Gloo communicator takes f32 tensors, not %s", op,
                     std::string(dtype_name(t.dtype)).c_str());
     if (!t.is_contiguous()) return errorf("%s: the tensor %s is not contiguous", op, t.shape_str().c_str());

@@ -23,6 +23,8 @@ bool nccl_type(DType dt, ncclDataType_t* out) {
     *out = ncclFloat32;
   else if (dt == DType::bf16)
     *out = ncclBfloat16;
+  else if (dt == DType::u8)
+    *out = ncclUint8;  // quantized weights (all_gather only: the reductions refuse it below)
   else
     return false;
   return true;
@@ -43,6 +45,7 @@ class NcclCommunicator : public Communicator {
   Status all_reduce(const Tensor& t, ReduceOp op, Stream stream) override {
     ncclDataType_t ty;
     NB_TRY(check(t, "all_reduce", &ty));
+    if (t.dtype == DType::u8) return errorf("all_reduce: bytes are gathered, never reduced");
     return nccl_status(ncclAllReduce(t.data, t.data, size_t(t.numel()), ty, op == ReduceOp::sum ? ncclSum : ncclMax,
                                      comm_, cudaStream_t(stream)),
                        rank_, "all_reduce");
@@ -50,6 +53,7 @@ class NcclCommunicator : public Communicator {
   Status reduce_scatter(const Tensor& in, const Tensor& out, Stream stream) override {
     ncclDataType_t ty;
     NB_TRY(check(in, "reduce_scatter", &ty));
+    if (in.dtype == DType::u8) return errorf("reduce_scatter: bytes are gathered, never reduced");
     NB_TRY(check(out, "reduce_scatter", &ty));
     NB_TRY(check_slices("reduce_scatter", in, out, size_));
     return nccl_status(
@@ -91,7 +95,7 @@ class NcclCommunicator : public Communicator {
   Status check(const Tensor& t, const char* op, ncclDataType_t* ty) const {
     if (t.device != Device::cuda) return errorf("%s: the NCCL communicator takes device tensors", op);
     if (!nccl_type(t.dtype, ty))
-      return errorf("%s: the NCCL communicator takes f32 or bf16, not %s", op,
+      return errorf("%s: the NCCL communicator takes f32 or bf16 (u8 to gather), not %s", op,
                     std::string(dtype_name(t.dtype)).c_str());
     if (!t.is_contiguous()) return errorf("%s: the tensor %s is not contiguous", op, t.shape_str().c_str());
     return Status::ok();

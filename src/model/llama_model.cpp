@@ -49,6 +49,22 @@ Status LlamaModel::grads_needed(const std::vector<std::string>& names) {
   return hooks_ && !lora_enabled_ ? hooks_->grads_needed(names) : Status::ok();
 }
 
+// The first parameter of linear i's weight in layer l (the fused qkv's q_proj).
+std::string LlamaModel::fsdp_weight_name(int64_t l, int i) {
+  static const char* const kWeights[4] = {"self_attn.q_proj.weight", "self_attn.o_proj.weight",
+                                          "mlp.gate_up_proj.weight", "mlp.down_proj.weight"};
+  return "model.layers." + std::to_string(l) + "." + kWeights[i];
+}
+
+std::vector<std::pair<std::string, recipe::Linear*>> LlamaModel::quantized_linears() {
+  std::vector<std::pair<std::string, recipe::Linear*>> out;
+  for (size_t l = 0; l < linears_.size(); ++l)
+    for (size_t i = 0; i < linears_[l].size(); ++i)
+      if (linears_[l][i].keeps_quantized_input())  // i.e. not a BF16 layer
+        out.emplace_back(fsdp_weight_name(int64_t(l), int(i)), &linears_[l][i]);
+  return out;
+}
+
 void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   step_ = step;
   micro_ = first_micro;
@@ -123,10 +139,12 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
   return Status::ok();
 }
 
+// The pools' steady state (distributed/fsdp.h): gradients one large window (the head's, then the
+// embedding's) and one layer window (a unit's window is reused once its reduction is done); weights one large
+// window and two layer windows (the unit in use and the prefetched one).
 int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded) {
-  const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = cfg.vocab * cfg.hidden;
-  const int64_t elems = std::max(large, layer) + 3 * layer;
-  return elems * 4 + (weights_sharded ? elems * (dev == Device::cuda ? 2 : 4) : 0);
+  const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = std::max(cfg.vocab * cfg.hidden, layer);
+  return (large + layer) * 4 + (weights_sharded ? (large + 2 * layer) * (dev == Device::cuda ? 2 : 4) : 0);
 }
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
@@ -176,7 +194,8 @@ Status LlamaModel::build_linears() {
   linears_.clear();
   linears_.resize(size_t(cfg_.layers));
   // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
-  // forward, both grad copies in backward) share one workspace sized for the largest layer.
+  // forward, both grad copies in backward; with full recompute the input's column-wise copy too, one slot per
+  // linear of a layer, since each layer's forward runs again right before its backward) share one workspace.
   linear_workspace_ = std::make_shared<recipe::LinearWorkspace>(dev_);
   for (int64_t l = 0; l < cfg_.layers; ++l) {
     linears_[size_t(l)].resize(4);
@@ -185,7 +204,14 @@ Status LlamaModel::build_linears() {
       NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe_, recipe_.layer_in_bf16(l, cfg_.layers), name,
                                                  uint32_t(l * 8 + i), shape_.tokens(), dims[size_t(i)][0],
                                                  dims[size_t(i)][1], dev_, linear_workspace_,
-                                                 /*frozen=*/lora_enabled_));
+                                                 /*frozen=*/lora_enabled_, recompute_ == Recompute::full ? i : -1));
+      // Training-format gathers: a quantized weight sharded as its group's rows (distributed/fsdp.h) right
+      // after its Linear is made, so no two Linears' whole weight copies ever coexist on a rank.
+      recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
+      if (fsdp_training_format_gathers && params_.compute_sharded() && lin.keeps_quantized_input())
+        NB_TRY(lin.set_sharded_weight(
+            params_.groups()[size_t(params_.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
+            params_.shard_count()));
     }
   }
   return linear_workspace_->allocate();
@@ -207,7 +233,6 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   seed_ = seed;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
   activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, plan_recipe_, lora);
-  NB_TRY(build_linears());
   // Quantized layers (one contiguous block: BF16 layers are counted from either end) keep no compute copy
   // of their linear weights; a staging buffer of the largest such weight feeds their quantizers.
   const std::vector<bool> quantized = llama::quantized_layers(cfg, recipe);
@@ -233,6 +258,7 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
       NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
                               optimizer_placement));
   }
+  NB_TRY(build_linears());  // after the store: sharded weights take its row chunks
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
     int64_t most = 0;

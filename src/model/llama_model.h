@@ -106,6 +106,10 @@ class LlamaModel {
   const ParamStore& base() const { return lora_enabled_ ? base_ : params_; }
   // Linear i (qkv 0, o 1, gate_up 2, down 3) of a layer, for tests and diagnostics.
   const recipe::Linear& linear(int64_t layer, int i) const { return linears_[size_t(layer)][size_t(i)]; }
+  // The quantized Linears of the transformer layers, each with the name of its weight's first parameter (the
+  // fused qkv's q_proj): what Megatron-FSDP gathers in their training format (distributed/fsdp.h).
+  std::vector<std::pair<std::string, recipe::Linear*>> quantized_linears();
+  static std::string fsdp_weight_name(int64_t layer, int i);
   const LlamaConfig& config() const { return cfg_; }
   // Set before init: false keeps compute copies of quantized layers' weights too (tests compare both paths).
   bool master_only_quantized_weights = true;
@@ -117,6 +121,9 @@ class LlamaModel {
   // gradients are sharded too (optim_grads), and the compute copy (optim_grads_params). Its hooks must be
   // set (set_step_hooks) and report every micro-batch's final gradients.
   Fsdp fsdp = Fsdp::off;
+  // optim_grads_params: the quantized Linears' weights are sharded (recipe::Linear::set_sharded_weight) as
+  // the Linears are built, for Megatron-FSDP's training-format gathers (set before init).
+  bool fsdp_training_format_gathers = false;
   // Set before init: the gradient-bucket length in elements (--ddp-bucket-size; 0 = one bucket).
   int64_t optimizer_bucket_elems = 0;
   // Set before init: the share of master, m and v kept in host memory (--optimizer-cpu-offload). An

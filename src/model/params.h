@@ -91,6 +91,7 @@ class ParamStore {
   int unit_count() const { return int(unit_elems_.size()); }
   int64_t unit_elems(int u) const { return unit_elems_[size_t(u)]; }
   int unit_of(const std::string& name) const;
+  int group_index(const std::string& name) const;  // the group a parameter belongs to (FSDP)
   // Unit u's whole values (compute dtype) and gradients (FP32), unit_elems(u) each; nullptr unbinds.
   void bind_compute(int u, void* base) { unit_compute_[size_t(u)] = base; }
   void bind_grad(int u, float* base) { unit_grad_[size_t(u)] = base; }

@@ -90,6 +90,12 @@ Status ParamStore::allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_r
 
 int ParamStore::unit_of(const std::string& name) const { return group_of(name).unit; }
 
+int ParamStore::group_index(const std::string& name) const {
+  const auto it = index_.find(name);
+  NB_CHECK(it != index_.end(), "no parameter named %s", name.c_str());
+  return param_group_[size_t(it->second)];
+}
+
 const ParamStore::Group& ParamStore::group_of(const std::string& name) const {
   const auto it = index_.find(name);
   NB_CHECK(it != index_.end(), "no parameter named %s", name.c_str());

@@ -37,7 +37,7 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
-                     LinearWorkspace* workspace_, bool row_only_) {
+                     LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot) {
   role = role_;
   spec = s;
   cols = cols_;
@@ -66,16 +66,29 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   }
   // Transient pieces: the input's row copy (Fprop only) and both grad copies (backward only).
   const bool row_transient = workspace_ && role != Role::weight;
-  const bool col_transient = workspace_ && role == Role::grad && !row_only;
+  const bool col_shared = workspace_ && role == Role::input && input_col_slot >= 0;
+  const bool col_transient = workspace_ && (role == Role::grad || col_shared) && !row_only;
   workspace = (row_transient || col_transient) ? workspace_ : nullptr;
   slot = role == Role::grad ? LinearWorkspace::Slot::grad : LinearWorkspace::Slot::input_row;
+  col_slot = col_shared ? LinearWorkspace::Slot(int(LinearWorkspace::Slot::input_col0) + input_col_slot) : slot;
   slot_bytes = 0;
+  col_slot_bytes = 0;
   owned_bytes = 0;
-  auto place = [&](Piece* p, bool transient, int64_t bytes) -> Status {
+  external_base = nullptr;
+  external_bytes = 0;
+  auto place = [&](Piece* p, bool transient, int64_t bytes, bool in_col_slot = false) -> Status {
     p->transient = transient;
+    p->external = external;
+    if (external) {
+      p->offset = external_bytes;
+      external_bytes += align256(size_t(bytes));
+      return Status::ok();
+    }
     if (transient) {
-      p->offset = slot_bytes;
-      slot_bytes += align256(size_t(bytes));
+      size_t& used = in_col_slot && col_slot != slot ? col_slot_bytes : slot_bytes;
+      p->slot = in_col_slot ? col_slot : slot;
+      p->offset = used;
+      used += align256(size_t(bytes));
       return Status::ok();
     }
     owned_bytes += size_t(bytes);
@@ -84,10 +97,11 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   NB_TRY(place(&row_data, row_transient, data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
   if (!col_is_row && !row_only) {
-    NB_TRY(place(&col_data, col_transient, data_bytes));
-    NB_TRY(place(&col_scales, col_transient, col_scale_bytes));
+    NB_TRY(place(&col_data, col_transient, data_bytes, true));
+    NB_TRY(place(&col_scales, col_transient, col_scale_bytes, true));
   }
   if (workspace) workspace->reserve(slot, slot_bytes);
+  if (workspace && col_slot_bytes > 0) workspace->reserve(col_slot, col_slot_bytes);
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
   owned_bytes += kStateFloats * 4 + kStateInts * 4;
@@ -118,6 +132,7 @@ Status QCopies::begin_quantize(Stream stream) {
   if (workspace) {
     uint8_t* base = nullptr;
     NB_TRY(workspace->acquire(slot, slot_bytes, &base));
+    if (col_slot_bytes > 0) NB_TRY(workspace->acquire(col_slot, col_slot_bytes, &base));
   }
   int* si = state_i.ptr<int>();
   if (dev == Device::cuda) return memset_cuda(si + kFlag, 0, sizeof(int), stream);
@@ -235,8 +250,9 @@ Status QCopies::keep_dequantized(int64_t rows_cap) {
 }
 
 uint8_t* QCopies::ptr(const Piece& p) const {
+  if (p.external) return external_base ? external_base + p.offset : nullptr;
   if (!p.transient) return p.owned.ptr<uint8_t>();
-  uint8_t* base = workspace->data(slot);
+  uint8_t* base = workspace->data(p.slot);
   return base ? base + p.offset : nullptr;
 }
 

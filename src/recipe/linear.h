@@ -114,9 +114,17 @@ class Linear {
   // workspace: where the transient copies go; init registers this Linear's needs in it (the owner calls
   // allocate() after all inits; until then the first use allocates). nullptr: a private workspace,
   // allocated here. Its device must be dev. frozen: the frozen-weight mode (see above).
+  // input_col_slot (0..3, a shared workspace): the input's column-wise copy lives in the workspace's
+  // input_col slot of that index instead of being owned, for a model whose full activation recompute runs
+  // each layer's forward again right before its backward (the i-th Linears of all layers share one slot).
   Status init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
               int64_t in_features, int64_t out_features, Device dev,
-              std::shared_ptr<LinearWorkspace> workspace = nullptr, bool frozen = false);
+              std::shared_ptr<LinearWorkspace> workspace = nullptr, bool frozen = false, int input_col_slot = -1);
+  // A Linear whose input column copy lives in a shared slot (init's input_col_slot): quantizes x as forward()
+  // would (the copies backward's Wgrad reads) without the Fprop GEMM, for a recomputed forward that does not
+  // need this Linear's output. input_copy_shared() says whether such a Linear needs it.
+  Status quantize_input(const Tensor& x, Stream stream);
+  bool input_copy_shared() const;
   // Frozen quantized Linear only: quantizes w ([out, in], bf16 on cuda, f32 on cpu, like forward's) into
   // the weight role's kept copies, once (call again only if the base weight itself changes). An error for
   // a Linear that is not frozen, and for a frozen BF16 layer (it reads its BF16 w in forward/backward).
@@ -160,6 +168,32 @@ class Linear {
   // device, of the step amax of each role (input, weight, grad) that new_step() records in the histories.
   // Data parallelism all-reduces them with MAX before that (amax_gather.h; defined in amax_gather.cpp).
   void step_amax_views(std::vector<Tensor>* out) const;
+
+  // ---- Sharded weight (Megatron-FSDP's training-format gathers; linear_sharded.cpp) ----
+  // The weight [out, in] is cut into `ranks` chunks of rows_per_rank rows (the last ones padded with zero
+  // rows); each rank quantizes its own chunk with the whole weight's amax, the chunks are all-gathered as
+  // bytes, and assemble_weight lays them out as the copies the GEMMs read, byte-identical to quantizing the
+  // whole weight on one rank. From set_sharded_weight on the Linear owns no weight copies: forward() and
+  // backward() read the window bound by bind_weight (and ignore their w). Per-tensor FP8 gathers the row
+  // copy only (Dgrad transposes it, as a frozen weight does); 2D NVFP4 has no column copy; the column
+  // copies of MXFP8 (other blocks: not derivable), 1D NVFP4 and 128x128 FP8 are gathered too.
+  // Refused (one sentence) for a BF16 or frozen Linear, stochastic rounding or RHT on the weight, and a
+  // rows_per_rank that is not a whole number of the format's block rows.
+  Status set_sharded_weight(int64_t rows_per_rank, int ranks);
+  bool sharded_weight() const;
+  size_t weight_chunk_bytes() const;   // one rank's quantized chunk (256-byte multiple)
+  size_t weight_window_bytes() const;  // the assembled copies (256-byte multiple)
+  // chunk: this rank's [rows_per_rank, in] rows (bf16 on cuda, f32 on cpu). *amax (on this Linear's device)
+  // = the chunk's amax as the whole weight's quantizer takes it (0 for the block formats, which need none).
+  Status weight_chunk_amax(const Tensor& chunk, float* amax, Stream stream);
+  // Quantizes the chunk into `out` (weight_chunk_bytes()) with the weight's amax (*amax, the MAX of every
+  // rank's weight_chunk_amax; device memory on cuda), and sets this Linear's scales and amaxes from it: every
+  // rank ends with the same state. Once per optimizer step, before the step's first bind.
+  Status quantize_weight_chunk(const Tensor& chunk, const float* amax, uint8_t* out, Stream stream);
+  // gathered: `ranks` chunks, rank r's at gathered + r * rank_stride; window: weight_window_bytes().
+  Status assemble_weight(const uint8_t* gathered, size_t rank_stride, uint8_t* window, Stream stream);
+  // The assembled window the GEMMs read from now on; nullptr unbinds (forward/backward then refuse).
+  void bind_weight(uint8_t* window);
 
   struct Impl;  // linear.cpp
 

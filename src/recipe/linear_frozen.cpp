@@ -46,7 +46,8 @@ Status Linear::freeze_weight(const Tensor& w, Stream stream) {
 
 // The Dgrad weight operand [in, K = out]: the kept column copy (or the 2D NVFP4 row copy), or for a
 // per-tensor FP8 weight the row copy transposed into the shared weight_col slot.
-static Status dgrad_weight_operand(Linear::Impl& s, Stream stream, gemm::QOperand* op) {
+Status Linear::Impl::dgrad_weight_operand(Stream stream, gemm::QOperand* op) {
+  Impl& s = *this;
   const QCopies& w = s.q[int(Role::weight)];
   if (!s.weight_transposed_on_use) {
     *op = w.col_operand();
@@ -78,7 +79,7 @@ Status Linear::Impl::frozen_backward(const Tensor& dy, const Tensor& w, const Te
                   name.c_str(), (long long)m);
   NB_TRY(quantize(Role::grad, dy, stream));
   gemm::QOperand wcol;
-  NB_TRY(dgrad_weight_operand(*this, stream, &wcol));
+  NB_TRY(dgrad_weight_operand(stream, &wcol));
   NB_TRY(gemm::matmul_quantized(q[int(Role::grad)].row_operand(), wcol, dx, {dx_beta, false}, stream)
              .context("linear '" + name + "' Dgrad"));
   have_input = false;

@@ -63,6 +63,8 @@ struct QCopies {
   struct Piece {
     Buffer owned;
     bool transient = false;
+    bool external = false;  // `offset` bytes into external_base (a sharded weight's gathered window)
+    LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;  // a transient piece's slot
     size_t offset = 0;
   };
   Role role = Role::input;
@@ -77,9 +79,16 @@ struct QCopies {
   // them, gemm::QOperand::dequantized); dequant_col stays empty when col_is_row. Empty: not kept.
   Buffer dequant_row, dequant_col;
   bool dequantized_kept() const { return dequant_row.data() != nullptr; }
+  // A sharded weight (linear_sharded.cpp): every piece lives in memory bound from outside, laid out at
+  // 256-byte-aligned offsets in external_bytes; nullptr while unbound.
+  uint8_t* external_base = nullptr;
+  size_t external_bytes = 0;
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
   size_t slot_bytes = 0;        // this role's need in the slot (registered at init)
+  // Full recompute: the input's column pieces in a shared input_col slot of their own (col_slot_bytes > 0).
+  LinearWorkspace::Slot col_slot = LinearWorkspace::Slot::input_col0;
+  size_t col_slot_bytes = 0;
   size_t owned_bytes = 0;       // bytes of the owned pieces and the state block
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
   bool has_history = false;     // delayed scaling: some step's amax was recorded (else current scaling)
@@ -87,8 +96,10 @@ struct QCopies {
 
   // workspace == nullptr: every piece owned. Otherwise the input role's row pieces (or all the grad
   // role's pieces) go into the workspace, whose need is registered here. row_only: no column-wise pieces.
+  // external: every piece in external memory (see external_base), none owned; workspace must be nullptr.
+  // input_col_slot >= 0 (the input role, a workspace given): its column pieces go to slot input_col0 + that.
   Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace,
-              bool row_only = false);
+              bool row_only = false, bool external = false, int input_col_slot = -1);
   // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row or row_only),
   // then folds flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
@@ -131,6 +142,7 @@ struct Linear::Impl {
   bool frozen = false;   // no Wgrad; quantized: freeze_weight() quantizes the weight once (linear_frozen.cpp)
   bool weight_transposed_on_use = false;  // frozen per-tensor FP8 weight: Dgrad transposes the row copy
   bool fprop_bf16 = false;                // set_fprop_bf16: Fprop in BF16, the copies quantized as usual
+  int input_col_slot = -1;                // init's: the input's column copy in a shared workspace slot
   std::string name;
   uint32_t tensor_id = 0;
   int64_t max_tokens = 0, in = 0, out = 0;
@@ -153,6 +165,12 @@ struct Linear::Impl {
   Status quantize(Role role, const Tensor& src, Stream stream);
   // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
   Status frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta, Stream stream);
+  // linear_frozen.cpp: the Dgrad weight operand (the column copy, or a per-tensor FP8 weight's row copy
+  // transposed into the workspace when weight_transposed_on_use).
+  Status dgrad_weight_operand(Stream stream, gemm::QOperand* op);
+  // linear_sharded.cpp: the weight's layout over the ranks (set_sharded_weight), empty when not sharded.
+  struct ShardedWeight;
+  std::shared_ptr<ShardedWeight> sharded;
 };
 
 }  // namespace nb::recipe

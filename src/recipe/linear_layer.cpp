@@ -88,7 +88,8 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
   LinearWorkspace* ws = impl->workspace.get();
   const bool frozen = impl->frozen;
   impl->weight_transposed_on_use = frozen && (r.weight.fmt == Fmt::fp8_e4m3 || r.weight.fmt == Fmt::fp8_e5m2);
-  NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen));
+  NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen, false,
+                         private_workspace ? -1 : impl->input_col_slot));
   NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use));
   if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out).context("linear '" + name + "' weight"));
   NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen));
@@ -102,7 +103,7 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
 
 Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
                     int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace,
-                    bool frozen) {
+                    bool frozen, int input_col_slot) {
   if (tensor_id >= (1u << 24))
     return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
   if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
@@ -117,6 +118,10 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
   impl->recipe = r;
   impl->all_bf16 = bf16_layer || !r.quantized();
   impl->frozen = frozen;
+  if (input_col_slot >= LinearWorkspace::kInputColSlots)
+    return errorf("linear '%s': input_col_slot %d is not in 0..%d", name.c_str(), input_col_slot,
+                  LinearWorkspace::kInputColSlots - 1);
+  impl->input_col_slot = input_col_slot;
   impl->name = name;
   impl->tensor_id = tensor_id;
   impl->max_tokens = max_tokens;
@@ -148,9 +153,10 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
   const int64_t m = x.ndim == 2 ? x.shape[0] : -1;
   NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
-  // A frozen quantized Linear ignores w: its weight was quantized once by freeze_weight().
+  // A frozen quantized Linear ignores w: its weight was quantized once by freeze_weight(); a sharded one
+  // reads the gathered window.
   const bool frozen_q = s.frozen && !s.all_bf16;
-  if (!frozen_q) NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
+  if (!frozen_q && !s.sharded) NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
   NB_TRY(check_2d(y, "y", s.name, m, s.out, act, s.dev));
   NB_TRY(check_tokens(s, m));
   if (s.collect_stats) NB_TRY(s.stats.keep_input(s, x, stream));  // the Wgrad error's BF16 X (linear_stats.h)
@@ -160,6 +166,8 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   }
   if (frozen_q && !s.weight_valid)
     return errorf("linear '%s' is frozen: call freeze_weight(w) once before its first forward", s.name.c_str());
+  if (s.sharded && !s.weight_valid)
+    return errorf("internal: linear '%s' is sharded and its weight window is not bound", s.name.c_str());
   if (!s.weight_valid) {
     NB_TRY(s.quantize(Role::weight, w, stream));
     s.weight_valid = true;
@@ -171,6 +179,21 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
   gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor};
   return gemm::matmul_quantized(s.q[0].row_operand(), s.q[1].row_operand(), y, o, stream)
       .context("linear '" + s.name + "' Fprop");
+}
+
+bool Linear::input_copy_shared() const { return impl_ && !impl_->all_bf16 && impl_->input_col_slot >= 0; }
+
+Status Linear::quantize_input(const Tensor& x, Stream stream) {
+  if (!input_copy_shared()) return errorf("Linear::quantize_input: the input copy is not in a shared slot");
+  Impl& s = *impl_;
+  const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
+  const int64_t m = x.ndim == 2 ? x.shape[0] : -1;
+  NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
+  NB_TRY(check_tokens(s, m));
+  if (s.collect_stats) NB_TRY(s.stats.keep_input(s, x, stream));  // as forward() keeps it for the Wgrad error
+  NB_TRY(s.quantize(Role::input, x, stream));
+  s.have_input = true;
+  return Status::ok();
 }
 
 Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
@@ -194,7 +217,9 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",
                   s.name.c_str(), (long long)m);
   NB_TRY(s.quantize(Role::grad, dy, stream));
-  NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), s.q[1].col_operand(), dx, {dx_beta, false}, stream)
+  gemm::QOperand wcol;
+  NB_TRY(s.dgrad_weight_operand(stream, &wcol));
+  NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), wcol, dx, {dx_beta, false}, stream)
              .context("linear '" + s.name + "' Dgrad"));
   if (s.collect_stats) NB_TRY(s.stats.before_wgrad(s, dw_f32, stream));
   NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
@@ -208,7 +233,8 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
 void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   if (!impl_) return;
   Impl& s = *impl_;
-  if (!s.frozen) s.weight_valid = false;  // a frozen weight never changes: freeze_weight quantized it once
+  // A frozen weight never changes (freeze_weight quantized it once); a sharded one is valid while bound.
+  if (!s.frozen && !s.sharded) s.weight_valid = false;
   s.step = step;
   s.micro = first_micro;
   s.micro_stride = micro_stride;
@@ -262,6 +288,9 @@ bool Linear::frozen() const { return impl_ && impl_->frozen; }
 
 Status Linear::set_fprop_bf16(bool on) {
   if (!impl_) return errorf("Linear::set_fprop_bf16 before a successful init");
+  if (on && impl_->sharded)
+    return errorf("linear '%s' is sharded: it gathers its quantized weight only, so Fprop cannot run in BF16",
+                  impl_->name.c_str());
   if (on && impl_->frozen && !impl_->all_bf16)
     return errorf("linear '%s' is frozen: its forward reads its quantized weight only, so Fprop cannot run in BF16",
                   impl_->name.c_str());

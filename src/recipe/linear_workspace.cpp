@@ -9,9 +9,9 @@ static const char* slot_name(LinearWorkspace::Slot s) {
   switch (s) {
     case LinearWorkspace::Slot::input_row: return "input-row";
     case LinearWorkspace::Slot::grad: return "grad";
-    case LinearWorkspace::Slot::weight_col: return "frozen-weight-column";
+    case LinearWorkspace::Slot::weight_col: return "weight-column";
+    default: return "shared input-column";
   }
-  return "?";
 }
 
 void LinearWorkspace::reserve(Slot slot, size_t bytes) { need_[int(slot)] = std::max(need_[int(slot)], bytes); }

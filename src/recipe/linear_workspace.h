@@ -5,9 +5,13 @@
 //                   Linear owns, as it owns both weight copies, reused by every micro-batch of a step)
 //   grad slot       the grad role's row-wise and column-wise copies (data + scales): quantized at the
 //                   start of backward(), read by its Dgrad and Wgrad GEMMs, dead after them
-//   weight_col slot a frozen per-tensor FP8 weight's column-wise copy (the row copy's codes transposed):
-//                   written at the start of backward()'s Dgrad, read by it, dead after it (frozen
-//                   Linears keep only the row copy; linear.h). Empty unless some Linear is frozen.
+//   weight_col slot a per-tensor FP8 weight's column-wise copy (the row copy's codes transposed), for a
+//                   frozen or a sharded weight: written at the start of backward()'s Dgrad, read by it,
+//                   dead after it (such Linears keep only the row copy; linear.h). Empty unless some
+//                   Linear needs it.
+//   input_col0..3   with full activation recompute, the input's column-wise copy of the i-th Linear of
+//                   every layer (linear.h, Linear::init's input_col_slot): the recomputed forward writes it
+//                   right before the layer's backward reads it, so one per Linear of a layer suffices.
 // A model's Linears run one after another on one stream, so each slot needs the largest of the Linears'
 // needs, not their sum. Each Linear registers its needs at init (reserve); allocate() then allocates every
 // slot once. A Linear that quantizes before allocate(), or needs more than was allocated, makes the
@@ -26,8 +30,9 @@ namespace nb::recipe {
 
 class LinearWorkspace {
  public:
-  enum class Slot : int { input_row = 0, grad = 1, weight_col = 2 };
-  static constexpr int kSlots = 3;
+  enum class Slot : int { input_row = 0, grad = 1, weight_col = 2, input_col0 = 3 };
+  static constexpr int kInputColSlots = 4;
+  static constexpr int kSlots = 3 + kInputColSlots;
 
   explicit LinearWorkspace(Device dev) : dev_(dev) {}
   LinearWorkspace(const LinearWorkspace&) = delete;

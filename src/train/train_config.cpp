@@ -226,6 +226,10 @@ std::vector<ConfigKey> data_keys(TrainConfig& c) {
 std::vector<ConfigKey> run_keys(TrainConfig& c) {
   return {
       choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
+      bool_key("deterministic-mode",
+               "CUDA: repeat a run bit for bit (same binary, GPU model and rank count): attention backward without "
+               "atomics, no split-K GEMMs, NCCL Ring/Simple; slower, and attention takes more memory",
+               &c.deterministic_mode),
       int_key("log-interval", "steps between log lines", &c.log_interval),
       int_key("sample-interval",
               "every N steps print a greedy continuation of --sample-prompt and record it in metrics.jsonl (0 = off; "
@@ -253,6 +257,10 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
                  "optim_grads_params (and weights, gathered per layer when used): 18, 6 + 12/d, 2 + 16/d, 18/d "
                  "bytes/param",
                  &c.data_parallel_sharding_strategy, {"no_shard", "optim", "optim_grads", "optim_grads_params"}),
+      choice_key("fsdp-param-gather",
+                 "optim_grads_params: gather a quantized layer's weight as its training format's codes and scales "
+                 "(training) or in BF16; auto = training unless --quant-stats or annealing needs the BF16 weight",
+                 &c.fsdp_param_gather, {"auto", "training", "bf16"}),
       bool_key("optimizer-cpu-offload",
                "keep FP32 master weights and AdamW m, v in page-locked host memory and stream them through the "
                "GPU's AdamW each step (bit-identical results)",
@@ -295,11 +303,24 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
   };
 }
 
+// The roofline of the step (train/roofline.h).
+std::vector<ConfigKey> profile_keys(TrainConfig& c) {
+  return {
+      bool_key("profile",
+               "end the run with a roofline of the step: per phase time, FLOPs, bytes, TFLOP/s, GB/s, the measured "
+               "ceiling that bounds it and the share of the step lost to it (also NIBBLE_PROFILE=1); roofline.json "
+               "and roofline.svg go to --profile-dir",
+               &c.profile),
+      string_key("profile-dir", "folder for --profile's roofline.json and roofline.svg (default: the --save folder)",
+                 &c.profile_dir),
+  };
+}
+
 }  // namespace
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = model_keys(c);
-  for (auto* group : {peft_keys, data_keys, run_keys}) {
+  for (auto* group : {peft_keys, data_keys, run_keys, profile_keys}) {
     auto more = group(c);
     keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
@@ -438,6 +459,11 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
           "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
           "--grad-reduce-in-bf16",
           s);
+    if (c.fsdp_param_gather == "training" && (c.quant_stats || c.anneal_start_fraction > 0))
+      return errorf(
+          "--fsdp-param-gather training gathers only quantized weights, but %s reads the BF16 weight: use "
+          "--fsdp-param-gather bf16 (or auto)",
+          c.quant_stats ? "--quant-stats" : "annealing's BF16 step");
   }
   if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
     return errorf(

@@ -60,6 +60,8 @@ struct TrainConfig {
   int64_t eval_interval = 0, eval_iters = 10;
   // run
   std::string device = "auto";  // auto | cuda | cpu
+  // Megatron's --deterministic-mode: a CUDA run repeats bit for bit (core/determinism.h says what changes)
+  bool deterministic_mode = false;
   int64_t log_interval = 1;
   // --sample-interval N: a greedy continuation of sample_prompt (sample_tokens new tokens) every N steps,
   // printed and written to metrics.jsonl (0 = off; needs --tokenizer)
@@ -68,6 +70,9 @@ struct TrainConfig {
   // rank 0's TensorBoard event file goes to this folder (empty = none): step scalars every N steps and the last
   std::string tensorboard_dir;
   int64_t tensorboard_log_interval = 1;
+  // --profile: the roofline of the step at the end of the run (train/roofline.h), files to profile_dir
+  bool profile = false;
+  std::string profile_dir;      // empty = the --save folder (stdout only without one)
   std::string save;             // output folder: resolved config, metrics.jsonl
   std::string on_nan = "stop";  // stop | skip
   double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
@@ -78,6 +83,9 @@ struct TrainConfig {
   // (gradients sharded too) | optim_grads_params (the compute copy too, gathered per layer when used).
   bool use_megatron_fsdp = false;
   std::string data_parallel_sharding_strategy = "no_shard";
+  // optim_grads_params: a quantized layer's weight gathered as the codes and scales its GEMMs read (training),
+  // or in BF16; auto = training unless something needs the BF16 weight (--quant-stats, annealing).
+  std::string fsdp_param_gather = "auto";
   // The strategy in effect: the distributed optimizer is `optim` with or without --use-megatron-fsdp.
   std::string sharding_strategy() const {
     if (use_megatron_fsdp && data_parallel_sharding_strategy.rfind("optim_grads", 0) == 0)

@@ -43,6 +43,12 @@ Status Trainer::detect_ranks() {
 Status Trainer::connect_ranks() {
   if (!world_.distributed()) return Status::ok();
   const auto timeout = std::chrono::milliseconds(int64_t(cfg_.distributed_timeout_minutes * 60'000));
+  // --deterministic-mode: NCCL sums in a fixed order for a fixed rank count, algorithm and protocol; its
+  // tuner picks those per message size from the topology, so pin them (a user's own setting wins).
+  if (cfg_.deterministic_mode && dev_ == Device::cuda) {
+    setenv("NCCL_ALGO", "Ring", 0);
+    setenv("NCCL_PROTO", "Simple", 0);
+  }
   NB_TRY(dist::TcpStore::open(world_, timeout, &store_));
   NB_TRY(dist::make_communicator(world_, dev_, store_.get(), timeout, &comm_));
   std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
@@ -58,6 +64,7 @@ Status Trainer::prepare_grad_sync() {
     fsdp_ = std::make_unique<FsdpSync>();
     NB_TRY(fsdp_->init(&model_.params(), comm_.get(), dev_));
     model_.set_step_hooks(fsdp_.get());
+    NB_TRY(choose_param_gather());
     std::printf(
         "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
         "backward%s\n",
@@ -82,6 +89,25 @@ Status Trainer::prepare_grad_sync() {
               (long long)P.bucket_len(), o.reduce_in_bf16 ? "BF16" : "FP32",
               o.overlap_grad_reduce ? ", overlapped with the backward" : "",
               o.overlap_param_gather ? "; weight gathers overlapped with the forward" : "");
+  return Status::ok();
+}
+
+// optim_grads_params with a quantized recipe: the quantized layers' weights travel in their training format
+// unless the run reads their BF16 weight (--fsdp-param-gather; the config check refused an impossible ask).
+Status Trainer::choose_param_gather() {
+  if (model_.fsdp != LlamaModel::Fsdp::optim_grads_params) return Status::ok();
+  const auto linears = model_.quantized_linears();
+  if (!training_format_gather()) {
+    if (!linears.empty())
+      std::printf("Megatron-FSDP gathers every weight in BF16 (%s)\n",
+                  cfg_.fsdp_param_gather == "bf16" ? "--fsdp-param-gather bf16"
+                  : cfg_.quant_stats               ? "--quant-stats reads the BF16 weights"
+                                                   : "annealing runs BF16 steps");
+    return Status::ok();
+  }
+  NB_TRY(fsdp_->set_quantized_linears(linears));
+  std::printf("Megatron-FSDP gathers %zu quantized linear weights in their training format (%s codes and scales)\n",
+              linears.size(), cfg_.recipe.c_str());
   return Status::ok();
 }
 

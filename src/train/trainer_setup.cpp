@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include "core/determinism.h"
 #include "core/device_info.h"
 #include "core/log.h"
 #include "data/token_check.h"
@@ -57,6 +58,7 @@ Status Trainer::setup(TrainConfig cfg) {
 
 // The model comes from --load-hf's config.json when one is given (and no preset was asked for).
 Status Trainer::resolve_config() {
+  set_deterministic_mode(cfg_.deterministic_mode);  // process-wide, before any GEMM or attention plan exists
   // A given --data-path is the data: mock data (on by default) is for runs without one. Before this rule
   // a --data-path without --mock-data false trained on mock tokens without a word.
   if (!cfg_.data_path.empty()) cfg_.mock_data = false;
@@ -177,6 +179,9 @@ void Trainer::print_plan() {
     l = e + 1;
   }
   std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
+  if (cfg_.deterministic_mode && dev_ == Device::cuda)
+    std::printf("deterministic mode: attention backward without the atomic dQ accumulator, GEMMs without split-K%s\n",
+                world_.distributed() ? ", NCCL Ring/Simple unless NCCL_ALGO/NCCL_PROTO are set" : "");
   print_lora_plan();
   print_anneal_plan();
   if (!cfg_.save.empty()) {
@@ -190,6 +195,39 @@ void Trainer::print_plan() {
                   cfg_.save_keep > 0 ? std::to_string(cfg_.save_keep).c_str() : "all",
                   cfg_.async_save ? "background" : "synchronous");
   }
+}
+
+// Megatron-FSDP gathers the quantized layers' weights as codes and scales (trainer_dist.cpp's choice).
+bool Trainer::training_format_gather() const {
+  return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size > 1 && recipe_.quantized() && !lora() &&
+         cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
+}
+
+// Bytes per weight element of what a training-format gather moves (recipe/linear.h: the copies it gathers).
+double Trainer::gathered_bytes_per_weight(const recipe::Recipe& r) {
+  switch (r.weight.fmt) {
+    case recipe::Fmt::nvfp4: return r.weight.two_d ? 0.5625 : 1.125;
+    case recipe::Fmt::mxfp8: return 2.0625;
+    case recipe::Fmt::fp8_block128x128: return 2.0;
+    default: return 1.0;
+  }
+}
+
+// The quantized inputs' column copies Wgrad reads: one per linear of every quantized layer, or with full
+// recompute one per linear of a layer (shared workspace slots, recipe/linear_workspace.h).
+double Trainer::input_column_copy_bytes() const {
+  double per_element = 1.0;  // per-tensor FP8
+  switch (recipe_.input.fmt) {
+    case recipe::Fmt::nvfp4: per_element = 0.5625; break;
+    case recipe::Fmt::mxfp8: per_element = 1.03125; break;
+    case recipe::Fmt::fp8_block128: per_element = 1.03125; break;
+    default: break;
+  }
+  const double in_per_layer = 3.0 * double(model_cfg_.hidden) + double(model_cfg_.ffn);  // qkv, o, gate_up, down
+  int64_t quantized = 0;
+  for (int64_t l = 0; l < model_cfg_.layers; ++l) quantized += recipe_.layer_in_bf16(l, model_cfg_.layers) ? 0 : 1;
+  const double layers = recompute_ == Recompute::full ? 1.0 : double(quantized);
+  return per_element * double(cfg_.micro_batch_size * cfg_.seq_length) * in_per_layer * layers;
 }
 
 Status Trainer::estimate_memory() {
@@ -210,12 +248,19 @@ Status Trainer::estimate_memory() {
   if (recipe_.quantized() && lora())  // the transient copies and the BF16 scratch of one emulated GEMM at a time
     workspace_bytes_ += 3.0 * double(largest_linear) + 4.0 * double(cfg_.micro_batch_size * cfg_.seq_length) *
                                                            double(std::max(model_cfg_.ffn, model_cfg_.hidden) * 2);
+  else if (training_format_gather())  // quantized windows, staging, inputs' column copies, a BF16 scratch
+    workspace_bytes_ += gathered_bytes_per_weight(recipe_) * 5.0 *  // 4 windows, the staging (1 layer)
+                            double(model_cfg_.linear_params_per_layer()) +
+                        input_column_copy_bytes() + 4.0 * double(largest_linear);
   else if (recipe_.quantized() || anneal_recipe_.quantized())  // the two recipes' copies never coexist
     workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
-  if (recipe_.keep_dequantized_weights) {  // BF16 copies of the weights: one (2D NVFP4) or two per weight
+  if (recipe_.keep_dequantized_weights && !training_format_gather()) {  // BF16 copies: one (2D NVFP4) or two
     const bool two = recipe_.weight.fmt == recipe::Fmt::mxfp8 || !recipe_.weight.two_d;
     workspace_bytes_ += (two ? 4.0 : 2.0) * double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
   }
+  // NCCL's communicator buffers and the side stream's handles: what the 8B's BF16 Megatron-FSDP run on two
+  // H100s measured beyond its planned bytes (docs/DISTRIBUTED.md).
+  if (world_.size > 1 && dev_ == Device::cuda) workspace_bytes_ += 0.75 * 1073741824.0;
   if (world_.size > 1 && cfg_.grad_reduce_in_bf16 && !lora()) {  // one bucket in BF16 (train/grad_sync.h)
     const int64_t all = model_cfg_.total_params(), bucket = model_.optimizer_bucket_elems;
     workspace_bytes_ += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
@@ -290,6 +335,7 @@ Status Trainer::check_host_memory() {
 Status Trainer::build_model() {
   if (lora()) model_.set_lora(lora_spec_, lora_base_.get());
   plan_anneal();
+  model_.fsdp_training_format_gathers = training_format_gather();
   Status st =
       model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
   if (!st) {

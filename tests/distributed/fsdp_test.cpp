@@ -119,21 +119,32 @@ TEST(FsdpCpu, StrategiesReproduceOneRank) {
 }
 
 // One recipe per test (so CTest runs them side by side), at global batch 8: 4 micro-batches on one rank,
-// 2 per rank on two.
+// 2 per rank on two, with the weights gathered in their training format and in BF16.
 class FsdpRecipe : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FsdpRecipe, MatchesOneRankAtStepOne) {
   const std::string recipe = GetParam(), dir = test::temp_folder("fsdp_recipe_" + recipe);
   std::string job = kJob;
   job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 8");
-  std::vector<StepLog> logs[2];
-  for (int ranks : {1, 2}) {
-    const std::string save = dir + "/" + std::to_string(ranks);
-    const test::CliRun r =
-        test::run_nibble(job + "--recipe " + recipe + " --train-iters 2 --save " + save + " --nproc-per-node " +
-                         std::to_string(ranks) + (ranks > 1 ? " " + fsdp("optim_grads_params") : std::string()));
+  // One rank; two ranks gathering the quantized weights as codes and scales (the default); two gathering BF16.
+  const char* gathers[3] = {"", " --fsdp-param-gather training", " --fsdp-param-gather bf16"};
+  std::vector<StepLog> logs[3];
+  for (int i = 0; i < 3; ++i) {
+    const int ranks = i == 0 ? 1 : 2;
+    const std::string save = dir + "/" + std::to_string(i);
+    const test::CliRun r = test::run_nibble(job + "--recipe " + recipe + " --train-iters 2 --save " + save +
+                                            " --nproc-per-node " + std::to_string(ranks) +
+                                            (ranks > 1 ? " " + fsdp("optim_grads_params") + gathers[i] : std::string()));
     ASSERT_EQ(r.code, 0) << r.out;
-    logs[ranks - 1] = read_metrics(save);
+    if (i == 1) EXPECT_NE(r.out.find("quantized linear weights in their training format"), std::string::npos) << r.out;
+    logs[i] = read_metrics(save);
+  }
+  // The training-format gather hands every rank the bytes that quantizing the gathered BF16 weight gives:
+  // both runs compute the same numbers, bit for bit.
+  ASSERT_EQ(logs[2].size(), 2u);
+  for (size_t s = 0; s < 2 && s < logs[1].size(); ++s) {
+    EXPECT_EQ(logs[1][s].loss, logs[2][s].loss) << "step " << s + 1;
+    EXPECT_EQ(logs[1][s].grad_norm, logs[2][s].grad_norm) << "step " << s + 1;
   }
   const auto &ref = logs[0], &got = logs[1];
   ASSERT_EQ(ref.size(), 2u);

@@ -8,6 +8,7 @@
 #include "model_test_util.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
+#include "recipe/recipe.h"
 
 using namespace nb;
 using nb::testing::fixed_batch;
@@ -87,6 +88,38 @@ TEST(TinyLlamaCpu, RecomputeModesAgree) {
   }
   EXPECT_LT(LlamaModel::plan_activation_bytes(c, Device::cpu, s, Recompute::full),
             LlamaModel::plan_activation_bytes(c, Device::cpu, s, Recompute::none));
+}
+
+// Quantized recipes under full recompute keep each linear's input column copy in a workspace slot shared by
+// the layers (the recomputed forward rewrites it right before the layer's backward): the same gradients, bit
+// for bit, as keeping one copy per linear.
+TEST(TinyLlamaCpu, FullRecomputeSharesQuantizedInputCopies) {
+  LlamaConfig c = tiny_config();
+  MicroBatchShape s{2, 64};  // 128 tokens: every format's token multiple
+  std::vector<int32_t> tok, lab;
+  fixed_batch(c, s, 5, &tok, &lab);
+  for (const char* name : {"bf16_with_fp8_current_scaling_mixed", "bf16_with_fp8_subchannel_scaling_mixed",
+                           "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"}) {
+    SCOPED_TRACE(name);
+    recipe::Recipe r;
+    ASSERT_TRUE(recipe::recipe_preset(name, &r).is_ok());
+    r.bf16_layers_at_start = r.bf16_layers_at_end = 0;
+    std::vector<float> grads[2];
+    size_t shared[2] = {0, 0};  // the first input_col slot's need
+    for (int i = 0; i < 2; ++i) {
+      LlamaModel m;
+      ASSERT_TRUE(m.init(c, Device::cpu, s, i == 0 ? Recompute::none : Recompute::full, 9, r).is_ok());
+      double sum = 0;
+      ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
+      Tensor g = m.params().flat_grad();
+      grads[i].assign(g.ptr<float>(), g.ptr<float>() + g.numel());
+      shared[i] = m.linear(0, 0).workspace()->need(recipe::LinearWorkspace::Slot::input_col0);
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << "element " << i;
+    EXPECT_EQ(shared[0], 0u) << "without recompute each linear owns its input column copy";
+    EXPECT_GT(shared[1], 0u) << "full recompute should keep the input column copies in the shared slots";
+  }
 }
 
 TEST(TinyLlamaCpu, MemorizesOneBatch) {

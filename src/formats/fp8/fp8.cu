@@ -309,6 +309,25 @@ Status quantize_current_cuda(const bf16* x, Format fmt, bool pow2_scales, const 
   return launch_quantize(x, fmt, nullptr, true, pow2_scales, out, s);
 }
 
+Status amax_cuda(const bf16* x, int64_t n, float* amax, int32_t* nonfinite, Stream stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), s));
+  if (nonfinite) CUDA_CHECK(cudaMemsetAsync(nonfinite, 0, sizeof(int32_t), s));
+  const int sms = current_device_sm_count();
+  int64_t blocks = (n / 8 + kThreads * kAmaxLoads - 1) / (kThreads * kAmaxLoads);
+  blocks = std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sms) * (2048 / kThreads)));
+  amax_kernel<<<unsigned(blocks), kThreads, 0, s>>>(x, n, amax, nonfinite);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+// The scale comes from *out.amax, as in quantize_current_cuda after its amax pass.
+Status quantize_with_amax_cuda(const bf16* x, Format fmt, bool pow2_scales, const TensorView& out, Stream stream) {
+  NB_TRY(check_shape(out.rows, out.cols));
+  if (!out.amax) return errorf("FP8 quantize_with_amax_cuda: the amax pointer is required");
+  return launch_quantize(x, fmt, nullptr, true, pow2_scales, out, static_cast<cudaStream_t>(stream));
+}
+
 Status quantize_with_scale_cuda(const bf16* x, Format fmt, const float* scale, const TensorView& out, Stream stream) {
   NB_TRY(check_shape(out.rows, out.cols));
   if (!out.amax) return errorf("FP8 quantize_with_scale_cuda: the amax output pointer is required");

@@ -71,6 +71,16 @@ Status quantize_current_cuda(const bf16* x, Format fmt, bool pow2_scales, const 
 Status quantize_with_scale_cuda(const bf16* x, Format fmt, const float* scale, const TensorView& out,
                                 Stream stream = nullptr);
 
+// Sharded weights (Megatron-FSDP's training-format gathers): a row chunk of a tensor quantized with the whole
+// tensor's amax (max-reduced over the ranks) gets the codes and scale_inv that quantizing the whole tensor
+// at once gives its rows. `amax` is the tensor's; out.amax is not written (may be null).
+Status quantize_with_amax_ref(const bf16* x, Format fmt, bool pow2_scales, float amax, const TensorView& out);
+// CUDA: *out.amax holds the tensor's amax (device), read and left as it is.
+Status quantize_with_amax_cuda(const bf16* x, Format fmt, bool pow2_scales, const TensorView& out, Stream stream);
+// The amax pass alone: *amax = max |x| over n elements, *nonfinite = 1 (when not null) on a NaN or Inf.
+Status amax_cuda(const bf16* x, int64_t n, float* amax, int32_t* nonfinite, Stream stream);
+float amax_ref(const bf16* x, int64_t n, int32_t* nonfinite);
+
 // x_hat [rows, cols] from data (or [cols, rows] from data_t: same formula).
 void dequantize_ref(const uint8_t* codes, int64_t n, Format fmt, float scale_inv, float* out);
 

@@ -12,7 +12,7 @@ Status check_shape(int64_t rows, int64_t cols) {
   return Status::ok();
 }
 
-static float amax_ref(const bf16* x, int64_t n, int32_t* nonfinite) {
+float amax_ref(const bf16* x, int64_t n, int32_t* nonfinite) {
   float amax = 0.0f;
   int32_t bad = 0;
   for (int64_t i = 0; i < n; ++i) {
@@ -43,6 +43,12 @@ Status quantize_current_ref(const bf16* x, Format fmt, bool pow2_scales, const T
   NB_TRY(check_shape(out.rows, out.cols));
   float scale = scale_from_amax(amax_ref(x, out.rows * out.cols, nullptr), format_max(fmt), pow2_scales);
   return quantize_with_scale_ref(x, fmt, scale, out);
+}
+
+Status quantize_with_amax_ref(const bf16* x, Format fmt, bool pow2_scales, float amax, const TensorView& out) {
+  TensorView v = out;
+  v.amax = nullptr;  // the chunk's own amax is not the tensor's
+  return quantize_with_scale_ref(x, fmt, scale_from_amax(amax, format_max(fmt), pow2_scales), v);
 }
 
 void dequantize_ref(const uint8_t* codes, int64_t n, Format fmt, float scale_inv, float* out) {

@@ -86,6 +86,11 @@ Status check_shape(int64_t rows, int64_t cols, const Options& opts);
 
 // ---- CPU reference (the spec) --------------------------------------------------------------
 Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out);
+// quantize_ref with the amaxes already in *out.row_amax and *out.col_amax (left as they are), as
+// quantize_cuda_with_amax: a row chunk of a tensor quantized with the whole tensor's amaxes gets the bytes the
+// whole tensor's quantization gives its rows (block-aligned chunks; 2D tiles; no SR, whose random bytes
+// follow the element's index in its copy).
+Status quantize_ref_with_amax(const bf16* x, const Options& opts, const QuantizedView& out);
 // Amaxes as quantize_ref computes them (col_amax only meaningful with rht; else equals row_amax).
 void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float* row_amax, float* col_amax);
 // RHT of one 16-element chunk: y = round_bf16((1/4) * (x o s) * H16), fixed butterfly order.

@@ -161,8 +161,19 @@ Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out
   float row_amax = 0, col_amax = 0;
   compute_amax_ref(x, rows, cols, opts.rht && opts.colwise, &row_amax, &col_amax);
   if (out.nonfinite && (!amax_is_finite(row_amax) || !amax_is_finite(col_amax))) *out.nonfinite = 1;
-  if (out.row_amax) *out.row_amax = row_amax;  // the true amax, with or without 4/6 (as TE stores it)
-  if (out.col_amax) *out.col_amax = col_amax;
+  QuantizedView v = out;  // the amaxes stored where asked (the true amax, with or without 4/6, as TE stores it)
+  v.row_amax = out.row_amax ? out.row_amax : &row_amax;
+  v.col_amax = out.col_amax ? out.col_amax : &col_amax;
+  *v.row_amax = row_amax;
+  *v.col_amax = col_amax;
+  return quantize_ref_with_amax(x, opts, v);
+}
+
+Status quantize_ref_with_amax(const bf16* x, const Options& opts, const QuantizedView& out) {
+  const int64_t rows = out.rows, cols = out.cols;
+  NB_TRY(check_shape(rows, cols, opts));
+  const float row_amax = out.row_amax ? *out.row_amax : 0.f;
+  const float col_amax = out.col_amax ? *out.col_amax : row_amax;
   if (opts.two_d) {
     quantize_2d(x, rows, cols, row_amax, opts, out);
     return Status::ok();
