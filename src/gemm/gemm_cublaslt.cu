@@ -10,15 +10,17 @@
 // cublasLtMatmulAlgoGetHeuristic are built once per (device, M, N, K, transposes, row strides,
 // dtypes, beta == 0 or not, pointer alignments) and cached; alpha and beta values are passed per
 // call. The heuristic is asked for several candidates; the first one that succeeds, fits the
-// workspace and (if it splits K) adds its partial sums in FP32 is kept. One cublasLt handle per process and one 32 MiB
-// workspace per device are created on first use and deliberately never destroyed (tearing them down after the CUDA
-// runtime has unloaded at exit would crash).
+// workspace and (if it splits K) adds its partial sums in FP32 is kept; --deterministic-mode
+// (core/determinism.h, part of the plan key) keeps only candidates that do not split K. One cublasLt
+// handle per process and one 32 MiB workspace per device are created on first use and deliberately
+// never destroyed (tearing them down after the CUDA runtime has unloaded at exit would crash).
 #include <cublasLt.h>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
+#include "core/determinism.h"
 #include "gemm/gemm_problem.h"
 
 namespace nb::gemm {
@@ -54,8 +56,10 @@ struct PlanKey {
   bool trans_a, trans_b, beta_zero;
   DType c_dtype;
   uint32_t align_a, align_b, align_c;
+  bool deterministic;  // --deterministic-mode: no split-K
   auto tie() const {
-    return std::tie(device, m, n, k, lda, ldb, ldc, trans_a, trans_b, beta_zero, c_dtype, align_a, align_b, align_c);
+    return std::tie(device, m, n, k, lda, ldb, ldc, trans_a, trans_b, beta_zero, c_dtype, align_a, align_b, align_c,
+                    deterministic);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -84,8 +88,11 @@ Backend& backend() {
   return *b;
 }
 
-// True unless the algorithm splits K and adds the partial sums in the output type.
-bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
+// True unless the algorithm splits K and adds the partial sums in the output type, or splits K at all in
+// deterministic mode. cuBLASLt documents every reduction scheme as ordered (INPLACE uses counters "to
+// guarantee the sequentiality"), so split-K is not known to vary between runs; deterministic mode still
+// keeps one dot product per output element so that no ordering of partial sums is left to a library.
+bool split_k_allowed(const cublasLtMatmulAlgo_t& algo, bool deterministic) {
   int32_t split_k = 1;
   uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
   size_t written = 0;
@@ -93,6 +100,7 @@ bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
                                            &written) != CUBLAS_STATUS_SUCCESS)
     return true;  // no split-K information: nothing to object to
   if (split_k <= 1) return true;
+  if (deterministic) return false;
   if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
                                            &written) != CUBLAS_STATUS_SUCCESS)
     return false;
@@ -136,7 +144,10 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
   // Split-K is allowed only with partial sums kept in FP32 (the compute type). The in-place and
   // output-type schemes add the partial sums in C's type, which for a bf16 C would be a BF16
   // accumulation (a known cuBLASLt heuristic pitfall on some GPUs); FP32 accumulation is promised.
-  const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  // --deterministic-mode allows no split-K (see split_k_allowed).
+  const uint32_t reduction_mask =
+      key.deterministic ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+                        : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
   NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
                                                      sizeof reduction_mask),
                 "reduction scheme preference", p);
@@ -147,7 +158,7 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
                                                      kHeuristicCandidates, results, &returned);
   for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
-    if (!reduces_in_fp32(results[i].algo)) continue;  // in case the mask above was not honoured
+    if (!split_k_allowed(results[i].algo, key.deterministic)) continue;  // in case the mask above was not honoured
     plan->algo = results[i].algo;
     return Status::ok();
   }
@@ -176,6 +187,7 @@ Status get_plan(const GemmProblem& p, const Plan** plan, void** workspace) {
   key.align_a = alignment_of(p.a.data);
   key.align_b = alignment_of(p.b.data);
   key.align_c = alignment_of(p.c.data);
+  key.deterministic = deterministic_mode();
 
   Backend& be = backend();
   std::lock_guard<std::mutex> lock(be.mu);

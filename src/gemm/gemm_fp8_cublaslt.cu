@@ -16,8 +16,9 @@
 // cuBLASLt's refusal of E5M2 x E5M2 and of 128x128 x 128x128 ("not supported").
 //
 // Plans (descriptor, layouts, algorithm) are cached per (device, shape, types, layouts, scale modes,
-// C type and ld, beta == 0, fast accumulation, pointer mode, alignments); the scale pointers are set
-// on the cached descriptor at each call under the backend lock, which is held through the launch.
+// C type and ld, beta == 0, fast accumulation, pointer mode, alignments, deterministic mode); the scale
+// pointers are set on the cached descriptor at each call under the backend lock, which is held through
+// the launch.
 // One handle per process and one 32 MiB workspace per device, never destroyed (see gemm_cublaslt.cu).
 #include <cublasLt.h>
 #include <map>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
+#include "core/determinism.h"
 #include "gemm/gemm_quantized.h"
 
 namespace nb::gemm::detail {
@@ -82,9 +84,10 @@ struct PlanKey {
   DType c_dtype;
   bool beta_zero, fast_accum, device_scalars;
   uint32_t align_a, align_b, align_c;
+  bool deterministic;  // --deterministic-mode: no split-K
   auto tie() const {
     return std::tie(device, m, n, k, ldc, ta, tb, a_kmajor, b_kmajor, sa, sb, c_dtype, beta_zero, fast_accum,
-                    device_scalars, align_a, align_b, align_c);
+                    device_scalars, align_a, align_b, align_c, deterministic);
   }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
@@ -113,7 +116,7 @@ Backend& backend() {
   return *b;
 }
 
-bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
+bool split_k_allowed(const cublasLtMatmulAlgo_t& algo, bool deterministic) {
   int32_t split_k = 1;
   uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
   size_t written = 0;
@@ -121,6 +124,7 @@ bool reduces_in_fp32(const cublasLtMatmulAlgo_t& algo) {
                                            &written) != CUBLAS_STATUS_SUCCESS)
     return true;
   if (split_k <= 1) return true;
+  if (deterministic) return false;
   if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
                                            &written) != CUBLAS_STATUS_SUCCESS)
     return false;
@@ -183,8 +187,10 @@ Status build_plan(cublasLtHandle_t handle, const LtProblem& p, const PlanKey& ke
   for (int i = 0; i < 4; ++i)
     NB_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof aligns[i]),
               "alignment preference", p);
-  // Split-K only with FP32 partial sums (see gemm_cublaslt.cu).
-  const uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  // Split-K only with FP32 partial sums, none in deterministic mode (see gemm_cublaslt.cu).
+  const uint32_t reduction_mask =
+      key.deterministic ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
+                        : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
   NB_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
                                                  sizeof reduction_mask),
             "reduction scheme preference", p);
@@ -195,7 +201,7 @@ Status build_plan(cublasLtHandle_t handle, const LtProblem& p, const PlanKey& ke
                                                      kHeuristicCandidates, results, &returned);
   for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
     if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
-    if (!reduces_in_fp32(results[i].algo)) continue;
+    if (!split_k_allowed(results[i].algo, key.deterministic)) continue;
     plan->algo = results[i].algo;
     return Status::ok();
   }
@@ -232,6 +238,7 @@ Status lt_matmul(const LtProblem& p, Stream stream) {
   key.align_a = alignment_of(p.a.data);
   key.align_b = alignment_of(p.b.data);
   key.align_c = alignment_of(p.c.data);
+  key.deterministic = deterministic_mode();
 
   Backend& be = backend();
   std::lock_guard<std::mutex> lock(be.mu);  // held through the launch: the scale pointers live in the plan

@@ -7,6 +7,8 @@
 // grows on demand and is freed at exit: the backward's FP32 dQ accumulator and softmax sum (and, packed
 // GQA, the per-query-head dK/dV) in front, then for packed calls the per-segment tables that a small
 // kernel derives from starts_device on the call's stream (no host synchronization), then cuDNN's own.
+// --deterministic-mode (core/determinism.h) builds graphs without the dQ accumulator (attention_graphs.h),
+// keyed apart from the default ones, and leaves its bytes out of the workspace.
 // Calls are serialised by a mutex; because the workspace is shared, calls must not run concurrently on
 // different streams.
 #include <cudnn.h>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "core/cuda_check.h"
+#include "core/determinism.h"
 #include "ops/attention.h"
 #include "ops/attention_graphs.h"
 #include "ops/cudnn_graph.h"
@@ -32,8 +35,8 @@ using namespace attention_graphs;
 using cudnn_graph::error_string;
 using cudnn_graph::Graph;
 
-// (backward, packed, graph batch, graph sequence, Hq, Hkv, D, device)
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+// (backward, packed, graph batch, graph sequence, Hq, Hkv, D, device, deterministic)
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
 
 // Process-wide state: one handle per device, the plan cache and the shared workspace.
 struct State {
@@ -80,14 +83,15 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
   cudnnHandle_t handle = nullptr;
   NB_TRY(current_handle(st, &handle));
   const int64_t b = packed ? packed->slots : sh.batch, s = packed ? packed->seq : sh.seq;
-  Key key{backward, packed != nullptr, b, s, sh.heads, sh.kv_heads, sh.head_dim, dev};
+  const bool det = deterministic_mode();
+  Key key{backward, packed != nullptr, b, s, sh.heads, sh.kv_heads, sh.head_dim, dev, det};
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     auto g = std::make_unique<Graph>(handle, backward ? "attention backward" : "attention forward", kFirstVirtual);
     if (backward)
-      build_backward(*g, sh, packed, old_padding_mask_rules());
+      build_backward(*g, sh, packed, old_padding_mask_rules(), det);
     else
-      build_forward(*g, sh, packed);
+      build_forward(*g, sh, packed, det);
     if (!g->status()) {
       std::string where = strprintf("B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", (long long)sh.batch, (long long)sh.seq,
                                     (long long)sh.heads, (long long)sh.kv_heads, (long long)sh.head_dim);
@@ -119,8 +123,11 @@ Status execute(State& st, Graph& g, cudaStream_t stream, const std::vector<int64
 
 int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// Bytes of the backward's own scratch placed in front of cuDNN's workspace.
-int64_t dq_accum_bytes(const AttentionShape& sh) { return sh.batch * sh.heads * sh.seq * sh.head_dim * 4; }
+// Bytes of the backward's own scratch placed in front of cuDNN's workspace (no dQ accumulator in
+// deterministic mode: the graph writes dQ directly).
+int64_t dq_accum_bytes(const AttentionShape& sh) {
+  return deterministic_mode() ? 0 : sh.batch * sh.heads * sh.seq * sh.head_dim * 4;
+}
 int64_t softmax_sum_bytes(const AttentionShape& sh) { return (sh.batch * sh.heads * sh.seq * 4 + 255) / 256 * 256; }
 
 // ---- Packed segments ----
@@ -214,8 +221,8 @@ Status backward_packed(State& st, const AttentionShape& sh, const Tensor* io, co
   // Token-sized ragged scratch: FP32 dQ accumulator, softmax sum, and for GQA the per-query-head dK and
   // dV (bf16 tensors, but cudnn-frontend reserves 4 bytes per element for them, and so do we).
   const int64_t tokens = packed_workspace_tokens(sh), per_head = align256(tokens * sh.heads * sh.head_dim * 4);
-  const bool gqa = sh.heads != sh.kv_heads;
-  const int64_t accum = 0, sums = accum + per_head, dk_full = sums + align256(tokens * sh.heads * 4);
+  const bool gqa = sh.heads != sh.kv_heads, det = deterministic_mode();
+  const int64_t accum = 0, sums = accum + (det ? 0 : per_head), dk_full = sums + align256(tokens * sh.heads * 4);
   const int64_t dv_full = dk_full + (gqa ? per_head : 0), tables = dv_full + (gqa ? per_head : 0);
   const Tables t = tables_at(tables, pk.slots);
   NB_TRY(ensure_workspace(st, t.end + g->workspace_bytes()));
@@ -225,9 +232,13 @@ Status backward_packed(State& st, const AttentionShape& sh, const Tensor* io, co
   float neg_inf =
       old_padding_mask_rules() ? std::numeric_limits<float>::lowest() : -std::numeric_limits<float>::infinity();
   // io: q, k, v, out, dout, lse, dq, dk, dv
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDQAccum, kSoftmaxSum, kScale, kNegInf, kOne};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kNegInf, kOne};
   std::vector<void*> ptrs{io[0].data, io[1].data, io[2].data, io[3].data, io[4].data, io[5].data, io[6].data,
-                          io[7].data, io[8].data, ws + accum, ws + sums,  &scale,     &neg_inf,   &one};
+                          io[7].data, io[8].data, ws + sums,  &scale,     &neg_inf,   &one};
+  if (!det) {
+    uids.push_back(kDQAccum);
+    ptrs.push_back(ws + accum);
+  }
   if (gqa) {
     uids.insert(uids.end(), {kDKFull, kDVFull});
     ptrs.insert(ptrs.end(), {ws + dk_full, ws + dv_full});
@@ -268,11 +279,14 @@ Status attention_backward_cudnn(const AttentionShape& sh, const Tensor& q, const
   NB_TRY(ensure_workspace(st, accum + sums + g->workspace_bytes()));
   char* base = static_cast<char*>(st.workspace);
   float scale = sh.scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
-  return execute(st, *g, static_cast<cudaStream_t>(stream),
-                 {kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kDQAccum, kSoftmaxSum, kScale, kNegInf, kOne},
-                 {q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data, dk.data, dv.data, base, base + accum,
-                  &scale, &neg_inf, &one},
-                 base + accum + sums);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kNegInf, kOne};
+  std::vector<void*> ptrs{q.data,  k.data,  v.data,       out.data, dout.data, lse.data, dq.data,
+                          dk.data, dv.data, base + accum, &scale,   &neg_inf,  &one};
+  if (accum > 0) {  // the default graph's FP32 dQ accumulator, in front of the softmax sum
+    uids.push_back(kDQAccum);
+    ptrs.push_back(base);
+  }
+  return execute(st, *g, static_cast<cudaStream_t>(stream), uids, ptrs, base + accum + sums);
 }
 
 int64_t attention_workspace_bytes() {

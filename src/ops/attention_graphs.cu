@@ -127,7 +127,7 @@ Packed packed_extents(const AttentionShape& sh, int64_t count, int64_t max_len) 
   return p;
 }
 
-void build_forward(Graph& g, const AttentionShape& sh, const Packed* packed) {
+void build_forward(Graph& g, const AttentionShape& sh, const Packed* packed, bool deterministic) {
   Io io = make_io(g, sh, packed);
   const Dims sdims = io.sdims(), sstr = io.sstr(), rdims = io.rdims(), rstr = io.rstr();
   auto q = io.q_like(kQ, CUDNN_DATA_BFLOAT16, io.off_q);
@@ -157,6 +157,7 @@ void build_forward(Graph& g, const AttentionShape& sh, const Packed* packed) {
   auto p = g.virt(CUDNN_DATA_BFLOAT16, sdims, sstr);  // the fused engine feeds P to the second GEMM in bf16
   g.pointwise(CUDNN_POINTWISE_DIV, e, row_sum, nullptr, p);
   g.matmul(p, v, o, io.by_keys());
+  g.require_deterministic(deterministic);
   g.build_plan();
 }
 
@@ -196,7 +197,8 @@ Desc score_grad(Io& io, Desc dout, Desc vt, Desc softmax_sum, Desc p, Desc scale
 
 }  // namespace
 
-void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bool with_second_padding_mask) {
+void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bool with_second_padding_mask,
+                    bool deterministic) {
   Io io = make_io(g, sh, packed);
   const int64_t Hq = io.Hq, s = io.s, D = io.D;
   auto q = io.q_like(kQ, CUDNN_DATA_BFLOAT16, io.off_q);
@@ -208,8 +210,6 @@ void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bo
   auto dq = io.q_like(kDQ, CUDNN_DATA_BFLOAT16, io.off_q);
   auto dk = io.kv_like(kDK, io.off_k);
   auto dv = io.kv_like(kDV, io.off_v);
-  auto dq_accum = io.packed ? io.q_like(kDQAccum, CUDNN_DATA_FLOAT, io.off_q)
-                            : g.tensor(kDQAccum, CUDNN_DATA_FLOAT, io.qdims(), {Hq * s * D, s * D, D, 1}, false);
   auto softmax_sum = io.stat(kSoftmaxSum);
   auto scale = g.scalar(kScale);
   auto neg_inf = g.scalar(kNegInf);
@@ -232,11 +232,20 @@ void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bo
   auto dst = g.virt(CUDNN_DATA_BFLOAT16, io.sdims(), io.sstr_t());
   g.reshape(ds, dst);
   kv_grad(io, dst, q, dk, kDKFull, io.off_k);
-  // dQ = dS K, accumulated in FP32 then converted
+  // dQ = dS K. Default: accumulated in an FP32 workspace tensor, which the key tiles add into with
+  // atomics (run-to-run noise), then converted. Deterministic: written straight to dQ, the graph of
+  // cudnn-frontend's set_deterministic_algorithm on Hopper (its "dP workspace" variant).
   auto k = g.virt(CUDNN_DATA_BFLOAT16, io.kvdims(), bshd_strides(s, io.Hkv, D), io.off_k);
   g.reshape(kt, k);
-  g.matmul(ds, k, dq_accum, io.by_keys());
-  g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq);
+  if (deterministic) {
+    g.matmul(ds, k, dq, io.by_keys());
+  } else {
+    auto dq_accum = io.packed ? io.q_like(kDQAccum, CUDNN_DATA_FLOAT, io.off_q)
+                              : g.tensor(kDQAccum, CUDNN_DATA_FLOAT, io.qdims(), {Hq * s * D, s * D, D, 1}, false);
+    g.matmul(ds, k, dq_accum, io.by_keys());
+    g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq);
+  }
+  g.require_deterministic(deterministic);
   g.build_plan();
 }
 

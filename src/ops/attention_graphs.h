@@ -7,7 +7,8 @@
 //   forward : S = Q K^T * scale; causal select(row >= col, S, -inf); m = max S; e = exp(S - m);
 //             l = sum e; Stats = m + log l; P = e / l (bf16); O = P V
 //   backward: Dsum = rowsum(dO * O); S as above minus Stats, causal select, P = exp(.)
-//             dV = P^T dO; dS = P * (dO V^T - Dsum) * scale; dK = dS^T Q; dQ = dS K (FP32 accumulator)
+//             dV = P^T dO; dS = P * (dO V^T - Dsum) * scale; dK = dS^T Q; dQ = dS K (FP32 accumulator,
+//             or, in deterministic mode, written directly)
 //             GQA: dK/dV are computed per query head and reduced over the group by a reduction op.
 // Whole rows: q/out/dout/dq [B,S,Hq,D] and k/v/dk/dv [B,S,Hkv,D] bf16 are given to cuDNN as [B,H,S,D]
 // with strides {S*H*D, D, H*D, 1} (no copies); K^T / V^T are the same memory with the last two dims
@@ -72,9 +73,11 @@ inline int64_t packed_workspace_tokens(const AttentionShape& sh) { return sh.bat
 
 // Appends the forward / backward graph of `sh` to g and builds its plan; packed == nullptr: whole rows.
 // with_second_padding_mask (backward, packed): repeat the padding mask after the Stats subtraction, the
-// cudnn-frontend workaround for cuDNN 9.0 - 9.9.
-void build_forward(cudnn_graph::Graph& g, const AttentionShape& sh, const Packed* packed);
+// cudnn-frontend workaround for cuDNN 9.0 - 9.9. deterministic (--deterministic-mode): the backward has
+// no FP32 dQ accumulator (kDQAccum is then not part of the graph) and both directions avoid engines cuDNN
+// notes as nondeterministic.
+void build_forward(cudnn_graph::Graph& g, const AttentionShape& sh, const Packed* packed, bool deterministic);
 void build_backward(cudnn_graph::Graph& g, const AttentionShape& sh, const Packed* packed,
-                    bool with_second_padding_mask);
+                    bool with_second_padding_mask, bool deterministic);
 
 }  // namespace nb::ops::attention_graphs

@@ -1,10 +1,14 @@
 // The cuDNN backend-graph builder and plan runner (see cudnn_graph.h). Every descriptor a Graph creates
 // is owned by it and destroyed with it; execution builds a variant pack per call (cheap next to the
-// kernels) so that plans stay stateless and can be cached by shape.
+// kernels) so that plans stay stateless and can be cached by shape. In deterministic mode the plan
+// skips engines whose numerical notes say nondeterministic (what cudnn-frontend's deselect_numeric_notes
+// does).
 #include "ops/cudnn_graph.h"
 
 #include <memory>
 #include <utility>
+
+#include "core/log.h"
 
 namespace nb::ops::cudnn_graph {
 
@@ -110,11 +114,41 @@ void Graph::build_plan() {
   set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_, "graph handle");
   finalize(graph, "operation graph");
   std::string tried;
-  for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
-    if (!status_) return;
-    if (try_heuristics(graph, mode, tried)) return;
+  // Deterministic mode: a first pass without the engines cuDNN notes as nondeterministic, then (only if
+  // it passed some over and found nothing) the usual choice with a warning.
+  skip_nondeterministic_ = deterministic_;
+  skipped_nondeterministic_ = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      if (!status_) return;
+      if (try_heuristics(graph, mode, tried)) {
+        if (pass == 1 && status_)
+          NB_LOG_WARN("cuDNN %s: every engine that runs it is noted nondeterministic; --deterministic-mode uses one",
+                      name_);
+        return;
+      }
+    }
+    if (!skip_nondeterministic_ || skipped_nondeterministic_ == 0) break;
+    skip_nondeterministic_ = false;
   }
   fail("no cuDNN engine can run this graph:" + tried);
+}
+
+bool Graph::noted_nondeterministic(cudnnBackendDescriptor_t cfg) {
+  auto engine = create(CUDNN_BACKEND_ENGINE_DESCRIPTOR, "engine");
+  if (!status_) return false;
+  int64_t n = 0;
+  if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) !=
+      CUDNN_STATUS_SUCCESS)
+    return false;  // no notes to read: nothing to object to
+  cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT] = {};
+  n = 0;
+  if (cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
+                               CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) != CUDNN_STATUS_SUCCESS)
+    return false;
+  for (int64_t i = 0; i < n && i < CUDNN_NUMERICAL_NOTE_TYPE_COUNT; ++i)
+    if (notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC) return true;
+  return false;
 }
 
 // True when it set the plan or failed for good; false (with a note in `tried`) to try the next mode.
@@ -144,6 +178,12 @@ bool Graph::try_heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_
     return true;
   }
   for (int64_t i = 0; i < count; ++i) {
+    if (skip_nondeterministic_ && noted_nondeterministic(cfgs[i])) {
+      ++skipped_nondeterministic_;
+      tried += strprintf(" [mode %d config %lld: noted nondeterministic]", int(mode), (long long)i);
+      continue;
+    }
+    if (!status_) return true;
     auto plan = create(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
     set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_, "plan handle");
     set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i], "plan config");

@@ -65,12 +65,17 @@ class Graph {
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
 
   // Finalizes the operation graph and takes the first engine config (heuristics mode A, then the
-  // fallback list) whose execution plan finalizes.
+  // fallback list) whose execution plan finalizes. With require_deterministic set, configs whose engine
+  // cuDNN notes as nondeterministic are passed over (--deterministic-mode); if that leaves none, the first
+  // usable one is taken with a warning, and the run's own bit-for-bit check is the judge.
   void build_plan();
+  void require_deterministic(bool on) { deterministic_ = on; }
 
  private:
   // Reads the heuristics results of one mode and keeps the first plan that finalizes; false if none.
   bool try_heuristics(cudnnBackendDescriptor_t graph, cudnnBackendHeurMode_t mode, std::string& tried);
+  // True when cuDNN notes the config's engine as nondeterministic (CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC).
+  bool noted_nondeterministic(cudnnBackendDescriptor_t cfg);
   cudnnBackendDescriptor_t create(cudnnBackendDescriptorType_t type, const char* what);
   void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
            int64_t count, const void* value, const char* what);
@@ -84,6 +89,9 @@ class Graph {
   cudnnBackendDescriptor_t plan_ = nullptr;
   int64_t workspace_ = 0;
   int64_t next_virtual_;
+  bool deterministic_ = false;
+  bool skip_nondeterministic_ = false;  // during build_plan's first pass in deterministic mode
+  int64_t skipped_nondeterministic_ = 0;
 };
 
 // Runs g's plan on `stream` with the tensors bound by uid (one pointer per uid; by-value tensors point

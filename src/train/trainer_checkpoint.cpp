@@ -42,6 +42,7 @@ bool free_on_resume(const std::string& key) {
                                 "finetune",
                                 "load-hf",
                                 "device",
+                                "deterministic-mode",
                                 "quant-stats",
                                 "on-nan",
                                 "peak-tflops",

@@ -124,3 +124,17 @@ TEST(TrainCliFlags, FourOverSixErrModeIsSavedInTheConfig) {
   CliRun r = run_nibble(kTiny + "--fp4-4over6-err-mode mse");  // 4/6 off: the metric would do nothing
   EXPECT_NE(r.code, 0) << r.out;
 }
+
+// --deterministic-mode (Megatron's flag) is a bare boolean like the others, printed in the resolved
+// configuration and kept in config.toml; the CPU backend, deterministic anyway, accepts it.
+TEST(TrainCliFlags, DeterministicModeIsPrintedAndSaved) {
+  const std::string dir = fresh_dir("deterministic");
+  CliRun r = run_nibble(kTiny + "--deterministic-mode --save " + dir);
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("deterministic_mode = true"), std::string::npos) << r.out;
+  EXPECT_EQ(config_value(dir, "deterministic_mode"), "true");
+  std::filesystem::remove_all(dir);
+  const std::string plain = train_ok("not_deterministic", "");
+  EXPECT_EQ(config_value(plain, "deterministic_mode"), "false");
+  std::filesystem::remove_all(plain);
+}

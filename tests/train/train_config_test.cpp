@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include "core/determinism.h"
 #include "model/llama_config.h"
 #include "train/lr_schedule.h"
 #include "train/train_config.h"
@@ -120,6 +121,26 @@ TEST(Trainer, TinyCpuRunLossFalls) {
   Status st = run_training(c, &s);
   ASSERT_TRUE(st.is_ok()) << st.message();
   EXPECT_LT(s.final_loss, s.first_loss - 0.5);
+}
+
+// --deterministic-mode reaches the process-wide switch the GEMM and attention plan caches key on, and a
+// later run without it switches it back off (one process may train several times, as the tests do).
+TEST(Trainer, DeterministicModeSetsAndClearsTheProcessSwitch) {
+  TrainConfig c;
+  c.device = "cpu";
+  c.model = "tiny";
+  c.train_iters = 1;
+  c.seq_length = 32;
+  c.log_interval = 100;
+  c.deterministic_mode = true;
+  TrainSummary s;
+  Status st = run_training(c, &s);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_TRUE(deterministic_mode());
+  c.deterministic_mode = false;
+  st = run_training(c, &s);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  EXPECT_FALSE(deterministic_mode());
 }
 
 TEST(Trainer, NonFiniteLossStopsOrSkips) {
