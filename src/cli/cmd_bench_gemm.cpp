@@ -1,5 +1,7 @@
 // `nibble bench gemm`: the BF16 GEMM ceiling (8192^3 through cuBLASLt) and the Llama-3.1-8B layer
 // shapes, plus the device-to-device copy bandwidth: the two ceilings every other figure is read against.
+// --format fp8|mxfp8|nvfp4 times the same Fprop shapes with both operands in that format, as the recipes
+// run them (the ceilings the step profiler's roofline reads each GEMM against).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -15,7 +17,9 @@ struct BenchGemmArgs {
   int iters = 20;
   bool markdown = false;
   bool in_loop = false;
-  double min_ceiling = -1;  // TFLOP/s the 8192^3 GEMM must reach; -1 = the device's expected floor
+  std::string format = "bf16";  // bf16 | fp8 | mxfp8 | nvfp4: the Fprop GEMMs' operand format
+  bool weight_cache = false;    // mxfp8/nvfp4: B (the weight) given dequantized, as --emulated-weight-cache
+  double min_ceiling = -1;      // TFLOP/s the 8192^3 GEMM must reach; -1 = the device's expected floor
 };
 
 // The floor below which the ceiling GEMM means a broken set-up (a poor cuBLASLt algorithm, a throttled or
@@ -66,6 +70,23 @@ int print_in_loop_table(const Shape* shapes, size_t count, const BenchGemmArgs& 
   return 0;
 }
 
+// One Fprop GEMM, Y[M,N] = X[M,K] W[N,K]^T, in the format --format names (TFLOP/s).
+Status measure_fprop(const Shape& sh, const BenchGemmArgs& a, double* tflops) {
+  if (a.format == "bf16") return gemm::measure_gemm_tflops(sh.m, sh.n, sh.k, a.iters, tflops);
+  gemm::GemmCall call;
+  call.quantized = true;
+  call.m = sh.m;
+  call.n = sh.n;
+  call.k = sh.k;
+  const gemm::QFormat f = a.format == "fp8"     ? gemm::QFormat::fp8_e4m3
+                          : a.format == "mxfp8" ? gemm::QFormat::mxfp8
+                                                : gemm::QFormat::nvfp4;
+  call.a.format = call.b.format = f;
+  call.b.given = a.weight_cache && f != gemm::QFormat::fp8_e4m3;
+  call.qopt.fast_accum = f == gemm::QFormat::fp8_e4m3;  // as the FP8 recipes' Fprop
+  return gemm::measure_gemm_call_tflops(call, a.iters, tflops);
+}
+
 int run_bench_gemm(const BenchGemmArgs& a) {
   std::string why;
   auto gpus = query_gpus(&why);
@@ -86,16 +107,17 @@ int run_bench_gemm(const BenchGemmArgs& a) {
   }
   if (a.markdown) {
     std::printf(
-        "BF16 GEMMs through cuBLASLt on %s (BF16 in and out, FP32 accumulation), median of %d runs; "
+        "%s GEMMs through cuBLASLt on %s (BF16 out, FP32 accumulation), median of %d runs; "
         "device-to-device copy of 1 GiB: %.0f GB/s (read + write).\n\n| GEMM (M x N x K) | TFLOP/s |\n|---|---:|\n",
-        gpus[0].name.c_str(), a.iters, copy_gbs);
+        a.format.c_str(), gpus[0].name.c_str(), a.iters, copy_gbs);
   } else {
-    std::printf("bench gemm on %s: D2D copy %.0f GB/s\n", gpus[0].name.c_str(), copy_gbs);
+    std::printf("bench gemm on %s: D2D copy %.0f GB/s; format %s%s\n", gpus[0].name.c_str(), copy_gbs, a.format.c_str(),
+                a.weight_cache ? " (weights given in BF16)" : "");
   }
   double ceiling = 0;
   for (const Shape& sh : shapes) {
     double tflops = 0;
-    s = gemm::measure_gemm_tflops(sh.m, sh.n, sh.k, a.iters, &tflops);
+    s = measure_fprop(sh, a, &tflops);
     if (!s) {
       std::fprintf(stderr, "error: %s\n", s.message().c_str());
       return 1;
@@ -108,7 +130,8 @@ int run_bench_gemm(const BenchGemmArgs& a) {
       std::printf("%-34s %6lld x %6lld x %6lld  %7.1f TFLOP/s\n", sh.name, (long long)sh.m, (long long)sh.n,
                   (long long)sh.k, tflops);
   }
-  const int rc = check_ceiling(gpus[0], ceiling, a.min_ceiling >= 0 ? a.min_ceiling : expected_ceiling_floor(gpus[0]));
+  const double floor = a.format != "bf16" ? 0.0 : a.min_ceiling >= 0 ? a.min_ceiling : expected_ceiling_floor(gpus[0]);
+  const int rc = check_ceiling(gpus[0], ceiling, floor);
   if (rc != 0 || !a.in_loop) return rc;
   return print_in_loop_table(shapes, 5, a);  // every shape but the LM head (BF16 in every recipe)
 }
@@ -121,6 +144,12 @@ void add_bench_gemm_command(CLI::App& bench) {
   g->add_option("--min-ceiling-tflops", a->min_ceiling,
                 "exit 3 if the 8192^3 GEMM is slower (default: 600 on Hopper, no check elsewhere; 0 = none)");
   g->add_flag("--markdown", a->markdown, "print a Markdown table for BENCHMARKS.md");
+  g->add_option("--format", a->format,
+                "operand format of the timed GEMMs: bf16, or fp8 (E4M3, per-tensor scale), mxfp8, nvfp4 (emulated "
+                "on Hopper) as the recipes run their Fprop")
+      ->check(CLI::IsMember({"bf16", "fp8", "mxfp8", "nvfp4"}));
+  g->add_flag("--weight-cache", a->weight_cache,
+              "with --format mxfp8/nvfp4: the weight operand given dequantized (--emulated-weight-cache)");
   g->add_flag("--in-loop", a->in_loop,
               "also time the Hopper GEMM that dequantizes MXFP8/NVFP4 A in its main loop against the emulation");
   g->callback([a] { exit_code() = run_bench_gemm(*a); });

@@ -13,6 +13,9 @@ Status measure_matmul_tflops(int64_t, int64_t, int64_t, const GemmArgs&, DType, 
 Status measure_in_loop_gemms(int64_t, int64_t, int64_t, int, InLoopTflops*) {
   return errorf("in-loop GEMM timing: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
 }
+Status measure_gemm_call_tflops(const GemmCall&, int, double*) {
+  return errorf("GEMM timing: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
+}
 Status measure_copy_bandwidth(size_t, int, double*) {
   return errorf("copy bandwidth: this nibble was built without the CUDA backend; rebuild with a CUDA toolkit");
 }

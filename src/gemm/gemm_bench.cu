@@ -1,4 +1,4 @@
-// GPU ceiling measurements: BF16 GEMM TFLOP/s through matmul() and D2D copy bandwidth (see
+// GPU ceiling measurements: GEMM TFLOP/s through matmul() and matmul_quantized() and D2D copy bandwidth (see
 // gemm_bench.h for the method). Inputs come from Philox so every run measures the same data.
 #include <algorithm>
 #include <functional>
@@ -176,6 +176,79 @@ Status measure_in_loop_gemms(int64_t m, int64_t n, int64_t k, int iters, InLoopT
   NB_TRY(tflops(in_loop(InLoopFormat::mxfp8, codes8, &scales8), &out->in_loop_mxfp8));
   NB_TRY(tflops(emulated(QFormat::nvfp4, codes4, scales4), &out->emulated_nvfp4));
   NB_TRY(tflops(in_loop(InLoopFormat::nvfp4, codes4, &scales4), &out->in_loop_nvfp4));
+  return Status::ok();
+}
+
+namespace {
+int64_t round_up(int64_t v, int64_t d) { return (v + d - 1) / d * d; }
+
+// Bytes of an operand's codes and scales in `d`'s format (upper bounds that hold for either layout).
+void operand_sizes(const GemmOperandDesc& d, int64_t rows, int64_t k, int64_t* data, int64_t* scales) {
+  const int64_t kb = (k + 127) / 128, rb = (rows + 127) / 128;
+  *data = rows * k;
+  switch (d.format) {
+    case QFormat::fp8_e4m3:
+    case QFormat::fp8_e5m2: *scales = 4; break;
+    case QFormat::fp8_block128: *scales = kb * round_up(rows, 4) * 4; break;
+    case QFormat::fp8_block128x128: *scales = rb * round_up(kb, 4) * 4; break;
+    case QFormat::mxfp8: *scales = rows * ((k + 31) / 32); break;
+    case QFormat::nvfp4:
+      *data = rows * ((k + 1) / 2);
+      *scales = rows * ((k + 15) / 16);
+      break;
+  }
+}
+
+// One operand of a replayed call: random codes without NaN, positive scales (FP32 scales as the bytes
+// 0x3C3C3C3C, about 0.0115; E8M0 2^-5; E4M3 1.0), an FP32 amax, and the BF16 copy when it is given.
+struct ReplayOperand {
+  Buffer data, scales, amax, bf16;
+  QOperand op;
+};
+Status make_operand(const GemmOperandDesc& d, int64_t rows, int64_t k, uint64_t seed, cudaStream_t s,
+                    ReplayOperand* out) {
+  int64_t data_bytes = 0, scale_bytes = 0;
+  operand_sizes(d, rows, k, &data_bytes, &scale_bytes);
+  NB_TRY(Buffer::allocate(&out->data, DType::u8, Device::cuda, {data_bytes + 256}).context("GEMM replay"));
+  NB_TRY(Buffer::allocate(&out->scales, DType::u8, Device::cuda, {scale_bytes + 256}).context("GEMM replay"));
+  NB_TRY(Buffer::allocate(&out->amax, DType::f32, Device::cuda, {1}).context("GEMM replay"));
+  const bool e5m2 = d.format == QFormat::fp8_e5m2, nvfp4 = d.format == QFormat::nvfp4;
+  fill_bytes(out->data, seed, nvfp4 ? 0xFFu : e5m2 ? 0xBFu : 0xF7u, 0, s);  // E4M3 without 0x7F, E5M2 finite
+  const int scale_byte = nvfp4 ? 0x38 : d.format == QFormat::mxfp8 ? 122 : 0x3C;
+  CUDA_CHECK(cudaMemsetAsync(out->scales.data(), scale_byte, size_t(scale_bytes + 256), s));
+  CUDA_CHECK(cudaMemsetAsync(out->amax.data(), 0x43, sizeof(float), s));
+  QOperand& q = out->op;
+  q.format = d.format;
+  q.rows = rows;
+  q.k = k;
+  q.data = out->data.data();
+  q.scales = out->scales.data();
+  q.amax = out->amax.ptr<float>();
+  q.k_major = d.k_major;
+  q.nvfp4_4over6 = d.four_over_six;
+  if (d.given) {
+    NB_TRY(Buffer::allocate(&out->bf16, DType::bf16, Device::cuda, {rows, k}).context("GEMM replay"));
+    fill_random(out->bf16.ptr<bf16>(), rows * k, seed + 100, s);
+    q.dequantized = out->bf16.data();
+  }
+  return Status::ok();
+}
+}  // namespace
+
+Status measure_gemm_call_tflops(const GemmCall& call, int iters, double* tflops) {
+  if (!call.quantized) return measure_matmul_tflops(call.m, call.n, call.k, call.args, call.c_dtype, iters, tflops);
+  if (call.m < 1 || call.n < 1 || call.k < 1) return errorf("GEMM replay: M, N, K must be positive");
+  StreamOwner stream;
+  ReplayOperand a, b;
+  NB_TRY(make_operand(call.a, call.m, call.k, 11, stream.s, &a));
+  NB_TRY(make_operand(call.b, call.n, call.k, 12, stream.s, &b));
+  Buffer c;
+  NB_TRY(Buffer::allocate(&c, call.c_dtype, Device::cuda, {call.m, call.n}).context("GEMM replay"));
+  CUDA_CHECK(cudaMemsetAsync(c.data(), 0, size_t(c.tensor().bytes()), stream.s));
+  double ms = 0;
+  NB_TRY(median_ms(
+      iters, stream.s, [&] { return matmul_quantized(a.op, b.op, c.tensor(), call.qopt, stream.s); }, &ms));
+  *tflops = call.flops() / (ms * 1e-3) / 1e12;
   return Status::ok();
 }
 

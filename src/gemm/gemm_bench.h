@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "gemm/gemm.h"
+#include "gemm/gemm_call.h"
 
 namespace nb::gemm {
 
@@ -33,6 +34,11 @@ struct InLoopTflops {
   double emulated_nvfp4 = 0, in_loop_nvfp4 = 0;
 };
 Status measure_in_loop_gemms(int64_t m, int64_t n, int64_t k, int iters, InLoopTflops* out);
+
+// The call `call` describes (gemm_call.h: formats, layouts, beta, C's type) replayed on random operands of the
+// same layout (codes without NaN, positive scales); tflops = 2*M*N*K / median time / 1e12. The ceiling the
+// step profiler reads each GEMM of a run against, and `nibble bench gemm --format`'s figures.
+Status measure_gemm_call_tflops(const GemmCall& call, int iters, double* tflops);
 
 // cudaMemcpyAsync device-to-device of `bytes`; gbps = 2 * bytes (read + written) / median time / 1e9.
 Status measure_copy_bandwidth(size_t bytes, int iters, double* gbps);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 #include "formats/scalar_codecs.h"
+#include "gemm/gemm_call.h"
 
 namespace nb::gemm {
 namespace {
@@ -210,6 +211,7 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
   const int64_t m = a.rows, n = b.rows, k = a.k;
   if (m == 0 || n == 0) return Status::ok();
   if (c.device == Device::cpu) return matmul_quantized_cpu(a, b, cv, opt.beta);
+  const ProfiledGemm profiled(a, b, c.dtype, opt);  // a timed sub-interval while profiling
 
   if (fa == Family::mxfp8 || fa == Family::nvfp4)
     return detail::emulated_matmul_cuda(a, b, cv, m, n, k, opt.beta, stream);

@@ -10,6 +10,7 @@
 #include "core/gpu_profile.h"
 #include "gemm/gemm.h"
 #include "model/llama_internal.h"
+#include "model/step_work.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -205,19 +206,23 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   auto& a = A_.layer[size_t(l)];
   auto& lin = m_.linears_[size_t(l)];
   NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
+  NB_PROFILE_WORK("fwd: norm + qkv GEMM", work::rmsnorm_forward(T_, c_.hidden));  // + the GEMM's own
   ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, a.n1, a.rstd1, st_);
   const Tensor qkv = A_.qkv.data ? A_.qkv : borrow(a.gu, T_, qkv_dim_);  // gu is written later in this layer
   NB_TRY(lin[0].forward(a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv, 0.f, st_));
   NB_TRY(adapt_forward(l, 0, a.n1, qkv));
   NB_PROFILE_END("fwd: norm + qkv GEMM");
   NB_PROFILE_BEGIN("fwd: rope + split");
+  NB_PROFILE_WORK("fwd: rope + split", work::rope(T_, c_.q_dim(), c_.kv_dim()));
   ops::rope_split_qkv(reshape4(qkv, B_, S_, qkv_heads_, c_.head_dim), cos_, sin_, q4(a.q), kv4(a.k), kv4(a.v), st_,
                       pos_);
   NB_PROFILE_END("fwd: rope + split");
   NB_PROFILE_BEGIN("fwd: attention");
+  NB_PROFILE_WORK("fwd: attention", work::attention_forward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
   NB_TRY(ops::attention_forward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_, segs_));
   NB_PROFILE_END("fwd: attention");
   NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
+  NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
   NB_TRY(copy_tensor(a.mid, A_.resid[l]));
   NB_TRY(lin[1].forward(a.o, weight(l, 1, w.wo, w.mo), a.mid, 1.f, st_));  // mid = resid + o Wo^T
   NB_TRY(adapt_forward(l, 1, a.o, a.mid));
@@ -226,11 +231,15 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_TRY(adapt_forward(l, 2, a.n2, a.gu));
   NB_PROFILE_END("fwd: o + norm + gate_up");
   NB_PROFILE_BEGIN("fwd: swiglu + down");
+  NB_PROFILE_WORK("fwd: swiglu + down",
+                  work::swiglu_forward(T_, c_.ffn) + (write_output ? work::copy(T_, c_.hidden) : work::Work{}));
   ops::swiglu_forward(a.gu, a.a, st_);
   if (write_output) {
     NB_TRY(copy_tensor(A_.resid[l + 1], a.mid));
     NB_TRY(lin[3].forward(a.a, weight(l, 3, w.wdown, w.mdown), A_.resid[l + 1], 1.f, st_));  // resid' = mid + a Wdown^T
     NB_TRY(adapt_forward(l, 3, a.a, A_.resid[l + 1]));
+  } else if (lin[3].input_copy_shared()) {
+    NB_TRY(lin[3].quantize_input(a.a, st_));  // its Wgrad's copy lives in a slot the other layers overwrote
   }
   NB_PROFILE_END("fwd: swiglu + down");
   return Status::ok();
@@ -252,6 +261,7 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
     if (m_.logits_sink_)  // before CE overwrites them
       NB_TRY(m_.copy_logits_to_host(logits, m_.logits_sink_ + t0 * c_.vocab));
     NB_PROFILE_BEGIN("lm: cross-entropy");
+    NB_PROFILE_WORK("lm: cross-entropy", work::cross_entropy(t1 - t0, c_.vocab));
     ops::cross_entropy_fwd_bwd(logits, rows(targets_, t0, t1), backward_ ? grad_scale : 0.f, rows(A_.losses, t0, t1),
                                st_);
     NB_PROFILE_END("lm: cross-entropy");
@@ -285,6 +295,7 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
   NB_TRY(adapt_backward(l, 3, dx, a.a, A_.da));
   NB_PROFILE_END("bwd: down GEMMs");
   NB_PROFILE_BEGIN("bwd: swiglu");
+  NB_PROFILE_WORK("bwd: swiglu", work::swiglu_backward(T_, c_.ffn));
   ops::swiglu_backward(a.gu, A_.da, A_.dgu, st_);
   NB_PROFILE_END("bwd: swiglu");
   NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
@@ -292,6 +303,7 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
   NB_TRY(adapt_backward(l, 2, A_.dgu, a.n2, A_.dn));
   NB_PROFILE_END("bwd: gate_up GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
+  NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
   ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A_.dn, A_.dmid, w.g_post, st_);
   ops::add_inplace(A_.dmid, dx, st_);
   NB_PROFILE_END("bwd: norms + adds");
@@ -308,10 +320,12 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_TRY(adapt_backward(l, 1, A_.dmid, a.o, A_.dout));
   NB_PROFILE_END("bwd: o GEMMs");
   NB_PROFILE_BEGIN("bwd: attention");
+  NB_PROFILE_WORK("bwd: attention", work::attention_backward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
   NB_TRY(ops::attention_backward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq), kv4(A_.dk),
                                  kv4(A_.dv), st_, segs_));
   NB_PROFILE_END("bwd: attention");
   NB_PROFILE_BEGIN("bwd: rope + merge");
+  NB_PROFILE_WORK("bwd: rope + merge", work::rope(T_, c_.q_dim(), c_.kv_dim()));
   const Tensor dqkv = A_.dqkv.data ? A_.dqkv : borrow(A_.dgu, T_, qkv_dim_);  // dgu is dead after gate_up's backward
   ops::rope_merge_qkv_grad(q4(A_.dq), kv4(A_.dk), kv4(A_.dv), cos_, sin_,
                            reshape4(dqkv, B_, S_, qkv_heads_, c_.head_dim), st_, pos_);
@@ -321,6 +335,7 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_TRY(adapt_backward(l, 0, dqkv, a.n1, A_.dn));
   NB_PROFILE_END("bwd: qkv GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
+  NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
   ops::rmsnorm_backward(A_.resid[l], w.w_in, a.rstd1, A_.dn, dx_next, w.g_in, st_);
   ops::add_inplace(dx_next, A_.dmid, st_);
   NB_PROFILE_END("bwd: norms + adds");

@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include "core/gpu_profile.h"
 #include "core/log.h"
+#include "model/step_work.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "train/quant_stats.h"
+#include "train/roofline.h"
 
 namespace nb {
 
@@ -49,6 +51,11 @@ int64_t trained_tokens(const std::vector<int32_t>& labels) {
   return std::count_if(labels.begin(), labels.end(), [](int32_t l) { return l >= 0; });
 }
 
+// --profile: the roofline of the step (train/roofline.h); its files go to --profile-dir, or --save.
+Status report_roofline(const TrainConfig& cfg, const std::string& title, double step_ms) {
+  return roofline::report(title, step_ms, cfg.profile_dir.empty() ? cfg.save : cfg.profile_dir);
+}
+
 }  // namespace
 
 Trainer::Trainer() = default;
@@ -61,6 +68,7 @@ Status Trainer::step(StepMetrics* m) {
   const double gathered0 = fsdp_ ? fsdp_->gathered_bytes() : 0, reduced0 = fsdp_ ? fsdp_->reduced_bytes() : 0;
   NB_TRY(run_micro_batches(&loss_sum, &wait_ms));
   NB_PROFILE_BEGIN("optimizer: norm + AdamW");
+  NB_PROFILE_WORK("optimizer: norm + AdamW", work::grad_norm_adamw(model_.params().shard_len()));
   StepFigures f;
   NB_TRY(reduce_step_figures(loss_sum, &f));
   const double lr = sched_.at(it);
@@ -311,17 +319,14 @@ Status Trainer::train(TrainSummary* summary) {
   m.global_batch = cfg_.global_batch_size;
   double time_sum_ms = 0, optimizer_sum_ms = 0;
   int64_t timed_steps = 0;
+  if (cfg_.profile && dev_ == Device::cuda) profile::set_enabled(true);
   while (iteration_ < cfg_.train_iters) {
     Timer step_timer;
     NB_TRY(step(&m));
     const int64_t it = iteration_ - 1;
-    if (dev_ == Device::cuda && profile::enabled()) {  // the first step (plans, autotuning) is left out
-      if (it == summary->start_iteration)
-        profile::reset();
-      else
-        profile::collect(iteration_ == cfg_.train_iters);
-    }
     const double step_ms = step_timer.ms();
+    if (dev_ == Device::cuda && profile::enabled())  // the first step (plans, autotuning) is left out
+      it == summary->start_iteration ? profile::reset() : profile::collect(false);
     if (it > summary->start_iteration) {
       time_sum_ms += step_ms;
       optimizer_sum_ms += m.optimizer_ms;
@@ -360,6 +365,9 @@ Status Trainer::train(TrainSummary* summary) {
     }
   }
   streamer_.wait_all();
+  if (dev_ == Device::cuda && profile::enabled() && logging_rank())  // the roofline of the step (roofline.h)
+    NB_TRY(report_roofline(cfg_, model_cfg_.name + ", " + cfg_.recipe + ", " + device_name_,
+                           timed_steps ? time_sum_ms / double(timed_steps) : 0.0));
   if (summary->stopped_by.empty()) NB_TRY(evaluate(iteration_, summary));
   NB_TRY(finish_saves(summary));
   NB_TRY(write_lora_adapter());
