@@ -60,8 +60,8 @@ def section(out, commit):
     bw, bw_name = bandwidth(gpu)
     lines = [f"## Generation: llama3.2-1b on one GPU ({gpu or 'unknown GPU'})", "",
              f"`bash scripts/benchmark_generate.sh` (commit {commit}): a random llama3.2-1b in BF16, greedy, end tokens "
-             "ignored; nibble generate (BF16 weights and KV cache, cuBLASLt GEMMs, one decode kernel per (sequence, "
-             "head)) beside transformers' generate (BF16, sdpa, dynamic and static cache, no torch.compile). Bound: "
+             "ignored; nibble generate (BF16 weights and KV cache; decode steps replayed as CUDA graphs, matrix-vector "
+             "kernels for the linears at batch <= 8, cuBLASLt above; timed after one warm-up run) beside transformers' generate (BF16, sdpa, dynamic and static cache, no torch.compile). Bound: "
              f"HBM {bw / 1e12:.2f} TB/s ({bw_name} datasheet) over the bytes a step reads (weights "
              f"{WEIGHT_BYTES / 1e9:.2f} GB plus each sequence's cache).", "",
              "| batch | nibble prefill tok/s | nibble decode tok/s | transformers decode tok/s (dynamic / static) "

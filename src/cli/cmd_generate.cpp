@@ -26,7 +26,7 @@ struct GenerateArgs {
   std::string adapter, tokenizer, prompt, prompts, device = "auto", out, logits_out;
   int64_t max_new_tokens = 64, batch_size = 0;
   infer::SamplingParams sampling;
-  bool ignore_eos = false, merge_adapter = false;
+  bool ignore_eos = false, merge_adapter = false, warmup = false;
 };
 
 struct Loaded {
@@ -161,6 +161,10 @@ Status run_generate(const GenerateArgs& a) {
   std::ofstream out;
   if (!a.out.empty()) out.open(a.out);
   if (!a.out.empty() && !out) return errorf("cannot write --out %s", a.out.c_str());
+  if (a.warmup) {  // one untimed pass of the first batch: plans, kernels and decode graphs made outside the timing
+    infer::GenerateResult r;
+    NB_TRY(gen.generate({ids.begin(), ids.begin() + long(std::min(ids.size(), size_t(batch)))}, o, &r));
+  }
   double prefill_s = 0, decode_s = 0;
   int64_t prompt_tokens = 0, decode_tokens = 0;
   for (size_t first = 0; first < ids.size(); first += size_t(batch)) {
@@ -205,6 +209,7 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch-size", a->batch_size, "Prompts per batch (0 = all at once)")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end tokens (benchmarks, parity checks)");
+  cmd->add_flag("--warmup", a->warmup, "Run the first batch once untimed before the timed runs (benchmarks)");
   cmd->add_option("--device", a->device, "cpu (FP32), cuda (BF16) or auto")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

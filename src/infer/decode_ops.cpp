@@ -1,6 +1,7 @@
 // CPU reference and device dispatch of the decode kernels (see decode_ops.h).
 #include "infer/decode_ops.h"
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -114,6 +115,23 @@ void advance_positions(const Tensor& pos, Stream stream) {
   NB_CHECK(pos.dtype == DType::i32, "advance_positions: pos must be i32");
   if (pos.device == Device::cuda) NB_OPS_CUDA("advance_positions", detail::advance_positions_cuda(pos, stream));
   for (int64_t b = 0; b < pos.numel(); ++b) ++pos.ptr<int32_t>()[b];
+}
+
+bool gemv_fits(const Tensor& x, const Tensor& w, const Tensor& y) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (x.device != Device::cuda || w.device != Device::cuda || y.device != Device::cuda) return false;
+  if (x.dtype != DType::bf16 || w.dtype != DType::bf16 || (y.dtype != DType::bf16 && y.dtype != DType::f32))
+    return false;
+  if (!x.is_contiguous() || !w.is_contiguous() || !y.is_contiguous() || w.ndim != 2) return false;
+  const int64_t M = ops::detail::rows_of(x), K = ops::detail::cols_of(x), N = w.shape[0];
+  return M >= 1 && M <= kGemvMaxRows && K == w.shape[1] && K % 8 == 0 && ops::detail::rows_of(y) == M &&
+         ops::detail::cols_of(y) == N && aligned(x.data) && aligned(w.data);
+}
+
+void decode_gemv(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate, Stream stream) {
+  NB_CHECK(gemv_fits(x, w, y), "decode_gemv: x %s, W %s and y %s do not fit it (see gemv_fits)", x.shape_str().c_str(),
+           w.shape_str().c_str(), y.shape_str().c_str());
+  NB_OPS_CUDA("decode_gemv", detail::decode_gemv_cuda(x, w, y, accumulate, stream));
 }
 
 }  // namespace nb::infer

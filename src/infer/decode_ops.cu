@@ -1,7 +1,9 @@
-// CUDA kernels of the decode path (see decode_ops.h). Correctness first: each kernel is the plainest
-// form that reads every byte once; the attention is one block per (sequence, query head).
+// CUDA kernels of the decode path (see decode_ops.h): the cache write, the attention over the cache (one
+// block per (sequence, query head); the BF16 kernel keeps many positions' 16-byte loads in flight, since at a
+// few sequences the attention is bound by load latency, not bandwidth), the argmax and the position counter.
 #include <cmath>
 #include <climits>
+#include <cstdint>
 #include "infer/decode_ops.h"
 #include "ops/cuda_common.cuh"
 #include "ops/ops_common.h"
@@ -84,6 +86,67 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
+constexpr int kVecThreads = 256;  // threads of the vectorized attention block
+constexpr int kVecUnroll = 4;     // positions per lane group per iteration (their loads issued together)
+
+// Block (b, h) as cache_attn_kernel, BF16 with head_dim D in {32, 64, 128, 256}: G = D / 8 consecutive lanes
+// own one position (8 dims each: one 16-byte load of the key and one of the value), the block's groups walk
+// positions j0 + group + k * groups (k < kVecUnroll), and positions past pos[b] are masked, so every lane of
+// a warp takes the same number of steps (the group shuffles stay full).
+template <int D>
+__global__ void __launch_bounds__(kVecThreads)
+    cache_attn_vec_kernel(const bf16* q, const bf16* ck, const bf16* cv, const int32_t* pos, bf16* out, int Hq, int Hkv,
+                          int64_t L, float scale) {
+  constexpr int G = D / 8, kGroups = kVecThreads / G;
+  __shared__ float s_max[kGroups], s_sum[kGroups];
+  __shared__ float s_acc[kGroups][D];
+  const int b = blockIdx.x / Hq, h = blockIdx.x % Hq, kvh = h / (Hq / Hkv);
+  const int grp = int(threadIdx.x) / G, sub = int(threadIdx.x) % G;
+  const int64_t n = min(int64_t(pos[b]) + 1, L);
+  float qr[8], acc[8] = {};
+  load_vec<bf16, 8>(q + (int64_t(b) * Hq + h) * D + sub * 8, qr);
+  NB_UNROLL for (int i = 0; i < 8; ++i) qr[i] *= scale;
+  const int64_t row = int64_t(Hkv) * D, base = int64_t(b) * L * row + int64_t(kvh) * D + sub * 8;
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j0 = 0; j0 < n; j0 += int64_t(kGroups) * kVecUnroll) {
+    uint4 kr[kVecUnroll], vr[kVecUnroll];
+    NB_UNROLL for (int u = 0; u < kVecUnroll; ++u) {
+      const int64_t j = j0 + grp + int64_t(u) * kGroups;
+      kr[u] = j < n ? *reinterpret_cast<const uint4*>(ck + base + j * row) : make_uint4(0, 0, 0, 0);
+      vr[u] = j < n ? *reinterpret_cast<const uint4*>(cv + base + j * row) : make_uint4(0, 0, 0, 0);
+    }
+    NB_UNROLL for (int u = 0; u < kVecUnroll; ++u) {
+      const bf16* ke = reinterpret_cast<const bf16*>(&kr[u]);
+      float dot = 0.f;
+      NB_UNROLL for (int i = 0; i < 8; ++i) dot += qr[i] * to_f32(ke[i]);
+      NB_UNROLL for (int o = G / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (j0 + grp + int64_t(u) * kGroups >= n) continue;  // a masked position (after the full shuffle)
+      const float mn = fmaxf(m, dot), corr = expf(m - mn), p = expf(dot - mn);
+      const bf16* ve = reinterpret_cast<const bf16*>(&vr[u]);
+      l = l * corr + p;
+      NB_UNROLL for (int i = 0; i < 8; ++i) acc[i] = acc[i] * corr + p * to_f32(ve[i]);
+      m = mn;
+    }
+  }
+  if (sub == 0) {
+    s_max[grp] = m;
+    s_sum[grp] = l;
+  }
+  NB_UNROLL for (int i = 0; i < 8; ++i) s_acc[grp][sub * 8 + i] = acc[i];
+  __syncthreads();
+  const int d = int(threadIdx.x);
+  if (d >= D) return;
+  float M = -INFINITY;
+  for (int g = 0; g < kGroups; ++g) M = fmaxf(M, s_max[g]);
+  float total = 0.f, o = 0.f;
+  for (int g = 0; g < kGroups; ++g) {  // fixed order: the result does not depend on timing
+    const float f = s_max[g] == -INFINITY ? 0.f : expf(s_max[g] - M);  // a group that saw no position
+    total += s_sum[g] * f;
+    o += s_acc[g][d] * f;
+  }
+  out[(int64_t(b) * Hq + h) * D + d] = from_f32<bf16>(o / total);
+}
+
 // (value, index) order of the argmax: larger value first, then the smaller index.
 NB_DEVICE bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
 
@@ -147,6 +210,20 @@ Status cache_attention_cuda(const Tensor& q, const Tensor& cache_k, const Tensor
   const int64_t Hq = q.shape[1];
   if (D > 32 * kMaxPer)
     return errorf("decode attention supports head_dim up to %d, the model has %lld", 32 * kMaxPer, (long long)D);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (q.dtype == DType::bf16 && aligned(q.data) && aligned(cache_k.data) && aligned(cache_v.data)) {
+    const auto vec = [&](auto kernel) {
+      kernel<<<unsigned(B * Hq), kVecThreads, 0, as_cuda(s)>>>(q.ptr<bf16>(), cache_k.ptr<bf16>(), cache_v.ptr<bf16>(),
+                                                               pos.ptr<int32_t>(), out.ptr<bf16>(), int(Hq), int(Hkv),
+                                                               L, scale);
+      CUDA_CHECK_LAUNCH();
+      return Status::ok();
+    };
+    if (D == 32) return vec(cache_attn_vec_kernel<32>);
+    if (D == 64) return vec(cache_attn_vec_kernel<64>);
+    if (D == 128) return vec(cache_attn_vec_kernel<128>);
+    if (D == 256) return vec(cache_attn_vec_kernel<256>);
+  }
   dispatch(q.dtype, [&](auto tt) {
     using E = decltype(tt);
     cache_attn_kernel<E><<<unsigned(B * Hq), kWarps * 32, 0, as_cuda(s)>>>(

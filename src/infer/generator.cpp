@@ -4,6 +4,11 @@
 // B in decode): residual [T,H] (updated in place), norm output [T,H], qkv [T,qd+2kvd], q/o [T,qd],
 // k/v [T,kvd], gate_up [T,2F], SwiGLU output [T,F]; logits [B,V] FP32; with LoRA adapters h [T, r].
 //
+// Decode steps on CUDA run on the generator's own stream (ordered after and before the default stream's work
+// by events), their linears at up to kGemvMaxRows rows as decode_gemv (a pass over each weight), and each
+// step's kernels are recorded once per batch size in a CUDA graph and replayed (infer/decode_graph.h).
+// Prefill keeps the training forward's kernels (cuBLASLt GEMMs, cuDNN attention) on the default stream.
+//
 // LoRA adapters run unmerged, in the training forward's order (model/llama_pass.cpp, forward_layer): each
 // adapted linear's base GEMM first, then lora_forward adds scale * (x A^T) B^T into the same output (for
 // o and down that output is the residual, as in training). On the CPU every op here is the training
@@ -11,7 +16,9 @@
 #include "infer/generator.h"
 #include <algorithm>
 #include <cmath>
+#include "core/stream_event.h"
 #include "gemm/gemm.h"
+#include "infer/decode_graph.h"
 #include "infer/decode_ops.h"
 #include "model/lora.h"
 #include "ops/attention.h"
@@ -52,17 +59,42 @@ struct Generator::Impl {
   std::vector<Buffer> ck, cv;
   std::vector<int32_t> len;  // host: each row's next position
   std::vector<char> done;    // rows whose positions no longer advance (generate() finished them)
+  Stream st = nullptr;       // the stream the ops queue on: the default one, or `side` during a decode step
+  SideStream side;           // decode steps' stream (CUDA; the default stream on the CPU backend)
+  StreamEvent after_default, after_step;
+  StepGraphs graphs;  // one decode step per (batch, argmax or not), replayed
 
   Status allocate(int64_t tokens);
   Tensor weight(const Tensor& compute, const Tensor& master);
   Status adapt(const LayerWeights& lw, int i, const Tensor& x, const Tensor& y);
+  Status linear(const Tensor& x, const Tensor& w, const Tensor& y, float beta, bool decode);
   Status layer(int64_t l, int64_t Bn, int64_t S, bool decode);
   Status forward(int64_t Bn, int64_t S, bool decode);
-  Status head(const Tensor& rows, const Tensor& out);
+  Status head(const Tensor& rows, const Tensor& out, bool decode);
+  Status decode_step(int64_t Bn, bool argmax);
+  Status run_step(const int32_t* host_ids, std::vector<float>* out_logits, std::vector<int32_t>* next_ids);
+  Status copy_to_host(void* dst, const Buffer& src, size_t bytes);
 };
 
 Generator::Generator() : impl_(new Impl) {}
 Generator::~Generator() { delete impl_; }
+
+// A decode step's y = x W^T (+ y when beta = 1): decode_gemv where it fits (a few rows on CUDA), else the
+// training forward's GEMM (always on the CPU backend, so CPU logits stay bit-exact).
+Status Generator::Impl::linear(const Tensor& x, const Tensor& w, const Tensor& y, float beta, bool decode) {
+  if (decode && gemv_fits(x, w, y)) {
+    decode_gemv(x, w, y, beta != 0.f, st);
+    return Status::ok();
+  }
+  return gemm::matmul(x, w, y, nt(beta), st);
+}
+
+// Device-to-host copy on the ops' stream; the host waits for it (pageable memory: the copy is done then).
+Status Generator::Impl::copy_to_host(void* dst, const Buffer& src, size_t bytes) {
+  NB_TRY(copy_bytes_async(dst, Device::cpu, src.data(), dev, bytes, st));
+  if (dev == Device::cuda) stream_synchronize(st);
+  return Status::ok();
+}
 
 Status Generator::Impl::allocate(int64_t tokens) {
   if (tokens <= cap) return Status::ok();
@@ -82,6 +114,7 @@ Status Generator::Impl::allocate(int64_t tokens) {
   NB_TRY(Buffer::allocate(&tok_pos, DType::i32, dev, {tokens}));
   if (w.lora_rank > 0) NB_TRY(Buffer::allocate(&lora_h, dt, dev, {tokens, w.lora_rank}));
   cap = tokens;
+  graphs.clear();  // they point at the buffers just replaced
   return Status::ok();
 }
 
@@ -96,6 +129,11 @@ Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev
   m.dt = dev == Device::cuda ? DType::bf16 : DType::f32;
   m.max_b = max_batch;
   m.L = max_len;
+  m.graphs.clear();
+  m.cap = 0;  // a second init: fresh buffers for the new weights and shapes
+  NB_TRY(m.side.create(dev));
+  NB_TRY(m.after_default.create(dev));
+  NB_TRY(m.after_step.create(dev));
   B_ = 0;
   L_ = max_len;
   NB_TRY(m.allocate(max_batch));
@@ -136,7 +174,7 @@ Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev
 Tensor Generator::Impl::weight(const Tensor& compute, const Tensor& master) {
   if (compute.data) return compute;
   const Tensor s = Tensor::make(stage.data(), dt, dev, {master.shape[0], master.shape[1]});
-  ops::cast(master, s, nullptr);
+  ops::cast(master, s, st);
   return s;
 }
 
@@ -147,7 +185,7 @@ Status Generator::Impl::adapt(const LayerWeights& lw, int i, const Tensor& x, co
   if (!mod.a.data) return Status::ok();
   LoraScratch s;
   s.h = lora_h.tensor();
-  return lora_forward(mod, x, s, y, RngKey{}, nullptr);
+  return lora_forward(mod, x, s, y, RngKey{}, st);
 }
 
 // Layer l over Bn x S tokens: prefill (S = S_max, causal attention over the new keys) or decode (S = 1,
@@ -155,11 +193,10 @@ Status Generator::Impl::adapt(const LayerWeights& lw, int i, const Tensor& x, co
 Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
   const LayerWeights& lw = w.layers[size_t(l)];
   const int64_t T = Bn * S, H = c.hidden, hd = c.head_dim, Hq = c.heads, Hkv = c.kv_heads;
-  const Stream st = nullptr;
   const Tensor X = view(x, {T, H}), N = view(n, {T, H}), R = view(rstd, {T});
   const Tensor QKV = view(qkv, {T, c.q_dim() + 2 * c.kv_dim()});
   ops::rmsnorm_forward(X, lw.w_in, c.norm_eps, N, R, st);
-  NB_TRY(gemm::matmul(N, weight(lw.wqkv, lw.mqkv), QKV, nt(0.f), st));
+  NB_TRY(linear(N, weight(lw.wqkv, lw.mqkv), QKV, 0.f, decode));
   NB_TRY(adapt(lw, 0, N, QKV));
   const Tensor q4 = view(q, {Bn, S, Hq, hd}), k4 = view(k, {Bn, S, Hkv, hd}), v4 = view(v, {Bn, S, Hkv, hd}),
                o4 = view(o, {Bn, S, Hq, hd});
@@ -177,29 +214,38 @@ Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
     const ops::AttentionShape ash{Bn, S, Hq, Hkv, hd, scale};
     NB_TRY(ops::attention_forward(ash, q4, k4, v4, o4, view(lse, {Bn, Hq, S}), st));
   }
-  NB_TRY(gemm::matmul(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, nt(1.f), st));
+  NB_TRY(linear(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, 1.f, decode));
   NB_TRY(adapt(lw, 1, view(o, {T, c.q_dim()}), X));
   ops::rmsnorm_forward(X, lw.w_post, c.norm_eps, N, R, st);
   const Tensor GU = view(gu, {T, 2 * c.ffn}), A = view(a, {T, c.ffn});
-  NB_TRY(gemm::matmul(N, weight(lw.wgu, lw.mgu), GU, nt(0.f), st));
+  NB_TRY(linear(N, weight(lw.wgu, lw.mgu), GU, 0.f, decode));
   NB_TRY(adapt(lw, 2, N, GU));
   ops::swiglu_forward(GU, A, st);
-  NB_TRY(gemm::matmul(A, weight(lw.wdown, lw.mdown), X, nt(1.f), st));
+  NB_TRY(linear(A, weight(lw.wdown, lw.mdown), X, 1.f, decode));
   return adapt(lw, 3, A, X);
 }
 
 Status Generator::Impl::forward(int64_t Bn, int64_t S, bool decode) {
-  ops::embedding_forward(w.embed, view(ids, {Bn * S}), view(x, {Bn * S, c.hidden}), nullptr);
+  ops::embedding_forward(w.embed, view(ids, {Bn * S}), view(x, {Bn * S, c.hidden}), st);
   for (int64_t l = 0; l < c.layers; ++l) NB_TRY(layer(l, Bn, S, decode));
   return Status::ok();
 }
 
 // Final norm and LM head of `rows` [R, H] into FP32 logits `out` [R, V] (the norm output borrows n).
-Status Generator::Impl::head(const Tensor& rows, const Tensor& out) {
+Status Generator::Impl::head(const Tensor& rows, const Tensor& out, bool decode) {
   const int64_t R = rows.shape[0];
   const Tensor NF = view(n, {R, c.hidden});
-  ops::rmsnorm_forward(rows, w.norm, c.norm_eps, NF, view(rstd, {R}), nullptr);
-  return gemm::matmul(NF, w.lm_head, out, nt(0.f), nullptr);
+  ops::rmsnorm_forward(rows, w.norm, c.norm_eps, NF, view(rstd, {R}), st);
+  return linear(NF, w.lm_head, out, 0.f, decode);
+}
+
+// The work of one decode step on `st` (what a step graph records): the layers, the LM head and, for greedy
+// decoding, the argmax into the next step's ids.
+Status Generator::Impl::decode_step(int64_t Bn, bool argmax) {
+  NB_TRY(forward(Bn, 1, true));
+  NB_TRY(head(view(x, {Bn, c.hidden}), view(logits, {Bn, c.vocab}), true));
+  if (argmax) argmax_rows(view(logits, {Bn, c.vocab}), view(ids, {Bn}), st);
+  return Status::ok();
 }
 
 Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std::vector<float>* last_logits,
@@ -228,7 +274,7 @@ Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std:
   if (all_logits) {
     if (m.all_logits.tensor().numel() < Bn * S * V)
       NB_TRY(Buffer::allocate(&m.all_logits, DType::f32, m.dev, {Bn * S, V}));
-    NB_TRY(m.head(view(m.x, {Bn * S, m.c.hidden}), view(m.all_logits, {Bn * S, V})));
+    NB_TRY(m.head(view(m.x, {Bn * S, m.c.hidden}), view(m.all_logits, {Bn * S, V}), false));
     all_logits->resize(size_t(Bn * S * V));
     NB_TRY(copy_bytes(all_logits->data(), Device::cpu, m.all_logits.data(), m.dev, all_logits->size() * 4));
   }
@@ -237,7 +283,7 @@ Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std:
     const Tensor src = at_row(X, b * S + m.len[size_t(b)] - 1), dst = at_row(G, b);
     NB_TRY(copy_bytes(dst.data, m.dev, src.data, m.dev, size_t(src.bytes())));
   }
-  NB_TRY(m.head(G, view(m.logits, {Bn, V})));
+  NB_TRY(m.head(G, view(m.logits, {Bn, V}), false));
   if (last_logits) {
     last_logits->resize(size_t(Bn * V));
     NB_TRY(copy_bytes(last_logits->data(), Device::cpu, m.logits.data(), m.dev, last_logits->size() * 4));
@@ -247,32 +293,46 @@ Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std:
 
 Status Generator::step(const int32_t* ids, std::vector<float>* logits, std::vector<int32_t>* next_ids) {
   Impl& m = *impl_;
-  const int64_t Bn = m.B, V = m.c.vocab;
+  const int64_t Bn = m.B;
   NB_CHECK(Bn > 0, "step() before prefill()");
   for (int64_t b = 0; b < Bn; ++b)
     if (m.len[size_t(b)] >= m.L)
       return errorf("sequence %lld reached the end of its %lld-position cache", (long long)b, (long long)m.L);
-  if (ids) NB_TRY(copy_bytes(m.ids.data(), m.dev, ids, Device::cpu, size_t(Bn) * 4));
-  NB_TRY(m.forward(Bn, 1, true));
-  NB_TRY(m.head(view(m.x, {Bn, m.c.hidden}), view(m.logits, {Bn, V})));
+  // The step queues on its own stream (capturable), after the default stream's work (prefill, host copies)
+  // and before anything queued there later.
+  m.st = m.side.get();
+  m.after_default.record(nullptr);
+  m.after_default.wait_in(m.st);
+  const Status st = m.run_step(ids, logits, next_ids);
+  m.after_step.record(m.st);
+  m.after_step.wait_in(nullptr);
+  m.st = nullptr;
+  return st;
+}
+
+Status Generator::Impl::run_step(const int32_t* host_ids, std::vector<float>* out_logits,
+                                 std::vector<int32_t>* next_ids) {
+  const int64_t Bn = B, V = c.vocab;
+  if (host_ids) NB_TRY(copy_bytes_async(ids.data(), dev, host_ids, Device::cpu, size_t(Bn) * 4, st));
+  const bool argmax = next_ids != nullptr;
+  NB_TRY(graphs.run(dev, Bn * 2 + (argmax ? 1 : 0), st, [&] { return decode_step(Bn, argmax); }));
   // Positions advance on the device while every row runs; once generate() froze a row, from the host.
   bool any_done = false;
   for (int64_t b = 0; b < Bn; ++b) {
-    any_done = any_done || m.done[size_t(b)];
-    if (!m.done[size_t(b)]) ++m.len[size_t(b)];
+    any_done = any_done || done[size_t(b)];
+    if (!done[size_t(b)]) ++len[size_t(b)];
   }
   if (any_done)
-    NB_TRY(copy_bytes(m.pos.data(), m.dev, m.len.data(), Device::cpu, size_t(Bn) * 4));
+    NB_TRY(copy_bytes_async(pos.data(), dev, len.data(), Device::cpu, size_t(Bn) * 4, st));
   else
-    advance_positions(view(m.pos, {Bn}), nullptr);
-  if (logits) {
-    logits->resize(size_t(Bn * V));
-    NB_TRY(copy_bytes(logits->data(), Device::cpu, m.logits.data(), m.dev, logits->size() * 4));
+    advance_positions(view(pos, {Bn}), st);
+  if (out_logits) {
+    out_logits->resize(size_t(Bn * V));
+    NB_TRY(copy_to_host(out_logits->data(), logits, out_logits->size() * 4));
   }
   if (next_ids) {
-    argmax_rows(view(m.logits, {Bn, V}), view(m.ids, {Bn}), nullptr);
     next_ids->resize(size_t(Bn));
-    NB_TRY(copy_bytes(next_ids->data(), Device::cpu, m.ids.data(), m.dev, size_t(Bn) * 4));
+    NB_TRY(copy_to_host(next_ids->data(), ids, size_t(Bn) * 4));
   }
   return Status::ok();
 }
