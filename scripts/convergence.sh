@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # The numerics study (CONVERGENCE.md): llama-125m trained on the study corpus (scripts/setup_study_data.sh)
 # in each precision configuration, every run under one epoch. Runs accumulate: each finished run's metrics
-# go to bench/convergence/runs/<config>-s<seed>/ (metrics.jsonl thinned to what the report reads, meta.json),
-# and `report` regenerates CONVERGENCE.md and its plots from everything stored there.
+# go to bench/convergence/runs/<config>-s<seed>/ (metrics.jsonl thinned to what the report reads, meta.json,
+# and the final model's loss on the whole validation split and on the held-out test set, eval_valid.json and
+# eval_heldout.json), and `report` regenerates CONVERGENCE.md and its plots from everything stored there.
+# Every run trains with --deterministic-mode (meta.json: "deterministic": true) and saves its final checkpoint,
+# which `nibble eval` scores and which is then deleted (STUDY_KEEP_CHECKPOINT=1 keeps it).
 #
 #   bash scripts/convergence.sh list                      configurations and their flags
 #   bash scripts/convergence.sh prepare TOKENIZER CORPUS.xz [MORE_PARTS...]   tokenize the corpus into
 #                                                          $STUDY_DATA (parts: `split` pieces of one .xz)
+#   bash scripts/convergence.sh prepare-heldout TOKENIZER HELDOUT.jsonl.xz   tokenize the held-out test set
+#                                                          (scripts/setup_study_data.sh) into $STUDY_DATA
 #   bash scripts/convergence.sh run CONFIG SEED [OUTDIR]  one run (needs a GPU), metrics into OUTDIR
 #   bash scripts/convergence.sh batch BUDGET_S OUTDIR CONFIG:SEED ...   runs in order while the next one
 #                                                          still fits in BUDGET_S seconds (its estimate:
@@ -14,15 +19,22 @@
 #   bash scripts/convergence.sh report                    CONVERGENCE.md + bench/convergence/*.svg
 # Environment: NIBBLE (the binary, default build/nibble), STUDY_DATA (default runs/study-data),
 # STUDY_TOKENS (tokens per run, default 100M), STUDY_STATS_INTERVAL (--quant-stats interval, default 100),
-# STUDY_COMMIT (the commit the binary was built from, when the tree is not a git checkout).
+# STUDY_COMMIT (the commit the binary was built from, when the tree is not a git checkout),
+# STUDY_DETERMINISTIC=0 (train without --deterministic-mode; meta.json says so), STUDY_HELDOUT=0 (no evaluation
+# of the final model), STUDY_KEEP_CHECKPOINT=1. For a smoke test of this script on a CPU only (such runs are not
+# the study's): STUDY_SEQ, STUDY_GBS, STUDY_MBS (default 1024, 64, 16) and STUDY_TRAIN_FLAGS (appended to the
+# train command, e.g. "--num-layers 2").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NIBBLE="${NIBBLE:-build/nibble}"
 DATA="${STUDY_DATA:-runs/study-data}"
 TOKENS="${STUDY_TOKENS:-100000000}"
-SEQ=1024
-GBS=64
-MBS=16
+SEQ="${STUDY_SEQ:-1024}"
+GBS="${STUDY_GBS:-64}"
+MBS="${STUDY_MBS:-16}"
+MODEL=llama-125m
+DETERMINISTIC="${STUDY_DETERMINISTIC:-1}"
+HELDOUT="${STUDY_HELDOUT:-1}"
 ITERS=$(((TOKENS + SEQ * GBS - 1) / (SEQ * GBS)))
 
 # The paper keeps about 15% of the blocks in BF16 (the last ones); of llama-125m's 12 that is 2.
@@ -64,6 +76,53 @@ prepare() {
   rm -f "$DATA/study.jsonl"
 }
 
+# The held-out test set: another Debian package's text (scripts/setup_study_data.sh), the study's tokenizer.
+prepare_heldout() {
+  local tok="$1" xzfile="$2"
+  if [ -s "$DATA/heldout_text_document.idx" ]; then return 0; fi
+  mkdir -p "$DATA"
+  python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2],'wb'))" \
+    "$xzfile" "$DATA/heldout.jsonl"
+  "$NIBBLE" preprocess -i "$DATA/heldout.jsonl" -o "$DATA/heldout" -t "$tok" --append-eod -j "$(nproc)"
+  rm -f "$DATA/heldout.jsonl"
+}
+
+# The final model's mean token loss (the trainer's "lm loss") on a whole dataset split, in BF16 on the GPU
+# (`nibble eval --data-path`: packed samples of SEQ tokens as the trainer builds them, fixed sample order):
+# the validation split (969,30,1 as in training) and the held-out set (all of it: split 0,1,0).
+eval_final() {
+  local dir="$1" dest="$2" set
+  for set in valid heldout; do
+    if [ "$set" = valid ]; then
+      "$NIBBLE" eval --load "$dir" --data-path "$DATA/study_text_document" --split 969,30,1 --seq-length "$SEQ" \
+        --out "$dir/eval_$set.json" > "$dir/eval_$set.log" 2>&1
+    else
+      "$NIBBLE" eval --load "$dir" --data-path "$DATA/heldout_text_document" --split 0,1,0 --seq-length "$SEQ" \
+        --out "$dir/eval_$set.json" > "$dir/eval_$set.log" 2>&1
+    fi || { tail -5 "$dir/eval_$set.log" >&2; return 1; }
+    # Stored: the figures and the device, not the paths of the machine that ran it.
+    python3 - "$dir/eval_$set.json" "$dest/eval_$set.json" "$set" <<'PY' || return 1
+import json, sys
+r = json.load(open(sys.argv[1]))
+d = {k: r["data"][k] for k in ("samples", "tokens", "nll", "mean_nll", "token_perplexity", "split", "seq_length")}
+json.dump({"set": sys.argv[3], "device": r.get("device"), **d}, open(sys.argv[2], "w"), indent=1)
+PY
+  done
+}
+
+# Refuses a run that could not count for the study (no deterministic mode, no held-out set) unless asked.
+check_run_inputs() {
+  if [ "$DETERMINISTIC" = 1 ] && ! "$NIBBLE" train --help | grep -q -- --deterministic-mode; then
+    echo "convergence.sh: $NIBBLE has no --deterministic-mode (STUDY_DETERMINISTIC=0 runs without it)" >&2
+    return 1
+  fi
+  if [ "$HELDOUT" = 1 ] && [ ! -s "$DATA/heldout_text_document.idx" ]; then
+    echo "convergence.sh: no held-out set in $DATA: run prepare-heldout first (or STUDY_HELDOUT=0)" >&2
+    return 1
+  fi
+  return 0
+}
+
 # The report reads: training lines (iteration, lm_loss, grad_norm, step_ms), validation lines, quantization
 # statistics and annealing records; everything else of metrics.jsonl is dropped to keep the stored runs small.
 thin_metrics() {
@@ -88,29 +147,43 @@ stats_interval() {
 
 run_one() {
   local config="$1" seed="$2" out="${3:-bench/convergence/runs}"
-  local flags name dir t0
-  flags=$(config_flags "$config")
+  local flags name dir stage t0 train_s
+  flags=$(config_flags "$config") || return 1
+  check_run_inputs || return 1
+  if [ "$DETERMINISTIC" = 1 ]; then flags="$flags --deterministic-mode"; fi
   name="$config-s$seed"
   dir="runs/convergence/$name"
-  rm -rf "$dir" && mkdir -p "$dir" "$out/$name"
+  stage="$dir.store"  # the stored run is assembled here and replaces $out/$name only when everything worked
+  rm -rf "$dir" "$stage" && mkdir -p "$dir" "$stage"
   t0=$(date +%s)
+  # --save-interval ITERS: one checkpoint, the final model's, for the evaluation.
   # shellcheck disable=SC2086
-  "$NIBBLE" train --model llama-125m --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
-    --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters 150 --lr-decay-style cosine \
+  "$NIBBLE" train --model $MODEL --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
+    --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters $((ITERS < 150 ? ITERS : 150)) --lr-decay-style cosine \
     --weight-decay 0.1 --clip-grad 1.0 --seed "$seed" --mock-data false --data-path "$DATA/study_text_document" \
     --tokenizer "$DATA/tokenizer.tiktoken" --split 969,30,1 --eval-interval 100 --eval-iters 10 \
-    --log-interval 100 --save "$dir" $flags $(stats_interval "$flags") > "$dir/train.log" 2>&1 ||
+    --log-interval 100 --save "$dir" $(if [ "$HELDOUT" = 1 ]; then echo "--save-interval $ITERS"; fi) $flags \
+    $(stats_interval "$flags") ${STUDY_TRAIN_FLAGS:-} > "$dir/train.log" 2>&1 ||
     { tail -5 "$dir/train.log" >&2; return 1; }
-  thin_metrics "$dir/metrics.jsonl" "$out/$name/metrics.jsonl"
-  cp "$dir/train.log" "$out/$name/train.log"
-  python3 - "$out/$name/meta.json" "$config" "$seed" "$ITERS" "$((ITERS * SEQ * GBS))" "$flags" "$(($(date +%s) - t0))" \
-    "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" <<'PY'
+  train_s=$(($(date +%s) - t0))
+  if [ "$HELDOUT" = 1 ]; then
+    eval_final "$dir" "$stage" || return 1
+    if [ "${STUDY_KEEP_CHECKPOINT:-0}" != 1 ]; then rm -rf "$dir"/iter_*; fi
+  fi
+  thin_metrics "$dir/metrics.jsonl" "$stage/metrics.jsonl" || return 1
+  cp "$dir/train.log" "$stage/train.log"
+  python3 - "$stage/meta.json" "$config" "$seed" "$ITERS" "$((ITERS * SEQ * GBS))" "$flags ${STUDY_TRAIN_FLAGS:-}" \
+    "$train_s" "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" \
+    "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" "$MODEL" "$SEQ" "$GBS" \
+    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" <<'PY' || return 1
 import json, sys
 a = sys.argv
-json.dump({"config": a[2], "seed": int(a[3]), "iterations": int(a[4]), "tokens": int(a[5]), "flags": a[6],
-           "wall_s": int(a[7]), "device": a[8].strip(), "commit": a[9], "model": "llama-125m",
-           "seq_length": 1024, "global_batch": 64}, open(a[1], "w"), indent=1)
+json.dump({"config": a[2], "seed": int(a[3]), "iterations": int(a[4]), "tokens": int(a[5]), "flags": a[6].strip(),
+           "wall_s": int(a[7]), "device": a[8].strip(), "commit": a[9], "model": a[10],
+           "seq_length": int(a[11]), "global_batch": int(a[12]), "deterministic": a[13] == "1",
+           "eval_s": int(a[14])}, open(a[1], "w"), indent=1)
 PY
+  mkdir -p "$out" && rm -rf "${out:?}/$name" && mv "$stage" "$out/$name"
   echo "$name: done in $(($(date +%s) - t0)) s"
 }
 
@@ -134,8 +207,9 @@ batch() {
 case "${1:-}" in
   list) for c in $CONFIGS; do printf '%-14s %s\n' "$c" "$(config_flags "$c")"; done ;;
   prepare) shift; prepare "$@" ;;
+  prepare-heldout) prepare_heldout "$2" "$3" ;;
   run) run_one "$2" "$3" "${4:-bench/convergence/runs}" ;;
   batch) shift; batch "$@" ;;
   report) python3 scripts/convergence_report.py bench/convergence ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
 esac

@@ -13,14 +13,20 @@
 # Output in $NIBBLE_DATA_DIR/study (default ~/.cache/nibble/study):
 #   study.jsonl.xz     the corpus text (what is carried to a GPU machine: text compresses ~7x, tokens ~1.5x)
 #   study_manifest.json  composition: documents and bytes per source
-# With --tokenize TOKENIZER it also writes study_text_document.{bin,idx} (nibble preprocess, GPT-2 ranks
-# give uint16 ids) and adds token counts to the manifest; scripts/convergence.sh does that step on the GPU
-# machine from the .xz. Needs: apt-get, python3 (standard library), xz. Safe to re-run.
+# The held-out test set (CONVERGENCE.md scores every run's final model on it beside the validation split) comes
+# from a Debian package that is not in the training corpus: debian-handbook, "The Debian Administrator's
+# Handbook" (a book of English prose with command examples), its English HTML pages (one document per page):
+#   heldout.jsonl.xz       the held-out text
+#   heldout_manifest.json  its composition (package, version, documents, bytes)
+# With --tokenize TOKENIZER it also writes study_text_document.{bin,idx} and heldout_text_document.{bin,idx}
+# (nibble preprocess, GPT-2 ranks give uint16 ids); scripts/convergence.sh does that step on the GPU machine
+# from the .xz files (prepare, prepare-heldout). Needs: apt-get, dpkg-query, python3 (standard library), xz.
+# Safe to re-run.
 set -euo pipefail
 DIR="${NIBBLE_DATA_DIR:-$HOME/.cache/nibble}/study"
 CODE_MB="${STUDY_CODE_MB:-320}"
 mkdir -p "$DIR"
-pkgs=(linux-doc linux-source-6.1 python3.11-doc perl-doc postgresql-doc-15)
+pkgs=(linux-doc linux-source-6.1 python3.11-doc perl-doc postgresql-doc-15 debian-handbook)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -106,11 +112,81 @@ PY
   xz -T0 -6 -f "$DIR/study.jsonl"
 fi
 
+if [ ! -s "$DIR/heldout.jsonl.xz" ]; then
+  python3 - "$DIR" "$(dpkg-query -W -f '${Version}' debian-handbook)" <<'PY'
+import glob, html.parser, json, os, re, sys
+out_dir, version = sys.argv[1], sys.argv[2]
+
+class BookText(html.parser.HTMLParser):
+    """Visible text of one of the handbook's pages without the banner, the title bar and the navigation lists;
+    block tags become line breaks, and outside <pre> whitespace runs become one space."""
+    BLOCK = ("p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "pre", "dt", "dd", "table")
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts, self.skip, self.pre = [], [], 0  # parts: (text, inside <pre>); skip: [tag, depth]
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if self.skip:
+            self.skip[-1][1] += tag == self.skip[-1][0]
+            return
+        if (tag in ("script", "style", "title") or a.get("id") in ("banner", "title")
+                or (tag == "ul" and "docnav" in (a.get("class") or ""))):
+            self.skip.append([tag, 1])
+            return
+        if tag in self.BLOCK: self.parts.append(("\n", False))
+        if tag == "pre": self.pre += 1
+    def handle_endtag(self, tag):
+        if self.skip:
+            if tag == self.skip[-1][0]:
+                self.skip[-1][1] -= 1
+                if not self.skip[-1][1]: self.skip.pop()
+            return
+        if tag == "pre" and self.pre:
+            self.pre -= 1
+            self.parts.append(("\n", False))
+    def handle_data(self, d):
+        if not self.skip: self.parts.append((d, self.pre > 0))
+    def text(self):
+        out, run = [], []  # run: consecutive text outside <pre>, normalized as one piece
+        flush = lambda: out.append(re.sub(r" *\n[ \n]*", "\n", re.sub(r"[ \t\r\f\v]+", " ", "".join(run))
+                                          .replace(" \n", "\n")))
+        for t, pre in self.parts:
+            if pre:
+                flush(); run = []; out.append(t)
+            else:
+                run.append(t.replace("\n", " "))  if t != "\n" else run.append(t)
+        flush()
+        return re.sub(r"\n{3,}", "\n\n", "".join(out)).strip()
+
+def page_text(path):
+    p = BookText()
+    p.feed(open(path, encoding="utf-8").read())
+    return p.text()
+
+pages = sorted(f for f in glob.glob("/usr/share/doc/debian-handbook/html/en-US/*.html")
+               if os.path.basename(f) != "index.html")  # index.html is the table of contents
+docs = [t for t in (page_text(f) for f in pages) if t]
+with open(os.path.join(out_dir, "heldout.jsonl"), "w", encoding="utf-8") as f:
+    for t in docs:
+        f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
+size = sum(len(t.encode("utf-8")) for t in docs)
+json.dump({"package": "debian-handbook", "version": version, "language": "en-US",
+           "title": "The Debian Administrator's Handbook", "documents": len(docs), "bytes": size,
+           "extraction": "the English HTML pages but index.html (the table of contents), one document each; "
+                         "banner, title bar and navigation dropped; whitespace outside <pre> collapsed"},
+          open(os.path.join(out_dir, "heldout_manifest.json"), "w"), indent=1)
+print(f"heldout.jsonl: {len(docs)} documents, {size / 1e6:.2f} MB")
+PY
+  xz -6 -f "$DIR/heldout.jsonl"
+fi
+
 if [ "${1:-}" = "--tokenize" ]; then
   tok="${2:?--tokenize needs a tokenizer file (gpt2.tiktoken)}"
   nibble="${NIBBLE:-nibble}"
-  xz -dkc "$DIR/study.jsonl.xz" > "$DIR/study.jsonl"
-  "$nibble" preprocess -i "$DIR/study.jsonl" -o "$DIR/study" -t "$tok" --append-eod -j "$(nproc)"
-  rm -f "$DIR/study.jsonl"
+  for name in study heldout; do
+    xz -dkc "$DIR/$name.jsonl.xz" > "$DIR/$name.jsonl"
+    "$nibble" preprocess -i "$DIR/$name.jsonl" -o "$DIR/$name" -t "$tok" --append-eod -j "$(nproc)"
+    rm -f "$DIR/$name.jsonl"
+  done
 fi
 ls -la "$DIR"
