@@ -55,8 +55,8 @@ Status copy_2d_async(void* dst, size_t dst_pitch, const void* src, size_t src_pi
       std::memcpy(static_cast<char*>(dst) + r * dst_pitch, static_cast<const char*>(src) + r * src_pitch, width);
     return Status::ok();
   }
-  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice,
-                               cudaStream_t(stream)));
+  CUDA_CHECK(
+      cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, height, cudaMemcpyDeviceToDevice, cudaStream_t(stream)));
   return Status::ok();
 }
 

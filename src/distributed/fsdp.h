@@ -97,8 +97,8 @@ class FsdpSync : public LlamaModel::StepHooks {
     size_t chunk_offset = 0;   // in one rank's slot of the staging buffer (its unit's chunks)
     size_t window_offset = 0;  // in its unit's window of quantized copies
   };
-  Status reduce_amaxes();                    // every quantized weight's amax, once per optimizer step
-  Status gather_quantized(int unit);         // the unit's chunks, assembled into a quantized window
+  Status reduce_amaxes();             // every quantized weight's amax, once per optimizer step
+  Status gather_quantized(int unit);  // the unit's chunks, assembled into a quantized window
   void release_quantized(int unit);
   Tensor chunk_of(const ParamStore::Group& g) const;  // this rank's compute rows of the group, 2-D
 

@@ -42,7 +42,8 @@ Status FsdpSync::set_quantized_linears(const std::vector<std::pair<std::string, 
     qlinears_.push_back(q);
   }
   // Offsets of each unit's chunks in one rank's slot of the staging buffer, and in its window.
-  std::stable_sort(qlinears_.begin(), qlinears_.end(), [](const QLinear& a, const QLinear& b) { return a.unit < b.unit; });
+  std::stable_sort(qlinears_.begin(), qlinears_.end(),
+                   [](const QLinear& a, const QLinear& b) { return a.unit < b.unit; });
   for (int u = 0; u < units; ++u) {
     for (QLinear& q : qlinears_) {
       if (q.unit != u) continue;
@@ -54,7 +55,8 @@ Status FsdpSync::set_quantized_linears(const std::vector<std::pair<std::string, 
   }
   const size_t most_chunk = *std::max_element(unit_chunk_bytes_.begin(), unit_chunk_bytes_.end());
   qpool_.dt = DType::u8;
-  qpool_.capacity = int64_t(std::max<size_t>(256, *std::max_element(unit_window_bytes_.begin(), unit_window_bytes_.end())));
+  qpool_.capacity =
+      int64_t(std::max<size_t>(256, *std::max_element(unit_window_bytes_.begin(), unit_window_bytes_.end())));
   NB_TRY(Buffer::allocate(&qstaging_, DType::u8, dev_, {int64_t(std::max<size_t>(most_chunk * size_t(ranks_), 256))})
              .context("Megatron-FSDP quantized gather staging"));
   NB_TRY(Buffer::allocate(&amaxes_, DType::f32, dev_, {int64_t(std::max<size_t>(qlinears_.size(), 1))}));
@@ -73,8 +75,8 @@ Status FsdpSync::reduce_amaxes() {
   }
   mark_.record(nullptr);
   mark_.wait_in(side_.get());
-  NB_TRY(comm_->all_reduce(P_->range(amaxes_.tensor(), 0, int64_t(qlinears_.size())), dist::ReduceOp::max,
-                           side_.get()));
+  NB_TRY(
+      comm_->all_reduce(P_->range(amaxes_.tensor(), 0, int64_t(qlinears_.size())), dist::ReduceOp::max, side_.get()));
   settle();
   amaxes_stale_ = false;
   return Status::ok();

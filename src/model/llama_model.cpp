@@ -209,9 +209,9 @@ Status LlamaModel::build_linears() {
       // after its Linear is made, so no two Linears' whole weight copies ever coexist on a rank.
       recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
       if (fsdp_training_format_gathers && params_.compute_sharded() && lin.keeps_quantized_input())
-        NB_TRY(lin.set_sharded_weight(
-            params_.groups()[size_t(params_.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
-            params_.shard_count()));
+        NB_TRY(
+            lin.set_sharded_weight(params_.groups()[size_t(params_.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
+                                   params_.shard_count()));
     }
   }
   return linear_workspace_->allocate();

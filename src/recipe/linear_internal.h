@@ -85,7 +85,7 @@ struct QCopies {
   size_t external_bytes = 0;
   LinearWorkspace* workspace = nullptr;  // set when some piece is transient (the Linear keeps it alive)
   LinearWorkspace::Slot slot = LinearWorkspace::Slot::input_row;
-  size_t slot_bytes = 0;        // this role's need in the slot (registered at init)
+  size_t slot_bytes = 0;  // this role's need in the slot (registered at init)
   // Full recompute: the input's column pieces in a shared input_col slot of their own (col_slot_bytes > 0).
   LinearWorkspace::Slot col_slot = LinearWorkspace::Slot::input_col0;
   size_t col_slot_bytes = 0;

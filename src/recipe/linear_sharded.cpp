@@ -93,8 +93,17 @@ static void lay_out(const Linear::Impl& s, const QCopies& c, Linear::Impl::Shard
   // [in, out] column copies: one row per input feature, the weight rows along it.
   auto transposed = [&](ChunkPiece* p, int64_t height, int64_t unit_rows, size_t unit_bytes, size_t chunk_pitch,
                         size_t whole_pitch) {
-    *p = ChunkPiece{p->whole_offset, size_t(height) * whole_pitch, p->chunk_offset, p->chunk_bytes, true, height,
-                    unit_rows, unit_bytes, chunk_pitch, whole_pitch, false};
+    *p = ChunkPiece{p->whole_offset,
+                    size_t(height) * whole_pitch,
+                    p->chunk_offset,
+                    p->chunk_bytes,
+                    true,
+                    height,
+                    unit_rows,
+                    unit_bytes,
+                    chunk_pitch,
+                    whole_pitch,
+                    false};
   };
   if (f == Fmt::nvfp4) {
     transposed(&sh->col_data, cols, 2, 1, size_t(n / 2), size_t(rows / 2));
@@ -102,7 +111,8 @@ static void lay_out(const Linear::Impl& s, const QCopies& c, Linear::Impl::Shard
     return;
   }
   transposed(&sh->col_data, cols, 1, 1, size_t(n), size_t(rows));
-  transposed(&sh->col_scales, cols / 128, 128, 4, size_t(4 * fp8::round4(n / 128)), size_t(4 * fp8::round4(rows / 128)));
+  transposed(&sh->col_scales, cols / 128, 128, 4, size_t(4 * fp8::round4(n / 128)),
+             size_t(4 * fp8::round4(rows / 128)));
   sh->col_scales.zero_first = true;  // the grid's padding entries
 }
 
@@ -118,8 +128,10 @@ Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
         "copy, which a chunk cannot reproduce; gather this weight in BF16",
         s.name.c_str());
   if (w.fmt == Fmt::fp8_block128)
-    return errorf("linear '%s': a weight in 1x128 FP8 blocks cannot be gathered in its training format (the "
-                  "sub-channel recipe's weights use 128x128 tiles); gather it in BF16", s.name.c_str());
+    return errorf(
+        "linear '%s': a weight in 1x128 FP8 blocks cannot be gathered in its training format (the "
+        "sub-channel recipe's weights use 128x128 tiles); gather it in BF16",
+        s.name.c_str());
   const int64_t blk = block_rows(w);
   if (ranks < 1 || rows_per_rank <= 0 || rows_per_rank % blk != 0 || rows_per_rank * ranks < s.out)
     return errorf("linear '%s': %lld rows per rank over %d ranks do not cover %lld rows in whole %lld-row blocks",
@@ -294,8 +306,8 @@ Status Linear::assemble_weight(const uint8_t* gathered, size_t rank_stride, uint
     const ChunkPiece& p = *pieces[i];
     uint8_t* dst = window + p.whole_offset;
     if (!p.transposed) {
-      NB_TRY(copy_2d_async(dst, p.chunk_bytes, gathered + p.chunk_offset, rank_stride, p.chunk_bytes,
-                           size_t(sh.ranks), s.dev, stream));
+      NB_TRY(copy_2d_async(dst, p.chunk_bytes, gathered + p.chunk_offset, rank_stride, p.chunk_bytes, size_t(sh.ranks),
+                           s.dev, stream));
       continue;
     }
     if (p.zero_first) NB_TRY(zero_bytes(dst, p.whole_bytes, s.dev, stream));
@@ -303,8 +315,9 @@ Status Linear::assemble_weight(const uint8_t* gathered, size_t rank_stride, uint
     for (int r = 0; r < sh.ranks; ++r) {
       const int64_t valid = std::clamp<int64_t>(s.out - r * sh.rows_per_rank, 0, sh.rows_per_rank);
       if (valid == 0) break;
-      NB_TRY(copy_2d_async(dst + size_t(r) * rank_width, p.whole_pitch, gathered + size_t(r) * rank_stride + p.chunk_offset,
-                           p.chunk_pitch, size_t(valid / p.unit_rows) * p.unit_bytes, size_t(p.height), s.dev, stream));
+      NB_TRY(copy_2d_async(dst + size_t(r) * rank_width, p.whole_pitch,
+                           gathered + size_t(r) * rank_stride + p.chunk_offset, p.chunk_pitch,
+                           size_t(valid / p.unit_rows) * p.unit_bytes, size_t(p.height), s.dev, stream));
     }
   }
   return Status::ok();

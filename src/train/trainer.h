@@ -130,8 +130,8 @@ class Trainer {
   dist::World world_;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Communicator> comm_;
-  std::unique_ptr<GradSync> sync_;  // with a communicator: bucketed reductions and gathers
-  Status choose_param_gather();  // trainer_dist.cpp: training-format or BF16 weight gathers
+  std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
+  Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp
   double input_column_copy_bytes() const;
   static double gathered_bytes_per_weight(const recipe::Recipe& r);

@@ -132,9 +132,9 @@ TEST_P(FsdpRecipe, MatchesOneRankAtStepOne) {
   for (int i = 0; i < 3; ++i) {
     const int ranks = i == 0 ? 1 : 2;
     const std::string save = dir + "/" + std::to_string(i);
-    const test::CliRun r = test::run_nibble(job + "--recipe " + recipe + " --train-iters 2 --save " + save +
-                                            " --nproc-per-node " + std::to_string(ranks) +
-                                            (ranks > 1 ? " " + fsdp("optim_grads_params") + gathers[i] : std::string()));
+    const test::CliRun r = test::run_nibble(
+        job + "--recipe " + recipe + " --train-iters 2 --save " + save + " --nproc-per-node " + std::to_string(ranks) +
+        (ranks > 1 ? " " + fsdp("optim_grads_params") + gathers[i] : std::string()));
     ASSERT_EQ(r.code, 0) << r.out;
     if (i == 1) EXPECT_NE(r.out.find("quantized linear weights in their training format"), std::string::npos) << r.out;
     logs[i] = read_metrics(save);

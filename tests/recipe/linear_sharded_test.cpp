@@ -122,7 +122,9 @@ TEST_P(ShardedWeightTest, GatheredCopiesAndGemmsEqualTheWholeWeights) {
     const Tensor X = Tensor::make(x.data(), DType::f32, Device::cpu, {kTokens, kIn});
     const Tensor W = Tensor::make(w.data(), DType::f32, Device::cpu, {kOut, kIn});
     const Tensor DY = Tensor::make(dy.data(), DType::f32, Device::cpu, {kTokens, kOut});
-    auto t = [](std::vector<float>& v, int64_t a, int64_t b) { return Tensor::make(v.data(), DType::f32, Device::cpu, {a, b}); };
+    auto t = [](std::vector<float>& v, int64_t a, int64_t b) {
+      return Tensor::make(v.data(), DType::f32, Device::cpu, {a, b});
+    };
     std::fill(dw0.begin(), dw0.end(), 0.f);
     ASSERT_TRUE(whole.forward(X, W, t(y0, kTokens, kOut), 0.f, nullptr).is_ok());
     ASSERT_TRUE(whole.backward(DY, X, W, t(dx0, kTokens, kIn), 0.f, t(dw0, kOut, kIn), nullptr).is_ok());
