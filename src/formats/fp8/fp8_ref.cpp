@@ -83,6 +83,12 @@ Status quantize_current_cuda(const bf16*, Format, bool, const TensorView&, Strea
 Status quantize_with_scale_cuda(const bf16*, Format, const float*, const TensorView&, Stream) {
   return errorf("FP8 quantize_with_scale_cuda: this nibble was built without CUDA; use the CPU path (--device cpu)");
 }
+Status quantize_with_amax_cuda(const bf16*, Format, bool, const TensorView&, Stream) {
+  return errorf("FP8 quantize_with_amax_cuda: this nibble was built without CUDA; use the CPU path (--device cpu)");
+}
+Status amax_cuda(const bf16*, int64_t, float*, int32_t*, Stream) {
+  return errorf("FP8 amax_cuda: this nibble was built without CUDA; use the CPU path (--device cpu)");
+}
 Status bench_formats_cuda(int64_t, int64_t, int, FormatsBenchResult*) {
   return errorf("FP8 bench_formats_cuda: this nibble was built without CUDA; benchmarks need a GPU build");
 }
