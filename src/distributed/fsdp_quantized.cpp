@@ -39,19 +39,12 @@ Status FsdpSync::set_quantized_linears(const std::vector<std::pair<std::string, 
     NB_CHECK(g.begin == P_->info(name).offset, "internal: %s does not start a group", name.c_str());
     NB_TRY(lin->set_sharded_weight(g.rows_per_rank, ranks_));  // a no-op if the model did it
     quantized_group_[size_t(q.group)] = 1;
+    // Its chunk's place in one rank's slot of the staging buffer, and its copies' place in its unit's window.
+    q.chunk_offset = unit_chunk_bytes_[size_t(q.unit)];
+    q.window_offset = unit_window_bytes_[size_t(q.unit)];
+    unit_chunk_bytes_[size_t(q.unit)] += align256(lin->weight_chunk_bytes());
+    unit_window_bytes_[size_t(q.unit)] += align256(lin->weight_window_bytes());
     qlinears_.push_back(q);
-  }
-  // Offsets of each unit's chunks in one rank's slot of the staging buffer, and in its window.
-  std::stable_sort(qlinears_.begin(), qlinears_.end(),
-                   [](const QLinear& a, const QLinear& b) { return a.unit < b.unit; });
-  for (int u = 0; u < units; ++u) {
-    for (QLinear& q : qlinears_) {
-      if (q.unit != u) continue;
-      q.chunk_offset = unit_chunk_bytes_[size_t(u)];
-      q.window_offset = unit_window_bytes_[size_t(u)];
-      unit_chunk_bytes_[size_t(u)] += align256(q.linear->weight_chunk_bytes());
-      unit_window_bytes_[size_t(u)] += align256(q.linear->weight_window_bytes());
-    }
   }
   const size_t most_chunk = *std::max_element(unit_chunk_bytes_.begin(), unit_chunk_bytes_.end());
   qpool_.dt = DType::u8;

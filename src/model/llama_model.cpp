@@ -170,16 +170,6 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
 }
 
 namespace {
-// Rows of one block of the recipe's weight format: an FSDP row chunk of a whole number of them can be
-// quantized alone (the training-format gather this layout prepares for).
-int64_t fsdp_row_align(const recipe::Recipe& r) {
-  switch (r.weight.fmt) {
-    case recipe::Fmt::nvfp4: return 16;
-    case recipe::Fmt::mxfp8: return 32;
-    case recipe::Fmt::fp8_block128x128: return 128;
-    default: return 1;
-  }
-}
 // The linear layers of a transformer layer (qkv, o, gate_up, down): {in, out} features.
 std::array<std::array<int64_t, 2>, 4> linear_dims(const LlamaConfig& cfg) {
   return {{{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
@@ -253,7 +243,7 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     NB_CHECK(fsdp == Fsdp::off || !offload, "internal: Megatron-FSDP with an offloaded optimizer state");
     if (fsdp != Fsdp::off)
       NB_TRY(params_.allocate_fsdp(cfg, dev, optimizer_shard_rank, optimizer_shard_count,
-                                   fsdp == Fsdp::optim_grads_params, fsdp_row_align(recipe)));
+                                   fsdp == Fsdp::optim_grads_params, recipe::weight_block_rows(recipe.weight.fmt)));
     else
       NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
                               optimizer_placement));

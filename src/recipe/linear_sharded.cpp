@@ -36,17 +36,6 @@ struct ChunkPiece {
   bool zero_first = false;  // the whole has padding entries
 };
 
-// Weight rows per block along the rows (the column copies' blocks, 2D tiles): a chunk must hold whole ones.
-int64_t block_rows(const RoleSpec& w) {
-  switch (w.fmt) {
-    case Fmt::nvfp4: return 16;
-    case Fmt::mxfp8: return 32;
-    case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128: return 128;
-    default: return 1;
-  }
-}
-
 bool per_tensor_fp8(Fmt f) { return f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2; }
 
 }  // namespace
@@ -132,7 +121,7 @@ Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
         "linear '%s': a weight in 1x128 FP8 blocks cannot be gathered in its training format (the "
         "sub-channel recipe's weights use 128x128 tiles); gather it in BF16",
         s.name.c_str());
-  const int64_t blk = block_rows(w);
+  const int64_t blk = weight_block_rows(w.fmt);
   if (ranks < 1 || rows_per_rank <= 0 || rows_per_rank % blk != 0 || rows_per_rank * ranks < s.out)
     return errorf("linear '%s': %lld rows per rank over %d ranks do not cover %lld rows in whole %lld-row blocks",
                   s.name.c_str(), (long long)rows_per_rank, ranks, (long long)s.out, (long long)blk);

@@ -22,6 +22,16 @@ bool Recipe::layer_in_bf16(int64_t layer, int64_t num_layers) const {
   return layer < bf16_layers_at_start || layer >= num_layers - bf16_layers_at_end;
 }
 
+int64_t weight_block_rows(Fmt f) {
+  switch (f) {
+    case Fmt::nvfp4: return 16;
+    case Fmt::mxfp8: return 32;
+    case Fmt::fp8_block128:
+    case Fmt::fp8_block128x128: return 128;
+    default: return 1;
+  }
+}
+
 bool Recipe::quantized() const { return input.fmt != Fmt::bf16 || weight.fmt != Fmt::bf16 || grad.fmt != Fmt::bf16; }
 
 std::vector<std::string> recipe_names() {

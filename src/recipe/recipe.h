@@ -51,6 +51,10 @@ struct Recipe {
 // 1024), bf16_with_fp8_subchannel_scaling_mixed (1x128 input/grad, 128x128 weight),
 // bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed (input nvfp4; weight nvfp4 2D; grad nvfp4 + SR; RHT on
 // the Wgrad operands; last 4 layers BF16 as the Llama 3.1 8B playbook does).
+// Rows of one block of a weight format along the weight's rows (2D tiles, column-copy blocks): a row chunk of
+// a whole number of them quantizes alone exactly as inside the whole weight (Megatron-FSDP's row shards).
+int64_t weight_block_rows(Fmt f);
+
 Status recipe_preset(const std::string& name, Recipe* out);
 std::vector<std::string> recipe_names();
 

@@ -15,15 +15,6 @@ using namespace testing;
 
 constexpr int64_t kOut = 384, kIn = 256, kTokens = 128;  // multiples of every format's blocks
 
-int64_t block_rows_of(const Recipe& r) {
-  switch (r.weight.fmt) {
-    case Fmt::nvfp4: return 16;
-    case Fmt::mxfp8: return 32;
-    case Fmt::fp8_block128x128: return 128;
-    default: return 1;
-  }
-}
-
 // The rows of rank `rank`'s chunk, zero past the weight's last row.
 std::vector<float> chunk_values(const std::vector<float>& w, int64_t rows_per_rank, int rank) {
   std::vector<float> c(size_t(rows_per_rank * kIn), 0.f);
@@ -94,7 +85,7 @@ TEST_P(ShardedWeightTest, GatheredCopiesAndGemmsEqualTheWholeWeights) {
   Recipe r;
   ASSERT_TRUE(frozen_recipe(GetParam().recipe, &r).is_ok());
   const int ranks = GetParam().ranks;
-  const int64_t blk = block_rows_of(r);
+  const int64_t blk = weight_block_rows(r.weight.fmt);
   Ranks k;
   k.rows_per_rank = ((kOut + ranks - 1) / ranks + blk - 1) / blk * blk;
   k.lin.resize(size_t(ranks));

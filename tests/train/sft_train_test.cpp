@@ -3,39 +3,16 @@
 // options that cannot work.
 #include <gtest/gtest.h>
 #include <fstream>
-#include <random>
 #include "common/nibble_binary.h"
-#include "data/indexed_dataset.h"
 #include "train/resume_util.h"
+#include "train/sft_reverse_data.h"
 #include "train/trainer.h"
 
 namespace nb {
 namespace {
 
-// 400 samples: a prompt of 3..12 tokens from [10, 60), the separator 5, then the answer: the prompt's
-// tokens + 100 in reverse order, and the end token 6. Only the answer and the end token are masked in.
-std::string write_sft_data(const std::string& dir) {
-  const std::string prefix = dir + "/reverse";
-  std::unique_ptr<IndexedDatasetWriter> t, m;
-  EXPECT_TRUE(IndexedDatasetWriter::create(prefix + "_tokens_document", IndexedDtype::u16, &t).is_ok());
-  EXPECT_TRUE(IndexedDatasetWriter::create(prefix + "_mask_document", IndexedDtype::u8, &m).is_ok());
-  std::mt19937 rng(3);
-  for (int s = 0; s < 400; ++s) {
-    std::vector<int32_t> prompt(3 + rng() % 10), tok, mask;
-    for (auto& x : prompt) x = int32_t(10 + rng() % 50);
-    tok = prompt;
-    tok.push_back(5);
-    mask.assign(tok.size(), 0);
-    for (auto it = prompt.rbegin(); it != prompt.rend(); ++it) tok.push_back(*it + 100), mask.push_back(1);
-    tok.push_back(6);
-    mask.push_back(1);
-    EXPECT_TRUE(t->add_document(tok.data(), int64_t(tok.size())).is_ok());
-    EXPECT_TRUE(m->add_document(mask.data(), int64_t(mask.size())).is_ok());
-  }
-  EXPECT_TRUE(t->finalize().is_ok());
-  EXPECT_TRUE(m->finalize().is_ok());
-  return prefix;
-}
+// 400 samples, prompts of 3..12 tokens (sft_reverse_data.h).
+std::string write_sft_data(const std::string& dir) { return test::write_reverse_sft_data(dir, 3, 3, 10); }
 
 TrainConfig sft_job(const std::string& prefix, const std::string& save) {
   TrainConfig c;

@@ -13,14 +13,13 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 #include <nlohmann/json.hpp>
 #include "common/gpu.h"
 #include "common/nibble_binary.h"
-#include "data/indexed_dataset.h"
 #include "train/resume_util.h"
+#include "train/sft_reverse_data.h"
 
 namespace nb {
 namespace {
@@ -115,28 +114,7 @@ struct Case {
 
 // Packed SFT rows: 400 samples of 10..59 prompt tokens, a separator and the reversed prompt as the answer
 // (up to about 120 tokens each), so a 256-token row packs two to several segments of one or more key tiles.
-std::string write_long_sft_data(const std::string& dir) {
-  const std::string prefix = dir + "/reverse";
-  std::unique_ptr<IndexedDatasetWriter> t, m;
-  EXPECT_TRUE(IndexedDatasetWriter::create(prefix + "_tokens_document", IndexedDtype::u16, &t).is_ok());
-  EXPECT_TRUE(IndexedDatasetWriter::create(prefix + "_mask_document", IndexedDtype::u8, &m).is_ok());
-  std::mt19937 rng(5);
-  for (int s = 0; s < 400; ++s) {
-    std::vector<int32_t> tok(10 + rng() % 50), mask;
-    for (auto& x : tok) x = int32_t(10 + rng() % 50);
-    const size_t prompt = tok.size();
-    tok.push_back(5);
-    mask.assign(tok.size(), 0);
-    for (size_t i = prompt; i-- > 0;) tok.push_back(tok[i] + 100), mask.push_back(1);
-    tok.push_back(6);
-    mask.push_back(1);
-    EXPECT_TRUE(t->add_document(tok.data(), int64_t(tok.size())).is_ok());
-    EXPECT_TRUE(m->add_document(mask.data(), int64_t(mask.size())).is_ok());
-  }
-  EXPECT_TRUE(t->finalize().is_ok());
-  EXPECT_TRUE(m->finalize().is_ok());
-  return prefix;
-}
+std::string write_long_sft_data(const std::string& dir) { return test::write_reverse_sft_data(dir, 5, 10, 50); }
 
 class DeterministicCuda : public ::testing::TestWithParam<Case> {};
 
