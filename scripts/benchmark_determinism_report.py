@@ -16,7 +16,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from md_sections import write_report  # noqa: E402
+from md_sections import read_result as read, summary_row, write_report  # noqa: E402
 
 RECIPE_LABELS = {"bf16_mixed": "BF16", "bf16_with_fp8_current_scaling_mixed": "FP8 current scaling",
                  "bf16_with_nvfp4_mixed": "NVFP4 (last 2 layers BF16)"}
@@ -34,9 +34,6 @@ def gpu_of(device):
     return m.group(1) if m else (device or "GPU")
 
 
-def read(out, name):
-    path = os.path.join(out, name)
-    return open(path, errors="replace").read() if os.path.exists(path) else ""
 
 
 def summary(out, name):
@@ -46,8 +43,7 @@ def summary(out, name):
         return None
 
     def row(label):
-        m = re.search(r"^\| " + re.escape(label) + r"\s*\|\s*([^|]+?)\s*\|", text, re.M)
-        return m.group(1) if m else ""
+        return summary_row(text, label)
 
     return {"device": row("device"), "step_ms": float(row("step time (ms, mean after step 1)")),
             "tokens": row("tokens/s/GPU"), "tflops": float(row("model TFLOP/s/GPU")),

@@ -19,16 +19,13 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from md_sections import write_report  # noqa: E402
+from md_sections import read_result as read, write_report  # noqa: E402
 
 HBM = [("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12)]  # datasheet bytes/s
 HIDDEN, FFN, LAYERS, QD, KVD, VOCAB = 2048, 8192, 16, 2048, 512, 128256
 WEIGHT_BYTES = 2 * (LAYERS * (HIDDEN * (QD + 2 * KVD) + QD * HIDDEN + 3 * HIDDEN * FFN) + VOCAB * HIDDEN)
 
 
-def read(out, name):
-    p = os.path.join(out, name)
-    return open(p).read() if os.path.exists(p) else ""
 
 
 def nibble_figures(text):

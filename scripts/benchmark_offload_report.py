@@ -16,7 +16,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from md_sections import write_report  # noqa: E402
+from md_sections import read_result as read, summary_row, write_report  # noqa: E402
 
 RECIPES = [("bf16_mixed", "BF16"), ("bf16_with_fp8_current_scaling_mixed", "FP8 current scaling"),
            ("bf16_with_nvfp4_mixed", "NVFP4, last 4 layers BF16")]
@@ -39,9 +39,6 @@ def gpu_of(device):
     return m.group(1) if m else (device or "GPU")
 
 
-def read(out, name):
-    path = os.path.join(out, name)
-    return open(path).read() if os.path.exists(path) else ""
 
 
 def summary(out, name):
@@ -51,8 +48,7 @@ def summary(out, name):
         return None
 
     def row(label):
-        m = re.search(r"^\| " + re.escape(label) + r"\s*\|\s*([^|]+?)\s*\|", text, re.M)
-        return m.group(1) if m else ""
+        return summary_row(text, label)
 
     def key(k):
         m = re.search(r"^" + k + r" = \"?([^\"\n]*)\"?", text, re.M)

@@ -3,11 +3,24 @@
 A report is a header followed by "## " sections. merge_sections replaces, in the file, only the sections whose
 "## " title line the new report has (adding the others at the end), keeps the file's header and appends to it a
 "- merged: TITLES from RESULTS (commit C)" note. write_report prints a report's sections or merges those that
-have a run. Standard library only.
+have a run. read_result and summary_row read a run folder's files and nibble's end-of-run summary table.
+Standard library only.
 """
 import os
 import re
 import sys
+
+
+def read_result(out, name):
+    """The text of OUT/NAME, or '' when the run did not write it."""
+    path = os.path.join(out, name)
+    return open(path, errors="replace").read() if os.path.exists(path) else ""
+
+
+def summary_row(text, label):
+    """The value of row LABEL of a `nibble train` summary table in TEXT, or ''."""
+    m = re.search(r"^\| " + re.escape(label) + r"\s*\|\s*([^|]+?)\s*\|", text, re.M)
+    return m.group(1) if m else ""
 
 
 def split_sections(text):
