@@ -29,6 +29,7 @@ quantize_all=(--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0)
 if has cost; then
   for pair in "proxy llama3-8b-proxy" "1b llama3.2-1b"; do
     read -r tag model <<< "$pair"
+    [[ " ${DET_MODELS:-proxy 1b} " == *" $tag "* ]] || continue
     for recipe in "${recipes[@]}"; do
       job=(--model "$model" --seq-length 4096 --micro-batch-size 2 --global-batch-size 16 --train-iters "$iters"
            --recipe "$recipe")

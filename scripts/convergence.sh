@@ -15,11 +15,14 @@
 #   bash scripts/convergence.sh run CONFIG SEED [OUTDIR]  one run (needs a GPU), metrics into OUTDIR
 #   bash scripts/convergence.sh batch BUDGET_S OUTDIR CONFIG:SEED ...   runs in order while the next one
 #                                                          still fits in BUDGET_S seconds (its estimate:
-#                                                          the longest run so far, or 330 s)
+#                                                          the longest run so far, or 330 s); with
+#                                                          STUDY_GPUS=N, N queues run side by side, one per
+#                                                          GPU, the runs dealt out in turn
 #   bash scripts/convergence.sh report                    CONVERGENCE.md + bench/convergence/*.svg
 # Environment: NIBBLE (the binary, default build/nibble), STUDY_DATA (default runs/study-data),
 # STUDY_TOKENS (tokens per run, default 100M), STUDY_STATS_INTERVAL (--quant-stats interval, default 100),
-# STUDY_COMMIT (the commit the binary was built from, when the tree is not a git checkout),
+# STUDY_WORK (where runs train, default runs/convergence), STUDY_GPUS (batch: GPUs to spread the runs over, one
+# queue per GPU, default 1), STUDY_COMMIT (the commit the binary was built from, when the tree is not a git checkout),
 # STUDY_DETERMINISTIC=0 (train without --deterministic-mode; meta.json says so), STUDY_HELDOUT=0 (no evaluation
 # of the final model), STUDY_KEEP_CHECKPOINT=1. For a smoke test of this script on a CPU only (such runs are not
 # the study's): STUDY_SEQ, STUDY_GBS, STUDY_MBS (default 1024, 64, 16) and STUDY_TRAIN_FLAGS (appended to the
@@ -112,7 +115,8 @@ PY
 
 # Refuses a run that could not count for the study (no deterministic mode, no held-out set) unless asked.
 check_run_inputs() {
-  if [ "$DETERMINISTIC" = 1 ] && ! "$NIBBLE" train --help | grep -q -- --deterministic-mode; then
+  # The help text is read whole (grep -c, not -q): with pipefail, a grep that quits early fails the pipe.
+  if [ "$DETERMINISTIC" = 1 ] && ! "$NIBBLE" train --help 2>&1 | grep -c -- --deterministic-mode >/dev/null; then
     echo "convergence.sh: $NIBBLE has no --deterministic-mode (STUDY_DETERMINISTIC=0 runs without it)" >&2
     return 1
   fi
@@ -140,7 +144,7 @@ PY
 
 # Binaries from before --quant-stats-interval took the statistics every --log-interval (also 100 here).
 stats_interval() {
-  case "$1" in *--quant-stats*) "$NIBBLE" train --help | grep -q -- --quant-stats-interval &&
+  case "$1" in *--quant-stats*) "$NIBBLE" train --help 2>&1 | grep -c -- --quant-stats-interval >/dev/null &&
     echo "--quant-stats-interval ${STUDY_STATS_INTERVAL:-100}" ;; esac
   return 0
 }
@@ -152,7 +156,7 @@ run_one() {
   check_run_inputs || return 1
   if [ "$DETERMINISTIC" = 1 ]; then flags="$flags --deterministic-mode"; fi
   name="$config-s$seed"
-  dir="runs/convergence/$name"
+  dir="${STUDY_WORK:-runs/convergence}/$name"
   stage="$dir.store"  # the stored run is assembled here and replaces $out/$name only when everything worked
   rm -rf "$dir" "$stage" && mkdir -p "$dir" "$stage"
   t0=$(date +%s)
@@ -187,7 +191,8 @@ PY
   echo "$name: done in $(($(date +%s) - t0)) s"
 }
 
-batch() {
+# One queue of runs on the visible GPU(s), in order, while the next one still fits in the budget.
+batch_queue() {
   local budget="$1" out="$2"
   shift 2
   local start longest=330 t0 took
@@ -204,6 +209,22 @@ batch() {
   done
 }
 
+# STUDY_GPUS queues side by side, GPU g taking runs g, g+N, g+2N, ...: each run alone on its GPU, so a run's
+# numbers (and, in deterministic mode, its bits) do not depend on how many ran beside it.
+batch() {
+  local budget="$1" out="$2" gpus="${STUDY_GPUS:-1}" g i
+  shift 2
+  local runs=("$@")
+  if [ "$gpus" -le 1 ]; then batch_queue "$budget" "$out" "${runs[@]}"; return; fi
+  for ((g = 0; g < gpus; g++)); do
+    local mine=()
+    for ((i = g; i < ${#runs[@]}; i += gpus)); do mine+=("${runs[$i]}"); done
+    [ ${#mine[@]} -eq 0 ] && continue
+    (export CUDA_VISIBLE_DEVICES=$g; batch_queue "$budget" "$out" "${mine[@]}" 2>&1 | sed "s/^/[gpu $g] /") &
+  done
+  wait
+}
+
 case "${1:-}" in
   list) for c in $CONFIGS; do printf '%-14s %s\n' "$c" "$(config_flags "$c")"; done ;;
   prepare) shift; prepare "$@" ;;
@@ -211,5 +232,5 @@ case "${1:-}" in
   run) run_one "$2" "$3" "${4:-bench/convergence/runs}" ;;
   batch) shift; batch "$@" ;;
   report) python3 scripts/convergence_report.py bench/convergence ;;
-  *) sed -n '2,27p' "$0"; exit 2 ;;
+  *) sed -n '2,29p' "$0"; exit 2 ;;
 esac
