@@ -3,8 +3,9 @@
 // MFU are judged against); the CLI wiring lives elsewhere.
 //
 // Method (both): inputs allocated and filled once, warm-up runs, then `iters` timed runs, each
-// bracketed by its own pair of CUDA events on one stream; the median run time is reported, so a
-// stray slow run (clock ramp, another process) does not move the result.
+// bracketed by its own pair of CUDA events on one stream and preceded (outside the events) by writing
+// twice the L2 size, so that every timed run starts from a cold L2 as it would inside a training step;
+// the median run time is reported, so a stray slow run (clock ramp, another process) does not move the result.
 #pragma once
 #include <cstddef>
 #include <cstdint>
