@@ -9,6 +9,10 @@
 #         micro-batch and recompute are the first of FIT_PAIRS (bench_common.sh) that run.
 #   cost  llama3-8b-proxy at micro-batch 2, 8 micro-batches per GPU: 1 GPU, then 2 GPUs with optim (the
 #         distributed optimizer), optim_grads and optim_grads_params, all over NVLink.
+#   lora70b  NeMo's 70B LoRA row with a BF16 base (scripts/lora_bench.sh's job: llama3.1-70b, seq 4096,
+#         micro-batch 1, global batch 32, rank 32, alpha 32) on 2 GPUs with optim_grads_params: each GPU keeps
+#         half of the 141 GB base (the seeded random init of the real shapes). The recompute is the first of
+#         LORA70B_FIT_PAIRS (default 1/none, 1/selective, 1/full) that runs. Needs 141 GB GPUs (two H200s).
 # NCCL_NVLS_ENABLE stays 0 (NVLink multicast off, as the shared machines require).
 set -uo pipefail
 build=${1:-build}
@@ -34,6 +38,12 @@ if has cost; then
   for strategy in optim optim_grads optim_grads_params; do
     run "fsdp-proxy-2gpu-$strategy" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy"
   done
+fi
+
+if has lora70b; then
+  FIT_PAIRS=${LORA70B_FIT_PAIRS:-1 none,1 selective,1 full} fit fsdp-lora70b-bf16 "${fsdp[@]}" optim_grads_params \
+    --model llama3.1-70b --peft lora --lora-rank 32 --lora-alpha 32 --lora-base-precision bf16 --lr 1e-4 \
+    --seq-length 4096 --global-batch-size 32 --train-iters 4
 fi
 
 python3 scripts/benchmark_fsdp_report.py "$out" --merge-into BENCHMARKS.md && echo "BENCHMARKS.md: sections from $out merged"

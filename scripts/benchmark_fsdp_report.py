@@ -82,13 +82,36 @@ def section_cost(out):
     return "\n".join(text) + "\n", any(os.path.exists(os.path.join(out, n + ".log")) for n in names)
 
 
+def section_lora70b(out):
+    name = "fsdp-lora70b-bf16"
+    s, fit = run_stats(out, name), " ".join(read(out, name + ".fit").split()) or "?"
+    device, commit = device_and_commit(out, [name])
+    est = re.search(r"memory estimate: .*?total ([0-9.]+) GiB", read(out, name + ".log"))
+    g = summary_row(out, name, "FSDP weights gathered/step (GiB)")
+    rows = ["| base | micro-batch, recompute | step time (s) | tokens/s/GPU | model TFLOP/s/GPU | peak GiB | "
+            "estimate GiB | base gathered/step/GPU (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    if isinstance(s, dict):
+        rows.append(f"| BF16 | {fit} | {s['step_ms'] / 1000:.2f} | {s['tokens']:.0f} | {s['tflops']:.1f} | "
+                    f"{s['peak']:.1f} | {est.group(1) if est else 'n/a'} | {g if g is not None else 'n/a'} |")
+    else:
+        rows.append(f"| BF16 | {fit} | {s} | | | | {est.group(1) if est else ''} | |")
+    text = [f"## Megatron-FSDP: NeMo's Llama 3.1 70B LoRA row on two {device}s, BF16 base sharded (same run)\n",
+            "`nibble train --model llama3.1-70b --peft lora --lora-rank 32 --lora-alpha 32 --lora-base-precision bf16 "
+            "--nproc-per-node 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params`: seq 4096, "
+            "micro-batch 1, global batch 32, 4 steps; each GPU keeps half of the frozen base (seeded random values of "
+            "the real shapes) and gathers each layer before its forward and its backward. Means over "
+            f"{timed_steps({name: s})}; peak memory of rank 0; link GPU0-GPU1 {topology(out) or 'unknown'}. "
+            f"Commit {commit}.\n"] + rows
+    return "\n".join(text) + "\n", os.path.exists(os.path.join(out, name + ".log"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--merge-into")
     a = ap.parse_args()
     commit = read(a.out, "commit.txt").strip() or "unknown"
-    write_report([section_8b(a.out), section_cost(a.out)], a.merge_into, a.out, commit)
+    write_report([section_8b(a.out), section_cost(a.out), section_lora70b(a.out)], a.merge_into, a.out, commit)
 
 
 if __name__ == "__main__":

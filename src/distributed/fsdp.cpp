@@ -20,8 +20,8 @@ Status FsdpSync::init(ParamStore* params, dist::Communicator* comm, Device dev) 
       Pool* pool = pool_for(grads, u);
       pool->capacity = std::max(pool->capacity, P_->unit_elems(u));
     }
-  int64_t most = 1;
-  for (const ParamStore::Group& g : P_->groups()) most = std::max(most, g.chunk());
+  int64_t most = 1;  // a frozen store (a LoRA base) has no gradients to reduce
+  for (const ParamStore::Group& g : P_->groups()) most = std::max(most, P_->frozen() ? 1 : g.chunk());
   NB_TRY(Buffer::allocate(&reduced_chunk_, DType::f32, dev, {most}));
   NB_TRY(side_.create(dev));
   return mark_.create(dev);
@@ -78,7 +78,7 @@ Status FsdpSync::gather_unit(int unit) {
   const Tensor shard = P_->padded_compute(), window = w->buf.tensor();
   for (size_t gi = 0; gi < P_->groups().size(); ++gi) {
     const ParamStore::Group& g = P_->groups()[gi];
-    if (g.unit != unit || (!quantized_group_.empty() && quantized_group_[gi])) continue;
+    if (g.unit != unit || !g.stored || (!quantized_group_.empty() && quantized_group_[gi])) continue;
     const Tensor mine = P_->range(shard, g.local, g.local + g.chunk());
     const Tensor all = P_->range(window, g.unit_offset, g.unit_offset + g.chunk() * ranks_);
     NB_TRY(comm_->all_gather(mine, all, s));
@@ -93,7 +93,7 @@ Status FsdpSync::gather_unit(int unit) {
 Status FsdpSync::weights_needed(const std::vector<std::string>& names) {
   if (!P_->compute_sharded()) return Status::ok();
   const std::set<int> want = units_of(names);
-  if (!qlinears_.empty() && amaxes_stale_) NB_TRY(reduce_amaxes());
+  if (!qlinears_.empty() && amaxes_stale_ && !frozen_linears_) NB_TRY(reduce_amaxes());
   // Units the pass has left: their windows go back once the default stream's queued reads are done.
   for (int i = 0; i < 2; ++i)
     for (auto& w : pools_[i].all)
@@ -128,7 +128,7 @@ Status FsdpSync::weights_needed(const std::vector<std::string>& names) {
 Status FsdpSync::grads_needed(const std::vector<std::string>& names) {
   const std::set<int> want = units_of(names);
   for (int u : want) {
-    if (P_->grad_bound(u)) continue;
+    if (P_->frozen() || P_->grad_bound(u)) continue;  // a frozen store (a LoRA base): only the prefetch below
     Window* w = nullptr;
     NB_TRY(acquire(pool_for(true, u), u, &w));
     if (w->reusable.recorded()) w->reusable.wait_in(nullptr);  // its last reduce-scatter read it
@@ -164,6 +164,8 @@ Status FsdpSync::reduce_unit(Window* w) {
 }
 
 Status FsdpSync::grads_final(const std::vector<std::string>& names) {
+  // A frozen store (a LoRA base) has no gradients: nothing to reduce.
+  if (P_->frozen()) return Status::ok();
   mark_.record(nullptr);  // the side stream starts after the backward work queued so far
   mark_.wait_in(side_.get());
   for (int u : units_of(names)) {

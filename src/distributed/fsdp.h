@@ -17,6 +17,10 @@
 // with its amax (recipe::Linear's sharded-weight mode), all-gathers the chunks' bytes (codes and scales) once,
 // and each Linear assembles them into a window of quantized copies it reads instead of quantizing
 // (fsdp_quantized.cpp).
+// A frozen store (a LoRA base under optim_grads_params, model/params.h): the same gathers before each unit's
+// forward and backward, never a gradient window or a reduction; its frozen quantized Linears keep their
+// chunk quantized once at load (recipe::Linear::freeze_weight_chunk), so a gather copies it instead of
+// quantizing, and no amax is reduced.
 // A window is handed out again only after the work that used it: events order the two streams. On the CPU
 // backend every call completes before it returns, so the events are no-ops. Every rank issues the same
 // collectives in the same order: the model's pass is the same on every rank.
@@ -108,6 +112,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   Buffer qstaging_, amaxes_;
   Pool qpool_;  // windows of quantized copies, one size (the largest layer's)
   bool amaxes_stale_ = true;
+  bool frozen_linears_ = false;  // every quantized Linear is frozen: its chunk is quantized already
 
   ParamStore* P_ = nullptr;
   dist::Communicator* comm_ = nullptr;

@@ -30,7 +30,9 @@ Status FsdpSync::set_quantized_linears(const std::vector<std::pair<std::string, 
   unit_chunk_bytes_.assign(size_t(units), 0);
   unit_window_bytes_.assign(size_t(units), 0);
   qlinears_.clear();
+  frozen_linears_ = !linears.empty();
   for (const auto& [name, lin] : linears) {
+    frozen_linears_ = frozen_linears_ && lin->frozen();
     QLinear q;
     q.linear = lin;
     q.unit = P_->unit_of(name);
@@ -89,8 +91,11 @@ Status FsdpSync::gather_quantized(int unit) {
   for (size_t i = 0; i < qlinears_.size(); ++i) {
     const QLinear& q = qlinears_[i];
     if (q.unit != unit) continue;
-    NB_TRY(q.linear->quantize_weight_chunk(chunk_of(P_->groups()[size_t(q.group)]), amax + i,
-                                           staging + size_t(rank_) * n + q.chunk_offset, s));
+    uint8_t* slot = staging + size_t(rank_) * n + q.chunk_offset;
+    if (q.linear->frozen())  // a frozen base weight: its chunk was quantized once, at load
+      NB_TRY(copy_bytes_async(slot, dev_, q.linear->frozen_chunk(), dev_, q.linear->weight_chunk_bytes(), s));
+    else
+      NB_TRY(q.linear->quantize_weight_chunk(chunk_of(P_->groups()[size_t(q.group)]), amax + i, slot, s));
   }
   const Tensor all = P_->range(qstaging_.tensor(), 0, int64_t(n) * ranks_);
   NB_TRY(comm_->all_gather(P_->range(all, int64_t(n) * rank_, int64_t(n) * (rank_ + 1)), all, s));

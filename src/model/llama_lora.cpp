@@ -1,6 +1,6 @@
 // LlamaModel's LoRA parts: the adapter modules' views into the adapter store, the frozen base streamed
-// into place one parameter at a time (a 70B base never exists in FP32, on the host or the GPU), and the
-// memory the frozen base and the adapters take.
+// into place one parameter at a time (a 70B base never exists in FP32, on the host or the GPU; under
+// Megatron-FSDP only this rank's rows of it reach the GPU), and the memory the frozen base and the adapters take.
 #include <algorithm>
 #include <thread>
 #include "model/llama_model.h"
@@ -83,22 +83,69 @@ Status LlamaModel::freeze_linear(const std::string& weight_name, const Tensor& w
     src = Tensor::make(weight_stage_.data(), DType::bf16, dev_, {w.shape[0], w.shape[1]});
     ops::cast(w, src, nullptr);
   }
-  return linears_[size_t(layer)][size_t(i)].freeze_weight(src, nullptr).context("loading the frozen base");
+  recipe::Linear& lin = linears_[size_t(layer)][size_t(i)];
+  return (lin.sharded_weight() ? freeze_sharded(lin, src) : lin.freeze_weight(src, nullptr))
+      .context("loading the frozen base");
+}
+
+// Every rank reads the whole weight (one at a time), so each takes the whole weight's amax itself: the max
+// of every chunk's, as the training-format gathers reduce it over the ranks. Its own chunk, quantized with
+// it, holds the bytes of that row range of the whole weight's copies (recipe/linear_sharded.cpp).
+Status LlamaModel::freeze_sharded(recipe::Linear& lin, const Tensor& w) {
+  const int ranks = base_.shard_count();
+  const int64_t rows = w.shape[0] / ranks, cols = w.shape[1];
+  auto chunk = [&](int r) {
+    return Tensor::make(static_cast<uint8_t*>(w.data) + dtype_bytes(w.dtype, r * rows * cols), w.dtype, dev_,
+                        {rows, cols});
+  };
+  Buffer amax;
+  NB_TRY(Buffer::allocate(&amax, DType::f32, dev_, {1}));
+  float most = 0.f;
+  for (int r = 0; r < ranks; ++r) {
+    float a = 0.f;
+    NB_TRY(lin.weight_chunk_amax(chunk(r), amax.ptr<float>(), nullptr));
+    NB_TRY(copy_bytes(&a, Device::cpu, amax.data(), dev_, sizeof(float)));
+    most = std::max(most, a);
+  }
+  NB_TRY(copy_bytes(amax.data(), dev_, &most, Device::cpu, sizeof(float)));
+  NB_TRY(lin.freeze_weight_chunk(chunk(base_.shard_rank()), amax.ptr<float>(), nullptr));
+  if (dev_ == Device::cuda) device_synchronize();  // `amax` is freed on return
+  return Status::ok();
+}
+
+// The rows of p that fall in this rank's chunk of its group (q, k and v share one), cast into the shard;
+// the chunk's padding rows stay as allocate_frozen_fsdp zeroed them.
+Status LlamaModel::shard_base_rows(const ParamInfo& p, const float* host, float* stage) {
+  const ParamStore::Group& g = base_.groups()[size_t(base_.group_index(p.name))];
+  const int64_t first = (p.offset - g.begin) / g.cols, count = p.numel / g.cols;  // p's rows in its group
+  const int64_t mine = base_.shard_rank() * g.rows_per_rank;
+  const int64_t b = std::max(first, mine), e = std::min(first + count, mine + g.rows_per_rank);
+  if (e <= b) return Status::ok();
+  const int64_t n = (e - b) * g.cols, at = g.local + (b - mine) * g.cols;
+  NB_TRY(copy_bytes(stage, dev_, host + (b - first) * g.cols, Device::cpu, size_t(n) * 4));
+  ops::cast(Tensor::make(stage, DType::f32, dev_, {n}), base_.range(base_.padded_compute(), at, at + n), nullptr);
+  return Status::ok();
 }
 
 // One parameter at a time: host FP32 values -> device FP32 staging -> the compute copy (cast), or for a
 // quantized layer's linear weight, gathered into its fused [out, in] weight (q, k, v are consecutive) and
-// quantized into the Linear.
+// quantized into the Linear. A sharded base (optim_grads_params) takes only this rank's rows into the device:
+// a weight kept in BF16 its rows of the shard; a quantized one is staged whole (zero rows padding it to the
+// ranks' chunks) for its amax, and only this rank's chunk is kept, quantized.
 Status LlamaModel::load_base(uint64_t seed) {
   if (lora_base_)
     NB_TRY(check_hf_tensors(*lora_base_, hf_expected_tensors(cfg_), cfg_.tied_embeddings).context("the LoRA base"));
-  int64_t most = 0;
+  const bool sharded = base_.fsdp();
+  int64_t most = 0, most_device = 0;
   for (const ParamInfo& p : base_.params()) most = std::max(most, p.numel);
   const int64_t fused_most = cfg_.hidden * (cfg_.q_dim() + 2 * cfg_.kv_dim());
   most = std::max(most, fused_most);
+  if (sharded)
+    for (const ParamStore::Group& g : base_.groups())
+      most_device = std::max(most_device, g.chunk() * (g.stored ? 1 : base_.shard_count()));
   std::vector<float> host(static_cast<size_t>(most));
   Buffer stage;
-  NB_TRY(Buffer::allocate(&stage, DType::f32, dev_, {most}));
+  NB_TRY(Buffer::allocate(&stage, DType::f32, dev_, {sharded ? most_device : most}));
   int64_t fused_rows = 0;
   const auto& list = base_.params();
   const std::vector<HfTensor> hf = hf_tensors(base_);
@@ -107,6 +154,10 @@ Status LlamaModel::load_base(uint64_t seed) {
     const bool stored = base_.has_compute(p.name);
     float* dst = stage.ptr<float>() + (stored ? 0 : fused_rows * p.shape[1]);
     NB_TRY(base_values(hf, p, uint32_t(i), seed, host.data()));
+    if (stored && sharded) {
+      NB_TRY(shard_base_rows(p, host.data(), stage.ptr<float>()));
+      continue;
+    }
     NB_TRY(copy_bytes(dst, dev_, host.data(), Device::cpu, size_t(p.numel) * 4));
     const Tensor flat = Tensor::make(dst, DType::f32, dev_, {p.numel});
     if (stored) {
@@ -116,7 +167,13 @@ Status LlamaModel::load_base(uint64_t seed) {
     }
     fused_rows += p.shape[0];
     if (ends_with(p.name, "q_proj.weight") || ends_with(p.name, "k_proj.weight")) continue;
-    NB_TRY(freeze_linear(p.name, Tensor::make(stage.data(), DType::f32, dev_, {fused_rows, p.shape[1]})));
+    int64_t rows = fused_rows;
+    if (sharded) {  // the whole weight, padded with zero rows to the ranks' chunks
+      const ParamStore::Group& g = base_.groups()[size_t(base_.group_index(p.name))];
+      rows = g.rows_per_rank * base_.shard_count();
+      ops::fill(base_.range(stage.tensor(), fused_rows * p.shape[1], rows * p.shape[1]), 0.0f, nullptr);
+    }
+    NB_TRY(freeze_linear(p.name, Tensor::make(stage.data(), DType::f32, dev_, {rows, p.shape[1]})));
     fused_rows = 0;
   }
   if (dev_ == Device::cuda) device_synchronize();  // the staging buffer is freed on return
@@ -124,16 +181,28 @@ Status LlamaModel::load_base(uint64_t seed) {
 }
 
 int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
-                                         const LoraSpec& lora) {
+                                         const LoraSpec& lora, int base_shards) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
   double linear = 0;  // bytes of the layers' linear weights
   const double quantized = frozen_weight_bytes_per_element(recipe.weight);
+  bool bf16_layer = false, quantized_layer = false;
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const bool q = recipe.quantized() && !recipe.layer_in_bf16(l, cfg.layers);
     linear += double(cfg.linear_params_per_layer()) * (q ? quantized : double(compute_bytes));
+    quantized_layer = quantized_layer || q;
+    bf16_layer = bf16_layer || !q;
   }
   const int64_t rest = cfg.total_params() - cfg.layers * cfg.linear_params_per_layer();
-  return int64_t(linear) + rest * compute_bytes + lora_param_count(cfg, lora) * (16 + compute_bytes);
+  const int64_t adapters = lora_param_count(cfg, lora) * (16 + compute_bytes);
+  const double base = linear + double(rest * compute_bytes);
+  if (base_shards <= 1) return int64_t(base) + adapters;
+  // Megatron-FSDP's windows of the base as its pools hold them (distributed/fsdp.h): BF16 one large window (the
+  // embedding or an untied LM head) and two layer windows (a quantized layer's holds only its norms); the
+  // quantized weights' gathered copies in four layer windows and one layer of staging.
+  const int64_t layer = 2 * cfg.hidden + (bf16_layer ? cfg.linear_params_per_layer() : 0);
+  const int64_t large = std::max(cfg.vocab * cfg.hidden, layer);
+  const double gathered = quantized_layer ? 5.0 * quantized * double(cfg.linear_params_per_layer()) : 0.0;
+  return int64_t(base / base_shards + double((large + 2 * layer) * compute_bytes) + gathered) + adapters;
 }
 
 }  // namespace nb

@@ -39,14 +39,16 @@ std::vector<std::string> LlamaModel::layer_param_names(int64_t l) {
           p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
           p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight"};
 }
+// With LoRA the hooks hear of the frozen base only when it is sharded (they gather it, before each unit's
+// forward and backward); its gradients never exist, so grads_final is never reported.
 Status LlamaModel::weights_needed(const std::vector<std::string>& names) {
-  return hooks_ && !lora_enabled_ ? hooks_->weights_needed(names) : Status::ok();
+  return base_hooks() ? hooks_->weights_needed(names) : Status::ok();
 }
 Status LlamaModel::grads_final(const std::vector<std::string>& names) {
   return hooks_ && report_grads_final_ && !lora_enabled_ ? hooks_->grads_final(names) : Status::ok();
 }
 Status LlamaModel::grads_needed(const std::vector<std::string>& names) {
-  return hooks_ && !lora_enabled_ ? hooks_->grads_needed(names) : Status::ok();
+  return base_hooks() ? hooks_->grads_needed(names) : Status::ok();
 }
 
 // The first parameter of linear i's weight in layer l (the fused qkv's q_proj).
@@ -195,13 +197,14 @@ Status LlamaModel::build_linears() {
                                                  uint32_t(l * 8 + i), shape_.tokens(), dims[size_t(i)][0],
                                                  dims[size_t(i)][1], dev_, linear_workspace_,
                                                  /*frozen=*/lora_enabled_, recompute_ == Recompute::full ? i : -1));
-      // Training-format gathers: a quantized weight sharded as its group's rows (distributed/fsdp.h) right
-      // after its Linear is made, so no two Linears' whole weight copies ever coexist on a rank.
+      // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
+      // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
+      // copies ever coexist on a rank.
       recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
-      if (fsdp_training_format_gathers && params_.compute_sharded() && lin.keeps_quantized_input())
-        NB_TRY(
-            lin.set_sharded_weight(params_.groups()[size_t(params_.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
-                                   params_.shard_count()));
+      const ParamStore& W = base();
+      if ((fsdp_training_format_gathers || lora_enabled_) && W.compute_sharded() && lin.keeps_quantized_input())
+        NB_TRY(lin.set_sharded_weight(W.groups()[size_t(W.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
+                                      W.shard_count()));
     }
   }
   return linear_workspace_->allocate();
@@ -233,7 +236,12 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
   if (lora_enabled_) {  // quantized layers' frozen weights live in their Linears only
-    NB_TRY(base_.allocate_frozen(cfg, dev, qb, qe));
+    // optim_grads_params: each rank keeps 1/d of the frozen base.
+    if (fsdp == Fsdp::optim_grads_params)
+      NB_TRY(base_.allocate_frozen_fsdp(cfg, dev, optimizer_shard_rank, optimizer_shard_count,
+                                        recipe::weight_block_rows(recipe.weight.fmt), qb, qe));
+    else
+      NB_TRY(base_.allocate_frozen(cfg, dev, qb, qe));
     NB_TRY(params_.allocate(lora_param_list(cfg, lora_spec_), dev));
     NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
   } else {
@@ -253,6 +261,9 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   if (qe > qb) {
     int64_t most = 0;
     for (const auto& d : linear_dims(cfg)) most = std::max(most, d[0] * d[1]);
+    if (lora_enabled_ && base_.fsdp())  // a sharded frozen weight is quantized from its zero-padded rows
+      for (const ParamStore::Group& g : base_.groups())
+        if (!g.stored) most = std::max(most, g.chunk() * base_.shard_count());
     NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
   }
   NB_TRY(params_.initialize(seed));

@@ -90,9 +90,11 @@ class LlamaModel {
   static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded);
   // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
   // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
-  // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy.
+  // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy. base_shards > 1
+  // (optim_grads_params): 1/base_shards of the base plus Megatron-FSDP's windows of it (a large window and two
+  // layer windows in BF16, and a quantized base's gathered copies: four layer windows and the staging).
   static int64_t lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
-                                      const LoraSpec& lora);
+                                      const LoraSpec& lora, int base_shards = 1);
   // The trainable parameters: the whole model, or with LoRA the adapters only.
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
@@ -104,6 +106,7 @@ class LlamaModel {
   bool lora_enabled() const { return lora_enabled_; }
   const LoraSpec& lora_spec() const { return lora_spec_; }
   const ParamStore& base() const { return lora_enabled_ ? base_ : params_; }
+  ParamStore& base() { return lora_enabled_ ? base_ : params_; }
   // Linear i (qkv 0, o 1, gate_up 2, down 3) of a layer, for tests and diagnostics.
   const recipe::Linear& linear(int64_t layer, int i) const { return linears_[size_t(layer)][size_t(i)]; }
   // The quantized Linears of the transformer layers, each with the name of its weight's first parameter (the
@@ -120,6 +123,9 @@ class LlamaModel {
   // Set before init: Megatron-FSDP over the optimizer's shard ranks (params.h, distributed/fsdp.h): the
   // gradients are sharded too (optim_grads), and the compute copy (optim_grads_params). Its hooks must be
   // set (set_step_hooks) and report every micro-batch's final gradients.
+  // With LoRA only optim_grads_params applies: the frozen base is sharded over those ranks (each keeps 1/d of
+  // every group's rows; its quantized weights as their frozen Linears' chunks) and the hooks gather it
+  // before each unit's forward and backward; the adapters stay whole on every rank.
   Fsdp fsdp = Fsdp::off;
   // optim_grads_params: the quantized Linears' weights are sharded (recipe::Linear::set_sharded_weight) as
   // the Linears are built, for Megatron-FSDP's training-format gathers (set before init).
@@ -209,6 +215,12 @@ class LlamaModel {
   Status base_values(const std::vector<HfTensor>& hf, const ParamInfo& p, uint32_t index, uint64_t seed,
                      float* dst) const;
   Status freeze_linear(const std::string& weight_name, const Tensor& w);
+  // A sharded base (optim_grads_params): this rank's rows of parameter p (host FP32 values of all of it) into
+  // the compute shard, through the device scratch `stage`; and a frozen Linear's chunk of its weight `w`
+  // (zero rows padding it to the ranks' chunks), quantized with the whole weight's amax.
+  Status shard_base_rows(const ParamInfo& p, const float* host, float* stage);
+  Status freeze_sharded(recipe::Linear& lin, const Tensor& w);
+  bool base_hooks() const { return hooks_ && (!lora_enabled_ || base_.fsdp()); }  // the hooks see the weights
 
   LlamaConfig cfg_;
   Device dev_ = Device::cpu;

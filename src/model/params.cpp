@@ -245,6 +245,7 @@ Tensor ParamStore::range(const Tensor& flat, int64_t begin, int64_t end) const {
                       {end - begin});
 }
 bool ParamStore::has_compute(const std::string& n) const {
+  if (fsdp_) return group_of(n).stored;
   const ParamInfo& p = info(n);
   return p.offset < hole_begin_ || p.offset >= hole_end_;
 }
@@ -298,6 +299,7 @@ Tensor ParamStore::master(const std::string& n) const {
              : Tensor::make(flat.ptr<float>() + p.offset, DType::f32, device_, {p.shape[0], p.shape[1]});
 }
 size_t ParamStore::bytes() const {
+  if (fsdp_ && frozen_) return size_t(shard_len_) * size_t(dtype_bits(compute_dtype()) / 8);
   if (fsdp_)
     return size_t(shard_len_) * 4 + state_->device_bytes() +
            size_t(padded_compute().numel()) * size_t(dtype_bits(compute_dtype()) / 8);

@@ -77,11 +77,18 @@ class ParamStore {
   // rows of the recipe's weight format) and keep each rank's chunk 256-byte aligned.
   Status allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count, bool shard_compute,
                        int64_t row_align);
+  // A frozen store in that layout (a LoRA base under optim_grads_params): this rank's chunk of the compute
+  // copy only. The groups of the linear weights of layers [no_copy_begin, no_copy_end) keep their place in
+  // the flat space and their rows per rank but no storage (stored = false): their frozen Linears hold this
+  // rank's chunk quantized.
+  Status allocate_frozen_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count, int64_t row_align,
+                              int64_t no_copy_begin, int64_t no_copy_end);
   struct Group {
     int64_t begin = 0, rows = 0, cols = 0, rows_per_rank = 0;  // flat start; true rows; row length; rows a rank keeps
     int unit = 0;                                              // the unit (window) it belongs to
     int64_t unit_offset = 0;                                   // its start in the unit's window (elements)
     int64_t local = 0;                                         // this rank's chunk in the sharded arrays
+    bool stored = true;  // false: no compute rows here (a frozen quantized weight, allocate_frozen_fsdp)
     int64_t chunk() const { return rows_per_rank * cols; }
   };
   bool fsdp() const { return fsdp_; }
@@ -129,6 +136,7 @@ class ParamStore {
     int64_t local;       // where the slice starts in master, m and v
   };
   int shard_count() const { return shard_count_; }
+  int shard_rank() const { return shard_rank_; }
   int64_t shard_len() const { return shard_len_; }
   int64_t padded_total() const { return padded_total_; }
   int64_t bucket_len() const { return bucket_len_; }
@@ -181,7 +189,9 @@ class ParamStore {
   bool frozen_ = false;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
-  Status layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align);  // params_fsdp.cpp
+  // params_fsdp.cpp; the linear weights of layers [no_copy_begin, no_copy_end) get groups without storage.
+  Status layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align, int64_t no_copy_begin = 0,
+                     int64_t no_copy_end = 0);
   Status set_master_fsdp(const float* host);
   Tensor at(void* base, DType dt, const ParamInfo& p, int64_t offset) const;
   const Group& group_of(const std::string& name) const;

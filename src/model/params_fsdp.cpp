@@ -22,7 +22,8 @@ int unit_of_name(const std::string& name, int64_t layers) {
 
 // q, k and v stay one group (the fused projection reads them as one [qd + 2 kvd, H] weight); every
 // group's row chunk is a whole number of the format's block rows and of 256-byte aligned rows.
-Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align) {
+Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align, int64_t no_copy_begin,
+                               int64_t no_copy_end) {
   NB_TRY(layout(llama_param_list(cfg)));
   groups_.clear();
   param_group_.assign(params_.size(), 0);
@@ -33,6 +34,7 @@ Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t 
       Group g;
       g.cols = p.shape.size() == 2 ? p.shape[1] : 1;
       g.unit = unit_of_name(p.name, cfg.layers);
+      g.stored = !(p.shape.size() == 2 && g.unit > no_copy_begin && g.unit <= no_copy_end && g.unit <= cfg.layers);
       groups_.push_back(g);
     }
     NB_CHECK((p.shape.size() == 2 ? p.shape[1] : 1) == groups_.back().cols, "internal: %s joins a group of other rows",
@@ -51,8 +53,9 @@ Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t 
     g.local = local;
     g.unit_offset = unit_elems_[size_t(g.unit)];
     const int64_t padded = g.chunk() * shard_count;
-    unit_elems_[size_t(g.unit)] += padded;
     off += padded;
+    if (!g.stored) continue;  // a place in the flat space (names, offsets), no rows in any shard or window
+    unit_elems_[size_t(g.unit)] += padded;
     local += g.chunk();
   }
   // Parameters inside a group are back to back; the decayed ones come first in the list.
@@ -86,6 +89,23 @@ Status ParamStore::allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_r
   NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {std::max<int64_t>(1, shard_len_)}));
   return Buffer::allocate(&compute_, compute_dtype(), device_,
                           {std::max<int64_t>(1, shard_compute ? shard_len_ : total_)});
+}
+
+Status ParamStore::allocate_frozen_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count,
+                                        int64_t row_align, int64_t no_copy_begin, int64_t no_copy_end) {
+  NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
+           shard_count);
+  device_ = dev;
+  frozen_ = true;
+  NB_TRY(layout_fsdp(cfg, shard_count, row_align, no_copy_begin, no_copy_end));
+  fsdp_ = shard_compute_ = true;
+  shard_count_ = shard_count;
+  shard_rank_ = shard_rank;
+  unit_compute_.assign(unit_elems_.size(), nullptr);
+  unit_grad_.assign(unit_elems_.size(), nullptr);
+  NB_TRY(Buffer::allocate(&compute_, compute_dtype(), device_, {std::max<int64_t>(1, shard_len_)}));
+  ops::fill(padded_compute(), 0.0f, nullptr);  // the chunks' padding rows stay zero
+  return Status::ok();
 }
 
 int ParamStore::unit_of(const std::string& name) const { return group_of(name).unit; }

@@ -177,9 +177,13 @@ class Linear {
   // backward() read the window bound by bind_weight (and ignore their w). Per-tensor FP8 gathers the row
   // copy only (Dgrad transposes it, as a frozen weight does); 2D NVFP4 has no column copy; the column
   // copies of MXFP8 (other blocks: not derivable), 1D NVFP4 and 128x128 FP8 are gathered too.
-  // Refused (one sentence) for a BF16 or frozen Linear, stochastic rounding or RHT on the weight, and a
+  // Refused (one sentence) for a BF16 Linear, stochastic rounding or RHT on the weight, and a
   // rows_per_rank that is not a whole number of the format's block rows.
+  // A frozen Linear (a LoRA base under Megatron-FSDP) quantizes its chunk once, with freeze_weight_chunk, and
+  // keeps it (weight_chunk_bytes() owned); the gathers copy frozen_chunk() instead of quantizing each step.
   Status set_sharded_weight(int64_t rows_per_rank, int ranks);
+  Status freeze_weight_chunk(const Tensor& chunk, const float* amax, Stream stream);
+  const uint8_t* frozen_chunk() const;  // nullptr before freeze_weight_chunk
   bool sharded_weight() const;
   size_t weight_chunk_bytes() const;   // one rank's quantized chunk (256-byte multiple)
   size_t weight_window_bytes() const;  // the assembled copies (256-byte multiple)

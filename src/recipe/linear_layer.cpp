@@ -304,6 +304,7 @@ size_t Linear::bytes() const {
   if (!impl_ || impl_->dev != Device::cuda) return 0;
   size_t n = 0;
   for (const QCopies& c : impl_->q) n += c.owned_bytes;
+  if (impl_->frozen && frozen_chunk()) n += weight_chunk_bytes();  // a sharded frozen weight's own chunk
   return n;
 }
 

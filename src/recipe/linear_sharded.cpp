@@ -44,6 +44,7 @@ struct Linear::Impl::ShardedWeight {
   int64_t rows_per_rank = 0;
   int ranks = 1;
   size_t chunk_bytes = 0;
+  Buffer frozen_chunk;  // a frozen weight: this rank's chunk, quantized once (freeze_weight_chunk)
   ChunkPiece row_data, row_scales, col_data, col_scales;
   bool has_col = false;
 };
@@ -108,8 +109,8 @@ static void lay_out(const Linear::Impl& s, const QCopies& c, Linear::Impl::Shard
 Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
   if (!impl_) return errorf("Linear::set_sharded_weight before a successful init");
   Impl& s = *impl_;
-  if (s.all_bf16 || s.frozen)
-    return errorf("linear '%s': only a trained quantized weight is gathered in its training format", s.name.c_str());
+  if (s.all_bf16)
+    return errorf("linear '%s': only a quantized weight is gathered in its training format", s.name.c_str());
   const RoleSpec& w = s.recipe.weight;
   if (w.sr || w.rht)
     return errorf(
@@ -150,6 +151,20 @@ Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
 }
 
 bool Linear::sharded_weight() const { return impl_ && impl_->sharded; }
+
+Status Linear::freeze_weight_chunk(const Tensor& chunk, const float* amax, Stream stream) {
+  if (!sharded_weight() || !impl_->frozen)
+    return errorf("Linear::freeze_weight_chunk: the Linear is not frozen with a sharded weight");
+  Impl::ShardedWeight& sh = *impl_->sharded;
+  if (!sh.frozen_chunk.data())
+    NB_TRY(Buffer::allocate(&sh.frozen_chunk, DType::u8, impl_->dev, {int64_t(sh.chunk_bytes)})
+               .context("linear '" + impl_->name + "' frozen weight chunk"));
+  return quantize_weight_chunk(chunk, amax, sh.frozen_chunk.ptr<uint8_t>(), stream);
+}
+
+const uint8_t* Linear::frozen_chunk() const {
+  return sharded_weight() ? impl_->sharded->frozen_chunk.ptr<uint8_t>() : nullptr;
+}
 size_t Linear::weight_chunk_bytes() const { return sharded_weight() ? impl_->sharded->chunk_bytes : 0; }
 size_t Linear::weight_window_bytes() const {
   return sharded_weight() ? std::max<size_t>(impl_->q[int(Role::weight)].external_bytes, 256) : 0;

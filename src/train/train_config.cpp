@@ -444,11 +444,6 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
                   c.data_parallel_sharding_strategy.c_str());
   if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
     const char* s = c.data_parallel_sharding_strategy.c_str();
-    if (c.peft == "lora")
-      return errorf(
-          "--data-parallel-sharding-strategy %s shards a trained model; a LoRA run's frozen base is not "
-          "sharded yet: use optim or no_shard",
-          s);
     if (c.optimizer_cpu_offload)
       return errorf(
           "--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
@@ -459,6 +454,11 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
           "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
           "--grad-reduce-in-bf16",
           s);
+    if (c.peft == "lora" && c.lora_base_precision != "bf16" && c.fsdp_param_gather == "bf16")
+      return errorf(
+          "--fsdp-param-gather bf16 gathers BF16 weights, but a LoRA base at --lora-base-precision %s keeps no "
+          "BF16 copy: its weights are gathered in their stored format; leave the flag out",
+          c.lora_base_precision.c_str());
     if (c.fsdp_param_gather == "training" && (c.quant_stats || c.anneal_start_fraction > 0))
       return errorf(
           "--fsdp-param-gather training gathers only quantized weights, but %s reads the BF16 weight: use "

@@ -99,11 +99,13 @@ class Trainer {
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
   Status gather_optimizer_state(optim::StateArray a, float* host);  // for a save: the whole of master, m or v
   Status prepare_grad_sync();  // after build_model: buckets, overlap hooks, the BF16 scratch
+  Status prepare_fsdp();       // ... or Megatron-FSDP's gathers and reductions (with LoRA: the base's gathers)
   // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
   std::vector<ParamStore::Slice> optimizer_slices();
   Status sum_over_ranks(double* values, int n);
   Status reduce_amax_over_ranks();  // FP8 delayed scaling: step amaxes -> MAX over ranks (trainer_amax.cpp)
-  bool sharded() const { return model_.optimizer_shard_count > 1; }  // set by detect_ranks
+  // The trained parameters' optimizer state is sharded (set by detect_ranks; LoRA's adapters never are).
+  bool sharded() const { return model_.optimizer_shard_count > 1 && !lora(); }
   bool logging_rank() const { return world_.rank == 0; }
   // Saves and loads use the offloaded state's host arrays directly (unsharded offload).
   bool saves_from_state() const { return model_.params().optimizer_state().offloaded() && !sharded(); }

@@ -16,7 +16,9 @@ Status Trainer::detect_ranks() {
   NB_TRY(dist::detect_world(&world_));
   cfg_.data_parallel = world_.size;
   const std::string strategy = cfg_.sharding_strategy();
-  if (strategy != "no_shard" && world_.size > 1) {
+  // LoRA: the adapters are small and stay whole on every rank; only optim_grads_params changes anything, by
+  // sharding the frozen base (optim and optim_grads would shard state and gradients the base does not have).
+  if (strategy != "no_shard" && world_.size > 1 && (!lora() || strategy == "optim_grads_params")) {
     model_.optimizer_shard_rank = world_.rank;
     model_.optimizer_shard_count = world_.size;
     if (strategy == "optim_grads") model_.fsdp = LlamaModel::Fsdp::optim_grads;
@@ -57,34 +59,55 @@ Status Trainer::connect_ranks() {
   return Status::ok();
 }
 
+// Megatron-FSDP's gathers and reductions around the model's pass. With LoRA (optim_grads_params) over the
+// frozen base: gathers only; the adapters' gradients are all-reduced by prepare_grad_sync's buckets.
+Status Trainer::prepare_fsdp() {
+  fsdp_ = std::make_unique<FsdpSync>();
+  NB_TRY(fsdp_->init(&model_.base(), comm_.get(), dev_));
+  model_.set_step_hooks(fsdp_.get());
+  NB_TRY(choose_param_gather());
+  if (lora()) {
+    std::printf(
+        "Megatron-FSDP %s over %d ranks: the frozen LoRA base sharded (1/%d of every layer per rank, %s), each "
+        "unit gathered before its forward and its backward, the next one prefetched, never reduced; the "
+        "adapters whole on every rank, their gradients all-reduced\n",
+        cfg_.sharding_strategy().c_str(), world_.size, world_.size, cfg_.lora_base_precision.c_str());
+    return Status::ok();
+  }
+  std::printf(
+      "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
+      "backward%s\n",
+      cfg_.sharding_strategy().c_str(), world_.size,
+      model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
+                                                   : "master, AdamW state, gradients and weights",
+      model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
+                                                   : "; each unit's weights gathered before its forward "
+                                                     "and its backward, the next one prefetched");
+  return Status::ok();
+}
+
 // Buckets over the flat space and, when asked, the model's hooks that launch collectives early.
 Status Trainer::prepare_grad_sync() {
   if (!comm_) return Status::ok();
   if (model_.fsdp != LlamaModel::Fsdp::off) {
-    fsdp_ = std::make_unique<FsdpSync>();
-    NB_TRY(fsdp_->init(&model_.params(), comm_.get(), dev_));
-    model_.set_step_hooks(fsdp_.get());
-    NB_TRY(choose_param_gather());
+    NB_TRY(prepare_fsdp());
+    if (!lora()) return Status::ok();
+  } else if (lora() && cfg_.sharding_strategy() != "no_shard") {
     std::printf(
-        "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
-        "backward%s\n",
-        cfg_.sharding_strategy().c_str(), world_.size,
-        model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
-                                                     : "master, AdamW state, gradients and weights",
-        model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
-                                                     : "; each unit's weights gathered before its forward "
-                                                       "and its backward, the next one prefetched");
-    return Status::ok();
+        "LoRA with %s: the frozen base whole on every rank (it has no gradients or optimizer state to "
+        "shard), the adapters too\n",
+        cfg_.sharding_strategy().c_str());
   }
   const ParamStore& P = model_.params();
   GradSync::Options o{cfg_.overlap_grad_reduce, cfg_.overlap_param_gather, cfg_.grad_reduce_in_bf16};
+  if (fsdp_) o = {};  // the model's hooks are the base's gathers; the adapters' buckets go after the backward
   std::vector<std::string> order{"model.embed_tokens.weight"};
   for (int64_t l = 0; l < model_cfg_.layers; ++l)
     for (std::string& n : LlamaModel::layer_param_names(l)) order.push_back(std::move(n));
   order.insert(order.end(), {"model.norm.weight", "lm_head.weight"});
   sync_ = std::make_unique<GradSync>();
   NB_TRY(sync_->init(&P, comm_.get(), dev_, o, order));
-  if (sync_->overlapped()) model_.set_step_hooks(sync_.get());
+  if (sync_->overlapped()) model_.set_step_hooks(sync_.get());  // (never with fsdp_: its options are off)
   std::printf("gradient buckets: %d of up to %lld elements, reduced in %s%s%s\n", P.bucket_count(),
               (long long)P.bucket_len(), o.reduce_in_bf16 ? "BF16" : "FP32",
               o.overlap_grad_reduce ? ", overlapped with the backward" : "",
@@ -97,6 +120,12 @@ Status Trainer::prepare_grad_sync() {
 Status Trainer::choose_param_gather() {
   if (model_.fsdp != LlamaModel::Fsdp::optim_grads_params) return Status::ok();
   const auto linears = model_.quantized_linears();
+  if (lora() && !linears.empty()) {  // a frozen quantized base has no BF16 copy: always its stored format
+    NB_TRY(fsdp_->set_quantized_linears(linears));
+    std::printf("Megatron-FSDP gathers %zu frozen base weights in their stored format (%s codes and scales)\n",
+                linears.size(), cfg_.lora_base_precision.c_str());
+    return Status::ok();
+  }
   if (!training_format_gather()) {
     if (!linears.empty())
       std::printf("Megatron-FSDP gathers every weight in BF16 (%s)\n",
@@ -118,14 +147,15 @@ std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
 }
 
 // The summed FP32 gradients: on every rank (DDP), or in each rank's own slices (grad_sync.h).
+// (LoRA under Megatron-FSDP has both: the base's gathers settle first, then the adapters' buckets.)
 Status Trainer::reduce_gradients() {
-  if (fsdp_) return fsdp_->finish_reduce();
+  if (fsdp_) NB_TRY(fsdp_->finish_reduce());
   return sync_ ? sync_->finish_reduce() : Status::ok();
 }
 
 // After AdamW updated this rank's slices of the compute copy: every rank's slices, gathered in place.
 Status Trainer::gather_updated_weights() {
-  if (fsdp_) return fsdp_->weights_updated();
+  if (fsdp_) NB_TRY(fsdp_->weights_updated());
   return sync_ ? sync_->gather_weights() : Status::ok();
 }
 
@@ -141,7 +171,7 @@ void Trainer::settle_collectives() {
 // state), then gathered in place.
 Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
   ParamStore& P = model_.params();
-  if (fsdp_) return fsdp_->gather_state(a, logging_rank() ? host : nullptr);
+  if (fsdp_ && !lora()) return fsdp_->gather_state(a, logging_rank() ? host : nullptr);
   if (sync_) sync_->settle();
   for (int b = 0; b < P.bucket_count(); ++b) {
     const ParamStore::Slice s = P.own_slice(b);

@@ -20,8 +20,17 @@ namespace {
 double gib(double bytes) { return bytes / 1073741824.0; }
 
 std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
-  std::string more;  // weights, gradients and AdamW state shrink with more ranks only when sharded
-  if (c.data_parallel == 1)
+  // Weights, gradients and AdamW state shrink with more ranks only when sharded; with LoRA only the frozen
+  // base is worth sharding (the adapters are small).
+  std::string more;
+  if (c.peft == "lora")
+    more = c.sharding_strategy() != "optim_grads_params" || c.data_parallel == 1
+               ? "; or shard the frozen base over N GPUs: --nproc-per-node N --use-megatron-fsdp "
+                 "--data-parallel-sharding-strategy optim_grads_params (1/N of the base per GPU), or a smaller "
+                 "--lora-base-precision"
+               : "; or add GPUs (the frozen base is sharded over " + std::to_string(c.data_parallel) +
+                     "), or a smaller --lora-base-precision";
+  else if (c.data_parallel == 1)
     more =
         "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
         "instead of 18) or --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N)";
@@ -235,8 +244,10 @@ Status Trainer::estimate_memory() {
   const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
   // Precision annealing plans for both recipes from the start (trainer_anneal.cpp).
   const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
+  // LoRA under optim_grads_params: 1/N of the frozen base per rank plus its gathered windows.
+  const int base_shards = model_.fsdp == LlamaModel::Fsdp::optim_grads_params ? model_.optimizer_shard_count : 1;
   param_bytes_ = lora()
-                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_))
+                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards))
                      : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
                                                           model_.optimizer_placement, model_.fsdp));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));

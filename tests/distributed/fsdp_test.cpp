@@ -193,12 +193,13 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
   struct Case {
     std::string flags, says;
   };
-  for (const Case& c :
-       std::vector<Case>{{"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
-                         {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
-                         {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
-                         {fsdp("optim_grads_params") + " --peft lora", "not sharded yet"},
-                         {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
+  for (const Case& c : std::vector<Case>{
+           {"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
+           {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
+           {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
+           {fsdp("optim_grads_params") + " --peft lora --lora-base-precision nvfp4 --fsdp-param-gather bf16",
+            "keeps no BF16 copy"},
+           {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
     const test::CliRun r = test::run_nibble(base + c.flags);
     EXPECT_NE(r.code, 0) << c.flags;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;

@@ -3,7 +3,8 @@
 // padded with zero rows), each chunk quantized by its own Linear with the max of the chunks' amaxes, the
 // chunks "gathered" (laid side by side, as an all-gather leaves them) and assembled, gives every rank the
 // weight copies that quantizing the whole weight on one Linear gives, byte for byte, and the same y, dx and
-// dw over two steps (the second one with delayed scaling's history); plus the refusals.
+// dw over two steps (the second one with delayed scaling's history); a frozen weight (a LoRA base) sharded
+// and quantized once per chunk gives a frozen whole weight's y and dx; plus the refusals.
 #include <gtest/gtest.h>
 #include <algorithm>
 #include "recipe/frozen_test_util.h"
@@ -176,8 +177,64 @@ TEST(ShardedWeight, Refusals) {
   EXPECT_FALSE(b.set_sharded_weight(64, 4).is_ok()) << "4 x 64 rows do not cover 384";
   EXPECT_TRUE(b.set_sharded_weight(96, 4).is_ok());
   ASSERT_TRUE(c.init(fp4, false, "c", 3, kTokens, kIn, kOut, Device::cpu, nullptr, true).is_ok());
-  EXPECT_FALSE(c.set_sharded_weight(96, 4).is_ok()) << "a frozen weight is not trained";
+  EXPECT_TRUE(c.set_sharded_weight(96, 4).is_ok()) << "a frozen weight (a LoRA base) is sharded too";
   EXPECT_FALSE(b.set_fprop_bf16(true).is_ok()) << "a sharded weight has no BF16 copy for Fprop";
+  std::vector<float> chunk(size_t(96 * kIn), 0.f);
+  const float amax = 1.f;
+  EXPECT_FALSE(
+      b.freeze_weight_chunk(Tensor::make(chunk.data(), DType::f32, Device::cpu, {96, kIn}), &amax, nullptr).is_ok())
+      << "a trained weight is quantized at each gather, not frozen";
+}
+
+// A LoRA base under Megatron-FSDP: each rank freezes its chunk once (the whole weight's amax), the chunks are
+// gathered and assembled each time, and Fprop and Dgrad equal a frozen Linear holding the whole weight.
+TEST(ShardedWeight, FrozenChunksGiveTheWholeFrozenWeight) {
+  for (const std::string& name : frozen_recipe_names()) {
+    SCOPED_TRACE(name);
+    Recipe r;
+    ASSERT_TRUE(frozen_recipe(name, &r).is_ok());
+    if (!r.quantized() || r.weight.fmt == Fmt::fp8_block128) continue;
+    const int ranks = 3;
+    const int64_t rows = 128;  // 3 x 128 rows cover 384 in whole blocks of every format
+    std::vector<float> w = random_bf16_values(kOut * kIn, 0.05, 7), x = random_bf16_values(kTokens * kIn, 1.0, 8);
+    std::vector<float> dy = random_bf16_values(kTokens * kOut, 1e-2, 9);
+    auto t = [](std::vector<float>& v, int64_t a, int64_t b) {
+      return Tensor::make(v.data(), DType::f32, Device::cpu, {a, b});
+    };
+    Linear whole;
+    std::vector<Linear> lin(ranks);
+    ASSERT_TRUE(whole.init(r, false, "whole", 5, kTokens, kIn, kOut, Device::cpu, nullptr, true).is_ok());
+    ASSERT_TRUE(whole.freeze_weight(t(w, kOut, kIn), nullptr).is_ok());
+    float amax = 0.f;
+    for (int k = 0; k < ranks; ++k) {
+      ASSERT_TRUE(lin[size_t(k)].init(r, false, "rank", 5, kTokens, kIn, kOut, Device::cpu, nullptr, true).is_ok());
+      ASSERT_TRUE(lin[size_t(k)].set_sharded_weight(rows, ranks).is_ok());
+      std::vector<float> c = chunk_values(w, rows, k);
+      float a = 0.f;
+      ASSERT_TRUE(lin[size_t(k)].weight_chunk_amax(t(c, rows, kIn), &a, nullptr).is_ok());
+      amax = std::max(amax, a);
+    }
+    const size_t stride = lin[0].weight_chunk_bytes();
+    std::vector<uint8_t> staging(stride * ranks), window(lin[0].weight_window_bytes());
+    for (int k = 0; k < ranks; ++k) {
+      std::vector<float> c = chunk_values(w, rows, k);
+      ASSERT_TRUE(lin[size_t(k)].freeze_weight_chunk(t(c, rows, kIn), &amax, nullptr).is_ok());
+      std::copy_n(lin[size_t(k)].frozen_chunk(), stride, staging.begin() + std::ptrdiff_t(size_t(k) * stride));
+    }
+    std::vector<float> y0(size_t(kTokens * kOut)), y1 = y0, dx0(size_t(kTokens * kIn)), dx1 = dx0;
+    ASSERT_TRUE(whole.forward(t(x, kTokens, kIn), Tensor{}, t(y0, kTokens, kOut), 0.f, nullptr).is_ok());
+    ASSERT_TRUE(
+        whole.backward(t(dy, kTokens, kOut), Tensor{}, Tensor{}, t(dx0, kTokens, kIn), 0.f, Tensor{}, nullptr).is_ok());
+    Linear& mine = lin[1];
+    ASSERT_TRUE(mine.assemble_weight(staging.data(), stride, window.data(), nullptr).is_ok());
+    mine.bind_weight(window.data());
+    Status st = mine.forward(t(x, kTokens, kIn), Tensor{}, t(y1, kTokens, kOut), 0.f, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    st = mine.backward(t(dy, kTokens, kOut), Tensor{}, Tensor{}, t(dx1, kTokens, kIn), 0.f, Tensor{}, nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    EXPECT_TRUE(y0 == y1) << "y differs";
+    EXPECT_TRUE(dx0 == dx1) << "dx differs";
+  }
 }
 
 }  // namespace
