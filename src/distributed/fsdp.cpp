@@ -20,7 +20,8 @@ Status FsdpSync::init(ParamStore* params, dist::Communicator* comm, Device dev) 
       Pool* pool = pool_for(grads, u);
       pool->capacity = std::max(pool->capacity, P_->unit_elems(u));
     }
-  int64_t most = 1;  // a frozen store (a LoRA base) has no gradients to reduce
+  pools_[2].depth = 2;  // layer gradients: one window reduced while the next unit's backward writes the other
+  int64_t most = 1;     // a frozen store (a LoRA base) has no gradients to reduce
   for (const ParamStore::Group& g : P_->groups()) most = std::max(most, P_->frozen() ? 1 : g.chunk());
   NB_TRY(Buffer::allocate(&reduced_chunk_, DType::f32, dev, {most}));
   NB_TRY(side_.create(dev));
@@ -39,10 +40,10 @@ FsdpSync::Window* FsdpSync::bound(bool grads, int unit) {
   return nullptr;
 }
 
-// The oldest freed window of the pool, else a new one (first step only: the pass is the same every
-// micro-batch, so the pool reaches its size once).
+// The oldest freed window of the pool once it holds `depth` windows, else a new one (first step only: the
+// pass is the same every micro-batch, so the pool reaches its size once).
 Status FsdpSync::acquire(Pool* pool, int unit, Window** out) {
-  if (!pool->free.empty()) {
+  if (!pool->free.empty() && pool->all.size() >= pool->depth) {
     *out = pool->free.front();
     pool->free.pop_front();
     (*out)->unit = unit;
@@ -136,15 +137,19 @@ Status FsdpSync::grads_needed(const std::vector<std::string>& names) {
     w->zeroed = false;
     P_->bind_grad(u, w->buf.ptr<float>());
   }
-  // Backward: the unit below this one (layer units; the embedding's backward reads no weights).
+  // Backward: the unit below this one (layer units; the embedding's backward reads no weights). Before
+  // the first layer's backward with another micro-batch to follow: the embedding, for the next forward,
+  // queued ahead of this backward's last reductions; the first layer's window stays for it too.
   const int next = *want.rbegin() - 1;
   last_unit_ = *want.rbegin();
-  if (P_->compute_sharded() && next >= 1 && !P_->compute_bound(next)) {
+  const bool ahead = next == 0 && next_pass_follows_;
+  if (P_->compute_sharded() && (next >= 1 || ahead) && !P_->compute_bound(next)) {
     mark_.record(nullptr);
     mark_.wait_in(side_.get());
     NB_TRY(gather_unit(next));
     prefetched_.insert(next);
   }
+  if (P_->compute_sharded() && ahead) prefetched_.insert(1);
   return Status::ok();
 }
 

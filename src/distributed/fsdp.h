@@ -6,9 +6,14 @@
 //     units the pass has left are recycled. A unit is gathered before its forward and again before its
 //     backward, as Megatron-FSDP and FSDP2 do.
 //   - grads_needed: a zeroed FP32 gradient window for the unit (zeroed on the side stream right after its
-//     previous unit's reduction, so the backward's queue does not spend the memory pass).
+//     previous unit's reduction, so the backward's queue does not spend the memory pass). Layer-sized
+//     gradient windows come two deep: a unit's backward writes one while the unit above it is reduced
+//     out of the other, so the default stream never waits for a reduction.
 //   - grads_final: the window is reduce-scattered (sum) over the ranks on the side stream and this rank's
 //     rows are added into its gradient shard; every micro-batch's, so no rank holds the whole gradient.
+// Between the micro-batches of one step (set_next_pass_follows): the backward's last layer stays gathered
+// and the embedding is gathered during that layer's backward, so the next forward starts without waiting
+// for the side stream, which is still reducing the backward's last units.
 // Windows come in two sizes: one for the transformer layers, one for the units larger than a layer (the
 // embedding and an untied head), each pool reused oldest-freed first and grown only in the first step.
 // Training-format gathers (set_quantized_linears; optim_grads_params with a quantized recipe): a quantized
@@ -51,6 +56,10 @@ class FsdpSync : public LlamaModel::StepHooks {
   Status set_quantized_linears(const std::vector<std::pair<std::string, recipe::Linear*>>& linears);
   size_t quantized_linear_count() const { return qlinears_.size(); }
 
+  // Before each micro-batch's pass: whether another micro-batch of this step follows (its weights are the
+  // same, so this backward leaves the next forward's first units gathered).
+  void set_next_pass_follows(bool more) { next_pass_follows_ = more; }
+
   // After the step's backward: the default stream waits for every reduction (bounded by the timeout).
   Status finish_reduce();
   // After AdamW wrote this rank's shard: optim_grads gathers the whole compute copy; optim_grads_params
@@ -82,6 +91,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   struct Pool {
     DType dt = DType::f32;
     int64_t capacity = 0;  // elements of each window: the largest unit of its size class
+    size_t depth = 1;      // windows allocated before a freed one is handed out again
     std::vector<std::unique_ptr<Window>> all;
     std::deque<Window*> free;  // oldest freed first
   };
@@ -118,6 +128,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   dist::Communicator* comm_ = nullptr;
   Device dev_ = Device::cpu;
   int ranks_ = 1, rank_ = 0, last_unit_ = -1;
+  bool next_pass_follows_ = false;
   Pool pools_[4];             // weights layer-sized, weights large, gradients layer-sized, gradients large
   int64_t layer_elems_ = 0;   // the largest transformer layer unit
   std::set<int> prefetched_;  // gathered ahead of the request

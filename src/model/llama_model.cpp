@@ -142,11 +142,11 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
 }
 
 // The pools' steady state (distributed/fsdp.h): gradients one large window (the head's, then the
-// embedding's) and one layer window (a unit's window is reused once its reduction is done); weights one large
-// window and two layer windows (the unit in use and the prefetched one).
+// embedding's) and two layer windows (one reduced while the next unit's backward writes the other); weights
+// one large window and two layer windows (the unit in use and the prefetched one).
 int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded) {
   const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = std::max(cfg.vocab * cfg.hidden, layer);
-  return (large + layer) * 4 + (weights_sharded ? (large + 2 * layer) * (dev == Device::cuda ? 2 : 4) : 0);
+  return (large + 2 * layer) * 4 + (weights_sharded ? (large + 2 * layer) * (dev == Device::cuda ? 2 : 4) : 0);
 }
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,

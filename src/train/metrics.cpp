@@ -53,6 +53,8 @@ std::string format_jsonl(const StepMetrics& m) {
   j["skipped_iterations"] = m.skipped;
   j["global_batch_size"] = m.global_batch;
   j["nan_iterations"] = m.nan_iters;
+  if (m.fsdp_gathered_bytes >= 0) j["fsdp_gathered_bytes"] = m.fsdp_gathered_bytes;
+  if (m.fsdp_reduced_bytes >= 0) j["fsdp_reduced_bytes"] = m.fsdp_reduced_bytes;
   return j.dump();
 }
 

@@ -13,6 +13,9 @@ struct StepMetrics {
   double step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, lr = 0, loss = 0, grad_norm = 0, peak_mem_gib = 0,
          eta_s = 0, data_wait_ms = 0;
   double optimizer_ms = 0;  // the AdamW update on the compute stream (streaming included with offload)
+  // Megatron-FSDP (optim_grads, optim_grads_params): bytes this rank all-gathered (weights) and
+  // reduce-scattered (gradients) in the step; -1 without it (not written).
+  double fsdp_gathered_bytes = -1, fsdp_reduced_bytes = -1;
 };
 
 // Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.

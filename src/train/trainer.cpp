@@ -75,8 +75,8 @@ Status Trainer::step(StepMetrics* m) {
   NB_TRY(apply_update(lr, f));
   NB_PROFILE_END("optimizer: norm + AdamW");
   if (fsdp_) {  // this step's traffic (evaluations run outside the step)
-    fsdp_step_gathered_ = fsdp_->gathered_bytes() - gathered0;
-    fsdp_step_reduced_ = fsdp_->reduced_bytes() - reduced0;
+    fsdp_step_gathered_ = m->fsdp_gathered_bytes = fsdp_->gathered_bytes() - gathered0;
+    fsdp_step_reduced_ = m->fsdp_reduced_bytes = fsdp_->reduced_bytes() - reduced0;
   }
   // The step ends when the compute stream is done. Offloaded copy-outs may still run on their own stream,
   // hidden behind the next forward (the next update waits for them; see optim/adamw_stream.h).
@@ -134,6 +134,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     const bool last = micro + 1 == accum_;
     if (sync_ && last) sync_->begin_last_backward();  // its backward completes the gradients, bucket by bucket
     model_.set_grads_final_reporting((sync_ && last) || fsdp_);  // FSDP reduces every micro-batch's
+    if (fsdp_) fsdp_->set_next_pass_follows(!last);
     NB_TRY(model_.forward_backward_staged(micro, grad_scale));
   }
   model_.set_grads_final_reporting(false);

@@ -8,6 +8,8 @@
 // quantized recipes, a few weights rounding the other way (losses 1e-2 relative). A strategy that reads a
 // window before it is gathered, drops a unit's reduction or adds one twice moves step 1 by far more.
 #include <gtest/gtest.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include "common/nibble_binary.h"
 #include "distributed/ddp_util.h"
@@ -116,6 +118,39 @@ TEST(FsdpCpu, StrategiesReproduceOneRank) {
       EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << strategy << " step " << i + 1;
     EXPECT_LE(max_weight_difference(one, save, kIters), 1e-2 * kIters * kLr) << strategy << ", " << ranks;
   }
+}
+
+// What optim_grads_params moves in a step of a micro-batches per rank (CPU: FP32 windows, half of each
+// received from the other rank; metrics.jsonl's fsdp_gathered_bytes and fsdp_reduced_bytes): every unit
+// gathered before its forward, the layers again before their backward (the last one while the head
+// computes), except that with another micro-batch to follow the first layer stays gathered and the
+// embedding is gathered during its backward; every unit's gradient reduced every micro-batch. A unit
+// gathered twice, or read from a window that was not gathered for it, changes the count.
+TEST(FsdpCpu, GathersEachUnitAsThePassReadsIt) {
+  const std::string save = test::temp_folder("fsdp_gathers");
+  const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 2 --save " + save +
+                                          " --nproc-per-node 2 " + fsdp("optim_grads_params"));
+  ASSERT_EQ(r.code, 0) << r.out;
+  const LlamaConfig cfg = tiny();
+  ParamStore P;
+  ASSERT_TRUE(P.allocate_fsdp(cfg, Device::cpu, 0, 2, true, 1).is_ok());
+  const auto received = [&](int u) { return double(P.unit_elems(u)) * 4 / 2; };
+  const int layers = int(cfg.layers);
+  const double a = 16 / 2 / 2;  // global batch 16, micro-batch 2, 2 ranks
+  double layer_sum = 0, all = received(0) + received(layers + 1);
+  for (int u = 1; u <= layers; ++u) layer_sum += received(u);
+  all += layer_sum;
+  const double gathered = a * (received(0) + received(layers + 1)) + 2 * a * layer_sum - (a - 1) * received(1);
+  std::ifstream in(save + "/metrics.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("lm_loss")) continue;
+    ++steps;
+    EXPECT_EQ(j.value("fsdp_gathered_bytes", -1.0), gathered) << "step " << steps;
+    EXPECT_EQ(j.value("fsdp_reduced_bytes", -1.0), a * all) << "step " << steps;
+  }
+  EXPECT_EQ(steps, 2);
 }
 
 // One recipe per test (so CTest runs them side by side), at global batch 8: 4 micro-batches on one rank,
