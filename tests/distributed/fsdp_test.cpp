@@ -136,7 +136,7 @@ TEST(FsdpCpu, GathersEachUnitAsThePassReadsIt) {
   ASSERT_TRUE(P.allocate_fsdp(cfg, Device::cpu, 0, 2, true, 1).is_ok());
   const auto received = [&](int u) { return double(P.unit_elems(u)) * 4 / 2; };
   const int layers = int(cfg.layers);
-  const double a = 16 / 2 / 2;  // global batch 16, micro-batch 2, 2 ranks
+  const double a = 16.0 / 2 / 2;  // global batch 16, micro-batch 2, 2 ranks
   double layer_sum = 0, all = received(0) + received(layers + 1);
   for (int u = 1; u <= layers; ++u) layer_sum += received(u);
   all += layer_sum;
