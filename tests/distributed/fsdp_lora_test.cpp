@@ -148,6 +148,35 @@ TEST_P(FsdpLoraBase, QuantizedBaseMatchesOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(FsdpLoraCpu, FsdpLoraBase, ::testing::Values("fp8", "nvfp4"));
 
+// Four ranks, two micro-batches each, BF16 and NVFP4 bases: the sharded run equals four ranks of LoRA DDP bit
+// for bit (adapters too) and one rank at step 1 within the reduction-order bound.
+class FsdpLoraFourRanks : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(FsdpLoraFourRanks, ShardedBaseMatchesLoraDdp) {
+  const std::string precision = GetParam(), dir = test::temp_folder("fsdp_lora4_" + precision);
+  const std::string base = " --lora-base-precision " + precision + " --eval-interval 0";
+  const std::string one = lora_run(dir, "one", 1, 2, base);
+  const std::string ddp = lora_run(dir, "ddp", 4, 2, base);
+  std::string log;
+  const std::string fsdp = lora_run(dir, "fsdp", 4, 2, base + kSharded, &log);
+  EXPECT_NE(log.find("the frozen LoRA base sharded (1/4 of every layer per rank, " + precision + ")"),
+            std::string::npos)
+      << log;
+  const auto ref = read_metrics(one), same = read_metrics(ddp), got = read_metrics(fsdp);
+  ASSERT_EQ(ref.size(), 2u);
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(same.size(), 2u);
+  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss);
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(got[i].loss, same[i].loss) << "step " << i + 1;
+    EXPECT_EQ(got[i].grad_norm, same[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(adapter_difference(ddp, fsdp, 2, 2), 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(FsdpLoraCpu, FsdpLoraFourRanks, ::testing::Values("bf16", "nvfp4"));
+
 // A base from --load-hf: each rank reads every tensor and keeps its rows; one step equals one rank's.
 TEST(FsdpLoraCpu, HfBaseLoadsIntoTheShards) {
   const std::string dir = test::temp_folder("fsdp_lora_hf");
