@@ -149,21 +149,27 @@ int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool w
   return (large + 2 * layer) * 4 + (weights_sharded ? (large + 2 * layer) * (dev == Device::cuda ? 2 : 4) : 0);
 }
 
+// With --optimizer-cpu-offload: the device part of a shard's master, m and v, and the streaming windows.
+int64_t LlamaModel::offloaded_state_device_bytes(int64_t shard, const optim::Placement& placement) {
+  const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
+  const int64_t chunk = std::clamp(placement.chunk_elems, optim::OptimizerState::kPageElems, shard);
+  return resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));
+}
+
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
                                     const optim::Placement& placement, Fsdp fsdp) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
   if (fsdp != Fsdp::off && shards > 1) {  // per rank: 12 + 4 (+ compute) bytes over d, and the windows
     const bool weights = fsdp == Fsdp::optim_grads_params;
     const int64_t n = cfg.total_params(), shard = optimizer_shard_elems(cfg, shards);
-    return shard * 16 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights);
+    const int64_t common = shard * 4 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights);
+    if (!(placement.offload_fraction > 0)) return common + shard * 12;
+    return common + offloaded_state_device_bytes(shard, placement);
   }
   if (shards > 1 || placement.offload_fraction > 0) {  // every weight has a compute copy
     const int64_t weights = cfg.total_params() * (4 + compute_bytes);
     if (!(placement.offload_fraction > 0)) return weights + cfg.total_params() * 12 / shards;
-    const int64_t shard = optimizer_shard_elems(cfg, shards);
-    const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
-    const int64_t chunk = std::clamp(placement.chunk_elems, optim::OptimizerState::kPageElems, shard);
-    return weights + resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));
+    return weights + offloaded_state_device_bytes(optimizer_shard_elems(cfg, shards), placement);
   }
   // Quantized layers' linear weights have no compute copy (params.h).
   int64_t master_only = 0;
@@ -248,10 +254,10 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
     // An empty master-only range: asked for, sharded, or a planned recipe switch (its BF16 GEMMs read weights).
     const bool offload = optimizer_placement.offload_fraction > 0;
     if (!master_only_quantized_weights || optimizer_shard_count > 1 || planned_switch || offload) qe = qb;
-    NB_CHECK(fsdp == Fsdp::off || !offload, "internal: Megatron-FSDP with an offloaded optimizer state");
     if (fsdp != Fsdp::off)
       NB_TRY(params_.allocate_fsdp(cfg, dev, optimizer_shard_rank, optimizer_shard_count,
-                                   fsdp == Fsdp::optim_grads_params, recipe::weight_block_rows(recipe.weight.fmt)));
+                                   fsdp == Fsdp::optim_grads_params, recipe::weight_block_rows(recipe.weight.fmt),
+                                   optimizer_placement));
     else
       NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
                               optimizer_placement));

@@ -86,8 +86,10 @@ class LlamaModel {
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
                                  int shards = 1, const optim::Placement& placement = {}, Fsdp fsdp = Fsdp::off);
   // Megatron-FSDP's windows at their most (distributed/fsdp.h): a large window (the embedding or an untied
-  // LM head) and three layer windows, for the weights (optim_grads_params) and for the FP32 gradients.
+  // LM head) and two layer windows, for the weights (optim_grads_params) and for the FP32 gradients.
   static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded);
+  // --optimizer-cpu-offload: the device part of one rank's master, m and v and the streaming windows.
+  static int64_t offloaded_state_device_bytes(int64_t shard, const optim::Placement& placement);
   // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
   // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
   // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy. base_shards > 1

@@ -74,9 +74,10 @@ class ParamStore {
   bool frozen() const { return frozen_; }
   // Megatron-FSDP's layout over shard_count ranks (see above): gradients sharded; the compute copy too when
   // shard_compute (optim_grads_params). Every group's rows per rank are a multiple of row_align (the block
-  // rows of the recipe's weight format) and keep each rank's chunk 256-byte aligned.
+  // rows of the recipe's weight format) and keep each rank's chunk 256-byte aligned. The optimizer state
+  // (this rank's master, m and v) is placed as `placement` says (a share in host memory with offload).
   Status allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count, bool shard_compute,
-                       int64_t row_align);
+                       int64_t row_align, const optim::Placement& placement = {});
   // A frozen store in that layout (a LoRA base under optim_grads_params): this rank's chunk of the compute
   // copy only. The groups of the linear weights of layers [no_copy_begin, no_copy_end) keep their place in
   // the flat space and their rows per rank but no storage (stored = false): their frozen Linears hold this

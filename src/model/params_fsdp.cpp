@@ -73,7 +73,7 @@ Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t 
 }
 
 Status ParamStore::allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_rank, int shard_count,
-                                 bool shard_compute, int64_t row_align) {
+                                 bool shard_compute, int64_t row_align, const optim::Placement& placement) {
   NB_CHECK(shard_count >= 1 && shard_rank >= 0 && shard_rank < shard_count, "internal: shard %d of %d", shard_rank,
            shard_count);
   device_ = dev;
@@ -85,7 +85,7 @@ Status ParamStore::allocate_fsdp(const LlamaConfig& cfg, Device dev, int shard_r
   shard_rank_ = shard_rank;
   unit_compute_.assign(unit_elems_.size(), nullptr);
   unit_grad_.assign(unit_elems_.size(), nullptr);
-  NB_TRY(state_->allocate(device_, shard_len_, {}));
+  NB_TRY(state_->allocate(device_, shard_len_, placement));
   NB_TRY(Buffer::allocate(&grad_, DType::f32, device_, {std::max<int64_t>(1, shard_len_)}));
   return Buffer::allocate(&compute_, compute_dtype(), device_,
                           {std::max<int64_t>(1, shard_compute ? shard_len_ : total_)});

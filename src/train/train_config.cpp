@@ -444,11 +444,6 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
                   c.data_parallel_sharding_strategy.c_str());
   if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
     const char* s = c.data_parallel_sharding_strategy.c_str();
-    if (c.optimizer_cpu_offload)
-      return errorf(
-          "--data-parallel-sharding-strategy %s with --optimizer-cpu-offload is not supported yet: use one "
-          "or the other",
-          s);
     if (c.grad_reduce_in_bf16)
       return errorf(
           "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "

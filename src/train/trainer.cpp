@@ -239,7 +239,8 @@ Status Trainer::prepare_update() {
   ParamStore& P = model_.params();
   // NIBBLE_OFFLOAD_GATES=0 keeps the whole update before the next forward (for A/B timing; docs/OFFLOAD.md).
   const char* gates_env = std::getenv("NIBBLE_OFFLOAD_GATES");
-  const bool gated = P.optimizer_state().offloaded() && !sync_ && !(gates_env && std::string(gates_env) == "0");
+  const bool gated =
+      P.optimizer_state().offloaded() && !sync_ && !fsdp_ && !(gates_env && std::string(gates_env) == "0");
   NB_TRY(streamer_.init(&P.optimizer_state(), gated, P.decayed_count()));
   NB_TRY(optimizer_span_.create(dev_));
   update_segments_ = build_update_segments();

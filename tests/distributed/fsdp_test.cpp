@@ -230,7 +230,6 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
   };
   for (const Case& c : std::vector<Case>{
            {"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
-           {fsdp("optim_grads_params") + " --optimizer-cpu-offload", "not supported yet"},
            {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
            {fsdp("optim_grads_params") + " --peft lora --lora-base-precision nvfp4 --fsdp-param-gather bf16",
             "keeps no BF16 copy"},

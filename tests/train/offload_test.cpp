@@ -1,5 +1,5 @@
 // CPU: the optimizer state in host memory (--optimizer-cpu-offload) changes no bit of training: 1 rank
-// and 2 ranks with the distributed optimizer, in bf16_mixed, FP8 delayed scaling and NVFP4, at offload
+// and 2 ranks with the distributed optimizer or Megatron-FSDP, in bf16_mixed, FP8 delayed scaling and NVFP4, at offload
 // fractions 0.5 and 1.0, and across a save/resume that switches offload on -> off -> on. A host too small
 // for the state is refused before step 1 in one sentence that names the fraction that fits.
 #include <gtest/gtest.h>
@@ -19,6 +19,17 @@ TEST_P(OffloadCpu, HalfAndAllOfTheStateOnTheHostAreBitIdentical) {
 TEST_P(OffloadCpu, TwoRanksWithTheDistributedOptimizerAreBitIdentical) {
   test::expect_offload_bit_exact_ranks("cpu", GetParam(), 2,
                                        test::temp_folder(std::string("offload_ranks_") + GetParam()));
+}
+
+TEST_P(OffloadCpu, TwoRanksWithMegatronFsdpAreBitIdentical) {
+  test::expect_offload_bit_exact_ranks("cpu", GetParam(), 2,
+                                       test::temp_folder(std::string("offload_fsdp_") + GetParam()),
+                                       "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params");
+}
+
+TEST(OffloadCpuFsdp, OptimGradsTwoRanksAreBitIdentical) {
+  test::expect_offload_bit_exact_ranks("cpu", "bf16_mixed", 2, test::temp_folder("offload_fsdp_optim_grads"),
+                                       "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads");
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, OffloadCpu,

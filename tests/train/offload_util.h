@@ -86,13 +86,15 @@ inline void expect_offload_switch_resume(const std::string& device, const std::s
 }
 
 // Through the CLI: `ranks` ranks with the distributed optimizer, with and without offload.
+// `sharding`: how the ranks shard the state (the distributed optimizer, or Megatron-FSDP's flags).
 inline void expect_offload_bit_exact_ranks(const std::string& device, const std::string& recipe, int ranks,
-                                           const std::string& dir) {
+                                           const std::string& dir,
+                                           const std::string& sharding = "--use-distributed-optimizer") {
   const std::string job = " train --model tiny --device " + device +
                           " --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 --lr-warmup-iters 1 "
                           "--log-interval 1 --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 "
-                          "--train-iters 4 --save-interval 4 --use-distributed-optimizer --nproc-per-node " +
-                          std::to_string(ranks) + " --recipe " + recipe;
+                          "--train-iters 4 --save-interval 4 " +
+                          sharding + " --nproc-per-node " + std::to_string(ranks) + " --recipe " + recipe;
   const std::string off = dir + "/ranks_off", on = dir + "/ranks_on";
   const CliRun a = run_nibble(job + " --save " + off);
   ASSERT_EQ(a.code, 0) << a.out;
@@ -100,6 +102,7 @@ inline void expect_offload_bit_exact_ranks(const std::string& device, const std:
                               "--optimizer-state-offload-chunk-size-mb " + std::to_string(kOffloadChunkMb));
   ASSERT_EQ(b.code, 0) << b.out;
   EXPECT_NE(b.out.find("host memory: optimizer state offloaded 50%"), std::string::npos) << b.out;
+  EXPECT_NE(b.out.find("optimizer state in host mem (GiB)"), std::string::npos) << "the state stayed on the device";
   const std::string ma = file_bytes(off + "/metrics.jsonl"), mb = file_bytes(on + "/metrics.jsonl");
   auto losses = [](const std::string& text) {
     std::vector<std::string> out;
