@@ -1,6 +1,7 @@
 // CUDA: the optimizer state streamed from page-locked host memory through the GPU's AdamW changes no bit
 // of training (tests/train/offload_util.h): bf16_mixed, FP8 delayed scaling and NVFP4 at offload fractions
-// 0.5 and 1.0, a save/resume across the switch, and 2 ranks with the distributed optimizer when the
+// 0.5 and 1.0, a save/resume across the switch, and 2 ranks with the distributed optimizer and with
+// Megatron-FSDP (optim_grads_params; deterministic mode, so that only offload could change a bit) when the
 // machine has two GPUs.
 #include <gtest/gtest.h>
 #include "common/gpu.h"
@@ -29,6 +30,14 @@ TEST_P(OffloadCuda, TwoRanksWithTheDistributedOptimizerAreBitIdentical) {
   if (gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpus();
   test::expect_offload_bit_exact_ranks("cuda", GetParam(), 2,
                                        test::temp_folder(std::string("offload_gpu_ranks_") + GetParam()));
+}
+
+TEST_P(OffloadCuda, TwoRanksWithMegatronFsdpAreBitIdentical) {
+  NB_REQUIRE_GPU();
+  if (gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpus();
+  test::expect_offload_bit_exact_ranks(
+      "cuda", GetParam(), 2, test::temp_folder(std::string("offload_gpu_fsdp_") + GetParam()),
+      "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --deterministic-mode");
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, OffloadCuda,
