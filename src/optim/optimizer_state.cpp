@@ -137,8 +137,11 @@ Status OptimizerState::write(StateArray a, int64_t begin, const float* src, int6
   if (n > on_dev) host_fresh_ = false;
   if (on_dev > 0)
     NB_TRY(copy_bytes(dev_arrays_[int(a)].ptr<float>() + begin, dev_, src, Device::cpu, size_t(on_dev) * 4));
-  float* dst = host_[int(a)] + begin + on_dev;
-  if (n > on_dev && dst != src + on_dev) std::memcpy(dst, src + on_dev, size_t(n - on_dev) * 4);
+  if (n > on_dev) {
+    // Formed only when part of the range is on the host: with none, host_[a] may be null (UB to offset).
+    float* dst = host_[int(a)] + begin + on_dev;
+    if (dst != src + on_dev) std::memcpy(dst, src + on_dev, size_t(n - on_dev) * 4);
+  }
   return Status::ok();
 }
 
