@@ -15,8 +15,8 @@ namespace nb::ops {
 namespace {
 
 // One forward + backward problem; lse is [B, Hq, S] (its floats are [T, Hq] in segmented calls).
-struct Problem : AttentionTensors {
-  explicit Problem(AttentionShape s) : AttentionTensors(s) {}
+struct SegmentProblem : AttentionTensors {
+  explicit SegmentProblem(AttentionShape s) : AttentionTensors(s) {}
   Status run(const AttentionSegments* seg) {
     NB_TRY(attention_forward(sh, q.t, k.t, v.t, out.t, lse.t, nullptr, seg));
     return attention_backward(sh, q.t, k.t, v.t, out.t, w.t, lse.t, dq.t, dk.t, dv.t, nullptr, seg);
@@ -45,7 +45,7 @@ AttentionSegments segments_of(const std::vector<int32_t>& starts) {
 // Runs `starts` as packed segments of one problem, then each segment alone as a B=1 problem of its own,
 // and requires identical bits for out, lse, dq, dk and dv.
 void expect_segments_equal_separate_runs(const AttentionShape& sh, const std::vector<int32_t>& starts, uint32_t seed) {
-  Problem packed(sh);
+  SegmentProblem packed(sh);
   packed.randomize(seed);
   const AttentionSegments seg = segments_of(starts);
   Status st = packed.run(&seg);
@@ -54,7 +54,7 @@ void expect_segments_equal_separate_runs(const AttentionShape& sh, const std::ve
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     const int64_t t0 = starts[i], n = starts[i + 1] - starts[i];
     SCOPED_TRACE(testing::Message() << "segment " << i << " tokens " << t0 << ".." << t0 + n - 1);
-    Problem alone(make_shape(1, n, Hq, Hkv, D));
+    SegmentProblem alone(make_shape(1, n, Hq, Hkv, D));
     copy_tokens(packed.q.data, alone.q.data, t0, n, Hq * D, false);
     copy_tokens(packed.k.data, alone.k.data, t0, n, Hkv * D, false);
     copy_tokens(packed.v.data, alone.v.data, t0, n, Hkv * D, false);
@@ -96,7 +96,7 @@ TEST(AttentionSegments, AllSingleTokenSegmentsCopyTheirValues) {
   const AttentionShape sh = make_shape(1, 6, 2, 1, 3);
   const std::vector<int32_t> starts = {0, 1, 2, 3, 4, 5, 6};
   expect_segments_equal_separate_runs(sh, starts, 4);
-  Problem p(sh);
+  SegmentProblem p(sh);
   p.randomize(4);
   const AttentionSegments seg = segments_of(starts);
   ASSERT_TRUE(p.run(&seg).is_ok());
@@ -112,7 +112,7 @@ TEST(AttentionSegments, AllSingleTokenSegmentsCopyTheirValues) {
 // One segment per row is the unsegmented path: the same bits, with lse transposed to token-major.
 TEST(AttentionSegments, OneSegmentPerRowEqualsUnsegmented) {
   const AttentionShape sh = make_shape(3, 7, 4, 2, 5);
-  Problem rows(sh), segs(sh);
+  SegmentProblem rows(sh), segs(sh);
   rows.randomize(5);
   segs.randomize(5);
   const std::vector<int32_t> starts = {0, 7, 14, 21};
@@ -132,7 +132,7 @@ TEST(AttentionSegments, OneSegmentPerRowEqualsUnsegmented) {
 // Changing one segment's inputs leaves every other segment's outputs alone (the mask really cuts).
 TEST(AttentionSegments, SegmentsDoNotSeeEachOther) {
   const AttentionShape sh = make_shape(2, 12, 4, 2, 5);
-  Problem p(sh);
+  SegmentProblem p(sh);
   p.randomize(6);
   const AttentionSegments seg = segments_of(kMixed);
   ASSERT_TRUE(p.run(&seg).is_ok());
@@ -161,7 +161,7 @@ TEST(AttentionSegments, SegmentsDoNotSeeEachOther) {
 // lse may be given in its honest token-major shape [B, S, Hq]: the same floats as the [B, Hq, S] view.
 TEST(AttentionSegments, LseMayBeShapedTokenMajor) {
   const AttentionShape sh = make_shape(2, 12, 4, 2, 5);
-  Problem p(sh);
+  SegmentProblem p(sh);
   p.randomize(7);
   const AttentionSegments seg = segments_of(kMixed);
   ASSERT_TRUE(p.run(&seg).is_ok());
@@ -186,7 +186,7 @@ TEST(AttentionSegments, MaxLenIsGivenOrComputed) {
 // Runs the forward with `starts` (and overrides) and expects a refusal whose message contains `want`.
 void expect_refused(const std::vector<int32_t>& starts, const char* want, int64_t max_len = 0,
                     const int32_t* host = nullptr, int64_t count = -1) {
-  Problem p(make_shape(2, 12, 4, 2, 5));
+  SegmentProblem p(make_shape(2, 12, 4, 2, 5));
   AttentionSegments seg = segments_of(starts);
   seg.max_len = max_len;
   if (host != nullptr || count >= 0) seg.starts = host;

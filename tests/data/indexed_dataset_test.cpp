@@ -6,14 +6,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include "data/data_test_util.h"
 #include "data/indexed_dataset.h"
 
 using namespace nb;
-
-// Per-process folder names: CTest may run the cases of this file in parallel processes.
-static std::filesystem::path unique_temp(const std::string& name) {
-  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-}
 
 namespace {
 std::filesystem::path temp_dir() {

@@ -8,17 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include "data/data_test_util.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
 #include "data/numpy_random.h"
 #include "data/token_source.h"
 
 using namespace nb;
-
-// Per-process folder names: CTest may run the cases of this file in parallel processes.
-static std::filesystem::path unique_temp(const std::string& name) {
-  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-}
 
 TEST(NumpyRandom, RandomStateRawOutputsAndRandint) {
   LegacyRandomState raw(1234);

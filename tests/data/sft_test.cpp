@@ -10,16 +10,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include "common/nibble_binary.h"
+#include "data/data_test_util.h"
 #include "data/indexed_dataset.h"
 #include "data/sft.h"
 #include "tokenizer/bpe_tokenizer.h"
 
 using namespace nb;
-
-// Per-process folder names: CTest may run the cases of this file in parallel processes.
-static std::filesystem::path unique_temp(const std::string& name) {
-  return std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
-}
 
 namespace {
 constexpr int32_t kEod = 259, kBegin = 260, kStart = 261, kEnd = 262, kEot = 263;

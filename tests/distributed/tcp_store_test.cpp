@@ -25,9 +25,9 @@ World world_of(int rank, int size, int port) {
   return w;
 }
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double store_seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool store_contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // What one rank does in the four-rank test; any failure comes back as its Status.
 Status rank_body(TcpStore& s) {
@@ -77,7 +77,7 @@ TEST(TcpStore, FourRanksSetGetWaitBarrier) {
   for (int r = n - 1; r >= 1; --r) stores[r].reset();
   const auto t0 = Clock::now();
   stores[0].reset();  // every rank has closed: no grace needed
-  EXPECT_LT(seconds_since(t0), 1.0);
+  EXPECT_LT(store_seconds_since(t0), 1.0);
 }
 
 TEST(TcpStore, GetOfMissingKeyTimesOut) {
@@ -87,15 +87,15 @@ TEST(TcpStore, GetOfMissingKeyTimesOut) {
   auto t0 = Clock::now();
   Status st = s->get("nccl_id", &v);
   ASSERT_FALSE(st);
-  EXPECT_TRUE(contains(st.message(), "timed out after 0.3 s waiting for key 'nccl_id'")) << st.message();
-  EXPECT_GE(seconds_since(t0), 0.29);
-  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_TRUE(store_contains(st.message(), "timed out after 0.3 s waiting for key 'nccl_id'")) << st.message();
+  EXPECT_GE(store_seconds_since(t0), 0.29);
+  EXPECT_LT(store_seconds_since(t0), 2.0);
   t0 = Clock::now();
   ASSERT_TRUE(s->set("a", {1}));
   st = s->wait({"a", "b"}, 200ms);
   ASSERT_FALSE(st);
-  EXPECT_TRUE(contains(st.message(), "timed out after 0.2 s waiting for key 'b'")) << st.message();
-  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_TRUE(store_contains(st.message(), "timed out after 0.2 s waiting for key 'b'")) << st.message();
+  EXPECT_LT(store_seconds_since(t0), 2.0);
   ASSERT_TRUE(s->get("a", &v));  // the connection is still in step after a timeout
   EXPECT_EQ(v, std::vector<uint8_t>{1});
 }
@@ -115,13 +115,14 @@ TEST(TcpStore, ClientWithoutServerCannotReach) {
   const Status st = TcpStore::open(world_of(1, 2, port), 500ms, &s);
   ::close(fd);
   ASSERT_FALSE(st);
-  EXPECT_TRUE(contains(st.message(), strprintf("rank 1 could not reach the rendezvous store at 127.0.0.1:%d within "
-                                               "0.5 s",
-                                               port)))
+  EXPECT_TRUE(
+      store_contains(st.message(), strprintf("rank 1 could not reach the rendezvous store at 127.0.0.1:%d within "
+                                             "0.5 s",
+                                             port)))
       << st.message();
-  EXPECT_TRUE(contains(st.message(), "is rank 0 running, and is MASTER_ADDR right?")) << st.message();
-  EXPECT_GE(seconds_since(t0), 0.49);
-  EXPECT_LT(seconds_since(t0), 1.5);
+  EXPECT_TRUE(store_contains(st.message(), "is rank 0 running, and is MASTER_ADDR right?")) << st.message();
+  EXPECT_GE(store_seconds_since(t0), 0.49);
+  EXPECT_LT(store_seconds_since(t0), 1.5);
 }
 
 TEST(TcpStore, OneMebibyteValueRoundTrips) {
@@ -165,11 +166,11 @@ TEST(TcpStore, RankZeroGoingAwayEndsWaitsAndNeverHangs) {
   });
   const auto t0 = Clock::now();
   s0.reset();  // rank 1 is still connected and rank 2 never came: serves on for the grace only
-  EXPECT_LT(seconds_since(t0), 2.0);
+  EXPECT_LT(store_seconds_since(t0), 2.0);
   waiter.join();
   ASSERT_FALSE(waited);
-  EXPECT_TRUE(contains(waited.message(), "went away")) << waited.message();
-  EXPECT_TRUE(contains(waited.message(), "'never'")) << waited.message();
+  EXPECT_TRUE(store_contains(waited.message(), "went away")) << waited.message();
+  EXPECT_TRUE(store_contains(waited.message(), "'never'")) << waited.message();
 }
 
 TEST(TcpStore, RefusedRequestsSayWhy) {
@@ -178,12 +179,12 @@ TEST(TcpStore, RefusedRequestsSayWhy) {
   // A rank that believes in a larger world than rank 0 does.
   Status st = TcpStore::open(world_of(3, 4, s0->port()), 2s, &s3);
   ASSERT_FALSE(st);
-  EXPECT_TRUE(contains(st.message(), "do all ranks agree on the world size?")) << st.message();
+  EXPECT_TRUE(store_contains(st.message(), "do all ranks agree on the world size?")) << st.message();
   ASSERT_TRUE(s0->set("text", {1, 2, 3}));
   int64_t total = 0;
   st = s0->add("text", 1, &total);
   ASSERT_FALSE(st);
-  EXPECT_TRUE(contains(st.message(), "key 'text' is not an 8-byte counter")) << st.message();
+  EXPECT_TRUE(store_contains(st.message(), "key 'text' is not an 8-byte counter")) << st.message();
   ASSERT_TRUE(s0->add("n", 5, &total));  // the connection is still in step after a refusal
   EXPECT_EQ(total, 5);
 }

@@ -46,7 +46,7 @@ const StepTag kStepTags[] = {
 
 using Key = std::pair<int64_t, std::string>;  // (step, tag)
 
-std::string fresh_dir(const std::string& name) {
+std::string tb_fresh_dir(const std::string& name) {
   auto dir = std::filesystem::temp_directory_path() / ("nibble_tb_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
@@ -105,7 +105,7 @@ Expected expected_from_jsonl(const std::string& path, int64_t interval, int64_t 
 }  // namespace
 
 TEST(TensorBoardTrain, EveryScalarEqualsMetricsJsonl) {
-  const std::string tb = fresh_dir("events"), save = fresh_dir("save");
+  const std::string tb = tb_fresh_dir("events"), save = tb_fresh_dir("save");
   auto r = run_nibble(
       "train --model tiny --device cpu --train-iters 5 --seq-length 32 --micro-batch-size 2 --global-batch-size 4 "
       "--recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 --quant-stats "
@@ -150,7 +150,7 @@ TEST(TensorBoardTrain, EveryScalarEqualsMetricsJsonl) {
 }
 
 TEST(TensorBoardTrain, RefusesAFolderItCannotWrite) {
-  const std::string dir = fresh_dir("refused");
+  const std::string dir = tb_fresh_dir("refused");
   std::filesystem::create_directories(dir);
   std::ofstream(dir + "/file") << "a file, not a folder";
   const std::string bad = dir + "/file/tb", tiny = "train --model tiny --device cpu --train-iters 1 --seq-length 32 ";
