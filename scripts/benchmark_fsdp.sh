@@ -27,7 +27,9 @@ if has 8b; then
   for recipe in "${recipes[@]}"; do
     extra=()
     [ "$recipe" = bf16_with_nvfp4_mixed ] && extra=(--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 4)
-    fit "fsdp-8b-$recipe" "${fsdp[@]}" optim_grads_params --model llama3.1-8b --recipe "$recipe" "${extra[@]}" \
+    # FSDP_8B_FLAGS: further Megatron-FSDP flags for these runs (e.g. --fsdp-embeddings-per-step), named in the report.
+    # shellcheck disable=SC2086
+    fit "fsdp-8b-$recipe" "${fsdp[@]}" optim_grads_params ${FSDP_8B_FLAGS:-} --model llama3.1-8b --recipe "$recipe" "${extra[@]}" \
       --seq-length 4096 --global-batch-size 32 --train-iters 4
   done
 fi
@@ -35,8 +37,13 @@ fi
 if has cost; then
   proxy=(--model llama3-8b-proxy --seq-length 4096 --micro-batch-size 2 --train-iters 8)
   run fsdp-proxy-1gpu "${proxy[@]}" --global-batch-size 16
-  for strategy in optim optim_grads optim_grads_params; do
+  for strategy in ${FSDP_COST_STRATEGIES:-optim optim_grads optim_grads_params}; do
     run "fsdp-proxy-2gpu-$strategy" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy"
+  done
+  # The embedding and head gathered and reduced once per step instead of every micro-batch.
+  for strategy in optim_grads optim_grads_params; do
+    run "fsdp-proxy-2gpu-$strategy-eps" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy" \
+      --fsdp-embeddings-per-step
   done
 fi
 

@@ -20,12 +20,20 @@ RECIPES = [("bf16_mixed", "BF16"), ("bf16_with_fp8_current_scaling_mixed", "FP8 
            ("bf16_with_nvfp4_mixed", "NVFP4, last 4 layers BF16")]
 COST = [("fsdp-proxy-1gpu", "1 GPU"), ("fsdp-proxy-2gpu-optim", "2 GPUs, `optim` (distributed optimizer)"),
         ("fsdp-proxy-2gpu-optim_grads", "2 GPUs, `optim_grads`"),
-        ("fsdp-proxy-2gpu-optim_grads_params", "2 GPUs, `optim_grads_params`")]
+        ("fsdp-proxy-2gpu-optim_grads_params", "2 GPUs, `optim_grads_params`"),
+        ("fsdp-proxy-2gpu-optim_grads-eps", "2 GPUs, `optim_grads --fsdp-embeddings-per-step`"),
+        ("fsdp-proxy-2gpu-optim_grads_params-eps", "2 GPUs, `optim_grads_params --fsdp-embeddings-per-step`")]
 
 
 def summary_row(out, name, label):
     m = re.search(r"\| " + re.escape(label) + r"\s*\|\s*([0-9.]+) \|", read(out, name + ".log"))
     return float(m.group(1)) if m else None
+
+
+def flags_8b(out, names):
+    """Further Megatron-FSDP flags the runs were given (benchmark_fsdp.sh's FSDP_8B_FLAGS), as printed."""
+    logs = "".join(read(out, n + ".log") for n in names)
+    return " --fsdp-embeddings-per-step" if "(--fsdp-embeddings-per-step)" in logs else ""
 
 
 def section_8b(out):
@@ -50,7 +58,8 @@ def section_8b(out):
     failed = sorted(f for f in os.listdir(out) if f.startswith("fsdp-8b-") and f.endswith(".failed.log"))
     text = [f"## Megatron-FSDP: Llama 3.1 8B on two {device}s, optim_grads_params (same run)\n",
             "`nibble train --model llama3.1-8b --nproc-per-node 2 --use-megatron-fsdp "
-            "--data-parallel-sharding-strategy optim_grads_params`: seq 4096, global batch 32, 4 steps, no optimizer "
+            f"--data-parallel-sharding-strategy optim_grads_params{flags_8b(out, names)}`: seq 4096, global batch 32, "
+            "4 steps, no optimizer "
             f"offload; the lightest micro-batch/recompute that fits. Means over {timed_steps(stats)}; peak memory of "
             f"rank 0; link GPU0-GPU1 {topology(out) or 'unknown'}. Commit {commit}.\n"] + rows
     if failed:
@@ -67,6 +76,8 @@ def section_cost(out):
             "weights gathered/step/GPU (GiB) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for n, label in COST:
         s = stats[n]
+        if not os.path.exists(os.path.join(out, n + ".log")):
+            continue  # a configuration this run did not include
         if not isinstance(s, dict):
             rows.append(f"| {label} | {s} | | | | | |")
             continue

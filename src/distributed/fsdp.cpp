@@ -95,10 +95,11 @@ Status FsdpSync::weights_needed(const std::vector<std::string>& names) {
   if (!P_->compute_sharded()) return Status::ok();
   const std::set<int> want = units_of(names);
   if (!qlinears_.empty() && amaxes_stale_ && !frozen_linears_) NB_TRY(reduce_amaxes());
-  // Units the pass has left: their windows go back once the default stream's queued reads are done.
+  // Units the pass has left: their windows go back once the default stream's queued reads are done
+  // (the embedding and head held for the step stay until weights_updated).
   for (int i = 0; i < 2; ++i)
     for (auto& w : pools_[i].all)
-      if (w->unit >= 0 && !want.count(w->unit) && !prefetched_.count(w->unit)) {
+      if (w->unit >= 0 && !want.count(w->unit) && !prefetched_.count(w->unit) && !held_for_step(w->unit)) {
         P_->bind_compute(w->unit, nullptr);
         release_quantized(w->unit);
         release(&pools_[i], w.get(), nullptr);
@@ -171,9 +172,13 @@ Status FsdpSync::reduce_unit(Window* w) {
 Status FsdpSync::grads_final(const std::vector<std::string>& names) {
   // A frozen store (a LoRA base) has no gradients: nothing to reduce.
   if (P_->frozen()) return Status::ok();
+  std::set<int> units = units_of(names);
+  if (next_pass_follows_)  // the embedding's and head's accumulate until the step's last micro-batch
+    std::erase_if(units, [&](int u) { return held_for_step(u); });
+  if (units.empty()) return Status::ok();
   mark_.record(nullptr);  // the side stream starts after the backward work queued so far
   mark_.wait_in(side_.get());
-  for (int u : units_of(names)) {
+  for (int u : units) {
     Window* w = bound(true, u);
     NB_CHECK(w, "internal: gradients of unit %d reported final without a window", u);
     NB_TRY(reduce_unit(w));

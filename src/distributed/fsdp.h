@@ -14,6 +14,10 @@
 // Between the micro-batches of one step (set_next_pass_follows): the backward's last layer stays gathered
 // and the embedding is gathered during that layer's backward, so the next forward starts without waiting
 // for the side stream, which is still reducing the backward's last units.
+// The embedding and head once per step (set_embeddings_per_step; --fsdp-embeddings-per-step): the first and
+// last units stay gathered from their first read to the optimizer step, and their gradient windows keep
+// accumulating until the step's last micro-batch, whose backward reduces them once: a step moves their
+// bytes once instead of once per micro-batch, for one more large weight and gradient window per rank.
 // Windows come in two sizes: one for the transformer layers, one for the units larger than a layer (the
 // embedding and an untied head), each pool reused oldest-freed first and grown only in the first step.
 // Training-format gathers (set_quantized_linears; optim_grads_params with a quantized recipe): a quantized
@@ -59,6 +63,8 @@ class FsdpSync : public LlamaModel::StepHooks {
   // Before each micro-batch's pass: whether another micro-batch of this step follows (its weights are the
   // same, so this backward leaves the next forward's first units gathered).
   void set_next_pass_follows(bool more) { next_pass_follows_ = more; }
+  // Before the first pass: the embedding and head units gathered and reduced once per optimizer step.
+  void set_embeddings_per_step(bool on) { embeddings_per_step_ = on; }
 
   // After the step's backward: the default stream waits for every reduction (bounded by the timeout).
   Status finish_reduce();
@@ -96,11 +102,13 @@ class FsdpSync : public LlamaModel::StepHooks {
     std::deque<Window*> free;  // oldest freed first
   };
   // The pool of unit u's windows: weights or gradients, layer-sized or large.
-  Pool* pool_for(bool grads, int unit) { return &pools_[(grads ? 2 : 0) + (P_->unit_elems(unit) > layer_elems_)]; }
+  Pool* pool_for(bool grads, int unit) { return &pools_[(grads ? 2 : 0) + (large(unit) ? 1 : 0)]; }
   std::set<int> units_of(const std::vector<std::string>& names) const;
   Status acquire(Pool* pool, int unit, Window** out);
   void release(Pool* pool, Window* w, Stream last_user);
   Window* bound(bool grads, int unit);
+  bool large(int unit) const { return P_->unit_elems(unit) > layer_elems_; }
+  bool held_for_step(int unit) const { return embeddings_per_step_ && (unit == 0 || unit == P_->unit_count() - 1); }
   Status gather_unit(int unit);
   Status reduce_unit(Window* w);
   Status gather_compute_in_place();
@@ -129,6 +137,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   Device dev_ = Device::cpu;
   int ranks_ = 1, rank_ = 0, last_unit_ = -1;
   bool next_pass_follows_ = false;
+  bool embeddings_per_step_ = false;
   Pool pools_[4];             // weights layer-sized, weights large, gradients layer-sized, gradients large
   int64_t layer_elems_ = 0;   // the largest transformer layer unit
   std::set<int> prefetched_;  // gathered ahead of the request

@@ -261,6 +261,10 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
                  "optim_grads_params: gather a quantized layer's weight as its training format's codes and scales "
                  "(training) or in BF16; auto = training unless --quant-stats or annealing needs the BF16 weight",
                  &c.fsdp_param_gather, {"auto", "training", "bf16"}),
+      bool_key("fsdp-embeddings-per-step",
+               "optim_grads(_params): gather the embedding and output layer and reduce their gradients once per "
+               "step, not every micro-batch (costs a whole copy and FP32 gradient of each per GPU)",
+               &c.fsdp_embeddings_per_step),
       bool_key("optimizer-cpu-offload",
                "keep FP32 master weights and AdamW m, v in page-locked host memory and stream them through the "
                "GPU's AdamW each step (bit-identical results)",
@@ -460,6 +464,10 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
           "--fsdp-param-gather bf16 (or auto)",
           c.quant_stats ? "--quant-stats" : "annealing's BF16 step");
   }
+  if (c.fsdp_embeddings_per_step && c.sharding_strategy().rfind("optim_grads", 0) != 0)
+    return errorf(
+        "--fsdp-embeddings-per-step changes when Megatron-FSDP gathers and reduces the embedding and output "
+        "layer: add --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads or optim_grads_params");
   if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
     return errorf(
         "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "

@@ -86,6 +86,9 @@ struct TrainConfig {
   // optim_grads_params: a quantized layer's weight gathered as the codes and scales its GEMMs read (training),
   // or in BF16; auto = training unless something needs the BF16 weight (--quant-stats, annealing).
   std::string fsdp_param_gather = "auto";
+  // optim_grads(_params): the embedding and an untied head gathered, and their gradients reduced, once per
+  // optimizer step instead of every micro-batch (one more whole copy and FP32 gradient of each per rank).
+  bool fsdp_embeddings_per_step = false;
   // The strategy in effect: the distributed optimizer is `optim` with or without --use-megatron-fsdp.
   std::string sharding_strategy() const {
     if (use_megatron_fsdp && data_parallel_sharding_strategy.rfind("optim_grads", 0) == 0)

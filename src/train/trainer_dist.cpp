@@ -65,7 +65,12 @@ Status Trainer::prepare_fsdp() {
   fsdp_ = std::make_unique<FsdpSync>();
   NB_TRY(fsdp_->init(&model_.base(), comm_.get(), dev_));
   model_.set_step_hooks(fsdp_.get());
+  fsdp_->set_embeddings_per_step(cfg_.fsdp_embeddings_per_step);
   NB_TRY(choose_param_gather());
+  if (cfg_.fsdp_embeddings_per_step)
+    std::printf("Megatron-FSDP: the embedding%s gathered once per step%s (--fsdp-embeddings-per-step)\n",
+                model_cfg_.tied_embeddings ? "" : " and output layer",
+                lora() ? "" : ", their gradients reduced after the step's last micro-batch");
   if (lora()) {
     std::printf(
         "Megatron-FSDP %s over %d ranks: the frozen LoRA base sharded (1/%d of every layer per rank, %s), each "

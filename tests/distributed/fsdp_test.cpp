@@ -120,37 +120,84 @@ TEST(FsdpCpu, StrategiesReproduceOneRank) {
   }
 }
 
-// What optim_grads_params moves in a step of a micro-batches per rank (CPU: FP32 windows, half of each
-// received from the other rank; metrics.jsonl's fsdp_gathered_bytes and fsdp_reduced_bytes): every unit
-// gathered before its forward, the layers again before their backward (the last one while the head
-// computes), except that with another micro-batch to follow the first layer stays gathered and the
-// embedding is gathered during its backward; every unit's gradient reduced every micro-batch. A unit
-// gathered twice, or read from a window that was not gathered for it, changes the count.
+// metrics.jsonl's fsdp_gathered_bytes and fsdp_reduced_bytes, per step.
+std::vector<std::pair<double, double>> moved_bytes(const std::string& save) {
+  std::vector<std::pair<double, double>> out;
+  std::ifstream in(save + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("lm_loss"))
+      out.emplace_back(j.value("fsdp_gathered_bytes", -1.0), j.value("fsdp_reduced_bytes", -1.0));
+  }
+  return out;
+}
+
+// What a unit of the tiny model moves per gather or reduction at 2 ranks (CPU: FP32 windows, half of each
+// received from the other rank), and the micro-batches per rank of kJob's step.
+struct UnitBytes {
+  double embedding = 0, head = 0, layers = 0, first_layer = 0;
+  double a = 16.0 / 2 / 2;  // global batch 16, micro-batch 2, 2 ranks
+};
+UnitBytes unit_bytes() {
+  const LlamaConfig cfg = tiny();
+  ParamStore P;
+  EXPECT_TRUE(P.allocate_fsdp(cfg, Device::cpu, 0, 2, true, 1).is_ok());
+  const auto received = [&](int u) { return double(P.unit_elems(u)) * 4 / 2; };
+  UnitBytes b;
+  b.embedding = received(0);
+  b.head = received(int(cfg.layers) + 1);
+  b.first_layer = received(1);
+  for (int u = 1; u <= int(cfg.layers); ++u) b.layers += received(u);
+  return b;
+}
+
+// What optim_grads_params moves in a step of a micro-batches per rank: every unit gathered before its
+// forward, the layers again before their backward (the last one while the head computes), except that with
+// another micro-batch to follow the first layer stays gathered and the embedding is gathered during its
+// backward; every unit's gradient reduced every micro-batch. A unit gathered twice, or read from a window
+// that was not gathered for it, changes the count.
 TEST(FsdpCpu, GathersEachUnitAsThePassReadsIt) {
   const std::string save = test::temp_folder("fsdp_gathers");
   const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 2 --save " + save +
                                           " --nproc-per-node 2 " + fsdp("optim_grads_params"));
   ASSERT_EQ(r.code, 0) << r.out;
-  const LlamaConfig cfg = tiny();
-  ParamStore P;
-  ASSERT_TRUE(P.allocate_fsdp(cfg, Device::cpu, 0, 2, true, 1).is_ok());
-  const auto received = [&](int u) { return double(P.unit_elems(u)) * 4 / 2; };
-  const int layers = int(cfg.layers);
-  const double a = 16.0 / 2 / 2;  // global batch 16, micro-batch 2, 2 ranks
-  double layer_sum = 0, all = received(0) + received(layers + 1);
-  for (int u = 1; u <= layers; ++u) layer_sum += received(u);
-  all += layer_sum;
-  const double gathered = a * (received(0) + received(layers + 1)) + 2 * a * layer_sum - (a - 1) * received(1);
-  std::ifstream in(save + "/metrics.jsonl");
-  int steps = 0;
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("lm_loss")) continue;
-    ++steps;
-    EXPECT_EQ(j.value("fsdp_gathered_bytes", -1.0), gathered) << "step " << steps;
-    EXPECT_EQ(j.value("fsdp_reduced_bytes", -1.0), a * all) << "step " << steps;
+  const UnitBytes b = unit_bytes();
+  const double gathered = b.a * (b.embedding + b.head) + 2 * b.a * b.layers - (b.a - 1) * b.first_layer;
+  const auto steps = moved_bytes(save);
+  ASSERT_EQ(steps.size(), 2u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].first, gathered) << "step " << i + 1;
+    EXPECT_EQ(steps[i].second, b.a * (b.embedding + b.head + b.layers)) << "step " << i + 1;
   }
-  EXPECT_EQ(steps, 2);
+}
+
+// --fsdp-embeddings-per-step: the embedding and head gathered once and reduced once per step (their
+// gradients accumulate over the micro-batches as on one rank), the layers as before; the steps still
+// reproduce one rank (step 1 to the reduction-order tolerance; fewer FP32 additions than without the flag).
+TEST(FsdpCpu, EmbeddingsPerStepMoveOnceAndMatchOneRank) {
+  const std::string dir = test::temp_folder("fsdp_embeddings_per_step");
+  const auto ref = read_metrics(train(dir, "bf16_mixed", 1, 2));
+  const UnitBytes b = unit_bytes();
+  for (const std::string strategy : {"optim_grads_params", "optim_grads"}) {
+    const std::string save = dir + "/" + strategy;
+    const test::CliRun r = test::run_nibble(kJob + "--recipe bf16_mixed --train-iters 2 --save " + save +
+                                            " --nproc-per-node 2 --fsdp-embeddings-per-step " + fsdp(strategy));
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("gathered once per step"), std::string::npos) << r.out;
+    const auto steps = moved_bytes(save);
+    const auto got = read_metrics(save);
+    ASSERT_EQ(steps.size(), 2u);
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (strategy == "optim_grads_params") {
+        EXPECT_EQ(steps[i].first, b.embedding + b.head + 2 * b.a * b.layers - (b.a - 1) * b.first_layer) << i + 1;
+      }
+      EXPECT_EQ(steps[i].second, b.embedding + b.head + b.a * b.layers) << strategy << " step " << i + 1;
+      EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << strategy << " step " << i + 1;
+    }
+    EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << strategy;
+    EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << strategy;
+  }
 }
 
 // One recipe per test (so CTest runs them side by side), at global batch 8: 4 micro-batches on one rank,
@@ -171,7 +218,9 @@ TEST_P(FsdpRecipe, MatchesOneRankAtStepOne) {
         job + "--recipe " + recipe + " --train-iters 2 --save " + save + " --nproc-per-node " + std::to_string(ranks) +
         (ranks > 1 ? " " + fsdp("optim_grads_params") + gathers[i] : std::string()));
     ASSERT_EQ(r.code, 0) << r.out;
-    if (i == 1) EXPECT_NE(r.out.find("quantized linear weights in their training format"), std::string::npos) << r.out;
+    if (i == 1) {
+      EXPECT_NE(r.out.find("quantized linear weights in their training format"), std::string::npos) << r.out;
+    }
     logs[i] = read_metrics(save);
   }
   // The training-format gather hands every rank the bytes that quantizing the gathered BF16 weight gives:
@@ -233,7 +282,8 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
            {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
            {fsdp("optim_grads_params") + " --peft lora --lora-base-precision nvfp4 --fsdp-param-gather bf16",
             "keeps no BF16 copy"},
-           {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"}}) {
+           {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"},
+           {"--use-distributed-optimizer --fsdp-embeddings-per-step", "optim_grads or optim_grads_params"}}) {
     const test::CliRun r = test::run_nibble(base + c.flags);
     EXPECT_NE(r.code, 0) << c.flags;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;
