@@ -31,9 +31,10 @@ def summary_row(out, name, label):
 
 
 def flags_8b(out, names):
-    """Further Megatron-FSDP flags the runs were given (benchmark_fsdp.sh's FSDP_8B_FLAGS), as printed."""
+    """Further flags the runs were given (benchmark_fsdp.sh's FSDP_8B_FLAGS), as their logs print them."""
     logs = "".join(read(out, n + ".log") for n in names)
-    return " --fsdp-embeddings-per-step" if "(--fsdp-embeddings-per-step)" in logs else ""
+    flags = " --fsdp-embeddings-per-step" if "(--fsdp-embeddings-per-step)" in logs else ""
+    return flags + (" --optimizer-cpu-offload" if "host memory: optimizer state offloaded" in logs else "")
 
 
 def section_8b(out):
@@ -56,11 +57,12 @@ def section_8b(out):
                     f"{s['peak']:.1f} | {g if g is not None else 'n/a'} | {rel} | "
                     f"{red if red is not None else 'n/a'} |")
     failed = sorted(f for f in os.listdir(out) if f.startswith("fsdp-8b-") and f.endswith(".failed.log"))
-    text = [f"## Megatron-FSDP: Llama 3.1 8B on two {device}s, optim_grads_params (same run)\n",
+    flags = flags_8b(out, names)  # runs with further flags get their own section
+    offload = "the optimizer state in host memory" if "offload" in flags else "no optimizer offload"
+    text = [f"## Megatron-FSDP: Llama 3.1 8B on two {device}s, optim_grads_params{flags} (same run)\n",
             "`nibble train --model llama3.1-8b --nproc-per-node 2 --use-megatron-fsdp "
-            f"--data-parallel-sharding-strategy optim_grads_params{flags_8b(out, names)}`: seq 4096, global batch 32, "
-            "4 steps, no optimizer "
-            f"offload; the lightest micro-batch/recompute that fits. Means over {timed_steps(stats)}; peak memory of "
+            f"--data-parallel-sharding-strategy optim_grads_params{flags}`: seq 4096, global batch 32, 4 steps, "
+            f"{offload}; the lightest micro-batch/recompute that fits. Means over {timed_steps(stats)}; peak memory of "
             f"rank 0; link GPU0-GPU1 {topology(out) or 'unknown'}. Commit {commit}.\n"] + rows
     if failed:
         text.append("\nAttempts that did not fit: " + "; ".join(f"`{f[8:-11]}`" for f in failed) + ".")
