@@ -222,30 +222,9 @@ std::vector<ConfigKey> data_keys(TrainConfig& c) {
   };
 }
 
-// The device, logging, ranks and checkpoints.
-std::vector<ConfigKey> run_keys(TrainConfig& c) {
+// Data parallelism, sharding and the optimizer state's placement.
+std::vector<ConfigKey> parallel_keys(TrainConfig& c) {
   return {
-      choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
-      bool_key("deterministic-mode",
-               "CUDA: repeat a run bit for bit (same binary, GPU model and rank count): attention backward without "
-               "atomics, no split-K GEMMs, NCCL Ring/Simple; slower, and attention takes more memory",
-               &c.deterministic_mode),
-      int_key("log-interval", "steps between log lines", &c.log_interval),
-      int_key("sample-interval",
-              "every N steps print a greedy continuation of --sample-prompt and record it in metrics.jsonl (0 = off; "
-              "needs --tokenizer)",
-              &c.sample_interval),
-      string_key("sample-prompt", "the prompt of the --sample-interval samples", &c.sample_prompt),
-      int_key("sample-tokens", "new tokens per --sample-interval sample", &c.sample_tokens),
-      string_key("tensorboard-dir",
-                 "write the step figures (loss, learning rate, throughput, memory, ...), validation loss and "
-                 "--quant-stats figures as TensorBoard scalars to an event file in this folder (rank 0)",
-                 &c.tensorboard_dir),
-      int_key("tensorboard-log-interval", "steps between TensorBoard step scalars (the last step is always written)",
-              &c.tensorboard_log_interval),
-      string_key("save", "output folder: config.toml, metrics.jsonl, and checkpoints (--save-interval)", &c.save),
-      choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
-      double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
       bool_key("use-distributed-optimizer",
                "shard FP32 master weights and AdamW m, v over the data-parallel ranks (6 + 12/d bytes/param)",
                &c.use_distributed_optimizer),
@@ -290,6 +269,33 @@ std::vector<ConfigKey> run_keys(TrainConfig& c) {
       double_key("distributed-timeout-minutes",
                  "data parallel: give up on a rendezvous or collective after this long (a rank died or hangs)",
                  &c.distributed_timeout_minutes),
+  };
+}
+
+// The device, logging and checkpoints.
+std::vector<ConfigKey> run_keys(TrainConfig& c) {
+  return {
+      choice_key("device", "auto (GPU if present), cuda or cpu", &c.device, {"auto", "cuda", "cpu"}),
+      bool_key("deterministic-mode",
+               "CUDA: repeat a run bit for bit (same binary, GPU model and rank count): attention backward without "
+               "atomics, no split-K GEMMs, NCCL Ring/Simple; slower, and attention takes more memory",
+               &c.deterministic_mode),
+      int_key("log-interval", "steps between log lines", &c.log_interval),
+      int_key("sample-interval",
+              "every N steps print a greedy continuation of --sample-prompt and record it in metrics.jsonl (0 = off; "
+              "needs --tokenizer)",
+              &c.sample_interval),
+      string_key("sample-prompt", "the prompt of the --sample-interval samples", &c.sample_prompt),
+      int_key("sample-tokens", "new tokens per --sample-interval sample", &c.sample_tokens),
+      string_key("tensorboard-dir",
+                 "write the step figures (loss, learning rate, throughput, memory, ...), validation loss and "
+                 "--quant-stats figures as TensorBoard scalars to an event file in this folder (rank 0)",
+                 &c.tensorboard_dir),
+      int_key("tensorboard-log-interval", "steps between TensorBoard step scalars (the last step is always written)",
+              &c.tensorboard_log_interval),
+      string_key("save", "output folder: config.toml, metrics.jsonl, and checkpoints (--save-interval)", &c.save),
+      choice_key("on-nan", "stop or skip a step whose loss or gradients are not finite", &c.on_nan, {"stop", "skip"}),
+      double_key("peak-tflops", "peak TFLOP/s for MFU (0 = the device's dense BF16 datasheet peak)", &c.peak_tflops),
       int_key("save-interval", "write a checkpoint to --save every N iterations and at the end (0 = none)",
               &c.save_interval),
       int_key("save-keep", "keep only the newest N checkpoints in --save (0 = all)", &c.save_keep),
@@ -324,7 +330,7 @@ std::vector<ConfigKey> profile_keys(TrainConfig& c) {
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = model_keys(c);
-  for (auto* group : {peft_keys, data_keys, run_keys, profile_keys}) {
+  for (auto* group : {peft_keys, data_keys, parallel_keys, run_keys, profile_keys}) {
     auto more = group(c);
     keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
