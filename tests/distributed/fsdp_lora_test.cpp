@@ -175,6 +175,21 @@ TEST_P(FsdpLoraFourRanks, ShardedBaseMatchesLoraDdp) {
 
 INSTANTIATE_TEST_SUITE_P(FsdpLoraCpu, FsdpLoraFourRanks, ::testing::Values("bf16", "nvfp4"));
 
+// --fsdp-embeddings-per-step over a BF16 base: the embedding and head stay gathered through the step's four
+// micro-batches per rank (nothing to reduce: the base is frozen); still LoRA DDP bit for bit, adapters too.
+TEST(FsdpLoraCpu, EmbeddingsPerStepEqualLoraDdp) {
+  const std::string dir = test::temp_folder("fsdp_lora_eps");
+  const std::string one = lora_run(dir, "one", 1, 2, " --eval-interval 0");
+  const std::string ddp = lora_run(dir, "ddp", 2, 2, " --eval-interval 0");
+  std::string log;
+  const std::string fsdp =
+      lora_run(dir, "fsdp", 2, 2, " --eval-interval 0 --fsdp-embeddings-per-step" + kSharded, &log);
+  EXPECT_NE(log.find("the embedding and output layer gathered once per step (--fsdp-embeddings-per-step)"),
+            std::string::npos)
+      << log;
+  expect_two_steps_match(one, ddp, fsdp, 2);
+}
+
 // A base from --load-hf: each rank reads every tensor and keeps its rows; one step equals one rank's.
 TEST(FsdpLoraCpu, HfBaseLoadsIntoTheShards) {
   const std::string dir = test::temp_folder("fsdp_lora_hf");
