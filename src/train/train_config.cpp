@@ -474,6 +474,11 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
     return errorf(
         "--fsdp-embeddings-per-step changes when Megatron-FSDP gathers and reduces the embedding and output "
         "layer: add --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads or optim_grads_params");
+  if (c.fsdp_embeddings_per_step && c.peft == "lora" && c.sharding_strategy() != "optim_grads_params")
+    return errorf(
+        "--fsdp-embeddings-per-step with --peft lora needs --data-parallel-sharding-strategy optim_grads_params "
+        "(the only strategy that shards a frozen base; %s runs as LoRA DDP)",
+        c.sharding_strategy().c_str());
   if (c.overlap_param_gather && c.sharding_strategy() == "no_shard")
     return errorf(
         "--overlap-param-gather overlaps the distributed optimizer's weight gather; add --use-distributed-optimizer "

@@ -283,7 +283,8 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
            {fsdp("optim_grads_params") + " --peft lora --lora-base-precision nvfp4 --fsdp-param-gather bf16",
             "keeps no BF16 copy"},
            {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"},
-           {"--use-distributed-optimizer --fsdp-embeddings-per-step", "optim_grads or optim_grads_params"}}) {
+           {"--use-distributed-optimizer --fsdp-embeddings-per-step", "optim_grads or optim_grads_params"},
+           {fsdp("optim_grads") + " --peft lora --fsdp-embeddings-per-step", "runs as LoRA DDP"}}) {
     const test::CliRun r = test::run_nibble(base + c.flags);
     EXPECT_NE(r.code, 0) << c.flags;
     EXPECT_NE(r.out.find(c.says), std::string::npos) << c.flags << "\n" << r.out;
