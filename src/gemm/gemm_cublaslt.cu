@@ -11,23 +11,23 @@
 // dtypes, beta == 0 or not, pointer alignments) and cached; alpha and beta values are passed per
 // call. The heuristic is asked for several candidates; the first one that succeeds, fits the
 // workspace and (if it splits K) adds its partial sums in FP32 is kept; --deterministic-mode
-// (core/determinism.h, part of the plan key) keeps only candidates that do not split K. One cublasLt
-// handle per process and one 32 MiB workspace per device are created on first use and deliberately
-// never destroyed (tearing them down after the CUDA runtime has unloaded at exit would crash).
+// (core/determinism.h, part of the plan key) keeps only candidates that do not split K. The plan cache,
+// the handle, the 32 MiB workspace per device and that choice are shared with the quantized backend
+// (cublaslt_common.h).
 #include <cublasLt.h>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
 #include "core/determinism.h"
+#include "gemm/cublaslt_common.h"
 #include "gemm/gemm_problem.h"
 
 namespace nb::gemm {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-constexpr int kHeuristicCandidates = 8;
+using lt::kWorkspaceBytes;
+using lt::Plan;
 
 Status cublas_error(cublasStatus_t s, const char* what, const GemmProblem& p) {
   return errorf("cuBLASLt %s failed for M=%lld,N=%lld,K=%lld: %s (%s)", what, (long long)p.m, (long long)p.n,
@@ -41,14 +41,6 @@ Status cublas_error(cublasStatus_t s, const char* what, const GemmProblem& p) {
   } while (0)
 
 cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
-
-// Largest power of two (up to 256) dividing the address: cuBLASLt picks vectorized kernels from it.
-uint32_t alignment_of(const void* p) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t align = 256;
-  while (align > 1 && (a % align) != 0) align >>= 1;
-  return align;
-}
 
 struct PlanKey {
   int device;
@@ -64,48 +56,7 @@ struct PlanKey {
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
-
-struct Backend {
-  std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
-  std::map<int, void*> workspace;  // per device
-  std::map<PlanKey, std::unique_ptr<Plan>> plans;
-};
-
-Backend& backend() {
-  static Backend* b = new Backend();  // leaked on purpose, see the file comment
-  return *b;
-}
-
-// True unless the algorithm splits K and adds the partial sums in the output type, or splits K at all in
-// deterministic mode. cuBLASLt documents every reduction scheme as ordered (INPLACE uses counters "to
-// guarantee the sequentiality"), so split-K is not known to vary between runs; deterministic mode still
-// keeps one dot product per output element so that no ordering of partial sums is left to a library.
-bool split_k_allowed(const cublasLtMatmulAlgo_t& algo, bool deterministic) {
-  int32_t split_k = 1;
-  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
-                                           &written) != CUBLAS_STATUS_SUCCESS)
-    return true;  // no split-K information: nothing to object to
-  if (split_k <= 1) return true;
-  if (deterministic) return false;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
-                                           &written) != CUBLAS_STATUS_SUCCESS)
-    return false;
-  return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-}
+using Backend = lt::Backend<PlanKey>;
 
 Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& key, Plan* plan) {
   const cublasOperation_t op_first = p.args.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;   // our B
@@ -124,44 +75,11 @@ Status build_plan(cublasLtHandle_t handle, const GemmProblem& p, const PlanKey& 
       cublasLtMatrixLayoutCreate(&plan->c, cuda_type(p.c.dtype), uint64_t(p.c.cols), uint64_t(p.c.rows), p.c.ld),
       "layout of C", p);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  NB_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference", p);
-  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_owner(pref, cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = kWorkspaceBytes;
-  NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-                "workspace preference", p);
-  // cuBLASLt's A/B are our B/A; tell it the real alignments so it never picks a kernel that
-  // assumes more than the pointers give.
-  const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_c, key.align_c};
-  const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof aligns[i]),
-                  "alignment preference", p);
-
-  // Split-K is allowed only with partial sums kept in FP32 (the compute type). The in-place and
-  // output-type schemes add the partial sums in C's type, which for a bf16 C would be a BF16
-  // accumulation (a known cuBLASLt heuristic pitfall on some GPUs); FP32 accumulation is promised.
-  // --deterministic-mode allows no split-K (see split_k_allowed).
-  const uint32_t reduction_mask =
-      key.deterministic ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
-                        : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
-  NB_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
-                                                     sizeof reduction_mask),
-                "reduction scheme preference", p);
-
-  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
-  int returned = 0;
-  cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
-                                                     kHeuristicCandidates, results, &returned);
-  for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
-    if (!split_k_allowed(results[i].algo, key.deterministic)) continue;  // in case the mask above was not honoured
-    plan->algo = results[i].algo;
-    return Status::ok();
-  }
+  const lt::AlgoChoice choice =
+      lt::choose_algorithm(handle, plan, key.align_a, key.align_b, key.align_c, key.deterministic);
+  if (choice.failed_step) return cublas_error(choice.status, choice.failed_step, p);
+  if (choice.found) return Status::ok();
+  const cublasStatus_t hs = choice.status;
   return errorf(
       "no cuBLASLt algorithm for M=%lld,N=%lld,K=%lld bf16 x bf16 -> %s (trans_a=%d, trans_b=%d, "
       "lda=%lld, ldb=%lld, ldc=%lld)%s%s; check the shapes and the 16-byte alignment of the operands",
@@ -184,21 +102,14 @@ Status get_plan(const GemmProblem& p, const Plan** plan, void** workspace) {
   key.trans_b = p.args.trans_b;
   key.beta_zero = p.args.beta == 0.f;
   key.c_dtype = p.c.dtype;
-  key.align_a = alignment_of(p.a.data);
-  key.align_b = alignment_of(p.b.data);
-  key.align_c = alignment_of(p.c.data);
+  key.align_a = lt::alignment_of(p.a.data);
+  key.align_b = lt::alignment_of(p.b.data);
+  key.align_c = lt::alignment_of(p.c.data);
   key.deterministic = deterministic_mode();
 
-  Backend& be = backend();
+  Backend& be = Backend::get();
   std::lock_guard<std::mutex> lock(be.mu);
-  if (!be.handle) NB_CUBLAS_TRY(cublasLtCreate(&be.handle), "handle creation", p);
-  auto ws = be.workspace.find(key.device);
-  if (ws == be.workspace.end()) {
-    void* mem = nullptr;
-    NB_TRY(device_malloc(&mem, kWorkspaceBytes).context("allocating the 32 MiB cuBLASLt workspace"));
-    ws = be.workspace.emplace(key.device, mem).first;
-  }
-  *workspace = ws->second;
+  NB_TRY(be.ready(key.device, "allocating the 32 MiB cuBLASLt workspace", workspace));
   auto it = be.plans.find(key);
   if (it == be.plans.end()) {
     auto fresh = std::make_unique<Plan>();
@@ -219,7 +130,7 @@ Status matmul_cuda(const GemmProblem& p, Stream stream) {
   void* workspace = nullptr;
   NB_TRY(get_plan(p, &plan, &workspace));
   const float alpha = p.args.alpha, beta = p.args.beta;
-  NB_CUBLAS_TRY(cublasLtMatmul(backend().handle, plan->desc, &alpha, p.b.data, plan->a, p.a.data, plan->b, &beta,
+  NB_CUBLAS_TRY(cublasLtMatmul(Backend::get().handle, plan->desc, &alpha, p.b.data, plan->a, p.a.data, plan->b, &beta,
                                p.c.data, plan->c, p.c.data, plan->c, &plan->algo, workspace, kWorkspaceBytes,
                                static_cast<cudaStream_t>(stream)),
                 "matmul", p);
@@ -227,7 +138,7 @@ Status matmul_cuda(const GemmProblem& p, Stream stream) {
 }
 
 size_t cuda_plan_count() {
-  Backend& be = backend();
+  Backend& be = Backend::get();
   std::lock_guard<std::mutex> lock(be.mu);
   return be.plans.size();
 }

@@ -19,21 +19,22 @@
 // C type and ld, beta == 0, fast accumulation, pointer mode, alignments, deterministic mode); the scale
 // pointers are set on the cached descriptor at each call under the backend lock, which is held through
 // the launch.
-// One handle per process and one 32 MiB workspace per device, never destroyed (see gemm_cublaslt.cu).
+// The plan cache, the handle, the 32 MiB workspace per device and the algorithm choice are shared with the
+// BF16 backend (cublaslt_common.h).
 #include <cublasLt.h>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
 #include "core/determinism.h"
+#include "gemm/cublaslt_common.h"
 #include "gemm/gemm_quantized.h"
 
 namespace nb::gemm::detail {
 namespace {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
-constexpr int kHeuristicCandidates = 8;
+using lt::kWorkspaceBytes;
+using lt::Plan;
 
 const char* elem_name(ElemType t) { return t == ElemType::e4m3 ? "e4m3" : t == ElemType::e5m2 ? "e5m2" : "bf16"; }
 const char* scale_name(ScaleMode s) {
@@ -68,13 +69,6 @@ int32_t cublas_scale_mode(ScaleMode s) {
                                       : int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F);
 }
 
-uint32_t alignment_of(const void* p) {
-  uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  uint32_t align = 256;
-  while (align > 1 && (a % align) != 0) align >>= 1;
-  return align;
-}
-
 struct PlanKey {
   int device;
   int64_t m, n, k, ldc;
@@ -92,44 +86,7 @@ struct PlanKey {
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
-struct Plan {
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our B), B (our A), C = D
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (desc) cublasLtMatmulDescDestroy(desc);
-  }
-};
-
-struct Backend {
-  std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
-  std::map<int, void*> workspace;
-  std::map<PlanKey, std::unique_ptr<Plan>> plans;
-};
-
-Backend& backend() {
-  static Backend* b = new Backend();  // leaked on purpose (teardown after the CUDA runtime would crash)
-  return *b;
-}
-
-bool split_k_allowed(const cublasLtMatmulAlgo_t& algo, bool deterministic) {
-  int32_t split_k = 1;
-  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k, sizeof split_k,
-                                           &written) != CUBLAS_STATUS_SUCCESS)
-    return true;
-  if (split_k <= 1) return true;
-  if (deterministic) return false;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme, sizeof scheme,
-                                           &written) != CUBLAS_STATUS_SUCCESS)
-    return false;
-  return scheme == CUBLASLT_REDUCTION_SCHEME_NONE || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-}
+using Backend = lt::Backend<PlanKey>;
 
 template <typename T>
 cublasStatus_t set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
@@ -173,38 +130,12 @@ Status build_plan(cublasLtHandle_t handle, const LtProblem& p, const PlanKey& ke
                                        uint64_t(p.m), p.c.ld),
             "layout of C", p);
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  NB_LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference", p);
-  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
-      pref_owner(pref, cublasLtMatmulPreferenceDestroy);
-  const uint64_t ws = kWorkspaceBytes;
-  NB_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-            "workspace preference", p);
-  const uint32_t aligns[4] = {key.align_b, key.align_a, key.align_c, key.align_c};
-  const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-  for (int i = 0; i < 4; ++i)
-    NB_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &aligns[i], sizeof aligns[i]),
-              "alignment preference", p);
-  // Split-K only with FP32 partial sums, none in deterministic mode (see gemm_cublaslt.cu).
-  const uint32_t reduction_mask =
-      key.deterministic ? uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE)
-                        : uint32_t(CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
-  NB_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction_mask,
-                                                 sizeof reduction_mask),
-            "reduction scheme preference", p);
-
-  cublasLtMatmulHeuristicResult_t results[kHeuristicCandidates] = {};
-  int returned = 0;
-  cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref,
-                                                     kHeuristicCandidates, results, &returned);
-  for (int i = 0; hs == CUBLAS_STATUS_SUCCESS && i < returned; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
-    if (!split_k_allowed(results[i].algo, key.deterministic)) continue;
-    plan->algo = results[i].algo;
-    return Status::ok();
-  }
+  // Split-K only with FP32 partial sums, none in deterministic mode (cublaslt_common.h).
+  const lt::AlgoChoice choice =
+      lt::choose_algorithm(handle, plan, key.align_a, key.align_b, key.align_c, key.deterministic);
+  if (choice.failed_step) return cublas_error(choice.status, choice.failed_step, p);
+  if (choice.found) return Status::ok();
+  const cublasStatus_t hs = choice.status;
   return errorf(
       "no cuBLASLt algorithm for the quantized GEMM M=%lld,N=%lld,K=%lld: A %s (%s scales%s) x B %s (%s "
       "scales%s) -> %s%s%s%s; this GPU/cuBLASLt may not support the combination (FP8 needs sm_89+, block "
@@ -235,20 +166,15 @@ Status lt_matmul(const LtProblem& p, Stream stream) {
   key.beta_zero = p.device_alpha_beta ? false : p.beta == 0.f;
   key.fast_accum = p.fast_accum;
   key.device_scalars = p.device_alpha_beta != nullptr;
-  key.align_a = alignment_of(p.a.data);
-  key.align_b = alignment_of(p.b.data);
-  key.align_c = alignment_of(p.c.data);
+  key.align_a = lt::alignment_of(p.a.data);
+  key.align_b = lt::alignment_of(p.b.data);
+  key.align_c = lt::alignment_of(p.c.data);
   key.deterministic = deterministic_mode();
 
-  Backend& be = backend();
+  Backend& be = Backend::get();
   std::lock_guard<std::mutex> lock(be.mu);  // held through the launch: the scale pointers live in the plan
-  if (!be.handle) NB_LT_TRY(cublasLtCreate(&be.handle), "handle creation", p);
-  auto ws = be.workspace.find(key.device);
-  if (ws == be.workspace.end()) {
-    void* mem = nullptr;
-    NB_TRY(device_malloc(&mem, kWorkspaceBytes).context("allocating the 32 MiB quantized-GEMM workspace"));
-    ws = be.workspace.emplace(key.device, mem).first;
-  }
+  void* workspace = nullptr;
+  NB_TRY(be.ready(key.device, "allocating the 32 MiB quantized-GEMM workspace", &workspace));
   auto it = be.plans.find(key);
   if (it == be.plans.end()) {
     auto fresh = std::make_unique<Plan>();
@@ -267,13 +193,13 @@ Status lt_matmul(const LtProblem& p, Stream stream) {
   const void* beta_ptr = p.device_alpha_beta ? static_cast<const void*>(p.device_alpha_beta + 1) : &beta;
   NB_LT_TRY(
       cublasLtMatmul(be.handle, plan.desc, alpha_ptr, p.b.data, plan.a, p.a.data, plan.b, beta_ptr, p.c.data, plan.c,
-                     p.c.data, plan.c, &plan.algo, ws->second, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
+                     p.c.data, plan.c, &plan.algo, workspace, kWorkspaceBytes, static_cast<cudaStream_t>(stream)),
       "matmul", p);
   return Status::ok();
 }
 
 size_t lt_plan_count() {
-  Backend& be = backend();
+  Backend& be = Backend::get();
   std::lock_guard<std::mutex> lock(be.mu);
   return be.plans.size();
 }
