@@ -22,7 +22,7 @@ void check_cache(const char* op, const Tensor& ck, const Tensor& cv) {
 }  // namespace
 
 void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& cache_k, const Tensor& cache_v, const Tensor& pos,
-                    int64_t per_row, Stream stream) {
+                    int64_t per_row, [[maybe_unused]] Stream stream) {
   const char* op = "kv_cache_write";
   check_cache(op, cache_k, cache_v);
   check_contiguous(op, "k", k);
@@ -46,7 +46,7 @@ void kv_cache_write(const Tensor& k, const Tensor& v, const Tensor& cache_k, con
 }
 
 Status cache_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cache_v, const Tensor& pos,
-                       const Tensor& out, float scale, Stream stream) {
+                       const Tensor& out, float scale, [[maybe_unused]] Stream stream) {
   const char* op = "cache_attention";
   check_cache(op, cache_k, cache_v);
   check_contiguous(op, "q", q);
@@ -95,7 +95,7 @@ Status cache_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cac
   return Status::ok();
 }
 
-void argmax_rows(const Tensor& logits, const Tensor& ids, Stream stream) {
+void argmax_rows(const Tensor& logits, const Tensor& ids, [[maybe_unused]] Stream stream) {
   const char* op = "argmax_rows";
   check_contiguous(op, "logits", logits);
   NB_CHECK(logits.dtype == DType::f32 && ids.dtype == DType::i32 && ids.numel() == ops::detail::rows_of(logits),
@@ -111,7 +111,7 @@ void argmax_rows(const Tensor& logits, const Tensor& ids, Stream stream) {
   }
 }
 
-void advance_positions(const Tensor& pos, Stream stream) {
+void advance_positions(const Tensor& pos, [[maybe_unused]] Stream stream) {
   NB_CHECK(pos.dtype == DType::i32, "advance_positions: pos must be i32");
   if (pos.device == Device::cuda) NB_OPS_CUDA("advance_positions", detail::advance_positions_cuda(pos, stream));
   for (int64_t b = 0; b < pos.numel(); ++b) ++pos.ptr<int32_t>()[b];
@@ -128,7 +128,8 @@ bool gemv_fits(const Tensor& x, const Tensor& w, const Tensor& y) {
          ops::detail::cols_of(y) == N && aligned(x.data) && aligned(w.data);
 }
 
-void decode_gemv(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate, Stream stream) {
+void decode_gemv(const Tensor& x, const Tensor& w, const Tensor& y, [[maybe_unused]] bool accumulate,
+                 [[maybe_unused]] Stream stream) {
   NB_CHECK(gemv_fits(x, w, y), "decode_gemv: x %s, W %s and y %s do not fit it (see gemv_fits)", x.shape_str().c_str(),
            w.shape_str().c_str(), y.shape_str().c_str());
   NB_OPS_CUDA("decode_gemv", detail::decode_gemv_cuda(x, w, y, accumulate, stream));

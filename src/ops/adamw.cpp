@@ -27,7 +27,7 @@ AdamWScalars adamw_scalars(const AdamWParams& p) {
 }  // namespace detail
 
 void adamw_update(const Tensor& master, const Tensor& grad, const Tensor& m, const Tensor& v,
-                  const Tensor& compute_copy, const AdamWParams& params, Stream stream) {
+                  const Tensor& compute_copy, const AdamWParams& params, [[maybe_unused]] Stream stream) {
   const char* op = "adamw_update";
   const int64_t n = master.numel();
   for (const Tensor* t : {&master, &grad, &m, &v}) {

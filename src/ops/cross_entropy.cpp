@@ -7,7 +7,7 @@ namespace nb::ops {
 using namespace detail;
 
 void cross_entropy_fwd_bwd(const Tensor& logits, const Tensor& targets, float grad_scale, const Tensor& losses,
-                           Stream stream) {
+                           [[maybe_unused]] Stream stream) {
   const char* op = "cross_entropy_fwd_bwd";
   NB_CHECK(logits.ndim == 2, "%s: logits must be [T, V], got %s", op, logits.shape_str().c_str());
   check_contiguous(op, "logits", logits);

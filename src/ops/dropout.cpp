@@ -22,7 +22,7 @@ static void check_dropout(const char* op, const char* in_name, const Tensor& in,
 }
 
 static void dropout([[maybe_unused]] const char* op, const Tensor& in, const Tensor& out, float p, RngKey key,
-                    Stream stream) {
+                    [[maybe_unused]] Stream stream) {
   const uint32_t threshold = dropout_threshold(p);
   const float scale = dropout_scale(p);
   if (in.device == Device::cuda) NB_OPS_CUDA(op, dropout_cuda(in, out, threshold, scale, key, stream));

@@ -6,7 +6,7 @@
 namespace nb::ops {
 using namespace detail;
 
-void cast(const Tensor& src, const Tensor& dst, Stream stream) {
+void cast(const Tensor& src, const Tensor& dst, [[maybe_unused]] Stream stream) {
   check_same_device("cast", src, dst);
   check_contiguous("cast", "src", src);
   check_contiguous("cast", "dst", dst);
@@ -18,7 +18,7 @@ void cast(const Tensor& src, const Tensor& dst, Stream stream) {
   for (int64_t i = 0, n = src.numel(); i < n; ++i) store_host(dst, i, load_host(src, i));
 }
 
-void add_inplace(const Tensor& y, const Tensor& x, Stream stream) {
+void add_inplace(const Tensor& y, const Tensor& x, [[maybe_unused]] Stream stream) {
   check_same_device("add_inplace", y, x);
   check_contiguous("add_inplace", "y", y);
   check_contiguous("add_inplace", "x", x);
@@ -31,7 +31,7 @@ void add_inplace(const Tensor& y, const Tensor& x, Stream stream) {
   for (int64_t i = 0, n = y.numel(); i < n; ++i) py[i] += px[i];
 }
 
-void fill(const Tensor& t, float value, Stream stream) {
+void fill(const Tensor& t, float value, [[maybe_unused]] Stream stream) {
   check_contiguous("fill", "t", t);
   check_float("fill", "t", t);
   if (t.device == Device::cuda) NB_OPS_CUDA("fill", fill_cuda(t, value, stream));
@@ -39,7 +39,7 @@ void fill(const Tensor& t, float value, Stream stream) {
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = value;
 }
 
-void scale_inplace(const Tensor& t, float s, Stream stream) {
+void scale_inplace(const Tensor& t, float s, [[maybe_unused]] Stream stream) {
   check_contiguous("scale_inplace", "t", t);
   check_float("scale_inplace", "t", t);
   if (t.device == Device::cuda) NB_OPS_CUDA("scale_inplace", scale_inplace_cuda(t, s, stream));
@@ -47,7 +47,7 @@ void scale_inplace(const Tensor& t, float s, Stream stream) {
   for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] *= s;
 }
 
-bool all_finite(const Tensor& t, Stream stream) {
+bool all_finite(const Tensor& t, [[maybe_unused]] Stream stream) {
   check_contiguous("all_finite", "t", t);
   check_float("all_finite", "t", t);
   if (t.device == Device::cuda) NB_OPS_CUDA("all_finite", all_finite_cuda(t, stream));
@@ -57,7 +57,7 @@ bool all_finite(const Tensor& t, Stream stream) {
   return true;
 }
 
-void sum_squares_accumulate(const Tensor& x, float* out, Stream stream) {
+void sum_squares_accumulate(const Tensor& x, float* out, [[maybe_unused]] Stream stream) {
   check_contiguous("sum_squares_accumulate", "x", x);
   check_float("sum_squares_accumulate", "x", x);
   NB_CHECK(out != nullptr, "sum_squares_accumulate: out is null");

@@ -5,7 +5,7 @@
 namespace nb::ops {
 using namespace detail;
 
-void embedding_forward(const Tensor& table, const Tensor& ids, const Tensor& out, Stream stream) {
+void embedding_forward(const Tensor& table, const Tensor& ids, const Tensor& out, [[maybe_unused]] Stream stream) {
   const char* op = "embedding_forward";
   NB_CHECK(table.ndim == 2, "%s: table must be [V, H], got %s", op, table.shape_str().c_str());
   check_contiguous(op, "table", table);
@@ -27,7 +27,8 @@ void embedding_forward(const Tensor& table, const Tensor& ids, const Tensor& out
   }
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable_f32, Stream stream) {
+void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dtable_f32,
+                        [[maybe_unused]] Stream stream) {
   const char* op = "embedding_backward";
   NB_CHECK(dtable_f32.ndim == 2, "%s: dtable must be [V, H], got %s", op, dtable_f32.shape_str().c_str());
   check_contiguous(op, "ids", ids);

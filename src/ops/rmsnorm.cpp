@@ -21,7 +21,8 @@ static void check_rmsnorm(const char* op, const Tensor& x, const Tensor& w, cons
   check_numel(op, "rstd", rstd, rows_of(x));
 }
 
-void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd, Stream stream) {
+void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& y, const Tensor& rstd,
+                     [[maybe_unused]] Stream stream) {
   check_rmsnorm("rmsnorm_forward", x, w, rstd);
   check_contiguous("rmsnorm_forward", "y", y);
   check_float("rmsnorm_forward", "y", y);
@@ -43,7 +44,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, const Tensor& 
 }
 
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& rstd, const Tensor& dy, const Tensor& dx,
-                      const Tensor& dw_f32, Stream stream) {
+                      const Tensor& dw_f32, [[maybe_unused]] Stream stream) {
   const char* op = "rmsnorm_backward";
   check_rmsnorm(op, x, w, rstd);
   for (const Tensor* t : {&dy, &dx}) {

@@ -73,7 +73,7 @@ static const int32_t* checked_positions(const char* op, const Tensor* positions,
 }
 
 static void rope_apply(const char* op, const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse,
-                       const Tensor* positions, Stream stream) {
+                       const Tensor* positions, [[maybe_unused]] Stream stream) {
   NB_CHECK(x.ndim == 4, "%s: x must be [B, S, nheads, hd], got %s", op, x.shape_str().c_str());
   check_contiguous(op, "x", x);
   check_contiguous(op, "cos", cos);
@@ -111,7 +111,8 @@ void rope_backward(const Tensor& dx, const Tensor& cos, const Tensor& sin, Strea
 
 // Shared by the split and its backward: shapes and the per-head rotation (or copy for v heads).
 static void rope_qkv(const char* op, const Tensor& qkv, const Tensor& q, const Tensor& k, const Tensor& v,
-                     const Tensor& cos, const Tensor& sin, bool merge, const Tensor* positions, Stream stream) {
+                     const Tensor& cos, const Tensor& sin, bool merge, const Tensor* positions,
+                     [[maybe_unused]] Stream stream) {
   for (const Tensor* t : {&qkv, &q, &k, &v}) {
     NB_CHECK(t->ndim == 4, "%s: tensors must be [B, S, heads, hd], got %s", op, t->shape_str().c_str());
     check_contiguous(op, "qkv/q/k/v", *t);

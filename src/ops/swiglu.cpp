@@ -20,7 +20,7 @@ static void check_swiglu(const char* op, const Tensor& gate_up, const Tensor& ha
            gate_up.shape_str().c_str());
 }
 
-void swiglu_forward(const Tensor& gate_up, const Tensor& out, Stream stream) {
+void swiglu_forward(const Tensor& gate_up, const Tensor& out, [[maybe_unused]] Stream stream) {
   check_swiglu("swiglu_forward", gate_up, out, "out");
   if (gate_up.device == Device::cuda) NB_OPS_CUDA("swiglu_forward", swiglu_forward_cuda(gate_up, out, stream));
   const int64_t T = rows_of(out), F = cols_of(out);
@@ -33,7 +33,8 @@ void swiglu_forward(const Tensor& gate_up, const Tensor& out, Stream stream) {
     }
 }
 
-void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up, Stream stream) {
+void swiglu_backward(const Tensor& gate_up, const Tensor& dout, const Tensor& dgate_up,
+                     [[maybe_unused]] Stream stream) {
   check_swiglu("swiglu_backward", gate_up, dout, "dout");
   check_contiguous("swiglu_backward", "dgate_up", dgate_up);
   check_float("swiglu_backward", "dgate_up", dgate_up);

@@ -10,9 +10,21 @@ namespace {
 
 bool is_gemm(const profile::Entry& e) { return !e.parent.empty() && e.name.rfind("gemm ", 0) == 0; }
 
+// What the profile measured of an entry; the caller fills in the ceilings and the bound.
+Row measured_row(const profile::Entry& e, const std::string& parent) {
+  Row r;
+  r.name = e.name;
+  r.parent = parent;
+  r.ms = e.ms;
+  r.calls = e.calls;
+  r.flops = e.flops;
+  r.bytes = e.bytes;
+  return r;
+}
+
 // A GEMM row against its measured ceiling (its own time when no ceiling was measured: nothing is lost).
 Row gemm_row(const profile::Entry& e, const Ceilings& c) {
-  Row r{e.name, e.parent, e.ms, e.calls, e.flops, e.bytes};
+  Row r = measured_row(e, e.parent);
   const auto it = c.gemm_tflops.find(e.name);
   r.ceiling_tflops = it != c.gemm_tflops.end() ? it->second : 0;
   r.ideal_ms = r.ceiling_tflops > 0 ? e.flops / (r.ceiling_tflops * 1e9) : e.ms;
@@ -23,7 +35,7 @@ Row gemm_row(const profile::Entry& e, const Ceilings& c) {
 // A phase: its own stated work (tensor FLOPs vs copy bandwidth, whichever takes longer) plus its GEMMs at
 // their ceilings. The bound is the part with the longest ideal time.
 Row phase_row(const profile::Entry& e, const std::vector<Row>& gemms, const Ceilings& c) {
-  Row r{e.name, "", e.ms, e.calls, e.flops, e.bytes};
+  Row r = measured_row(e, "");
   double gemm_flops = 0, gemm_ideal = 0;
   bool unmeasured = false;  // a GEMM without a ceiling: the phase's GEMM ceiling is unknown
   for (const Row& g : gemms) {
