@@ -143,10 +143,13 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
 
 // The pools' steady state (distributed/fsdp.h): gradients one large window (the head's, then the
 // embedding's) and two layer windows (one reduced while the next unit's backward writes the other); weights
-// one large window and two layer windows (the unit in use and the prefetched one).
-int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded) {
+// one large window and two layer windows (the unit in use and the prefetched one). With the embedding and an
+// untied head held through the step, both large units keep a window of each kind.
+int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded,
+                                      bool embeddings_per_step) {
   const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = std::max(cfg.vocab * cfg.hidden, layer);
-  return (large + 2 * layer) * 4 + (weights_sharded ? (large + 2 * layer) * (dev == Device::cuda ? 2 : 4) : 0);
+  const int64_t windows = (embeddings_per_step && !cfg.tied_embeddings ? 2 : 1) * large + 2 * layer;
+  return windows * 4 + (weights_sharded ? windows * (dev == Device::cuda ? 2 : 4) : 0);
 }
 
 // With --optimizer-cpu-offload: the device part of a shard's master, m and v, and the streaming windows.
@@ -157,12 +160,13 @@ int64_t LlamaModel::offloaded_state_device_bytes(int64_t shard, const optim::Pla
 }
 
 int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe, int shards,
-                                    const optim::Placement& placement, Fsdp fsdp) {
+                                    const optim::Placement& placement, Fsdp fsdp, bool embeddings_per_step) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
   if (fsdp != Fsdp::off && shards > 1) {  // per rank: 12 + 4 (+ compute) bytes over d, and the windows
     const bool weights = fsdp == Fsdp::optim_grads_params;
     const int64_t n = cfg.total_params(), shard = optimizer_shard_elems(cfg, shards);
-    const int64_t common = shard * 4 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights);
+    const int64_t common =
+        shard * 4 + (weights ? shard : n) * compute_bytes + fsdp_window_bytes(cfg, dev, weights, embeddings_per_step);
     if (!(placement.offload_fraction > 0)) return common + shard * 12;
     return common + offloaded_state_device_bytes(shard, placement);
   }

@@ -84,19 +84,24 @@ class LlamaModel {
   // With an offload placement, the device part of the state and the streaming windows only.
   // With Megatron-FSDP (fsdp != off) the sharded arrays and the windows (fsdp_window_bytes).
   static int64_t parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe = recipe::Recipe{},
-                                 int shards = 1, const optim::Placement& placement = {}, Fsdp fsdp = Fsdp::off);
+                                 int shards = 1, const optim::Placement& placement = {}, Fsdp fsdp = Fsdp::off,
+                                 bool embeddings_per_step = false);
   // Megatron-FSDP's windows at their most (distributed/fsdp.h): a large window (the embedding or an untied
   // LM head) and two layer windows, for the weights (optim_grads_params) and for the FP32 gradients.
-  static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded);
+  // embeddings_per_step (--fsdp-embeddings-per-step): the embedding's and an untied head's windows are both
+  // held through the step, one more large window of each kind.
+  static int64_t fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded,
+                                   bool embeddings_per_step = false);
   // --optimizer-cpu-offload: the device part of one rank's master, m and v and the streaming windows.
   static int64_t offloaded_state_device_bytes(int64_t shard, const optim::Placement& placement);
   // LoRA fine-tuning: the bytes of the frozen base at its storage precision (BF16 embeddings, norms and
   // LM head; linear weights in the recipe's weight format: 2D NVFP4 0.5 + 1/16 byte, FP8 1 byte, BF16
   // layers 2) plus the adapters' 16 bytes of FP32 state and their compute copy. base_shards > 1
   // (optim_grads_params): 1/base_shards of the base plus Megatron-FSDP's windows of it (a large window and two
-  // layer windows in BF16, and a quantized base's gathered copies: four layer windows and the staging).
+  // layer windows in BF16, and a quantized base's gathered copies: four layer windows and the staging);
+  // embeddings_per_step: one more large BF16 window (the base has no gradient windows).
   static int64_t lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
-                                      const LoraSpec& lora, int base_shards = 1);
+                                      const LoraSpec& lora, int base_shards = 1, bool embeddings_per_step = false);
   // The trainable parameters: the whole model, or with LoRA the adapters only.
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }

@@ -57,7 +57,6 @@ class Trainer {
   Status pick_device();
   void print_plan();
   Status estimate_memory();
-  int64_t fsdp_embeddings_per_step_bytes() const;
   Status check_host_memory();
   std::string offload_fraction_advice(
       double need) const;  // --optimizer-cpu-offload: the host part fits this machine's memory

@@ -239,17 +239,6 @@ double Trainer::input_column_copy_bytes() const {
   return per_element * double(cfg_.micro_batch_size * cfg_.seq_length) * in_per_layer * layers;
 }
 
-// --fsdp-embeddings-per-step: the windows beyond LlamaModel::fsdp_window_bytes's one large gradient and
-// weight window. The embedding's and an untied head's gradients are both held through the step, so one more
-// large FP32 window; under optim_grads_params both stay gathered, one more large weight window in the compute
-// type (LoRA: the base has no gradients, its weight windows only).
-int64_t Trainer::fsdp_embeddings_per_step_bytes() const {
-  if (model_cfg_.tied_embeddings) return 0;
-  const int64_t large = model_cfg_.vocab * model_cfg_.hidden;
-  const bool weights = model_.fsdp == LlamaModel::Fsdp::optim_grads_params;
-  return (lora() ? 0 : large * 4) + (weights ? large * (dev_ == Device::cuda ? 2 : 4) : 0);
-}
-
 Status Trainer::estimate_memory() {
   const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
   const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
@@ -257,12 +246,12 @@ Status Trainer::estimate_memory() {
   const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
   // LoRA under optim_grads_params: 1/N of the frozen base per rank plus its gathered windows.
   const int base_shards = model_.fsdp == LlamaModel::Fsdp::optim_grads_params ? model_.optimizer_shard_count : 1;
-  param_bytes_ = lora()
-                     ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards))
-                     : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
-                                                          model_.optimizer_placement, model_.fsdp));
-  if (cfg_.fsdp_embeddings_per_step && model_.fsdp != LlamaModel::Fsdp::off)
-    param_bytes_ += double(fsdp_embeddings_per_step_bytes());
+  const bool embeddings_per_step = cfg_.fsdp_embeddings_per_step && model_.fsdp != LlamaModel::Fsdp::off;
+  param_bytes_ =
+      lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards,
+                                                       embeddings_per_step))
+             : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
+                                                  model_.optimizer_placement, model_.fsdp, embeddings_per_step));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).

@@ -74,6 +74,31 @@ TEST(FsdpLayout, RankChunksTileEveryGroup) {
   }
 }
 
+// The memory estimate's windows (LlamaModel::fsdp_window_bytes): --fsdp-embeddings-per-step keeps the
+// embedding's and the untied head's windows through the step, one more large window of each kind it holds:
+// FP32 gradients always, compute-type weights under optim_grads_params, BF16 weights only for a LoRA base.
+TEST(FsdpLayout, EmbeddingsPerStepEstimateAddsOneLargeWindowOfEachKind) {
+  LlamaConfig cfg;
+  ASSERT_TRUE(llama_preset("llama3.1-8b", &cfg).is_ok());
+  ASSERT_FALSE(cfg.tied_embeddings);
+  const int64_t large = cfg.vocab * cfg.hidden;
+  const auto bytes = [&](const LlamaConfig& c, LlamaModel::Fsdp fsdp, bool per_step) {
+    return LlamaModel::parameter_bytes(c, Device::cuda, recipe::Recipe{}, 2, {}, fsdp, per_step);
+  };
+  using F = LlamaModel::Fsdp;
+  EXPECT_EQ(bytes(cfg, F::optim_grads, true) - bytes(cfg, F::optim_grads, false), large * 4);
+  EXPECT_EQ(bytes(cfg, F::optim_grads_params, true) - bytes(cfg, F::optim_grads_params, false), large * (4 + 2));
+  LoraSpec spec;
+  EXPECT_EQ(LlamaModel::lora_parameter_bytes(cfg, Device::cuda, recipe::Recipe{}, spec, 2, true) -
+                LlamaModel::lora_parameter_bytes(cfg, Device::cuda, recipe::Recipe{}, spec, 2, false),
+            large * 2);
+  LlamaConfig tied;
+  ASSERT_TRUE(llama_preset("llama3.2-1b", &tied).is_ok());
+  ASSERT_TRUE(tied.tied_embeddings);
+  EXPECT_EQ(bytes(tied, F::optim_grads_params, true), bytes(tied, F::optim_grads_params, false))
+      << "a tied embedding is one unit: nothing more to hold";
+}
+
 // A parameter's compute and gradient views point into its unit's window while one is bound.
 TEST(FsdpLayout, ViewsResolveToTheBoundWindow) {
   ParamStore P;
