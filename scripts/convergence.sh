@@ -19,6 +19,9 @@
 #                                                          STUDY_GPUS=N, N queues run side by side, one per
 #                                                          GPU, the runs dealt out in turn
 #   bash scripts/convergence.sh report                    CONVERGENCE.md + bench/convergence/*.svg
+#   bash scripts/convergence.sh pending                   the CONFIG:SEED runs still to make (seeds 1-3 of
+#                                                          every configuration, deterministic and scored on the
+#                                                          held-out set), on one line for `batch`
 # Environment: NIBBLE (the binary, default build/nibble), STUDY_DATA (default runs/study-data),
 # STUDY_TOKENS (tokens per run, default 100M), STUDY_STATS_INTERVAL (--quant-stats interval, default 100),
 # STUDY_WORK (where runs train, default runs/convergence), STUDY_GPUS (batch: GPUs to spread the runs over, one
@@ -225,6 +228,26 @@ batch() {
   wait
 }
 
+# The study's plan is seeds 1-3 of every configuration in deterministic mode, each scored on the held-out set:
+# a stored run that is missing, predates --deterministic-mode or has no held-out score is still to make.
+pending() {
+  local out="${1:-bench/convergence/runs}" c s todo=()
+  for c in $CONFIGS; do
+    for s in 1 2 3; do
+      python3 - "$out/$c-s$s" <<'PY' || todo+=("$c:$s")
+import json, os, sys
+d = sys.argv[1]
+try:
+    done = json.load(open(os.path.join(d, "meta.json"))).get("deterministic") is True
+except (OSError, ValueError):
+    done = False
+sys.exit(0 if done and os.path.isfile(os.path.join(d, "eval_heldout.json")) else 1)
+PY
+    done
+  done
+  echo "${todo[*]}"
+}
+
 case "${1:-}" in
   list) for c in $CONFIGS; do printf '%-14s %s\n' "$c" "$(config_flags "$c")"; done ;;
   prepare) shift; prepare "$@" ;;
@@ -232,5 +255,6 @@ case "${1:-}" in
   run) run_one "$2" "$3" "${4:-bench/convergence/runs}" ;;
   batch) shift; batch "$@" ;;
   report) python3 scripts/convergence_report.py bench/convergence ;;
-  *) sed -n '2,29p' "$0"; exit 2 ;;
+  pending) pending "${2:-}" ;;
+  *) sed -n '2,32p' "$0"; exit 2 ;;
 esac
