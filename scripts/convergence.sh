@@ -228,26 +228,6 @@ batch() {
   wait
 }
 
-# The study's plan is seeds 1-3 of every configuration in deterministic mode, each scored on the held-out set:
-# a stored run that is missing, predates --deterministic-mode or has no held-out score is still to make.
-pending() {
-  local out="${1:-bench/convergence/runs}" c s todo=()
-  for c in $CONFIGS; do
-    for s in 1 2 3; do
-      python3 - "$out/$c-s$s" <<'PY' || todo+=("$c:$s")
-import json, os, sys
-d = sys.argv[1]
-try:
-    done = json.load(open(os.path.join(d, "meta.json"))).get("deterministic") is True
-except (OSError, ValueError):
-    done = False
-sys.exit(0 if done and os.path.isfile(os.path.join(d, "eval_heldout.json")) else 1)
-PY
-    done
-  done
-  echo "${todo[*]}"
-}
-
 case "${1:-}" in
   list) for c in $CONFIGS; do printf '%-14s %s\n' "$c" "$(config_flags "$c")"; done ;;
   prepare) shift; prepare "$@" ;;
@@ -255,6 +235,6 @@ case "${1:-}" in
   run) run_one "$2" "$3" "${4:-bench/convergence/runs}" ;;
   batch) shift; batch "$@" ;;
   report) python3 scripts/convergence_report.py bench/convergence ;;
-  pending) pending "${2:-}" ;;
+  pending) python3 scripts/convergence_report.py --pending bench/convergence ;;
   *) sed -n '2,32p' "$0"; exit 2 ;;
 esac
