@@ -5,7 +5,7 @@
 
   python3 scripts/convergence_report.py STUDY --out FILE.md   (elsewhere; links relative to FILE.md)
   python3 scripts/convergence_report.py --self-test          (the statistics and a report of synthetic runs)
-  python3 scripts/convergence_report.py --pending [STUDY]       (the CONFIG:SEED runs still to make, on one line)
+  python3 scripts/convergence_report.py --pending [STUDY]    (the CONFIG:SEED runs still to make, on one line)
 
 Reads STUDY/runs/<config>-s<seed>/{meta.json,metrics.jsonl,eval_valid.json,eval_heldout.json} (written by
 scripts/convergence.sh), STUDY/corpus.json and STUDY/heldout.json (the manifests of the training corpus and the
