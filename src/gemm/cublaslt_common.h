@@ -61,6 +61,18 @@ struct Backend {
     *ws = it->second;
     return Status::ok();
   }
+  // key's plan, built by build(handle, plan) the first time it is asked for; the caller holds mu.
+  template <typename Build>
+  Status plan_for(const Key& key, Build&& build, Plan** out) {
+    auto it = plans.find(key);
+    if (it == plans.end()) {
+      auto fresh = std::make_unique<Plan>();
+      NB_TRY(build(handle, fresh.get()));
+      it = plans.emplace(key, std::move(fresh)).first;
+    }
+    *out = it->second.get();
+    return Status::ok();
+  }
 };
 
 // What choose_algorithm found: a failed cuBLASLt call (failed_step names it, status is its code), or the

@@ -15,7 +15,6 @@
 // the handle, the 32 MiB workspace per device and that choice are shared with the quantized backend
 // (cublaslt_common.h).
 #include <cublasLt.h>
-#include <memory>
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
@@ -110,13 +109,10 @@ Status get_plan(const GemmProblem& p, const Plan** plan, void** workspace) {
   Backend& be = Backend::get();
   std::lock_guard<std::mutex> lock(be.mu);
   NB_TRY(be.ready(key.device, "allocating the 32 MiB cuBLASLt workspace", workspace));
-  auto it = be.plans.find(key);
-  if (it == be.plans.end()) {
-    auto fresh = std::make_unique<Plan>();
-    NB_TRY(build_plan(be.handle, p, key, fresh.get()));
-    it = be.plans.emplace(key, std::move(fresh)).first;
-  }
-  *plan = it->second.get();  // plans are never evicted, so the pointer stays valid
+  Plan* found = nullptr;
+  NB_TRY(be.plan_for(
+      key, [&](cublasLtHandle_t handle, Plan* fresh) { return build_plan(handle, p, key, fresh); }, &found));
+  *plan = found;  // plans are never evicted, so the pointer stays valid
   return Status::ok();
 }
 

@@ -22,7 +22,6 @@
 // The plan cache, the handle, the 32 MiB workspace per device and the algorithm choice are shared with the
 // BF16 backend (cublaslt_common.h).
 #include <cublasLt.h>
-#include <memory>
 #include <mutex>
 #include <tuple>
 #include "core/cuda_check.h"
@@ -175,13 +174,10 @@ Status lt_matmul(const LtProblem& p, Stream stream) {
   std::lock_guard<std::mutex> lock(be.mu);  // held through the launch: the scale pointers live in the plan
   void* workspace = nullptr;
   NB_TRY(be.ready(key.device, "allocating the 32 MiB quantized-GEMM workspace", &workspace));
-  auto it = be.plans.find(key);
-  if (it == be.plans.end()) {
-    auto fresh = std::make_unique<Plan>();
-    NB_TRY(build_plan(be.handle, p, key, fresh.get()));
-    it = be.plans.emplace(key, std::move(fresh)).first;
-  }
-  Plan& plan = *it->second;
+  Plan* found = nullptr;
+  NB_TRY(be.plan_for(
+      key, [&](cublasLtHandle_t handle, Plan* fresh) { return build_plan(handle, p, key, fresh); }, &found));
+  Plan& plan = *found;
   if (p.a.type != ElemType::bf16) {
     NB_LT_TRY(set_attr(plan.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.b.scale)),
               "A_SCALE_POINTER attribute", p);
