@@ -246,12 +246,12 @@ Status Trainer::estimate_memory() {
   const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
   // LoRA under optim_grads_params: 1/N of the frozen base per rank plus its gathered windows.
   const int base_shards = model_.fsdp == LlamaModel::Fsdp::optim_grads_params ? model_.optimizer_shard_count : 1;
-  const bool embeddings_per_step = cfg_.fsdp_embeddings_per_step && model_.fsdp != LlamaModel::Fsdp::off;
+  // --fsdp-embeddings-per-step counts only where the windows do (sharded, more than one rank).
+  const bool per_step = cfg_.fsdp_embeddings_per_step;
   param_bytes_ =
-      lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards,
-                                                       embeddings_per_step))
+      lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards, per_step))
              : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
-                                                  model_.optimizer_placement, model_.fsdp, embeddings_per_step));
+                                                  model_.optimizer_placement, model_.fsdp, per_step));
   act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
   // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
   // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
