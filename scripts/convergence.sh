@@ -154,7 +154,7 @@ stats_interval() {
 
 run_one() {
   local config="$1" seed="$2" out="${3:-bench/convergence/runs}"
-  local flags name dir stage t0 train_s
+  local flags name dir stage t0 train_s stats
   flags=$(config_flags "$config") || return 1
   check_run_inputs || return 1
   if [ "$DETERMINISTIC" = 1 ]; then flags="$flags --deterministic-mode"; fi
@@ -164,13 +164,16 @@ run_one() {
   rm -rf "$dir" "$stage" && mkdir -p "$dir" "$stage"
   t0=$(date +%s)
   # --save-interval ITERS: one checkpoint, the final model's, for the evaluation.
+  local extra=()
+  if [ "$HELDOUT" = 1 ]; then extra+=(--save-interval "$ITERS"); fi
+  read -r -a stats <<< "$(stats_interval "$flags")"
+  extra+=("${stats[@]}")
   # shellcheck disable=SC2086
   "$NIBBLE" train --model $MODEL --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
     --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters $((ITERS < 150 ? ITERS : 150)) --lr-decay-style cosine \
     --weight-decay 0.1 --clip-grad 1.0 --seed "$seed" --mock-data false --data-path "$DATA/study_text_document" \
     --tokenizer "$DATA/tokenizer.tiktoken" --split 969,30,1 --eval-interval 100 --eval-iters 10 \
-    --log-interval 100 --save "$dir" $(if [ "$HELDOUT" = 1 ]; then echo "--save-interval $ITERS"; fi) $flags \
-    $(stats_interval "$flags") ${STUDY_TRAIN_FLAGS:-} > "$dir/train.log" 2>&1 ||
+    --log-interval 100 --save "$dir" "${extra[@]}" $flags ${STUDY_TRAIN_FLAGS:-} > "$dir/train.log" 2>&1 ||
     { tail -5 "$dir/train.log" >&2; return 1; }
   train_s=$(($(date +%s) - t0))
   if [ "$HELDOUT" = 1 ]; then

@@ -201,9 +201,9 @@ int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, con
   // quantized weights' gathered copies in four layer windows and one layer of staging.
   const int64_t layer = 2 * cfg.hidden + (bf16_layer ? cfg.linear_params_per_layer() : 0);
   const int64_t large = std::max(cfg.vocab * cfg.hidden, layer);
-  const int64_t larges = embeddings_per_step && !cfg.tied_embeddings ? 2 : 1;  // see fsdp_window_bytes
   const double gathered = quantized_layer ? 5.0 * quantized * double(cfg.linear_params_per_layer()) : 0.0;
-  return int64_t(base / base_shards + double((larges * large + 2 * layer) * compute_bytes) + gathered) + adapters;
+  const int64_t windows = fsdp_large_windows(cfg, embeddings_per_step) * large + 2 * layer;
+  return int64_t(base / base_shards + double(windows * compute_bytes) + gathered) + adapters;
 }
 
 }  // namespace nb

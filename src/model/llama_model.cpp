@@ -148,7 +148,7 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
 int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded,
                                       bool embeddings_per_step) {
   const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = std::max(cfg.vocab * cfg.hidden, layer);
-  const int64_t windows = (embeddings_per_step && !cfg.tied_embeddings ? 2 : 1) * large + 2 * layer;
+  const int64_t windows = fsdp_large_windows(cfg, embeddings_per_step) * large + 2 * layer;
   return windows * 4 + (weights_sharded ? windows * (dev == Device::cuda ? 2 : 4) : 0);
 }
 

@@ -203,6 +203,11 @@ class LlamaModel {
   struct Acts;
 
  private:
+  // Large windows (the embedding's, an untied head's) an FSDP pool holds at once: one, or both when they are
+  // held through the step (--fsdp-embeddings-per-step) and the head is not the embedding.
+  static int64_t fsdp_large_windows(const LlamaConfig& cfg, bool embeddings_per_step) {
+    return embeddings_per_step && !cfg.tied_embeddings ? 2 : 1;
+  }
   friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
