@@ -200,9 +200,8 @@ int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, con
   // embedding or an untied LM head) and two layer windows (a quantized layer's holds only its norms); the
   // quantized weights' gathered copies in four layer windows and one layer of staging.
   const int64_t layer = 2 * cfg.hidden + (bf16_layer ? cfg.linear_params_per_layer() : 0);
-  const int64_t large = std::max(cfg.vocab * cfg.hidden, layer);
   const double gathered = quantized_layer ? 5.0 * quantized * double(cfg.linear_params_per_layer()) : 0.0;
-  const int64_t windows = fsdp_large_windows(cfg, embeddings_per_step) * large + 2 * layer;
+  const int64_t windows = fsdp_window_elems(cfg, layer, embeddings_per_step);
   return int64_t(base / base_shards + double(windows * compute_bytes) + gathered) + adapters;
 }
 

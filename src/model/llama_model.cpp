@@ -147,8 +147,7 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
 // untied head held through the step, both large units keep a window of each kind.
 int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool weights_sharded,
                                       bool embeddings_per_step) {
-  const int64_t layer = cfg.linear_params_per_layer() + 2 * cfg.hidden, large = std::max(cfg.vocab * cfg.hidden, layer);
-  const int64_t windows = fsdp_large_windows(cfg, embeddings_per_step) * large + 2 * layer;
+  const int64_t windows = fsdp_window_elems(cfg, cfg.linear_params_per_layer() + 2 * cfg.hidden, embeddings_per_step);
   return windows * 4 + (weights_sharded ? windows * (dev == Device::cuda ? 2 : 4) : 0);
 }
 

@@ -7,6 +7,7 @@
 // ParamStore. Activations come from an Arena sized by plan_activation_bytes() and are released
 // after the backward.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -203,10 +204,12 @@ class LlamaModel {
   struct Acts;
 
  private:
-  // Large windows (the embedding's, an untied head's) an FSDP pool holds at once: one, or both when they are
-  // held through the step (--fsdp-embeddings-per-step) and the head is not the embedding.
-  static int64_t fsdp_large_windows(const LlamaConfig& cfg, bool embeddings_per_step) {
-    return embeddings_per_step && !cfg.tied_embeddings ? 2 : 1;
+  // Elements of the windows one FSDP pool kind holds at its most, given a layer window of `layer` elements:
+  // two layer windows and a large one (the embedding's or an untied head's, at least a layer), or both large
+  // ones when they are held through the step (--fsdp-embeddings-per-step) and the head is not the embedding.
+  static int64_t fsdp_window_elems(const LlamaConfig& cfg, int64_t layer, bool embeddings_per_step) {
+    const int64_t large = std::max(cfg.vocab * cfg.hidden, layer);
+    return (embeddings_per_step && !cfg.tied_embeddings ? 2 : 1) * large + 2 * layer;
   }
   friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
