@@ -8,7 +8,9 @@
 #         bf16_with_fp8_current_scaling_mixed, bf16_with_nvfp4_mixed; NVFP4 with the last 4 layers BF16). The
 #         micro-batch and recompute are the first of FIT_PAIRS (bench_common.sh) that run.
 #   cost  llama3-8b-proxy at micro-batch 2, 8 micro-batches per GPU: 1 GPU, then 2 GPUs with optim (the
-#         distributed optimizer), optim_grads and optim_grads_params, all over NVLink.
+#         distributed optimizer), optim_grads and optim_grads_params, all over NVLink; the last two with
+#         --fsdp-embeddings-per-step (FSDP_COST_EPS_STRATEGIES), and the FSDP_COST_BF16 list (STRATEGY or
+#         STRATEGY-eps) with --grad-reduce-in-bf16.
 #   lora70b  NeMo's 70B LoRA row with a BF16 base (scripts/lora_bench.sh's job: llama3.1-70b, seq 4096,
 #         micro-batch 1, global batch 32, rank 32, alpha 32) on 2 GPUs with optim_grads_params: each GPU keeps
 #         half of the 141 GB base (the seeded random init of the real shapes). The recompute is the first of
@@ -41,9 +43,16 @@ if has cost; then
     run "fsdp-proxy-2gpu-$strategy" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy"
   done
   # The embedding and head gathered and reduced once per step instead of every micro-batch.
-  for strategy in optim_grads optim_grads_params; do
+  for strategy in ${FSDP_COST_EPS_STRATEGIES:-optim_grads optim_grads_params}; do
     run "fsdp-proxy-2gpu-$strategy-eps" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "$strategy" \
       --fsdp-embeddings-per-step
+  done
+  # Gradients reduced in BF16 (--grad-reduce-in-bf16, a numerics change): STRATEGY or STRATEGY-eps.
+  for spec in ${FSDP_COST_BF16:-optim optim_grads_params optim_grads-eps optim_grads_params-eps}; do
+    eps=()
+    [[ "$spec" == *-eps ]] && eps=(--fsdp-embeddings-per-step)
+    run "fsdp-proxy-2gpu-$spec-bf16" "${proxy[@]}" --global-batch-size 32 "${fsdp[@]}" "${spec%-eps}" "${eps[@]}" \
+      --grad-reduce-in-bf16
   done
 fi
 

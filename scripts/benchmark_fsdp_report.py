@@ -22,7 +22,13 @@ COST = [("fsdp-proxy-1gpu", "1 GPU"), ("fsdp-proxy-2gpu-optim", "2 GPUs, `optim`
         ("fsdp-proxy-2gpu-optim_grads", "2 GPUs, `optim_grads`"),
         ("fsdp-proxy-2gpu-optim_grads_params", "2 GPUs, `optim_grads_params`"),
         ("fsdp-proxy-2gpu-optim_grads-eps", "2 GPUs, `optim_grads --fsdp-embeddings-per-step`"),
-        ("fsdp-proxy-2gpu-optim_grads_params-eps", "2 GPUs, `optim_grads_params --fsdp-embeddings-per-step`")]
+        ("fsdp-proxy-2gpu-optim_grads_params-eps", "2 GPUs, `optim_grads_params --fsdp-embeddings-per-step`"),
+        ("fsdp-proxy-2gpu-optim-bf16", "2 GPUs, `optim --grad-reduce-in-bf16`"),
+        ("fsdp-proxy-2gpu-optim_grads_params-bf16", "2 GPUs, `optim_grads_params --grad-reduce-in-bf16`"),
+        ("fsdp-proxy-2gpu-optim_grads-eps-bf16",
+         "2 GPUs, `optim_grads --fsdp-embeddings-per-step --grad-reduce-in-bf16`"),
+        ("fsdp-proxy-2gpu-optim_grads_params-eps-bf16",
+         "2 GPUs, `optim_grads_params --fsdp-embeddings-per-step --grad-reduce-in-bf16`")]
 
 
 def summary_row(out, name, label):

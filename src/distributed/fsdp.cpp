@@ -1,6 +1,7 @@
 // FsdpSync: Megatron-FSDP's gathers and reduce-scatters around the model's pass (fsdp.h).
 #include "distributed/fsdp.h"
 #include <algorithm>
+#include <cstdlib>
 #include "ops/elementwise.h"
 
 namespace nb {
@@ -154,6 +155,40 @@ Status FsdpSync::grads_needed(const std::vector<std::string>& names) {
   return Status::ok();
 }
 
+Status FsdpSync::set_reduce_in_bf16(bool on) {
+  bf16_piece_ = 0;
+  if (!on || P_->frozen()) return Status::ok();
+  int64_t most = 1;
+  for (const ParamStore::Group& g : P_->groups()) most = std::max(most, g.chunk());
+  int64_t piece = kPieceElems / ranks_;
+  // Tests cut the tiny model's groups into several pieces, the last one partial (the sums are the same).
+  if (const char* v = std::getenv("NIBBLE_FSDP_BF16_PIECE"); v && *v)
+    piece = std::clamp<int64_t>(std::atoll(v), 1, piece);
+  bf16_piece_ = std::max<int64_t>(1, std::min(most, piece));
+  return Buffer::allocate(&bf16_scratch_, DType::bf16, dev_, {bf16_piece_ * ranks_})
+      .context("Megatron-FSDP BF16 reduction scratch");
+}
+
+// One group in BF16, a piece at a time: the piece of every rank's chunk cast side by side into the scratch,
+// reduce-scattered in place, this rank's part cast back to FP32 and added into the shard. The scratch is
+// reused by the next piece on the same stream, so the casts and collectives stay in order.
+Status FsdpSync::reduce_group_bf16(const Tensor& window_part, int64_t chunk, const Tensor& shard_part) {
+  const Stream s = side_.get();
+  for (int64_t o = 0; o < chunk; o += bf16_piece_) {
+    const int64_t n = std::min(bf16_piece_, chunk - o);
+    const Tensor scratch = P_->range(bf16_scratch_.tensor(), 0, n * ranks_);
+    for (int r = 0; r < ranks_; ++r)
+      ops::cast(P_->range(window_part, r * chunk + o, r * chunk + o + n), P_->range(scratch, r * n, (r + 1) * n), s);
+    const Tensor mine = P_->range(scratch, rank_ * n, (rank_ + 1) * n);
+    NB_TRY(comm_->reduce_scatter(scratch, mine, s));
+    const Tensor out = P_->range(reduced_chunk_.tensor(), 0, n);
+    ops::cast(mine, out, s);
+    ops::add_inplace(P_->range(shard_part, o, o + n), out, s);
+    reduced_bytes_ += double(scratch.bytes()) * (ranks_ - 1) / ranks_;
+  }
+  return Status::ok();
+}
+
 // Every group of the window's unit: reduce-scattered (sum) into the scratch chunk, added into the shard.
 Status FsdpSync::reduce_unit(Window* w) {
   const Stream s = side_.get();
@@ -161,6 +196,10 @@ Status FsdpSync::reduce_unit(Window* w) {
   for (const ParamStore::Group& g : P_->groups()) {
     if (g.unit != w->unit) continue;
     const Tensor all = P_->range(window, g.unit_offset, g.unit_offset + g.chunk() * ranks_);
+    if (bf16_piece_ > 0) {
+      NB_TRY(reduce_group_bf16(all, g.chunk(), P_->range(shard, g.local, g.local + g.chunk())));
+      continue;
+    }
     const Tensor out = P_->range(reduced_chunk_.tensor(), 0, g.chunk());
     NB_TRY(comm_->reduce_scatter(all, out, s));
     ops::add_inplace(P_->range(shard, g.local, g.local + g.chunk()), out, s);

@@ -11,6 +11,10 @@
 //     out of the other, so the default stream never waits for a reduction.
 //   - grads_final: the window is reduce-scattered (sum) over the ranks on the side stream and this rank's
 //     rows are added into its gradient shard; every micro-batch's, so no rank holds the whole gradient.
+// BF16 reductions (set_reduce_in_bf16; --grad-reduce-in-bf16): each group's window is cast to BF16 piece by
+// piece (one piece of every rank's chunk side by side in a scratch of kPieceElems elements), reduce-scattered
+// in BF16 (half the bytes on the wire) and this rank's part cast back and added into the FP32 shard, as
+// Megatron-FSDP does when gradients are not reduced in FP32. Each micro-batch's sum is rounded to BF16.
 // Between the micro-batches of one step (set_next_pass_follows): the backward's last layer stays gathered
 // and the embedding is gathered during that layer's backward, so the next forward starts without waiting
 // for the side stream, which is still reducing the backward's last units.
@@ -65,6 +69,10 @@ class FsdpSync : public LlamaModel::StepHooks {
   void set_next_pass_follows(bool more) { next_pass_follows_ = more; }
   // Before the first pass: the embedding and head units gathered and reduced once per optimizer step.
   void set_embeddings_per_step(bool on) { embeddings_per_step_ = on; }
+  // Before the first pass: gradients reduce-scattered in BF16 (allocates the scratch).
+  Status set_reduce_in_bf16(bool on);
+  // Device bytes of the BF16 reduction scratch (the memory estimate's share of --grad-reduce-in-bf16).
+  static int64_t bf16_scratch_bytes() { return kPieceElems * 2; }
 
   // After the step's backward: the default stream waits for every reduction (bounded by the timeout).
   Status finish_reduce();
@@ -111,6 +119,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   bool held_for_step(int unit) const { return embeddings_per_step_ && (unit == 0 || unit == P_->unit_count() - 1); }
   Status gather_unit(int unit);
   Status reduce_unit(Window* w);
+  Status reduce_group_bf16(const Tensor& window_part, int64_t chunk, const Tensor& shard_part);
   Status gather_compute_in_place();
   // fsdp_quantized.cpp
   struct QLinear {
@@ -143,7 +152,9 @@ class FsdpSync : public LlamaModel::StepHooks {
   std::set<int> prefetched_;  // gathered ahead of the request
   SideStream side_;
   StreamEvent mark_;
-  Buffer reduced_chunk_;  // one group's chunk: the reduce-scatter's output before it is added in
+  Buffer reduced_chunk_;    // one group's chunk: the reduce-scatter's output before it is added in
+  Buffer bf16_scratch_;     // --grad-reduce-in-bf16: one piece of every rank's chunk, side by side
+  int64_t bf16_piece_ = 0;  // elements per rank in the scratch; 0 when gradients are reduced in FP32
   double gathered_bytes_ = 0, reduced_bytes_ = 0;
 };
 

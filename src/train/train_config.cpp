@@ -453,12 +453,6 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
     return errorf("--data-parallel-sharding-strategy %s applies to Megatron-FSDP: add --use-megatron-fsdp",
                   c.data_parallel_sharding_strategy.c_str());
   if (c.sharding_strategy().rfind("optim_grads", 0) == 0) {
-    const char* s = c.data_parallel_sharding_strategy.c_str();
-    if (c.grad_reduce_in_bf16)
-      return errorf(
-          "--data-parallel-sharding-strategy %s reduce-scatters FP32 gradients; leave out "
-          "--grad-reduce-in-bf16",
-          s);
     if (c.peft == "lora" && c.lora_base_precision != "bf16" && c.fsdp_param_gather == "bf16")
       return errorf(
           "--fsdp-param-gather bf16 gathers BF16 weights, but a LoRA base at --lora-base-precision %s keeps no "

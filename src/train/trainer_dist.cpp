@@ -66,6 +66,7 @@ Status Trainer::prepare_fsdp() {
   NB_TRY(fsdp_->init(&model_.base(), comm_.get(), dev_));
   model_.set_step_hooks(fsdp_.get());
   fsdp_->set_embeddings_per_step(cfg_.fsdp_embeddings_per_step);
+  NB_TRY(fsdp_->set_reduce_in_bf16(cfg_.grad_reduce_in_bf16 && !lora()));
   NB_TRY(choose_param_gather());
   if (cfg_.fsdp_embeddings_per_step)
     std::printf("Megatron-FSDP: the embedding%s gathered once per step%s (--fsdp-embeddings-per-step)\n",
@@ -80,11 +81,12 @@ Status Trainer::prepare_fsdp() {
     return Status::ok();
   }
   std::printf(
-      "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered after its "
+      "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered in %s after its "
       "backward%s\n",
       cfg_.sharding_strategy().c_str(), world_.size,
       model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
                                                    : "master, AdamW state, gradients and weights",
+      cfg_.grad_reduce_in_bf16 ? "BF16" : "FP32",
       model_.fsdp == LlamaModel::Fsdp::optim_grads ? ""
                                                    : "; each unit's weights gathered before its forward "
                                                      "and its backward, the next one prefetched");
@@ -105,7 +107,8 @@ Status Trainer::prepare_grad_sync() {
   }
   const ParamStore& P = model_.params();
   GradSync::Options o{cfg_.overlap_grad_reduce, cfg_.overlap_param_gather, cfg_.grad_reduce_in_bf16};
-  if (fsdp_) o = {};  // the model's hooks are the base's gathers; the adapters' buckets go after the backward
+  // The model's hooks are the base's gathers; the adapters' buckets go after the backward.
+  if (fsdp_) o = {false, false, cfg_.grad_reduce_in_bf16};
   std::vector<std::string> order{"model.embed_tokens.weight"};
   for (int64_t l = 0; l < model_cfg_.layers; ++l)
     for (std::string& n : LlamaModel::layer_param_names(l)) order.push_back(std::move(n));

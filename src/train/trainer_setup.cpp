@@ -274,9 +274,12 @@ Status Trainer::estimate_memory() {
   // NCCL's communicator buffers and the side stream's handles: what the 8B's BF16 Megatron-FSDP run on two
   // H100s measured beyond its planned bytes (docs/DISTRIBUTED.md).
   if (world_.size > 1 && dev_ == Device::cuda) workspace_bytes_ += 0.75 * 1073741824.0;
-  if (world_.size > 1 && cfg_.grad_reduce_in_bf16 && !lora()) {  // one bucket in BF16 (train/grad_sync.h)
+  if (world_.size > 1 && cfg_.grad_reduce_in_bf16 && !lora()) {
     const int64_t all = model_cfg_.total_params(), bucket = model_.optimizer_bucket_elems;
-    workspace_bytes_ += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
+    if (model_.fsdp != LlamaModel::Fsdp::off)  // one piece of every rank's chunk (distributed/fsdp.h)
+      workspace_bytes_ += double(FsdpSync::bf16_scratch_bytes());
+    else  // one bucket in BF16 (train/grad_sync.h)
+      workspace_bytes_ += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
   }
   device_memory_info(&free_bytes_, &total_bytes_);
   const double need = param_bytes_ + act_bytes_ + workspace_bytes_;

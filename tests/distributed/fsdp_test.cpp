@@ -225,6 +225,50 @@ TEST(FsdpCpu, EmbeddingsPerStepMoveOnceAndMatchOneRank) {
   }
 }
 
+// --grad-reduce-in-bf16 under Megatron-FSDP: half the bytes reduced, and with one micro-batch per rank each
+// gradient element is the distributed optimizer's BF16 reduction exactly (cast, a + b in BF16 at two ranks,
+// cast back; FSDP adds it into a zeroed shard), so step 1 matches it to the gradient norm's slice order and
+// the weights to the clipping factor's ulps; it must differ from FSDP's FP32 reduction (else nothing ran in
+// BF16). Cut into pieces of 1,000 elements per rank (the last one partial) it is bit-identical to whole groups.
+TEST(FsdpCpu, Bf16ReductionMatchesTheDistributedOptimizersAndHalvesTheBytes) {
+  const std::string dir = test::temp_folder("fsdp_bf16");
+  std::string job = kJob;  // one micro-batch of 2 per rank
+  job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 4");
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    const std::string save = dir + "/" + name;
+    const test::CliRun r = test::run_nibble(job + "--recipe bf16_mixed --train-iters 2 --save-interval 2 --save " +
+                                            save + " --nproc-per-node 2 " + flags);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return save;
+  };
+  const std::string distopt = run("distopt", "--use-distributed-optimizer --grad-reduce-in-bf16");
+  const std::string f32 = run("f32", fsdp("optim_grads_params"));
+  const std::string b16 = run("bf16", fsdp("optim_grads_params") + " --grad-reduce-in-bf16");
+  setenv("NIBBLE_FSDP_BF16_PIECE", "1000", 1);
+  const std::string pieces = run("pieces", fsdp("optim_grads_params") + " --grad-reduce-in-bf16");
+  unsetenv("NIBBLE_FSDP_BF16_PIECE");
+  const auto ref = read_metrics(distopt), full = read_metrics(f32), got = read_metrics(b16), cut = read_metrics(pieces);
+  ASSERT_EQ(ref.size(), 2u);
+  ASSERT_EQ(got.size(), 2u);
+  ASSERT_EQ(cut.size(), 2u);
+  EXPECT_EQ(got[0].loss, ref[0].loss);
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm);
+  EXPECT_NE(got[0].grad_norm, full[0].grad_norm) << "FSDP's BF16 reduction left the gradients in FP32";
+  EXPECT_LE(max_weight_difference(distopt, b16, 2), 1e-4 * 2 * kLr);
+  EXPECT_GT(max_weight_difference(f32, b16, 2), 0.0);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(cut[i].loss, got[i].loss) << "step " << i + 1;
+    EXPECT_EQ(cut[i].grad_norm, got[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(max_weight_difference(b16, pieces, 2), 0.0);
+  const auto bytes_f32 = moved_bytes(f32), bytes_b16 = moved_bytes(b16), bytes_cut = moved_bytes(pieces);
+  ASSERT_EQ(bytes_b16.size(), 2u);
+  for (size_t i = 0; i < bytes_b16.size(); ++i) {
+    EXPECT_EQ(bytes_b16[i].second, bytes_f32[i].second / 2) << "step " << i + 1;
+    EXPECT_EQ(bytes_cut[i].second, bytes_b16[i].second) << "step " << i + 1;
+  }
+}
+
 // One recipe per test (so CTest runs them side by side), at global batch 8: 4 micro-batches on one rank,
 // 2 per rank on two, with the weights gathered in their training format and in BF16.
 class FsdpRecipe : public ::testing::TestWithParam<const char*> {};
@@ -304,7 +348,6 @@ TEST(FsdpCpu, UnsupportedCombinationsGetOneSentence) {
   };
   for (const Case& c : std::vector<Case>{
            {"--data-parallel-sharding-strategy optim_grads", "add --use-megatron-fsdp"},
-           {fsdp("optim_grads") + " --grad-reduce-in-bf16", "leave out --grad-reduce-in-bf16"},
            {fsdp("optim_grads_params") + " --peft lora --lora-base-precision nvfp4 --fsdp-param-gather bf16",
             "keeps no BF16 copy"},
            {"--use-megatron-fsdp --data-parallel-sharding-strategy zero3", "zero3"},

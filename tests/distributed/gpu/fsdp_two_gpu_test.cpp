@@ -25,9 +25,10 @@ int gpus() {
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-std::vector<StepLog> run(const std::string& dir, const std::string& name, const std::string& flags) {
+std::vector<StepLog> run(const std::string& dir, const std::string& name, const std::string& flags,
+                         const std::string& job = kGpuJob) {
   const std::string save = dir + "/" + name;
-  const test::CliRun r = test::run_nibble(kGpuJob + "--save " + save + " " + flags);
+  const test::CliRun r = test::run_nibble(job + "--save " + save + " " + flags);
   EXPECT_EQ(r.code, 0) << r.out;
   return read_metrics(save);
 }
@@ -51,6 +52,30 @@ TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
     EXPECT_NEAR((*r)[0].grad_norm, one[0].grad_norm, 1e-4 * one[0].grad_norm);
     for (size_t i = 0; i < 4; ++i) EXPECT_NEAR((*r)[i].loss, one[i].loss, 1e-3 * one[i].loss) << "step " << i + 1;
   }
+}
+
+// --grad-reduce-in-bf16 over NCCL, in deterministic mode: with one micro-batch per GPU each gradient element
+// is the distributed optimizer's BF16 reduction (a + b rounded to BF16 either way), so step 1's gradient norm
+// matches it to the norm's summation order (1e-6), and it must differ from FSDP's FP32 reduction, which the
+// mode makes repeatable (else nothing was reduced in BF16); later losses within 1e-2 of the FP32 run.
+TEST(FsdpTwoGpusBf16, ReductionMatchesTheDistributedOptimizers) {
+  NB_REQUIRE_GPU();
+  if (gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << gpus();
+  const std::string dir = test::temp_folder("fsdp_two_gpus_bf16");
+  std::string job = kGpuJob;  // one micro-batch of 2 per GPU
+  job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 4");
+  const std::string two = "--recipe bf16_mixed --deterministic-mode --nproc-per-node 2 ";
+  const std::string fsdp = two + "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params ";
+  const auto distopt = run(dir, "distopt", two + "--use-distributed-optimizer --grad-reduce-in-bf16", job);
+  const auto f32 = run(dir, "f32", fsdp, job);
+  const auto b16 = run(dir, "bf16", fsdp + "--grad-reduce-in-bf16", job);
+  ASSERT_EQ(distopt.size(), 4u);
+  ASSERT_EQ(f32.size(), 4u);
+  ASSERT_EQ(b16.size(), 4u);
+  EXPECT_NEAR(b16[0].loss, distopt[0].loss, 1e-6 * distopt[0].loss);
+  EXPECT_NEAR(b16[0].grad_norm, distopt[0].grad_norm, 1e-6 * distopt[0].grad_norm);
+  EXPECT_NE(b16[0].grad_norm, f32[0].grad_norm) << "FSDP's BF16 reduction left the gradients in FP32";
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(b16[i].loss, f32[i].loss, 1e-2 * f32[i].loss) << "step " << i + 1;
 }
 
 INSTANTIATE_TEST_SUITE_P(Recipes, FsdpTwoGpus,
