@@ -11,127 +11,19 @@ Reads STUDY/runs/<config>-s<seed>/{meta.json,metrics.jsonl,eval_valid.json,eval_
 scripts/convergence.sh), STUDY/corpus.json and STUDY/heldout.json (the manifests of the training corpus and the
 held-out set). Writes CONVERGENCE.md at the repository root and the plots into STUDY/. Standard library only.
 Every number in the report is computed here from the stored metrics; each finding's verdict follows RULE (below),
-which was written down before the deterministic-mode runs.
+which was written down before the deterministic-mode runs. The runs' loading and the chart are in
+convergence_common.py, the quantization telemetry's plots and tables in convergence_quant.py.
 """
 import json
 import math
 import os
 import statistics
 import sys
-from xml.sax.saxutils import escape
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from plot_losses import frame, nice_ticks, polyline  # noqa: E402  (the same axes as the loss plots)
-
-ORDER = ["bf16", "fp8", "mxfp8", "nvfp4", "nvfp4_all", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_no_2d", "nvfp4_none",
-         "nvfp4_anneal", "nvfp4_4over6", "nvfp4_4over6_mae"]
-TITLES = {
-    "bf16": "BF16 (bf16_mixed)", "fp8": "FP8 current scaling", "mxfp8": "MXFP8",
-    "nvfp4": "NVFP4 (paper: last 2 of 12 blocks BF16)", "nvfp4_all": "NVFP4 in every block",
-    "nvfp4_no_rht": "NVFP4 without RHT", "nvfp4_no_sr": "NVFP4 without SR", "nvfp4_no_2d": "NVFP4 without 2D",
-    "nvfp4_none": "NVFP4 without RHT, SR, 2D", "nvfp4_anneal": "NVFP4, last 20% in BF16 (annealing)",
-    "nvfp4_4over6": "NVFP4 with 4/6 (weights + activations), MSE",
-    "nvfp4_4over6_mae": "NVFP4 with 4/6 (weights + activations), MAE",
-}
-COLOURS = ["#000000", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#2ca02c", "#bcbd22", "#6b6ecf"]
-W, H, L, R, T, B = 860, 500, 80, 250, 48, 58
-SMOOTH = 50  # steps in the training-loss moving average
-
-
-def load_runs(root, sub="runs"):
-    """Runs stored under root/sub: {config: {seed: meta + metrics}}. sub "crest" holds the short runs taken
-    only for their block crest factors (not part of the loss comparison)."""
-    runs = {}
-    if not os.path.isdir(os.path.join(root, sub)):
-        return runs
-    for name in sorted(os.listdir(os.path.join(root, sub))):
-        d = os.path.join(root, sub, name)
-        if not os.path.isfile(os.path.join(d, "meta.json")):
-            continue
-        meta = json.load(open(os.path.join(d, "meta.json")))
-        train, valid, quant, anneal = {}, {}, [], []
-        for line in open(os.path.join(d, "metrics.jsonl")):
-            r = json.loads(line)
-            if isinstance(r.get("lm_loss"), (int, float)):
-                train[r["iteration"]] = r
-            elif isinstance(r.get("val_loss"), (int, float)):
-                valid[r["iteration"]] = r["val_loss"]
-            elif "quant_stats" in r or "quant_worst_sqnr_db" in r:
-                quant.append(r)
-            elif "anneal" in r:
-                anneal.append(r)
-        meta.update(train=train, valid=sorted(valid.items()), quant=quant, anneal=anneal, eval={})
-        meta.setdefault("deterministic", False)  # runs from before --deterministic-mode have no key
-        for which in ("valid", "heldout"):
-            path = os.path.join(d, f"eval_{which}.json")
-            if os.path.isfile(path):
-                meta["eval"][which] = json.load(open(path))
-        runs.setdefault(meta["config"], {})[meta["seed"]] = meta
-    return runs
-
-
-def smoothed(run):
-    """Moving average of the training loss over the last SMOOTH steps, per iteration."""
-    its = sorted(run["train"])
-    out, window = [], []
-    for it in its:
-        window.append(run["train"][it]["lm_loss"])
-        if len(window) > SMOOTH:
-            window.pop(0)
-        if len(window) == SMOOTH:
-            out.append((it, sum(window) / SMOOTH))
-    return out
-
-
-def final_train(run):
-    s = smoothed(run)
-    return s[-1][1] if s else float("nan")
-
-
-def final_val(run):
-    return run["valid"][-1][1] if run["valid"] else float("nan")
-
-
-def tokens_per_step(run):
-    return run["tokens"] / run["iterations"]
-
-
-def chart(series, title, xlabel, ylabel, path, hline=None):
-    """series: [(name, colour, [(x, y)], dashed)]; writes an SVG line chart with a legend on the right."""
-    pts = [p for _, _, s, _ in series for p in s]
-    if not pts:
-        return False
-    xt, xs = nice_ticks(0, max(x for x, _ in pts))
-    ys_all = [y for _, y in pts] + ([hline] if hline is not None else [])
-    yt, ys = nice_ticks(min(ys_all), max(ys_all))
-    x0, x1, y0, y1 = xt[0], xt[-1], yt[0], yt[-1]
-    sx = lambda x: L + (x - x0) / (x1 - x0) * (W - L - R)
-    sy = lambda y: H - B - (y - y0) / (y1 - y0) * (H - T - B)
-    out = frame(title, xlabel, ylabel, xt, xs, yt, ys, sx, sy, (W, H, L, R, T, B), (L + W - R) / 2)
-    if hline is not None:
-        out.append(f'<line x1="{L}" y1="{sy(hline):.1f}" x2="{W - R}" y2="{sy(hline):.1f}" stroke="#555" '
-                   'stroke-dasharray="6,4"/>')
-    for i, (name, colour, s, dashed) in enumerate(series):
-        line = polyline(s, sx, sy, colour, 1.6)
-        if dashed:
-            line = line.replace("/>", ' stroke-dasharray="5,3"/>')
-        out.append(line)
-        y = T + 10 + 18 * i
-        out.append(f'<line x1="{W - R + 12}" y1="{y}" x2="{W - R + 36}" y2="{y}" stroke="{colour}" stroke-width="2.5"'
-                   + (' stroke-dasharray="5,3"' if dashed else "") + "/>")
-        out.append(f'<text x="{W - R + 42}" y="{y + 4}" font-size="11">{escape(name)}</text>')
-    out.append("</svg>")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\n".join(out) + "\n")
-    return True
-
-
-def mean_sd(xs):
-    xs = [x for x in xs if not math.isnan(x)]
-    if not xs:
-        return float("nan"), float("nan"), 0
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else float("nan")), len(xs)
+from convergence_common import (COLOURS, ORDER, SMOOTH, TITLES, chart, final_train, final_val,  # noqa: E402
+                                heldout_loss, load_runs, mean_sd, smoothed, tokens_per_step, valid_eval_loss)
+from convergence_quant import crest_vote, per_linear, quant_plots, rht_table  # noqa: E402
 
 
 def rel_diff_by_seed(runs, config, metric, base_config="bf16"):
@@ -338,19 +230,6 @@ def verdicts(runs):
     return RULE + [""] + rows
 
 
-def crest_vote(run):
-    """Operand records (X and dY of every quantized Linear at every stats step) where the RHT lowers the block
-    crest factor, and where it raises it; (0, 0) for a run whose binary predates the statistic."""
-    lowered = raised = 0
-    for q in per_linear(run):
-        for role in ("input", "grad"):
-            r = q.get("roles", {}).get(role, {})
-            if r.get("crest") is not None and r.get("crest_rht") is not None:
-                lowered += r["crest_rht"] < r["crest"]
-                raised += r["crest_rht"] > r["crest"]
-    return lowered, raised
-
-
 def rht_prediction(runs):
     """Per seed: does the crest-factor rule predict the sign of the RHT ablation (nvfp4_no_rht vs. nvfp4)?"""
     seeds = sorted(set(runs.get("nvfp4", {})) & set(runs.get("nvfp4_no_rht", {})))
@@ -407,14 +286,6 @@ def pending(runs, seeds=(1, 2, 3)):
     def done(run):
         return run is not None and run["deterministic"] and "heldout" in run["eval"]
     return [f"{c}:{s}" for c in ORDER for s in seeds if not done(runs.get(c, {}).get(s))]
-
-
-def heldout_loss(run):
-    return run.get("eval", {}).get("heldout", {}).get("mean_nll", float("nan"))
-
-
-def valid_eval_loss(run):
-    return run.get("eval", {}).get("valid", {}).get("mean_nll", float("nan"))
 
 
 def header(runs, root):
@@ -628,118 +499,6 @@ def self_test():
 def notes(root):
     path = os.path.join(root, "NOTES.md")
     return open(path, encoding="utf-8").read().splitlines() if os.path.isfile(path) else []
-
-
-def per_linear(run):
-    return [q for q in run["quant"] if "quant_stats" in q]
-
-
-def quant_plots(runs, root):
-    """From the NVFP4 runs' per-Linear records (--quant-stats): each role's SQNR and the Wgrad SNR over
-    training (median over the quantized Linears, seed 1 or the lowest), against the sqrt(3) criterion."""
-    made = []
-    for c in ("nvfp4", "nvfp4_all"):
-        if c not in runs or not per_linear(runs[c][min(runs[c])]):
-            continue
-        run = runs[c][min(runs[c])]
-        k = tokens_per_step(run) / 1e6
-        by_it = {}
-        for q in per_linear(run):
-            by_it.setdefault(q["iteration"], []).append(q)
-        med = lambda xs: statistics.median(xs) if xs else float("nan")
-        series = []
-        for i, role in enumerate(("input", "weight", "grad")):
-            pts = [(it * k, med([q["roles"][role]["sqnr_db"] for q in qs if role in q["roles"]
-                                 and q["roles"][role]["sqnr_db"] is not None])) for it, qs in sorted(by_it.items())]
-            series.append((f"{role} SQNR (dB)", COLOURS[i + 1], pts, False))
-        if chart(series, f"{c}: quantization SQNR per role (median over Linears)", "tokens (millions)", "SQNR (dB)",
-                 os.path.join(root, f"{c}_sqnr.svg")):
-            made.append((f"{TITLES[c]}: SQNR per role", f"{c}_sqnr.svg"))
-        if chart(range_series(by_it, k, med), f"{c}: underflow and saturation per role (median over Linears)",
-                 "tokens (millions)", "% of elements", os.path.join(root, f"{c}_range.svg")):
-            made.append((f"{TITLES[c]}: underflow (flushed to zero, solid) and saturation (dashed) per role",
-                         f"{c}_range.svg"))
-        snr = [("median", COLOURS[3], [(it * k, med([q["wgrad"]["snr"] for q in qs if "wgrad" in q]))
-                                       for it, qs in sorted(by_it.items())], False),
-               ("lowest Linear", COLOURS[4], [(it * k, min(q["wgrad"]["snr"] for q in qs if "wgrad" in q))
-                                              for it, qs in sorted(by_it.items())], True)]
-        if chart(snr, f"{c}: Wgrad signal-to-quantization-noise (dashed line: sqrt 3)", "tokens (millions)",
-                 "||dW_ref|| / ||dW_q - dW_ref||", os.path.join(root, f"{c}_wgrad_snr.svg"), hline=math.sqrt(3)):
-            made.append((f"{TITLES[c]}: Wgrad SNR against the sqrt(3) criterion", f"{c}_wgrad_snr.svg"))
-    return made
-
-
-def range_series(by_it, k, med):
-    """Per role, the flushed (underflow) share of non-zero elements, solid, and the saturated share, dashed,
-    in percent. NVFP4 stores each block's largest element at the top code, so saturation is at least 1/16
-    for 1x16 blocks (inputs, gradients) and 1/256 for 16x16 weight tiles."""
-    series = []
-    for i, role in enumerate(("input", "weight", "grad")):
-        for key, dashed in (("flushed", False), ("saturated", True)):
-            pts = [(it * k, 100.0 * med([q["roles"][role][key] for q in qs if role in q["roles"]
-                                         and q["roles"][role][key] is not None]))
-                   for it, qs in sorted(by_it.items())]
-            series.append((f"{role} {key}", COLOURS[i + 1], pts, dashed))
-    return series
-
-
-def rht_table(runs, crest_runs):
-    """Per Linear kind, the relative Wgrad error with the recipe's RHT and with RHT toggled, averaged over
-    every stats step of every NVFP4 seed (real activations and gradients of the study's runs)."""
-    rows, acc = [], {}
-    for c in ("nvfp4", "nvfp4_all"):
-        for run in runs.get(c, {}).values():
-            for q in per_linear(run):
-                if "wgrad_alt" not in q:
-                    continue
-                kind = q["quant_stats"].split(".")[-1]
-                e = acc.setdefault((c, kind), [[], [], 0])
-                e[0].append(q["wgrad"]["rel_err"])
-                e[1].append(q["wgrad_alt"]["rel_err"])
-                e[2] += q["wgrad_alt"]["rel_err"] < q["wgrad"]["rel_err"]
-    if not acc:
-        return rows
-    rows += ["| run | Linear | records | Wgrad rel. error, with RHT | without RHT | without / with | "
-             "records where RHT lost |", "|---|---|---:|---:|---:|---:|---:|"]
-    for (c, kind), (w, wo, lost) in sorted(acc.items()):
-        rows.append(f"| {c} | {kind} | {len(w)} | {statistics.fmean(w):.4f} | {statistics.fmean(wo):.4f} | "
-                    f"{statistics.fmean(wo) / statistics.fmean(w):.3f} | {lost} |")
-    return rows + crest_table([("", runs), (" (short run)", crest_runs)])
-
-
-def crest_table(sources):
-    """Mean crest factor (max|x| / rms) of the Wgrad operands' column-wise blocks (16 tokens of one feature),
-    before and after the RHT, per Linear kind: the quantity that decides whether the RHT lowers the error.
-    Records from binaries before the statistic have none; then there is no table."""
-    acc = {}
-    for suffix, runs in sources:
-        for c in ("nvfp4", "nvfp4_all"):
-            for run in runs.get(c, {}).values():
-                label = c + suffix + (f", {run['tokens'] / 1e6:.0f}M tokens" if suffix else "")
-                crest_records(label, run, acc)
-    if not acc:
-        return []
-    rows = ["", "Block crest factors of the Wgrad operands (mean of max|x| / rms over the sampled 16-token "
-            "column blocks; a Gaussian block has about 2.1). On synthetic operands (tests/nvfp4/rht_study_test.cpp) "
-            "the RHT raises the FP4 error of an operand whose crest factor it lowers, and lowers it where it raises "
-            "the crest factor.", "",
-            "| run | Linear | operand | records | crest factor | after RHT |", "|---|---|---|---:|---:|---:|"]
-    for (c, kind, role), (before, after) in sorted(acc.items()):
-        name = "X (input)" if role == "input" else "dY (grad)"
-        rows.append(f"| {c} | {kind} | {name} | {len(before)} | {statistics.fmean(before):.3f} | "
-                    f"{statistics.fmean(after):.3f} |")
-    return rows
-
-
-def crest_records(label, run, acc):
-    for q in per_linear(run):
-        kind = q["quant_stats"].split(".")[-1]
-        for role in ("input", "grad"):
-            r = q.get("roles", {}).get(role, {})
-            if r.get("crest") is not None and r.get("crest_rht") is not None:
-                e = acc.setdefault((label, kind, role), [[], []])
-                e[0].append(r["crest"])
-                e[1].append(r["crest_rht"])
 
 
 if __name__ == "__main__":
