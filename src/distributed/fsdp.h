@@ -69,7 +69,7 @@ class FsdpSync : public LlamaModel::StepHooks {
   void set_next_pass_follows(bool more) { next_pass_follows_ = more; }
   // Before the first pass: the embedding and head units gathered and reduced once per optimizer step.
   void set_embeddings_per_step(bool on) { embeddings_per_step_ = on; }
-  // Before the first pass: gradients reduce-scattered in BF16 (allocates the scratch).
+  // Before the first pass: gradients reduce-scattered in BF16 (allocates the scratch; a frozen store: no-op).
   Status set_reduce_in_bf16(bool on);
   // Device bytes of the BF16 reduction scratch (the memory estimate's share of --grad-reduce-in-bf16).
   static int64_t bf16_scratch_bytes() { return kPieceElems * 2; }

@@ -66,7 +66,7 @@ Status Trainer::prepare_fsdp() {
   NB_TRY(fsdp_->init(&model_.base(), comm_.get(), dev_));
   model_.set_step_hooks(fsdp_.get());
   fsdp_->set_embeddings_per_step(cfg_.fsdp_embeddings_per_step);
-  NB_TRY(fsdp_->set_reduce_in_bf16(cfg_.grad_reduce_in_bf16 && !lora()));
+  NB_TRY(fsdp_->set_reduce_in_bf16(cfg_.grad_reduce_in_bf16));  // a frozen LoRA base reduces nothing
   NB_TRY(choose_param_gather());
   if (cfg_.fsdp_embeddings_per_step)
     std::printf("Megatron-FSDP: the embedding%s gathered once per step%s (--fsdp-embeddings-per-step)\n",
