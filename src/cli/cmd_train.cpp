@@ -1,11 +1,14 @@
 // `nibble train`: every key of the training configuration is a flag (Megatron spelling) and a key of
 // the optional TOML file given by --config; flags override the file. Errors are one sentence.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include "cli/commands.h"
+#include "core/device_info.h"
+#include "optim/optimizer_state.h"
 #include "distributed/spawn.h"
 #include "train/trainer.h"
 
@@ -16,6 +19,10 @@ struct TrainArgs {
   std::string config_file;
   std::map<std::string, std::string> values;
   int nproc_per_node = 0;
+  // --dry-run: the memory estimate for a planned machine, without a GPU (memory in GiB; 0 = this machine's).
+  bool dry_run = false;
+  int nnodes = 1;
+  double gpu_memory_gib = 0, host_memory_gib = 0;
 };
 
 // `--nproc-per-node N` outside a launcher: start N local ranks of this same command line (without that
@@ -73,7 +80,56 @@ int resolve_train_config(const TrainArgs& args, const char* name, TrainConfig* c
   return 0;
 }
 
+// --dry-run: exit 0 when the job fits, 3 when it does not, 1 on an error (one sentence), 2 on bad flags.
+int dry_run(const TrainArgs& args, const char* name, TrainConfig cfg) {
+  Trainer::DryRun plan;
+  plan.ranks_per_node = std::max(1, args.nproc_per_node);
+  plan.ranks = plan.ranks_per_node * args.nnodes;
+  plan.gpu_bytes = args.gpu_memory_gib * 1073741824.0;
+  if (!(plan.gpu_bytes > 0)) {
+    std::string why;
+    const auto gpus = query_gpus(&why);
+    if (gpus.empty()) {
+      std::fprintf(stderr,
+                   "nibble %s --dry-run: no GPU here to size the job for (%s); pass --gpu-memory GiB, the memory of "
+                   "one GPU of the machine you plan to run on (80 for an H100, 141 for an H200)\n",
+                   name, why.c_str());
+      return 2;
+    }
+    plan.gpu_bytes = gpus[0].memory_gib * 1073741824.0;
+  }
+  plan.host_bytes =
+      args.host_memory_gib > 0 ? args.host_memory_gib * 1073741824.0 : optim::host_memory_available_bytes();
+  Trainer t;
+  bool fits = false;
+  Status st = t.dry_run(std::move(cfg), plan, &fits);
+  if (!st) {
+    std::fprintf(stderr, "nibble %s --dry-run: %s\n", name, st.message().c_str());
+    return 1;
+  }
+  return fits ? 0 : 3;
+}
+
 void run_train(const TrainArgs& args, const char* name, bool finetune) {
+  if (!args.dry_run && (args.nnodes != 1 || args.gpu_memory_gib > 0 || args.host_memory_gib > 0)) {
+    std::fprintf(stderr,
+                 "nibble %s: --nnodes, --gpu-memory and --host-memory describe a planned machine for --dry-run; "
+                 "add --dry-run, or leave them out (a launcher sets the ranks of a real run)\n",
+                 name);
+    exit_code() = 2;
+    return;
+  }
+  if (args.dry_run) {
+    TrainConfig cfg;
+    cfg.sft = finetune;
+    if (int rc = resolve_train_config(args, name, &cfg); rc != 0) {
+      exit_code() = rc;
+      return;
+    }
+    if (finetune && !cfg.load.empty() && args.values.count("finetune") == 0) cfg.finetune = true;
+    exit_code() = dry_run(args, name, std::move(cfg));
+    return;
+  }
   if (args.nproc_per_node > 1) {
     exit_code() = run_local_ranks(args.nproc_per_node);
     return;
@@ -105,6 +161,18 @@ void add_training_command(CLI::App& app, const char* name, const char* descripti
   cmd->add_option("--config", args->config_file, "TOML file with any of the keys below (flags override it)");
   cmd->add_option("--nproc-per-node", args->nproc_per_node,
                   "start N data-parallel ranks on this machine (one per GPU), as torchrun --nproc-per-node does")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--dry-run", args->dry_run,
+                "resolve the configuration and print the memory estimate per GPU for the planned machine "
+                "(--nproc-per-node, --nnodes, --gpu-memory, --host-memory), with the changes that would fit; "
+                "no GPU, weights or data are touched; exit 0 when it fits, 3 when not");
+  cmd->add_option("--nnodes", args->nnodes, "with --dry-run: machines of --nproc-per-node GPUs each")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gpu-memory", args->gpu_memory_gib,
+                  "with --dry-run: GiB of one GPU (default: this machine's first GPU)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--host-memory", args->host_memory_gib,
+                  "with --dry-run: GiB of host memory per machine (default: what this machine has available)")
       ->check(CLI::PositiveNumber);
   static TrainConfig defaults;  // only for the help text's defaults
   for (const auto& key : config_keys(defaults)) {

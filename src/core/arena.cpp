@@ -1,15 +1,18 @@
 // Arena implementation; device memory comes from device_malloc so both backends share this code.
 #include "core/arena.h"
 #include <cstdlib>
+#include "core/memory_ledger.h"
 
 namespace nb {
 
 Arena::~Arena() {
   if (!base_) return;
-  if (device_ == Device::cpu)
+  if (device_ == Device::cpu) {
+    ledger_remove(Device::cpu, base_);
     std::free(base_);
-  else
+  } else {
     device_free(base_);
+  }
 }
 
 Status Arena::reserve(Device device, size_t capacity) {
@@ -19,6 +22,7 @@ Status Arena::reserve(Device device, size_t capacity) {
   if (device == Device::cpu) {
     base_ = static_cast<uint8_t*>(std::aligned_alloc(256, capacity ? capacity : 256));
     if (!base_) return errorf("out of host memory reserving a %.2f GiB arena", capacity / 1073741824.0);
+    ledger_add(Device::cpu, base_, capacity ? capacity : 256);
   } else {
     void* p = nullptr;
     NB_TRY(device_malloc(&p, capacity));

@@ -2,6 +2,7 @@
 // knob to turn); anything else is a bug and aborts with the CUDA error.
 #include <cstring>
 #include "core/cuda_check.h"
+#include "core/memory_ledger.h"
 #include "core/tensor.h"
 
 namespace nb {
@@ -12,14 +13,20 @@ Status device_malloc(void** p, size_t bytes) {
     cudaGetLastError();  // clear the sticky-free error state
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
-    return errorf("out of GPU memory: asked for %.2f GiB with %.2f GiB free of %.2f GiB", bytes / 1073741824.0,
-                  free_b / 1073741824.0, total_b / 1073741824.0);
+    const LedgerSnapshot held = ledger_snapshot(Device::cuda);
+    return errorf("out of GPU memory allocating %s: asked for %.2f GiB with %.2f GiB free of %.2f GiB (nibble holds %.2f GiB)",
+                  mem_part_name(current_mem_part()), bytes / 1073741824.0, free_b / 1073741824.0,
+                  total_b / 1073741824.0, held.total.current / 1073741824.0);
   }
   if (e != cudaSuccess) return errorf("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
+  ledger_add(Device::cuda, *p, bytes);
   return Status::ok();
 }
 
-void device_free(void* p) { CUDA_CHECK(cudaFree(p)); }
+void device_free(void* p) {
+  ledger_remove(Device::cuda, p);
+  CUDA_CHECK(cudaFree(p));
+}
 Status pinned_host_malloc(void** p, size_t bytes) {
   if (cudaMallocHost(p, bytes) != cudaSuccess) {
     cudaGetLastError();

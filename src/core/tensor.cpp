@@ -1,6 +1,7 @@
 // Tensor helpers and the host side of Buffer; device primitives live in device_memory.{cu,cpp}.
 #include "core/tensor.h"
 #include <cstdlib>
+#include "core/memory_ledger.h"
 #include <cstring>
 
 namespace nb {
@@ -20,6 +21,7 @@ Status Buffer::allocate(Buffer* out, DType dt, Device dev, std::initializer_list
   if (dev == Device::cpu) {
     t.data = std::aligned_alloc(256, padded);
     if (!t.data) return errorf("out of host memory allocating %zu bytes for a %s tensor", bytes, t.shape_str().c_str());
+    ledger_add(Device::cpu, t.data, padded);
   } else {
     NB_TRY(device_malloc(&t.data, padded));
   }
@@ -29,10 +31,12 @@ Status Buffer::allocate(Buffer* out, DType dt, Device dev, std::initializer_list
 
 void Buffer::reset() {
   if (!t_.data) return;
-  if (t_.device == Device::cpu)
+  if (t_.device == Device::cpu) {
+    ledger_remove(Device::cpu, t_.data);
     std::free(t_.data);
-  else
+  } else {
     device_free(t_.data);
+  }
   t_.data = nullptr;
 }
 

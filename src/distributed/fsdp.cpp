@@ -1,5 +1,6 @@
 // FsdpSync: Megatron-FSDP's gathers and reduce-scatters around the model's pass (fsdp.h).
 #include "distributed/fsdp.h"
+#include "core/memory_ledger.h"
 #include <algorithm>
 #include <cstdlib>
 #include "ops/elementwise.h"
@@ -24,6 +25,7 @@ Status FsdpSync::init(ParamStore* params, dist::Communicator* comm, Device dev) 
   pools_[2].depth = 2;  // layer gradients: one window reduced while the next unit's backward writes the other
   int64_t most = 1;     // a frozen store (a LoRA base) has no gradients to reduce
   for (const ParamStore::Group& g : P_->groups()) most = std::max(most, P_->frozen() ? 1 : g.chunk());
+  MemoryScope scope(MemPart::comm_buffers);
   NB_TRY(Buffer::allocate(&reduced_chunk_, DType::f32, dev, {most}));
   NB_TRY(side_.create(dev));
   return mark_.create(dev);
@@ -52,6 +54,9 @@ Status FsdpSync::acquire(Pool* pool, int unit, Window** out) {
   }
   const int64_t n = pool->capacity;
   auto w = std::make_unique<Window>();
+  // Weight and gradient windows are the parameters' gathered form (the estimate's parameter row); the
+  // training-format pool holds quantized copies.
+  MemoryScope scope(pool->dt == DType::u8 ? MemPart::quantized_copies : MemPart::params);
   NB_TRY(Buffer::allocate(&w->buf, pool->dt, dev_, {n})
              .context("Megatron-FSDP window of " + std::to_string(n) + " elements"));
   w->capacity = n;
@@ -165,6 +170,7 @@ Status FsdpSync::set_reduce_in_bf16(bool on) {
   if (const char* v = std::getenv("NIBBLE_FSDP_BF16_PIECE"); v && *v)
     piece = std::clamp<int64_t>(std::atoll(v), 1, piece);
   bf16_piece_ = std::max<int64_t>(1, std::min(most, piece));
+  MemoryScope scope(MemPart::comm_buffers);
   return Buffer::allocate(&bf16_scratch_, DType::bf16, dev_, {bf16_piece_ * ranks_})
       .context("Megatron-FSDP BF16 reduction scratch");
 }

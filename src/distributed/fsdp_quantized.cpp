@@ -10,6 +10,7 @@
 // rows, on the side stream) instead of keeping every chunk quantized saves a rank 1/d of the model's
 // quantized bytes.
 #include <algorithm>
+#include "core/memory_ledger.h"
 #include "distributed/fsdp.h"
 
 namespace nb {
@@ -52,6 +53,7 @@ Status FsdpSync::set_quantized_linears(const std::vector<std::pair<std::string, 
   qpool_.dt = DType::u8;
   qpool_.capacity =
       int64_t(std::max<size_t>(256, *std::max_element(unit_window_bytes_.begin(), unit_window_bytes_.end())));
+  MemoryScope scope(MemPart::quantized_copies);
   NB_TRY(Buffer::allocate(&qstaging_, DType::u8, dev_, {int64_t(std::max<size_t>(most_chunk * size_t(ranks_), 256))})
              .context("Megatron-FSDP quantized gather staging"));
   NB_TRY(Buffer::allocate(&amaxes_, DType::f32, dev_, {int64_t(std::max<size_t>(qlinears_.size(), 1))}));

@@ -1,5 +1,6 @@
 // GradSync: bucketed, optionally overlapped gradient reduction and weight gathering (grad_sync.h).
 #include "distributed/grad_sync.h"
+#include "core/memory_ledger.h"
 #include <algorithm>
 #include "ops/elementwise.h"
 
@@ -36,6 +37,7 @@ Status GradSync::init(const ParamStore* params, dist::Communicator* comm, Device
   NB_TRY(side_.create(dev));
   NB_TRY(mark_.create(dev));
   for (StreamEvent& e : gathered_) NB_TRY(e.create(dev));
+  MemoryScope scope(MemPart::comm_buffers);
   if (opt_.reduce_in_bf16) NB_TRY(Buffer::allocate(&bf16_scratch_, DType::bf16, dev, {P_->bucket_len()}));
   return Status::ok();
 }

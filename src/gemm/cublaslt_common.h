@@ -4,6 +4,7 @@
 // CUDA builds only (included by .cu files).
 #pragma once
 #include <cublasLt.h>
+#include "core/memory_ledger.h"
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -55,6 +56,7 @@ struct Backend {
     auto it = workspace.find(device);
     if (it == workspace.end()) {
       void* mem = nullptr;
+      MemoryScope scope(MemPart::gemm_workspace);
       NB_TRY(device_malloc(&mem, kWorkspaceBytes).context(what));
       it = workspace.emplace(device, mem).first;
     }

@@ -25,6 +25,7 @@
 // cannot overwrite what that GEMM reads. Growing waits for `stream` first, because earlier GEMMs on
 // it may still read the old buffer.
 #include <cuda_runtime.h>
+#include "core/memory_ledger.h"
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -136,6 +137,7 @@ Status get_scratch(size_t need, Stream stream, char** out) {
       s.bytes = 0;
     }
     const size_t grown = align_up(need + need / 8);  // some headroom for the next larger shape
+    MemoryScope scope(MemPart::emulated_scratch);
     NB_TRY(device_malloc(&s.mem, grown).context("allocating the BF16 scratch of the emulated MXFP8/NVFP4 GEMM"));
     s.bytes = grown;
   }

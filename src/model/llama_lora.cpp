@@ -181,10 +181,11 @@ Status LlamaModel::load_base(uint64_t seed) {
 }
 
 int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
-                                         const LoraSpec& lora, int base_shards, bool embeddings_per_step) {
+                                         const LoraSpec& lora, int base_shards, bool embeddings_per_step,
+                                         bool quantized_linears) {
   const int64_t compute_bytes = dev == Device::cuda ? 2 : 4;
   double linear = 0;  // bytes of the layers' linear weights
-  const double quantized = frozen_weight_bytes_per_element(recipe.weight);
+  const double quantized = quantized_linears || base_shards > 1 ? frozen_weight_bytes_per_element(recipe.weight) : 0;
   bool bf16_layer = false, quantized_layer = false;
   for (int64_t l = 0; l < cfg.layers; ++l) {
     const bool q = recipe.quantized() && !recipe.layer_in_bf16(l, cfg.layers);
@@ -203,6 +204,21 @@ int64_t LlamaModel::lora_parameter_bytes(const LlamaConfig& cfg, Device dev, con
   const double gathered = quantized_layer ? 5.0 * quantized * double(cfg.linear_params_per_layer()) : 0.0;
   const int64_t windows = fsdp_window_elems(cfg, layer, embeddings_per_step);
   return int64_t(base / base_shards + double(windows * compute_bytes) + gathered) + adapters;
+}
+
+// The adapters' store as ParamStore::allocate lays it out (each parameter padded to kAlign elements, each
+// buffer a 256-byte multiple: FP32 master, m, v and gradient, the compute copy) and the frozen norms'
+// gradient sink.
+int64_t LlamaModel::lora_store_bytes(const LlamaConfig& cfg, Device dev, const LoraSpec& lora) {
+  int64_t total = 0;
+  for (const ParamInfo& p : lora_param_list(cfg, lora)) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    total += (n + ParamStore::kAlign - 1) / ParamStore::kAlign * ParamStore::kAlign;
+  }
+  auto buffer = [](int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 256 * 256; };
+  const int64_t n = std::max<int64_t>(total, 1);
+  return 4 * buffer(n * 4) + buffer(n * (dev == Device::cuda ? 2 : 4)) + buffer(cfg.hidden * 4);
 }
 
 }  // namespace nb

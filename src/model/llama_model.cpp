@@ -4,8 +4,10 @@
 #include "optim/adamw_stream.h"
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <vector>
 #include "core/bf16.h"
+#include "core/memory_ledger.h"
 #include "model/llama_internal.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -154,7 +156,7 @@ int64_t LlamaModel::fsdp_window_bytes(const LlamaConfig& cfg, Device dev, bool w
 // With --optimizer-cpu-offload: the device part of a shard's master, m and v, and the streaming windows.
 int64_t LlamaModel::offloaded_state_device_bytes(int64_t shard, const optim::Placement& placement) {
   const int64_t resident = shard - optim::OptimizerState::offloaded_elems(shard, placement);
-  const int64_t chunk = std::clamp(placement.chunk_elems, optim::OptimizerState::kPageElems, shard);
+  const int64_t chunk = optim::OptimizerState::chunk_for(shard, placement);
   return resident * 12 + int64_t(optim::AdamWStreamer::staging_bytes(chunk));
 }
 
@@ -180,42 +182,47 @@ int64_t LlamaModel::parameter_bytes(const LlamaConfig& cfg, Device dev, const re
   return cfg.total_params() * 16 + (cfg.total_params() - master_only) * (dev == Device::cuda ? 2 : 4);
 }
 
-namespace {
-// The linear layers of a transformer layer (qkv, o, gate_up, down): {in, out} features.
-std::array<std::array<int64_t, 2>, 4> linear_dims(const LlamaConfig& cfg) {
-  return {{{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
-           {cfg.q_dim(), cfg.hidden},
-           {cfg.hidden, 2 * cfg.ffn},
-           {cfg.ffn, cfg.hidden}}};
+// The transformer Linears as build_linears makes them and the memory estimate sizes them
+// (llama_memory.cpp): one list, so the two cannot drift apart.
+std::vector<LlamaModel::LinearSpec> LlamaModel::linear_specs(const LlamaConfig& cfg, const recipe::Recipe& recipe,
+                                                             Recompute rc) {
+  const int64_t dims[4][2] = {{cfg.hidden, cfg.q_dim() + 2 * cfg.kv_dim()},
+                              {cfg.q_dim(), cfg.hidden},
+                              {cfg.hidden, 2 * cfg.ffn},
+                              {cfg.ffn, cfg.hidden}};
+  std::vector<LinearSpec> out;
+  for (int64_t l = 0; l < cfg.layers; ++l)
+    for (int i = 0; i < 4; ++i)
+      out.push_back({l, i, recipe.layer_in_bf16(l, cfg.layers), dims[i][0], dims[i][1],
+                     rc == Recompute::full ? i : -1});
+  return out;
 }
-}  // namespace
 
 Status LlamaModel::build_linears() {
-  const auto dims = linear_dims(cfg_);
+  MemoryScope scope(MemPart::quantized_copies);
   linears_.clear();
   linears_.resize(size_t(cfg_.layers));
   // The linears run one at a time on one stream: their transient copies (the input's row-wise copy in
   // forward, both grad copies in backward; with full recompute the input's column-wise copy too, one slot per
   // linear of a layer, since each layer's forward runs again right before its backward) share one workspace.
   linear_workspace_ = std::make_shared<recipe::LinearWorkspace>(dev_);
-  for (int64_t l = 0; l < cfg_.layers; ++l) {
+  for (const LinearSpec& sp : linear_specs(cfg_, recipe_, recompute_)) {
+    const int64_t l = sp.layer;
+    const int i = sp.index;
     linears_[size_t(l)].resize(4);
-    for (int i = 0; i < 4; ++i) {
-      std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
-      NB_TRY(linears_[size_t(l)][size_t(i)].init(recipe_, recipe_.layer_in_bf16(l, cfg_.layers), name,
-                                                 uint32_t(l * 8 + i), shape_.tokens(), dims[size_t(i)][0],
-                                                 dims[size_t(i)][1], dev_, linear_workspace_,
-                                                 /*frozen=*/lora_enabled_, recompute_ == Recompute::full ? i : -1));
-      // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
-      // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
-      // copies ever coexist on a rank.
-      recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
-      const ParamStore& W = base();
-      if ((fsdp_training_format_gathers || lora_enabled_) && W.compute_sharded() && lin.keeps_quantized_input())
-        NB_TRY(lin.set_sharded_weight(W.groups()[size_t(W.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
-                                      W.shard_count()));
-    }
+    std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
+    recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
+    NB_TRY(lin.init(recipe_, sp.bf16_layer, name, uint32_t(l * 8 + i), shape_.tokens(), sp.in, sp.out, dev_,
+                    linear_workspace_, /*frozen=*/lora_enabled_, sp.input_col_slot));
+    // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
+    // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
+    // copies ever coexist on a rank.
+    const ParamStore& W = base();
+    if ((fsdp_training_format_gathers || lora_enabled_) && W.compute_sharded() && lin.keeps_quantized_input())
+      NB_TRY(lin.set_sharded_weight(W.groups()[size_t(W.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
+                                    W.shard_count()));
   }
+  MemoryScope ws_scope(MemPart::linear_workspace);
   return linear_workspace_->allocate();
 }
 
@@ -244,6 +251,8 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
+  // Every allocation below is recorded under its part of the memory estimate (core/memory_ledger.h).
+  std::optional<MemoryScope> scope(std::in_place, MemPart::params);
   if (lora_enabled_) {  // quantized layers' frozen weights live in their Linears only
     // optim_grads_params: each rank keeps 1/d of the frozen base.
     if (fsdp == Fsdp::optim_grads_params)
@@ -251,6 +260,7 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
                                         recipe::weight_block_rows(recipe.weight.fmt), qb, qe));
     else
       NB_TRY(base_.allocate_frozen(cfg, dev, qb, qe));
+    scope.emplace(MemPart::lora);
     NB_TRY(params_.allocate(lora_param_list(cfg, lora_spec_), dev));
     NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
   } else {
@@ -268,19 +278,22 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   NB_TRY(build_linears());  // after the store: sharded weights take its row chunks
   weight_staged_.assign(size_t(cfg.layers * 4), char(0));
   if (qe > qb) {
-    int64_t most = 0;
-    for (const auto& d : linear_dims(cfg)) most = std::max(most, d[0] * d[1]);
+    int64_t most = largest_linear_weight(cfg);
     if (lora_enabled_ && base_.fsdp())  // a sharded frozen weight is quantized from its zero-padded rows
       for (const ParamStore::Group& g : base_.groups())
         if (!g.stored) most = std::max(most, g.chunk() * base_.shard_count());
+    MemoryScope scope(MemPart::weight_stage);
     NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
   }
+  scope.emplace(MemPart::params);  // initialization scratch
   NB_TRY(params_.initialize(seed));
   if (lora_enabled_) {
     build_lora_modules();
     NB_TRY(load_base(seed));
   }
+  scope.emplace(MemPart::activations);
   NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
+  scope.emplace(MemPart::step_inputs);
   // RoPE tables [S, hd/2], FP32.
   std::vector<float> cos_h(size_t(shape.seq * cfg.head_dim / 2)), sin_h(cos_h.size());
   ops::RopeConfig rcfg;
@@ -318,6 +331,7 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
   NB_TRY(check_ids(tokens, n * T, cfg_.vocab, "token"));
   NB_TRY(check_ids(labels, n * T, cfg_.vocab, "label", -1));
   seg_host_.clear();
+  MemoryScope scope(MemPart::step_inputs);
   if (n > staged_capacity_) {
     NB_TRY(Buffer::allocate(&ids_, DType::i32, dev_, {n, T}));
     NB_TRY(Buffer::allocate(&targets_, DType::i32, dev_, {n, T}));
@@ -338,6 +352,7 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     return Status::ok();
   }
   std::vector<int32_t> all;
+  MemoryScope scope(MemPart::step_inputs);
   seg_offset_.assign(size_t(n), 0);
   for (int64_t i = 0; i < n; ++i) {
     auto& st = seg_host_[size_t(i)];

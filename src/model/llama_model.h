@@ -47,6 +47,33 @@ class LlamaModel {
                                        const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr);
   // Device bytes of the quantized copies the recipe's linears hold (outside the activation arena).
   size_t quantized_copy_bytes() const;
+  // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
+  struct LinearSpec {
+    int64_t layer = 0;
+    int index = 0;
+    bool bf16_layer = false;
+    int64_t in = 0, out = 0;
+    int input_col_slot = -1;  // full recompute: the shared input-column slot (recipe::Linear::init)
+  };
+  static std::vector<LinearSpec> linear_specs(const LlamaConfig& cfg, const recipe::Recipe& recipe, Recompute rc);
+  // Elements of the largest transformer linear weight (the fused qkv or gate_up).
+  static int64_t largest_linear_weight(const LlamaConfig& cfg) {
+    return cfg.hidden * std::max(cfg.q_dim() + 2 * cfg.kv_dim(), 2 * cfg.ffn);
+  }
+  // The memory estimate's figures for what init allocates besides parameters and activations, each from
+  // the code that sizes the allocation, run without allocating (llama_memory.cpp). Bytes on `dev`
+  // (host memory on the cpu backend, which allocates the same layout). `master_only`: quantized layers' weights have no compute
+  // copy (a weight stage feeds their quantizers); `frozen`: LoRA's frozen base; `sharded_weights`: the
+  // quantized weights are Megatron-FSDP's (training-format gathers, a sharded LoRA base).
+  struct LinearMemory {
+    int64_t owned = 0;             // the Linears' kept copies (MemPart::quantized_copies)
+    int64_t workspace = 0;         // their shared transient slots (MemPart::linear_workspace)
+    int64_t weight_stage = 0;      // MemPart::weight_stage
+    int64_t emulated_scratch = 0;  // the emulated MXFP8/NVFP4 GEMMs' BF16 scratch at its largest
+  };
+  static Status plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                   const recipe::Recipe& recipe, bool frozen, bool master_only,
+                                   bool sharded_weights, LinearMemory* out);
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
@@ -101,8 +128,14 @@ class LlamaModel {
   // (optim_grads_params): 1/base_shards of the base plus Megatron-FSDP's windows of it (a large window and two
   // layer windows in BF16, and a quantized base's gathered copies: four layer windows and the staging);
   // embeddings_per_step: one more large BF16 window (the base has no gradient windows).
+  // quantized_linears = false leaves out an unsharded base's quantized linear weights (the memory estimate
+  // counts them from the Linears' own layout, plan_linear_memory).
   static int64_t lora_parameter_bytes(const LlamaConfig& cfg, Device dev, const recipe::Recipe& recipe,
-                                      const LoraSpec& lora, int base_shards = 1, bool embeddings_per_step = false);
+                                      const LoraSpec& lora, int base_shards = 1, bool embeddings_per_step = false,
+                                      bool quantized_linears = true);
+  // LoRA: the adapters' store (master, gradient, m, v, compute copy) and the frozen norms' gradient sink, in
+  // the bytes ParamStore allocates (MemPart::lora).
+  static int64_t lora_store_bytes(const LlamaConfig& cfg, Device dev, const LoraSpec& lora);
   // The trainable parameters: the whole model, or with LoRA the adapters only.
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }

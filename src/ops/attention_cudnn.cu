@@ -12,6 +12,7 @@
 // Calls are serialised by a mutex; because the workspace is shared, calls must not run concurrently on
 // different streams.
 #include <cudnn.h>
+#include "core/memory_ledger.h"
 
 #include <algorithm>
 #include <limits>
@@ -106,9 +107,10 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
 
 Status ensure_workspace(State& st, int64_t bytes) {
   if (bytes <= st.workspace_bytes) return Status::ok();
-  if (st.workspace) CUDA_CHECK(cudaFree(st.workspace));  // cudaFree waits for work still using it
+  if (st.workspace) device_free(st.workspace);  // cudaFree waits for work still using it
   st.workspace = nullptr;
   st.workspace_bytes = 0;
+  MemoryScope scope(MemPart::attention_workspace);
   NB_TRY(device_malloc(&st.workspace, size_t(bytes)).context("attention workspace"));
   st.workspace_bytes = bytes;
   return Status::ok();

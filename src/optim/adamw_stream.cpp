@@ -1,6 +1,7 @@
 // AdamWStreamer (see adamw_stream.h): the resident part in place, the host part chunk by chunk through
 // the staging windows.
 #include "optim/adamw_stream.h"
+#include "core/memory_ledger.h"
 #include <algorithm>
 #include "core/dtype.h"
 #include "ops/elementwise.h"
@@ -22,6 +23,7 @@ Status AdamWStreamer::init(OptimizerState* state, bool gated, int64_t tail_begin
   if (!state->offloaded()) return Status::ok();
   windows_.resize(kWindows);
   for (Window& w : windows_) {
+    MemoryScope scope(MemPart::optimizer_staging);
     NB_TRY(Buffer::allocate(&w.stage, DType::f32, state->device(), {3 * state->chunk_elems()}));
     NB_TRY(w.in_done.create(state->device()));
     NB_TRY(w.updated.create(state->device()));

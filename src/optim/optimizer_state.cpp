@@ -38,15 +38,19 @@ int64_t OptimizerState::offloaded_elems(int64_t len, const Placement& p) {
   return want == 0 ? 0 : len - (len - want) / kPageElems * kPageElems;
 }
 
+int64_t OptimizerState::chunk_for(int64_t len, const Placement& p) {
+  const int64_t chunk = std::max<int64_t>(kPageElems, (p.chunk_elems + kPageElems - 1) / kPageElems * kPageElems);
+  // No chunk longer than the host part (page-rounded): the staging windows are 3 chunks each.
+  const int64_t host = offloaded_elems(len, p);
+  return std::min(chunk, std::max<int64_t>(kPageElems, (host + kPageElems - 1) / kPageElems * kPageElems));
+}
+
 Status OptimizerState::allocate(Device dev, int64_t len, const Placement& p) {
   reset();
   dev_ = dev;
   len_ = len;
-  chunk_ = std::max<int64_t>(kPageElems, (p.chunk_elems + kPageElems - 1) / kPageElems * kPageElems);
   resident_ = len - offloaded_elems(len, p);
-  // No chunk longer than the host part (page-rounded): the staging windows are 3 chunks each.
-  chunk_ =
-      std::min(chunk_, std::max<int64_t>(kPageElems, (len - resident_ + kPageElems - 1) / kPageElems * kPageElems));
+  chunk_ = chunk_for(len, p);
   for (Buffer& b : dev_arrays_) NB_TRY(Buffer::allocate(&b, DType::f32, dev, {std::max<int64_t>(1, resident_)}));
   if (!offloaded()) return Status::ok();
   NB_TRY(in_.create(dev));

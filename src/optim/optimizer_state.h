@@ -35,6 +35,9 @@ class OptimizerState {
 
   // The elements of a shard of `len` that a placement keeps on the host, and the resident rest.
   static int64_t offloaded_elems(int64_t len, const Placement& p);
+  // The streaming chunk allocate() uses for a shard of `len`: the placement's, page-rounded, no longer than
+  // the host part (the staging windows are sized from it; the memory estimate calls this too).
+  static int64_t chunk_for(int64_t len, const Placement& p);
   Status allocate(Device dev, int64_t len, const Placement& p);
   void reset();
 

@@ -37,7 +37,7 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
-                     LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot) {
+                     LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot, bool dry) {
   role = role_;
   spec = s;
   cols = cols_;
@@ -74,6 +74,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   slot_bytes = 0;
   col_slot_bytes = 0;
   owned_bytes = 0;
+  allocated_bytes = 0;
   external_base = nullptr;
   external_bytes = 0;
   auto place = [&](Piece* p, bool transient, int64_t bytes, bool in_col_slot = false) -> Status {
@@ -92,7 +93,8 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
       return Status::ok();
     }
     owned_bytes += size_t(bytes);
-    return alloc_bytes(&p->owned, dev, bytes);
+    allocated_bytes += align256(size_t(bytes > 0 ? bytes : 1));
+    return dry ? Status::ok() : alloc_bytes(&p->owned, dev, bytes);
   };
   NB_TRY(place(&row_data, row_transient, data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
@@ -102,9 +104,11 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   }
   if (workspace) workspace->reserve(slot, slot_bytes);
   if (workspace && col_slot_bytes > 0) workspace->reserve(col_slot, col_slot_bytes);
+  owned_bytes += kStateFloats * 4 + kStateInts * 4;
+  allocated_bytes += align256(kStateFloats * 4) + align256(kStateInts * 4);
+  if (dry) return Status::ok();
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));
-  owned_bytes += kStateFloats * 4 + kStateInts * 4;
   float f[kStateFloats] = {};
   f[kScale] = f[kScaleInv] = 1.f;
   int i[kStateInts] = {0, 0};
@@ -236,16 +240,16 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   return Status::ok();
 }
 
-Status QCopies::keep_dequantized(int64_t rows_cap) {
+Status QCopies::keep_dequantized(int64_t rows_cap, bool dry) {
   const bool emulated = spec.fmt == Fmt::mxfp8 || spec.fmt == Fmt::nvfp4;
   if (!emulated || dev != Device::cuda || workspace != nullptr) return Status::ok();
   const int64_t n = rows_cap * cols;
+  const int copies = !col_is_row && !row_only ? 2 : 1;
+  owned_bytes += size_t(copies) * size_t(n) * 2;
+  allocated_bytes += size_t(copies) * align256(size_t(n) * 2);
+  if (dry) return Status::ok();
   NB_TRY(Buffer::allocate(&dequant_row, DType::bf16, dev, {n}));
-  owned_bytes += size_t(n) * 2;
-  if (!col_is_row && !row_only) {
-    NB_TRY(Buffer::allocate(&dequant_col, DType::bf16, dev, {n}));
-    owned_bytes += size_t(n) * 2;
-  }
+  if (copies == 2) NB_TRY(Buffer::allocate(&dequant_col, DType::bf16, dev, {n}));
   return Status::ok();
 }
 

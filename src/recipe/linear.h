@@ -120,6 +120,15 @@ class Linear {
   Status init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
               int64_t in_features, int64_t out_features, Device dev,
               std::shared_ptr<LinearWorkspace> workspace = nullptr, bool frozen = false, int input_col_slot = -1);
+  // The memory estimate's view of init: *owned = the device bytes (as allocated, 256-byte pieces) this Linear
+  // would own, computed by init's own placement code without allocating; the workspace needs it would
+  // register go to `shared` (nullptr: a private workspace, counted in *owned). On the cpu backend the same
+  // layout in host memory (which bytes() leaves out).
+  // *weight (optional): the part of *owned that is the weight's copies, which a sharded weight
+  // (set_sharded_weight) does not own.
+  static Status plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
+                           int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen,
+                           int input_col_slot, size_t* owned, size_t* weight = nullptr);
   // A Linear whose input column copy lives in a shared slot (init's input_col_slot): quantizes x as forward()
   // would (the copies backward's Wgrad reads) without the Fprop GEMM, for a recomputed forward that does not
   // need this Linear's output. input_copy_shared() says whether such a Linear needs it.
@@ -202,6 +211,9 @@ class Linear {
   struct Impl;  // linear.cpp
 
  private:
+  Status init_impl(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
+                   int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace,
+                   bool frozen, int input_col_slot, bool dry);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -90,6 +90,7 @@ struct QCopies {
   LinearWorkspace::Slot col_slot = LinearWorkspace::Slot::input_col0;
   size_t col_slot_bytes = 0;
   size_t owned_bytes = 0;       // bytes of the owned pieces and the state block
+  size_t allocated_bytes = 0;   // the same as the allocator holds them (each piece a 256-byte multiple)
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
   bool has_history = false;     // delayed scaling: some step's amax was recorded (else current scaling)
   bool used_in_step = false;
@@ -98,14 +99,16 @@ struct QCopies {
   // role's pieces) go into the workspace, whose need is registered here. row_only: no column-wise pieces.
   // external: every piece in external memory (see external_base), none owned; workspace must be nullptr.
   // input_col_slot >= 0 (the input role, a workspace given): its column pieces go to slot input_col0 + that.
+  // dry: lays the pieces out and registers the workspace needs (owned_bytes, allocated_bytes) without
+  // allocating anything: the memory estimate's path (Linear::plan_bytes).
   Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace,
-              bool row_only = false, bool external = false, int input_col_slot = -1);
+              bool row_only = false, bool external = false, int input_col_slot = -1, bool dry = false);
   // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row or row_only),
   // then folds flag/amax into the state.
   Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
   // Owned-copies roles (the weight) of an emulated format on cuda: from now on each quantize also keeps
   // the BF16 dequantization of its copies, sized for `rows_cap` rows as init was (a no-op elsewhere).
-  Status keep_dequantized(int64_t rows_cap);
+  Status keep_dequantized(int64_t rows_cap, bool dry = false);
   gemm::QOperand row_operand() const;  // [rows, cols]
   gemm::QOperand col_operand() const;  // [cols, rows] (col_is_row: the row copy, stored [rows, cols])
   // The column operand with its data at `data` (the column copy's layout); its scales and amax are this

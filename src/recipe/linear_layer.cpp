@@ -55,7 +55,7 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
 
 // The quantized copies of a quantized layer, placed per linear.h (frozen: no column-wise input or grad
 // copy; a per-tensor FP8 weight's column copy is a workspace transient).
-static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> workspace) {
+static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> workspace, bool dry = false) {
   const Recipe& r = impl->recipe;
   const std::string& name = impl->name;
   const RoleSpec* roles[3] = {&r.input, &r.weight, &r.grad};
@@ -89,12 +89,14 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
   const bool frozen = impl->frozen;
   impl->weight_transposed_on_use = frozen && (r.weight.fmt == Fmt::fp8_e4m3 || r.weight.fmt == Fmt::fp8_e5m2);
   NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen, false,
-                         private_workspace ? -1 : impl->input_col_slot));
-  NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use));
-  if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out).context("linear '" + name + "' weight"));
-  NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen));
+                         private_workspace ? -1 : impl->input_col_slot, dry));
+  NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use, false,
+                         -1, dry));
+  if (r.keep_dequantized_weights)
+    NB_TRY(impl->q[1].keep_dequantized(out, dry).context("linear '" + name + "' weight"));
+  NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen, false, -1, dry));
   if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
-  if (private_workspace) NB_TRY(ws->allocate().context("linear '" + name + "'"));
+  if (private_workspace && !dry) NB_TRY(ws->allocate().context("linear '" + name + "'"));
   for (QCopies& c : impl->q)
     if (r.fp8_scaling == Fp8Scaling::delayed)
       c.delayed = fp8::DelayedScaling(c.delayed.format, int(r.amax_history_len));
@@ -104,6 +106,32 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
 Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id, int64_t max_tokens,
                     int64_t in_features, int64_t out_features, Device dev, std::shared_ptr<LinearWorkspace> workspace,
                     bool frozen, int input_col_slot) {
+  return init_impl(r, bf16_layer, name, tensor_id, max_tokens, in_features, out_features, dev, std::move(workspace),
+                   frozen, input_col_slot, false);
+}
+
+// What init would allocate, from the same placement code run dry: the bytes this Linear would own and, in
+// the workspace (the caller's shared one; nullptr: a private one, counted as owned), the needs it registers.
+Status Linear::plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
+                          int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen, int input_col_slot,
+                          size_t* owned, size_t* weight) {
+  *owned = 0;
+  if (weight) *weight = 0;
+  std::shared_ptr<LinearWorkspace> ws;
+  if (shared) ws = std::shared_ptr<LinearWorkspace>(shared, [](LinearWorkspace*) {});  // not owned here
+  Linear probe;
+  NB_TRY(probe.init_impl(r, bf16_layer, "estimate", 0, max_tokens, in_features, out_features, dev, ws, frozen,
+                         input_col_slot, true));
+  if (probe.impl_->all_bf16) return Status::ok();
+  for (const QCopies& c : probe.impl_->q) *owned += c.allocated_bytes;
+  if (weight) *weight = probe.impl_->q[int(Role::weight)].allocated_bytes;
+  if (!shared && probe.impl_->workspace) *owned += probe.impl_->workspace->planned_bytes();  // init allocates it
+  return Status::ok();
+}
+
+Status Linear::init_impl(const Recipe& r, bool bf16_layer, const std::string& name, uint32_t tensor_id,
+                         int64_t max_tokens, int64_t in_features, int64_t out_features, Device dev,
+                         std::shared_ptr<LinearWorkspace> workspace, bool frozen, int input_col_slot, bool dry) {
   if (tensor_id >= (1u << 24))
     return errorf("linear '%s': tensor_id %u is too large for the SR key (at most 2^24 - 1)", name.c_str(), tensor_id);
   if (max_tokens <= 0 || in_features <= 0 || out_features <= 0)
@@ -128,7 +156,7 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
   impl->in = in_features;
   impl->out = out_features;
   impl->dev = dev;
-  if (!impl->all_bf16) NB_TRY(init_copies(impl.get(), std::move(workspace)));
+  if (!impl->all_bf16) NB_TRY(init_copies(impl.get(), std::move(workspace), dry));
   impl_ = std::move(impl);
   return Status::ok();
 }

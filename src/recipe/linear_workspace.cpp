@@ -22,6 +22,12 @@ size_t LinearWorkspace::bytes() const {
   return n;
 }
 
+size_t LinearWorkspace::planned_bytes() const {
+  size_t n = 0;
+  for (size_t need : need_) n += need > 0 ? (need + 255) / 256 * 256 : 0;
+  return n;
+}
+
 Status LinearWorkspace::grow(Slot slot, size_t bytes) {
   const int i = int(slot);
   if (bytes <= allocated_[i]) return Status::ok();

@@ -46,6 +46,9 @@ class LinearWorkspace {
   Status allocate();
   // Bytes allocated now, all slots (host bytes on the cpu backend).
   size_t bytes() const;
+  // Bytes allocate() would hold for the needs registered so far (each slot a 256-byte multiple, as the
+  // allocator holds it): the memory estimate's figure for the workspace.
+  size_t planned_bytes() const;
   // Makes `slot` at least `bytes` long (registering the need, growing if needed) and returns its memory.
   // The pointer stays valid until the next call that grows this slot.
   Status acquire(Slot slot, size_t bytes, uint8_t** out);

@@ -1,6 +1,7 @@
 // Trainer loop phases: step (micro-batches, gradient norm, clipping, AdamW), evaluate, the checkpoint
 // triggers (--save-interval, --exit-interval, SIGTERM) and the end-of-run summary.
 #include "train/trainer.h"
+#include "core/memory_ledger.h"
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -339,7 +340,8 @@ Status Trainer::train(TrainSummary* summary) {
     m.tokens_per_s = tokens_per_gpu / (step_ms / 1000.0);
     m.tflops = flops_per_token_ * tokens_per_gpu / (step_ms / 1000.0) / 1e12;
     m.mfu = peak_tflops_ > 0 ? m.tflops / peak_tflops_ : 0;
-    m.peak_mem_gib = dev_ == Device::cuda ? gib(peak_mem_) : gib(param_bytes_ + act_bytes_);
+    // The device's memory in use (nibble's and the libraries'); the CPU backend's allocator high-water mark.
+    m.peak_mem_gib = dev_ == Device::cuda ? gib(peak_mem_) : gib(double(ledger_snapshot(dev_).total.peak));
     const double mean_ms = timed_steps ? time_sum_ms / double(timed_steps) : step_ms;
     m.eta_s = mean_ms / 1000.0 * double(cfg_.train_iters - iteration_);
     if (iteration_ % cfg_.log_interval == 0 || iteration_ == cfg_.train_iters)
@@ -385,6 +387,7 @@ Status Trainer::train(TrainSummary* summary) {
   summary->mfu = peak_tflops_ > 0 ? summary->tflops / peak_tflops_ : 0;
   summary->peak_mem_gib = m.peak_mem_gib;
   report(*summary);
+  if (logging_rank()) report_memory();
   return Status::ok();
 }
 
@@ -392,6 +395,7 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("\n==================== nibble train: summary ====================\n");
   std::printf("| %-34s | %-22s |\n", "device", device_name_.c_str());
   std::printf("| %-34s | %-22s |\n", "model", model_cfg_.name.c_str());
+  std::printf("| %-34s | %-22s |\n", "recipe (as run)", recipe_as_run_.c_str());
   std::printf("| %-34s | %22lld |\n", "steps run (from iteration)", (long long)s.steps);
   if (s.start_iteration > 0)
     std::printf("| %-34s | %22lld |\n", "resumed after iteration", (long long)s.start_iteration);
@@ -405,6 +409,8 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("| %-34s | %22.1f |\n", "model TFLOP/s/GPU", s.tflops);
   if (peak_tflops_ > 0) std::printf("| %-34s | %21.1f%% |\n", "MFU", 100.0 * s.mfu);
   std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", s.peak_mem_gib);
+  // nibble's own allocations at their most over the whole run, the final evaluation and save included.
+  std::printf("| %-34s | %22.2f |\n", "allocator peak (GiB)", gib(double(ledger_snapshot(dev_).total.peak)));
   std::printf("| %-34s | %22.1f |\n", "optimizer update (ms, mean)", s.optimizer_ms);
   const optim::OptimizerState& state = model_.params().optimizer_state();
   if (state.offloaded())

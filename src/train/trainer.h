@@ -24,6 +24,7 @@
 #include "distributed/grad_sync.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
+#include "train/memory_estimate.h"
 #include "train/metrics.h"
 #include "train/tensorboard_log.h"
 #include "train/train_config.h"
@@ -48,6 +49,14 @@ class Trainer {
   Trainer();
   ~Trainer();
   Status setup(TrainConfig cfg);
+  // `nibble train --dry-run`: resolves the configuration and prints the memory estimate per rank for a
+  // planned machine, with no GPU, no weights and no data read; *fits says whether the job fits.
+  struct DryRun {
+    int ranks = 1, ranks_per_node = 1;
+    double gpu_bytes = 0;   // the card's memory (a CUDA context is taken off it)
+    double host_bytes = 0;  // one machine's memory for page-locked state and checkpoint copies
+  };
+  Status dry_run(TrainConfig cfg, const DryRun& plan, bool* fits);
   Status train(TrainSummary* summary);  // load, loop (step, evaluate, save), final save
 
  private:
@@ -56,10 +65,14 @@ class Trainer {
   Status check_tokenizer();
   Status pick_device();
   void print_plan();
+  // memory phases (trainer_memory.cpp)
+  MemoryJob memory_job() const;  // the job as the estimate sees it (train/memory_estimate.h)
   Status estimate_memory();
-  Status check_host_memory();
-  std::string offload_fraction_advice(
-      double need) const;  // --optimizer-cpu-offload: the host part fits this machine's memory
+  Status check_host_memory();  // --optimizer-cpu-offload: the host part fits this machine's memory
+  std::string offload_fraction_advice(double need) const;
+  std::string does_not_fit_message(const MemoryJob& job, double free, double host, int gpus) const;
+  Status explain_out_of_memory(const Status& st) const;
+  void report_memory() const;
   Status build_model();
   Status build_data();
   Status build_sft_data();
@@ -94,6 +107,7 @@ class Trainer {
   Status with_surviving_checkpoint(const Status& failed) const;
   // data-parallel phases (trainer_dist.cpp)
   Status detect_ranks();            // before resolve_config: rank, world size (= data-parallel size)
+  Status apply_world();             // ... and what the world size sets (also --dry-run's planned ranks)
   Status connect_ranks();           // after pick_device: the rendezvous store and the communicator
   Status reduce_gradients();        // sum over ranks: all-reduce (DDP) or reduce-scatter into the shard
   Status gather_updated_weights();  // distributed optimizer: every rank's updated compute-copy shard
@@ -135,14 +149,13 @@ class Trainer {
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp
-  double input_column_copy_bytes() const;
-  static double gathered_bytes_per_weight(const recipe::Recipe& r);
   std::unique_ptr<FsdpSync> fsdp_;  // instead, with Megatron-FSDP's optim_grads or optim_grads_params
   void settle_collectives();        // the default stream waits for gathers and reductions in flight
   double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;  // the last step's FSDP traffic, bytes per rank
   bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
+  std::string recipe_as_run_;      // the summary's name for what ran (print_plan: a recipe may quantize nothing)
   recipe::Recipe anneal_recipe_;   // precision annealing: the recipe after the switch (bf16_mixed when off)
   int64_t anneal_step_ = 0;        // S: steps 1..S run recipe_, steps S+1.. anneal_recipe_ (0 = no annealing)
   bool annealed_ = false;          // the model runs anneal_recipe_ now
@@ -153,7 +166,8 @@ class Trainer {
   int cc_major_ = 0, cc_minor_ = 0;
   int64_t accum_ = 1, tokens_per_step_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 0;
-  double param_bytes_ = 0, act_bytes_ = 0, workspace_bytes_ = 0;
+  MemoryEstimate estimate_;  // before step 1, per rank (train/memory_estimate.h)
+  bool dry_run_ = false;     // --dry-run: nothing is written, no GPU touched
   size_t free_bytes_ = 0, total_bytes_ = 0, base_used_ = 0;
   LlamaModel model_;
   LoraSpec lora_spec_;

@@ -3,6 +3,7 @@
 // live in separate state blocks, and a gather and a scatter (one kernel each on CUDA) are cheaper than
 // 3 collectives per Linear (384 for a 32-layer model).
 #include "recipe/amax_gather.h"
+#include "core/memory_ledger.h"
 #include "train/amax_reduce.h"
 #include "train/trainer.h"
 
@@ -15,6 +16,7 @@ Status all_reduce_step_amaxes(const LlamaModel& model, dist::Communicator& comm,
   const auto n = int64_t(amaxes.size());
   const Device dev = amaxes[0].device;
   const Tensor& t = scratch->tensor();
+  MemoryScope scope(MemPart::comm_buffers);
   if (!scratch->data() || t.numel() != n || t.device != dev) NB_TRY(Buffer::allocate(scratch, DType::f32, dev, {n}));
   NB_TRY(recipe::gather_amaxes(amaxes, scratch->tensor(), nullptr));
   NB_TRY(comm.all_reduce(scratch->tensor(), dist::ReduceOp::max, nullptr).context("FP8 amax reduction"));

@@ -14,6 +14,11 @@ namespace nb {
 // Before the configuration is resolved: the data-parallel size divides the global batch.
 Status Trainer::detect_ranks() {
   NB_TRY(dist::detect_world(&world_));
+  return apply_world();
+}
+
+// What the rank count sets: the data-parallel size, the optimizer's sharding, the bucket, rank 0's logging.
+Status Trainer::apply_world() {
   cfg_.data_parallel = world_.size;
   const std::string strategy = cfg_.sharding_strategy();
   // LoRA: the adapters are small and stay whole on every rank; only optim_grads_params changes anything, by

@@ -15,39 +15,6 @@
 
 namespace nb {
 
-namespace {
-
-double gib(double bytes) { return bytes / 1073741824.0; }
-
-std::string oom_advice(const TrainConfig& c, double need_gib, double free_gib) {
-  // Weights, gradients and AdamW state shrink with more ranks only when sharded; with LoRA only the frozen
-  // base is worth sharding (the adapters are small).
-  std::string more;
-  if (c.peft == "lora")
-    more = c.sharding_strategy() != "optim_grads_params" || c.data_parallel == 1
-               ? "; or shard the frozen base over N GPUs: --nproc-per-node N --use-megatron-fsdp "
-                 "--data-parallel-sharding-strategy optim_grads_params (1/N of the base per GPU), or a smaller "
-                 "--lora-base-precision"
-               : "; or add GPUs (the frozen base is sharded over " + std::to_string(c.data_parallel) +
-                     "), or a smaller --lora-base-precision";
-  else if (c.data_parallel == 1)
-    more =
-        "; or train on more GPUs with --use-distributed-optimizer (6 + 12/N bytes per parameter on N GPUs "
-        "instead of 18) or --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N)";
-  else if (c.sharding_strategy() != "optim_grads_params")
-    more = "; or shard more over the " + std::to_string(c.data_parallel) +
-           " GPUs: --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params (18/N bytes per parameter)";
-  else
-    more = "; or add GPUs (weights, gradients and optimizer state are sharded over " + std::to_string(c.data_parallel) +
-           ")";
-  return strprintf(
-      "needs about %.2f GiB of GPU memory but %.2f GiB is free; lower --micro-batch-size (now %lld), "
-      "use --recompute selective or full (now %s), or shorten --seq-length (now %lld)%s",
-      need_gib, free_gib, (long long)c.micro_batch_size, c.recompute.c_str(), (long long)c.seq_length, more.c_str());
-}
-
-}  // namespace
-
 Status Trainer::setup(TrainConfig cfg) {
   cfg_ = std::move(cfg);
   NB_TRY(detect_ranks());
@@ -188,13 +155,23 @@ void Trainer::print_plan() {
     l = e + 1;
   }
   std::printf("  embedding, attention, norms, LM head and loss: bf16; master weights, gradients, AdamW: fp32\n");
+  int64_t quantized = 0;
+  for (int64_t l = 0; l < m.layers; ++l) quantized += recipe_.quantized() && !recipe_.layer_in_bf16(l, m.layers);
+  recipe_as_run_ = recipe_.name;
+  if (recipe_.quantized() && quantized == 0) {
+    recipe_as_run_ = "bf16 (" + recipe_.name + " keeps every layer of this model in BF16)";
+    NB_LOG_WARN("recipe %s quantizes no Linear of this %lld-layer model (its BF16 layers cover them all): the run is "
+                "a BF16 run, and its summary says so; use a model with more layers or fewer BF16 layers "
+                "(--num-layers-at-start-in-bf16, --num-layers-at-end-in-bf16)",
+                recipe_.name.c_str(), (long long)m.layers);
+  }
   if (cfg_.deterministic_mode && dev_ == Device::cuda)
     std::printf("deterministic mode: attention backward without the atomic dQ accumulator, GEMMs without split-K%s\n",
                 world_.distributed() ? ", NCCL Ring/Simple unless NCCL_ALGO/NCCL_PROTO are set" : "");
   print_lora_plan();
   print_anneal_plan();
   if (!cfg_.save.empty()) {
-    if (logging_rank()) std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
+    if (logging_rank() && !dry_run_) std::ofstream(cfg_.save + "/config.toml") << format_config(cfg_);
     if (cfg_.save_interval > 0 || cfg_.exit_interval > 0)
       std::printf("checkpoints: %s every %lld iterations%s%s, keep %s, %s writes\n", cfg_.save.c_str(),
                   (long long)cfg_.save_interval, cfg_.save_interval > 0 ? " and at the end" : " (none)",
@@ -212,157 +189,13 @@ bool Trainer::training_format_gather() const {
          cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
 }
 
-// Bytes per weight element of what a training-format gather moves (recipe/linear.h: the copies it gathers).
-double Trainer::gathered_bytes_per_weight(const recipe::Recipe& r) {
-  switch (r.weight.fmt) {
-    case recipe::Fmt::nvfp4: return r.weight.two_d ? 0.5625 : 1.125;
-    case recipe::Fmt::mxfp8: return 2.0625;
-    case recipe::Fmt::fp8_block128x128: return 2.0;
-    default: return 1.0;
-  }
-}
-
-// The quantized inputs' column copies Wgrad reads: one per linear of every quantized layer, or with full
-// recompute one per linear of a layer (shared workspace slots, recipe/linear_workspace.h).
-double Trainer::input_column_copy_bytes() const {
-  double per_element = 1.0;  // per-tensor FP8
-  switch (recipe_.input.fmt) {
-    case recipe::Fmt::nvfp4: per_element = 0.5625; break;
-    case recipe::Fmt::mxfp8: per_element = 1.03125; break;
-    case recipe::Fmt::fp8_block128: per_element = 1.03125; break;
-    default: break;
-  }
-  const double in_per_layer = 3.0 * double(model_cfg_.hidden) + double(model_cfg_.ffn);  // qkv, o, gate_up, down
-  int64_t quantized = 0;
-  for (int64_t l = 0; l < model_cfg_.layers; ++l) quantized += recipe_.layer_in_bf16(l, model_cfg_.layers) ? 0 : 1;
-  const double layers = recompute_ == Recompute::full ? 1.0 : double(quantized);
-  return per_element * double(cfg_.micro_batch_size * cfg_.seq_length) * in_per_layer * layers;
-}
-
-Status Trainer::estimate_memory() {
-  const MicroBatchShape shape{cfg_.micro_batch_size, cfg_.seq_length};
-  const LoraSpec* lora_spec = lora() ? &lora_spec_ : nullptr;
-  // Precision annealing plans for both recipes from the start (trainer_anneal.cpp).
-  const recipe::Recipe params_plan = param_plan_recipe(), acts_plan = activation_plan_recipe();
-  // LoRA under optim_grads_params: 1/N of the frozen base per rank plus its gathered windows.
-  const int base_shards = model_.fsdp == LlamaModel::Fsdp::optim_grads_params ? model_.optimizer_shard_count : 1;
-  // --fsdp-embeddings-per-step counts only where the windows do (sharded, more than one rank).
-  const bool per_step = cfg_.fsdp_embeddings_per_step;
-  param_bytes_ =
-      lora() ? double(LlamaModel::lora_parameter_bytes(model_cfg_, dev_, recipe_, lora_spec_, base_shards, per_step))
-             : double(LlamaModel::parameter_bytes(model_cfg_, dev_, params_plan, model_.optimizer_shard_count,
-                                                  model_.optimizer_placement, model_.fsdp, per_step));
-  act_bytes_ = double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, shape, recompute_, acts_plan, lora_spec));
-  // cuBLASLt/cuDNN workspaces and allocator slack; quantized recipes add their weight and input copies
-  // and the BF16 scratch of emulated GEMMs (estimated: about 1 byte per linear weight element).
-  workspace_bytes_ = dev_ == Device::cuda ? 512.0 * 1048576 : 0;
-  const int64_t largest_linear =
-      model_cfg_.hidden * std::max(2 * model_cfg_.ffn, model_cfg_.q_dim() + 2 * model_cfg_.kv_dim());
-  if (recipe_.quantized() && lora())  // the transient copies and the BF16 scratch of one emulated GEMM at a time
-    workspace_bytes_ += 3.0 * double(largest_linear) + 4.0 * double(cfg_.micro_batch_size * cfg_.seq_length) *
-                                                           double(std::max(model_cfg_.ffn, model_cfg_.hidden) * 2);
-  else if (training_format_gather())  // quantized windows, staging, inputs' column copies, a BF16 scratch
-    workspace_bytes_ += gathered_bytes_per_weight(recipe_) * 5.0 *  // 4 windows, the staging (1 layer)
-                            double(model_cfg_.linear_params_per_layer()) +
-                        input_column_copy_bytes() + 4.0 * double(largest_linear);
-  else if (recipe_.quantized() || anneal_recipe_.quantized())  // the two recipes' copies never coexist
-    workspace_bytes_ += double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
-  if (recipe_.keep_dequantized_weights && !training_format_gather()) {  // BF16 copies: one (2D NVFP4) or two
-    const bool two = recipe_.weight.fmt == recipe::Fmt::mxfp8 || !recipe_.weight.two_d;
-    workspace_bytes_ += (two ? 4.0 : 2.0) * double(model_cfg_.matmul_params() - model_cfg_.hidden * model_cfg_.vocab);
-  }
-  // NCCL's communicator buffers and the side stream's handles: what the 8B's BF16 Megatron-FSDP run on two
-  // H100s measured beyond its planned bytes (docs/DISTRIBUTED.md).
-  if (world_.size > 1 && dev_ == Device::cuda) workspace_bytes_ += 0.75 * 1073741824.0;
-  if (world_.size > 1 && cfg_.grad_reduce_in_bf16 && !lora()) {
-    const int64_t all = model_cfg_.total_params(), bucket = model_.optimizer_bucket_elems;
-    if (model_.fsdp != LlamaModel::Fsdp::off)  // one piece of every rank's chunk (distributed/fsdp.h)
-      workspace_bytes_ += double(FsdpSync::bf16_scratch_bytes());
-    else  // one bucket in BF16 (train/grad_sync.h)
-      workspace_bytes_ += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
-  }
-  device_memory_info(&free_bytes_, &total_bytes_);
-  const double need = param_bytes_ + act_bytes_ + workspace_bytes_;
-  std::printf(
-      "memory estimate: %s %.2f GiB (%.1f bytes/param), activations %.2f GiB per micro-batch "
-      "of %lld, workspaces %.2f GiB, total %.2f GiB",
-      lora() ? "frozen base + adapters with AdamW" : "weights+grads+AdamW", gib(param_bytes_),
-      param_bytes_ / double(model_cfg_.total_params()), gib(act_bytes_), (long long)cfg_.micro_batch_size,
-      gib(workspace_bytes_), gib(need));
-  base_used_ = total_bytes_ - free_bytes_;
-  if (dev_ != Device::cuda) {
-    std::printf("\n");
-    return check_host_memory();
-  }
-  int64_t best = 0;
-  for (int64_t mbs = 1; mbs <= 1024; mbs *= 2) {
-    const double n = param_bytes_ + workspace_bytes_ +
-                     double(LlamaModel::plan_activation_bytes(model_cfg_, dev_, {mbs, cfg_.seq_length}, recompute_,
-                                                              acts_plan, lora_spec));
-    if (n <= double(free_bytes_))
-      best = mbs;
-    else
-      break;
-  }
-  std::printf("; %.2f GiB free of %.2f GiB: largest micro-batch that fits %lld%s\n", gib(double(free_bytes_)),
-              gib(double(total_bytes_)), (long long)best, offload_fraction_advice(need).c_str());
-  NB_TRY(check_host_memory());
-  if (need > double(free_bytes_))
-    return Status::error("out of GPU memory before step 1: this job " +
-                         oom_advice(cfg_, gib(need), gib(double(free_bytes_))));
-  return Status::ok();
-}
-
-// With offload, the least share of the state in host memory that still fits the GPU at this micro-batch
-// (less streaming per step), keeping 3% of the free memory as slack.
-std::string Trainer::offload_fraction_advice(double need) const {
-  const optim::Placement& pl = model_.optimizer_placement;
-  if (!(pl.offload_fraction > 0)) return "";
-  const int64_t shard_elems = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
-  const double shard = double(shard_elems);
-  const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(shard_elems, pl)));
-  const double room = 0.97 * double(free_bytes_) - (need - on_device);  // for the resident state
-  const double least = std::ceil(100.0 * std::clamp(1.0 - room / (12.0 * shard), 0.0, 1.0)) / 100.0;
-  return strprintf("; least --optimizer-offload-fraction that fits: %.2f", least);
-}
-
-// --optimizer-cpu-offload: the share of master, m and v this rank keeps in page-locked host memory must fit
-// the host beside the other ranks of this machine, or the job stops before anything is allocated.
-Status Trainer::check_host_memory() {
-  const optim::Placement& pl = model_.optimizer_placement;
-  if (!(pl.offload_fraction > 0)) return Status::ok();
-  const int64_t shard = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
-  const double mine = 12.0 * double(optim::OptimizerState::offloaded_elems(shard, pl));
-  const double node = mine * double(world_.local_size), avail = optim::host_memory_available_bytes();
-  std::printf(
-      "host memory: optimizer state offloaded %.0f%% (%.2f GiB page-locked per rank, %d rank%s here), "
-      "%.2f GiB available\n",
-      100.0 * pl.offload_fraction, gib(mine), world_.local_size, world_.local_size > 1 ? "s" : "", gib(avail));
-  if (avail <= 0 || node <= avail * 0.95) return Status::ok();
-  const double fits = std::floor(100.0 * pl.offload_fraction * avail * 0.95 / node) / 100.0;
-  return errorf(
-      "the offloaded optimizer state needs %.2f GiB of page-locked host memory on this machine (%.0f%% of 12 "
-      "bytes x %lld parameters%s) but %.2f GiB is available; pass --optimizer-offload-fraction %.2f or less (the "
-      "rest stays on the GPU), use more machines, or free host memory",
-      gib(node), 100.0 * pl.offload_fraction, (long long)shard,
-      world_.local_size > 1 ? strprintf(" on each of %d ranks", world_.local_size).c_str() : "", gib(avail), fits);
-}
-
 Status Trainer::build_model() {
   if (lora()) model_.set_lora(lora_spec_, lora_base_.get());
   plan_anneal();
   model_.fsdp_training_format_gathers = training_format_gather();
   Status st =
       model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
-  if (!st) {
-    if (st.message().find("out of GPU memory") != std::string::npos)
-      return Status::error(
-          "out of GPU memory while allocating: this job " +
-          oom_advice(cfg_, gib(param_bytes_ + act_bytes_ + workspace_bytes_), gib(double(free_bytes_))));
-    return st;
-  }
-  if (recipe_.quantized())  // the estimate above guessed these; now they are allocated and known
-    std::printf("quantized copies held by the linear layers: %.2f GiB\n", gib(double(model_.quantized_copy_bytes())));
+  if (!st) return explain_out_of_memory(st);
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
   step_labels_.resize(step_tokens_.size());

@@ -1,0 +1,55 @@
+// The memory estimate's view of what LlamaModel::init allocates besides parameters and activations: the
+// Linears' quantized copies and their shared workspace (sized by recipe::Linear's own placement code, run
+// dry over the same LinearSpec list build_linears uses), the weight stage, and the emulated GEMMs' scratch
+// (gemm::detail::plan_emulation, the function that sizes it at run time).
+#include <algorithm>
+#include "gemm/gemm_quantized.h"
+#include "model/llama_model.h"
+
+namespace nb {
+
+namespace {
+
+// The emulated MXFP8/NVFP4 GEMMs of one Linear (Fprop [T, out, in], Dgrad [T, in, out], Wgrad [out, in, T]):
+// the largest scratch any of them asks for. keep: the weight is given dequantized (Recipe::keep_dequantized_
+// weights), so Fprop and Dgrad dequantize only the other operand; frozen: no Wgrad.
+size_t emulated_need(int64_t tokens, int64_t in, int64_t out, bool keep, bool frozen) {
+  using gemm::detail::plan_emulation;
+  size_t need = std::max(plan_emulation(tokens, out, in, false, keep).scratch_bytes,
+                         plan_emulation(tokens, in, out, false, keep).scratch_bytes);
+  if (!frozen) need = std::max(need, plan_emulation(out, in, tokens).scratch_bytes);
+  return need;
+}
+
+}  // namespace
+
+Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                      const recipe::Recipe& recipe, bool frozen, bool master_only,
+                                      bool sharded_weights, LinearMemory* out) {
+  *out = LinearMemory{};
+  if (!recipe.quantized()) return Status::ok();
+  recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
+  const bool emulated =  // on cuda (Hopper): the CPU backend computes its GEMMs from the dequantized values
+      dev == Device::cuda && (recipe.weight.fmt == recipe::Fmt::mxfp8 || recipe.weight.fmt == recipe::Fmt::nvfp4);
+  size_t scratch = 0;
+  bool any_quantized = false;
+  for (const LinearSpec& sp : linear_specs(cfg, recipe, rc)) {
+    size_t owned = 0, weight = 0;
+    NB_TRY(recipe::Linear::plan_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.in, sp.out, dev, &ws, frozen,
+                                      sp.input_col_slot, &owned, &weight));
+    // A sharded weight's copies live in Megatron-FSDP's windows (counted with them), not in the Linear.
+    out->owned += int64_t(owned - (sharded_weights ? weight : 0));
+    if (sp.bf16_layer) continue;
+    any_quantized = true;
+    if (emulated)
+      scratch = std::max(scratch, emulated_need(shape.tokens(), sp.in, sp.out, recipe.keep_dequantized_weights, frozen));
+  }
+  out->workspace = int64_t(ws.planned_bytes());
+  // gemm_emulated.cu grows its scratch to the need plus an eighth (headroom for the next shape).
+  if (scratch > 0) out->emulated_scratch = int64_t((scratch + scratch / 8 + 255) / 256 * 256);
+  if (any_quantized && (master_only || frozen))
+    out->weight_stage = (largest_linear_weight(cfg) * (dev == Device::cuda ? 2 : 4) + 255) / 256 * 256;
+  return Status::ok();
+}
+
+}  // namespace nb

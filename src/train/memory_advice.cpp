@@ -1,0 +1,136 @@
+// advise_memory (memory_estimate.h): the changes to a job that make it fit, each applied to the job and
+// checked by the estimate, so nothing is suggested that the estimate says would not fit. Single changes
+// first, in order of what they cost in step time; then pairs, when no single change fits.
+#include <algorithm>
+#include <functional>
+#include "optim/optimizer_state.h"
+#include "train/memory_estimate.h"
+
+namespace nb {
+
+namespace {
+
+struct Change {
+  int cost;   // rank: lower is cheaper in step time
+  int group;  // changes of one group (recompute, micro-batch, sharding and ranks, offload) never pair
+  std::string flags, what;
+  std::function<bool(MemoryJob*)> apply;  // false: does not apply to this job
+};
+
+bool fits(const MemoryJob& j, double free, double host, MemoryEstimate* e) {
+  if (!estimate_memory(j, e)) return false;
+  return e->device() <= free && (host <= 0 || e->host <= 0.95 * host);
+}
+
+std::string fsdp_flags(const std::string& strategy) {
+  if (strategy == "optim") return "--use-distributed-optimizer";
+  return "--use-megatron-fsdp --data-parallel-sharding-strategy " + strategy;
+}
+
+// The least offloaded share (in steps of 5%) that fits the GPU; 0 when even all of it does not.
+double least_offload(const MemoryJob& job, double free, double host) {
+  for (int pct = 5; pct <= 100; pct += 5) {
+    MemoryJob j = job;
+    j.placement.offload_fraction = pct / 100.0;
+    if (j.placement.chunk_elems <= 0) j.placement.chunk_elems = int64_t(64) * 1048576 / 4;
+    MemoryEstimate e;
+    if (fits(j, free, host, &e)) return pct / 100.0;
+  }
+  return 0;
+}
+
+std::vector<Change> candidate_changes(const MemoryJob& job, double free, double host, int gpus) {
+  std::vector<Change> c;
+  if (job.recompute == Recompute::none)
+    c.push_back({1, 0, "--recompute selective", "recomputes norms and SwiGLU: a few % of step time",
+                 [](MemoryJob* j) { return (j->recompute = Recompute::selective), true; }});
+  for (int64_t mbs = job.micro_batch / 2; mbs >= 1; mbs /= 2) {
+    MemoryJob j = job;
+    j.micro_batch = mbs;
+    MemoryEstimate e;
+    if (!fits(j, free, host, &e) && mbs > 1) continue;
+    c.push_back({2, 1, "--micro-batch-size " + std::to_string(mbs), "more accumulation steps, smaller GEMMs",
+                 [mbs](MemoryJob* x) { return (x->micro_batch = mbs), true; }});
+    break;
+  }
+  if (job.recompute != Recompute::full)
+    c.push_back({3, 0, "--recompute full", "each layer's forward runs twice: about a third more compute",
+                 [](MemoryJob* j) { return (j->recompute = Recompute::full), true; }});
+  // Stronger sharding over the same ranks: each strategy past the current one (LoRA: only the base's).
+  const char* kStrategies[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
+  int now = 0;
+  for (int s = 0; s < 4; ++s) now = job.strategy == kStrategies[s] ? s : now;
+  if (job.ranks > 1)
+    for (int s = std::max(now + 1, job.lora ? 3 : 1); s < 4; ++s)
+      c.push_back({3 + s, 2, fsdp_flags(kStrategies[s]), "shards over the ranks: more communication per step",
+                   [st = std::string(kStrategies[s])](MemoryJob* j) { return (j->strategy = st), true; }});
+  if (!job.lora && !(job.placement.offload_fraction > 0)) {
+    const double f = least_offload(job, free, host);
+    if (f > 0)
+      c.push_back({7, 3, "--optimizer-cpu-offload --optimizer-offload-fraction " + strprintf("%.2f", f),
+                   "the optimizer state streams from host memory each step",
+                   [f](MemoryJob* j) {
+                     j->placement.offload_fraction = f;
+                     if (j->placement.chunk_elems <= 0) j->placement.chunk_elems = int64_t(64) * 1048576 / 4;
+                     return true;
+                   }});
+  }
+  // More ranks of one machine (gpus bounds them), sharded: weights, gradients and state shrink with N;
+  // activations do not (that takes context parallelism, which nibble does not have yet).
+  for (int n = std::max(2, job.ranks * 2); n <= gpus; n *= 2) {
+    if (job.global_batch % (job.micro_batch * n) != 0) continue;
+    const std::string st = job.lora || job.shards() > 1 ? "optim_grads_params" : "optim";
+    for (const std::string& strategy : {st, std::string("optim_grads_params")}) {
+      c.push_back({8 + n, 2, "--nproc-per-node " + std::to_string(n) + " " + fsdp_flags(strategy),
+                   std::to_string(n) + " GPUs, sharded",
+                   [n, strategy](MemoryJob* j) {
+                     j->ranks = n;
+                     j->local_ranks = n;
+                     j->strategy = strategy;
+                     return true;
+                   }});
+      if (strategy == "optim_grads_params") break;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free, double host, int gpus, size_t limit) {
+  const std::vector<Change> changes = candidate_changes(job, free, host, gpus);
+  std::vector<MemoryAdvice> out;
+  auto try_apply = [&](const std::vector<const Change*>& set) {
+    MemoryJob j = job;
+    std::string flags, what;
+    for (const Change* c : set) {
+      if (!c->apply(&j)) return;
+      flags += (flags.empty() ? "" : " ") + c->flags;
+      what += (what.empty() ? "" : "; ") + c->what;
+    }
+    MemoryEstimate e;
+    if (fits(j, free, host, &e)) out.push_back({flags, what, e.device(), e.host});
+  };
+  // Single changes and pairs of changes from different groups, by summed cost (a single change first on a
+  // tie): two cheap local changes can beat more GPUs.
+  std::vector<std::pair<int, std::vector<const Change*>>> sets;
+  for (size_t a = 0; a < changes.size(); ++a) {
+    sets.push_back({2 * changes[a].cost, {&changes[a]}});
+    for (size_t b = a + 1; b < changes.size(); ++b)
+      if (changes[a].group != changes[b].group)
+        sets.push_back({2 * (changes[a].cost + changes[b].cost) + 1, {&changes[a], &changes[b]}});
+  }
+  std::stable_sort(sets.begin(), sets.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (const auto& [cost, set] : sets) {
+    if (out.size() >= limit) break;
+    // A pair whose first change fits alone says nothing more than that change.
+    if (set.size() == 2 && std::any_of(out.begin(), out.end(), [&](const MemoryAdvice& a) {
+          return a.flags == set[0]->flags || a.flags == set[1]->flags;
+        }))
+      continue;
+    try_apply(set);
+  }
+  return out;
+}
+
+}  // namespace nb

@@ -1,0 +1,235 @@
+// The memory estimate (memory_estimate.h): each row from the function that sizes that allocation.
+#include "train/memory_estimate.h"
+#include <algorithm>
+#include <cmath>
+#include "core/log.h"
+#include "distributed/fsdp.h"
+#include "optim/adamw_stream.h"
+#include "optim/optimizer_state.h"
+
+namespace nb {
+
+namespace {
+
+double gib(double b) { return b / 1073741824.0; }
+int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
+
+}  // namespace
+
+int MemoryJob::shards() const {
+  // LoRA: only optim_grads_params changes anything (it shards the frozen base); see detect_ranks.
+  const bool sharding = strategy != "no_shard" && ranks > 1 && (!lora || strategy == "optim_grads_params");
+  return sharding ? ranks : 1;
+}
+
+LlamaModel::Fsdp MemoryJob::fsdp() const {
+  if (shards() <= 1) return LlamaModel::Fsdp::off;
+  if (strategy == "optim_grads") return LlamaModel::Fsdp::optim_grads;
+  if (strategy == "optim_grads_params") return LlamaModel::Fsdp::optim_grads_params;
+  return LlamaModel::Fsdp::off;
+}
+
+// Megatron's default bucket: one without an overlap, else max(40M, 1M x ranks) elements.
+int64_t MemoryJob::bucket_elems() const {
+  if (ranks <= 1) return 0;
+  if (ddp_bucket_size > 0) return ddp_bucket_size;
+  return overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * ranks) : 0;
+}
+
+double MemoryEstimate::nibble() const {
+  double n = 0;
+  for (const Row& r : rows) n += r.bytes;
+  return n;
+}
+
+double MemoryEstimate::part(MemPart p) const {
+  double n = 0;
+  for (const Row& r : rows) n += r.part == p ? r.bytes : 0;
+  return n;
+}
+
+namespace {
+
+// The streaming windows of an offloaded state (optim/optimizer_state.cpp's chunk rule, adamw_stream.h).
+int64_t offload_staging_bytes(int64_t shard, const optim::Placement& pl) {
+  return int64_t(optim::AdamWStreamer::staging_bytes(optim::OptimizerState::chunk_for(shard, pl)));
+}
+
+// Weights, gradients and optimizer state (and Megatron-FSDP's windows of them), with the offload windows
+// as a row of their own.
+void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
+  const LlamaConfig& m = j.model;
+  const int shards = j.shards();
+  const bool offload = j.placement.offload_fraction > 0;
+  if (j.lora) {
+    const bool sharded_base = j.fsdp() == LlamaModel::Fsdp::optim_grads_params;
+    const double all = double(LlamaModel::lora_parameter_bytes(m, j.dev, j.recipe, j.lora_spec,
+                                                               sharded_base ? shards : 1, j.embeddings_per_step,
+                                                               /*quantized_linears=*/false));
+    // The adapters' store (FP32 master, grad, m, v + compute copy) and the frozen norms' gradient sink.
+    const double adapters = double(LlamaModel::lora_store_bytes(m, j.dev, j.lora_spec));
+    const double formula_adapters = double(lora_param_count(m, j.lora_spec) * (16 + (j.dev == Device::cuda ? 2 : 4)));
+    e->rows.push_back({MemPart::params, all - formula_adapters, "the frozen base's BF16 parts"});
+    e->rows.push_back({MemPart::lora, adapters, "adapters with AdamW state"});
+    return;
+  }
+  double bytes = double(LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(),
+                                                    j.embeddings_per_step));
+  if (offload) {
+    const double staging =
+        double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
+    bytes -= staging;
+    e->rows.push_back({MemPart::params, bytes, "weights + grads, the device share of the state"});
+    e->rows.push_back({MemPart::optimizer_staging, staging, "AdamWStreamer windows"});
+    return;
+  }
+  e->rows.push_back({MemPart::params, bytes, shards > 1 ? "sharded over " + std::to_string(shards) + " ranks"
+                                                        : "FP32 master, grad, m, v + compute copy"});
+}
+
+// The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run
+// releases the first recipe's Linears before the second's are made: the larger set counts.
+Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
+  const MicroBatchShape shape{j.micro_batch, j.seq};
+  const bool master_only = !j.lora && j.shards() <= 1 && !(j.placement.offload_fraction > 0) && !j.anneal;
+  const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
+  LlamaModel::LinearMemory lm;
+  NB_TRY(LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded,
+                                        &lm));
+  if (j.anneal) {
+    LlamaModel::LinearMemory next;
+    NB_TRY(LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded,
+                                          &next));
+    if (next.owned + next.workspace > lm.owned + lm.workspace) lm = next;
+  }
+  double owned = double(lm.owned);
+  if (j.training_format_gather) {
+    // Megatron-FSDP's quantized windows: four layer windows and one layer of staging (distributed/fsdp.h).
+    const double per_weight = j.recipe.weight.fmt == recipe::Fmt::nvfp4   ? (j.recipe.weight.two_d ? 0.5625 : 1.125)
+                              : j.recipe.weight.fmt == recipe::Fmt::mxfp8 ? 2.0625
+                              : j.recipe.weight.fmt == recipe::Fmt::fp8_block128x128 ? 2.0
+                                                                                      : 1.0;
+    owned += 5.0 * per_weight * double(j.model.linear_params_per_layer());
+  }
+  if (owned > 0) e->rows.push_back({MemPart::quantized_copies, owned, "recipe::Linear's placement, run dry"});
+  if (lm.workspace > 0)
+    e->rows.push_back({MemPart::linear_workspace, double(lm.workspace), "the largest need per slot"});
+  if (lm.weight_stage > 0)
+    e->rows.push_back({MemPart::weight_stage, double(lm.weight_stage), "the largest linear weight in BF16"});
+  if (lm.emulated_scratch > 0)
+    e->rows.push_back({MemPart::emulated_scratch, double(lm.emulated_scratch), "gemm's plan_emulation + 1/8"});
+  return Status::ok();
+}
+
+// Staged tokens and labels of a step's micro-batches, packed rows' positions and segment starts, the RoPE
+// tables and the per-token loss sums (LlamaModel::init and stage_batches).
+double step_input_bytes(const MemoryJob& j) {
+  const int64_t tokens = j.micro_batch * j.seq, staged = std::max<int64_t>(1, j.accumulation());
+  double b = 2.0 * double(align256(staged * tokens * 4));               // ids, targets
+  if (j.packed) b += double(align256(staged * tokens * 4)) + double(align256((staged * (tokens + 1)) * 4));
+  b += 2.0 * double(align256(j.seq * j.model.head_dim / 2 * 4));        // RoPE cos, sin
+  b += double(align256(tokens * 4));                                    // loss sums
+  return b;
+}
+
+// cuDNN's fused attention: forward none; the backward a dQ accumulator in FP32 for every query element
+// plus per-row statistics (measured on H100 with cuDNN 9, docs/MEMORY.md), also in deterministic mode.
+double attention_workspace_bytes(const MemoryJob& j) {
+  const double q = double(j.micro_batch * j.seq) * double(j.model.heads * j.model.head_dim);
+  return double(align256(int64_t(q * 4.0 + double(j.micro_batch * j.seq * j.model.heads) * 8.0)));
+}
+
+// Data-parallel buffers: the BF16 bucket of a BF16 reduction (grad_sync.h), Megatron-FSDP's reduced chunk
+// and BF16 scratch (distributed/fsdp.h), the delayed-scaling amax scratch.
+double comm_bytes(const MemoryJob& j) {
+  if (j.ranks <= 1) return 0;
+  double b = 0;
+  const int64_t all = j.model.total_params();
+  if (j.fsdp() != LlamaModel::Fsdp::off && !j.lora) {
+    const int64_t large = j.model.vocab * j.model.hidden;
+    const int64_t layer = j.model.linear_params_per_layer();
+    b += double(align256((std::max(large, layer) + j.shards() - 1) / j.shards() * 4));  // the largest chunk, FP32
+    if (j.grad_reduce_in_bf16) b += double(FsdpSync::bf16_scratch_bytes());
+  } else if (j.grad_reduce_in_bf16 && !j.lora) {
+    const int64_t bucket = j.bucket_elems();
+    b += 2.0 * double(bucket > 0 ? std::min(bucket, all) : all);
+  }
+  return b;
+}
+
+// Host memory of one machine: every local rank's offloaded state, and rank 0's checkpoint copies.
+double host_bytes(const MemoryJob& j) {
+  const int shards = j.shards();
+  const int64_t shard = LlamaModel::optimizer_shard_elems(j.model, shards);
+  double b = 0;
+  if (j.placement.offload_fraction > 0)
+    b += 12.0 * double(optim::OptimizerState::offloaded_elems(shard, j.placement)) * double(j.local_ranks);
+  const bool from_state = j.placement.offload_fraction > 0 && shards <= 1;
+  const int64_t trained = j.lora ? lora_param_count(j.model, j.lora_spec) : j.model.total_params();
+  if (j.saves && !from_state) b += 12.0 * double(trained);
+  return b;
+}
+
+}  // namespace
+
+Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
+  *e = MemoryEstimate{};
+  add_parameter_rows(j, e);
+  const MicroBatchShape shape{j.micro_batch, j.seq};
+  const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
+  e->rows.push_back({MemPart::activations,
+                     double(align256(LlamaModel::plan_activation_bytes(j.model, j.dev, shape, j.recompute,
+                                                                       j.acts_plan, lora))),
+                     "the arena's plan (" + std::string(j.recompute == Recompute::none        ? "no"
+                                                        : j.recompute == Recompute::selective ? "selective"
+                                                                                              : "full") +
+                         " recompute)"});
+  NB_TRY(add_linear_rows(j, e));
+  if (j.dev == Device::cuda) {
+    e->rows.push_back({MemPart::gemm_workspace, 32.0 * 1048576, "one per GPU"});
+    e->rows.push_back({MemPart::attention_workspace, attention_workspace_bytes(j), "cuDNN backward (measured rule)"});
+  }
+  e->rows.push_back({MemPart::step_inputs, step_input_bytes(j), "a step's micro-batches staged at once"});
+  if (const double c = comm_bytes(j); c > 0) e->rows.push_back({MemPart::comm_buffers, c, "reduction scratch"});
+  if (j.quant_stats && j.recipe.quantized() && !j.lora) {
+    // recipe/linear_stats.h: every quantized Linear keeps a BF16 copy of its input for the Wgrad error, and
+    // one shared FP32 scratch holds the reference dW of the largest weight (and the alternative's codes).
+    double inputs = 0;
+    for (const LlamaModel::LinearSpec& sp : LlamaModel::linear_specs(j.model, j.recipe, j.recompute))
+      inputs += sp.bf16_layer ? 0.0 : double(align256(j.micro_batch * j.seq * sp.in * 2));
+    const double w = double(LlamaModel::largest_linear_weight(j.model));
+    e->rows.push_back({MemPart::quant_stats, inputs + 5.0 * w, "BF16 inputs of the Linears + FP32 Wgrad scratch"});
+  }
+  if (j.dev == Device::cuda) e->libraries = kLibraryBytes + (j.ranks > 1 ? kNcclBytes : 0.0);
+  e->host = host_bytes(j);
+  return Status::ok();
+}
+
+std::string format_memory_table(const MemoryEstimate& e, double free_bytes) {
+  std::string s = "memory estimate per GPU, by part (each from the code that sizes it):\n";
+  for (const MemoryEstimate::Row& r : e.rows)
+    s += strprintf("  %-42s %9.2f GiB   %s\n", mem_part_name(r.part), gib(r.bytes), r.how.c_str());
+  s += strprintf("  %-42s %9.2f GiB   measured constant (handles, NCCL, stream-ordered pool)\n",
+                 "CUDA libraries (outside nibble's allocator)", gib(e.libraries));
+  s += strprintf("  %-42s %9.2f GiB", "total", gib(e.device()));
+  if (free_bytes > 0) s += strprintf(" of %.2f GiB free: %s", gib(free_bytes), e.device() <= free_bytes ? "fits" : "does NOT fit");
+  s += "\n";
+  if (e.host > 0) s += strprintf("  host memory on one machine: %.2f GiB (offloaded state, checkpoint copies)\n", gib(e.host));
+  return s;
+}
+
+int64_t largest_fitting_micro_batch(const MemoryJob& job, double free_bytes) {
+  int64_t best = 0;
+  const int64_t per_rank = std::max<int64_t>(1, job.global_batch / job.ranks);
+  for (int64_t mbs = 1; mbs <= std::min<int64_t>(1024, per_rank); mbs *= 2) {
+    if (per_rank % mbs != 0) break;
+    MemoryJob j = job;
+    j.micro_batch = mbs;
+    MemoryEstimate e;
+    if (!estimate_memory(j, &e) || e.device() > free_bytes) break;
+    best = mbs;
+  }
+  return best;
+}
+
+}  // namespace nb

@@ -1,0 +1,87 @@
+// The memory estimate of a training job, per rank, part by part (core/memory_ledger.h's parts, so a run's
+// measured high-water marks line up with it row by row). Each row comes from the function that sizes the
+// allocation at run time, called without allocating: parameters (LlamaModel::parameter_bytes and its LoRA
+// and FSDP variants), activations (the arena's plan), the Linears' copies and workspace (their own
+// placement code run dry), the emulated GEMMs' scratch (gemm's plan_emulation), step inputs, data-parallel
+// buffers. Two rows are measured constants, named as such: the attention workspace cuDNN asks for and the
+// CUDA libraries' own memory outside nibble's allocator (handles, NCCL's buffers, the stream-ordered pool).
+//
+// The job's knobs (micro-batch, recompute, offload, sharding, ranks) are fields of MemoryJob, so the advice
+// (advise_memory) can try each change and suggest only what the estimate says fits, cheapest first.
+#pragma once
+#include <string>
+#include <vector>
+#include "core/memory_ledger.h"
+#include "model/llama_model.h"
+#include "model/lora.h"
+#include "recipe/recipe.h"
+
+namespace nb {
+
+struct MemoryJob {
+  LlamaConfig model;
+  Device dev = Device::cuda;
+  recipe::Recipe recipe;       // the run's recipe (the Linears' copies)
+  recipe::Recipe params_plan;  // the weights' plan (compute copies; annealing keeps them all)
+  recipe::Recipe acts_plan;    // the activation plan (covers both recipes of an anneal)
+  bool anneal = false;         // a precision switch is planned: the old copies go before the new ones come
+  recipe::Recipe anneal_recipe;
+  int64_t micro_batch = 1, seq = 1, global_batch = 1;
+  Recompute recompute = Recompute::none;
+  int ranks = 1, local_ranks = 1;  // world size, and ranks on this machine (host memory is shared)
+  std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
+  optim::Placement placement;          // --optimizer-cpu-offload
+  bool lora = false;
+  LoraSpec lora_spec;
+  bool embeddings_per_step = false, grad_reduce_in_bf16 = false, overlap = false;
+  int64_t ddp_bucket_size = 0;
+  bool training_format_gather = false;  // Megatron-FSDP gathers quantized weights in their format
+  bool quant_stats = false, packed = false;
+  bool saves = false;  // checkpoints are written (rank 0 keeps host copies of master, m and v)
+
+  // What detect_ranks derives from strategy and ranks (trainer_dist.cpp uses these too).
+  int shards() const;
+  LlamaModel::Fsdp fsdp() const;
+  int64_t bucket_elems() const;
+  int64_t accumulation() const { return global_batch / (micro_batch * ranks); }
+};
+
+struct MemoryEstimate {
+  struct Row {
+    MemPart part;
+    double bytes;
+    std::string how;  // where the figure comes from, in a few words
+  };
+  std::vector<Row> rows;  // nibble's device allocations per rank, by part
+  double libraries = 0;   // the CUDA libraries' own device memory (not nibble's allocator)
+  double host = 0;        // host memory on one machine: offloaded state of its ranks, checkpoint copies
+  double nibble() const;  // sum of rows
+  double device() const { return nibble() + libraries; }
+  double part(MemPart p) const;
+};
+
+// Measured constants (docs/MEMORY.md): a CUDA context's own memory (what --gpu-memory loses before
+// nibble starts), and the libraries' memory beyond nibble's allocations on one GPU and with NCCL.
+constexpr double kCudaContextBytes = 0.55 * 1073741824.0;
+constexpr double kLibraryBytes = 0.5 * 1073741824.0;
+constexpr double kNcclBytes = 0.75 * 1073741824.0;
+
+Status estimate_memory(const MemoryJob& job, MemoryEstimate* out);
+// The table printed before step 1 (and by --dry-run): one line per part, the total, the free memory.
+std::string format_memory_table(const MemoryEstimate& e, double free_bytes);
+
+// The largest micro-batch (a power of two dividing the batch per rank, or 0) that fits `free_bytes`.
+int64_t largest_fitting_micro_batch(const MemoryJob& job, double free_bytes);
+
+// One change to the job that the estimate says fits: the flags to pass and the estimate with it.
+struct MemoryAdvice {
+  std::string flags;  // "--recompute selective", "--nproc-per-node 2 --use-megatron-fsdp ..."
+  std::string what;   // in words, with the cost it brings
+  double device_bytes = 0, host_bytes = 0;
+};
+// Changes that make `job` fit `free_bytes` per GPU and `host_bytes` per machine, cheapest first (at most
+// `limit`); each one checked by the estimate. gpus_per_node bounds the ranks suggested on one machine.
+std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free_bytes, double host_bytes, int gpus_per_node,
+                                        size_t limit = 4);
+
+}  // namespace nb
