@@ -17,6 +17,7 @@
 #include "core/device_info.h"
 #include "infer/generator.h"
 #include "io/peft_adapter.h"
+#include "tokenizer/utf8.h"
 
 namespace nb::cli {
 namespace {
@@ -89,26 +90,30 @@ Status write_logits(const std::string& path, const infer::GenerateResult& r, con
   return write_safetensors(path, f);
 }
 
-// Prints (and records) one batch's results.
+// Prints (and records) one batch's results. Text is printed as Hugging Face's tokenizer.decode of the prompt and
+// continuation prints it: the bytes of both at once (a prompt given as ids may end inside a character that the
+// continuation completes), every ill-formed part, such as a character cut by --max-new-tokens, as U+FFFD.
 void report_batch(const std::vector<PromptInput>& p, size_t first, const infer::GenerateResult& r,
                   const BpeTokenizer* tok, std::ofstream* out) {
   for (size_t i = 0; i < r.tokens.size(); ++i) {
     const PromptInput& q = p[first + i];
     const std::string text = decode_text(tok, r.tokens[i]);
     if (p.size() > 1) std::printf("[%zu] ", first + i + 1);
-    if (tok)
-      std::printf("%s%s\n", q.has_text ? q.text.c_str() : decode_text(tok, q.ids).c_str(), text.c_str());
-    else
+    if (tok) {
+      const std::string line = valid_utf8((q.has_text ? q.text : decode_text(tok, q.ids)) + text) + "\n";
+      std::fwrite(line.data(), 1, line.size(), stdout);  // not printf's %s, which would stop at a NUL token
+    } else {
       std::printf("%s -> %s\n", ids_text(q.ids).c_str(), ids_text(r.tokens[i]).c_str());
+    }
     std::printf("    (%zu new tokens, %s)\n", r.tokens[i].size(), r.finish[i].c_str());
     if (out && *out) {
       nlohmann::ordered_json j;
       if (q.has_text) j["prompt"] = q.text;
       j["prompt_ids"] = q.ids;
       j["ids"] = r.tokens[i];
-      if (tok) j["text"] = text;
+      if (tok) j["text"] = valid_utf8(text);  // the continuation as tokenizer.decode(ids) gives it
       j["finish"] = r.finish[i];
-      *out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // split UTF-8: replaced
+      *out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";  // a --prompt not in UTF-8
     }
   }
 }

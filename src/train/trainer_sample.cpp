@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include "infer/generator.h"
+#include "tokenizer/utf8.h"
 #include "train/trainer.h"
 
 namespace nb {
@@ -49,15 +50,17 @@ Status Trainer::sample(int64_t iteration) {
   o.stop_ids = sample_tok_->end_ids();
   infer::GenerateResult r;
   NB_TRY(gen.generate({sample_ids_}, o, &r));
+  // A token may end inside a character (--sample-tokens cuts the sample anywhere): the ill-formed bytes print as
+  // U+FFFD, as Hugging Face's tokenizer.decode prints them (tokenizer/utf8.h).
   const std::string text = sample_tok_->decode_lenient(r.tokens[0]);
-  std::printf("sample at iteration %lld: %s%s\n", (long long)iteration, cfg_.sample_prompt.c_str(), text.c_str());
+  const std::string line = valid_utf8(cfg_.sample_prompt + text);
+  std::printf("sample at iteration %lld: %s\n", (long long)iteration, line.c_str());
   std::fflush(stdout);
   if (jsonl_) {
     nlohmann::ordered_json j;
     j["iteration"] = iteration;
     j["sample_prompt"] = cfg_.sample_prompt;
-    // Invalid UTF-8 (a token that splits a character) is replaced, so the line stays valid JSON.
-    j["sample"] = text;
+    j["sample"] = valid_utf8(text);  // the prompt keeps the JSON writer's replacement: it is the user's text
     jsonl_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n" << std::flush;
   }
   return Status::ok();

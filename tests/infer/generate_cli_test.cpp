@@ -1,6 +1,7 @@
 // `nibble generate` end to end on the CPU: a small HF folder with its tokenizer.json, greedy and seeded runs
-// (the same seed gives the same text), the JSONL record, and bad input answered in one sentence: a prompt
-// longer than the context, an unknown tokenizer, text prompts without any tokenizer (a checkpoint whose
+// (the same seed gives the same text), the JSONL record, valid UTF-8 on stdout when a token ends inside a
+// character (U+FFFD, as Hugging Face's tokenizer.decode prints it), and bad input answered in one sentence: a
+// prompt longer than the context, an unknown tokenizer, text prompts without any tokenizer (a checkpoint whose
 // training run named none takes the same path; the sampler's settings are checked in sampler_test.cpp), and
 // a PEFT --adapter applied unmerged (equal to the training path's greedy tokens) or with --merge-adapter.
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include "infer_test_util.h"
 #include "io/hf_llama.h"
 #include "tokenizer/bpe_tokenizer.h"
+#include "tokenizer/utf8.h"
 
 using namespace nb;
 namespace fs = std::filesystem;
@@ -66,6 +68,26 @@ TEST_F(GenerateCli, GreedySeededAndRecorded) {
   ASSERT_EQ(a.code, 0) << a.out;
   auto text = [](const std::string& out) { return out.substr(0, out.find("prefill:")); };  // times differ
   EXPECT_EQ(text(a.out), text(b.out));
+}
+
+// A prompt of byte tokens that cuts a character (C3, then 'x'; a lone E2 82 at the end): stdout carries U+FFFD
+// for them, never the raw bytes, whatever the continuation is.
+TEST_F(GenerateCli, PrintsValidUtf8WhenATokenSplitsACharacter) {
+  std::unique_ptr<BpeTokenizer> tok;
+  ASSERT_TRUE(BpeTokenizer::load(path("tok.json"), "auto", &tok));
+  auto id = [&](const char* bytes) { return tok->token_id(bytes); };
+  ASSERT_GE(id("\xC3"), 0);
+  {
+    std::ofstream p(path("cut.jsonl"));
+    p << nlohmann::json{{"ids", {id("a"), id("\xC3"), id("x")}}}.dump() << "\n"
+      << nlohmann::json{{"ids", {id("a"), id("\xE2"), id("\x82")}}}.dump() << "\n";
+  }
+  const auto r = nb::test::run_nibble("generate --device cpu --load-hf " + path("hf") + " --prompts " +
+                                      path("cut.jsonl") + " --max-new-tokens 2 --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("[1] a\xEF\xBF\xBDx"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\xC3x"), std::string::npos) << r.out;
+  EXPECT_EQ(valid_utf8(r.out), r.out);
 }
 
 TEST_F(GenerateCli, BadInputIsOneSentence) {
