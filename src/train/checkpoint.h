@@ -2,9 +2,9 @@
 // checkpoint, SAVE/iter_0000100/ holds it:
 //   model.safetensors       FP32 master weights, one tensor per Hugging Face name (model/hf_layout.h)
 //   optimizer.safetensors   AdamW state: "<name>.exp_avg" and "<name>.exp_avg_sq" per HF tensor
-//   trainer_state.json      iteration, consumed samples, schedule, RNG, delayed-scaling histories,
-//                           resolved config, nibble version, the CRC-32 and size of both files above,
-//                           and "state_crc32" over the rest of itself
+//   trainer_state.json      iteration, consumed samples, RNG step, delayed-scaling histories, the
+//                           resolved config and model (their only record), nibble version, the CRC-32
+//                           and size of both files above, and "state_crc32" over the rest of itself
 // A save writes SAVE/iter_0000100.tmp/, fsyncs every file, renames the folder, fsyncs SAVE, and only
 // then replaces the tracker file atomically; so at any moment (SIGKILL, power loss) the tracker names
 // a complete checkpoint. Older checkpoints beyond --save-keep are deleted after the tracker moved.

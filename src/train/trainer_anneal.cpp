@@ -124,9 +124,10 @@ Status Trainer::check_anneal_resume(const TrainConfig& saved) const {
     const std::string& key = now_keys[i].name;
     if (key.rfind("anneal-", 0) != 0 || then_keys[i].get() == now_keys[i].get()) continue;
     return errorf(
-        "cannot resume: --%s is %s in the checkpoint but %s now (precision annealing continues as configured); "
-        "pass --%s %s, or --finetune to start a new run from the checkpoint's weights",
-        key.c_str(), then_keys[i].get().c_str(), now_keys[i].get().c_str(), key.c_str(), then_keys[i].get().c_str());
+        "it was saved with --%s %s but this run has --%s %s (precision annealing continues as configured); "
+        "resume with --%s %s, or pass --finetune to start a new run from its weights",
+        key.c_str(), then_keys[i].get().c_str(), key.c_str(), now_keys[i].get().c_str(), key.c_str(),
+        then_keys[i].get().c_str());
   }
   return Status::ok();
 }

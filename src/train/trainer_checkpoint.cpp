@@ -62,13 +62,55 @@ bool free_on_resume(const std::string& key) {
   return false;
 }
 
-// Keys that fix the data order or the optimizer's step: a different value cannot continue the run.
-bool fixed_on_resume(const std::string& key) {
-  static const char* kFixed[] = {"seq-length", "global-batch-size", "seed", "mock-data", "data-path",  "split",
-                                 "sft",        "packed-sequence",   "peft", "lora-rank", "lora-target"};
-  for (const char* k : kFixed)
-    if (key == k) return true;
-  return false;
+// Keys that fix what the saved run computes from here on, with what each fixes: a different value cannot
+// continue the run (--finetune starts a new one from the weights).
+const char* fixed_on_resume(const std::string& key) {
+  static const std::pair<const char*, const char*> kFixed[] = {
+      {"seq-length", "the data order and the tokens per step"},
+      {"global-batch-size", "the data order and the samples per step"},
+      {"seed", "the data order and the random streams"},
+      {"mock-data", "the data"},
+      {"data-path", "the data"},
+      {"split", "the data order"},
+      {"sft", "the data and the loss"},
+      {"packed-sequence", "the rows of the data"},
+      {"peft", "the trained parameters"},
+      {"lora-rank", "the adapters' shape"},
+      {"lora-target", "the adapted layers"}};
+  for (const auto& [k, why] : kFixed)
+    if (key == k) return why;
+  return nullptr;
+}
+
+// The checkpoint's model against this run's. Another shape cannot load at all; other numerics (RoPE, the
+// norm's epsilon, the context) would continue the weights as another function, so only --finetune, a new run
+// from the weights (a longer context with a new RoPE base, say), accepts them.
+Status check_model(const LlamaConfig& m, const LlamaConfig& c, bool finetune) {
+  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
+      {"hidden size", {m.hidden, c.hidden}},  {"FFN size", {m.ffn, c.ffn}},
+      {"layers", {m.layers, c.layers}},       {"attention heads", {m.heads, c.heads}},
+      {"KV heads", {m.kv_heads, c.kv_heads}}, {"head dim", {m.head_dim, c.head_dim}},
+      {"vocabulary", {m.vocab, c.vocab}},     {"tied embeddings", {m.tied_embeddings, c.tied_embeddings}}};
+  for (const auto& [field, v] : shape)
+    if (v.first != v.second)
+      return errorf("its model has %s %lld but this run's model (%s) has %lld; pass the model of the checkpoint (%s)",
+                    field, (long long)v.first, c.name.c_str(), (long long)v.second, m.name.c_str());
+  if (finetune) return Status::ok();
+  const std::pair<const char*, std::pair<double, double>> numerics[] = {
+      {"RoPE theta", {m.rope_theta, c.rope_theta}},
+      {"RoPE scaling factor", {m.rope_factor, c.rope_factor}},
+      {"RoPE low-frequency factor", {m.rope_low_freq_factor, c.rope_low_freq_factor}},
+      {"RoPE high-frequency factor", {m.rope_high_freq_factor, c.rope_high_freq_factor}},
+      {"RoPE original context", {double(m.rope_original_max_pos), double(c.rope_original_max_pos)}},
+      {"norm epsilon", {m.norm_eps, c.norm_eps}},
+      {"context length", {double(m.max_seq), double(c.max_seq)}}};
+  for (const auto& [field, v] : numerics)
+    if (v.first != v.second)
+      return errorf(
+          "its model has %s %.9g but this run's model (%s) has %.9g; pass the model of the checkpoint (%s), or "
+          "--finetune to start a new run from its weights",
+          field, v.first, c.name.c_str(), v.second, m.name.c_str());
+  return Status::ok();
 }
 
 }  // namespace
@@ -128,7 +170,8 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   TrainConfig saved;
   LlamaConfig saved_model;
   NB_TRY(checkpoint_config_of(state, ref.dir + "/trainer_state.json", &saved, &saved_model));
-  NB_TRY(check_resume_compatible(saved, saved_model));
+  if (Status st = check_resume_compatible(saved, saved_model); !st)
+    return errorf("cannot load the checkpoint %s: %s", ref.dir.c_str(), st.message().c_str());
   ParamStore& P = model_.params();
   const std::vector<HfTensor> layout = hf_tensors(P);
   // Each file is read once, its CRC checked on the way. An offloaded, unsharded state is read straight into
@@ -161,32 +204,23 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   return Status::ok();
 }
 
-// Refuses what cannot continue the saved run (model shape; data order and batch, unless --finetune;
-// a recipe whose state differs), names the field and both values, and prints every other change.
+// Refuses what cannot continue the saved run (model shape; model numerics, data order, batch and seed, unless
+// --finetune), names the field and both values (the caller names the checkpoint), and prints every other
+// change. The saved configuration and model are the checkpoint's one record of its run: trainer_state.json
+// repeats none of their fields elsewhere, so nothing saved escapes this comparison.
 Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaConfig& m) const {
-  const LlamaConfig& c = model_cfg_;
-  const std::pair<const char*, std::pair<int64_t, int64_t>> shape[] = {
-      {"hidden size", {m.hidden, c.hidden}},  {"FFN size", {m.ffn, c.ffn}},
-      {"layers", {m.layers, c.layers}},       {"attention heads", {m.heads, c.heads}},
-      {"KV heads", {m.kv_heads, c.kv_heads}}, {"head dim", {m.head_dim, c.head_dim}},
-      {"vocabulary", {m.vocab, c.vocab}},     {"tied embeddings", {m.tied_embeddings, c.tied_embeddings}}};
-  for (const auto& [field, v] : shape)
-    if (v.first != v.second)
-      return errorf(
-          "cannot load the checkpoint: its model has %s %lld but this run's model (%s) has %lld; pass "
-          "the model of the checkpoint (%s)",
-          field, (long long)v.first, c.name.c_str(), (long long)v.second, m.name.c_str());
+  NB_TRY(check_model(m, model_cfg_, cfg_.finetune));
   if (!cfg_.finetune) NB_TRY(check_anneal_resume(saved));
   TrainConfig saved_copy = saved, now = cfg_;
   auto then_keys = config_keys(saved_copy), now_keys = config_keys(now);
   for (size_t i = 0; i < now_keys.size(); ++i) {
     const std::string a = then_keys[i].get(), b = now_keys[i].get(), key = now_keys[i].name;
     if (a == b || free_on_resume(key)) continue;
-    if (fixed_on_resume(key) && !cfg_.finetune)
+    if (const char* fixes = fixed_on_resume(key); fixes && !cfg_.finetune)
       return errorf(
-          "cannot resume: --%s is %s in the checkpoint but %s now (it fixes the data order and the "
-          "samples per step); pass --%s %s, or --finetune to start a new run from the checkpoint's weights",
-          key.c_str(), a.c_str(), b.c_str(), key.c_str(), a.c_str());
+          "it was saved with --%s %s but this run has --%s %s (it fixes %s); resume with --%s %s, or pass "
+          "--finetune to start a new run from its weights",
+          key.c_str(), a.c_str(), key.c_str(), b.c_str(), fixes, key.c_str(), a.c_str());
     if (!cfg_.finetune) std::printf("note: --%s changed on resume: %s -> %s\n", key.c_str(), a.c_str(), b.c_str());
   }
   return Status::ok();
@@ -240,22 +274,10 @@ nlohmann::json Trainer::trainer_state() const {
   s["consumed_valid_samples"] = consumed_valid_;
   s["optimizer"] = {
       {"type", "adamw"}, {"step", adam_step_}, {"skipped_iterations", skipped_}, {"nan_iterations", nan_iters_}};
-  s["lr_schedule"] = {{"iteration", iteration_},
-                      {"next_lr", sched_.at(iteration_)},
-                      {"style", sched_.style},
-                      {"lr", sched_.lr},
-                      {"min_lr", sched_.min_lr},
-                      {"warmup_iters", sched_.warmup},
-                      {"decay_iters", sched_.decay_iters},
-                      {"wsd_decay_iters", sched_.wsd_decay_iters}};
   // Stochastic rounding and the RHT signs draw from Philox4x32-10 keyed by {seed, step, tensor/micro/role}
-  // (recipe/linear.h): the seed and the step counter are the whole RNG state.
-  s["rng"] = {{"generator", "philox4x32-10"}, {"seed", cfg_.seed}, {"stochastic_rounding_step", rng_step_}};
-  s["data"] = {{"mock_data", cfg_.mock_data},
-               {"data_path", cfg_.data_path},
-               {"split", cfg_.split},
-               {"seq_length", cfg_.seq_length},
-               {"global_batch_size", cfg_.global_batch_size}};
+  // (recipe/linear.h): the seed (the configuration's --seed) and this step counter are the whole RNG state.
+  // The LR schedule is a function of the iteration and the configuration, so it has no state of its own.
+  s["rng"] = {{"generator", "philox4x32-10"}, {"stochastic_rounding_step", rng_step_}};
   std::vector<LlamaModel::LinearScaling> scaling;
   Status st = model_.scaling_states(&scaling);
   NB_CHECK(st.is_ok(), "%s", st.message().c_str());
@@ -273,6 +295,8 @@ nlohmann::json Trainer::trainer_state() const {
   }
   s["recipe"] = recipe_.name;
   if (anneal_configured()) s["anneal"] = anneal_state();
+  // The run's configuration and model: the only copy of their fields here, compared whole on resume
+  // (check_resume_compatible).
   TrainConfig c = cfg_;
   s["config"] = format_config(c);
   s["model"] = model_config_json(model_cfg_);
