@@ -14,9 +14,10 @@ Status device_malloc(void** p, size_t bytes) {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     const LedgerSnapshot held = ledger_snapshot(Device::cuda);
-    return errorf("out of GPU memory allocating %s: asked for %.2f GiB with %.2f GiB free of %.2f GiB (nibble holds %.2f GiB)",
-                  mem_part_name(current_mem_part()), bytes / 1073741824.0, free_b / 1073741824.0,
-                  total_b / 1073741824.0, held.total.current / 1073741824.0);
+    return errorf(
+        "out of GPU memory allocating %s: asked for %.2f GiB with %.2f GiB free of %.2f GiB (nibble holds %.2f GiB)",
+        mem_part_name(current_mem_part()), bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0,
+        held.total.current / 1073741824.0);
   }
   if (e != cudaSuccess) return errorf("cudaMalloc of %zu bytes failed: %s", bytes, cudaGetErrorString(e));
   ledger_add(Device::cuda, *p, bytes);

@@ -38,15 +38,21 @@ void grow(MemoryUse& u, size_t bytes) {
 }  // namespace
 
 const char* mem_part_name(MemPart p) {
-  static const char* const kNames[kMemParts] = {
-      "other",           "weights, gradients, optimizer state",
-      "offload staging", "activations (arena)",
-      "quantized copies (Linears)", "quantized transients (shared workspace)",
-      "weight staging",  "cuBLASLt workspace",
-      "emulated GEMM scratch",      "attention workspace",
-      "step inputs, RoPE, loss",    "data-parallel buffers",
-      "LoRA adapters",   "quantization statistics",
-      "sample generation"};
+  static const char* const kNames[kMemParts] = {"other",
+                                                "weights, gradients, optimizer state",
+                                                "offload staging",
+                                                "activations (arena)",
+                                                "quantized copies (Linears)",
+                                                "quantized transients (shared workspace)",
+                                                "weight staging",
+                                                "cuBLASLt workspace",
+                                                "emulated GEMM scratch",
+                                                "attention workspace",
+                                                "step inputs, RoPE, loss",
+                                                "data-parallel buffers",
+                                                "LoRA adapters",
+                                                "quantization statistics",
+                                                "sample generation"};
   const int i = int(p);
   return i >= 0 && i < kMemParts ? kNames[i] : "?";
 }

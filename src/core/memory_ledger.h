@@ -24,11 +24,11 @@ enum class MemPart : int {
   gemm_workspace,     // cuBLASLt's workspace
   emulated_scratch,   // the BF16 scratch of emulated MXFP8/NVFP4 GEMMs
   attention_workspace,
-  step_inputs,        // staged tokens, labels, segment starts, positions, RoPE tables, loss sums
-  comm_buffers,       // gradient-reduction and gather scratch of data parallelism
-  lora,               // adapters and their helpers
-  quant_stats,        // --quant-stats' scratch
-  samples,            // generation while training (KV cache, decode buffers)
+  step_inputs,   // staged tokens, labels, segment starts, positions, RoPE tables, loss sums
+  comm_buffers,  // gradient-reduction and gather scratch of data parallelism
+  lora,          // adapters and their helpers
+  quant_stats,   // --quant-stats' scratch
+  samples,       // generation while training (KV cache, decode buffers)
   count
 };
 constexpr int kMemParts = int(MemPart::count);

@@ -24,12 +24,12 @@ size_t emulated_need(int64_t tokens, int64_t in, int64_t out, bool keep, bool fr
 }  // namespace
 
 Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                      const recipe::Recipe& recipe, bool frozen, bool master_only,
-                                      bool sharded_weights, LinearMemory* out) {
+                                      const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
+                                      LinearMemory* out) {
   *out = LinearMemory{};
   if (!recipe.quantized()) return Status::ok();
   recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
-  const bool emulated =  // on cuda (Hopper): the CPU backend computes its GEMMs from the dequantized values
+  const bool emulated =             // on cuda (Hopper): the CPU backend computes its GEMMs from the dequantized values
       dev == Device::cuda && (recipe.weight.fmt == recipe::Fmt::mxfp8 || recipe.weight.fmt == recipe::Fmt::nvfp4);
   size_t scratch = 0;
   bool any_quantized = false;
@@ -42,7 +42,8 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
     if (sp.bf16_layer) continue;
     any_quantized = true;
     if (emulated)
-      scratch = std::max(scratch, emulated_need(shape.tokens(), sp.in, sp.out, recipe.keep_dequantized_weights, frozen));
+      scratch =
+          std::max(scratch, emulated_need(shape.tokens(), sp.in, sp.out, recipe.keep_dequantized_weights, frozen));
   }
   out->workspace = int64_t(ws.planned_bytes());
   // gemm_emulated.cu grows its scratch to the need plus an eighth (headroom for the next shape).

@@ -193,8 +193,8 @@ std::vector<LlamaModel::LinearSpec> LlamaModel::linear_specs(const LlamaConfig& 
   std::vector<LinearSpec> out;
   for (int64_t l = 0; l < cfg.layers; ++l)
     for (int i = 0; i < 4; ++i)
-      out.push_back({l, i, recipe.layer_in_bf16(l, cfg.layers), dims[i][0], dims[i][1],
-                     rc == Recompute::full ? i : -1});
+      out.push_back(
+          {l, i, recipe.layer_in_bf16(l, cfg.layers), dims[i][0], dims[i][1], rc == Recompute::full ? i : -1});
   return out;
 }
 

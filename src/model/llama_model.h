@@ -62,8 +62,8 @@ class LlamaModel {
   }
   // The memory estimate's figures for what init allocates besides parameters and activations, each from
   // the code that sizes the allocation, run without allocating (llama_memory.cpp). Bytes on `dev`
-  // (host memory on the cpu backend, which allocates the same layout). `master_only`: quantized layers' weights have no compute
-  // copy (a weight stage feeds their quantizers); `frozen`: LoRA's frozen base; `sharded_weights`: the
+  // (host memory on the cpu backend, which allocates the same layout). `master_only`: quantized layers' weights have no
+  // compute copy (a weight stage feeds their quantizers); `frozen`: LoRA's frozen base; `sharded_weights`: the
   // quantized weights are Megatron-FSDP's (training-format gathers, a sharded LoRA base).
   struct LinearMemory {
     int64_t owned = 0;             // the Linears' kept copies (MemPart::quantized_copies)
@@ -72,8 +72,8 @@ class LlamaModel {
     int64_t emulated_scratch = 0;  // the emulated MXFP8/NVFP4 GEMMs' BF16 scratch at its largest
   };
   static Status plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                   const recipe::Recipe& recipe, bool frozen, bool master_only,
-                                   bool sharded_weights, LinearMemory* out);
+                                   const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
+                                   LinearMemory* out);
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.

@@ -127,8 +127,8 @@ class Linear {
   // *weight (optional): the part of *owned that is the weight's copies, which a sharded weight
   // (set_sharded_weight) does not own.
   static Status plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
-                           int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen,
-                           int input_col_slot, size_t* owned, size_t* weight = nullptr);
+                           int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen, int input_col_slot,
+                           size_t* owned, size_t* weight = nullptr);
   // A Linear whose input column copy lives in a shared slot (init's input_col_slot): quantizes x as forward()
   // would (the copies backward's Wgrad reads) without the Fprop GEMM, for a recomputed forward that does not
   // need this Linear's output. input_copy_shared() says whether such a Linear needs it.

@@ -90,10 +90,9 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
   impl->weight_transposed_on_use = frozen && (r.weight.fmt == Fmt::fp8_e4m3 || r.weight.fmt == Fmt::fp8_e5m2);
   NB_TRY(impl->q[0].init(Role::input, r.input, tokens_cap, in, impl->dev, ws, frozen, false,
                          private_workspace ? -1 : impl->input_col_slot, dry));
-  NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use, false,
-                         -1, dry));
-  if (r.keep_dequantized_weights)
-    NB_TRY(impl->q[1].keep_dequantized(out, dry).context("linear '" + name + "' weight"));
+  NB_TRY(impl->q[1].init(Role::weight, r.weight, out, in, impl->dev, nullptr, impl->weight_transposed_on_use, false, -1,
+                         dry));
+  if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out, dry).context("linear '" + name + "' weight"));
   NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen, false, -1, dry));
   if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
   if (private_workspace && !dry) NB_TRY(ws->allocate().context("linear '" + name + "'"));

@@ -68,8 +68,7 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
     const double f = least_offload(job, free, host);
     if (f > 0)
       c.push_back({7, 3, "--optimizer-cpu-offload --optimizer-offload-fraction " + strprintf("%.2f", f),
-                   "the optimizer state streams from host memory each step",
-                   [f](MemoryJob* j) {
+                   "the optimizer state streams from host memory each step", [f](MemoryJob* j) {
                      j->placement.offload_fraction = f;
                      if (j->placement.chunk_elems <= 0) j->placement.chunk_elems = int64_t(64) * 1048576 / 4;
                      return true;
@@ -82,8 +81,7 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
     const std::string st = job.lora || job.shards() > 1 ? "optim_grads_params" : "optim";
     for (const std::string& strategy : {st, std::string("optim_grads_params")}) {
       c.push_back({8 + n, 2, "--nproc-per-node " + std::to_string(n) + " " + fsdp_flags(strategy),
-                   std::to_string(n) + " GPUs, sharded",
-                   [n, strategy](MemoryJob* j) {
+                   std::to_string(n) + " GPUs, sharded", [n, strategy](MemoryJob* j) {
                      j->ranks = n;
                      j->local_ranks = n;
                      j->strategy = strategy;

@@ -73,18 +73,18 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
     e->rows.push_back({MemPart::lora, adapters, "adapters with AdamW state"});
     return;
   }
-  double bytes = double(LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(),
-                                                    j.embeddings_per_step));
+  double bytes = double(
+      LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(), j.embeddings_per_step));
   if (offload) {
-    const double staging =
-        double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
+    const double staging = double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
     bytes -= staging;
     e->rows.push_back({MemPart::params, bytes, "weights + grads, the device share of the state"});
     e->rows.push_back({MemPart::optimizer_staging, staging, "AdamWStreamer windows"});
     return;
   }
-  e->rows.push_back({MemPart::params, bytes, shards > 1 ? "sharded over " + std::to_string(shards) + " ranks"
-                                                        : "FP32 master, grad, m, v + compute copy"});
+  e->rows.push_back(
+      {MemPart::params, bytes,
+       shards > 1 ? "sharded over " + std::to_string(shards) + " ranks" : "FP32 master, grad, m, v + compute copy"});
 }
 
 // The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run
@@ -94,8 +94,8 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const bool master_only = !j.lora && j.shards() <= 1 && !(j.placement.offload_fraction > 0) && !j.anneal;
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
-  NB_TRY(LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded,
-                                        &lm));
+  NB_TRY(
+      LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm));
   if (j.anneal) {
     LlamaModel::LinearMemory next;
     NB_TRY(LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded,
@@ -108,7 +108,7 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
     const double per_weight = j.recipe.weight.fmt == recipe::Fmt::nvfp4   ? (j.recipe.weight.two_d ? 0.5625 : 1.125)
                               : j.recipe.weight.fmt == recipe::Fmt::mxfp8 ? 2.0625
                               : j.recipe.weight.fmt == recipe::Fmt::fp8_block128x128 ? 2.0
-                                                                                      : 1.0;
+                                                                                     : 1.0;
     owned += 5.0 * per_weight * double(j.model.linear_params_per_layer());
   }
   if (owned > 0) e->rows.push_back({MemPart::quantized_copies, owned, "recipe::Linear's placement, run dry"});
@@ -125,10 +125,10 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
 // tables and the per-token loss sums (LlamaModel::init and stage_batches).
 double step_input_bytes(const MemoryJob& j) {
   const int64_t tokens = j.micro_batch * j.seq, staged = std::max<int64_t>(1, j.accumulation());
-  double b = 2.0 * double(align256(staged * tokens * 4));               // ids, targets
+  double b = 2.0 * double(align256(staged * tokens * 4));  // ids, targets
   if (j.packed) b += double(align256(staged * tokens * 4)) + double(align256((staged * (tokens + 1)) * 4));
-  b += 2.0 * double(align256(j.seq * j.model.head_dim / 2 * 4));        // RoPE cos, sin
-  b += double(align256(tokens * 4));                                    // loss sums
+  b += 2.0 * double(align256(j.seq * j.model.head_dim / 2 * 4));  // RoPE cos, sin
+  b += double(align256(tokens * 4));                              // loss sums
   return b;
 }
 
@@ -177,13 +177,14 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   add_parameter_rows(j, e);
   const MicroBatchShape shape{j.micro_batch, j.seq};
   const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
-  e->rows.push_back({MemPart::activations,
-                     double(align256(LlamaModel::plan_activation_bytes(j.model, j.dev, shape, j.recompute,
-                                                                       j.acts_plan, lora))),
-                     "the arena's plan (" + std::string(j.recompute == Recompute::none        ? "no"
-                                                        : j.recompute == Recompute::selective ? "selective"
-                                                                                              : "full") +
-                         " recompute)"});
+  e->rows.push_back(
+      {MemPart::activations,
+       double(align256(LlamaModel::plan_activation_bytes(j.model, j.dev, shape, j.recompute, j.acts_plan, lora))),
+       "the arena's plan (" +
+           std::string(j.recompute == Recompute::none        ? "no"
+                       : j.recompute == Recompute::selective ? "selective"
+                                                             : "full") +
+           " recompute)"});
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
     e->rows.push_back({MemPart::gemm_workspace, 32.0 * 1048576, "one per GPU"});
@@ -212,9 +213,11 @@ std::string format_memory_table(const MemoryEstimate& e, double free_bytes) {
   s += strprintf("  %-42s %9.2f GiB   measured constant (handles, NCCL, stream-ordered pool)\n",
                  "CUDA libraries (outside nibble's allocator)", gib(e.libraries));
   s += strprintf("  %-42s %9.2f GiB", "total", gib(e.device()));
-  if (free_bytes > 0) s += strprintf(" of %.2f GiB free: %s", gib(free_bytes), e.device() <= free_bytes ? "fits" : "does NOT fit");
+  if (free_bytes > 0)
+    s += strprintf(" of %.2f GiB free: %s", gib(free_bytes), e.device() <= free_bytes ? "fits" : "does NOT fit");
   s += "\n";
-  if (e.host > 0) s += strprintf("  host memory on one machine: %.2f GiB (offloaded state, checkpoint copies)\n", gib(e.host));
+  if (e.host > 0)
+    s += strprintf("  host memory on one machine: %.2f GiB (offloaded state, checkpoint copies)\n", gib(e.host));
   return s;
 }
 

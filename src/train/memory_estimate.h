@@ -28,9 +28,9 @@ struct MemoryJob {
   recipe::Recipe anneal_recipe;
   int64_t micro_batch = 1, seq = 1, global_batch = 1;
   Recompute recompute = Recompute::none;
-  int ranks = 1, local_ranks = 1;  // world size, and ranks on this machine (host memory is shared)
+  int ranks = 1, local_ranks = 1;     // world size, and ranks on this machine (host memory is shared)
   std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
-  optim::Placement placement;          // --optimizer-cpu-offload
+  optim::Placement placement;         // --optimizer-cpu-offload
   bool lora = false;
   LoraSpec lora_spec;
   bool embeddings_per_step = false, grad_reduce_in_bf16 = false, overlap = false;

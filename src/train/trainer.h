@@ -149,8 +149,8 @@ class Trainer {
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp
-  std::unique_ptr<FsdpSync> fsdp_;  // instead, with Megatron-FSDP's optim_grads or optim_grads_params
-  void settle_collectives();        // the default stream waits for gathers and reductions in flight
+  std::unique_ptr<FsdpSync> fsdp_;      // instead, with Megatron-FSDP's optim_grads or optim_grads_params
+  void settle_collectives();            // the default stream waits for gathers and reductions in flight
   double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;  // the last step's FSDP traffic, bytes per rank
   bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;

@@ -73,8 +73,9 @@ std::string Trainer::does_not_fit_message(const MemoryJob& job, double free, dou
       gib(estimate_.device()), gib(estimate_.part(MemPart::activations)), gib(free));
   const std::vector<MemoryAdvice> advice = advise_memory(job, free, host, std::max(gpus, 8));
   if (advice.empty())
-    return s + "; no single change of micro-batch, recompute, offload, sharding or rank count fits it (see "
-               "nibble train --dry-run for the table)";
+    return s +
+           "; no single change of micro-batch, recompute, offload, sharding or rank count fits it (see "
+           "nibble train --dry-run for the table)";
   s += "; what would fit, cheapest first: ";
   for (size_t i = 0; i < advice.size(); ++i)
     s += strprintf("%s%s (%s, %.2f GiB)", i ? "; or " : "", advice[i].flags.c_str(), advice[i].what.c_str(),
@@ -148,13 +149,13 @@ void Trainer::report_memory() const {
   std::printf("memory by part: estimate vs allocator high-water mark (GiB)\n");
   for (int p = 0; p < kMemParts; ++p) {
     const double est = estimate_.part(MemPart(p)), peak = double(s.parts[size_t(p)].peak);
-    if (est > 0 || peak > 0)
-      std::printf("  %-42s %9.2f %9.2f\n", mem_part_name(MemPart(p)), gib(est), gib(peak));
+    if (est > 0 || peak > 0) std::printf("  %-42s %9.2f %9.2f\n", mem_part_name(MemPart(p)), gib(est), gib(peak));
   }
-  std::printf("memory check: estimate %.3f GiB (nibble %.3f + libraries %.3f), allocator peak %.3f GiB, device peak "
-              "%.3f GiB\n",
-              gib(estimate_.device()), gib(estimate_.nibble()), gib(estimate_.libraries), gib(double(s.total.peak)),
-              gib(device_peak));
+  std::printf(
+      "memory check: estimate %.3f GiB (nibble %.3f + libraries %.3f), allocator peak %.3f GiB, device peak "
+      "%.3f GiB\n",
+      gib(estimate_.device()), gib(estimate_.nibble()), gib(estimate_.libraries), gib(double(s.total.peak)),
+      gib(device_peak));
 }
 
 // --dry-run: the phases of setup that need no GPU and read no weights or data, then the estimate for the

@@ -160,10 +160,11 @@ void Trainer::print_plan() {
   recipe_as_run_ = recipe_.name;
   if (recipe_.quantized() && quantized == 0) {
     recipe_as_run_ = "bf16 (" + recipe_.name + " keeps every layer of this model in BF16)";
-    NB_LOG_WARN("recipe %s quantizes no Linear of this %lld-layer model (its BF16 layers cover them all): the run is "
-                "a BF16 run, and its summary says so; use a model with more layers or fewer BF16 layers "
-                "(--num-layers-at-start-in-bf16, --num-layers-at-end-in-bf16)",
-                recipe_.name.c_str(), (long long)m.layers);
+    NB_LOG_WARN(
+        "recipe %s quantizes no Linear of this %lld-layer model (its BF16 layers cover them all): the run is "
+        "a BF16 run, and its summary says so; use a model with more layers or fewer BF16 layers "
+        "(--num-layers-at-start-in-bf16, --num-layers-at-end-in-bf16)",
+        recipe_.name.c_str(), (long long)m.layers);
   }
   if (cfg_.deterministic_mode && dev_ == Device::cuda)
     std::printf("deterministic mode: attention backward without the atomic dQ accumulator, GEMMs without split-K%s\n",

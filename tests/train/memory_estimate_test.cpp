@@ -38,9 +38,7 @@ TEST_P(EstimateMatchesAllocations, PartByPart) {
   recipe::RecipeKnobs knobs;
   knobs.layers_at_start_bf16 = 0;
   knobs.layers_at_end_bf16 = 1;  // one BF16 layer beside three quantized ones
-  if (r.quantized()) {
-    ASSERT_TRUE(recipe::apply_knobs(knobs, &r).is_ok());
-  }
+  if (r.quantized()) { ASSERT_TRUE(recipe::apply_knobs(knobs, &r).is_ok()); }
   MemoryJob j;
   j.model = c;
   j.dev = Device::cpu;
