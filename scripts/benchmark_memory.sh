@@ -14,7 +14,11 @@ sft=${3:-}
 parts=all
 # shellcheck source=scripts/bench_common.sh
 source scripts/bench_common.sh
-gpus=$(nvidia-smi -L | wc -l)
+# MEMORY_GPUS: the GPUs to use (default all); MEMORY_ONLY: a regex of configuration names (default all);
+# MEMORY_TWO_RANK=0 skips the two-rank configurations.
+read -r -a lanes <<< "${MEMORY_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
+gpus=${#lanes[@]}
+only=${MEMORY_ONLY:-.}
 gib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{printf "%.0f", $1 / 1024}')
 
 common=(--mock-data true --train-iters 3 --eval-interval 2 --eval-iters 1 --log-interval 1 --lr-warmup-iters 1)
@@ -34,7 +38,9 @@ configs=(
   "1b-mxfp8-mbs1-none|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $MX"
   "1b-nvfp4-mbs2-selective|save=1 --model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 2 --recipe $FP4 --recompute selective"
   "1b-nvfp4-deterministic|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $FP4 --deterministic-mode"
-  "1b-nvfp4-anneal|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $FP4 --anneal-start-fraction 0.5"
+  "1b-bf16-deterministic-mbs2|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 2 --deterministic-mode"
+  "3b-bf16-deterministic-2k|--model llama3.2-3b --seq-length 2048 --global-batch-size 4 --micro-batch-size 1 --deterministic-mode --recompute selective"
+  "1b-nvfp4-anneal|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $FP4 --anneal-start-fraction 0.5 --anneal-recipe bf16_mixed"
   "3b-bf16-mbs1-selective|--model llama3.2-3b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recompute selective"
   "3b-fp8cs-mbs2-none|--model llama3.2-3b --seq-length 4096 --global-batch-size 4 --micro-batch-size 2 --recipe $CS"
   "3b-fp8ds-mbs1-full|--model llama3.2-3b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $DS --recompute full"
@@ -51,7 +57,7 @@ configs=(
 if [ -n "$sft" ]; then
   configs+=(
     "1b-sft-packed-16k-bf16|sft --model llama3.2-1b --data-path $sft --seq-length 16384 --global-batch-size 2 --micro-batch-size 1"
-    "3b-sft-packed-16k-fp8cs|sft --model llama3.2-3b --data-path $sft --seq-length 16384 --global-batch-size 2 --micro-batch-size 1 --recipe $CS --recompute selective"
+    "3b-sft-packed-16k-fp8cs|sft --model llama3.2-3b --data-path $sft --seq-length 16384 --global-batch-size 2 --micro-batch-size 1 --recipe $CS --recompute full"
   )
 fi
 two_rank=(
@@ -78,13 +84,15 @@ lane() {  # GPU, then the configurations of that lane
   local gpu=$1; shift
   for c in "$@"; do CUDA_VISIBLE_DEVICES=$gpu one "${c%%|*}" "${c#*|}"; done
 }
+chosen=()
+for c in "${configs[@]}"; do [[ "${c%%|*}" =~ $only ]] && chosen+=("$c"); done
 for ((g = 0; g < gpus; g++)); do
   mine=()
-  for ((i = g; i < ${#configs[@]}; i += gpus)); do mine+=("${configs[$i]}"); done
-  lane "$g" "${mine[@]}" &
+  for ((i = g; i < ${#chosen[@]}; i += gpus)); do mine+=("${chosen[$i]}"); done
+  [ ${#mine[@]} -gt 0 ] && lane "${lanes[$g]}" "${mine[@]}" &
 done
 wait
-if [ "$gpus" -ge 2 ]; then
+if [ "$gpus" -ge 2 ] && [ "${MEMORY_TWO_RANK:-1}" = 1 ]; then
   for ((i = 0; i < ${#two_rank[@]} && 2 * i + 1 < gpus; i++)); do
     c=${two_rank[$i]}
     name=${c%%|*}
@@ -92,7 +100,7 @@ if [ "$gpus" -ge 2 ]; then
     save=()
     if [ "${flags[0]}" = save=1 ]; then flags=("${flags[@]:1}"); save=(--save "$out/$name.ckpt" --save-interval 3); fi
     (
-      export CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1))
+      export CUDA_VISIBLE_DEVICES=${lanes[$((2 * i))]},${lanes[$((2 * i + 1))]}
       "$nb" train --nproc-per-node 2 "${flags[@]}" "${common[@]}" "${save[@]}" > "$out/$name.log" 2>&1
       echo "exit=$?" >> "$out/$name.log"
       rm -rf "${out:?}/$name.ckpt"

@@ -27,6 +27,7 @@
 #include "core/determinism.h"
 #include "ops/attention.h"
 #include "ops/attention_graphs.h"
+#include "ops/attention_workspace.h"
 #include "ops/cudnn_graph.h"
 
 namespace nb::ops {
@@ -123,31 +124,15 @@ Status execute(State& st, Graph& g, cudaStream_t stream, const std::vector<int64
   return cudnn_graph::execute(handle, g, stream, uids, ptrs, workspace);
 }
 
-int64_t align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
-
-// Bytes of the backward's own scratch placed in front of cuDNN's workspace (no dQ accumulator in
-// deterministic mode: the graph writes dQ directly).
+using attention_workspace::align256;
+using attention_workspace::Tables;
+using attention_workspace::tables_at;
 int64_t dq_accum_bytes(const AttentionShape& sh) {
-  return deterministic_mode() ? 0 : sh.batch * sh.heads * sh.seq * sh.head_dim * 4;
+  return attention_workspace::dq_accum_bytes(sh, deterministic_mode());
 }
-int64_t softmax_sum_bytes(const AttentionShape& sh) { return (sh.batch * sh.heads * sh.seq * 4 + 255) / 256 * 256; }
+int64_t softmax_sum_bytes(const AttentionShape& sh) { return attention_workspace::softmax_sum_bytes(sh); }
 
 // ---- Packed segments ----
-
-// Byte offsets of the per-slot tables in the workspace: lengths (int32 [slots]) and element offsets
-// (int64 [slots + 1]) of Q/O, K/V and Stats rows.
-struct Tables {
-  int64_t len = 0, off_q = 0, off_kv = 0, off_stats = 0, end = 0;
-};
-Tables tables_at(int64_t base, int64_t slots) {
-  Tables t;
-  t.len = base;
-  t.off_q = t.len + align256(slots * 4);
-  t.off_kv = t.off_q + align256((slots + 1) * 8);
-  t.off_stats = t.off_kv + align256((slots + 1) * 8);
-  t.end = t.off_stats + align256((slots + 1) * 8);
-  return t;
-}
 
 // Slot i < count is segment i; later slots have length 0 and offset T (the end), as cuDNN expects.
 __global__ void segment_tables_kernel(const int32_t* starts, int64_t count, int64_t slots, int64_t q_elems,
@@ -222,11 +207,10 @@ Status backward_packed(State& st, const AttentionShape& sh, const Tensor* io, co
   NB_TRY(get_plan(st, true, sh, &pk, &g));
   // Token-sized ragged scratch: FP32 dQ accumulator, softmax sum, and for GQA the per-query-head dK and
   // dV (bf16 tensors, but cudnn-frontend reserves 4 bytes per element for them, and so do we).
-  const int64_t tokens = packed_workspace_tokens(sh), per_head = align256(tokens * sh.heads * sh.head_dim * 4);
   const bool gqa = sh.heads != sh.kv_heads, det = deterministic_mode();
-  const int64_t accum = 0, sums = accum + (det ? 0 : per_head), dk_full = sums + align256(tokens * sh.heads * 4);
-  const int64_t dv_full = dk_full + (gqa ? per_head : 0), tables = dv_full + (gqa ? per_head : 0);
-  const Tables t = tables_at(tables, pk.slots);
+  const attention_workspace::PackedLayout lay = attention_workspace::packed_layout(sh, pk.slots, det);
+  const int64_t accum = lay.accum, sums = lay.sums, dk_full = lay.dk_full, dv_full = lay.dv_full;
+  const Tables& t = lay.tables;
   NB_TRY(ensure_workspace(st, t.end + g->workspace_bytes()));
   char* ws = static_cast<char*>(st.workspace);
   write_tables(sh, seg, pk, ws, t, stream);

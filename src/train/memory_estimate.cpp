@@ -5,6 +5,7 @@
 #include "core/log.h"
 #include "distributed/fsdp.h"
 #include "optim/adamw_stream.h"
+#include "ops/attention_workspace.h"
 #include "optim/optimizer_state.h"
 
 namespace nb {
@@ -132,11 +133,11 @@ double step_input_bytes(const MemoryJob& j) {
   return b;
 }
 
-// cuDNN's fused attention: forward none; the backward a dQ accumulator in FP32 for every query element
-// plus per-row statistics (measured on H100 with cuDNN 9, docs/MEMORY.md), also in deterministic mode.
+// The attention backward's workspace: nibble's own scratch (dQ accumulator, softmax sums, packed GQA's dK
+// and dV, segment tables) by the layout attention_cudnn.cu uses, and cuDNN's part by its measured rule.
 double attention_workspace_bytes(const MemoryJob& j) {
-  const double q = double(j.micro_batch * j.seq) * double(j.model.heads * j.model.head_dim);
-  return double(align256(int64_t(q * 4.0 + double(j.micro_batch * j.seq * j.model.heads) * 8.0)));
+  const ops::AttentionShape sh{j.micro_batch, j.seq, j.model.heads, j.model.kv_heads, j.model.head_dim, 1.0f};
+  return double(ops::attention_workspace::backward_bytes(sh, j.packed, j.deterministic));
 }
 
 // Data-parallel buffers: the BF16 bucket of a BF16 reduction (grad_sync.h), Megatron-FSDP's reduced chunk
@@ -188,7 +189,9 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
     e->rows.push_back({MemPart::gemm_workspace, 32.0 * 1048576, "one per GPU"});
-    e->rows.push_back({MemPart::attention_workspace, attention_workspace_bytes(j), "cuDNN backward (measured rule)"});
+    e->rows.push_back({MemPart::attention_workspace, attention_workspace_bytes(j),
+                       j.deterministic ? "deterministic: cuDNN's dQ partials (measured rule)"
+                                       : "dQ accumulator + cuDNN's part (measured rule)"});
   }
   e->rows.push_back({MemPart::step_inputs, step_input_bytes(j), "a step's micro-batches staged at once"});
   if (const double c = comm_bytes(j); c > 0) e->rows.push_back({MemPart::comm_buffers, c, "reduction scratch"});

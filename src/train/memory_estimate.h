@@ -37,7 +37,8 @@ struct MemoryJob {
   int64_t ddp_bucket_size = 0;
   bool training_format_gather = false;  // Megatron-FSDP gathers quantized weights in their format
   bool quant_stats = false, packed = false;
-  bool saves = false;  // checkpoints are written (rank 0 keeps host copies of master, m and v)
+  bool deterministic = false;  // --deterministic-mode: the attention backward without the dQ accumulator
+  bool saves = false;          // checkpoints are written (rank 0 keeps host copies of master, m and v)
 
   // What detect_ranks derives from strategy and ranks (trainer_dist.cpp uses these too).
   int shards() const;
@@ -60,9 +61,10 @@ struct MemoryEstimate {
   double part(MemPart p) const;
 };
 
-// Measured constants (docs/MEMORY.md): a CUDA context's own memory (what --gpu-memory loses before
-// nibble starts), and the libraries' memory beyond nibble's allocations on one GPU and with NCCL.
-constexpr double kCudaContextBytes = 0.55 * 1073741824.0;
+// Measured constants (docs/MEMORY.md): what a CUDA context and the driver take of a GPU's memory before
+// nibble starts (an H100 80GB: 79.65 GiB total, 78.66 free), and the libraries' memory beyond nibble's allocations on
+// one GPU and with NCCL.
+constexpr double kCudaContextBytes = 1.0 * 1073741824.0;
 constexpr double kLibraryBytes = 0.5 * 1073741824.0;
 constexpr double kNcclBytes = 0.75 * 1073741824.0;
 

@@ -42,6 +42,7 @@ MemoryJob Trainer::memory_job() const {
   j.training_format_gather = training_format_gather();
   j.quant_stats = cfg_.quant_stats;
   j.packed = cfg_.sft && cfg_.packed_sequence;
+  j.deterministic = cfg_.deterministic_mode;
   j.saves = !cfg_.save.empty();
   return j;
 }
@@ -73,9 +74,11 @@ std::string Trainer::does_not_fit_message(const MemoryJob& job, double free, dou
       gib(estimate_.device()), gib(estimate_.part(MemPart::activations)), gib(free));
   const std::vector<MemoryAdvice> advice = advise_memory(job, free, host, std::max(gpus, 8));
   if (advice.empty())
-    return s +
-           "; no single change of micro-batch, recompute, offload, sharding or rank count fits it (see "
-           "nibble train --dry-run for the table)";
+    return s + strprintf(
+                   "; no change of --micro-batch-size, --recompute, --optimizer-cpu-offload or sharding over up to "
+                   "%d GPUs fits it, alone or in pairs: shorten --seq-length (now %lld) or plan a larger machine with "
+                   "nibble train --dry-run",
+                   std::max(gpus, 8), (long long)cfg_.seq_length);
   s += "; what would fit, cheapest first: ";
   for (size_t i = 0; i < advice.size(); ++i)
     s += strprintf("%s%s (%s, %.2f GiB)", i ? "; or " : "", advice[i].flags.c_str(), advice[i].what.c_str(),
