@@ -1,8 +1,8 @@
 // FsdpSync: Megatron-FSDP's gathers and reduce-scatters around the model's pass (fsdp.h).
 #include "distributed/fsdp.h"
-#include "core/memory_ledger.h"
 #include <algorithm>
 #include <cstdlib>
+#include "core/memory_ledger.h"
 #include "ops/elementwise.h"
 
 namespace nb {

@@ -1,7 +1,7 @@
 // GradSync: bucketed, optionally overlapped gradient reduction and weight gathering (grad_sync.h).
 #include "distributed/grad_sync.h"
-#include "core/memory_ledger.h"
 #include <algorithm>
+#include "core/memory_ledger.h"
 #include "ops/elementwise.h"
 
 namespace nb {

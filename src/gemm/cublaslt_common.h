@@ -4,18 +4,19 @@
 // CUDA builds only (included by .cu files).
 #pragma once
 #include <cublasLt.h>
-#include "core/memory_ledger.h"
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include "core/memory_ledger.h"
 #include "core/status.h"
 #include "core/tensor.h"
+#include "gemm/gemm.h"
 
 namespace nb::gemm::lt {
 
-constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+constexpr size_t kWorkspaceBytes = kCublasLtWorkspaceBytes;  // gemm.h
 
 // Largest power of two (up to 256) dividing the address: cuBLASLt picks vectorized kernels from it.
 uint32_t alignment_of(const void* p);

@@ -37,6 +37,10 @@
 
 namespace nb::gemm {
 
+// cuBLASLt's workspace per GPU and backend: the BF16 GEMMs have one, the FP8 GEMMs another (cublaslt_common.h),
+// so a quantized recipe holds two (the memory estimate counts them).
+constexpr size_t kCublasLtWorkspaceBytes = size_t(32) << 20;
+
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   float alpha = 1.f, beta = 0.f;

@@ -25,12 +25,12 @@
 // cannot overwrite what that GEMM reads. Growing waits for `stream` first, because earlier GEMMs on
 // it may still read the old buffer.
 #include <cuda_runtime.h>
-#include "core/memory_ledger.h"
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include "core/bf16.h"
 #include "core/cuda_check.h"
+#include "core/memory_ledger.h"
 #include "formats/scalar_codecs.h"
 #include "gemm/gemm_quantized.h"
 

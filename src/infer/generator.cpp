@@ -118,6 +118,22 @@ Status Generator::Impl::allocate(int64_t tokens) {
   return Status::ok();
 }
 
+// Mirrors Impl::allocate and init below (memory_estimate_test checks the two against the allocations).
+int64_t Generator::planned_bytes(const LlamaConfig& c, Device dev, int64_t max_batch, int64_t max_len,
+                                 int64_t prompt_tokens, bool cast_weights, int64_t lora_rank) {
+  const int64_t e = dev == Device::cuda ? 2 : 4;  // the compute dtype's bytes
+  auto buf = [](int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 256 * 256; };
+  const int64_t t = std::max(max_batch, prompt_tokens), qkvd = c.q_dim() + 2 * c.kv_dim();
+  int64_t n = 2 * buf(t * c.hidden * e) + buf(t * 4) + buf(t * qkvd * e) + 2 * buf(t * c.q_dim() * e) +
+              2 * buf(t * c.kv_dim() * e) + buf(t * 2 * c.ffn * e) + buf(t * c.ffn * e) + buf(t * c.heads * 4) +
+              2 * buf(t * 4) + (lora_rank > 0 ? buf(t * lora_rank * e) : 0);
+  n += buf(max_batch * c.hidden * e) + buf(max_batch * c.vocab * 4) + buf(max_batch * 4);
+  n += 2 * c.layers * buf(max_batch * max_len * c.kv_dim() * e);
+  n += 2 * buf(max_len * c.head_dim / 2 * 4);
+  if (cast_weights) n += buf(c.hidden * std::max(qkvd, 2 * c.ffn) * e);
+  return n;
+}
+
 Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len) {
   Impl& m = *impl_;
   if (max_len < 1 || max_len > cfg.max_seq || max_batch < 1)

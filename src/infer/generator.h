@@ -47,6 +47,11 @@ class Generator {
   ~Generator();
   // A context of `max_len` positions for up to `max_batch` sequences (<= cfg.max_seq).
   Status init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len);
+  // The bytes init and a generate() of prompts of up to `prompt_tokens` positions in all allocate (each buffer a
+  // 256-byte multiple, as the allocator holds it), without allocating: the memory estimate's figure for the
+  // training samples. cast_weights: some linear weights have no compute copy (cast on use through a stage).
+  static int64_t planned_bytes(const LlamaConfig& cfg, Device dev, int64_t max_batch, int64_t max_len,
+                               int64_t prompt_tokens, bool cast_weights, int64_t lora_rank = 0);
   Status generate(const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o, GenerateResult* r);
 
   // The two passes generate() is made of (tests drive them directly).

@@ -12,7 +12,6 @@
 // Calls are serialised by a mutex; because the workspace is shared, calls must not run concurrently on
 // different streams.
 #include <cudnn.h>
-#include "core/memory_ledger.h"
 
 #include <algorithm>
 #include <limits>
@@ -25,6 +24,7 @@
 
 #include "core/cuda_check.h"
 #include "core/determinism.h"
+#include "core/memory_ledger.h"
 #include "ops/attention.h"
 #include "ops/attention_graphs.h"
 #include "ops/attention_workspace.h"

@@ -1,9 +1,9 @@
 // AdamWStreamer (see adamw_stream.h): the resident part in place, the host part chunk by chunk through
 // the staging windows.
 #include "optim/adamw_stream.h"
-#include "core/memory_ledger.h"
 #include <algorithm>
 #include "core/dtype.h"
+#include "core/memory_ledger.h"
 #include "ops/elementwise.h"
 
 namespace nb::optim {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include "core/log.h"
 #include "distributed/fsdp.h"
+#include "gemm/gemm.h"
+#include "infer/generator.h"
 #include "optim/adamw_stream.h"
 #include "ops/attention_workspace.h"
 #include "optim/optimizer_state.h"
@@ -36,6 +38,8 @@ int64_t MemoryJob::bucket_elems() const {
   if (ddp_bucket_size > 0) return ddp_bucket_size;
   return overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * ranks) : 0;
 }
+
+bool MemoryJob::master_only() const { return !lora && shards() <= 1 && !(placement.offload_fraction > 0) && !anneal; }
 
 double MemoryEstimate::nibble() const {
   double n = 0;
@@ -92,7 +96,7 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
 // releases the first recipe's Linears before the second's are made: the larger set counts.
 Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const MicroBatchShape shape{j.micro_batch, j.seq};
-  const bool master_only = !j.lora && j.shards() <= 1 && !(j.placement.offload_fraction > 0) && !j.anneal;
+  const bool master_only = j.master_only();
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
   NB_TRY(
@@ -188,7 +192,9 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
            " recompute)"});
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
-    e->rows.push_back({MemPart::gemm_workspace, 32.0 * 1048576, "one per GPU"});
+    const bool two = j.recipe.quantized() || (j.anneal && j.anneal_recipe.quantized());
+    e->rows.push_back({MemPart::gemm_workspace, (two ? 2.0 : 1.0) * double(gemm::kCublasLtWorkspaceBytes),
+                       two ? "the BF16 and the FP8 backend's" : "one per GPU"});
     e->rows.push_back({MemPart::attention_workspace, attention_workspace_bytes(j),
                        j.deterministic ? "deterministic: cuDNN's dQ partials (measured rule)"
                                        : "dQ accumulator + cuDNN's part (measured rule)"});
@@ -203,6 +209,13 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
       inputs += sp.bf16_layer ? 0.0 : double(align256(j.micro_batch * j.seq * sp.in * 2));
     const double w = double(LlamaModel::largest_linear_weight(j.model));
     e->rows.push_back({MemPart::quant_stats, inputs + 5.0 * w, "BF16 inputs of the Linears + FP32 Wgrad scratch"});
+  }
+  if (j.sample_len > 0) {  // rank 0 only; the other ranks hold less
+    const bool cast = j.master_only() && j.recipe.quantized();
+    e->rows.push_back(
+        {MemPart::samples,
+         double(infer::Generator::planned_bytes(j.model, j.dev, 1, j.sample_len, j.sample_prompt_tokens, cast)),
+         "the generator's KV cache and buffers while it samples"});
   }
   if (j.dev == Device::cuda) e->libraries = kLibraryBytes + (j.ranks > 1 ? kNcclBytes : 0.0);
   e->host = host_bytes(j);

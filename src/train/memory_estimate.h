@@ -39,6 +39,10 @@ struct MemoryJob {
   bool quant_stats = false, packed = false;
   bool deterministic = false;  // --deterministic-mode: the attention backward without the dQ accumulator
   bool saves = false;          // checkpoints are written (rank 0 keeps host copies of master, m and v)
+  // --sample-interval: the generator's context and prompt (its KV cache and buffers exist while it samples).
+  int64_t sample_len = 0, sample_prompt_tokens = 0;
+  // Quantized layers keep no compute copy of their weights (the weight stage; generation casts them on use).
+  bool master_only() const;
 
   // What detect_ranks derives from strategy and ranks (trainer_dist.cpp uses these too).
   int shards() const;

@@ -1,7 +1,6 @@
 // Trainer loop phases: step (micro-batches, gradient norm, clipping, AdamW), evaluate, the checkpoint
 // triggers (--save-interval, --exit-interval, SIGTERM) and the end-of-run summary.
 #include "train/trainer.h"
-#include "core/memory_ledger.h"
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -11,6 +10,7 @@
 #include <cstdlib>
 #include "core/gpu_profile.h"
 #include "core/log.h"
+#include "core/memory_ledger.h"
 #include "model/step_work.h"
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
@@ -307,7 +307,11 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   return Status::ok();
 }
 
-Status Trainer::train(TrainSummary* summary) {
+// An out-of-memory anywhere in the run (a workspace that grows at step 1, an evaluation, a sample) is the
+// estimate's mistake: explain_out_of_memory says so, with the part and its estimate.
+Status Trainer::train(TrainSummary* summary) { return explain_out_of_memory(train_loop(summary)); }
+
+Status Trainer::train_loop(TrainSummary* summary) {
   if (!cfg_.save.empty() && logging_rank()) jsonl_.open(cfg_.save + "/metrics.jsonl", std::ios::app);
   if (logging_rank()) NB_TRY(open_tensorboard_log(cfg_, &tb_));
   const bool checkpoints = !cfg_.save.empty() && (cfg_.save_interval > 0 || cfg_.exit_interval > 0);

@@ -60,6 +60,7 @@ class Trainer {
   Status train(TrainSummary* summary);  // load, loop (step, evaluate, save), final save
 
  private:
+  Status train_loop(TrainSummary* summary);  // train() without the out-of-memory explanation
   // setup phases (trainer_setup.cpp)
   Status resolve_config();
   Status check_tokenizer();
@@ -73,6 +74,7 @@ class Trainer {
   std::string does_not_fit_message(const MemoryJob& job, double free, double host, int gpus) const;
   Status explain_out_of_memory(const Status& st) const;
   void report_memory() const;
+  Status allocate_and_load();  // setup after the estimate: the model, the reductions, a checkpoint, the data
   Status build_model();
   Status build_data();
   Status build_sft_data();

@@ -43,6 +43,10 @@ MemoryJob Trainer::memory_job() const {
   j.quant_stats = cfg_.quant_stats;
   j.packed = cfg_.sft && cfg_.packed_sequence;
   j.deterministic = cfg_.deterministic_mode;
+  if (cfg_.sample_interval > 0) {  // the prompt's tokens once the tokenizer has read it, else its bytes at most
+    j.sample_prompt_tokens = sample_ids_.empty() ? int64_t(cfg_.sample_prompt.size()) + 1 : int64_t(sample_ids_.size());
+    j.sample_len = std::min<int64_t>(model_cfg_.max_seq, j.sample_prompt_tokens + cfg_.sample_tokens);
+  }
   j.saves = !cfg_.save.empty();
   return j;
 }

@@ -6,6 +6,7 @@
 // quantization. Its buffers (cache and activations for one prompt) live only during the sample.
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include "core/memory_ledger.h"
 #include "infer/generator.h"
 #include "tokenizer/utf8.h"
 #include "train/trainer.h"
@@ -39,7 +40,8 @@ Status Trainer::setup_sampling() {
 
 Status Trainer::sample(int64_t iteration) {
   if (!logging_rank()) return Status::ok();
-  streamer_.wait_all();  // a streamed update may still be writing the weights' compute copies
+  streamer_.wait_all();                 // a streamed update may still be writing the weights' compute copies
+  MemoryScope scope(MemPart::samples);  // the estimate's row for them (train/memory_estimate.h)
   infer::ModelWeights w;
   NB_TRY(infer::weights_from_store(model_.params(), model_cfg_, &w));
   infer::Generator gen;

@@ -25,6 +25,10 @@ Status Trainer::setup(TrainConfig cfg) {
   print_plan();
   NB_TRY(connect_ranks());
   NB_TRY(estimate_memory());
+  return explain_out_of_memory(allocate_and_load());  // from here on an out-of-memory means the estimate was wrong
+}
+
+Status Trainer::allocate_and_load() {
   NB_TRY(open_lora_base());
   NB_TRY(build_model());
   NB_TRY(prepare_grad_sync());
@@ -196,7 +200,7 @@ Status Trainer::build_model() {
   model_.fsdp_training_format_gathers = training_format_gather();
   Status st =
       model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length}, recompute_, uint64_t(cfg_.seed), recipe_);
-  if (!st) return explain_out_of_memory(st);
+  if (!st) return st;
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
   step_labels_.resize(step_tokens_.size());

@@ -109,3 +109,23 @@ TEST(DryRun, EverySuggestionFitsWhenApplied) {
 }
 
 }  // namespace
+
+namespace {
+
+// The playbook's NVFP4 recipe keeps the last four layers in BF16: on the two-layer tiny model nothing is
+// quantized, which the run says before step 1 and its summary says again.
+TEST(RecipeAsRun, ARecipeThatQuantizesNothingSaysSo) {
+  const auto r = run_nibble(
+      "train --model tiny --device cpu --recipe bf16_with_nvfp4_mixed --train-iters 1 --global-batch-size 1 "
+      "--micro-batch-size 1 --seq-length 64 --mock-data true --eval-interval 0");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("quantizes no Linear of this 2-layer model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bf16 (bf16_with_nvfp4_mixed keeps every layer"), std::string::npos) << r.out;
+  const auto q = run_nibble(
+      "train --model tiny --device cpu --recipe bf16_with_nvfp4_mixed --num-layers-at-end-in-bf16 0 --train-iters 1 "
+      "--global-batch-size 1 --micro-batch-size 1 --seq-length 64 --mock-data true --eval-interval 0");
+  ASSERT_EQ(q.code, 0) << q.out;
+  EXPECT_EQ(q.out.find("quantizes no Linear"), std::string::npos) << q.out;
+}
+
+}  // namespace

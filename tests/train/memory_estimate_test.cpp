@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <vector>
 #include "core/memory_ledger.h"
+#include "infer/generator.h"
+#include "infer/weights.h"
 #include "model/llama_model.h"
 #include "recipe/recipe.h"
 #include "train/memory_estimate.h"
@@ -79,6 +81,39 @@ std::vector<EstimateCase> estimate_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Plans, EstimateMatchesAllocations, ::testing::ValuesIn(estimate_cases()), case_name);
+
+// The training samples' generator: what it allocates for a prompt and a context, against planned_bytes (the
+// estimate's row), with a quantized store whose linear weights have no compute copy (cast through a stage).
+TEST(MemoryEstimateSamples, GeneratorAllocatesWhatItsPlanSays) {
+  LlamaConfig c;
+  ASSERT_TRUE(llama_preset("tiny", &c).is_ok());
+  c.layers = 3;
+  for (const char* name : {"bf16_mixed", "bf16_with_fp8_current_scaling_mixed"}) {
+    recipe::Recipe r;
+    ASSERT_TRUE(recipe::recipe_preset(name, &r).is_ok());
+    recipe::RecipeKnobs knobs;
+    knobs.layers_at_start_bf16 = knobs.layers_at_end_bf16 = 0;
+    if (r.quantized()) { ASSERT_TRUE(recipe::apply_knobs(knobs, &r).is_ok()); }
+    LlamaModel m;
+    ASSERT_TRUE(m.init(c, Device::cpu, {1, 128}, Recompute::none, 3, r).is_ok());
+    const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 6, 7};
+    const int64_t context = int64_t(prompt.size()) + 9;
+    const size_t before = ledger_snapshot(Device::cpu).parts[size_t(MemPart::samples)].current;
+    MemoryScope scope(MemPart::samples);
+    infer::ModelWeights w;
+    ASSERT_TRUE(infer::weights_from_store(m.params(), c, &w).is_ok());
+    infer::Generator gen;
+    ASSERT_TRUE(gen.init(c, w, Device::cpu, 1, context).is_ok());
+    infer::GenerateOptions o;
+    o.max_new_tokens = 9;
+    infer::GenerateResult res;
+    ASSERT_TRUE(gen.generate({prompt}, o, &res).is_ok());
+    const size_t held = ledger_snapshot(Device::cpu).parts[size_t(MemPart::samples)].current - before;
+    EXPECT_EQ(int64_t(held),
+              infer::Generator::planned_bytes(c, Device::cpu, 1, context, int64_t(prompt.size()), r.quantized()))
+        << name;
+  }
+}
 
 TEST(MemoryLedger, PartsPeaksAndFrees) {
   const LedgerSnapshot base = ledger_snapshot(Device::cpu);
