@@ -105,7 +105,7 @@ def section_lora70b(out):
     name = "fsdp-lora70b-bf16"
     s, fit = run_stats(out, name), " ".join(read(out, name + ".fit").split()) or "?"
     device, commit = device_and_commit(out, [name])
-    est = re.search(r"memory estimate: .*?total ([0-9.]+) GiB", read(out, name + ".log"))
+    est = re.search(r"^  total\s+([0-9.]+) GiB", read(out, name + ".log"), re.M)  # the estimate's table
     g = summary_row(out, name, "FSDP weights gathered/step (GiB)")
     rows = ["| base | micro-batch, recompute | step time (s) | tokens/s/GPU | model TFLOP/s/GPU | peak GiB | "
             "estimate GiB | base gathered/step/GPU (GiB) |", "|---|---|---:|---:|---:|---:|---:|---:|"]

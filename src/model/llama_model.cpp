@@ -252,6 +252,35 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
   // Every allocation below is recorded under its part of the memory estimate (core/memory_ledger.h).
+  NB_TRY(allocate_stores(qb, &qe));
+  NB_TRY(build_linears());  // after the store: sharded weights take its row chunks
+  weight_staged_.assign(size_t(cfg.layers * 4), char(0));
+  if (qe > qb) {
+    int64_t most = largest_linear_weight(cfg);
+    if (lora_enabled_ && base_.fsdp())  // a sharded frozen weight is quantized from its zero-padded rows
+      for (const ParamStore::Group& g : base_.groups())
+        if (!g.stored) most = std::max(most, g.chunk() * base_.shard_count());
+    MemoryScope scope(MemPart::weight_stage);
+    NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
+  }
+  std::optional<MemoryScope> scope(std::in_place, MemPart::params);  // initialization scratch
+  NB_TRY(params_.initialize(seed));
+  if (lora_enabled_) {
+    build_lora_modules();
+    NB_TRY(load_base(seed));
+  }
+  scope.emplace(MemPart::activations);
+  NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
+  return init_step_buffers();
+}
+
+// The parameter stores: the whole model (sharded, offloaded or with a master-only range [qb, *qe)), or with
+// LoRA the frozen base and the adapters. *qe becomes qb where the range is empty (every compute copy kept).
+Status LlamaModel::allocate_stores(int64_t qb, int64_t* qe_io) {
+  const LlamaConfig& cfg = cfg_;
+  const Device dev = dev_;
+  const recipe::Recipe& recipe = recipe_;
+  int64_t& qe = *qe_io;
   std::optional<MemoryScope> scope(std::in_place, MemPart::params);
   if (lora_enabled_) {  // quantized layers' frozen weights live in their Linears only
     // optim_grads_params: each rank keeps 1/d of the frozen base.
@@ -275,40 +304,26 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
       NB_TRY(params_.allocate(cfg, dev, qb, qe, optimizer_shard_rank, optimizer_shard_count, optimizer_bucket_elems,
                               optimizer_placement));
   }
-  NB_TRY(build_linears());  // after the store: sharded weights take its row chunks
-  weight_staged_.assign(size_t(cfg.layers * 4), char(0));
-  if (qe > qb) {
-    int64_t most = largest_linear_weight(cfg);
-    if (lora_enabled_ && base_.fsdp())  // a sharded frozen weight is quantized from its zero-padded rows
-      for (const ParamStore::Group& g : base_.groups())
-        if (!g.stored) most = std::max(most, g.chunk() * base_.shard_count());
-    MemoryScope scope(MemPart::weight_stage);
-    NB_TRY(Buffer::allocate(&weight_stage_, params_.compute_dtype(), dev, {most}));
-  }
-  scope.emplace(MemPart::params);  // initialization scratch
-  NB_TRY(params_.initialize(seed));
-  if (lora_enabled_) {
-    build_lora_modules();
-    NB_TRY(load_base(seed));
-  }
-  scope.emplace(MemPart::activations);
-  NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
-  scope.emplace(MemPart::step_inputs);
-  // RoPE tables [S, hd/2], FP32.
-  std::vector<float> cos_h(size_t(shape.seq * cfg.head_dim / 2)), sin_h(cos_h.size());
+  return Status::ok();
+}
+
+// RoPE tables [S, hd/2] (FP32) and the per-token loss sums.
+Status LlamaModel::init_step_buffers() {
+  MemoryScope scope(MemPart::step_inputs);
+  std::vector<float> cos_h(size_t(shape_.seq * cfg_.head_dim / 2)), sin_h(cos_h.size());
   ops::RopeConfig rcfg;
-  rcfg.theta = cfg.rope_theta;
-  rcfg.llama31_scaling = cfg.rope_factor != 1.0;
-  rcfg.factor = cfg.rope_factor;
-  rcfg.low_freq_factor = cfg.rope_low_freq_factor;
-  rcfg.high_freq_factor = cfg.rope_high_freq_factor;
-  rcfg.original_max_pos = cfg.rope_original_max_pos;
-  ops::rope_table(rcfg, shape.seq, cfg.head_dim, cos_h.data(), sin_h.data());
-  NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
-  NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev, {shape.seq, cfg.head_dim / 2}));
-  NB_TRY(copy_bytes(rope_cos_.data(), dev, cos_h.data(), Device::cpu, cos_h.size() * 4));
-  NB_TRY(copy_bytes(rope_sin_.data(), dev, sin_h.data(), Device::cpu, sin_h.size() * 4));
-  NB_TRY(Buffer::allocate(&loss_acc_, DType::f32, dev, {shape.tokens()}));
+  rcfg.theta = cfg_.rope_theta;
+  rcfg.llama31_scaling = cfg_.rope_factor != 1.0;
+  rcfg.factor = cfg_.rope_factor;
+  rcfg.low_freq_factor = cfg_.rope_low_freq_factor;
+  rcfg.high_freq_factor = cfg_.rope_high_freq_factor;
+  rcfg.original_max_pos = cfg_.rope_original_max_pos;
+  ops::rope_table(rcfg, shape_.seq, cfg_.head_dim, cos_h.data(), sin_h.data());
+  NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
+  NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
+  NB_TRY(copy_bytes(rope_cos_.data(), dev_, cos_h.data(), Device::cpu, cos_h.size() * 4));
+  NB_TRY(copy_bytes(rope_sin_.data(), dev_, sin_h.data(), Device::cpu, sin_h.size() * 4));
+  NB_TRY(Buffer::allocate(&loss_acc_, DType::f32, dev_, {shape_.tokens()}));
   ops::fill(loss_acc_.tensor(), 0.0f, nullptr);
   return Status::ok();
 }

@@ -254,6 +254,8 @@ class LlamaModel {
   Status copy_logits_to_host(const Tensor& logits, float* out) const;
   // recipe_'s Linears (qkv, o, gate_up, down per layer) and their shared workspace, allocated.
   Status build_linears();
+  Status allocate_stores(int64_t qb, int64_t* qe);  // init's parameter stores (llama_model.cpp)
+  Status init_step_buffers();                       // init's RoPE tables and loss sums
   // set_recipe's checks: `r` keeps quantized inputs wherever the activation plan does, and every layer that
   // would run a BF16 GEMM has its weights' compute copies.
   Status check_switch_covered(const recipe::Recipe& r, bool fprop_only) const;

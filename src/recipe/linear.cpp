@@ -105,7 +105,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   if (workspace) workspace->reserve(slot, slot_bytes);
   if (workspace && col_slot_bytes > 0) workspace->reserve(col_slot, col_slot_bytes);
   owned_bytes += kStateFloats * 4 + kStateInts * 4;
-  allocated_bytes += align256(kStateFloats * 4) + align256(kStateInts * 4);
+  allocated_bytes += align256(size_t(kStateFloats) * 4) + align256(size_t(kStateInts) * 4);
   if (dry) return Status::ok();
   NB_TRY(Buffer::allocate(&state_f, DType::f32, dev, {kStateFloats}));
   NB_TRY(Buffer::allocate(&state_i, DType::i32, dev, {kStateInts}));

@@ -119,7 +119,8 @@ std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free, doubl
         sets.push_back({2 * (changes[a].cost + changes[b].cost) + 1, {&changes[a], &changes[b]}});
   }
   std::stable_sort(sets.begin(), sets.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
-  for (const auto& [cost, set] : sets) {
+  for (const auto& entry : sets) {
+    const std::vector<const Change*>& set = entry.second;
     if (out.size() >= limit) break;
     // A pair whose first change fits alone says nothing more than that change.
     if (set.size() == 2 && std::any_of(out.begin(), out.end(), [&](const MemoryAdvice& a) {

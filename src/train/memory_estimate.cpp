@@ -83,13 +83,16 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   if (offload) {
     const double staging = double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
     bytes -= staging;
-    e->rows.push_back({MemPart::params, bytes, "weights + grads, the device share of the state"});
+    e->rows.push_back({MemPart::params, bytes,
+                       strprintf("weights + grads, the device share of the state (%.1f bytes/param)",
+                                 bytes / double(m.total_params()))});
     e->rows.push_back({MemPart::optimizer_staging, staging, "AdamWStreamer windows"});
     return;
   }
-  e->rows.push_back(
-      {MemPart::params, bytes,
-       shards > 1 ? "sharded over " + std::to_string(shards) + " ranks" : "FP32 master, grad, m, v + compute copy"});
+  const double per_param = bytes / double(m.total_params());
+  e->rows.push_back({MemPart::params, bytes,
+                     shards > 1 ? strprintf("sharded over %d ranks (%.1f bytes/param)", shards, per_param)
+                                : strprintf("FP32 master, grad, m, v + compute copy (%.1f bytes/param)", per_param)});
 }
 
 // The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run

@@ -379,20 +379,27 @@ Status Trainer::train_loop(TrainSummary* summary) {
   if (summary->stopped_by.empty()) NB_TRY(evaluate(iteration_, summary));
   NB_TRY(finish_saves(summary));
   NB_TRY(write_lora_adapter());
+  fill_summary(m, timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms,
+               timed_steps ? optimizer_sum_ms / double(timed_steps) : m.optimizer_ms, summary);
+  report(*summary);
+  if (logging_rank()) report_memory();
+  return Status::ok();
+}
+
+// The end-of-run figures from the last step's metrics and the mean step and optimizer times after step 1.
+void Trainer::fill_summary(const StepMetrics& m, double mean_step_ms, double optimizer_ms,
+                           TrainSummary* summary) const {
   summary->steps = iteration_ - summary->start_iteration;
   summary->end_iteration = iteration_;
   summary->skipped = skipped_;
-  summary->mean_step_ms = timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms;
-  summary->optimizer_ms = timed_steps ? optimizer_sum_ms / double(timed_steps) : m.optimizer_ms;
+  summary->mean_step_ms = mean_step_ms;
+  summary->optimizer_ms = optimizer_ms;
   const double tokens_per_gpu = double(tokens_per_step_) / double(world_.size);
   summary->tokens_per_s = summary->mean_step_ms > 0 ? tokens_per_gpu / (summary->mean_step_ms / 1000.0) : 0;
   summary->tflops =
       summary->mean_step_ms > 0 ? flops_per_token_ * tokens_per_gpu / (summary->mean_step_ms / 1000.0) / 1e12 : 0;
   summary->mfu = peak_tflops_ > 0 ? summary->tflops / peak_tflops_ : 0;
   summary->peak_mem_gib = m.peak_mem_gib;
-  report(*summary);
-  if (logging_rank()) report_memory();
-  return Status::ok();
 }
 
 void Trainer::report(const TrainSummary& s) const {

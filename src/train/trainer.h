@@ -142,6 +142,7 @@ class Trainer {
   // continuation printed and recorded at every --sample-interval step (rank 0)
   Status setup_sampling();
   Status sample(int64_t iteration);
+  void fill_summary(const StepMetrics& m, double mean_step_ms, double optimizer_ms, TrainSummary* summary) const;
   void report(const TrainSummary& s) const;
 
   TrainConfig cfg_;
