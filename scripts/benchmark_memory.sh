@@ -4,13 +4,14 @@
 # give the estimate, nibble's allocator high-water mark over the whole run, and the device memory in use at
 # its peak; the same configuration's `--dry-run` must print the same total. One configuration per GPU at a
 # time, the GPUs of the machine in parallel; the two-rank ones after them, two GPUs each.
-#   bash scripts/benchmark_memory.sh BUILD OUT [SFT_DATA_PREFIX]
+#   bash scripts/benchmark_memory.sh BUILD OUT [SFT_DATA_PREFIX] [TOKENIZER (for the training-samples run)]
 # then: python3 scripts/benchmark_memory_report.py OUT > table.md  (BENCHMARKS.md's memory section)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=$1
 out=$2
 sft=${3:-}
+tokenizer=${4:-}
 parts=all
 # shellcheck source=scripts/bench_common.sh
 source scripts/bench_common.sh
@@ -58,6 +59,11 @@ if [ -n "$sft" ]; then
   configs+=(
     "1b-sft-packed-16k-bf16|sft --model llama3.2-1b --data-path $sft --seq-length 16384 --global-batch-size 2 --micro-batch-size 1"
     "3b-sft-packed-16k-fp8cs|sft --model llama3.2-3b --data-path $sft --seq-length 16384 --global-batch-size 2 --micro-batch-size 1 --recipe $CS --recompute full"
+  )
+fi
+if [ -n "$tokenizer" ]; then
+  configs+=(
+    "1b-fp8cs-samples|--model llama3.2-1b --seq-length 4096 --global-batch-size 4 --micro-batch-size 1 --recipe $CS --sample-interval 2 --sample-tokens 16 --tokenizer $tokenizer"
   )
 fi
 two_rank=(
