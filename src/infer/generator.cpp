@@ -163,15 +163,8 @@ Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev
     NB_TRY(Buffer::allocate(&m.cv[size_t(l)], m.dt, dev, {max_batch, max_len, cfg.kv_heads, cfg.head_dim}));
   }
   // RoPE table [L, hd/2] FP32, exactly the training forward's (model/llama_model.cpp).
-  ops::RopeConfig rc;
-  rc.theta = cfg.rope_theta;
-  rc.llama31_scaling = cfg.rope_factor != 1.0;
-  rc.factor = cfg.rope_factor;
-  rc.low_freq_factor = cfg.rope_low_freq_factor;
-  rc.high_freq_factor = cfg.rope_high_freq_factor;
-  rc.original_max_pos = cfg.rope_original_max_pos;
   std::vector<float> cos_h(size_t(max_len * cfg.head_dim / 2)), sin_h(cos_h.size());
-  ops::rope_table(rc, max_len, cfg.head_dim, cos_h.data(), sin_h.data());
+  ops::rope_table(rope_config(cfg), max_len, cfg.head_dim, cos_h.data(), sin_h.data());
   NB_TRY(Buffer::allocate(&m.cos, DType::f32, dev, {max_len, cfg.head_dim / 2}));
   NB_TRY(Buffer::allocate(&m.sin, DType::f32, dev, {max_len, cfg.head_dim / 2}));
   NB_TRY(copy_bytes(m.cos.data(), dev, cos_h.data(), Device::cpu, cos_h.size() * 4));

@@ -118,4 +118,15 @@ Status validate(const LlamaConfig& c) {
   return Status::ok();
 }
 
+ops::RopeConfig rope_config(const LlamaConfig& c) {
+  ops::RopeConfig r;
+  r.theta = c.rope_theta;
+  r.llama31_scaling = c.rope_factor != 1.0;
+  r.factor = c.rope_factor;
+  r.low_freq_factor = c.rope_low_freq_factor;
+  r.high_freq_factor = c.rope_high_freq_factor;
+  r.original_max_pos = c.rope_original_max_pos;
+  return r;
+}
+
 }  // namespace nb

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 #include "core/status.h"
+#include "ops/rope.h"
 
 namespace nb {
 
@@ -36,5 +37,8 @@ Status llama_preset(const std::string& name, LlamaConfig* out);
 std::vector<std::string> preset_names();
 // Structural checks with one clear sentence each (heads dividing hidden, KV heads dividing heads, ...).
 Status validate(const LlamaConfig& c);
+
+// The model's RoPE settings as the table builder takes them (training's forward and generation share them).
+ops::RopeConfig rope_config(const LlamaConfig& c);
 
 }  // namespace nb

@@ -28,13 +28,6 @@ Status parse_recompute(const std::string& s, Recompute* out) {
   return Status::ok();
 }
 
-size_t LlamaModel::quantized_copy_bytes() const {
-  size_t n = linear_workspace_ ? linear_workspace_->bytes() : 0;
-  for (const auto& layer : linears_)
-    for (const auto& lin : layer) n += lin.bytes();
-  return n;
-}
-
 std::vector<std::string> LlamaModel::layer_param_names(int64_t l) {
   const std::string p = "model.layers." + std::to_string(l) + ".";
   return {p + "input_layernorm.weight",  p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
@@ -311,14 +304,7 @@ Status LlamaModel::allocate_stores(int64_t qb, int64_t* qe_io) {
 Status LlamaModel::init_step_buffers() {
   MemoryScope scope(MemPart::step_inputs);
   std::vector<float> cos_h(size_t(shape_.seq * cfg_.head_dim / 2)), sin_h(cos_h.size());
-  ops::RopeConfig rcfg;
-  rcfg.theta = cfg_.rope_theta;
-  rcfg.llama31_scaling = cfg_.rope_factor != 1.0;
-  rcfg.factor = cfg_.rope_factor;
-  rcfg.low_freq_factor = cfg_.rope_low_freq_factor;
-  rcfg.high_freq_factor = cfg_.rope_high_freq_factor;
-  rcfg.original_max_pos = cfg_.rope_original_max_pos;
-  ops::rope_table(rcfg, shape_.seq, cfg_.head_dim, cos_h.data(), sin_h.data());
+  ops::rope_table(rope_config(cfg_), shape_.seq, cfg_.head_dim, cos_h.data(), sin_h.data());
   NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
   NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
   NB_TRY(copy_bytes(rope_cos_.data(), dev_, cos_h.data(), Device::cpu, cos_h.size() * 4));

@@ -45,8 +45,6 @@ class LlamaModel {
   // With LoRA (lora != nullptr) every layer keeps its linears' BF16 inputs (the adapters' Wgrad reads them).
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                        const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr);
-  // Device bytes of the quantized copies the recipe's linears hold (outside the activation arena).
-  size_t quantized_copy_bytes() const;
   // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
   struct LinearSpec {
     int64_t layer = 0;

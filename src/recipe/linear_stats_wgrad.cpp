@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include "core/bf16.h"
+#include "core/memory_ledger.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_quantized.h"
@@ -73,6 +74,7 @@ Status quantize_alt(const bf16* src, int64_t rows, int64_t cols, const RoleSpec&
 }  // namespace
 
 Status StatsScratch::reserve(int64_t f32_elements, size_t bytes) {
+  MemoryScope scope(MemPart::quant_stats);  // the estimate's row for --quant-stats
   if (f32_elements > f32_cap_) {
     f32_.reset();  // free first: the old contents are dead and its memory may be needed
     NB_TRY(Buffer::allocate(&f32_, DType::f32, dev_, {f32_elements}));
@@ -107,6 +109,7 @@ Status StatsAccumulator::keep_input(const Linear::Impl& s, const Tensor& x, Stre
   if (!armed_ || s.frozen || s.all_bf16) return Status::ok();
   PassTimer timer(s.dev);
   if (!x_.data()) {
+    MemoryScope scope(MemPart::quant_stats);
     Status st = Buffer::allocate(&x_, DType::bf16, s.dev, {s.max_tokens, s.in});
     if (!st)
       return errorf(

@@ -27,18 +27,6 @@ std::string fsdp_flags(const std::string& strategy) {
   return "--use-megatron-fsdp --data-parallel-sharding-strategy " + strategy;
 }
 
-// The least offloaded share (in steps of 5%) that fits the GPU; 0 when even all of it does not.
-double least_offload(const MemoryJob& job, double free, double host) {
-  for (int pct = 5; pct <= 100; pct += 5) {
-    MemoryJob j = job;
-    j.placement.offload_fraction = pct / 100.0;
-    if (j.placement.chunk_elems <= 0) j.placement.chunk_elems = int64_t(64) * 1048576 / 4;
-    MemoryEstimate e;
-    if (fits(j, free, host, &e)) return pct / 100.0;
-  }
-  return 0;
-}
-
 std::vector<Change> candidate_changes(const MemoryJob& job, double free, double host, int gpus) {
   std::vector<Change> c;
   if (job.recompute == Recompute::none)
@@ -65,12 +53,11 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
       c.push_back({3 + s, 2, fsdp_flags(kStrategies[s]), "shards over the ranks: more communication per step",
                    [st = std::string(kStrategies[s])](MemoryJob* j) { return (j->strategy = st), true; }});
   if (!job.lora && !(job.placement.offload_fraction > 0)) {
-    const double f = least_offload(job, free, host);
+    const double f = least_offload_fraction(job, free, host);
     if (f > 0)
       c.push_back({7, 3, "--optimizer-cpu-offload --optimizer-offload-fraction " + strprintf("%.2f", f),
                    "the optimizer state streams from host memory each step", [f](MemoryJob* j) {
-                     j->placement.offload_fraction = f;
-                     if (j->placement.chunk_elems <= 0) j->placement.chunk_elems = int64_t(64) * 1048576 / 4;
+                     j->placement = {f, j->offload_chunk_elems};
                      return true;
                    }});
   }
@@ -94,6 +81,17 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
 }
 
 }  // namespace
+
+// In steps of 1%, the first share that fits by the estimate (each a whole estimate: cheap, no allocation).
+double least_offload_fraction(const MemoryJob& job, double free, double host) {
+  for (int pct = 1; pct <= 100; ++pct) {
+    MemoryJob j = job;
+    j.placement = {pct / 100.0, job.offload_chunk_elems};
+    MemoryEstimate e;
+    if (fits(j, free, host, &e)) return pct / 100.0;
+  }
+  return 0;
+}
 
 std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free, double host, int gpus, size_t limit) {
   const std::vector<Change> changes = candidate_changes(job, free, host, gpus);

@@ -31,6 +31,7 @@ struct MemoryJob {
   int ranks = 1, local_ranks = 1;     // world size, and ranks on this machine (host memory is shared)
   std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
   optim::Placement placement;         // --optimizer-cpu-offload
+  int64_t offload_chunk_elems = 0;    // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
   bool lora = false;
   LoraSpec lora_spec;
   bool embeddings_per_step = false, grad_reduce_in_bf16 = false, overlap = false;
@@ -44,7 +45,7 @@ struct MemoryJob {
   // Quantized layers keep no compute copy of their weights (the weight stage; generation casts them on use).
   bool master_only() const;
 
-  // What detect_ranks derives from strategy and ranks (trainer_dist.cpp uses these too).
+  // What strategy and ranks set: one rule, which Trainer::apply_world applies to the model too.
   int shards() const;
   LlamaModel::Fsdp fsdp() const;
   int64_t bucket_elems() const;
@@ -78,6 +79,10 @@ std::string format_memory_table(const MemoryEstimate& e, double free_bytes);
 
 // The largest micro-batch (a power of two dividing the batch per rank, or 0) that fits `free_bytes`.
 int64_t largest_fitting_micro_batch(const MemoryJob& job, double free_bytes);
+
+// With --optimizer-cpu-offload: the least share of the state in host memory (1% steps) with which the job fits
+// `free_bytes` per GPU and `host_bytes` per machine; 0 when even all of it does not fit.
+double least_offload_fraction(const MemoryJob& job, double free_bytes, double host_bytes);
 
 // One change to the job that the estimate says fits: the flags to pass and the estimate with it.
 struct MemoryAdvice {

@@ -70,7 +70,7 @@ class Trainer {
   MemoryJob memory_job() const;  // the job as the estimate sees it (train/memory_estimate.h)
   Status estimate_memory();
   Status check_host_memory();  // --optimizer-cpu-offload: the host part fits this machine's memory
-  std::string offload_fraction_advice(double need) const;
+  std::string offload_fraction_advice() const;
   std::string does_not_fit_message(const MemoryJob& job, double free, double host, int gpus) const;
   Status explain_out_of_memory(const Status& st) const;
   void report_memory() const;

@@ -20,22 +20,21 @@ Status Trainer::detect_ranks() {
 // What the rank count sets: the data-parallel size, the optimizer's sharding, the bucket, rank 0's logging.
 Status Trainer::apply_world() {
   cfg_.data_parallel = world_.size;
-  const std::string strategy = cfg_.sharding_strategy();
-  // LoRA: the adapters are small and stay whole on every rank; only optim_grads_params changes anything, by
-  // sharding the frozen base (optim and optim_grads would shard state and gradients the base does not have).
-  if (strategy != "no_shard" && world_.size > 1 && (!lora() || strategy == "optim_grads_params")) {
+  // The sharding and the bucket as the memory estimate derives them (MemoryJob, train/memory_estimate.h): LoRA
+  // shards only with optim_grads_params (its frozen base); Megatron's default bucket is one bucket without an
+  // overlap, else max(40M, 1M x ranks) elements.
+  MemoryJob j;
+  j.ranks = world_.size;
+  j.strategy = cfg_.sharding_strategy();
+  j.lora = lora();
+  j.ddp_bucket_size = cfg_.ddp_bucket_size;
+  j.overlap = cfg_.overlap_grad_reduce || cfg_.overlap_param_gather;
+  if (j.shards() > 1) {
     model_.optimizer_shard_rank = world_.rank;
-    model_.optimizer_shard_count = world_.size;
-    if (strategy == "optim_grads") model_.fsdp = LlamaModel::Fsdp::optim_grads;
-    if (strategy == "optim_grads_params") model_.fsdp = LlamaModel::Fsdp::optim_grads_params;
+    model_.optimizer_shard_count = j.shards();
+    model_.fsdp = j.fsdp();
   }
-  // Megatron's default bucket: one without an overlap (nothing to overlap it with), else
-  // max(40M, 1M x ranks) elements, small enough to start early, large enough to keep links busy.
-  const bool overlap = cfg_.overlap_grad_reduce || cfg_.overlap_param_gather;
-  if (world_.size > 1)
-    model_.optimizer_bucket_elems = cfg_.ddp_bucket_size > 0 ? cfg_.ddp_bucket_size
-                                    : overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * world_.size)
-                                              : 0;
+  if (world_.size > 1) model_.optimizer_bucket_elems = j.bucket_elems();
   // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
   const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
   if (world_.rank != 0 && !(all && *all == '1')) {

@@ -33,6 +33,7 @@ MemoryJob Trainer::memory_job() const {
   j.local_ranks = std::max(1, world_.local_size);
   j.strategy = cfg_.sharding_strategy();
   j.placement = model_.optimizer_placement;
+  j.offload_chunk_elems = int64_t(cfg_.optimizer_state_offload_chunk_size_mb * 1048576.0 / 4.0);
   j.lora = lora();
   j.lora_spec = lora_spec_;
   j.embeddings_per_step = cfg_.fsdp_embeddings_per_step;
@@ -62,7 +63,7 @@ Status Trainer::estimate_memory() {
   std::printf("%s", format_memory_table(estimate_, free).c_str());
   if (dev_ != Device::cuda) return check_host_memory();
   std::printf("largest micro-batch that fits: %lld%s\n", (long long)largest_fitting_micro_batch(job, free),
-              offload_fraction_advice(estimate_.device()).c_str());
+              offload_fraction_advice().c_str());
   NB_TRY(check_host_memory());
   if (estimate_.device() <= free) return Status::ok();
   std::string why;
@@ -90,17 +91,12 @@ std::string Trainer::does_not_fit_message(const MemoryJob& job, double free, dou
   return s;
 }
 
-// With offload, the least share of the state in host memory that still fits the GPU at this micro-batch
-// (less streaming per step), keeping 3% of the free memory as slack.
-std::string Trainer::offload_fraction_advice(double need) const {
-  const optim::Placement& pl = model_.optimizer_placement;
-  if (!(pl.offload_fraction > 0)) return "";
-  const int64_t shard_elems = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
-  const double shard = double(shard_elems);
-  const double on_device = 12.0 * (shard - double(optim::OptimizerState::offloaded_elems(shard_elems, pl)));
-  const double room = 0.97 * double(free_bytes_) - (need - on_device);  // for the resident state
-  const double least = std::ceil(100.0 * std::clamp(1.0 - room / (12.0 * shard), 0.0, 1.0)) / 100.0;
-  return strprintf("; least --optimizer-offload-fraction that fits: %.2f", least);
+// With offload, the least share of the state in host memory with which the estimate still fits the GPU at
+// this micro-batch (less streaming per step).
+std::string Trainer::offload_fraction_advice() const {
+  if (!(model_.optimizer_placement.offload_fraction > 0)) return "";
+  const double least = least_offload_fraction(memory_job(), double(free_bytes_), 0.0);
+  return least > 0 ? strprintf("; least --optimizer-offload-fraction that fits: %.2f", least) : "";
 }
 
 // --optimizer-cpu-offload: the share of master, m and v this rank keeps in page-locked host memory must fit
