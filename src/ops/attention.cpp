@@ -1,7 +1,8 @@
 // Causal GQA attention: argument checks, backend dispatch and the CPU reference (the spec).
 //
 // Reference math for one sequence (a row, or a packed segment: positions i, j count from its first
-// token), query head h (K/V head g = h / (Hq/Hkv)), query position i, keys j <= i:
+// token), query head h (K/V head g = h / (Hq/Hkv)), query position i, keys j <= i (every key of the row's
+// kv_seq when not causal):
 //   s_ij = scale * q_i . k_j            lse_i = log sum_{j<=i} exp(s_ij)      p_ij = exp(s_ij - lse_i)
 //   out_i = sum_j p_ij v_j
 // Backward with D_i = dout_i . out_i (= sum_j p_ij dp_ij):
@@ -70,6 +71,7 @@ double dot(const float* a, const float* b, int64_t n) {
 // whole-row attention, or a packed segment).
 struct Seq {
   int64_t t0, len;
+  int64_t kv0 = 0, kv_len = 0;  // its keys: kv_len tokens from kv0 (a causal sequence: its own tokens)
 };
 
 // The tensors of one call and their index helpers; token t = b * S + s. lse is [B, Hq, S], or [T, Hq]
@@ -93,32 +95,37 @@ Ref make_ref(const AttentionShape& sh, const Tensor& q, const Tensor& k, const T
 std::vector<Seq> sequences_of(const AttentionShape& sh, const AttentionSegments* seg) {
   std::vector<Seq> seqs;
   if (seg == nullptr) {
-    for (int64_t b = 0; b < sh.batch; ++b) seqs.push_back({b * sh.seq, sh.seq});
+    for (int64_t b = 0; b < sh.batch; ++b) seqs.push_back({b * sh.seq, sh.seq, b * sh.kv_len(), sh.kv_len()});
     return seqs;
   }
-  for (int64_t i = 0; i < seg->count; ++i)
-    seqs.push_back({seg->starts[i], int64_t(seg->starts[i + 1]) - seg->starts[i]});
+  for (int64_t i = 0; i < seg->count; ++i) {
+    const int64_t t0 = seg->starts[i], len = int64_t(seg->starts[i + 1]) - seg->starts[i];
+    seqs.push_back({t0, len, t0, len});
+  }
   return seqs;
 }
 
+// The keys query i of a sequence sees: 0..i when causal, else all of them.
+int64_t keys_seen(const AttentionShape& sh, const Seq& sq, int64_t i) { return sh.causal ? i + 1 : sq.kv_len; }
+
 // Forward of query head h over one sequence; s and acc are scratch of at least len and D entries.
-void forward_sequence(const Ref& r, Seq sq, int64_t h, float* O, float* LSE, std::vector<double>& s,
-                      std::vector<double>& acc) {
+void forward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h, float* O, float* LSE,
+                      std::vector<double>& s, std::vector<double>& acc) {
   const int64_t g = h / r.group, D = r.D;
   for (int64_t i = 0; i < sq.len; ++i) {
-    const int64_t t = sq.t0 + i;
+    const int64_t t = sq.t0 + i, n = keys_seen(sh, sq, i);
     double m = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j <= i; ++j) {
-      s[j] = r.scale * dot(r.Q + r.q(t, h), r.K + r.kv(sq.t0 + j, g), D);
+    for (int64_t j = 0; j < n; ++j) {
+      s[j] = r.scale * dot(r.Q + r.q(t, h), r.K + r.kv(sq.kv0 + j, g), D);
       m = std::max(m, s[j]);
     }
     double sum = 0.0;
-    for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - m);
+    for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - m);
     const double log_sum = m + std::log(sum);
     std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = 0; j < n; ++j) {
       const double p = std::exp(s[j] - log_sum);
-      const float* vj = r.V + r.kv(sq.t0 + j, g);
+      const float* vj = r.V + r.kv(sq.kv0 + j, g);
       for (int64_t d = 0; d < D; ++d) acc[d] += p * double(vj[d]);
     }
     for (int64_t d = 0; d < D; ++d) O[r.q(t, h) + d] = float(acc[d]);
@@ -127,24 +134,24 @@ void forward_sequence(const Ref& r, Seq sq, int64_t h, float* O, float* LSE, std
 }
 
 // Backward of query head h over one sequence: writes dq and adds this head's dk/dv terms to its FP64
-// partials, laid out like q ([T, Hq, D]).
-void backward_sequence(const Ref& r, Seq sq, int64_t h, const float* O, const float* dO, const float* LSE, float* dQ,
-                       double* dk_part, double* dv_part, std::vector<double>& dq_acc) {
+// partials, laid out per query head ([Tkv, Hq, D], Tkv = B * kv_len).
+void backward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h, const float* O, const float* dO,
+                       const float* LSE, float* dQ, double* dk_part, double* dv_part, std::vector<double>& dq_acc) {
   const int64_t g = h / r.group, D = r.D;
   for (int64_t i = 0; i < sq.len; ++i) {
-    const int64_t t = sq.t0 + i;
+    const int64_t t = sq.t0 + i, n = keys_seen(sh, sq, i);
     const float* qi = r.Q + r.q(t, h);
     const float* doi = dO + r.q(t, h);
     const double Di = dot(doi, O + r.q(t, h), D);
     const double lse_i = LSE[r.stat(t, h)];
     std::fill(dq_acc.begin(), dq_acc.end(), 0.0);
-    for (int64_t j = 0; j <= i; ++j) {
-      const float* kj = r.K + r.kv(sq.t0 + j, g);
-      const float* vj = r.V + r.kv(sq.t0 + j, g);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* kj = r.K + r.kv(sq.kv0 + j, g);
+      const float* vj = r.V + r.kv(sq.kv0 + j, g);
       const double p = std::exp(r.scale * dot(qi, kj, D) - lse_i);
       const double ds = p * (dot(doi, vj, D) - Di);
-      double* dk_j = dk_part + r.q(sq.t0 + j, h);
-      double* dv_j = dv_part + r.q(sq.t0 + j, h);
+      double* dk_j = dk_part + r.q(sq.kv0 + j, h);
+      double* dv_j = dv_part + r.q(sq.kv0 + j, h);
       for (int64_t d = 0; d < D; ++d) {
         dq_acc[d] += ds * double(kj[d]);
         dk_j[d] += ds * double(qi[d]);
@@ -153,6 +160,17 @@ void backward_sequence(const Ref& r, Seq sq, int64_t h, const float* O, const fl
     }
     for (int64_t d = 0; d < D; ++d) dQ[r.q(t, h) + d] = float(r.scale * dq_acc[d]);
   }
+}
+
+// The ring's key blocks (kv_seq, causal = false) are defined for whole rows only.
+Status check_key_rows(const AttentionShape& sh, const AttentionSegments* segments) {
+  if (sh.kv_seq < 0) return errorf("attention: kv_seq %lld must be 0 (= seq) or positive", (long long)sh.kv_seq);
+  if (sh.causal && sh.kv_len() != sh.seq)
+    return errorf("attention: a causal call needs as many keys as queries (kv_seq %lld, seq %lld)",
+                  (long long)sh.kv_seq, (long long)sh.seq);
+  if (segments != nullptr && (!sh.causal || sh.kv_len() != sh.seq))
+    return errorf("attention: packed segments take causal attention over their own tokens only");
+  return Status::ok();
 }
 
 // True when lse is the token-major [B, S, Hq] view of a segmented call (else it must be [B, Hq, S]).
@@ -224,12 +242,13 @@ Status attention_check_args(const AttentionShape& sh, const Tensor& q, const Ten
                   (long long)sh.kv_heads);
   if (!(sh.scale > 0.0f) || !std::isfinite(sh.scale))
     return errorf("attention: softmax scale %g must be positive and finite (usually 1/sqrt(head_dim))", sh.scale);
+  NB_TRY(check_key_rows(sh, segments));
   const Device dev = q.device;
   const DType act = dev == Device::cpu ? DType::f32 : DType::bf16;
-  const auto B = sh.batch, S = sh.seq, Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
+  const auto B = sh.batch, S = sh.seq, Skv = sh.kv_len(), Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
   NB_TRY(check_tensor("q", &q, dev, act, {B, S, Hq, D}));
-  NB_TRY(check_tensor("k", &k, dev, act, {B, S, Hkv, D}));
-  NB_TRY(check_tensor("v", &v, dev, act, {B, S, Hkv, D}));
+  NB_TRY(check_tensor("k", &k, dev, act, {B, Skv, Hkv, D}));
+  NB_TRY(check_tensor("v", &v, dev, act, {B, Skv, Hkv, D}));
   NB_TRY(check_tensor("out", &out, dev, act, {B, S, Hq, D}));
   if (lse_is_token_major(sh, lse, segments))
     NB_TRY(check_tensor("lse", &lse, dev, DType::f32, {B, S, Hq}));
@@ -237,8 +256,8 @@ Status attention_check_args(const AttentionShape& sh, const Tensor& q, const Ten
     NB_TRY(check_tensor("lse", &lse, dev, DType::f32, {B, Hq, S}));
   NB_TRY(check_tensor("dout", dout, dev, act, {B, S, Hq, D}));
   NB_TRY(check_tensor("dq", dq, dev, act, {B, S, Hq, D}));
-  NB_TRY(check_tensor("dk", dk, dev, act, {B, S, Hkv, D}));
-  NB_TRY(check_tensor("dv", dv, dev, act, {B, S, Hkv, D}));
+  NB_TRY(check_tensor("dk", dk, dev, act, {B, Skv, Hkv, D}));
+  NB_TRY(check_tensor("dv", dv, dev, act, {B, Skv, Hkv, D}));
   if (segments != nullptr) NB_TRY(attention_check_segments(sh, *segments, dev));
   return Status::ok();
 }
@@ -252,8 +271,8 @@ Status attention_forward_ref(const AttentionShape& sh, const Tensor& q, const Te
   float *O = out.ptr<float>(), *LSE = lse.ptr<float>();
   parallel_for(int64_t(seqs.size()) * sh.heads, [&](int64_t item) {
     const Seq sq = seqs[size_t(item / sh.heads)];
-    std::vector<double> s(size_t(sq.len)), acc(size_t(sh.head_dim));
-    forward_sequence(r, sq, item % sh.heads, O, LSE, s, acc);
+    std::vector<double> s(size_t(std::max(sq.len, sq.kv_len))), acc(size_t(sh.head_dim));
+    forward_sequence(sh, r, sq, item % sh.heads, O, LSE, s, acc);
   });
   return Status::ok();
 }
@@ -265,17 +284,17 @@ Status attention_backward_ref(const AttentionShape& sh, const Tensor& q, const T
   if (q.device != Device::cpu) return errorf("attention_backward_ref: tensors must be on the cpu");
   const Ref r = make_ref(sh, q, k, v, segments != nullptr);
   const std::vector<Seq> seqs = sequences_of(sh, segments);
-  const int64_t T = sh.batch * sh.seq, D = sh.head_dim;
+  const int64_t Tkv = sh.batch * sh.kv_len(), D = sh.head_dim;
   const float *O = out.ptr<float>(), *dO = dout.ptr<float>(), *LSE = lse.ptr<float>();
   float *dK = dk.ptr<float>(), *dV = dv.ptr<float>();
   // Per query head FP64 partial dk/dv, summed over each group in head order afterwards (deterministic).
-  std::vector<double> dk_part(size_t(T * sh.heads * D)), dv_part(dk_part.size());
+  std::vector<double> dk_part(size_t(Tkv * sh.heads * D)), dv_part(dk_part.size());
   parallel_for(int64_t(seqs.size()) * sh.heads, [&](int64_t item) {
     std::vector<double> dq_acc(static_cast<size_t>(D));
-    backward_sequence(r, seqs[size_t(item / sh.heads)], item % sh.heads, O, dO, LSE, dq.ptr<float>(), dk_part.data(),
-                      dv_part.data(), dq_acc);
+    backward_sequence(sh, r, seqs[size_t(item / sh.heads)], item % sh.heads, O, dO, LSE, dq.ptr<float>(),
+                      dk_part.data(), dv_part.data(), dq_acc);
   });
-  parallel_for(T, [&](int64_t t) {
+  parallel_for(Tkv, [&](int64_t t) {
     for (int64_t g = 0; g < sh.kv_heads; ++g)
       for (int64_t d = 0; d < D; ++d) {
         double sk = 0.0, sv = 0.0;

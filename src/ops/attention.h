@@ -1,4 +1,5 @@
-// Causal scaled-dot-product attention with grouped-query heads (GQA), forward and backward.
+// Causal scaled-dot-product attention with grouped-query heads (GQA), forward and backward (and, for
+// context parallelism's ring, the non-causal block of a query chunk against another chunk's keys).
 //
 // Shapes (row-major, PyTorch order, contiguous):
 //   q, out, dq, dout : [B, S, Hq, D]
@@ -34,6 +35,12 @@ namespace nb::ops {
 struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
+  // Context parallelism's ring steps (ops/cp_ring.h): K/V rows of their own length (kv_seq; 0 = seq),
+  // seen whole by every query (causal = false). k, v, dk, dv are then [B, kv_seq, Hkv, D]. Whole rows only;
+  // a causal call has kv_seq == seq.
+  int64_t kv_seq = 0;
+  bool causal = true;
+  int64_t kv_len() const { return kv_seq > 0 ? kv_seq : seq; }
 };
 
 // The segments of a packed micro-batch: `count` segments tile the T = batch * seq tokens in order.

@@ -37,8 +37,8 @@ using namespace attention_graphs;
 using cudnn_graph::error_string;
 using cudnn_graph::Graph;
 
-// (backward, packed, graph batch, graph sequence, Hq, Hkv, D, device, deterministic)
-using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int, bool>;
+// (backward, packed, graph batch, graph sequence, keys per row, causal, Hq, Hkv, D, device, deterministic)
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, bool, int64_t, int64_t, int64_t, int, bool>;
 
 // Process-wide state: one handle per device, the plan cache and the shared workspace.
 struct State {
@@ -86,7 +86,8 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
   NB_TRY(current_handle(st, &handle));
   const int64_t b = packed ? packed->slots : sh.batch, s = packed ? packed->seq : sh.seq;
   const bool det = deterministic_mode();
-  Key key{backward, packed != nullptr, b, s, sh.heads, sh.kv_heads, sh.head_dim, dev, det};
+  Key key{backward,    packed != nullptr, b,   s,  packed ? s : sh.kv_len(), sh.causal, sh.heads,
+          sh.kv_heads, sh.head_dim,       dev, det};
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
     auto g = std::make_unique<Graph>(handle, backward ? "attention backward" : "attention forward", kFirstVirtual);
@@ -97,6 +98,7 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
     if (!g->status()) {
       std::string where = strprintf("B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", (long long)sh.batch, (long long)sh.seq,
                                     (long long)sh.heads, (long long)sh.kv_heads, (long long)sh.head_dim);
+      if (!sh.causal) where += strprintf(", a non-causal block of %lld keys", (long long)sh.kv_len());
       if (packed) where += strprintf(", packed as %lld slots of up to %lld tokens", (long long)b, (long long)s);
       return Status(g->status()).context(where);
     }

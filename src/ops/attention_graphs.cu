@@ -22,16 +22,18 @@ Dims bshd_t_strides(int64_t S, int64_t H, int64_t D) { return {S * H * D, D, 1, 
 struct Io {
   Graph& g;
   int64_t b, s, Hq, Hkv, D;
+  int64_t skv = s;     // keys per row (context parallelism's ring blocks; packed: s)
+  bool causal = true;  // false: every query sees every key (a ring block)
   bool packed = false;
   Desc len_q = nullptr, len_kv = nullptr;
   Desc off_q = nullptr, off_k = nullptr, off_v = nullptr, off_o = nullptr, off_stats = nullptr;
 
   Dims qdims() const { return {b, Hq, s, D}; }
-  Dims kvdims() const { return {b, Hkv, s, D}; }
-  Dims kvt_dims() const { return {b, Hkv, D, s}; }
-  Dims sdims() const { return {b, Hq, s, s}; }
-  Dims sstr() const { return {Hq * s * s, s * s, s, 1}; }
-  Dims sstr_t() const { return {Hq * s * s, s * s, 1, s}; }
+  Dims kvdims() const { return {b, Hkv, skv, D}; }
+  Dims kvt_dims() const { return {b, Hkv, D, skv}; }
+  Dims sdims() const { return {b, Hq, s, skv}; }
+  Dims sstr() const { return {Hq * s * skv, s * skv, skv, 1}; }
+  Dims sstr_t() const { return {Hq * s * skv, s * skv, 1, s}; }
   Dims rdims() const { return {b, Hq, s, 1}; }
   Dims rstr() const { return {Hq * s, s, 1, 1}; }  // virtual row statistics
   // Stats and the softmax sum: [B,Hq,S] for rows, token-major [T,Hq] when packed.
@@ -40,10 +42,10 @@ struct Io {
     return g.tensor(uid, dt, qdims(), bshd_strides(s, Hq, D), false, false, off);
   }
   Desc kv_like(int64_t uid, Desc off) {
-    return g.tensor(uid, CUDNN_DATA_BFLOAT16, kvdims(), bshd_strides(s, Hkv, D), false, false, off);
+    return g.tensor(uid, CUDNN_DATA_BFLOAT16, kvdims(), bshd_strides(skv, Hkv, D), false, false, off);
   }
   Desc kv_t(int64_t uid, Desc off) {
-    return g.tensor(uid, CUDNN_DATA_BFLOAT16, kvt_dims(), bshd_t_strides(s, Hkv, D), false, false, off);
+    return g.tensor(uid, CUDNN_DATA_BFLOAT16, kvt_dims(), bshd_t_strides(skv, Hkv, D), false, false, off);
   }
   Desc stat(int64_t uid) { return g.tensor(uid, CUDNN_DATA_FLOAT, rdims(), stat_str(), false, false, off_stats); }
   // Per-segment GEMM extents: S = Q K^T and dP = dO V^T are len_q x len_kv; O = P V and dQ = dS K sum
@@ -55,6 +57,8 @@ struct Io {
 
 Io make_io(Graph& g, const AttentionShape& sh, const Packed* packed) {
   Io io{g, packed ? packed->slots : sh.batch, packed ? packed->seq : sh.seq, sh.heads, sh.kv_heads, sh.head_dim};
+  io.skv = packed ? io.s : sh.kv_len();
+  io.causal = sh.causal;
   if (packed == nullptr) return io;
   io.packed = true;
   const Dims lens{io.b, 1, 1, 1}, offs{io.b + 1, 1, 1, 1}, ones{1, 1, 1, 1};
@@ -68,8 +72,11 @@ Io make_io(Graph& g, const AttentionShape& sh, const Packed* packed) {
   return io;
 }
 
-// Appends the causal mask: y = (row >= col) ? x : -inf, with row/col generated over the score tensor.
-Desc causal_mask(Graph& g, Desc x, Desc neg_inf, const Dims& score_dims, const Dims& score_strides) {
+// Appends the causal mask: y = (row >= col) ? x : -inf, with row/col generated over the score tensor
+// (x itself for a ring block, which every query sees whole).
+Desc causal_mask(const Io& io, Desc x, Desc neg_inf, const Dims& score_dims, const Dims& score_strides) {
+  if (!io.causal) return x;
+  Graph& g = io.g;
   auto row = g.virt(CUDNN_DATA_INT32, score_dims, score_strides);
   auto col = g.virt(CUDNN_DATA_INT32, score_dims, score_strides);
   auto keep = g.virt(CUDNN_DATA_BOOLEAN, score_dims, score_strides);
@@ -112,7 +119,8 @@ void kv_grad(Io& io, Desc a, Desc b, Desc out, int64_t full_uid, Desc off) {
     return;
   }
   auto full = io.packed ? io.q_like(full_uid, CUDNN_DATA_BFLOAT16, off)
-                        : g.virt(CUDNN_DATA_BFLOAT16, io.qdims(), {io.Hq * io.s * io.D, io.s * io.D, io.D, 1});
+                        : g.virt(CUDNN_DATA_BFLOAT16, {io.b, io.Hq, io.skv, io.D},
+                                 {io.Hq * io.skv * io.D, io.skv * io.D, io.D, 1});
   g.matmul(a, b, full, io.by_queries());
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
@@ -142,7 +150,7 @@ void build_forward(Graph& g, const AttentionShape& sh, const Packed* packed, boo
   g.matmul(q, kt, s, io.scores());
   auto scaled = g.virt(CUDNN_DATA_FLOAT, sdims, sstr);
   g.pointwise(CUDNN_POINTWISE_MUL, s, scale, nullptr, scaled);
-  auto masked = causal_mask(g, padding_mask(io, scaled, neg_inf), neg_inf, sdims, sstr);
+  auto masked = causal_mask(io, padding_mask(io, scaled, neg_inf), neg_inf, sdims, sstr);
   auto row_max = g.virt(CUDNN_DATA_FLOAT, rdims, rstr);
   g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, row_max);
   auto shifted = g.virt(CUDNN_DATA_FLOAT, sdims, sstr);
@@ -174,7 +182,7 @@ Desc probabilities(Io& io, Desc q, Desc kt, Desc stats, Desc scale, Desc neg_inf
   auto centered = g.virt(CUDNN_DATA_FLOAT, sdims, sstr);
   g.pointwise(CUDNN_POINTWISE_SUB, padding_mask(io, scaled, neg_inf), stats, nullptr, centered);
   if (second_padding) centered = padding_mask(io, centered, neg_inf);
-  auto masked = causal_mask(g, centered, neg_inf, sdims, sstr);
+  auto masked = causal_mask(io, centered, neg_inf, sdims, sstr);
   auto p = g.virt(CUDNN_DATA_FLOAT, sdims, sstr);
   g.pointwise(CUDNN_POINTWISE_EXP, masked, nullptr, nullptr, p);
   return p;
@@ -235,7 +243,7 @@ void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bo
   // dQ = dS K. Default: accumulated in an FP32 workspace tensor, which the key tiles add into with
   // atomics (run-to-run noise), then converted. Deterministic: written straight to dQ, the graph of
   // cudnn-frontend's set_deterministic_algorithm on Hopper (its "dP workspace" variant).
-  auto k = g.virt(CUDNN_DATA_BFLOAT16, io.kvdims(), bshd_strides(s, io.Hkv, D), io.off_k);
+  auto k = g.virt(CUDNN_DATA_BFLOAT16, io.kvdims(), bshd_strides(io.skv, io.Hkv, D), io.off_k);
   g.reshape(kt, k);
   if (deterministic) {
     g.matmul(ds, k, dq, io.by_keys());

@@ -42,7 +42,7 @@ PackedLayout packed_layout(const AttentionShape& sh, int64_t slots, bool determi
 int64_t cudnn_backward_bytes(const AttentionShape& sh, bool packed, bool deterministic) {
   if (packed) return 0;
   const int64_t q = sh.batch * sh.heads * sh.seq * sh.head_dim * 4;
-  return deterministic ? q + sh.batch * sh.heads * sh.seq * sh.seq * 2 : q;
+  return deterministic ? q + sh.batch * sh.heads * sh.seq * sh.kv_len() * 2 : q;
 }
 
 int64_t backward_bytes(const AttentionShape& sh, bool packed, bool deterministic) {

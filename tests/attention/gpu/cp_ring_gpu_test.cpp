@@ -1,0 +1,225 @@
+// Context parallelism's ring (ops/cp_ring.h) on CUDA: C = 2 and 4 ranks as threads on one GPU (K/V passed
+// through host memory), each on its load-balanced tokens, against the FP64 CPU reference of whole-sequence
+// causal attention at the same tokens; and one non-causal key block (fewer keys than queries, and more)
+// against the reference. Tolerances are the cuDNN test's (attention_cudnn_test.cpp): relative L2 <= 1e-2 for
+// bf16 outputs and max |lse diff| <= 1e-3; the ring's FP32 merge adds only FP32 rounding to cuDNN's.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/gpu.h"
+#include "core/bf16.h"
+#include "ops/attention.h"
+#include "ops/cp_ring.h"
+
+namespace nb::ops {
+namespace {
+
+std::vector<float> ring_random_bf16(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& v : x) v = round_to_bf16(dist(rng));
+  return x;
+}
+
+double ring_rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = double(got[i]) - double(want[i]);
+    num += d * d;
+    den += double(want[i]) * double(want[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+double ring_max_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double m = 0;
+  for (size_t i = 0; i < got.size(); ++i) m = std::max(m, std::fabs(double(got[i]) - double(want[i])));
+  return m;
+}
+
+// A device tensor holding `v` (bf16, or f32 when f32 is set), freed with the object.
+struct Dev {
+  Buffer buf;
+  Dev(const std::vector<float>& v, std::initializer_list<int64_t> dims, bool f32 = false) {
+    EXPECT_TRUE(Buffer::allocate(&buf, f32 ? DType::f32 : DType::bf16, Device::cuda, dims).is_ok());
+    if (f32) {
+      EXPECT_EQ(cudaMemcpy(buf.data(), v.data(), v.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    } else {
+      std::vector<bf16> h(v.size());
+      for (size_t i = 0; i < v.size(); ++i) h[i] = f32_to_bf16(v[i]);
+      EXPECT_EQ(cudaMemcpy(buf.data(), h.data(), h.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+  }
+  const Tensor& t() const { return buf.tensor(); }
+  std::vector<float> host() const {
+    const size_t n = size_t(buf.tensor().numel());
+    std::vector<float> out(n);
+    if (buf.tensor().dtype == DType::f32) {
+      EXPECT_EQ(cudaMemcpy(out.data(), buf.data(), n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      return out;
+    }
+    std::vector<bf16> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), buf.data(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (size_t i = 0; i < n; ++i) out[i] = bf16_to_f32(h[i]);
+    return out;
+  }
+};
+
+struct GpuMailbox {
+  explicit GpuMailbox(int n) : slots(size_t(n)), sync(n) {}
+  std::vector<std::vector<char>> slots;
+  std::barrier<> sync;
+};
+
+class GpuThreadLink : public cp::RingLink {
+ public:
+  GpuThreadLink(int rank, int size, GpuMailbox* box) : rank_(rank), size_(size), box_(box) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Status pass(const Tensor& send, const Tensor& recv, Stream) override {
+    auto& mine = box_->slots[size_t(rank_)];
+    mine.resize(size_t(send.bytes()));
+    cudaDeviceSynchronize();
+    NB_TRY(copy_bytes(mine.data(), Device::cpu, send.data, Device::cuda, mine.size()));
+    box_->sync.arrive_and_wait();
+    const auto& prev = box_->slots[size_t((rank_ + size_ - 1) % size_)];
+    NB_TRY(copy_bytes(recv.data, Device::cuda, prev.data(), Device::cpu, size_t(recv.bytes())));
+    box_->sync.arrive_and_wait();
+    return Status::ok();
+  }
+
+ private:
+  int rank_, size_;
+  GpuMailbox* box_;
+};
+
+// Rank r's rows of a [B, S, width] host tensor, and of lse [B, H, S].
+std::vector<float> ring_rows(const std::vector<float>& x, int64_t B, int64_t S, int64_t width, int r, int C) {
+  const int64_t Sl = S / C;
+  std::vector<float> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sl; ++i) {
+      const float* row = x.data() + (b * S + cp::global_position(i, Sl, r, C)) * width;
+      out.insert(out.end(), row, row + width);
+    }
+  return out;
+}
+std::vector<float> ring_lse(const std::vector<float>& lse, int64_t B, int64_t H, int64_t S, int r, int C) {
+  const int64_t Sl = S / C;
+  std::vector<float> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < Sl; ++i) out.push_back(lse[size_t((b * H + h) * S + cp::global_position(i, Sl, r, C))]);
+  return out;
+}
+
+struct Problem {
+  AttentionShape sh;
+  std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
+};
+
+Problem reference_problem(AttentionShape sh, uint32_t seed) {
+  Problem p{sh, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+  const int64_t B = sh.batch, S = sh.seq, Skv = sh.kv_len(), Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
+  std::mt19937 rng(seed);
+  p.q = ring_random_bf16(size_t(B * S * Hq * D), rng);
+  p.k = ring_random_bf16(size_t(B * Skv * Hkv * D), rng);
+  p.v = ring_random_bf16(p.k.size(), rng);
+  p.dout = ring_random_bf16(p.q.size(), rng);
+  p.out.resize(p.q.size());
+  p.dq.resize(p.q.size());
+  p.lse.resize(size_t(B * Hq * S));
+  p.dk.resize(p.k.size());
+  p.dv.resize(p.k.size());
+  auto h = [](std::vector<float>& x, std::initializer_list<int64_t> d) {
+    return Tensor::make(x.data(), DType::f32, Device::cpu, d);
+  };
+  EXPECT_TRUE(attention_forward_ref(sh, h(p.q, {B, S, Hq, D}), h(p.k, {B, Skv, Hkv, D}), h(p.v, {B, Skv, Hkv, D}),
+                                    h(p.out, {B, S, Hq, D}), h(p.lse, {B, Hq, S}))
+                  .is_ok());
+  EXPECT_TRUE(attention_backward_ref(sh, h(p.q, {B, S, Hq, D}), h(p.k, {B, Skv, Hkv, D}), h(p.v, {B, Skv, Hkv, D}),
+                                     h(p.out, {B, S, Hq, D}), h(p.dout, {B, S, Hq, D}), h(p.lse, {B, Hq, S}),
+                                     h(p.dq, {B, S, Hq, D}), h(p.dk, {B, Skv, Hkv, D}), h(p.dv, {B, Skv, Hkv, D}))
+                  .is_ok());
+  return p;
+}
+
+void ring_rank(const Problem& p, int r, int C, GpuMailbox* box, std::vector<double>* errs) {
+  const AttentionShape& sh = p.sh;
+  const int64_t B = sh.batch, S = sh.seq, Sl = S / C, Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
+  AttentionShape local = sh;
+  local.seq = Sl;
+  const Dev q(ring_rows(p.q, B, S, Hq * D, r, C), {B, Sl, Hq, D}),
+      k(ring_rows(p.k, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
+  const Dev v(ring_rows(p.v, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
+  const Dev dout(ring_rows(p.dout, B, S, Hq * D, r, C), {B, Sl, Hq, D});
+  const std::vector<float> zq(size_t(B * Sl * Hq * D)), zkv(size_t(B * Sl * Hkv * D)), zs(size_t(B * Hq * Sl));
+  const Dev out(zq, {B, Sl, Hq, D}), dq(zq, {B, Sl, Hq, D}), dk(zkv, {B, Sl, Hkv, D}), dv(zkv, {B, Sl, Hkv, D});
+  const Dev lse(zs, {B, Hq, Sl}, true);
+  GpuThreadLink link(r, C, box);
+  cp::Ring ring;
+  ASSERT_TRUE(ring.init(local, Device::cuda, DType::bf16, &link).is_ok());
+  ASSERT_TRUE(ring.forward(q.t(), k.t(), v.t(), out.t(), lse.t(), nullptr).is_ok());
+  ASSERT_TRUE(ring.backward(q.t(), k.t(), v.t(), out.t(), dout.t(), lse.t(), dq.t(), dk.t(), dv.t(), nullptr).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  *errs = {ring_rel_l2(out.host(), ring_rows(p.out, B, S, Hq * D, r, C)),
+           ring_rel_l2(dq.host(), ring_rows(p.dq, B, S, Hq * D, r, C)),
+           ring_rel_l2(dk.host(), ring_rows(p.dk, B, S, Hkv * D, r, C)),
+           ring_rel_l2(dv.host(), ring_rows(p.dv, B, S, Hkv * D, r, C)),
+           ring_max_diff(lse.host(), ring_lse(p.lse, B, Hq, S, r, C))};
+}
+
+class RingGpu : public ::testing::TestWithParam<int> {};
+
+TEST_P(RingGpu, EachRankMatchesTheReferenceAtItsTokens) {
+  NB_REQUIRE_GPU();
+  const int C = GetParam();
+  const Problem p = reference_problem({2, 512, 8, 2, 64, 0.125f}, 7);
+  GpuMailbox box(C);
+  std::vector<std::vector<double>> errs(static_cast<size_t>(C));
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < C; ++r) ranks.emplace_back([&, r] { ring_rank(p, r, C, &box, &errs[size_t(r)]); });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < C; ++r) {
+    ASSERT_EQ(errs[size_t(r)].size(), 5u) << "rank " << r;
+    for (int i = 0; i < 4; ++i) EXPECT_LE(errs[size_t(r)][size_t(i)], 1e-2) << "rank " << r << " output " << i;
+    EXPECT_LE(errs[size_t(r)][4], 1e-3) << "rank " << r << " lse";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, RingGpu, ::testing::Values(2, 4));
+
+// One non-causal block on cuDNN against the reference: 128 queries over 64 keys, and 64 over 256.
+TEST(RingGpuBlocks, NonCausalBlocksMatchTheReference) {
+  NB_REQUIRE_GPU();
+  for (auto [sq, skv] : {std::pair<int64_t, int64_t>{128, 64}, {64, 256}}) {
+    AttentionShape sh{2, sq, 8, 2, 64, 0.125f};
+    sh.kv_seq = skv;
+    sh.causal = false;
+    const Problem p = reference_problem(sh, 3);
+    const int64_t B = 2, Hq = 8, Hkv = 2, D = 64;
+    const Dev q(p.q, {B, sq, Hq, D}), k(p.k, {B, skv, Hkv, D}), v(p.v, {B, skv, Hkv, D}), dout(p.dout, {B, sq, Hq, D});
+    const Dev out(p.out, {B, sq, Hq, D}), dq(p.out, {B, sq, Hq, D}), dk(p.k, {B, skv, Hkv, D}),
+        dv(p.k, {B, skv, Hkv, D});
+    const Dev lse(p.lse, {B, Hq, sq}, true);
+    ASSERT_TRUE(attention_forward(sh, q.t(), k.t(), v.t(), out.t(), lse.t(), nullptr).is_ok());
+    ASSERT_TRUE(attention_backward(sh, q.t(), k.t(), v.t(), out.t(), dout.t(), lse.t(), dq.t(), dk.t(), dv.t(), nullptr)
+                    .is_ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    SCOPED_TRACE(testing::Message() << sq << " queries over " << skv << " keys");
+    EXPECT_LE(ring_rel_l2(out.host(), p.out), 1e-2);
+    EXPECT_LE(ring_max_diff(lse.host(), p.lse), 1e-3);
+    EXPECT_LE(ring_rel_l2(dq.host(), p.dq), 1e-2);
+    EXPECT_LE(ring_rel_l2(dk.host(), p.dk), 1e-2);
+    EXPECT_LE(ring_rel_l2(dv.host(), p.dv), 1e-2);
+  }
+}
+
+}  // namespace
+}  // namespace nb::ops
