@@ -36,16 +36,31 @@ class Communicator {
   // Waits for the collectives queued on `stream`, for at most the timeout: a dead or hung peer becomes
   // an error naming this rank instead of a host thread blocked forever in a later synchronization.
   virtual Status wait(Stream stream) = 0;
+
+  // Collective over this communicator's ranks (every rank calls it, in the same order): the ranks passing
+  // the same color (>= 0) become one new communicator, ranked by key, ties by their rank here; the child's
+  // rank() and size() are within its group. `name` ("cp", "tp", "dp_cp") labels the group in messages
+  // (and, on Gloo, in the store keys, with a count of this communicator's splits, so splits never meet).
+  virtual Status split(int color, int key, const char* name, std::unique_ptr<Communicator>* out) = 0;
+  // One step of a ring: `send` goes to rank `to` while `recv` fills from rank `from` (ranks of this
+  // communicator), so every rank of a ring may call it at once. Contiguous f32, bf16 or u8 on the backend's
+  // device, moved as bytes: `recv` holds exactly what `from` sends. to == from == rank() copies `send`
+  // into `recv`. Gloo tells consecutive calls apart by counting them: every rank makes the same calls.
+  virtual Status send_recv(const Tensor& send, int to, const Tensor& recv, int from, Stream stream) = 0;
 };
 
 // The communicator of `world` for `dev`: Gloo (CPU) or NCCL (CUDA, on the current device), meeting
-// through `store`. Every collective gives up after `timeout` with a sentence naming this rank.
+// through `store`. Every collective gives up after `timeout` with a sentence naming this rank. Gloo's
+// split() meets through `store` again, so the store outlives the communicator and its children.
 Status make_communicator(const World& world, Device dev, TcpStore* store, std::chrono::milliseconds timeout,
                          std::unique_ptr<Communicator>* out);
 
 // For implementations: `whole` must hold `ranks` slices the size and dtype of `slice` (reduce-scatter's
 // input, all-gather's output); else one sentence naming `op`.
 Status check_slices(const char* op, const Tensor& whole, const Tensor& slice, int ranks);
+// For implementations: the peers of send_recv are ranks of `comm`, and sending to itself goes with
+// receiving from itself, of as many bytes; else one sentence.
+Status check_send_recv(const Communicator& comm, const Tensor& send, int to, const Tensor& recv, int from);
 
 // Implementations (gloo_comm.cpp; nccl_comm.cu, only in CUDA builds).
 Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::milliseconds timeout,

@@ -3,7 +3,9 @@
 // the whole buffer followed by a copy of this rank's slice: twice the traffic of a true reduce-scatter,
 // which only matters for speed, and the CPU backend is the reference, not the fast path. BF16 tensors
 // (--grad-reduce-in-bf16) are summed in FP32 and rounded to BF16 once; NCCL rounds after each partial
-// sum, which gives the same bits for two ranks and may differ in the last bit for more.
+// sum, which gives the same bits for two ranks and may differ in the last bit for more. A split's groups
+// meet through the same store, each under a key prefix of its own, and share the parent's TCP device (so
+// the same address rule); send_recv is a pair of Gloo's unbound-buffer transfers, one slot per call.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
@@ -11,9 +13,12 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <unistd.h>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 #include "core/bf16.h"
 #include "distributed/communicator.h"
@@ -25,7 +30,8 @@ namespace {
 // Gloo's rendezvous store interface over nibble's TcpStore (Gloo reports failure by throwing).
 class GlooStore : public gloo::rendezvous::Store {
  public:
-  GlooStore(TcpStore* s, std::chrono::milliseconds timeout) : s_(s), timeout_(timeout) {}
+  GlooStore(TcpStore* s, std::string prefix, std::chrono::milliseconds timeout)
+      : prefix(std::move(prefix)), s_(s), timeout_(timeout) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     check(s_->set(prefix + key, std::vector<uint8_t>(data.begin(), data.end())));
   }
@@ -40,7 +46,7 @@ class GlooStore : public gloo::rendezvous::Store {
     for (const auto& k : keys) full.push_back(prefix + k);
     check(s_->wait(full, timeout));
   }
-  const std::string prefix = "gloo/";
+  const std::string prefix;  // "gloo/" for a world's communicator, longer for the groups of its splits
 
  private:
   static void check(const Status& st) {
@@ -59,10 +65,23 @@ void max_fn(void* c, const void* a, const void* b, size_t n) {
   gloo::max<T>(c, a, b, n);
 }
 
+// `rank` of `size` connected to every other rank through the store keys under `prefix` (Gloo throws on
+// failure). Groups of a split reuse their parent's device: one listening socket and event loop per process.
+std::shared_ptr<gloo::Context> connect_mesh(int rank, int size, TcpStore* store, const std::string& prefix,
+                                            std::shared_ptr<gloo::transport::Device> device,
+                                            std::chrono::milliseconds timeout) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  GlooStore gs(store, prefix, timeout);
+  ctx->connectFullMesh(gs, device);
+  return ctx;
+}
+
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, std::chrono::milliseconds timeout)
-      : ctx_(std::move(ctx)), timeout_(timeout) {}
+  GlooCommunicator(std::shared_ptr<gloo::Context> ctx, TcpStore* store, std::string prefix,
+                   std::chrono::milliseconds timeout)
+      : ctx_(std::move(ctx)), store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
   const char* backend() const override { return "gloo"; }
@@ -126,7 +145,69 @@ class GlooCommunicator : public Communicator {
     return guarded("all_reduce_host", [&] { run_all_reduce(values, true, size_t(n), op); });
   }
 
+  Status split(int color, int key, const char* name, std::unique_ptr<Communicator>* out) override {
+    const int64_t index = splits_++;  // counted before any refusal, so that the ranks' counts stay equal
+    if (color < 0) return errorf("rank %d: split \"%s\" needs a color >= 0, not %d", rank(), name, color);
+    int group_rank = 0, group_size = 0;
+    NB_TRY(find_group(color, key, name, &group_rank, &group_size));
+    // The parent's prefix keeps apart the groups of sibling communicators, the count this one's splits.
+    const std::string prefix = prefix_ + name + "." + std::to_string(index) + ".c" + std::to_string(color) + "/";
+    try {
+      auto ctx = connect_mesh(group_rank, group_size, store_, prefix, ctx_->getDevice(), timeout_);
+      *out = std::make_unique<GlooCommunicator>(std::move(ctx), store_, prefix, timeout_);
+      return Status::ok();
+    } catch (const std::exception& e) {
+      return errorf("rank %d: could not connect the Gloo group of split \"%s\" (color %d, %d ranks): %s", rank(), name,
+                    color, group_size, e.what());
+    }
+  }
+
+  Status send_recv(const Tensor& send, int to, const Tensor& recv, int from, Stream) override {
+    const uint64_t slot = next_slot_++;  // counted before any refusal, like the splits
+    NB_TRY(check_tensor(send, "send_recv", true, true));
+    NB_TRY(check_tensor(recv, "send_recv", true, true));
+    NB_TRY(check_send_recv(*this, send, to, recv, from));
+    if (to == rank()) {  // a ring of one
+      if (send.bytes() > 0) std::memmove(recv.data, send.data, size_t(send.bytes()));
+      return Status::ok();
+    }
+    const std::string op = "send_recv (to rank " + std::to_string(to) + ", from rank " + std::to_string(from) + ")";
+    return guarded(op.c_str(), [&] { exchange(send, to, recv, from, slot); });
+  }
+
  private:
+  // Every rank's (color, key), gathered by summing arrays of zeros in which each rank fills its own two
+  // entries (doubles hold any int exactly); then this rank's place in its group, by key and then by rank.
+  Status find_group(int color, int key, const char* name, int* group_rank, int* group_size) {
+    std::vector<double> pairs(size_t(2 * size()), 0.0);
+    pairs[size_t(2 * rank())] = color;
+    pairs[size_t(2 * rank() + 1)] = key;
+    const std::string op = std::string("split \"") + name + "\"";
+    NB_TRY(guarded(op.c_str(), [&] { run_all_reduce(pairs.data(), true, pairs.size(), ReduceOp::sum); }));
+    *group_rank = *group_size = 0;
+    for (int r = 0; r < size(); ++r) {
+      const int c = int(pairs[size_t(2 * r)]), k = int(pairs[size_t(2 * r + 1)]);
+      if (c != color) continue;
+      ++*group_size;
+      if (k < key || (k == key && r < rank())) ++*group_rank;
+    }
+    return Status::ok();
+  }
+  // Both transfers are posted before either is waited for, so a ring whose ranks all call this at once
+  // cannot block on itself. An empty side moves nothing: its peer's matching side is empty too.
+  void exchange(const Tensor& send, int to, const Tensor& recv, int from, uint64_t slot) {
+    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+    if (recv.bytes() > 0) {
+      in = ctx_->createUnboundBuffer(recv.data, size_t(recv.bytes()));
+      in->recv(from, slot);
+    }
+    if (send.bytes() > 0) {
+      out = ctx_->createUnboundBuffer(send.data, size_t(send.bytes()));
+      out->send(to, slot);
+    }
+    if (in && !in->waitRecv(timeout_)) throw std::runtime_error("the receive was aborted");
+    if (out && !out->waitSend(timeout_)) throw std::runtime_error("the send was aborted");
+  }
   void run_all_reduce(void* data, bool is_double, size_t n, ReduceOp op) {
     gloo::AllreduceOptions o(ctx_);
     o.setTimeout(timeout_);
@@ -170,7 +251,12 @@ class GlooCommunicator : public Communicator {
     }
   }
   std::shared_ptr<gloo::Context> ctx_;
+  TcpStore* store_;     // where the groups of a split meet
+  std::string prefix_;  // this communicator's store keys
   std::chrono::milliseconds timeout_;
+  int64_t splits_ = 0;
+  // send_recv's Gloo slots: small numbers, below the collectives' slots (whose top byte names the collective).
+  uint64_t next_slot_ = 0;
 };
 
 // One rank on one host binds to the loopback address; across hosts, to this host's name (which the
@@ -190,12 +276,9 @@ Status make_gloo_communicator(const World& world, TcpStore* store, std::chrono::
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = gloo_hostname(world);
-    auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(world.rank, world.size);
-    ctx->setTimeout(timeout);
-    GlooStore gs(store, timeout);
-    ctx->connectFullMesh(gs, device);
-    *out = std::make_unique<GlooCommunicator>(std::move(ctx), timeout);
+    const std::string prefix = "gloo/";
+    auto ctx = connect_mesh(world.rank, world.size, store, prefix, gloo::transport::tcp::CreateDevice(attr), timeout);
+    *out = std::make_unique<GlooCommunicator>(std::move(ctx), store, prefix, timeout);
     return Status::ok();
   } catch (const std::exception& e) {
     return errorf("rank %d of %d: could not connect the Gloo ranks (host %s): %s", world.rank, world.size,

@@ -1,10 +1,12 @@
 // The CUDA backend's communicator: NCCL on the current device. Rank 0 makes the unique id and hands it
 // out through the TCP store; collectives are queued on the caller's stream. A collective that cannot
 // finish (a dead or hung peer) is caught by polling ncclCommGetAsyncError while waiting for the host
-// scalars each step reads, and the communicator is aborted instead of hanging.
+// scalars each step reads, and the communicator is aborted instead of hanging. split() is ncclCommSplit
+// (blocking, NCCL >= 2.18); send_recv is a grouped ncclSend/ncclRecv of bytes on the caller's stream.
 #include <cuda_runtime.h>
 #include <nccl.h>
 #include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 #include "distributed/communicator.h"
@@ -88,6 +90,48 @@ class NcclCommunicator : public Communicator {
     if (cudaMemcpy(values, scratch_, sizeof(double) * size_t(n), cudaMemcpyDeviceToHost) != cudaSuccess)
       return errorf("rank %d: copying reduced scalars to the host failed", rank_);
     return Status::ok();
+  }
+
+  // NCCL's split orders ties of key by parent rank, as the interface asks. It has no timeout: a dead peer
+  // hangs it (the Gloo backend's split gives up after the timeout).
+  Status split(int color, int key, const char* name, std::unique_ptr<Communicator>* out) override {
+    if (color < 0) return errorf("rank %d: split \"%s\" needs a color >= 0, not %d", rank_, name, color);
+    const std::string what = std::string("split \"") + name + "\"";
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    ncclComm_t child = nullptr;
+    NB_TRY(nccl_status(ncclCommSplit(comm_, color, key, &child, &config), rank_, what.c_str()));
+    int child_rank = 0, child_size = 0;
+    ncclResult_t r = ncclCommUserRank(child, &child_rank);
+    if (r == ncclSuccess) r = ncclCommCount(child, &child_size);
+    if (r != ncclSuccess) {
+      ncclCommDestroy(child);
+      return nccl_status(r, rank_, what.c_str());
+    }
+    *out = std::make_unique<NcclCommunicator>(child, child_rank, child_size, timeout_);
+    return Status::ok();
+  }
+
+  Status send_recv(const Tensor& send, int to, const Tensor& recv, int from, Stream stream) override {
+    ncclDataType_t ty;
+    NB_TRY(check(send, "send_recv", &ty));
+    NB_TRY(check(recv, "send_recv", &ty));
+    NB_TRY(check_send_recv(*this, send, to, recv, from));
+    const cudaStream_t s = cudaStream_t(stream);
+    if (to == rank_) {  // a ring of one
+      if (cudaMemcpyAsync(recv.data, send.data, size_t(send.bytes()), cudaMemcpyDeviceToDevice, s) != cudaSuccess)
+        return errorf("rank %d: send_recv's copy to itself failed", rank_);
+      return Status::ok();
+    }
+    // One group: NCCL progresses the send and the receive together, so a ring that calls this at once
+    // does not deadlock. The group is closed even when a call in it failed.
+    NB_TRY(nccl_status(ncclGroupStart(), rank_, "send_recv"));
+    const ncclResult_t sent = ncclSend(send.data, size_t(send.bytes()), ncclUint8, to, comm_, s);
+    const ncclResult_t received = ncclRecv(recv.data, size_t(recv.bytes()), ncclUint8, from, comm_, s);
+    const ncclResult_t ended = ncclGroupEnd();
+    NB_TRY(nccl_status(sent, rank_, "send_recv's send"));
+    NB_TRY(nccl_status(received, rank_, "send_recv's receive"));
+    return nccl_status(ended, rank_, "send_recv");
   }
 
  private:
