@@ -229,8 +229,9 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   plan_recipe_ = planned_switch ? activation_plan_recipe(recipe, *planned_switch) : recipe;
   fprop_bf16_ = false;
   NB_TRY(validate(cfg));
-  if (shape.seq > cfg.max_seq)
-    return errorf("sequence length %lld exceeds the model's %lld", (long long)shape.seq, (long long)cfg.max_seq);
+  if (shape.seq * cp_size() > cfg.max_seq)
+    return errorf("sequence length %lld exceeds the model's %lld", (long long)(shape.seq * cp_size()),
+                  (long long)cfg.max_seq);
   lm_chunk_tokens_ = llama::lm_chunk_tokens(cfg, shape);
   seed_ = seed;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
@@ -303,15 +304,16 @@ Status LlamaModel::allocate_stores(int64_t qb, int64_t* qe_io) {
 // RoPE tables [S, hd/2] (FP32) and the per-token loss sums.
 Status LlamaModel::init_step_buffers() {
   MemoryScope scope(MemPart::step_inputs);
-  std::vector<float> cos_h(size_t(shape_.seq * cfg_.head_dim / 2)), sin_h(cos_h.size());
-  ops::rope_table(rope_config(cfg_), shape_.seq, cfg_.head_dim, cos_h.data(), sin_h.data());
-  NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
-  NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev_, {shape_.seq, cfg_.head_dim / 2}));
+  const int64_t rows = shape_.seq * cp_size();  // context parallelism: every position of the whole row
+  std::vector<float> cos_h(size_t(rows * cfg_.head_dim / 2)), sin_h(cos_h.size());
+  ops::rope_table(rope_config(cfg_), rows, cfg_.head_dim, cos_h.data(), sin_h.data());
+  NB_TRY(Buffer::allocate(&rope_cos_, DType::f32, dev_, {rows, cfg_.head_dim / 2}));
+  NB_TRY(Buffer::allocate(&rope_sin_, DType::f32, dev_, {rows, cfg_.head_dim / 2}));
   NB_TRY(copy_bytes(rope_cos_.data(), dev_, cos_h.data(), Device::cpu, cos_h.size() * 4));
   NB_TRY(copy_bytes(rope_sin_.data(), dev_, sin_h.data(), Device::cpu, sin_h.size() * 4));
   NB_TRY(Buffer::allocate(&loss_acc_, DType::f32, dev_, {shape_.tokens()}));
   ops::fill(loss_acc_.tensor(), 0.0f, nullptr);
-  return Status::ok();
+  return init_context_parallel();
 }
 
 // Labels may be -1 (not trained); any other id outside the vocabulary stops the run.
@@ -327,6 +329,12 @@ static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char
 
 Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n) {
   const int64_t T = shape_.tokens();
+  if (cp_size() > 1) {  // whole rows in, this rank's tokens staged
+    keep_local_tokens(tokens, n, &cp_ids_);
+    keep_local_tokens(labels, n, &cp_labels_);
+    tokens = cp_ids_.data();
+    labels = cp_labels_.data();
+  }
   // The kernels guard their reads, but an id past the vocabulary must stop the run, never become a zero
   // embedding row or a dropped target (on the host: one pass over n*T ids, microseconds).
   NB_TRY(check_ids(tokens, n * T, cfg_.vocab, "token"));
@@ -352,6 +360,10 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     seg_host_.clear();
     return Status::ok();
   }
+  if (cp_size() > 1)
+    return errorf(
+        "packed rows (--packed-sequence) under context parallelism are not supported yet; train with "
+        "--context-parallel-size 1 or without packing");
   std::vector<int32_t> all;
   MemoryScope scope(MemPart::step_inputs);
   seg_offset_.assign(size_t(n), 0);

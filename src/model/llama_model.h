@@ -21,6 +21,7 @@
 #include "model/lora.h"
 #include "model/params.h"
 #include "ops/attention.h"
+#include "ops/cp_ring.h"
 #include "recipe/linear.h"
 
 namespace nb {
@@ -198,6 +199,12 @@ class LlamaModel {
     bool fprop_only = false;  // only Fprop switches (next is bf16_mixed); Dgrad and Wgrad keep the recipe
   };
   std::optional<RecipeSwitch> planned_switch;
+  // Set before init: context parallelism over link->size() ranks (ops/cp_ring.h, llama_cp.cpp). init's
+  // shape is then this rank's share of each row: seq / C tokens, the row's chunks r and 2C-1-r of 2C.
+  // stage_batches takes whole rows ([n, batch * seq * C] ids) and keeps this rank's tokens, RoPE rotates
+  // each at its position in the whole row, and attention runs the ring. Packed rows are refused.
+  ops::cp::RingLink* cp_link = nullptr;
+  int cp_size() const { return cp_link ? cp_link->size() : 1; }
   // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
   // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).
   static recipe::Recipe activation_plan_recipe(const recipe::Recipe& now, const RecipeSwitch& next);
@@ -254,6 +261,9 @@ class LlamaModel {
   Status build_linears();
   Status allocate_stores(int64_t qb, int64_t* qe);  // init's parameter stores (llama_model.cpp)
   Status init_step_buffers();                       // init's RoPE tables and loss sums
+  Status init_context_parallel();                   // the ring and the tokens' row positions (llama_cp.cpp)
+  // Context parallelism: this rank's tokens of n micro-batches of whole rows (llama_cp.cpp).
+  void keep_local_tokens(const int32_t* whole, int64_t n, std::vector<int32_t>* local) const;
   // set_recipe's checks: `r` keeps quantized inputs wherever the activation plan does, and every layer that
   // would run a BF16 GEMM has its weights' compute copies.
   Status check_switch_covered(const recipe::Recipe& r, bool fprop_only) const;
@@ -311,6 +321,10 @@ class LlamaModel {
   uint32_t step_ = 0, micro_ = 0, micro_stride_ = 1;
   uint64_t seed_ = 0;
   float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits
+  // Context parallelism: the ring, each local token's position in its row [B * S] and the staged local ids.
+  ops::cp::Ring cp_ring_;
+  Buffer cp_positions_;
+  std::vector<int32_t> cp_ids_, cp_labels_;
 };
 
 }  // namespace nb

@@ -109,6 +109,9 @@ Status MicroBatchPass::plan() {
   if (m_.packed_view(index_, &segments_, &positions_)) {
     segs_ = &segments_;
     pos_ = &positions_;
+  } else if (m_.cp_size() > 1) {  // context parallelism: each token at its position in the whole row
+    positions_ = m_.cp_positions_.tensor();
+    pos_ = &positions_;
   }
   qkv_heads_ = c_.heads + 2 * c_.kv_heads;
   qkv_dim_ = qkv_heads_ * c_.head_dim;
@@ -219,7 +222,10 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_END("fwd: rope + split");
   NB_PROFILE_BEGIN("fwd: attention");
   NB_PROFILE_WORK("fwd: attention", work::attention_forward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
-  NB_TRY(ops::attention_forward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_, segs_));
+  if (m_.cp_size() > 1)
+    NB_TRY(m_.cp_ring_.forward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_));
+  else
+    NB_TRY(ops::attention_forward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_, segs_));
   NB_PROFILE_END("fwd: attention");
   NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
   NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
@@ -321,8 +327,12 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_PROFILE_END("bwd: o GEMMs");
   NB_PROFILE_BEGIN("bwd: attention");
   NB_PROFILE_WORK("bwd: attention", work::attention_backward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
-  NB_TRY(ops::attention_backward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq), kv4(A_.dk),
-                                 kv4(A_.dv), st_, segs_));
+  if (m_.cp_size() > 1)
+    NB_TRY(m_.cp_ring_.backward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq), kv4(A_.dk),
+                                kv4(A_.dv), st_));
+  else
+    NB_TRY(ops::attention_backward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq),
+                                   kv4(A_.dk), kv4(A_.dv), st_, segs_));
   NB_PROFILE_END("bwd: attention");
   NB_PROFILE_BEGIN("bwd: rope + merge");
   NB_PROFILE_WORK("bwd: rope + merge", work::rope(T_, c_.q_dim(), c_.kv_dim()));

@@ -8,6 +8,7 @@
 #include "infer/generator.h"
 #include "optim/adamw_stream.h"
 #include "ops/attention_workspace.h"
+#include "ops/cp_ring.h"
 #include "optim/optimizer_state.h"
 
 namespace nb {
@@ -98,7 +99,7 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
 // The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run
 // releases the first recipe's Linears before the second's are made: the larger set counts.
 Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
-  const MicroBatchShape shape{j.micro_batch, j.seq};
+  const MicroBatchShape shape{j.micro_batch, j.local_seq()};
   const bool master_only = j.master_only();
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
@@ -132,19 +133,22 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
 // Staged tokens and labels of a step's micro-batches, packed rows' positions and segment starts, the RoPE
 // tables and the per-token loss sums (LlamaModel::init and stage_batches).
 double step_input_bytes(const MemoryJob& j) {
-  const int64_t tokens = j.micro_batch * j.seq, staged = std::max<int64_t>(1, j.accumulation());
+  const int64_t tokens = j.micro_batch * j.local_seq(), staged = std::max<int64_t>(1, j.accumulation());
   double b = 2.0 * double(align256(staged * tokens * 4));  // ids, targets
   if (j.packed) b += double(align256(staged * tokens * 4)) + double(align256((staged * (tokens + 1)) * 4));
   b += 2.0 * double(align256(j.seq * j.model.head_dim / 2 * 4));  // RoPE cos, sin
   b += double(align256(tokens * 4));                              // loss sums
+  if (j.context_parallel > 1) b += double(align256(tokens * 4));  // the local tokens' row positions
   return b;
 }
 
 // The attention backward's workspace: nibble's own scratch (dQ accumulator, softmax sums, packed GQA's dK
 // and dV, segment tables) by the layout attention_cudnn.cu uses, and cuDNN's part by its measured rule.
 double attention_workspace_bytes(const MemoryJob& j) {
-  const ops::AttentionShape sh{j.micro_batch, j.seq, j.model.heads, j.model.kv_heads, j.model.head_dim, 1.0f};
-  return double(ops::attention_workspace::backward_bytes(sh, j.packed, j.deterministic));
+  const ops::AttentionShape sh{j.micro_batch, j.local_seq(), j.model.heads, j.model.kv_heads, j.model.head_dim, 1.0f};
+  double b = double(ops::attention_workspace::backward_bytes(sh, j.packed, j.deterministic));
+  if (j.context_parallel > 1) b += double(ops::cp::Ring::scratch_bytes(sh, DType::bf16));  // the ring's buffers
+  return b;
 }
 
 // Data-parallel buffers: the BF16 bucket of a BF16 reduction (grad_sync.h), Megatron-FSDP's reduced chunk
@@ -183,7 +187,7 @@ double host_bytes(const MemoryJob& j) {
 Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   *e = MemoryEstimate{};
   add_parameter_rows(j, e);
-  const MicroBatchShape shape{j.micro_batch, j.seq};
+  const MicroBatchShape shape{j.micro_batch, j.local_seq()};
   const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
   e->rows.push_back(
       {MemPart::activations,
@@ -209,7 +213,7 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
     // one shared FP32 scratch holds the reference dW of the largest weight (and the alternative's codes).
     double inputs = 0;
     for (const LlamaModel::LinearSpec& sp : LlamaModel::linear_specs(j.model, j.recipe, j.recompute))
-      inputs += sp.bf16_layer ? 0.0 : double(align256(j.micro_batch * j.seq * sp.in * 2));
+      inputs += sp.bf16_layer ? 0.0 : double(align256(j.micro_batch * j.local_seq() * sp.in * 2));
     const double w = double(LlamaModel::largest_linear_weight(j.model));
     e->rows.push_back({MemPart::quant_stats, inputs + 5.0 * w, "BF16 inputs of the Linears + FP32 Wgrad scratch"});
   }

@@ -29,6 +29,7 @@ struct MemoryJob {
   int64_t micro_batch = 1, seq = 1, global_batch = 1;
   Recompute recompute = Recompute::none;
   int ranks = 1, local_ranks = 1;     // world size, and ranks on this machine (host memory is shared)
+  int context_parallel = 1;           // --context-parallel-size: each rank holds seq / C tokens of a row
   std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
   optim::Placement placement;         // --optimizer-cpu-offload
   int64_t offload_chunk_elems = 0;    // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
@@ -49,7 +50,8 @@ struct MemoryJob {
   int shards() const;
   LlamaModel::Fsdp fsdp() const;
   int64_t bucket_elems() const;
-  int64_t accumulation() const { return global_batch / (micro_batch * ranks); }
+  int64_t accumulation() const { return global_batch / (micro_batch * (ranks / context_parallel)); }
+  int64_t local_seq() const { return seq / context_parallel; }  // a rank's tokens per row
 };
 
 struct MemoryEstimate {

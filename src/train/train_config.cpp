@@ -225,6 +225,12 @@ std::vector<ConfigKey> data_keys(TrainConfig& c) {
 // Data parallelism, sharding and the optimizer state's placement.
 std::vector<ConfigKey> parallel_keys(TrainConfig& c) {
   return {
+      int_key("context-parallel-size",
+              "split every sequence over this many ranks (ring attention; chunks r and 2C-1-r per rank); data "
+              "parallelism takes the rest of the world",
+              &c.context_parallel_size),
+      choice_key("cp-comm-type", "context parallelism's attention exchange: p2p (K/V passed round a ring)",
+                 &c.cp_comm_type, {"p2p"}),
       bool_key("use-distributed-optimizer",
                "shard FP32 master weights and AdamW m, v over the data-parallel ranks (6 + 12/d bytes/param)",
                &c.use_distributed_optimizer),

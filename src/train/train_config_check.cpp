@@ -30,6 +30,18 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
     return errorf(
         "--optimizer-cpu-offload moves the full model's optimizer state to host memory; a LoRA run keeps only its "
         "small adapters' state: leave it out");
+  if (c.context_parallel_size < 1)
+    return errorf("--context-parallel-size must be at least 1; got %lld", (long long)c.context_parallel_size);
+  if (c.context_parallel_size > 1 && c.seq_length % (2 * c.context_parallel_size) != 0)
+    return errorf(
+        "--seq-length %lld does not split into 2 x --context-parallel-size = %lld chunks (each rank holds two, "
+        "for the causal load balance); choose a multiple of %lld",
+        (long long)c.seq_length, (long long)(2 * c.context_parallel_size), (long long)(2 * c.context_parallel_size));
+  if (c.context_parallel_size > 1 && c.sft && c.packed_sequence)
+    return errorf(
+        "packed SFT rows (--packed-sequence) under --context-parallel-size %lld are not supported yet; pass "
+        "--packed-sequence false or --context-parallel-size 1",
+        (long long)c.context_parallel_size);
   if (c.ddp_bucket_size < 0)
     return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
                   (long long)c.ddp_bucket_size);

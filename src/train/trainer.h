@@ -149,6 +149,13 @@ class Trainer {
   dist::World world_;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Communicator> comm_;
+  // Context parallelism (trainer_cp.cpp): groups of cp_ consecutive ranks share their rows; data parallelism
+  // runs over world / cp_ groups (data_rank_ of data_ranks_), gradients and the optimizer over the whole world.
+  int cp_ = 1, data_rank_ = 0, data_ranks_ = 1;
+  std::unique_ptr<dist::Communicator> cp_comm_;
+  std::unique_ptr<ops::cp::RingLink> cp_link_;
+  Status set_context_parallel();        // apply_world's part: the groups' sizes and this rank's place
+  Status connect_context_parallel();    // connect_ranks' part: the group's communicator and the model's ring
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp

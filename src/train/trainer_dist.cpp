@@ -19,7 +19,8 @@ Status Trainer::detect_ranks() {
 
 // What the rank count sets: the data-parallel size, the optimizer's sharding, the bucket, rank 0's logging.
 Status Trainer::apply_world() {
-  cfg_.data_parallel = world_.size;
+  NB_TRY(set_context_parallel());
+  cfg_.data_parallel = data_ranks_;
   // The sharding and the bucket as the memory estimate derives them (MemoryJob, train/memory_estimate.h): LoRA
   // shards only with optim_grads_params (its frozen base); Megatron's default bucket is one bucket without an
   // overlap, else max(40M, 1M x ranks) elements.
@@ -58,9 +59,9 @@ Status Trainer::connect_ranks() {
   NB_TRY(dist::TcpStore::open(world_, timeout, &store_));
   NB_TRY(dist::make_communicator(world_, dev_, store_.get(), timeout, &comm_));
   std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
-              world_.size, comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
+              data_ranks_, comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
               (long long)accum_);
-  return Status::ok();
+  return connect_context_parallel();
 }
 
 // Megatron-FSDP's gathers and reductions around the model's pass. With LoRA (optim_grads_params) over the

@@ -1,0 +1,59 @@
+// Trainer phases for context parallelism (docs/DISTRIBUTED.md): the group sizes and this rank's place in
+// Megatron's tp-cp-dp order (tensor parallelism is 1 here, so a context-parallel group is cp_ consecutive
+// ranks and data-parallel rank d holds ranks d*cp_ .. d*cp_ + cp_-1), and the group's communicator behind
+// the model's ring. Gradients, the distributed optimizer and Megatron-FSDP keep the world communicator:
+// the context-parallel ranks hold the same weights, so they reduce and shard over data x context ranks, as
+// Megatron's dp_cp group does.
+#include <cstdio>
+#include "core/log.h"
+#include "train/trainer.h"
+
+namespace nb {
+
+namespace {
+
+// The model's ring over the context-parallel communicator: send to the next rank, receive from the previous.
+class CommRingLink : public ops::cp::RingLink {
+ public:
+  explicit CommRingLink(dist::Communicator* comm) : comm_(comm) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  Status pass(const Tensor& send, const Tensor& recv, Stream stream) override {
+    const int n = comm_->size(), r = comm_->rank();
+    return comm_->send_recv(send, (r + 1) % n, recv, (r + n - 1) % n, stream);
+  }
+
+ private:
+  dist::Communicator* comm_;
+};
+
+}  // namespace
+
+Status Trainer::set_context_parallel() {
+  const int64_t C = cfg_.context_parallel_size;
+  if (C < 1) return errorf("--context-parallel-size must be at least 1; got %lld", (long long)C);
+  if (world_.size % C != 0)
+    return errorf(
+        "--context-parallel-size %lld does not divide the %d ranks of this job; launch a multiple of %lld ranks or "
+        "choose a divisor of %d",
+        (long long)C, world_.size, (long long)C, world_.size);
+  cp_ = int(C);
+  data_ranks_ = world_.size / cp_;
+  data_rank_ = world_.rank / cp_;
+  return Status::ok();
+}
+
+Status Trainer::connect_context_parallel() {
+  if (cp_ == 1) return Status::ok();
+  NB_TRY(comm_->split(data_rank_, world_.rank % cp_, "cp", &cp_comm_));
+  cp_link_ = std::make_unique<CommRingLink>(cp_comm_.get());
+  model_.cp_link = cp_link_.get();
+  std::printf(
+      "context parallel: %d ranks per group (ranks %d-%d with this one), each row's %lld tokens in %d chunks, "
+      "%lld per rank; K/V passed round the ring (%s); gradients reduced over %d ranks\n",
+      cp_, data_rank_ * cp_, data_rank_ * cp_ + cp_ - 1, (long long)cfg_.seq_length, 2 * cp_,
+      (long long)(cfg_.seq_length / cp_), cfg_.cp_comm_type.c_str(), world_.size);
+  return Status::ok();
+}
+
+}  // namespace nb
