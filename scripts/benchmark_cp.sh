@@ -23,12 +23,19 @@ configs=(
   "8b-64k-cp4-full|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute full"
   "8b-128k-cp4-full|4|--seq-length 131072 --global-batch-size 1 --context-parallel-size 4 --recompute full"
 )
+read -r -a lanes <<< "${CP_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
 for c in "${configs[@]}"; do
   IFS='|' read -r name gpus flags <<< "$c"
   [ "$parts" = all ] || has "$name" || continue
   read -r -a extra <<< "$flags"
-  devices=$(seq -s, 0 $((gpus - 1)))
+  devices=$(IFS=,; echo "${lanes[*]:0:$gpus}")
   start=$(date +%s)
-  CUDA_VISIBLE_DEVICES=$devices run "$name" "${common[@]}" --nproc-per-node "$gpus" "${extra[@]}"
-  echo "$name: exit $? after $(($(date +%s) - start)) s" | tee -a "$out/runs.txt"
+  rm -rf "${out:?}/$name"
+  # A bounded run (CP_TIMEOUT seconds, default 400): a hung rank must not eat the machine's time; its
+  # launched ranks are killed with it.
+  CUDA_VISIBLE_DEVICES=$devices timeout "${CP_TIMEOUT:-400}" "$nb" train --save "$out/$name" --log-interval 1 \
+    --lr-warmup-iters 1 "${common[@]}" --nproc-per-node "$gpus" "${extra[@]}" > "$out/$name.log" 2>&1
+  code=$?
+  [ $code -eq 124 ] && pkill -9 -f "$nb train" || true
+  echo "$name: exit $code after $(($(date +%s) - start)) s" | tee -a "$out/runs.txt"
 done
