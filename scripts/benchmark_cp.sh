@@ -16,12 +16,12 @@ common=(--model llama3.1-8b --mock-data true --train-iters 4 --micro-batch-size 
         --data-parallel-sharding-strategy optim_grads_params)
 # name | GPUs | flags
 configs=(
-  "8b-32k-cp2-full|2|--seq-length 32768 --global-batch-size 2 --context-parallel-size 2 --recompute full"
-  "8b-32k-cp4-selective|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 4 --recompute selective"
-  "8b-32k-cp2d2-full|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 2 --recompute full"
-  "8b-64k-cp4-selective-offload|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute selective --optimizer-cpu-offload"
   "8b-64k-cp4-full|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute full"
+  "8b-64k-cp4-selective-offload|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute selective --optimizer-cpu-offload"
+  "8b-32k-cp4-selective|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 4 --recompute selective"
   "8b-128k-cp4-full|4|--seq-length 131072 --global-batch-size 1 --context-parallel-size 4 --recompute full"
+  "8b-32k-cp2d2-full|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 2 --recompute full"
+  "8b-32k-cp2-full-offload|2|--seq-length 32768 --global-batch-size 2 --context-parallel-size 2 --recompute full --optimizer-cpu-offload"
 )
 read -r -a lanes <<< "${CP_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
 for c in "${configs[@]}"; do

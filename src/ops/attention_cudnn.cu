@@ -134,6 +134,14 @@ int64_t dq_accum_bytes(const AttentionShape& sh) {
 }
 int64_t softmax_sum_bytes(const AttentionShape& sh) { return attention_workspace::softmax_sum_bytes(sh); }
 
+// The masked score's value, bound only where a mask uses it: a ring's non-causal block has no mask, and
+// cuDNN refuses a variant pack that binds a tensor its graph does not hold.
+void bind_mask_value(const AttentionShape& sh, float* neg_inf, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
+  if (!sh.causal) return;
+  uids.push_back(kNegInf);
+  ptrs.push_back(neg_inf);
+}
+
 // ---- Packed segments ----
 
 // Slot i < count is segment i; later slots have length 0 and offset T (the end), as cuDNN expects.
@@ -247,8 +255,10 @@ Status attention_forward_cudnn(const AttentionShape& sh, const Tensor& q, const 
   NB_TRY(get_plan(st, false, sh, nullptr, &g));
   NB_TRY(ensure_workspace(st, g->workspace_bytes()));
   float scale = sh.scale, neg_inf = -std::numeric_limits<float>::infinity();
-  return execute(st, *g, static_cast<cudaStream_t>(stream), {kQ, kK, kV, kO, kStats, kScale, kNegInf},
-                 {q.data, k.data, v.data, out.data, lse.data, &scale, &neg_inf}, st.workspace);
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kStats, kScale};
+  std::vector<void*> ptrs{q.data, k.data, v.data, out.data, lse.data, &scale};
+  bind_mask_value(sh, &neg_inf, uids, ptrs);
+  return execute(st, *g, static_cast<cudaStream_t>(stream), uids, ptrs, st.workspace);
 }
 
 Status attention_backward_cudnn(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -267,9 +277,10 @@ Status attention_backward_cudnn(const AttentionShape& sh, const Tensor& q, const
   NB_TRY(ensure_workspace(st, accum + sums + g->workspace_bytes()));
   char* base = static_cast<char*>(st.workspace);
   float scale = sh.scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
-  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kNegInf, kOne};
-  std::vector<void*> ptrs{q.data,  k.data,  v.data,       out.data, dout.data, lse.data, dq.data,
-                          dk.data, dv.data, base + accum, &scale,   &neg_inf,  &one};
+  std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kOne};
+  std::vector<void*> ptrs{q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data, dk.data, dv.data, base + accum,
+                          &scale, &one};
+  bind_mask_value(sh, &neg_inf, uids, ptrs);
   if (accum > 0) {  // the default graph's FP32 dQ accumulator, in front of the softmax sum
     uids.push_back(kDQAccum);
     ptrs.push_back(base);

@@ -208,9 +208,10 @@ TEST(RingGpuBlocks, NonCausalBlocksMatchTheReference) {
     const Dev out(p.out, {B, sq, Hq, D}), dq(p.out, {B, sq, Hq, D}), dk(p.k, {B, skv, Hkv, D}),
         dv(p.k, {B, skv, Hkv, D});
     const Dev lse(p.lse, {B, Hq, sq}, true);
-    ASSERT_TRUE(attention_forward(sh, q.t(), k.t(), v.t(), out.t(), lse.t(), nullptr).is_ok());
-    ASSERT_TRUE(attention_backward(sh, q.t(), k.t(), v.t(), out.t(), dout.t(), lse.t(), dq.t(), dk.t(), dv.t(), nullptr)
-                    .is_ok());
+    Status st = attention_forward(sh, q.t(), k.t(), v.t(), out.t(), lse.t(), nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
+    st = attention_backward(sh, q.t(), k.t(), v.t(), out.t(), dout.t(), lse.t(), dq.t(), dk.t(), dv.t(), nullptr);
+    ASSERT_TRUE(st.is_ok()) << st.message();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     SCOPED_TRACE(testing::Message() << sq << " queries over " << skv << " keys");
     EXPECT_LE(ring_rel_l2(out.host(), p.out), 1e-2);
