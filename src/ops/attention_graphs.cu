@@ -33,7 +33,9 @@ struct Io {
   Dims kvt_dims() const { return {b, Hkv, D, skv}; }
   Dims sdims() const { return {b, Hq, s, skv}; }
   Dims sstr() const { return {Hq * s * skv, s * skv, skv, 1}; }
-  Dims sstr_t() const { return {Hq * s * skv, s * skv, 1, s}; }
+  // P^T and dS^T: the same memory as the scores, viewed [b, Hq, skv, s].
+  Dims stdims() const { return {b, Hq, skv, s}; }
+  Dims sstr_t() const { return {Hq * s * skv, s * skv, 1, skv}; }
   Dims rdims() const { return {b, Hq, s, 1}; }
   Dims rstr() const { return {Hq * s, s, 1, 1}; }  // virtual row statistics
   // Stats and the softmax sum: [B,Hq,S] for rows, token-major [T,Hq] when packed.
@@ -232,12 +234,12 @@ void build_backward(Graph& g, const AttentionShape& sh, const Packed* packed, bo
 
   auto p = probabilities(io, q, kt, stats, scale, neg_inf, io.packed && with_second_padding_mask);
   // dV = P^T dO (per query head, then summed over the GQA group)
-  auto pt = g.virt(CUDNN_DATA_BFLOAT16, io.sdims(), io.sstr_t());
+  auto pt = g.virt(CUDNN_DATA_BFLOAT16, io.stdims(), io.sstr_t());
   g.reshape(p, pt);
   kv_grad(io, pt, dout, dv, kDVFull, io.off_v);
   auto ds = score_grad(io, dout, vt, softmax_sum, p, scale);
   // dK = dS^T Q (summed over the group for GQA)
-  auto dst = g.virt(CUDNN_DATA_BFLOAT16, io.sdims(), io.sstr_t());
+  auto dst = g.virt(CUDNN_DATA_BFLOAT16, io.stdims(), io.sstr_t());
   g.reshape(ds, dst);
   kv_grad(io, dst, q, dk, kDKFull, io.off_k);
   // dQ = dS K. Default: accumulated in an FP32 workspace tensor, which the key tiles add into with
