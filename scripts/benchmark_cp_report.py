@@ -1,9 +1,20 @@
 #!/usr/bin/env python3
-"""BENCHMARKS.md's context-parallel rows from scripts/benchmark_cp.sh's logs: per configuration the GPUs, the
-summary's step time, tokens/s/GPU, model TFLOP/s/GPU, MFU and peak memory, or why it did not run."""
-import pathlib
+"""BENCHMARKS.md's context-parallel section from scripts/benchmark_cp.sh's logs: per configuration the GPUs, the
+summary's step time, tokens/s/GPU, model TFLOP/s/GPU, MFU, peak memory and the memory estimate's total, or why it
+did not run.
+
+Usage: benchmark_cp_report.py OUT [--merge-into BENCHMARKS.md]"""
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from md_sections import write_report  # noqa: E402  (the --merge-into logic, shared by the report scripts)
+
+
+def read(out, name):
+    path = os.path.join(out, name)
+    return open(path, errors="replace").read() if os.path.exists(path) else ""
 
 
 def summary(log):
@@ -15,29 +26,40 @@ def summary(log):
     return rows
 
 
+def row(out, name):
+    log = read(out, f"{name}.log")
+    s = summary(log)
+    groups = re.search(r"context parallel: (\d+) ranks per group", log)
+    data = re.search(r"data parallel: (\d+) ranks", log)
+    gpus = int(groups.group(1)) * int(data.group(1)) if groups and data else "?"
+    est = re.search(r"total\s+([\d.]+) GiB of", log)
+    if "tokens/s/GPU" not in s:
+        err = [line for line in log.splitlines() if "error" in line.lower() or "does not" in line.lower()]
+        return f"| {name} | {gpus} | did not run: {(err[-1] if err else 'see its log')[:140]} | | | | | |", s
+    step = float(s["step time (ms, mean after step 1)"]) / 1000
+    return (f"| {name} | {gpus} | {step:.2f} | {s['tokens/s/GPU']} | {s['model TFLOP/s/GPU']} | {s.get('MFU', '')} "
+            f"| {s['peak memory (GiB)']} | {est.group(1) if est else '?'} |"), s
+
+
 def main():
-    out = pathlib.Path(sys.argv[1])
-    runs = (out / "runs.txt").read_text().splitlines() if (out / "runs.txt").exists() else []
-    device = ""
-    print("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for line in runs:
-        name = line.split(":")[0]
-        log = (out / f"{name}.log").read_text(errors="replace")
-        s = summary(log)
-        gpus = re.search(r"context parallel: (\d+) ranks per group", log)
-        world = re.search(r"data parallel: (\d+) ranks", log)
-        n = int(gpus.group(1)) * int(world.group(1)) if gpus and world else "?"
-        if "tokens/s/GPU" not in s:
-            err = [l for l in log.splitlines() if "error" in l.lower()]
-            print(f"| {name} | {n} | did not run: {(err[-1] if err else 'see log')[:120]} | | | | |")
-            continue
+    out = sys.argv[1]
+    merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
+    names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
+    rows, device = [], "the GPU machine"
+    for name in names:
+        text, s = row(out, name)
+        rows.append(text)
         device = s.get("device", device)
-        step = float(s["step time (ms, mean after step 1)"]) / 1000
-        print(f"| {name} | {n} | {step:.2f} | {s['tokens/s/GPU']} | {s['model TFLOP/s/GPU']} | {s.get('MFU', '')} "
-              f"| {s['peak memory (GiB)']} |")
-    commit = (out / "commit.txt").read_text().strip() if (out / "commit.txt").exists() else "?"
-    print(f"\n{device}, commit {commit}.")
+    commit = read(out, "commit.txt").strip() or "unknown"
+    text = (
+        "## Context parallelism: Llama 3.1 8B BF16 at long sequences (same run)\n\n"
+        f"`scripts/benchmark_cp.sh` on {device}s (commit {commit}): mock data, 4 steps, micro-batch 1, Megatron-FSDP "
+        "optim_grads_params over every rank; each row's tokens split over C ranks (`--context-parallel-size`), "
+        "ring attention (docs/DISTRIBUTED.md). Step time is the mean after step 1; the estimate is the memory "
+        "estimate's total per GPU (with the CUDA libraries' constant) against the measured peak.\n\n"
+        "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
+        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n")
+    write_report([(text, bool(rows))], merge, out, commit)
 
 
 if __name__ == "__main__":

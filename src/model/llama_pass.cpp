@@ -221,7 +221,9 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
                       pos_);
   NB_PROFILE_END("fwd: rope + split");
   NB_PROFILE_BEGIN("fwd: attention");
-  NB_PROFILE_WORK("fwd: attention", work::attention_forward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
+  NB_PROFILE_WORK(
+      "fwd: attention",
+      work::ring_attention(work::attention_forward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim), m_.cp_size()));
   if (m_.cp_size() > 1)
     NB_TRY(m_.cp_ring_.forward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_));
   else
@@ -326,7 +328,9 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_TRY(adapt_backward(l, 1, A_.dmid, a.o, A_.dout));
   NB_PROFILE_END("bwd: o GEMMs");
   NB_PROFILE_BEGIN("bwd: attention");
-  NB_PROFILE_WORK("bwd: attention", work::attention_backward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim));
+  NB_PROFILE_WORK(
+      "bwd: attention",
+      work::ring_attention(work::attention_backward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim), m_.cp_size()));
   if (m_.cp_size() > 1)
     NB_TRY(m_.cp_ring_.backward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq), kv4(A_.dk),
                                 kv4(A_.dv), st_));

@@ -57,6 +57,8 @@ Work attention_backward(int64_t b, int64_t s, int64_t heads, int64_t kv_heads, i
   return {flops, kAct * t * (3.0 * dq + 2.0 * dkv) + kF32 * t * double(heads) + kAct * t * (dq + 2.0 * dkv)};
 }
 
+Work ring_attention(const Work& own, int ranks) { return {own.flops * ranks, own.bytes * ranks}; }
+
 Work grad_norm_adamw(int64_t p) { return {2.0 * double(p) + 16.0 * double(p), 34.0 * double(p)}; }
 
 }  // namespace nb::work

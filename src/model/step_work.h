@@ -33,6 +33,10 @@ Work cross_entropy(int64_t t, int64_t vocab);
 // the square); backward 2.5 times that (QK^T recomputed, dV, dP, dQ, dK).
 Work attention_forward(int64_t b, int64_t s, int64_t heads, int64_t kv_heads, int64_t head_dim);
 Work attention_backward(int64_t b, int64_t s, int64_t heads, int64_t kv_heads, int64_t head_dim);
+// Context parallelism's ring over `ranks` ranks (ops/cp_ring.h), from the rank's own causal call of its S/C
+// tokens (`own`): its C blocks together do 1/C of the whole row's causal work, C times the own call's
+// FLOPs, and each block reads and writes about one call's bytes.
+Work ring_attention(const Work& own, int ranks);
 // Gradient norm and AdamW over p parameters: the norm reads the FP32 gradient (4 bytes); AdamW reads the
 // gradient, master, m and v (16) and writes master, m, v (12) and the BF16 weight (2): 34 bytes per parameter.
 Work grad_norm_adamw(int64_t p);

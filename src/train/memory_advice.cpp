@@ -17,6 +17,8 @@ struct Change {
   std::function<bool(MemoryJob*)> apply;  // false: does not apply to this job
 };
 
+void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* out);
+
 bool fits(const MemoryJob& j, double free, double host, MemoryEstimate* e) {
   if (!estimate_memory(j, e)) return false;
   return e->device() <= free && (host <= 0 || e->host <= 0.95 * host);
@@ -61,8 +63,29 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
                      return true;
                    }});
   }
-  // More ranks of one machine (gpus bounds them), sharded: weights, gradients and state shrink with N;
-  // activations do not (that takes context parallelism, which nibble does not have yet).
+  add_more_rank_changes(job, gpus, &c);
+  return c;
+}
+
+// More ranks of one machine (gpus bounds them), sharded: weights, gradients and state shrink with N, and
+// activations too when the new ranks split the sequence (context parallelism, sharded over data x context).
+void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* out) {
+  std::vector<Change>& c = *out;
+  const int data = job.ranks / job.context_parallel;
+  for (int cp = job.context_parallel * 2; data * cp <= gpus && job.seq % (2 * cp) == 0; cp *= 2) {
+    const int n = data * cp;
+    c.push_back({9 + n, 2,
+                 "--nproc-per-node " + std::to_string(n) + " --context-parallel-size " + std::to_string(cp) + " " +
+                     fsdp_flags("optim_grads_params"),
+                 std::to_string(n) + " GPUs, each holding 1/" + std::to_string(cp) + " of every sequence",
+                 [n, cp](MemoryJob* j) {
+                   j->ranks = n;
+                   j->local_ranks = n;
+                   j->context_parallel = cp;
+                   j->strategy = "optim_grads_params";
+                   return true;
+                 }});
+  }
   for (int n = std::max(2, job.ranks * 2); n <= gpus; n *= 2) {
     if (job.global_batch % (job.micro_batch * n) != 0) continue;
     const std::string st = job.lora || job.shards() > 1 ? "optim_grads_params" : "optim";
@@ -77,7 +100,6 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
       if (strategy == "optim_grads_params") break;
     }
   }
-  return c;
 }
 
 }  // namespace
