@@ -207,6 +207,7 @@ Status LlamaModel::build_linears() {
     recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
     NB_TRY(lin.init(recipe_, sp.bf16_layer, name, uint32_t(l * 8 + i), shape_.tokens(), sp.in, sp.out, dev_,
                     linear_workspace_, /*frozen=*/lora_enabled_, sp.input_col_slot));
+    lin.set_amax_group(cp_amax_group);  // context parallelism: activations and gradients scaled as one GPU's
     // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
     // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
     // copies ever coexist on a rank.

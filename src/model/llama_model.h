@@ -204,6 +204,9 @@ class LlamaModel {
   // stage_batches takes whole rows ([n, batch * seq * C] ids) and keeps this rank's tokens, RoPE rotates
   // each at its position in the whole row, and attention runs the ring. Packed rows are refused.
   ops::cp::RingLink* cp_link = nullptr;
+  // ... and the group the quantized Linears reduce their inputs' and gradients' per-tensor amaxes over, so that
+  // every rank scales its tokens with the whole row's amax (recipe::Linear::set_amax_group).
+  recipe::AmaxGroup* cp_amax_group = nullptr;
   int cp_size() const { return cp_link ? cp_link->size() : 1; }
   // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
   // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).

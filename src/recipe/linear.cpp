@@ -156,6 +156,17 @@ Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, cons
   if (a.scaling == Fp8Scaling::delayed && has_history) {
     NB_TRY(cuda ? fp8::quantize_with_scale_cuda(src, f, sf + kScale, v, stream)
                 : fp8::quantize_with_scale_ref(src, f, sf[kScale], v));
+  } else if (a.amax_group) {  // the amax of the whole tensor, over the ranks that hold its tokens
+    if (cuda) {
+      NB_TRY(fp8::amax_cuda(src, rows * cols, sf + kRowAmax, o.flag, stream));
+    } else {
+      int32_t nonfinite = 0;
+      sf[kRowAmax] = fp8::amax_ref(src, rows * cols, &nonfinite);
+      if (nonfinite && o.flag) *o.flag = 1;
+    }
+    NB_TRY(a.amax_group->max(sf + kRowAmax, 1, stream));
+    NB_TRY(cuda ? fp8::quantize_with_amax_cuda(src, f, a.pow2_scales, v, stream)
+                : fp8::quantize_with_amax_ref(src, f, a.pow2_scales, sf[kRowAmax], v));
   } else {
     NB_TRY(cuda ? fp8::quantize_current_cuda(src, f, false, v, stream) : fp8::quantize_current_ref(src, f, false, v));
   }
@@ -199,7 +210,21 @@ Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Out
   nvfp4::QuantizedView v{rows,       cols,         o.row_data,    o.row_scales,
                          o.col_data, o.col_scales, sf + kRowAmax, o.colwise ? sf + kColAmax : nullptr,
                          o.flag};
-  return dev == Device::cuda ? nvfp4::quantize_cuda(src, opt, v, stream) : nvfp4::quantize_ref(src, opt, v);
+  if (!a.amax_group)
+    return dev == Device::cuda ? nvfp4::quantize_cuda(src, opt, v, stream) : nvfp4::quantize_ref(src, opt, v);
+  // The whole tensor's amaxes (the column copy's after the RHT), over the ranks that hold its tokens.
+  // (nvfp4::quantize_cuda and quantize_ref in two halves, the group's reduction between them.)
+  float* col = o.colwise ? sf + kColAmax : nullptr;  // else left as init set it (0), as above
+  if (dev == Device::cuda) {
+    NB_TRY(nvfp4::compute_amax_cuda(src, rows, cols, opt.rht && o.colwise, sf + kRowAmax, col, stream));
+  } else {
+    float col_amax = 0;
+    nvfp4::compute_amax_ref(src, rows, cols, opt.rht && o.colwise, sf + kRowAmax, col ? col : &col_amax);
+    if (o.flag && (!std::isfinite(sf[kRowAmax]) || (col && !std::isfinite(*col)))) *o.flag = 1;
+  }
+  NB_TRY(a.amax_group->max(sf + kRowAmax, col ? 2 : 1, stream));  // kRowAmax, kColAmax: adjacent
+  return dev == Device::cuda ? nvfp4::quantize_cuda_with_amax(src, opt, v, stream)
+                             : nvfp4::quantize_ref_with_amax(src, opt, v);
 }
 
 // Block formats carry no per-tensor amax: step_amax stays 0 for them (only delayed scaling reads it).

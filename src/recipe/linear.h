@@ -101,6 +101,15 @@ struct ScalingState {
   std::vector<float> history;
 };
 
+// Ranks that each hold some tokens of one activation or gradient (context parallelism): per-tensor scaling
+// (FP8 current scaling, NVFP4's tensor amaxes) must see the whole tensor's amax for every rank to quantize
+// as one GPU would. max() all-reduces n floats in place (device memory on CUDA) with MAX over those ranks.
+class AmaxGroup {
+ public:
+  virtual ~AmaxGroup() = default;
+  virtual Status max(float* values, int n, Stream stream) = 0;
+};
+
 class Linear {
  public:
   Linear();
@@ -159,6 +168,10 @@ class Linear {
   // GEMM on the given x and w (w must then be the real weight). No effect on a BF16 layer; an error on a
   // frozen quantized Linear, whose forward is not given its weight.
   Status set_fprop_bf16(bool on);
+  // The input and gradient roles' per-tensor amaxes are reduced over `group` before they scale (nullptr:
+  // this rank's own). The weight is whole on every rank and needs none. Delayed scaling keeps its own rule
+  // (its step amaxes are reduced after the step, train/amax_reduce.h); block formats have no tensor amax.
+  void set_amax_group(AmaxGroup* group);
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row
   // copy only). The workspace's bytes are not included: count them once, where the workspace is owned

@@ -56,6 +56,7 @@ struct QuantizeArgs {
   Fp8Scaling scaling = Fp8Scaling::none;
   bool pow2_scales = false;
   RngKey rng{};
+  AmaxGroup* amax_group = nullptr;  // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
 };
 
 struct QCopies {
@@ -164,7 +165,11 @@ struct Linear::Impl {
     uint32_t stream = (tensor_id << 8) | ((micro % 64u) << 2) | (role == Role::grad ? 2u : 0u);
     return RngKey{recipe.seed, step, stream};
   }
-  QuantizeArgs args(Role role) const { return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role)}; }
+  QuantizeArgs args(Role role) const {
+    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role),
+                        role == Role::weight ? nullptr : amax_group};
+  }
+  AmaxGroup* amax_group = nullptr;  // set_amax_group
   Status quantize(Role role, const Tensor& src, Stream stream);
   // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
   Status frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta, Stream stream);

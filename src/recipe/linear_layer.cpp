@@ -313,6 +313,8 @@ bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
 
 bool Linear::frozen() const { return impl_ && impl_->frozen; }
 
+void Linear::set_amax_group(AmaxGroup* group) { impl_->amax_group = group; }
+
 Status Linear::set_fprop_bf16(bool on) {
   if (!impl_) return errorf("Linear::set_fprop_bf16 before a successful init");
   if (on && impl_->sharded)

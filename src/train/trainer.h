@@ -154,6 +154,7 @@ class Trainer {
   int cp_ = 1, data_rank_ = 0, data_ranks_ = 1;
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;
+  std::unique_ptr<recipe::AmaxGroup> cp_amax_;
   Status set_context_parallel();        // apply_world's part: the groups' sizes and this rank's place
   Status connect_context_parallel();    // connect_ranks' part: the group's communicator and the model's ring
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers

@@ -4,6 +4,7 @@
 // the model's ring. Gradients, the distributed optimizer and Megatron-FSDP keep the world communicator:
 // the context-parallel ranks hold the same weights, so they reduce and shard over data x context ranks, as
 // Megatron's dp_cp group does.
+#include <algorithm>
 #include <cstdio>
 #include "core/log.h"
 #include "train/trainer.h"
@@ -27,6 +28,31 @@ class CommRingLink : public ops::cp::RingLink {
   dist::Communicator* comm_;
 };
 
+// The quantized Linears' amax reduction over the context-parallel group: MAX of a few floats in place.
+class CommAmaxGroup : public recipe::AmaxGroup {
+ public:
+  CommAmaxGroup(dist::Communicator* comm, Device dev) : comm_(comm), dev_(dev) {}
+  Status max(float* values, int n, Stream stream) override {
+    return comm_->all_reduce(Tensor::make(values, DType::f32, dev_, {n}), dist::ReduceOp::max, stream);
+  }
+
+ private:
+  dist::Communicator* comm_;
+  Device dev_;
+};
+
+// Tokens per block along the token dimension of the recipe's activation and gradient copies (the Wgrad's
+// column-wise blocks: NVFP4 16, with its RHT; MXFP8 32; FP8 sub-channel 128; per-tensor formats 1).
+int64_t token_block(const recipe::Recipe& r) {
+  int64_t b = 1;
+  for (const recipe::RoleSpec* s : {&r.input, &r.grad}) {
+    if (s->fmt == recipe::Fmt::nvfp4) b = std::max<int64_t>(b, 16);
+    if (s->fmt == recipe::Fmt::mxfp8) b = std::max<int64_t>(b, 32);
+    if (s->fmt == recipe::Fmt::fp8_block128 || s->fmt == recipe::Fmt::fp8_block128x128) b = std::max<int64_t>(b, 128);
+  }
+  return b;
+}
+
 }  // namespace
 
 Status Trainer::set_context_parallel() {
@@ -48,6 +74,15 @@ Status Trainer::connect_context_parallel() {
   NB_TRY(comm_->split(data_rank_, world_.rank % cp_, "cp", &cp_comm_));
   cp_link_ = std::make_unique<CommRingLink>(cp_comm_.get());
   model_.cp_link = cp_link_.get();
+  cp_amax_ = std::make_unique<CommAmaxGroup>(cp_comm_.get(), dev_);
+  model_.cp_amax_group = cp_amax_.get();
+  const int64_t chunk = cfg_.seq_length / (2 * cp_), block = token_block(recipe_);
+  if (recipe_.quantized() && chunk % block != 0)
+    NB_LOG_WARN(
+        "context parallelism cuts rows into chunks of %lld tokens, not a multiple of recipe %s's %lld-token blocks: "
+        "the gradient GEMMs' blocks mix tokens a single GPU would not (numbers differ from one GPU's); use a "
+        "--seq-length that is a multiple of %lld",
+        (long long)chunk, recipe_.name.c_str(), (long long)block, (long long)(2 * cp_ * block));
   std::printf(
       "context parallel: %d ranks per group (ranks %d-%d with this one), each row's %lld tokens in %d chunks, "
       "%lld per rank; K/V passed round the ring (%s); gradients reduced over %d ranks\n",
