@@ -161,3 +161,50 @@ TEST(MemoryAdvice, SuggestionsFitAndActivationsNeedMoreThanTheDistributedOptimiz
 }
 
 }  // namespace
+
+namespace nb {
+namespace {
+
+// Context parallelism: a rank's activations, attention workspace and step inputs are those of S / C tokens per
+// row (the model is built for them), plus the ring's scratch (ops::cp::Ring::scratch_bytes) and the tokens'
+// row positions; weights are sharded over all C x D ranks. And the advice for a sequence whose activations do
+// not fit offers --context-parallel-size, whose estimate fits.
+TEST(MemoryEstimateContextParallel, ARankHoldsItsShareOfEachRow) {
+  MemoryJob whole;
+  ASSERT_TRUE(llama_preset("llama3.1-8b", &whole.model).is_ok());
+  whole.micro_batch = 1;
+  whole.global_batch = 1;
+  whole.recompute = Recompute::selective;
+  whole.ranks = 4;
+  whole.strategy = "optim_grads_params";
+  MemoryJob cp = whole;
+  whole.seq = 16384;  // what each of 4 context-parallel ranks holds of a 64K row
+  cp.seq = 65536;
+  cp.context_parallel = 4;
+  MemoryEstimate a, b;
+  ASSERT_TRUE(estimate_memory(whole, &a).is_ok());
+  ASSERT_TRUE(estimate_memory(cp, &b).is_ok());
+  EXPECT_EQ(b.part(MemPart::activations), a.part(MemPart::activations));
+  EXPECT_EQ(b.part(MemPart::params), a.part(MemPart::params));
+  const ops::AttentionShape local{1, 16384, 32, 8, 128, 1.0f};
+  EXPECT_EQ(b.part(MemPart::attention_workspace) - a.part(MemPart::attention_workspace),
+            double(ops::cp::Ring::scratch_bytes(local, DType::bf16)));
+  // RoPE covers the whole row (4 x 16384 rows of 64 cos and 64 sin floats) and each token's position (4 bytes).
+  EXPECT_EQ(b.part(MemPart::step_inputs) - a.part(MemPart::step_inputs), 2.0 * 3 * 16384 * 64 * 4 + 16384 * 4);
+
+  MemoryJob one = whole;  // 64K on one GPU: the activations alone exceed it
+  one.seq = 65536;
+  one.ranks = 1;
+  one.strategy = "no_shard";
+  const double free = 80.0 * 1073741824.0 - kCudaContextBytes;
+  const auto advice = advise_memory(one, free, 512.0 * 1073741824.0, 8, 16);
+  bool offered = false;
+  for (const MemoryAdvice& m : advice) {
+    EXPECT_LE(m.device_bytes, free) << m.flags;
+    offered |= m.flags.find("--context-parallel-size") != std::string::npos;
+  }
+  EXPECT_TRUE(offered) << "no --context-parallel-size among " << advice.size() << " suggestions";
+}
+
+}  // namespace
+}  // namespace nb
