@@ -278,8 +278,8 @@ Status attention_backward_cudnn(const AttentionShape& sh, const Tensor& q, const
   char* base = static_cast<char*>(st.workspace);
   float scale = sh.scale, neg_inf = -std::numeric_limits<float>::infinity(), one = 1.0f;
   std::vector<int64_t> uids{kQ, kK, kV, kO, kDO, kStats, kDQ, kDK, kDV, kSoftmaxSum, kScale, kOne};
-  std::vector<void*> ptrs{q.data, k.data, v.data, out.data, dout.data, lse.data, dq.data, dk.data, dv.data, base + accum,
-                          &scale, &one};
+  std::vector<void*> ptrs{q.data,  k.data,  v.data,  out.data,     dout.data, lse.data,
+                          dq.data, dk.data, dv.data, base + accum, &scale,    &one};
   bind_mask_value(sh, &neg_inf, uids, ptrs);
   if (accum > 0) {  // the default graph's FP32 dQ accumulator, in front of the softmax sum
     uids.push_back(kDQAccum);
