@@ -72,7 +72,7 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
 void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* out) {
   std::vector<Change>& c = *out;
   const int data = job.ranks / job.context_parallel;
-  for (int cp = job.context_parallel * 2; data * cp <= gpus && job.seq % (2 * cp) == 0; cp *= 2) {
+  for (int cp = job.context_parallel * 2; data * cp <= gpus && job.seq % (int64_t(2) * cp) == 0; cp *= 2) {
     const int n = data * cp;
     c.push_back({9 + n, 2,
                  "--nproc-per-node " + std::to_string(n) + " --context-parallel-size " + std::to_string(cp) + " " +

@@ -76,13 +76,13 @@ Status Trainer::connect_context_parallel() {
   model_.cp_link = cp_link_.get();
   cp_amax_ = std::make_unique<CommAmaxGroup>(cp_comm_.get(), dev_);
   model_.cp_amax_group = cp_amax_.get();
-  const int64_t chunk = cfg_.seq_length / (2 * cp_), block = token_block(recipe_);
+  const int64_t chunk = cfg_.seq_length / (int64_t(2) * cp_), block = token_block(recipe_);
   if (recipe_.quantized() && chunk % block != 0)
     NB_LOG_WARN(
         "context parallelism cuts rows into chunks of %lld tokens, not a multiple of recipe %s's %lld-token blocks: "
         "the gradient GEMMs' blocks mix tokens a single GPU would not (numbers differ from one GPU's); use a "
         "--seq-length that is a multiple of %lld",
-        (long long)chunk, recipe_.name.c_str(), (long long)block, (long long)(2 * cp_ * block));
+        (long long)chunk, recipe_.name.c_str(), (long long)block, (long long)(int64_t(2) * cp_ * block));
   std::printf(
       "context parallel: %d ranks per group (ranks %d-%d with this one), each row's %lld tokens in %d chunks, "
       "%lld per rank; K/V passed round the ring (%s); gradients reduced over %d ranks\n",
