@@ -62,6 +62,12 @@ struct Ring::Views {
   Tensor kv[2], dkv[2], acc, part, part_lse, part_dkv, q_half, o_half, do_half, lse_half, kv_half;
 };
 
+RingTraffic ring_traffic(const AttentionShape& sh, DType act, int ranks) {
+  const int64_t kv = 2 * elems(sh, sh.kv_heads);
+  if (ranks <= 1) return {};
+  return {(ranks - 1) * dtype_bytes(act, kv), (ranks - 1) * dtype_bytes(act, kv) + ranks * kv * 4};
+}
+
 int64_t Ring::scratch_bytes(const AttentionShape& sh, DType act) {
   const int64_t q = elems(sh, sh.heads), kv = elems(sh, sh.kv_heads), a = dtype_bytes(act, 1);
   auto al = [](int64_t b) { return (b + 255) / 256 * 256; };

@@ -37,6 +37,13 @@ inline int64_t global_position(int64_t local, int64_t local_seq, int rank, int r
   return local < h ? rank * h + local : (2 * int64_t(ranks) - 1 - rank) * h + (local - h);
 }
 
+// Bytes one rank sends per attention call (docs/DISTRIBUTED.md): the forward passes C-1 K|V blocks (2 x B x S/C x
+// Hkv x hd activation values each); the backward passes them again plus C FP32 dK|dV blocks (the last hop home).
+struct RingTraffic {
+  int64_t forward = 0, backward = 0;
+};
+RingTraffic ring_traffic(const AttentionShape& local, DType act, int ranks);
+
 // The ring of one rank: its scratch (sized by scratch_bytes, allocated by init) and the two directions.
 class Ring {
  public:

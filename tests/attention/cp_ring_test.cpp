@@ -1,7 +1,8 @@
 // Context parallelism's per-rank ring (ops/cp_ring.h) on the CPU: C ranks as threads passing K/V through an
 // in-process mailbox, each on its own load-balanced tokens (chunks r and 2C-1-r of every row), against the
 // whole-sequence causal reference gathered at the same tokens: out and lse within FP32 rounding of the FP32
-// merge, dq/dk/dv likewise. C = 1, 2, 4, GQA, two rows. Also the shapes the non-causal blocks accept.
+// merge, dq/dk/dv likewise; the bytes each rank passes equal cp::ring_traffic's formula. C = 1, 2, 4, GQA, two
+// rows. Also the shapes the non-causal blocks accept.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ class ThreadRingLink : public cp::RingLink {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Status pass(const Tensor& send, const Tensor& recv, Stream) override {
+    sent += send.bytes();
     const char* p = static_cast<const char*>(send.data);
     box_->slots[size_t(rank_)].assign(p, p + send.bytes());
     box_->sync.arrive_and_wait();
@@ -37,6 +39,7 @@ class ThreadRingLink : public cp::RingLink {
     box_->sync.arrive_and_wait();
     return Status::ok();
   }
+  int64_t sent = 0;  // bytes this rank passed on
 
  private:
   int rank_, size_;
@@ -91,9 +94,14 @@ void run_rank(const AttentionTensors& ref, int r, int C, RingMailbox* box, doubl
   cp::Ring ring;
   ASSERT_TRUE(ring.init(local, Device::cpu, DType::f32, &link).is_ok());
   ASSERT_TRUE(ring.forward(mine.q.t, mine.k.t, mine.v.t, mine.out.t, mine.lse.t, nullptr).is_ok());
+  // The bytes passed, counted at the link, are the formula's (docs/DISTRIBUTED.md's traffic per layer).
+  const cp::RingTraffic want = cp::ring_traffic(local, DType::f32, C);
+  EXPECT_EQ(link.sent, want.forward) << "forward, rank " << r;
+  link.sent = 0;
   ASSERT_TRUE(ring.backward(mine.q.t, mine.k.t, mine.v.t, mine.out.t, mine.w.t, mine.lse.t, mine.dq.t, mine.dk.t,
                             mine.dv.t, nullptr)
                   .is_ok());
+  EXPECT_EQ(link.sent, want.backward) << "backward, rank " << r;
   const double errs[] = {ring_rel_err(mine.out.data, gather_rows(ref.out.data, B, S, qw, r, C)),
                          ring_rel_err(mine.lse.data, gather_lse(ref.lse.data, B, sh.heads, S, r, C)),
                          ring_rel_err(mine.dq.data, gather_rows(ref.dq.data, B, S, qw, r, C)),
