@@ -18,6 +18,7 @@ common=(--model llama3.1-8b --mock-data true --train-iters 4 --micro-batch-size 
 configs=(
   "8b-64k-cp4-full|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute full"
   "8b-64k-cp4-selective-offload|4|--seq-length 65536 --global-batch-size 2 --context-parallel-size 4 --recompute selective --optimizer-cpu-offload"
+  "8b-64k-cp4-selective-offload-gbs8|4|--seq-length 65536 --global-batch-size 8 --context-parallel-size 4 --recompute selective --optimizer-cpu-offload"
   "8b-32k-cp4-selective|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 4 --recompute selective"
   "8b-128k-cp4-full|4|--seq-length 131072 --global-batch-size 1 --context-parallel-size 4 --recompute full"
   "8b-32k-cp2d2-full|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 2 --recompute full"
