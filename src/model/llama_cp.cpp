@@ -37,4 +37,28 @@ void LlamaModel::keep_local_tokens(const int32_t* whole, int64_t n, std::vector<
     for (int64_t i = 0; i < S; ++i) (*local)[size_t(m * S + i)] = whole[m * row + ops::cp::global_position(i, S, r, C)];
 }
 
+Status LlamaModel::whole_rows_under_cp(int64_t n) {
+  const int64_t row = shape_.seq * cp_size();  // the starts index whole rows
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<int32_t>& st = seg_host_[size_t(i)];
+    // At most two segments per row, the first at its start: a sample and the padding after it. (Two samples
+    // that fill a row look the same; packed SFT data is refused before step 1 by the trainer's config check.)
+    std::vector<int> per_row(size_t(shape_.batch), 0);
+    bool ok = true;
+    for (size_t k = 0; k + 1 < st.size(); ++k) {
+      const int64_t r = st[k] / row;
+      ok = ok && r < shape_.batch && (per_row[size_t(r)]++ > 0 || st[k] % row == 0) && per_row[size_t(r)] <= 2;
+    }
+    if (!ok)
+      return errorf(
+          "packed rows under context parallelism are not supported yet (micro-batch %lld holds several samples "
+          "in a row); train with --packed-sequence false or --context-parallel-size 1",
+          (long long)i);
+  }
+  // One sample per row: its tokens see only earlier tokens of the row, all its own, so the row is one causal
+  // sequence for every trained token (the padding's labels are -1, and nothing before it attends to it).
+  seg_host_.clear();
+  return Status::ok();
+}
+
 }  // namespace nb

@@ -361,10 +361,7 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     seg_host_.clear();
     return Status::ok();
   }
-  if (cp_size() > 1)
-    return errorf(
-        "packed rows (--packed-sequence) under context parallelism are not supported yet; train with "
-        "--context-parallel-size 1 or without packing");
+  if (cp_size() > 1) return whole_rows_under_cp(n);
   std::vector<int32_t> all;
   MemoryScope scope(MemPart::step_inputs);
   seg_offset_.assign(size_t(n), 0);

@@ -267,6 +267,9 @@ class LlamaModel {
   Status init_context_parallel();                   // the ring and the tokens' row positions (llama_cp.cpp)
   // Context parallelism: this rank's tokens of n micro-batches of whole rows (llama_cp.cpp).
   void keep_local_tokens(const int32_t* whole, int64_t n, std::vector<int32_t>* local) const;
+  // Context parallelism: staged segments that are one sample per row (SFT without packing: the sample from the
+  // row's start, then padding) are whole rows to causal attention; packed rows are refused (llama_cp.cpp).
+  Status whole_rows_under_cp(int64_t n);
   // set_recipe's checks: `r` keeps quantized inputs wherever the activation plan does, and every layer that
   // would run a BF16 GEMM has its weights' compute copies.
   Status check_switch_covered(const recipe::Recipe& r, bool fprop_only) const;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <string>
 #include "distributed/ddp_util.h"
+#include "train/sft_reverse_data.h"
 
 namespace nb {
 namespace {
@@ -104,6 +105,31 @@ TEST(ContextParallelCpuResume, SavedAtC2D2ResumesAtOneRank) {
   EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss);
   EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << "step " << i + 1;
+}
+
+// SFT rows, one sample per row (packed rows are refused): the answer-token count of a step is summed over the
+// ranks and divided by C (a group's ranks read the same rows), so the loss, its gradient and the validation loss
+// are one rank's.
+TEST(ContextParallelCpuSft, AnswerTokenMeansAreOneRanks) {
+  const std::string dir = test::temp_folder("cp_train_sft");
+  const std::string data = test::write_reverse_sft_data(dir, 3, 4, 12);
+  const std::string job = kCpJob + "--sft --data-path " + data +
+                          " --packed-sequence false --train-iters 2 --eval-interval 2 --eval-iters 1 ";
+  test::CliRun one = test::run_nibble(job + "--save " + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  test::CliRun cp = test::run_nibble(job + "--nproc-per-node 2 --context-parallel-size 2 --save " + dir + "/cp");
+  ASSERT_EQ(cp.code, 0) << cp.out;
+  const auto a = read_metrics(dir + "/one"), b = read_metrics(dir + "/cp");
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
+  EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
+  auto val = [](const std::string& out) {
+    const size_t at = out.find("validation loss at iteration 2 | lm loss value: ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 48));
+  };
+  ASSERT_GT(val(one.out), 0) << one.out;
+  EXPECT_NEAR(val(cp.out), val(one.out), 1e-5 * val(one.out)) << cp.out;
 }
 
 TEST(ContextParallelCpuRefusals, ImpossibleSplitsAreRefusedInOneSentence) {
