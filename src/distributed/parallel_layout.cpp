@@ -1,5 +1,7 @@
 // The tp-cp-dp-pp rank layout (parallel_layout.h): rank = tp + T * (cp + C * (dp + D * pp)).
 #include "distributed/parallel_layout.h"
+#include <string>
+#include <utility>
 
 namespace nb::dist {
 
@@ -17,11 +19,18 @@ Status make_parallel_layout(int world, int rank, const ParallelSizes& s, Paralle
     return errorf("parallel sizes must be at least 1 (tensor %d, context %d, pipeline %d)", s.tensor, s.context,
                   s.pipeline);
   const int model = s.tensor * s.context * s.pipeline;
-  if (world % model != 0)
+  if (world % model != 0) {
+    std::string flags;  // the sizes above 1, as the flags that set them
+    const std::pair<const char*, int> named[] = {{"--tensor-model-parallel-size", s.tensor},
+                                                 {"--context-parallel-size", s.context},
+                                                 {"--pipeline-model-parallel-size", s.pipeline}};
+    for (const auto& [flag, n] : named)
+      if (n > 1) flags += (flags.empty() ? "" : " x ") + strprintf("%s %d", flag, n);
     return errorf(
-        "%d ranks cannot be split into tensor-parallel %d x context-parallel %d x pipeline-parallel %d groups; the "
-        "world must be a multiple of %d (the rest is data parallelism)",
-        world, s.tensor, s.context, s.pipeline, model);
+        "%s does not divide the %d ranks of this job; the world must be a multiple of %d (the rest is data "
+        "parallelism)",
+        flags.c_str(), world, model);
+  }
   if (rank < 0 || rank >= world) return errorf("rank %d is outside a world of %d ranks", rank, world);
   ParallelLayout l;
   l.sizes = s;
@@ -59,8 +68,9 @@ Status check_model_fits_layout(const LlamaConfig& m, int64_t seq, const Parallel
                     (long long)T, x.what, m.name.c_str(), (long long)x.n, (long long)x.n);
   if (seq % (2 * int64_t(s.context)) != 0)
     return errorf(
-        "context parallelism %d cuts each sequence into %d chunks, but --seq-length %lld is not a multiple of %d",
-        s.context, 2 * s.context, (long long)seq, 2 * s.context);
+        "--seq-length %lld does not split into 2 x --context-parallel-size = %d chunks (each rank holds two, for "
+        "the causal load balance): it is not a multiple of %d",
+        (long long)seq, 2 * s.context, 2 * s.context);
   return Status::ok();
 }
 

@@ -4,7 +4,7 @@
 // reductions and the distributed optimizer's shards run over the combined data x context group (context-
 // parallel ranks hold the same weights). Pure arithmetic: the communicators are built from these rank
 // lists. check_model_fits_layout refuses, in one sentence each, a model or sequence the sizes cannot split.
-// Nothing uses this yet: it is the first piece of tensor and context parallelism (docs/DISTRIBUTED.md).
+// Context parallelism uses it (train/trainer_cp.cpp); tensor and pipeline parallelism are still to come.
 #pragma once
 #include <string>
 #include <vector>

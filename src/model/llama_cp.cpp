@@ -13,9 +13,6 @@ Status LlamaModel::init_context_parallel() {
   if (C == 1) return Status::ok();
   const int r = cp_link->rank();
   const int64_t B = shape_.batch, S = shape_.seq;
-  if (S % 2 != 0)
-    return errorf("context parallelism over %d ranks: %lld tokens per rank and row do not split into two chunks", C,
-                  (long long)S);
   std::vector<int32_t> pos(size_t(B * S));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < S; ++i) pos[size_t(b * S + i)] = int32_t(ops::cp::global_position(i, S, r, C));

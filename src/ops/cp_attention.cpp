@@ -1,6 +1,7 @@
 // Context-parallel attention, the CPU reference (cp_attention.h): the ring's steps for every rank, each
 // step one partial attention (FP64 inside, FP32 out, as a kernel's) merged or accumulated in FP32.
 #include "ops/cp_attention.h"
+#include "ops/cp_ring.h"
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -27,7 +28,7 @@ std::vector<Seq> sequences(const AttentionShape& sh, const AttentionSegments* se
 }
 
 // What every step needs: the layout, each token's sequence start (the mask), and the ranks' shards.
-struct Ring {
+struct AllRanks {
   int64_t T, Hq, Hkv, D, group;
   double scale;
   bool token_major;  // packed segments: lse is [T, Hq] (ops/attention.h)
@@ -41,10 +42,10 @@ struct Ring {
   }
 };
 
-Status make_ring(const AttentionShape& sh, const AttentionSegments* seg, int ranks, Ring* r) {
+Status make_ring(const AttentionShape& sh, const AttentionSegments* seg, int ranks, AllRanks* r) {
   if (ranks < 1) return errorf("context parallelism: %d ranks; need at least 1", ranks);
-  *r = Ring{sh.batch * sh.seq, sh.heads,       sh.kv_heads, sh.head_dim, sh.heads / sh.kv_heads,
-            double(sh.scale),  seg != nullptr, {},          {}};
+  *r = AllRanks{sh.batch * sh.seq, sh.heads,       sh.kv_heads, sh.head_dim, sh.heads / sh.kv_heads,
+                double(sh.scale),  seg != nullptr, {},          {}};
   r->seq_start.resize(size_t(r->T));
   for (const Seq& s : sequences(sh, seg))
     for (int64_t t = s.t0; t < s.t0 + s.len; ++t) r->seq_start[size_t(t)] = s.t0;
@@ -61,7 +62,7 @@ double dot(const float* a, const float* b, int64_t n) {
 
 // One step's partial attention of query token i, head h, over the keys `keys` it may see: out_part (D) and
 // its lse; false when it sees none of them.
-bool partial(const Ring& r, const float* Q, const float* K, const float* V, int64_t i, int64_t h,
+bool partial(const AllRanks& r, const float* Q, const float* K, const float* V, int64_t i, int64_t h,
              const std::vector<int64_t>& keys, float* out_part, float* lse_part) {
   double m = -std::numeric_limits<double>::infinity();
   std::vector<std::pair<int64_t, double>> s;
@@ -96,9 +97,8 @@ Status shard_tokens(const AttentionShape& sh, const AttentionSegments* seg, int 
           "context parallelism over %d ranks cuts each sequence into %d chunks, but a sequence of %lld tokens "
           "(at token %lld) is not a multiple of %d; pad it (TransformerEngine pads each to a multiple of 2 x CP)",
           ranks, 2 * ranks, (long long)s.len, (long long)s.t0, 2 * ranks);
-    const int64_t L = s.len / chunks;
-    for (int64_t chunk : {int64_t(rank), chunks - 1 - rank})
-      for (int64_t t = 0; t < L; ++t) tokens->push_back(s.t0 + chunk * L + t);
+    const int64_t local = s.len / ranks;  // chunks rank and 2C-1-rank (cp_ring.h's global_position)
+    for (int64_t i = 0; i < local; ++i) tokens->push_back(s.t0 + global_position(i, local, rank, ranks));
   }
   return Status::ok();
 }
@@ -121,7 +121,7 @@ Status ring_forward(const AttentionShape& sh, const AttentionSegments* seg, int 
                     const Tensor& v, const Tensor& out, const Tensor& lse) {
   NB_TRY(attention_check_args(sh, q, k, v, out, lse, nullptr, nullptr, nullptr, nullptr, seg));
   if (q.device != Device::cpu) return errorf("cp::ring_forward is the CPU reference: tensors must be on the cpu");
-  Ring r;
+  AllRanks r;
   NB_TRY(make_ring(sh, seg, ranks, &r));
   float* O = out.ptr<float>();
   std::vector<float> lse_tok(size_t(r.T * r.Hq), kNoKey), part(size_t(r.D));
@@ -146,7 +146,7 @@ Status ring_backward(const AttentionShape& sh, const AttentionSegments* seg, int
                      const Tensor& dq, const Tensor& dk, const Tensor& dv) {
   NB_TRY(attention_check_args(sh, q, k, v, out, lse, &dout, &dq, &dk, &dv, seg));
   if (q.device != Device::cpu) return errorf("cp::ring_backward is the CPU reference: tensors must be on the cpu");
-  Ring r;
+  AllRanks r;
   NB_TRY(make_ring(sh, seg, ranks, &r));
   const float *Q = q.ptr<float>(), *K = k.ptr<float>(), *V = v.ptr<float>(), *dO = dout.ptr<float>();
   float *dQ = dq.ptr<float>(), *dK = dk.ptr<float>(), *dV = dv.ptr<float>();

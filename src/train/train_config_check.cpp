@@ -1,6 +1,7 @@
 // TrainConfig's checks after parsing: the model it resolves to, and the values and combinations a run refuses
 // (one sentence each, naming the flag to change).
 #include "train/train_config.h"
+#include "distributed/parallel_layout.h"
 
 namespace nb {
 
@@ -32,11 +33,6 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
         "small adapters' state: leave it out");
   if (c.context_parallel_size < 1)
     return errorf("--context-parallel-size must be at least 1; got %lld", (long long)c.context_parallel_size);
-  if (c.context_parallel_size > 1 && c.seq_length % (2 * c.context_parallel_size) != 0)
-    return errorf(
-        "--seq-length %lld does not split into 2 x --context-parallel-size = %lld chunks (each rank holds two, "
-        "for the causal load balance); choose a multiple of %lld",
-        (long long)c.seq_length, (long long)(2 * c.context_parallel_size), (long long)(2 * c.context_parallel_size));
   if (c.context_parallel_size > 1 && c.sft && c.packed_sequence)
     return errorf(
         "packed SFT rows (--packed-sequence) under --context-parallel-size %lld are not supported yet; pass "
@@ -129,6 +125,7 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
           c.recipe.c_str());
   }
   NB_TRY(validate_parallel_and_offload(c));
+  NB_TRY(dist::check_model_fits_layout(m, c.seq_length, {1, int(c.context_parallel_size), 1}));
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

@@ -119,7 +119,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     std::copy(b.labels.begin(), b.labels.end(), step_labels_.begin() + micro * T);
     step_segments_[size_t(micro)] = std::move(b.segment_starts);
   }
-  model_.begin_step(uint32_t(rng_step_), uint32_t(data_rank_), uint32_t(data_ranks_));
+  model_.begin_step(uint32_t(rng_step_), uint32_t(data_rank()), uint32_t(data_ranks()));
   model_.set_collect_stats(quant_stats_step(cfg_, it));
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
   NB_TRY(model_.stage_segments(step_segments_.data(), accum_));
@@ -129,7 +129,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   if (cfg_.sft) {
     step_trained_ = double(trained_tokens(step_labels_));
     NB_TRY(sum_over_ranks(&step_trained_, 1));
-    step_trained_ /= cp_;  // the ranks of a context-parallel group hold the same rows
+    step_trained_ /= cp_size();  // the ranks of a context-parallel group hold the same rows
   }
   const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
   for (int64_t micro = 0; micro < accum_; ++micro) {
@@ -298,7 +298,7 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   NB_TRY(model_.take_loss_sum(&sum));
   double totals[2] = {sum, double(n)};  // every rank evaluated its rows of each global batch
   NB_TRY(sum_over_ranks(totals, 2));
-  totals[1] /= cp_;  // a context-parallel group's ranks counted the same rows' tokens
+  totals[1] /= cp_size();  // a context-parallel group's ranks counted the same rows' tokens
   const double loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
               loss, std::exp(loss));

@@ -16,6 +16,7 @@
 #include "data/sft_dataset.h"
 #include "data/token_source.h"
 #include "distributed/communicator.h"
+#include "distributed/parallel_layout.h"
 #include "model/llama_model.h"
 #include "optim/adamw_stream.h"
 #include "recipe/recipe.h"
@@ -149,9 +150,12 @@ class Trainer {
   dist::World world_;
   std::unique_ptr<dist::TcpStore> store_;
   std::unique_ptr<dist::Communicator> comm_;
-  // Context parallelism (trainer_cp.cpp): groups of cp_ consecutive ranks share their rows; data parallelism
-  // runs over world / cp_ groups (data_rank_ of data_ranks_), gradients and the optimizer over the whole world.
-  int cp_ = 1, data_rank_ = 0, data_ranks_ = 1;
+  // Context parallelism (trainer_cp.cpp): groups of C consecutive ranks share their rows; data parallelism
+  // runs over world / C groups (data_rank() of data_ranks()), gradients and the optimizer over the whole world.
+  dist::ParallelLayout layout_;
+  int cp_size() const { return layout_.sizes.context; }
+  int data_rank() const { return layout_.dp; }
+  int data_ranks() const { return layout_.data; }
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;
   std::unique_ptr<recipe::AmaxGroup> cp_amax_;

@@ -1,6 +1,6 @@
 // Trainer phases for context parallelism (docs/DISTRIBUTED.md): the group sizes and this rank's place in
-// Megatron's tp-cp-dp order (tensor parallelism is 1 here, so a context-parallel group is cp_ consecutive
-// ranks and data-parallel rank d holds ranks d*cp_ .. d*cp_ + cp_-1), and the group's communicator behind
+// Megatron's tp-cp-dp order (distributed/parallel_layout.h; tensor parallelism is 1 here, so a context-parallel
+// group is C consecutive ranks), and the group's communicator behind
 // the model's ring. Gradients, the distributed optimizer and Megatron-FSDP keep the world communicator:
 // the context-parallel ranks hold the same weights, so they reduce and shard over data x context ranks, as
 // Megatron's dp_cp group does.
@@ -56,38 +56,29 @@ int64_t token_block(const recipe::Recipe& r) {
 }  // namespace
 
 Status Trainer::set_context_parallel() {
-  const int64_t C = cfg_.context_parallel_size;
-  if (C < 1) return errorf("--context-parallel-size must be at least 1; got %lld", (long long)C);
-  if (world_.size % C != 0)
-    return errorf(
-        "--context-parallel-size %lld does not divide the %d ranks of this job; launch a multiple of %lld ranks or "
-        "choose a divisor of %d",
-        (long long)C, world_.size, (long long)C, world_.size);
-  cp_ = int(C);
-  data_ranks_ = world_.size / cp_;
-  data_rank_ = world_.rank / cp_;
+  NB_TRY(dist::make_parallel_layout(world_.size, world_.rank, {1, int(cfg_.context_parallel_size), 1}, &layout_));
   return Status::ok();
 }
 
 Status Trainer::connect_context_parallel() {
-  if (cp_ == 1) return Status::ok();
-  NB_TRY(comm_->split(data_rank_, world_.rank % cp_, "cp", &cp_comm_));
+  if (cp_size() == 1) return Status::ok();
+  NB_TRY(comm_->split(layout_.dp, layout_.cp, "cp", &cp_comm_));
   cp_link_ = std::make_unique<CommRingLink>(cp_comm_.get());
   model_.cp_link = cp_link_.get();
   cp_amax_ = std::make_unique<CommAmaxGroup>(cp_comm_.get(), dev_);
   model_.cp_amax_group = cp_amax_.get();
-  const int64_t chunk = cfg_.seq_length / (int64_t(2) * cp_), block = token_block(recipe_);
+  const int64_t chunk = cfg_.seq_length / (int64_t(2) * cp_size()), block = token_block(recipe_);
   if (recipe_.quantized() && chunk % block != 0)
     NB_LOG_WARN(
         "context parallelism cuts rows into chunks of %lld tokens, not a multiple of recipe %s's %lld-token blocks: "
         "the gradient GEMMs' blocks mix tokens a single GPU would not (numbers differ from one GPU's); use a "
         "--seq-length that is a multiple of %lld",
-        (long long)chunk, recipe_.name.c_str(), (long long)block, (long long)(int64_t(2) * cp_ * block));
+        (long long)chunk, recipe_.name.c_str(), (long long)block, (long long)(int64_t(2) * cp_size() * block));
   std::printf(
       "context parallel: %d ranks per group (ranks %d-%d with this one), each row's %lld tokens in %d chunks, "
       "%lld per rank; K/V passed round the ring (%s); gradients reduced over %d ranks\n",
-      cp_, data_rank_ * cp_, data_rank_ * cp_ + cp_ - 1, (long long)cfg_.seq_length, 2 * cp_,
-      (long long)(cfg_.seq_length / cp_), cfg_.cp_comm_type.c_str(), world_.size);
+      cp_size(), layout_.cp_group.front(), layout_.cp_group.back(), (long long)cfg_.seq_length, 2 * cp_size(),
+      (long long)(cfg_.seq_length / cp_size()), cfg_.cp_comm_type.c_str(), world_.size);
   return Status::ok();
 }
 

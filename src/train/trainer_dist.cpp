@@ -20,7 +20,7 @@ Status Trainer::detect_ranks() {
 // What the rank count sets: the data-parallel size, the optimizer's sharding, the bucket, rank 0's logging.
 Status Trainer::apply_world() {
   NB_TRY(set_context_parallel());
-  cfg_.data_parallel = data_ranks_;
+  cfg_.data_parallel = data_ranks();
   // The sharding and the bucket as the memory estimate derives them (MemoryJob, train/memory_estimate.h): LoRA
   // shards only with optim_grads_params (its frozen base); Megatron's default bucket is one bucket without an
   // overlap, else max(40M, 1M x ranks) elements.
@@ -59,7 +59,7 @@ Status Trainer::connect_ranks() {
   NB_TRY(dist::TcpStore::open(world_, timeout, &store_));
   NB_TRY(dist::make_communicator(world_, dev_, store_.get(), timeout, &comm_));
   std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
-              data_ranks_, comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
+              data_ranks(), comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
               (long long)accum_);
   return connect_context_parallel();
 }

@@ -30,7 +30,7 @@ MemoryJob Trainer::memory_job() const {
   j.global_batch = cfg_.global_batch_size;
   j.recompute = recompute_;
   j.ranks = world_.size;
-  j.context_parallel = cp_;
+  j.context_parallel = cp_size();
   j.local_ranks = std::max(1, world_.local_size);
   j.strategy = cfg_.sharding_strategy();
   j.placement = model_.optimizer_placement;

@@ -198,7 +198,7 @@ Status Trainer::build_model() {
   if (lora()) model_.set_lora(lora_spec_, lora_base_.get());
   plan_anneal();
   model_.fsdp_training_format_gathers = training_format_gather();
-  Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length / cp_}, recompute_,
+  Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length / cp_size()}, recompute_,
                           uint64_t(cfg_.seed), recipe_);
   if (!st) return st;
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
@@ -227,11 +227,11 @@ Status Trainer::build_data() {
   valid_src_.reset();
   if (cfg_.mock_data) {
     NB_TRY(make_mock_source_split(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
-                                  Split::train, train_samples, consumed, &train_src_, data_rank_, data_ranks_));
+                                  Split::train, train_samples, consumed, &train_src_, data_rank(), data_ranks()));
     if (cfg_.eval_interval > 0)
       NB_TRY(make_mock_source_split(model_cfg_.vocab, cfg_.seq_length, cfg_.micro_batch_size, uint64_t(cfg_.seed),
-                                    Split::valid, valid_samples, consumed_valid_, &valid_src_, data_rank_,
-                                    data_ranks_));
+                                    Split::valid, valid_samples, consumed_valid_, &valid_src_, data_rank(),
+                                    data_ranks()));
     return Status::ok();
   }
   if (cfg_.sft) return build_sft_data();
@@ -242,7 +242,7 @@ Status Trainer::build_data() {
   dc.seed = uint64_t(cfg_.seed);
   dc.num_samples[0] = train_samples;
   dc.num_samples[1] = valid_samples;
-  const int rank = data_rank_, ranks = data_ranks_;
+  const int rank = data_rank(), ranks = data_ranks();
   NB_TRY(make_gpt_source_dp(dc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_));
   Status vs = make_gpt_source_dp(dc, Split::valid, cfg_.micro_batch_size, rank, ranks, consumed_valid_, &valid_src_);
   if (!vs) NB_LOG_WARN("no validation data: %s", vs.message().c_str());
@@ -258,7 +258,7 @@ Status Trainer::build_sft_data() {
   sc.seed = uint64_t(cfg_.seed);
   sc.pack = cfg_.packed_sequence;
   const int64_t consumed = iteration_ * cfg_.global_batch_size;
-  const int rank = data_rank_, ranks = data_ranks_;
+  const int rank = data_rank(), ranks = data_ranks();
   NB_TRY(make_sft_source(sc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_, &train_packing_));
   const SftPacking& p = train_packing_;
   std::printf(

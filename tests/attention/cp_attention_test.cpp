@@ -8,20 +8,11 @@
 #include <vector>
 
 #include "attention/attention_test_util.h"
+#include "attention/cp_test_util.h"
 #include "ops/cp_attention.h"
 
 namespace nb::ops {
 namespace {
-
-// max |a - b| over max |b|: FP32 rounding of O(1) values stays near 1e-7; a wrong merge or mask is O(1e-1).
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 struct CpCase {
   int ranks;
@@ -51,11 +42,11 @@ TEST_P(RingAttention, EqualsWholeSequenceAttention) {
   ASSERT_TRUE(cp::ring_backward(sh, segs, c.ranks, ring.q.t, ring.k.t, ring.v.t, ring.out.t, ring.w.t, ring.lse.t,
                                 ring.dq.t, ring.dk.t, ring.dv.t)
                   .is_ok());
-  EXPECT_LT(rel_err(ring.out.data, ref.out.data), 2e-6);
-  EXPECT_LT(rel_err(ring.lse.data, ref.lse.data), 2e-6);
-  EXPECT_LT(rel_err(ring.dq.data, ref.dq.data), 5e-6);
-  EXPECT_LT(rel_err(ring.dk.data, ref.dk.data), 5e-6);
-  EXPECT_LT(rel_err(ring.dv.data, ref.dv.data), 5e-6);
+  EXPECT_LT(max_rel_err(ring.out.data, ref.out.data), 2e-6);
+  EXPECT_LT(max_rel_err(ring.lse.data, ref.lse.data), 2e-6);
+  EXPECT_LT(max_rel_err(ring.dq.data, ref.dq.data), 5e-6);
+  EXPECT_LT(max_rel_err(ring.dk.data, ref.dk.data), 5e-6);
+  EXPECT_LT(max_rel_err(ring.dv.data, ref.dv.data), 5e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, RingAttention,

@@ -13,69 +13,11 @@
 #include <vector>
 
 #include "attention/attention_test_util.h"
+#include "attention/cp_test_util.h"
 #include "ops/cp_ring.h"
 
 namespace nb::ops {
 namespace {
-
-// The ranks' exchange: each writes what it sends, all wait, each reads its previous rank's, all wait again.
-struct RingMailbox {
-  explicit RingMailbox(int n) : slots(size_t(n)), sync(n) {}
-  std::vector<std::vector<char>> slots;
-  std::barrier<> sync;
-};
-
-class ThreadRingLink : public cp::RingLink {
- public:
-  ThreadRingLink(int rank, int size, RingMailbox* box) : rank_(rank), size_(size), box_(box) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  Status pass(const Tensor& send, const Tensor& recv, Stream) override {
-    sent += send.bytes();
-    const char* p = static_cast<const char*>(send.data);
-    box_->slots[size_t(rank_)].assign(p, p + send.bytes());
-    box_->sync.arrive_and_wait();
-    std::memcpy(recv.data, box_->slots[size_t((rank_ + size_ - 1) % size_)].data(), size_t(recv.bytes()));
-    box_->sync.arrive_and_wait();
-    return Status::ok();
-  }
-  int64_t sent = 0;  // bytes this rank passed on
-
- private:
-  int rank_, size_;
-  RingMailbox* box_;
-};
-
-// Rows of `width` floats of whole-sequence tensor `whole` ([B, S, width]) at rank r's local tokens.
-std::vector<float> gather_rows(const std::vector<float>& whole, int64_t B, int64_t S, int64_t width, int r, int C) {
-  const int64_t Sl = S / C;
-  std::vector<float> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < Sl; ++i) {
-      const float* row = whole.data() + (b * S + cp::global_position(i, Sl, r, C)) * width;
-      out.insert(out.end(), row, row + width);
-    }
-  return out;
-}
-
-// lse [B, H, S] at rank r's tokens: [B, H, Sl].
-std::vector<float> gather_lse(const std::vector<float>& lse, int64_t B, int64_t H, int64_t S, int r, int C) {
-  const int64_t Sl = S / C;
-  std::vector<float> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < Sl; ++i) out.push_back(lse[size_t((b * H + h) * S + cp::global_position(i, Sl, r, C))]);
-  return out;
-}
-
-double ring_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
-  }
-  return scale > 0 ? diff / scale : diff;
-}
 
 // One rank's run: its tokens in, its out/lse/dq/dk/dv compared with the reference's at the same tokens.
 void run_rank(const AttentionTensors& ref, int r, int C, RingMailbox* box, double* worst) {
@@ -86,10 +28,10 @@ void run_rank(const AttentionTensors& ref, int r, int C, RingMailbox* box, doubl
   AttentionTensors mine(local);
   // Copied into the tensors' own storage (assigning the vectors would leave the tensors pointing at freed memory).
   auto load = [](Host& h, const std::vector<float>& v) { std::copy(v.begin(), v.end(), h.data.begin()); };
-  load(mine.q, gather_rows(ref.q.data, B, S, qw, r, C));
-  load(mine.k, gather_rows(ref.k.data, B, S, kw, r, C));
-  load(mine.v, gather_rows(ref.v.data, B, S, kw, r, C));
-  load(mine.w, gather_rows(ref.w.data, B, S, qw, r, C));
+  load(mine.q, cp_rows(ref.q.data, B, S, qw, r, C));
+  load(mine.k, cp_rows(ref.k.data, B, S, kw, r, C));
+  load(mine.v, cp_rows(ref.v.data, B, S, kw, r, C));
+  load(mine.w, cp_rows(ref.w.data, B, S, qw, r, C));
   ThreadRingLink link(r, C, box);
   cp::Ring ring;
   ASSERT_TRUE(ring.init(local, Device::cpu, DType::f32, &link).is_ok());
@@ -102,11 +44,11 @@ void run_rank(const AttentionTensors& ref, int r, int C, RingMailbox* box, doubl
                             mine.dv.t, nullptr)
                   .is_ok());
   EXPECT_EQ(link.sent, want.backward) << "backward, rank " << r;
-  const double errs[] = {ring_rel_err(mine.out.data, gather_rows(ref.out.data, B, S, qw, r, C)),
-                         ring_rel_err(mine.lse.data, gather_lse(ref.lse.data, B, sh.heads, S, r, C)),
-                         ring_rel_err(mine.dq.data, gather_rows(ref.dq.data, B, S, qw, r, C)),
-                         ring_rel_err(mine.dk.data, gather_rows(ref.dk.data, B, S, kw, r, C)),
-                         ring_rel_err(mine.dv.data, gather_rows(ref.dv.data, B, S, kw, r, C))};
+  const double errs[] = {max_rel_err(mine.out.data, cp_rows(ref.out.data, B, S, qw, r, C)),
+                         max_rel_err(mine.lse.data, cp_lse(ref.lse.data, B, sh.heads, S, r, C)),
+                         max_rel_err(mine.dq.data, cp_rows(ref.dq.data, B, S, qw, r, C)),
+                         max_rel_err(mine.dk.data, cp_rows(ref.dk.data, B, S, kw, r, C)),
+                         max_rel_err(mine.dv.data, cp_rows(ref.dv.data, B, S, kw, r, C))};
   for (double e : errs) *worst = std::max(*worst, e);
 }
 

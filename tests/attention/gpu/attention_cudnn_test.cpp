@@ -15,6 +15,7 @@
 #include <random>
 #include <vector>
 
+#include "attention/gpu/attention_gpu_util.h"
 #include "common/gpu.h"
 #include "core/bf16.h"
 #include "ops/attention.h"
@@ -28,13 +29,6 @@ struct DeviceArray {
   ~DeviceArray() { cudaFree(p); }
 };
 
-std::vector<float> random_bf16_values(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = round_to_bf16(dist(rng));
-  return x;
-}
-
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
   std::vector<bf16> r(x.size());
   for (size_t i = 0; i < x.size(); ++i) r[i] = f32_to_bf16(x[i]);
@@ -47,16 +41,6 @@ std::vector<float> download_bf16(const void* d, size_t n) {
   std::vector<float> r(n);
   for (size_t i = 0; i < n; ++i) r[i] = bf16_to_f32(h[i]);
   return r;
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    num += d * d;
-    den += double(want[i]) * double(want[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
 }
 
 Tensor host_tensor(std::vector<float>& v, std::initializer_list<int64_t> dims) {

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "attention/cp_test_util.h"
+#include "attention/gpu/attention_gpu_util.h"
 #include "common/gpu.h"
 #include "core/bf16.h"
 #include "ops/attention.h"
@@ -19,23 +21,6 @@
 
 namespace nb::ops {
 namespace {
-
-std::vector<float> ring_random_bf16(size_t n, std::mt19937& rng) {
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> x(n);
-  for (float& v : x) v = round_to_bf16(dist(rng));
-  return x;
-}
-
-double ring_rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double d = double(got[i]) - double(want[i]);
-    num += d * d;
-    den += double(want[i]) * double(want[i]);
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
 
 double ring_max_diff(const std::vector<float>& got, const std::vector<float>& want) {
   double m = 0;
@@ -71,54 +56,6 @@ struct Dev {
   }
 };
 
-struct GpuMailbox {
-  explicit GpuMailbox(int n) : slots(size_t(n)), sync(n) {}
-  std::vector<std::vector<char>> slots;
-  std::barrier<> sync;
-};
-
-class GpuThreadLink : public cp::RingLink {
- public:
-  GpuThreadLink(int rank, int size, GpuMailbox* box) : rank_(rank), size_(size), box_(box) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  Status pass(const Tensor& send, const Tensor& recv, Stream) override {
-    auto& mine = box_->slots[size_t(rank_)];
-    mine.resize(size_t(send.bytes()));
-    cudaDeviceSynchronize();
-    NB_TRY(copy_bytes(mine.data(), Device::cpu, send.data, Device::cuda, mine.size()));
-    box_->sync.arrive_and_wait();
-    const auto& prev = box_->slots[size_t((rank_ + size_ - 1) % size_)];
-    NB_TRY(copy_bytes(recv.data, Device::cuda, prev.data(), Device::cpu, size_t(recv.bytes())));
-    box_->sync.arrive_and_wait();
-    return Status::ok();
-  }
-
- private:
-  int rank_, size_;
-  GpuMailbox* box_;
-};
-
-// Rank r's rows of a [B, S, width] host tensor, and of lse [B, H, S].
-std::vector<float> ring_rows(const std::vector<float>& x, int64_t B, int64_t S, int64_t width, int r, int C) {
-  const int64_t Sl = S / C;
-  std::vector<float> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < Sl; ++i) {
-      const float* row = x.data() + (b * S + cp::global_position(i, Sl, r, C)) * width;
-      out.insert(out.end(), row, row + width);
-    }
-  return out;
-}
-std::vector<float> ring_lse(const std::vector<float>& lse, int64_t B, int64_t H, int64_t S, int r, int C) {
-  const int64_t Sl = S / C;
-  std::vector<float> out;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < Sl; ++i) out.push_back(lse[size_t((b * H + h) * S + cp::global_position(i, Sl, r, C))]);
-  return out;
-}
-
 struct Problem {
   AttentionShape sh;
   std::vector<float> q, k, v, dout, out, lse, dq, dk, dv;
@@ -128,10 +65,10 @@ Problem reference_problem(AttentionShape sh, uint32_t seed) {
   Problem p{sh, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   const int64_t B = sh.batch, S = sh.seq, Skv = sh.kv_len(), Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
   std::mt19937 rng(seed);
-  p.q = ring_random_bf16(size_t(B * S * Hq * D), rng);
-  p.k = ring_random_bf16(size_t(B * Skv * Hkv * D), rng);
-  p.v = ring_random_bf16(p.k.size(), rng);
-  p.dout = ring_random_bf16(p.q.size(), rng);
+  p.q = random_bf16_values(size_t(B * S * Hq * D), rng);
+  p.k = random_bf16_values(size_t(B * Skv * Hkv * D), rng);
+  p.v = random_bf16_values(p.k.size(), rng);
+  p.dout = random_bf16_values(p.q.size(), rng);
   p.out.resize(p.q.size());
   p.dq.resize(p.q.size());
   p.lse.resize(size_t(B * Hq * S));
@@ -150,29 +87,26 @@ Problem reference_problem(AttentionShape sh, uint32_t seed) {
   return p;
 }
 
-void ring_rank(const Problem& p, int r, int C, GpuMailbox* box, std::vector<double>* errs) {
+void ring_rank(const Problem& p, int r, int C, RingMailbox* box, std::vector<double>* errs) {
   const AttentionShape& sh = p.sh;
   const int64_t B = sh.batch, S = sh.seq, Sl = S / C, Hq = sh.heads, Hkv = sh.kv_heads, D = sh.head_dim;
   AttentionShape local = sh;
   local.seq = Sl;
-  const Dev q(ring_rows(p.q, B, S, Hq * D, r, C), {B, Sl, Hq, D}),
-      k(ring_rows(p.k, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
-  const Dev v(ring_rows(p.v, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
-  const Dev dout(ring_rows(p.dout, B, S, Hq * D, r, C), {B, Sl, Hq, D});
+  const Dev q(cp_rows(p.q, B, S, Hq * D, r, C), {B, Sl, Hq, D}), k(cp_rows(p.k, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
+  const Dev v(cp_rows(p.v, B, S, Hkv * D, r, C), {B, Sl, Hkv, D});
+  const Dev dout(cp_rows(p.dout, B, S, Hq * D, r, C), {B, Sl, Hq, D});
   const std::vector<float> zq(size_t(B * Sl * Hq * D)), zkv(size_t(B * Sl * Hkv * D)), zs(size_t(B * Hq * Sl));
   const Dev out(zq, {B, Sl, Hq, D}), dq(zq, {B, Sl, Hq, D}), dk(zkv, {B, Sl, Hkv, D}), dv(zkv, {B, Sl, Hkv, D});
   const Dev lse(zs, {B, Hq, Sl}, true);
-  GpuThreadLink link(r, C, box);
+  ThreadRingLink link(r, C, box);
   cp::Ring ring;
   ASSERT_TRUE(ring.init(local, Device::cuda, DType::bf16, &link).is_ok());
   ASSERT_TRUE(ring.forward(q.t(), k.t(), v.t(), out.t(), lse.t(), nullptr).is_ok());
   ASSERT_TRUE(ring.backward(q.t(), k.t(), v.t(), out.t(), dout.t(), lse.t(), dq.t(), dk.t(), dv.t(), nullptr).is_ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  *errs = {ring_rel_l2(out.host(), ring_rows(p.out, B, S, Hq * D, r, C)),
-           ring_rel_l2(dq.host(), ring_rows(p.dq, B, S, Hq * D, r, C)),
-           ring_rel_l2(dk.host(), ring_rows(p.dk, B, S, Hkv * D, r, C)),
-           ring_rel_l2(dv.host(), ring_rows(p.dv, B, S, Hkv * D, r, C)),
-           ring_max_diff(lse.host(), ring_lse(p.lse, B, Hq, S, r, C))};
+  *errs = {rel_l2(out.host(), cp_rows(p.out, B, S, Hq * D, r, C)), rel_l2(dq.host(), cp_rows(p.dq, B, S, Hq * D, r, C)),
+           rel_l2(dk.host(), cp_rows(p.dk, B, S, Hkv * D, r, C)), rel_l2(dv.host(), cp_rows(p.dv, B, S, Hkv * D, r, C)),
+           ring_max_diff(lse.host(), cp_lse(p.lse, B, Hq, S, r, C))};
 }
 
 class RingGpu : public ::testing::TestWithParam<int> {};
@@ -181,7 +115,7 @@ TEST_P(RingGpu, EachRankMatchesTheReferenceAtItsTokens) {
   NB_REQUIRE_GPU();
   const int C = GetParam();
   const Problem p = reference_problem({2, 512, 8, 2, 64, 0.125f}, 7);
-  GpuMailbox box(C);
+  RingMailbox box(C);
   std::vector<std::vector<double>> errs(static_cast<size_t>(C));
   std::vector<std::thread> ranks;
   for (int r = 0; r < C; ++r) ranks.emplace_back([&, r] { ring_rank(p, r, C, &box, &errs[size_t(r)]); });
@@ -214,11 +148,11 @@ TEST(RingGpuBlocks, NonCausalBlocksMatchTheReference) {
     ASSERT_TRUE(st.is_ok()) << st.message();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     SCOPED_TRACE(testing::Message() << sq << " queries over " << skv << " keys");
-    EXPECT_LE(ring_rel_l2(out.host(), p.out), 1e-2);
+    EXPECT_LE(rel_l2(out.host(), p.out), 1e-2);
     EXPECT_LE(ring_max_diff(lse.host(), p.lse), 1e-3);
-    EXPECT_LE(ring_rel_l2(dq.host(), p.dq), 1e-2);
-    EXPECT_LE(ring_rel_l2(dk.host(), p.dk), 1e-2);
-    EXPECT_LE(ring_rel_l2(dv.host(), p.dv), 1e-2);
+    EXPECT_LE(rel_l2(dq.host(), p.dq), 1e-2);
+    EXPECT_LE(rel_l2(dk.host(), p.dk), 1e-2);
+    EXPECT_LE(rel_l2(dv.host(), p.dv), 1e-2);
   }
 }
 
