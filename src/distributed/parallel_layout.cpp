@@ -1,5 +1,6 @@
 // The tp-cp-dp-pp rank layout (parallel_layout.h): rank = tp + T * (cp + C * (dp + D * pp)).
 #include "distributed/parallel_layout.h"
+#include "model/tensor_parallel.h"
 #include <string>
 #include <utility>
 
@@ -52,8 +53,9 @@ Status make_parallel_layout(int world, int rank, const ParallelSizes& s, Paralle
 }
 
 int64_t tensor_parallel_vocab(int64_t vocab, int tensor) {
-  const int64_t unit = int64_t(128) * tensor;
-  return (vocab + unit - 1) / unit * unit;
+  LlamaConfig m;
+  m.vocab = vocab;
+  return tp::padded_vocab(m, tensor);
 }
 
 Status check_model_fits_layout(const LlamaConfig& m, int64_t seq, const ParallelSizes& s) {

@@ -123,6 +123,14 @@ Status read_hf_weights(const HfCheckpointReader& r, const std::vector<HfTensor>&
 
 Status load_hf_weights(const HfCheckpointReader& r, const LlamaConfig& model_cfg, ParamStore& params) {
   std::vector<float> host(size_t(params.total()), 0.0f);  // the padding between parameters stays zero
+  if (params.tensor_parallel_shard().on()) {              // the whole model read, this rank's slices kept
+    int64_t whole_total = 0;
+    const std::vector<ParamInfo> wl = ParamStore::flat_layout(params.tensor_parallel_whole(), &whole_total);
+    std::vector<float> whole(size_t(whole_total), 0.0f);
+    NB_TRY(read_hf_weights(r, hf_tensors(wl), model_cfg.tied_embeddings, whole.data()));
+    params.slice_whole(whole.data(), host.data());
+    return params.set_master(host.data());
+  }
   NB_TRY(read_hf_weights(r, hf_tensors(params), model_cfg.tied_embeddings, host.data()));
   return params.set_master(host.data());
 }

@@ -3,10 +3,12 @@
 
 namespace nb {
 
-std::vector<HfTensor> hf_tensors(const ParamStore& params) {
+std::vector<HfTensor> hf_tensors(const ParamStore& params) { return hf_tensors(params.params()); }
+
+std::vector<HfTensor> hf_tensors(const std::vector<ParamInfo>& params) {
   static const std::string kFused = "mlp.gate_up_proj.weight";
   std::vector<HfTensor> out;
-  for (const ParamInfo& p : params.params()) {
+  for (const ParamInfo& p : params) {
     const size_t at = p.name.size() >= kFused.size() ? p.name.size() - kFused.size() : std::string::npos;
     if (at != std::string::npos && p.name.compare(at, kFused.size(), kFused) == 0) {
       const std::string prefix = p.name.substr(0, at);

@@ -22,5 +22,7 @@ struct HfTensor {
 
 // In the ParamStore's order (decayed 2-D weights first, gate before up).
 std::vector<HfTensor> hf_tensors(const ParamStore& params);
+// ... of parameters laid out as a store lays them out (ParamStore::flat_layout; a tensor-parallel run's whole model).
+std::vector<HfTensor> hf_tensors(const std::vector<ParamInfo>& params);
 
 }  // namespace nb

@@ -207,7 +207,15 @@ Status LlamaModel::build_linears() {
     recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
     NB_TRY(lin.init(recipe_, sp.bf16_layer, name, uint32_t(l * 8 + i), shape_.tokens(), sp.in, sp.out, dev_,
                     linear_workspace_, /*frozen=*/lora_enabled_, sp.input_col_slot));
-    lin.set_amax_group(cp_amax_group);  // context parallelism: activations and gradients scaled as one GPU's
+    // Context and tensor parallelism: activations, gradients and weights scaled as one GPU's. Column-parallel
+    // (qkv, gate_up): the input is whole on every tensor-parallel rank, the gradient sharded; row-parallel (o,
+    // down) the other way round.
+    const bool column = i == 0 || i == 2;
+    if (tp_size() > 1)
+      lin.set_amax_groups(column ? cp_amax_group : tp_cp_amax_group, tp_amax_group,
+                          column ? tp_cp_amax_group : cp_amax_group);
+    else
+      lin.set_amax_group(cp_amax_group);
     // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
     // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
     // copies ever coexist on a rank.
@@ -222,17 +230,29 @@ Status LlamaModel::build_linears() {
 
 Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, uint64_t seed,
                         const recipe::Recipe& recipe) {
-  cfg_ = cfg;
+  NB_TRY(validate(cfg));
+  whole_cfg_ = cfg;
+  cfg_ = tp::local_config(cfg, tp_size());  // from here on, the shape this rank holds
+  params_.set_tensor_parallel(whole_cfg_, tp_shard());
   dev_ = dev;
   shape_ = shape;
   recompute_ = rc;
   recipe_ = recipe;
   plan_recipe_ = planned_switch ? activation_plan_recipe(recipe, *planned_switch) : recipe;
   fprop_bf16_ = false;
-  NB_TRY(validate(cfg));
   if (shape.seq * cp_size() > cfg.max_seq)
     return errorf("sequence length %lld exceeds the model's %lld", (long long)(shape.seq * cp_size()),
                   (long long)cfg.max_seq);
+  return init_parts(seed);
+}
+
+// init after the shapes are set: the stores, Linears, weight stage, initial values, arena and step buffers.
+Status LlamaModel::init_parts(uint64_t seed) {
+  const LlamaConfig& cfg = cfg_;
+  const Device dev = dev_;
+  const MicroBatchShape shape = shape_;
+  const Recompute rc = recompute_;
+  const recipe::Recipe& recipe = recipe_;
   lm_chunk_tokens_ = llama::lm_chunk_tokens(cfg, shape);
   seed_ = seed;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
@@ -314,6 +334,7 @@ Status LlamaModel::init_step_buffers() {
   NB_TRY(copy_bytes(rope_sin_.data(), dev_, sin_h.data(), Device::cpu, sin_h.size() * 4));
   NB_TRY(Buffer::allocate(&loss_acc_, DType::f32, dev_, {shape_.tokens()}));
   ops::fill(loss_acc_.tensor(), 0.0f, nullptr);
+  NB_TRY(init_tensor_parallel());
   return init_context_parallel();
 }
 
@@ -338,8 +359,9 @@ Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, i
   }
   // The kernels guard their reads, but an id past the vocabulary must stop the run, never become a zero
   // embedding row or a dropped target (on the host: one pass over n*T ids, microseconds).
-  NB_TRY(check_ids(tokens, n * T, cfg_.vocab, "token"));
-  NB_TRY(check_ids(labels, n * T, cfg_.vocab, "label", -1));
+  NB_TRY(check_ids(tokens, n * T, whole_cfg_.vocab, "token"));
+  NB_TRY(check_ids(labels, n * T, whole_cfg_.vocab, "label", -1));
+  tokens = local_vocab_ids(tokens, n * T);  // tensor parallelism: this rank's embedding rows
   seg_host_.clear();
   MemoryScope scope(MemPart::step_inputs);
   if (n > staged_capacity_) {
@@ -427,6 +449,7 @@ Status LlamaModel::forward_loss(const int32_t* tokens, const int32_t* labels, do
 }
 
 Status LlamaModel::forward_logits(const int32_t* tokens, const int32_t* labels, float* logits, double* loss_sum) {
+  if (tp_size() > 1) return errorf("forward_logits: a tensor-parallel rank holds only its vocabulary's logits");
   NB_TRY(stage_batches(tokens, labels, 1));
   logits_sink_ = logits;
   Status st = run(0, 0.f, false);

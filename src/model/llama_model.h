@@ -20,8 +20,10 @@
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "model/tensor_parallel.h"
 #include "ops/attention.h"
 #include "ops/cp_ring.h"
+#include "ops/vocab_parallel_ce.h"
 #include "recipe/linear.h"
 
 namespace nb {
@@ -208,6 +210,20 @@ class LlamaModel {
   // every rank scales its tokens with the whole row's amax (recipe::Linear::set_amax_group).
   recipe::AmaxGroup* cp_amax_group = nullptr;
   int cp_size() const { return cp_link ? cp_link->size() : 1; }
+  // Set before init: tensor parallelism over tp_group->size() ranks (model/tensor_parallel.h, llama_tp.cpp).
+  // init takes the whole model's config; this rank holds its part (config() is the local shape, whole_config()
+  // the model's): column-parallel q/k/v and gate/up, row-parallel o and down (their outputs all-reduced over the
+  // group in the forward, the column-parallel inputs' gradients in the backward), a vocabulary-parallel
+  // embedding (all-reduced) and head (ops/vocab_parallel_ce.h). Every rank runs the same tokens.
+  ops::tp::ReduceGroup* tp_group = nullptr;
+  // ... and the quantized Linears' amax groups (recipe::Linear::set_amax_groups): the tensor-parallel ranks (a
+  // sharded weight) and the tensor x context-parallel ranks (a sharded input or gradient; the TP group itself
+  // without context parallelism). A replicated input or gradient uses cp_amax_group.
+  recipe::AmaxGroup* tp_amax_group = nullptr;
+  recipe::AmaxGroup* tp_cp_amax_group = nullptr;
+  int tp_size() const { return tp_group ? tp_group->size() : 1; }
+  tp::Shard tp_shard() const { return tp_group ? tp::Shard{tp_group->rank(), tp_group->size()} : tp::Shard{}; }
+  const LlamaConfig& whole_config() const { return whole_cfg_; }
   // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
   // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).
   static recipe::Recipe activation_plan_recipe(const recipe::Recipe& now, const RecipeSwitch& next);
@@ -263,6 +279,7 @@ class LlamaModel {
   // recipe_'s Linears (qkv, o, gate_up, down per layer) and their shared workspace, allocated.
   Status build_linears();
   Status allocate_stores(int64_t qb, int64_t* qe);  // init's parameter stores (llama_model.cpp)
+  Status init_parts(uint64_t seed);                 // init once the shapes are set
   Status init_step_buffers();                       // init's RoPE tables and loss sums
   Status init_context_parallel();                   // the ring and the tokens' row positions (llama_cp.cpp)
   // Context parallelism: this rank's tokens of n micro-batches of whole rows (llama_cp.cpp).
@@ -286,7 +303,8 @@ class LlamaModel {
   Status freeze_sharded(recipe::Linear& lin, const Tensor& w);
   bool base_hooks() const { return hooks_ && (!lora_enabled_ || base_.fsdp()); }  // the hooks see the weights
 
-  LlamaConfig cfg_;
+  LlamaConfig cfg_;        // this rank's shape (the whole model's without tensor parallelism)
+  LlamaConfig whole_cfg_;  // the model's
   Device dev_ = Device::cpu;
   MicroBatchShape shape_;
   Recompute recompute_ = Recompute::none;
@@ -331,6 +349,12 @@ class LlamaModel {
   ops::cp::Ring cp_ring_;
   Buffer cp_positions_;
   std::vector<int32_t> cp_ids_, cp_labels_;
+  // Tensor parallelism: the staged tokens as this rank's vocabulary rows (-1: another rank's), the
+  // vocabulary-parallel cross-entropy's statistics [3, LM-head chunk].
+  std::vector<int32_t> tp_ids_;
+  Buffer tp_ce_scratch_;
+  Status init_tensor_parallel();  // llama_tp.cpp
+  const int32_t* local_vocab_ids(const int32_t* ids, int64_t n);
 };
 
 }  // namespace nb

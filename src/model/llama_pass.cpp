@@ -66,6 +66,12 @@ class MicroBatchPass {
   Status mlp_backward(int64_t l, const Layer& w, const Tensor& dx);
   Status attention_backward(int64_t l, const Layer& w, const Tensor& dx_next);
   Status backward();
+  // Tensor parallelism: t summed over the group (nothing without it), a profile phase of its own.
+  Status tp_sum(const Tensor& t) const;
+  // Row-parallel Linear i's output partial sums (x W_r^T) into out, summed over the group, plus the residual.
+  Status row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
+                              const Tensor& out);
+  Status cross_entropy(const Tensor& logits, int64_t t0, int64_t t1, float grad_scale);
 
   Tensor q4(const Tensor& t) const { return reshape4(t, B_, S_, c_.heads, c_.head_dim); }
   Tensor kv4(const Tensor& t) const { return reshape4(t, B_, S_, c_.kv_heads, c_.head_dim); }
@@ -231,9 +237,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_END("fwd: attention");
   NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
   NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
-  NB_TRY(copy_tensor(a.mid, A_.resid[l]));
-  NB_TRY(lin[1].forward(a.o, weight(l, 1, w.wo, w.mo), a.mid, 1.f, st_));  // mid = resid + o Wo^T
-  NB_TRY(adapt_forward(l, 1, a.o, a.mid));
+  NB_TRY(row_parallel_forward(l, 1, a.o, weight(l, 1, w.wo, w.mo), A_.resid[l], a.mid));  // mid = resid + o Wo^T
   ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, a.n2, a.rstd2, st_);
   NB_TRY(lin[2].forward(a.n2, weight(l, 2, w.wgu, w.mgu), a.gu, 0.f, st_));
   NB_TRY(adapt_forward(l, 2, a.n2, a.gu));
@@ -243,9 +247,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
                   work::swiglu_forward(T_, c_.ffn) + (write_output ? work::copy(T_, c_.hidden) : work::Work{}));
   ops::swiglu_forward(a.gu, a.a, st_);
   if (write_output) {
-    NB_TRY(copy_tensor(A_.resid[l + 1], a.mid));
-    NB_TRY(lin[3].forward(a.a, weight(l, 3, w.wdown, w.mdown), A_.resid[l + 1], 1.f, st_));  // resid' = mid + a Wdown^T
-    NB_TRY(adapt_forward(l, 3, a.a, A_.resid[l + 1]));
+    NB_TRY(row_parallel_forward(l, 3, a.a, weight(l, 3, w.wdown, w.mdown), a.mid, A_.resid[l + 1]));
   } else if (lin[3].input_copy_shared()) {
     NB_TRY(lin[3].quantize_input(a.a, st_));  // its Wgrad's copy lives in a slot the other layers overwrote
   }
@@ -268,11 +270,7 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
     NB_PROFILE_END("lm: fprop GEMM");
     if (m_.logits_sink_)  // before CE overwrites them
       NB_TRY(m_.copy_logits_to_host(logits, m_.logits_sink_ + t0 * c_.vocab));
-    NB_PROFILE_BEGIN("lm: cross-entropy");
-    NB_PROFILE_WORK("lm: cross-entropy", work::cross_entropy(t1 - t0, c_.vocab));
-    ops::cross_entropy_fwd_bwd(logits, rows(targets_, t0, t1), backward_ ? grad_scale : 0.f, rows(A_.losses, t0, t1),
-                               st_);
-    NB_PROFILE_END("lm: cross-entropy");
+    NB_TRY(cross_entropy(logits, t0, t1, backward_ ? grad_scale : 0.f));
     if (backward_) {  // (a frozen LM head has no gradient: g_lm is empty)
       NB_PROFILE_BEGIN("lm: dgrad GEMM");
       NB_TRY(gemm::matmul(logits, w_lm, rows(A_.dnf, t0, t1), gemm::GemmArgs{}, st_));  // d nf = dlogits W
@@ -282,7 +280,50 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
       NB_PROFILE_END("lm: wgrad GEMM (f32 +=)");
     }
   }
+  if (backward_) NB_TRY(tp_sum(A_.dnf));  // each rank's vocabulary rows' share of d nf
   ops::add_inplace(m_.loss_acc_.tensor(), A_.losses, st_);
+  return Status::ok();
+}
+
+// The chunk's loss and (in place) its logits' gradient: over the whole vocabulary, or this rank's part of it.
+Status MicroBatchPass::cross_entropy(const Tensor& logits, int64_t t0, int64_t t1, float grad_scale) {
+  NB_PROFILE_BEGIN("lm: cross-entropy");
+  NB_PROFILE_WORK("lm: cross-entropy", work::cross_entropy(t1 - t0, c_.vocab));
+  const Tensor targets = rows(targets_, t0, t1), losses = rows(A_.losses, t0, t1);
+  Status st = Status::ok();
+  if (m_.tp_size() > 1) {
+    const Tensor scratch =
+        Tensor::make(m_.tp_ce_scratch_.data(), DType::f32, m_.dev_, {3, t1 - t0});  // rows of the chunk's length
+    st = ops::tp::vocab_parallel_cross_entropy(logits, targets, tp::vocab_begin(m_.whole_cfg_, m_.tp_shard()),
+                                               m_.whole_cfg_.vocab, grad_scale, losses, scratch, m_.tp_group, st_);
+  } else {
+    ops::cross_entropy_fwd_bwd(logits, targets, grad_scale, losses, st_);
+  }
+  NB_PROFILE_END("lm: cross-entropy");
+  return st;
+}
+
+Status MicroBatchPass::tp_sum(const Tensor& t) const {
+  if (m_.tp_size() == 1) return Status::ok();
+  NB_PROFILE_BEGIN("tp: all-reduce");
+  const Status st = m_.tp_group->sum(t, st_);
+  NB_PROFILE_END("tp: all-reduce");
+  return st;
+}
+
+// out = resid + x W^T. Under tensor parallelism x and W hold this rank's columns: its partial product is
+// summed over the group first, then the residual added (the one-GPU sum's order, up to rounding).
+Status MicroBatchPass::row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
+                                            const Tensor& out) {
+  recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
+  if (m_.tp_size() == 1) {
+    NB_TRY(copy_tensor(out, resid));
+    NB_TRY(lin.forward(x, w, out, 1.f, st_));
+    return adapt_forward(l, i, x, out);
+  }
+  NB_TRY(lin.forward(x, w, out, 0.f, st_));
+  NB_TRY(tp_sum(out));
+  ops::add_inplace(out, resid, st_);
   return Status::ok();
 }
 
@@ -309,6 +350,7 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
   NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
   NB_TRY(lin[2].backward(A_.dgu, a.n2, weight(l, 2, w.wgu, w.mgu), A_.dn, 0.f, w.ggu, st_));
   NB_TRY(adapt_backward(l, 2, A_.dgu, a.n2, A_.dn));
+  NB_TRY(tp_sum(A_.dn));  // column-parallel: each rank's FFN columns' share of d n2
   NB_PROFILE_END("bwd: gate_up GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
   NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
@@ -347,6 +389,7 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_PROFILE_BEGIN("bwd: qkv GEMMs");
   NB_TRY(lin[0].backward(dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), A_.dn, 0.f, w.gqkv, st_));
   NB_TRY(adapt_backward(l, 0, dqkv, a.n1, A_.dn));
+  NB_TRY(tp_sum(A_.dn));  // column-parallel: each rank's heads' share of d n1
   NB_PROFILE_END("bwd: qkv GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
   NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
@@ -392,6 +435,7 @@ Status MicroBatchPass::run(float grad_scale) {
   NB_TRY(plan());
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.embed_tokens.weight"}));
   ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, A_.resid[0], st_);
+  NB_TRY(tp_sum(A_.resid[0]));  // vocabulary-parallel: the rank that holds a token's row gives it
   for (int64_t l = 0; l < c_.layers; ++l) {
     if (m_.hooks_) NB_TRY(m_.weights_needed(LlamaModel::layer_param_names(l)));
     NB_TRY(forward_layer(l, true));

@@ -66,21 +66,36 @@ void initial_values(const ParamInfo& p, uint32_t index, uint64_t seed, float* ds
   for (auto& th : pool) th.join();
 }
 
+namespace {
+// Offsets of consecutive parameters, each slice padded to kAlign elements; returns the total and sets the end
+// of the decayed range.
+int64_t assign_offsets(std::vector<ParamInfo>& params, int64_t align, int64_t* decayed_end) {
+  int64_t off = 0;
+  *decayed_end = 0;
+  for (auto& p : params) {
+    p.numel = 1;
+    for (int64_t d : p.shape) p.numel *= d;
+    p.offset = off;
+    off += (p.numel + align - 1) / align * align;
+    if (p.decay) *decayed_end = off;
+  }
+  return off;
+}
+}  // namespace
+
+std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* total) {
+  std::vector<ParamInfo> params = llama_param_list(cfg);
+  int64_t decayed_end = 0;
+  *total = assign_offsets(params, kAlign, &decayed_end);
+  return params;
+}
+
 Status ParamStore::layout(std::vector<ParamInfo> params) {
   params_ = std::move(params);
   fsdp_ = shard_compute_ = false;
   index_.clear();
   for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].name] = int(i);
-  int64_t off = 0;
-  decayed_end_ = 0;
-  for (auto& p : params_) {
-    p.numel = 1;
-    for (int64_t d : p.shape) p.numel *= d;
-    p.offset = off;
-    off += (p.numel + kAlign - 1) / kAlign * kAlign;
-    if (p.decay) decayed_end_ = off;
-  }
-  total_ = off;
+  total_ = assign_offsets(params_, kAlign, &decayed_end_);
   hole_begin_ = hole_end_ = 0;
   return Status::ok();
 }
@@ -149,21 +164,47 @@ Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t n
 Status ParamStore::initialize(uint64_t seed) {
   NB_CHECK(!frozen_, "internal: initialize() of a frozen store (its owner streams the values in)");
   std::vector<float> host(size_t(total_), 0.0f);
-  // Each parameter gets its own Philox stream (its index), so values do not depend on thread count.
-  unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
-  std::vector<std::thread> pool;
-  for (unsigned t = 0; t < nthreads; ++t) {
-    pool.emplace_back([&, t] {
-      for (size_t i = t; i < params_.size(); i += nthreads)
-        initial_values(params_[i], uint32_t(i), seed, host.data() + params_[i].offset, 1);
-    });
-  }
-  for (auto& th : pool) th.join();
+  initial_host_values(seed, host.data());
   NB_TRY(state_->fill_zero());  // a shard's padding past the last parameter stays zero
   if (shard_count_ > 1) ops::fill(padded_compute(), 0.0f, nullptr);
   NB_TRY(set_master(host.data()));
   ops::fill(padded_grad(), 0.0f, nullptr);
   return Status::ok();
+}
+
+// Each parameter gets its own Philox stream (its index), so values do not depend on thread count. Under tensor
+// parallelism the whole parameter is drawn (same index: the local list has the whole one's names and order) and
+// this rank's part kept.
+void ParamStore::initial_host_values(uint64_t seed, float* host) const {
+  const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+  if (tp_.on()) {
+    int64_t whole_total = 0;
+    const std::vector<ParamInfo> whole = flat_layout(tp_whole_, &whole_total);
+    NB_CHECK(whole.size() == params_.size(), "internal: the tensor-parallel store lists other parameters");
+    std::vector<float> values;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      values.resize(size_t(whole[i].numel));
+      initial_values(whole[i], uint32_t(i), seed, values.data(), nthreads);
+      tp::slice(whole[i], params_[i], tp_, values.data(), host + params_[i].offset);
+    }
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < nthreads; ++t) {
+    pool.emplace_back([&, t] {
+      for (size_t i = t; i < params_.size(); i += nthreads)
+        initial_values(params_[i], uint32_t(i), seed, host + params_[i].offset, 1);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+void ParamStore::slice_whole(const float* whole, float* local) const {
+  int64_t whole_total = 0;
+  const std::vector<ParamInfo> wl = flat_layout(tp_whole_, &whole_total);
+  std::fill(local, local + total_, 0.0f);
+  for (size_t i = 0; i < wl.size(); ++i)
+    tp::slice(wl[i], params_[i], tp_, whole + wl[i].offset, local + params_[i].offset);
 }
 
 Status ParamStore::get_flat(const Tensor& flat, float* host) const {

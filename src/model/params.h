@@ -34,6 +34,7 @@
 #include <vector>
 #include "core/tensor.h"
 #include "model/llama_config.h"
+#include "model/tensor_parallel.h"
 #include "optim/optimizer_state.h"
 
 namespace nb {
@@ -106,7 +107,20 @@ class ParamStore {
   bool compute_bound(int u) const { return unit_compute_[size_t(u)] != nullptr; }
   bool grad_bound(int u) const { return unit_grad_[size_t(u)] != nullptr; }
   // Deterministic initialization from the seed: N(0, 0.02), output projections 0.02/sqrt(2L), norms 1.
+  // Under tensor parallelism (set_tensor_parallel) each parameter is rank s's slice of the whole model's
+  // values, so T ranks start from exactly one GPU's weights.
   Status initialize(uint64_t seed);
+  // Set before initialize: this store holds rank s's part of model `whole` (model/tensor_parallel.h).
+  void set_tensor_parallel(const LlamaConfig& whole, tp::Shard s) {
+    tp_whole_ = whole;
+    tp_ = s;
+  }
+  tp::Shard tensor_parallel_shard() const { return tp_; }
+  const LlamaConfig& tensor_parallel_whole() const { return tp_whole_; }
+  // Under tensor parallelism: this store's slices of a whole model's host array (flat_layout(whole) order).
+  void slice_whole(const float* whole, float* local) const;
+  // The parameters of `cfg` with the offsets and total a store of it lays out (no allocation).
+  static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
@@ -188,6 +202,9 @@ class ParamStore {
   int64_t shard_len_ = 0, padded_total_ = 0, bucket_len_ = 1;
   Device device_ = Device::cpu;
   bool frozen_ = false;
+  LlamaConfig tp_whole_;
+  tp::Shard tp_;
+  void initial_host_values(uint64_t seed, float* host) const;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);
   // params_fsdp.cpp; the linear weights of layers [no_copy_begin, no_copy_end) get groups without storage.

@@ -21,9 +21,9 @@ void embedding_forward(const Tensor& table, const Tensor& ids, const Tensor& out
   if (table.device == Device::cuda) NB_OPS_CUDA(op, embedding_forward_cuda(table, ids, out, stream));
   for (int64_t t = 0; t < T; ++t) {
     int32_t id = ids.ptr<int32_t>()[t];
-    NB_CHECK(id >= 0 && id < V, "%s: token id %d at position %lld is outside the vocabulary of %lld", op, id,
+    NB_CHECK(id >= -1 && id < V, "%s: token id %d at position %lld is outside the vocabulary of %lld", op, id,
              (long long)t, (long long)V);
-    for (int64_t j = 0; j < H; ++j) out.ptr<float>()[t * H + j] = table.ptr<float>()[id * H + j];
+    for (int64_t j = 0; j < H; ++j) out.ptr<float>()[t * H + j] = id < 0 ? 0.0f : table.ptr<float>()[id * H + j];
   }
 }
 
@@ -44,8 +44,9 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, const Tensor& dta
   if (ids.device == Device::cuda) NB_OPS_CUDA(op, embedding_backward_cuda(ids, dout, dtable_f32, stream));
   for (int64_t t = 0; t < T; ++t) {
     int32_t id = ids.ptr<int32_t>()[t];
-    NB_CHECK(id >= 0 && id < V, "%s: token id %d at position %lld is outside the vocabulary of %lld", op, id,
+    NB_CHECK(id >= -1 && id < V, "%s: token id %d at position %lld is outside the vocabulary of %lld", op, id,
              (long long)t, (long long)V);
+    if (id < 0) continue;
     for (int64_t j = 0; j < H; ++j) dtable_f32.ptr<float>()[id * H + j] += dout.ptr<float>()[t * H + j];
   }
 }

@@ -169,9 +169,12 @@ class Linear {
   // frozen quantized Linear, whose forward is not given its weight.
   Status set_fprop_bf16(bool on);
   // The input and gradient roles' per-tensor amaxes are reduced over `group` before they scale (nullptr:
-  // this rank's own). The weight is whole on every rank and needs none. Delayed scaling keeps its own rule
-  // (its step amaxes are reduced after the step, train/amax_reduce.h); block formats have no tensor amax.
-  void set_amax_group(AmaxGroup* group);
+  // this rank's own). Delayed scaling keeps its own rule (its step amaxes are reduced after the step,
+  // train/amax_reduce.h); block formats have no tensor amax.
+  void set_amax_group(AmaxGroup* group) { set_amax_groups(group, nullptr, group); }
+  // Each role its own group (tensor parallelism: a sharded weight over the tensor-parallel ranks, a sharded
+  // input or gradient over them too, a replicated one over none).
+  void set_amax_groups(AmaxGroup* input, AmaxGroup* weight, AmaxGroup* grad);
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row
   // copy only). The workspace's bytes are not included: count them once, where the workspace is owned

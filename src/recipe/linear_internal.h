@@ -166,10 +166,9 @@ struct Linear::Impl {
     return RngKey{recipe.seed, step, stream};
   }
   QuantizeArgs args(Role role) const {
-    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role),
-                        role == Role::weight ? nullptr : amax_group};
+    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role), amax_groups[int(role)]};
   }
-  AmaxGroup* amax_group = nullptr;  // set_amax_group
+  AmaxGroup* amax_groups[3] = {nullptr, nullptr, nullptr};  // per Role (set_amax_groups)
   Status quantize(Role role, const Tensor& src, Stream stream);
   // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
   Status frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta, Stream stream);

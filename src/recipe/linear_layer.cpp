@@ -313,7 +313,11 @@ bool Linear::keeps_quantized_input() const { return impl_ && !impl_->all_bf16; }
 
 bool Linear::frozen() const { return impl_ && impl_->frozen; }
 
-void Linear::set_amax_group(AmaxGroup* group) { impl_->amax_group = group; }
+void Linear::set_amax_groups(AmaxGroup* input, AmaxGroup* weight, AmaxGroup* grad) {
+  impl_->amax_groups[int(Role::input)] = input;
+  impl_->amax_groups[int(Role::weight)] = weight;
+  impl_->amax_groups[int(Role::grad)] = grad;
+}
 
 Status Linear::set_fprop_bf16(bool on) {
   if (!impl_) return errorf("Linear::set_fprop_bf16 before a successful init");

@@ -225,6 +225,10 @@ std::vector<ConfigKey> data_keys(TrainConfig& c) {
 // Data parallelism, sharding and the optimizer state's placement.
 std::vector<ConfigKey> parallel_keys(TrainConfig& c) {
   return {
+      int_key("tensor-model-parallel-size",
+              "split every layer's heads, FFN and vocabulary over this many ranks (column- and row-parallel GEMMs, "
+              "a vocabulary-parallel embedding and loss)",
+              &c.tensor_model_parallel_size),
       int_key("context-parallel-size",
               "split every sequence over this many ranks (ring attention; chunks r and 2C-1-r per rank); data "
               "parallelism takes the rest of the world",

@@ -76,11 +76,14 @@ struct TrainConfig {
   std::string save;             // output folder: resolved config, metrics.jsonl
   std::string on_nan = "stop";  // stop | skip
   double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
-  int64_t data_parallel = 1;    // world size / context_parallel_size (set by the Trainer, not a key)
+  int64_t data_parallel = 1;    // world / (tensor x context parallel size) (set by the Trainer, not a key)
   // Context parallelism (docs/DISTRIBUTED.md): each row's tokens split over this many ranks (ring attention,
   // ops/cp_ring.h); ranks tp-cp-dp ordered, so consecutive ranks form a group. p2p is the only comm type.
   int64_t context_parallel_size = 1;
   std::string cp_comm_type = "p2p";
+  // Tensor parallelism (docs/DISTRIBUTED.md): each layer's heads, FFN and vocabulary split over this many
+  // consecutive ranks (model/tensor_parallel.h).
+  int64_t tensor_model_parallel_size = 1;
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
   // Megatron-FSDP (docs/DISTRIBUTED.md): no_shard (DDP) | optim (the distributed optimizer) | optim_grads

@@ -18,6 +18,20 @@ Status resolve_model(TrainConfig& c, LlamaConfig* model) {
 namespace {
 // Data parallelism (DDP, the distributed optimizer, Megatron-FSDP) and optimizer offload: the ranges and
 // the combinations that are refused.
+// What tensor parallelism does not cover yet, refused before anything starts.
+Status check_tensor_parallel(const TrainConfig& c) {
+  if (c.tensor_model_parallel_size == 1) return Status::ok();
+  const char* what = c.peft == "lora"              ? "--peft lora"
+                     : c.use_megatron_fsdp         ? "--use-megatron-fsdp"
+                     : c.sample_interval > 0       ? "--sample-interval"
+                     : c.anneal_start_fraction > 0 ? "precision annealing (--anneal-start-fraction)"
+                                                   : nullptr;
+  if (what)
+    return errorf("%s under --tensor-model-parallel-size %lld is not supported yet; leave one of them out", what,
+                  (long long)c.tensor_model_parallel_size);
+  return Status::ok();
+}
+
 Status validate_parallel_and_offload(const TrainConfig& c) {
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);
@@ -31,6 +45,9 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
     return errorf(
         "--optimizer-cpu-offload moves the full model's optimizer state to host memory; a LoRA run keeps only its "
         "small adapters' state: leave it out");
+  if (c.tensor_model_parallel_size < 1)
+    return errorf("--tensor-model-parallel-size must be at least 1; got %lld", (long long)c.tensor_model_parallel_size);
+  NB_TRY(check_tensor_parallel(c));
   if (c.context_parallel_size < 1)
     return errorf("--context-parallel-size must be at least 1; got %lld", (long long)c.context_parallel_size);
   if (c.context_parallel_size > 1 && c.sft && c.packed_sequence)
@@ -125,7 +142,8 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
           c.recipe.c_str());
   }
   NB_TRY(validate_parallel_and_offload(c));
-  NB_TRY(dist::check_model_fits_layout(m, c.seq_length, {1, int(c.context_parallel_size), 1}));
+  NB_TRY(dist::check_model_fits_layout(m, c.seq_length,
+                                       {int(c.tensor_model_parallel_size), int(c.context_parallel_size), 1}));
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

@@ -155,21 +155,19 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
 // with the distributed optimizer each rank's shard summed over ranks), quantizer health, and whether
 // SIGTERM reached any rank. One reduction of host scalars makes every rank take the same decisions.
 Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
-  ParamStore& P = model_.params();
   const int64_t it = iteration_;
-  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
-  for (const ParamStore::Slice& s : optimizer_slices())
-    ops::sum_squares_accumulate(P.slice_grad(s), norm_sq_.ptr<float>(), nullptr);
-  float norm_sq_h = 0;
-  NB_TRY(copy_bytes(&norm_sq_h, Device::cpu, norm_sq_.data(), dev_, 4));
+  double norm_sq_h = 0;
+  NB_TRY(grad_squares(&norm_sq_h));
   recipe::LinearHealth health;
   std::vector<LlamaModel::LinearStats> linear_stats;
   NB_TRY(model_.take_health(&f->nonfinite_where, &health, &linear_stats));
   double scalars[4] = {loss_sum, f->nonfinite_where.empty() ? 0.0 : 1.0, g_term_signal.load() != 0 ? 1.0 : 0.0,
                        sharded() ? double(norm_sq_h) : 0.0};
   NB_TRY(sum_over_ranks(scalars, 4));
+  if (!sharded()) scalars[3] = norm_sq_h;
+  NB_TRY(reduce_over_tensor_parallel(scalars));
   f->loss = step_trained_ > 0 ? scalars[0] / step_trained_ : 0.0;
-  f->grad_norm = std::sqrt(sharded() ? scalars[3] : double(norm_sq_h));
+  f->grad_norm = std::sqrt(scalars[3]);
   if (scalars[1] > 0 && f->nonfinite_where.empty()) f->nonfinite_where = "another rank's layer";
   stop_requested_ = scalars[2] > 0;
   if (!f->nonfinite_where.empty())

@@ -120,6 +120,8 @@ class Trainer {
   // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
   std::vector<ParamStore::Slice> optimizer_slices();
   Status sum_over_ranks(double* values, int n);
+  Status grad_squares(double* out);                     // this rank's part of the squared gradient norm
+  Status reduce_over_tensor_parallel(double* figures);  // trainer_dist.cpp
   Status reduce_amax_over_ranks();  // FP8 delayed scaling: step amaxes -> MAX over ranks (trainer_amax.cpp)
   // The trained parameters' optimizer state is sharded (set by detect_ranks; LoRA's adapters never are).
   bool sharded() const { return model_.optimizer_shard_count > 1 && !lora(); }
@@ -156,10 +158,25 @@ class Trainer {
   int cp_size() const { return layout_.sizes.context; }
   int data_rank() const { return layout_.dp; }
   int data_ranks() const { return layout_.data; }
+  // Tensor parallelism (trainer_tp.cpp): groups of T consecutive ranks split each layer; comm_ is then the
+  // data x context ranks of this rank's tensor-parallel index (world_comm_ the whole world).
+  int tp_size() const { return layout_.sizes.tensor; }
+  int dp_cp_rank() const;  // this rank's place among the ranks comm_ joins
+  bool state_rank() const { return layout_.dp == 0 && layout_.cp == 0; }  // gathers state for saves
+  std::unique_ptr<dist::Communicator> world_comm_, tp_comm_, tp_cp_comm_;
+  std::unique_ptr<ops::tp::ReduceGroup> tp_group_;
+  std::unique_ptr<recipe::AmaxGroup> tp_amax_, tp_cp_amax_;
+  Status connect_tensor_parallel();  // connect_ranks' part: the groups' communicators and the model's views
+  // Checkpoints stay whole tensors: a save gathers the tensor-parallel ranks' arrays into whole ones on rank 0
+  // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
+  Status gather_tensor_parallel(const float* local, float* whole);
+  std::vector<ParamInfo> whole_layout(int64_t* total) const;
+  std::vector<float> tp_gathered_;  // rank 0: the group's local arrays side by side
+  std::vector<float> tp_whole_[3];  // rank 0: whole master, m and v for the writer
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;
   std::unique_ptr<recipe::AmaxGroup> cp_amax_;
-  Status set_context_parallel();        // apply_world's part: the groups' sizes and this rank's place
+  Status set_parallel_layout();         // apply_world's part: the groups' sizes and this rank's place
   Status connect_context_parallel();    // connect_ranks' part: the group's communicator and the model's ring
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers

@@ -27,7 +27,10 @@ Status all_reduce_step_amaxes(const LlamaModel& model, dist::Communicator& comm,
 Status Trainer::reduce_amax_over_ranks() {
   if (!comm_ || model_.recipe().fp8_scaling != recipe::Fp8Scaling::delayed) return Status::ok();
   settle_collectives();  // no collective may start while weight gathers are still in flight
-  return all_reduce_step_amaxes(model_, *comm_, &amax_scratch_);
+  NB_TRY(all_reduce_step_amaxes(model_, *comm_, &amax_scratch_));
+  // Tensor parallelism: a sharded weight's, input's or gradient's amax is the MAX over its shards (TE's
+  // amax_reduction_group), so every rank's scale is one GPU's.
+  return tp_comm_ ? all_reduce_step_amaxes(model_, *tp_comm_, &amax_scratch_) : Status::ok();
 }
 
 }  // namespace nb

@@ -173,23 +173,38 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   if (Status st = check_resume_compatible(saved, saved_model); !st)
     return errorf("cannot load the checkpoint %s: %s", ref.dir.c_str(), st.message().c_str());
   ParamStore& P = model_.params();
-  const std::vector<HfTensor> layout = hf_tensors(P);
   // Each file is read once, its CRC checked on the way. An offloaded, unsharded state is read straight into
-  // its host arrays (no second host copy of it).
+  // its host arrays (no second host copy of it). Under tensor parallelism the whole arrays are read and this
+  // rank's slices kept.
+  int64_t whole_total = P.total();
+  const std::vector<HfTensor> layout = tp_size() > 1 ? hf_tensors(whole_layout(&whole_total)) : hf_tensors(P);
   using optim::StateArray;
   const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
-  std::vector<float> scratch[3];
+  std::vector<float> scratch[3], whole[3];
   auto target = [&](StateArray a) {
     if (saves_from_state()) return P.optimizer_state().host_array(a);
     if (scratch[int(a)].empty()) scratch[int(a)].assign(size_t(P.total()), 0.0f);
     return scratch[int(a)].data();
   };
+  auto read_target = [&](StateArray a) {
+    if (tp_size() == 1) return target(a);
+    whole[int(a)].assign(size_t(whole_total), 0.0f);
+    return whole[int(a)].data();
+  };
+  auto keep_slice = [&](StateArray a) {
+    if (tp_size() > 1) P.slice_whole(whole[int(a)].data(), target(a));
+    std::vector<float>().swap(whole[int(a)]);
+  };
   P.optimizer_state().settle();
-  NB_TRY(read_checkpoint_file(ref, state, "model.safetensors", layout, {{"", target(StateArray::master)}}));
+  NB_TRY(read_checkpoint_file(ref, state, "model.safetensors", layout, {{"", read_target(StateArray::master)}}));
+  keep_slice(StateArray::master);
   NB_TRY(P.set_master(target(StateArray::master)));
   if (load_optim) {
-    NB_TRY(read_checkpoint_file(ref, state, "optimizer.safetensors", layout,
-                                {{".exp_avg", target(StateArray::m)}, {".exp_avg_sq", target(StateArray::v)}}));
+    NB_TRY(
+        read_checkpoint_file(ref, state, "optimizer.safetensors", layout,
+                             {{".exp_avg", read_target(StateArray::m)}, {".exp_avg_sq", read_target(StateArray::v)}}));
+    keep_slice(StateArray::m);
+    keep_slice(StateArray::v);
     NB_TRY(P.set_state(StateArray::m, target(StateArray::m)));
     NB_TRY(P.set_state(StateArray::v, target(StateArray::v)));
   }
@@ -308,11 +323,12 @@ nlohmann::json Trainer::trainer_state() const {
 // Rank 0 alone writes checkpoints: with plain data parallelism every rank holds the same whole state;
 // with the distributed optimizer the ranks first gather their shards (save()).
 Status Trainer::prepare_saves() {
-  if (!logging_rank()) return Status::ok();
+  if (!state_rank()) return Status::ok();
   if (!host_ && !saves_from_state()) {
     host_ = std::make_unique<HostCopies>();
     NB_TRY(host_->allocate(model_.params().total(), dev_ == Device::cuda).context("checkpoint host copies"));
   }
+  if (!logging_rank()) return Status::ok();
   if (!writer_) writer_ = std::make_unique<AsyncCheckpointWriter>(cfg_.save, cfg_.save_keep);
   return Status::ok();
 }
@@ -321,7 +337,7 @@ Status Trainer::prepare_saves() {
 // (its host copies are about to be overwritten), which finish_saves() also reports.
 Status Trainer::save(TrainSummary* summary) {
   streamer_.wait_all();
-  if (!logging_rank() && !sharded()) return Status::ok();
+  if (!state_rank() && !sharded()) return Status::ok();
   NB_TRY(finish_saves(summary));
   ParamStore& P = model_.params();
   NB_TRY(prepare_saves());
@@ -335,14 +351,25 @@ Status Trainer::save(TrainSummary* summary) {
     NB_TRY(gather_optimizer_state(StateArray::master, host_ ? host_->master : nullptr));
     NB_TRY(gather_optimizer_state(StateArray::m, host_ ? host_->m : nullptr));
     NB_TRY(gather_optimizer_state(StateArray::v, host_ ? host_->v : nullptr));
-    if (!logging_rank()) return Status::ok();
+    if (!state_rank()) return Status::ok();
   } else {
     NB_TRY(P.get_state(StateArray::master, host_->master));
     NB_TRY(P.get_state(StateArray::m, host_->m));
     NB_TRY(P.get_state(StateArray::v, host_->v));
   }
   if (!arrays[0]) arrays[0] = host_->master, arrays[1] = host_->m, arrays[2] = host_->v;
-  CheckpointData d{iteration_, hf_tensors(P), arrays[0], arrays[1], arrays[2], trainer_state()};
+  std::vector<HfTensor> layout = hf_tensors(P);
+  if (tp_size() > 1) {  // rank 0's tensor-parallel group: the whole model's arrays on rank 0
+    int64_t whole_total = 0;
+    layout = hf_tensors(whole_layout(&whole_total));
+    for (int a = 0; a < 3; ++a) {
+      if (logging_rank()) tp_whole_[a].resize(size_t(whole_total));
+      NB_TRY(gather_tensor_parallel(arrays[a], tp_whole_[a].data()));
+      arrays[a] = tp_whole_[a].data();
+    }
+    if (!logging_rank()) return Status::ok();
+  }
+  CheckpointData d{iteration_, std::move(layout), arrays[0], arrays[1], arrays[2], trainer_state()};
   const double stall_ms = ms_since(t0);
   summary->save_stall_ms_max = std::max(summary->save_stall_ms_max, stall_ms);
   summary->saves++;

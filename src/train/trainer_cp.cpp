@@ -1,12 +1,11 @@
 // Trainer phases for context parallelism (docs/DISTRIBUTED.md): the group sizes and this rank's place in
-// Megatron's tp-cp-dp order (distributed/parallel_layout.h; tensor parallelism is 1 here, so a context-parallel
-// group is C consecutive ranks), and the group's communicator behind
-// the model's ring. Gradients, the distributed optimizer and Megatron-FSDP keep the world communicator:
-// the context-parallel ranks hold the same weights, so they reduce and shard over data x context ranks, as
-// Megatron's dp_cp group does.
+// Megatron's tp-cp-dp order (distributed/parallel_layout.h), and the group's communicator behind the model's
+// ring. Gradients, the distributed optimizer and Megatron-FSDP run over the data x context ranks (comm_): the
+// context-parallel ranks hold the same weights, as Megatron's dp_cp group does.
 #include <algorithm>
 #include <cstdio>
 #include "core/log.h"
+#include "train/comm_groups.h"
 #include "train/trainer.h"
 
 namespace nb {
@@ -28,19 +27,6 @@ class CommRingLink : public ops::cp::RingLink {
   dist::Communicator* comm_;
 };
 
-// The quantized Linears' amax reduction over the context-parallel group: MAX of a few floats in place.
-class CommAmaxGroup : public recipe::AmaxGroup {
- public:
-  CommAmaxGroup(dist::Communicator* comm, Device dev) : comm_(comm), dev_(dev) {}
-  Status max(float* values, int n, Stream stream) override {
-    return comm_->all_reduce(Tensor::make(values, DType::f32, dev_, {n}), dist::ReduceOp::max, stream);
-  }
-
- private:
-  dist::Communicator* comm_;
-  Device dev_;
-};
-
 // Tokens per block along the token dimension of the recipe's activation and gradient copies (the Wgrad's
 // column-wise blocks: NVFP4 16, with its RHT; MXFP8 32; FP8 sub-channel 128; per-tensor formats 1).
 int64_t token_block(const recipe::Recipe& r) {
@@ -55,9 +41,9 @@ int64_t token_block(const recipe::Recipe& r) {
 
 }  // namespace
 
-Status Trainer::set_context_parallel() {
-  NB_TRY(dist::make_parallel_layout(world_.size, world_.rank, {1, int(cfg_.context_parallel_size), 1}, &layout_));
-  return Status::ok();
+Status Trainer::set_parallel_layout() {
+  return dist::make_parallel_layout(
+      world_.size, world_.rank, {int(cfg_.tensor_model_parallel_size), int(cfg_.context_parallel_size), 1}, &layout_);
 }
 
 Status Trainer::connect_context_parallel() {
@@ -78,7 +64,7 @@ Status Trainer::connect_context_parallel() {
       "context parallel: %d ranks per group (ranks %d-%d with this one), each row's %lld tokens in %d chunks, "
       "%lld per rank; K/V passed round the ring (%s); gradients reduced over %d ranks\n",
       cp_size(), layout_.cp_group.front(), layout_.cp_group.back(), (long long)cfg_.seq_length, 2 * cp_size(),
-      (long long)(cfg_.seq_length / cp_size()), cfg_.cp_comm_type.c_str(), world_.size);
+      (long long)(cfg_.seq_length / cp_size()), cfg_.cp_comm_type.c_str(), comm_->size());
   return Status::ok();
 }
 

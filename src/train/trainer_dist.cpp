@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include "core/device_info.h"
 #include "core/log.h"
+#include "ops/elementwise.h"
 #include "train/trainer.h"
 
 namespace nb {
@@ -19,23 +20,23 @@ Status Trainer::detect_ranks() {
 
 // What the rank count sets: the data-parallel size, the optimizer's sharding, the bucket, rank 0's logging.
 Status Trainer::apply_world() {
-  NB_TRY(set_context_parallel());
+  NB_TRY(set_parallel_layout());
   cfg_.data_parallel = data_ranks();
   // The sharding and the bucket as the memory estimate derives them (MemoryJob, train/memory_estimate.h): LoRA
   // shards only with optim_grads_params (its frozen base); Megatron's default bucket is one bucket without an
   // overlap, else max(40M, 1M x ranks) elements.
   MemoryJob j;
-  j.ranks = world_.size;
+  j.ranks = world_.size / tp_size();  // the data x context ranks of one tensor-parallel index
   j.strategy = cfg_.sharding_strategy();
   j.lora = lora();
   j.ddp_bucket_size = cfg_.ddp_bucket_size;
   j.overlap = cfg_.overlap_grad_reduce || cfg_.overlap_param_gather;
   if (j.shards() > 1) {
-    model_.optimizer_shard_rank = world_.rank;
+    model_.optimizer_shard_rank = dp_cp_rank();
     model_.optimizer_shard_count = j.shards();
     model_.fsdp = j.fsdp();
   }
-  if (world_.size > 1) model_.optimizer_bucket_elems = j.bucket_elems();
+  if (j.ranks > 1) model_.optimizer_bucket_elems = j.bucket_elems();
   // Rank 0 logs (Megatron's convention); the others print only warnings and errors, on stderr.
   const char* all = std::getenv("NIBBLE_LOG_ALL_RANKS");
   if (world_.rank != 0 && !(all && *all == '1')) {
@@ -61,6 +62,7 @@ Status Trainer::connect_ranks() {
   std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
               data_ranks(), comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
               (long long)accum_);
+  NB_TRY(connect_tensor_parallel());
   return connect_context_parallel();
 }
 
@@ -82,13 +84,13 @@ Status Trainer::prepare_fsdp() {
         "Megatron-FSDP %s over %d ranks: the frozen LoRA base sharded (1/%d of every layer per rank, %s), each "
         "unit gathered before its forward and its backward, the next one prefetched, never reduced; the "
         "adapters whole on every rank, their gradients all-reduced\n",
-        cfg_.sharding_strategy().c_str(), world_.size, world_.size, cfg_.lora_base_precision.c_str());
+        cfg_.sharding_strategy().c_str(), comm_->size(), comm_->size(), cfg_.lora_base_precision.c_str());
     return Status::ok();
   }
   std::printf(
       "Megatron-FSDP %s over %d ranks: %s sharded; each unit's gradients reduce-scattered in %s after its "
       "backward%s\n",
-      cfg_.sharding_strategy().c_str(), world_.size,
+      cfg_.sharding_strategy().c_str(), comm_->size(),
       model_.fsdp == LlamaModel::Fsdp::optim_grads ? "master, AdamW state and gradients"
                                                    : "master, AdamW state, gradients and weights",
       cfg_.grad_reduce_in_bf16 ? "BF16" : "FP32",
@@ -159,6 +161,36 @@ std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
   return P.own_slices();
 }
 
+// This rank's sum of squared gradients (its slices). Under tensor parallelism the norms' weights are whole on
+// every rank of the group: their squares count 1/T here, so the group's sum counts them once.
+Status Trainer::grad_squares(double* out) {
+  const ParamStore& P = model_.params();
+  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
+  float* sharded_sq = norm_sq_.ptr<float>();
+  float* whole_sq = sharded_sq + 1;
+  for (const ParamStore::Slice& s : optimizer_slices()) {
+    if (tp_size() == 1 || P.fsdp()) {
+      ops::sum_squares_accumulate(P.slice_grad(s), sharded_sq, nullptr);
+      continue;
+    }
+    const int64_t cut = std::clamp(P.decayed_count(), s.begin, s.end);  // the norms follow the 2-D weights
+    if (cut > s.begin) ops::sum_squares_accumulate(P.range(P.padded_grad(), s.begin, cut), sharded_sq, nullptr);
+    if (s.end > cut) ops::sum_squares_accumulate(P.range(P.padded_grad(), cut, s.end), whole_sq, nullptr);
+  }
+  float h[2] = {0, 0};
+  NB_TRY(copy_bytes(h, Device::cpu, norm_sq_.data(), dev_, sizeof h));
+  *out = double(h[0]) + double(h[1]) / tp_size();
+  return Status::ok();
+}
+
+// Tensor parallelism: the step's figures [loss, non-finite flag, stop flag, squared gradient norm] after the
+// data x context reduction: the ranks of a group agree on the flags (MAX) and sum their norms' parts.
+Status Trainer::reduce_over_tensor_parallel(double* figures) {
+  if (!tp_comm_) return Status::ok();
+  NB_TRY(tp_comm_->all_reduce_host(figures + 1, 2, dist::ReduceOp::max));
+  return tp_comm_->all_reduce_host(figures + 3, 1, dist::ReduceOp::sum);
+}
+
 // The summed FP32 gradients: on every rank (DDP), or in each rank's own slices (grad_sync.h).
 // (LoRA under Megatron-FSDP has both: the base's gathers settle first, then the adapters' buckets.)
 Status Trainer::reduce_gradients() {
@@ -184,7 +216,7 @@ void Trainer::settle_collectives() {
 // state), then gathered in place.
 Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
   ParamStore& P = model_.params();
-  if (fsdp_ && !lora()) return fsdp_->gather_state(a, logging_rank() ? host : nullptr);
+  if (fsdp_ && !lora()) return fsdp_->gather_state(a, state_rank() ? host : nullptr);
   if (sync_) sync_->settle();
   for (int b = 0; b < P.bucket_count(); ++b) {
     const ParamStore::Slice s = P.own_slice(b);
@@ -193,7 +225,7 @@ Status Trainer::gather_optimizer_state(optim::StateArray a, float* host) {
     NB_TRY(comm_->all_gather(mine, P.range(P.padded_grad(), P.bucket_begin(b), P.bucket_end(b)), nullptr));
   }
   NB_TRY(comm_->wait(nullptr));
-  if (!logging_rank()) return Status::ok();
+  if (!state_rank()) return Status::ok();
   return P.get_flat(P.flat_grad(), host);
 }
 

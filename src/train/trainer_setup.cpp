@@ -190,8 +190,8 @@ void Trainer::print_plan() {
 
 // Megatron-FSDP gathers the quantized layers' weights as codes and scales (trainer_dist.cpp's choice).
 bool Trainer::training_format_gather() const {
-  return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size > 1 && recipe_.quantized() && !lora() &&
-         cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
+  return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size / tp_size() > 1 && recipe_.quantized() &&
+         !lora() && cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
 }
 
 Status Trainer::build_model() {
@@ -201,7 +201,7 @@ Status Trainer::build_model() {
   Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length / cp_size()}, recompute_,
                           uint64_t(cfg_.seed), recipe_);
   if (!st) return st;
-  NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {1}));
+  NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {2}));  // sharded and whole parameters' squares
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
   step_labels_.resize(step_tokens_.size());
   sched_.lr = cfg_.lr;

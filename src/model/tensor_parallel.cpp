@@ -1,0 +1,78 @@
+// Tensor parallelism's parameter split (tensor_parallel.h): the local shape and the copies between a whole
+// parameter and one rank's part of it.
+#include "model/tensor_parallel.h"
+#include <algorithm>
+#include <cstring>
+#include "model/params.h"
+
+namespace nb::tp {
+
+int64_t padded_vocab(const LlamaConfig& whole, int size) {
+  const int64_t unit = int64_t(128) * size;
+  return size == 1 ? whole.vocab : (whole.vocab + unit - 1) / unit * unit;
+}
+
+LlamaConfig local_config(const LlamaConfig& whole, int size) {
+  LlamaConfig c = whole;
+  if (size == 1) return c;
+  c.heads /= size;
+  c.kv_heads /= size;
+  c.ffn /= size;
+  c.vocab = padded_vocab(whole, size) / size;
+  return c;
+}
+
+int64_t vocab_begin(const LlamaConfig& whole, Shard s) { return int64_t(s.rank) * padded_vocab(whole, s.size) / s.size; }
+
+Split split_of(const std::string& name) {
+  auto ends = [&](const char* tail) {
+    const size_t n = std::strlen(tail);
+    return name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
+  };
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::vocab_rows;
+  if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight")) return Split::rows;
+  if (ends("gate_up_proj.weight")) return Split::gate_up_rows;
+  if (ends("o_proj.weight") || ends("down_proj.weight")) return Split::cols;
+  return Split::whole;
+}
+
+namespace {
+
+// Calls copy(whole_element, local_element, count) for every run of elements rank s holds, in local order;
+// local rows past the whole tensor (vocabulary padding) get whole_element -1.
+template <typename Copy>
+void for_each_run(const ParamInfo& whole, const ParamInfo& local, Shard s, Copy copy) {
+  const Split k = split_of(whole.name);
+  if (k == Split::whole) return copy(int64_t(0), int64_t(0), whole.numel);
+  const int64_t rows = local.shape[0], cols = local.shape.size() > 1 ? local.shape[1] : 1;
+  const int64_t whole_rows = whole.shape[0], whole_cols = whole.shape.size() > 1 ? whole.shape[1] : 1;
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t src_row = i, src_col = 0;
+    if (k == Split::rows || k == Split::vocab_rows) src_row = s.rank * rows + i;
+    if (k == Split::gate_up_rows) {  // [gate_r; up_r] of [gate; up]
+      const int64_t half = rows / 2, whole_half = whole_rows / 2;
+      src_row = i < half ? s.rank * half + i : whole_half + s.rank * half + (i - half);
+    }
+    if (k == Split::cols) src_col = s.rank * cols;
+    copy(src_row < whole_rows ? src_row * whole_cols + src_col : -1, i * cols, cols);
+  }
+}
+
+}  // namespace
+
+void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst) {
+  for_each_run(whole, local, s, [&](int64_t w, int64_t l, int64_t n) {
+    if (w < 0)
+      std::fill(dst + l, dst + l + n, 0.0f);
+    else
+      std::copy(src + w, src + w + n, dst + l);
+  });
+}
+
+void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst) {
+  for_each_run(whole, local, s, [&](int64_t w, int64_t l, int64_t n) {
+    if (w >= 0) std::copy(src + l, src + l + n, dst + w);
+  });
+}
+
+}  // namespace nb::tp

@@ -1,0 +1,121 @@
+// Tensor parallelism through the CLI (Gloo, CPU): `--tensor-model-parallel-size T` against one rank with the
+// same global batch. Each rank holds its heads, FFN columns and vocabulary rows (model/tensor_parallel.h); the
+// row-parallel outputs, the column-parallel input gradients, the embedding and the LM head's input gradient are
+// summed over the group, and the loss is the vocabulary-parallel cross-entropy. In BF16 the only differences
+// are FP32 rounding of those sums' order, so step 1's loss and gradient norm agree to 1e-6 relative and five
+// steps' losses to 1e-5 (measured: equal in the printed digits). Combined with data parallelism (T2 x D2, with
+// the distributed optimizer) and context parallelism (T2 x C2). A checkpoint saved at T2 x C2 (whole tensors)
+// resumes at one rank and at D4 and continues one rank's losses.
+// Quantized recipes: the Linears reduce a sharded role's per-tensor amax over the group (weights always; the
+// column-parallel gradient and the row-parallel input), so NVFP4 without stochastic rounding and MXFP8 equal one
+// rank at step 1; FP8 current scaling within 1e-5 (an FP8 code flipped by the sums' rounding).
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <string>
+#include "distributed/ddp_util.h"
+
+namespace nb {
+namespace {
+
+const std::string kTpBase =
+    " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 "
+    "--lr-warmup-iters 1 --log-interval 1 ";
+const std::string kTpJob = kTpBase + "--recipe bf16_mixed ";
+
+void expect_same_run(const std::vector<StepLog>& got, const std::vector<StepLog>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  ASSERT_FALSE(ref.empty()) << what;
+  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << what;
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << what;
+  for (size_t i = 1; i < got.size(); ++i)
+    EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << what << ", step " << i + 1;
+}
+
+struct Layout {
+  int ranks;
+  std::string flags;
+};
+
+class TensorParallelCpu : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(TensorParallelCpu, ReproducesOneRankInBf16) {
+  const Layout& p = GetParam();
+  const std::string dir = test::temp_folder("tp_train_" + std::to_string(p.ranks));
+  test::CliRun r = test::run_nibble(kTpJob + "--train-iters 5 --save " + dir + "/one");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_nibble(kTpJob + "--train-iters 5 --nproc-per-node " + std::to_string(p.ranks) + " " + p.flags +
+                       " --save " + dir + "/tp");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("tensor parallel: "), std::string::npos) << r.out;
+  expect_same_run(read_metrics(dir + "/tp"), read_metrics(dir + "/one"), p.flags);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelCpu,
+                         ::testing::Values(Layout{2, "--tensor-model-parallel-size 2"},
+                                           Layout{4, "--tensor-model-parallel-size 4"},
+                                           Layout{4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
+                                           Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"}));
+
+TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
+  const std::string dir = test::temp_folder("tp_train_quantized");
+  const std::string job = kTpBase + "--train-iters 1 --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 ";
+  struct Case {
+    std::string flags;
+    double loss_tol, norm_tol;
+  };
+  for (const Case& c : {Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6},
+                        Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6},
+                        Case{"--recipe bf16_with_fp8_current_scaling_mixed", 1e-6, 1e-5}}) {
+    const std::string one = dir + "/one", tp = dir + "/tp";
+    test::CliRun r = test::run_nibble(job + c.flags + " --save " + one);
+    ASSERT_EQ(r.code, 0) << r.out;
+    r = test::run_nibble(job + c.flags + " --nproc-per-node 2 --tensor-model-parallel-size 2 --save " + tp);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto a = read_metrics(one), b = read_metrics(tp);
+    ASSERT_EQ(a.size(), 1u);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_NEAR(b[0].loss, a[0].loss, c.loss_tol * a[0].loss) << c.flags;
+    EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, c.norm_tol * a[0].grad_norm) << c.flags;
+    std::filesystem::remove_all(one);
+    std::filesystem::remove_all(tp);
+  }
+}
+
+TEST(TensorParallelCpuResume, SavedAtT2C2ResumesAtOneRankAndAtD4) {
+  const std::string dir = test::temp_folder("tp_train_resume");
+  test::CliRun r = test::run_nibble(kTpJob + "--train-iters 5 --save " + dir + "/one");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto ref = read_metrics(dir + "/one");
+  const std::string save = dir + "/tp";
+  r = test::run_nibble(kTpJob +
+                       "--train-iters 5 --exit-interval 3 --save-interval 3 --nproc-per-node 4 "
+                       "--tensor-model-parallel-size 2 --context-parallel-size 2 --save " +
+                       save);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::filesystem::copy(save, dir + "/tp_d4", std::filesystem::copy_options::recursive);
+  for (const std::string& where : {std::string(" --save ") + save, " --nproc-per-node 4 --save " + dir + "/tp_d4"}) {
+    const std::string folder = where.substr(where.rfind(' ') + 1);
+    r = test::run_nibble(kTpJob + "--train-iters 5 --save-interval 5 --load " + folder + where);
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("resuming after iteration 3"), std::string::npos) << r.out;
+    const auto got = read_metrics(folder);  // steps 1-3 at T2 x C2, 4-5 resumed
+    expect_same_run(got, ref, where);
+  }
+}
+
+TEST(TensorParallelCpuRefusals, WhatCannotSplitIsRefusedInOneSentence) {
+  test::CliRun r = test::run_nibble(kTpJob + "--train-iters 1 --nproc-per-node 3 --tensor-model-parallel-size 3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("tensor parallelism 3 splits the attention heads, but tiny has 8"), std::string::npos) << r.out;
+  r = test::run_nibble(kTpJob + "--train-iters 1 --nproc-per-node 2 --tensor-model-parallel-size 4");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("does not divide the 2 ranks"), std::string::npos) << r.out;
+  r = test::run_nibble(kTpBase + "--train-iters 1 --peft lora --nproc-per-node 2 --tensor-model-parallel-size 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--peft lora under --tensor-model-parallel-size 2 is not supported yet"), std::string::npos)
+      << r.out;
+}
+
+}  // namespace
+}  // namespace nb

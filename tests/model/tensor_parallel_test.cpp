@@ -1,0 +1,77 @@
+// Tensor parallelism's parameter split (model/tensor_parallel.h): a rank's shapes, the fused gate/up's rows
+// (gate rows r then up rows r, so SwiGLU's [gate; up] layout holds on every rank), vocabulary padding, and that
+// placing every rank's slice rebuilds each whole parameter exactly (what whole-tensor checkpoints rely on).
+#include <gtest/gtest.h>
+#include <numeric>
+#include <vector>
+#include "model/params.h"
+#include "model/tensor_parallel.h"
+
+namespace nb {
+namespace {
+
+LlamaConfig small_model() {
+  LlamaConfig c;
+  c.hidden = 8, c.ffn = 12, c.layers = 1, c.heads = 4, c.kv_heads = 4, c.head_dim = 2, c.vocab = 300;
+  return c;
+}
+
+TEST(TensorParallelSplit, LocalShapesDivideHeadsFfnAndThePaddedVocabulary) {
+  const LlamaConfig w = small_model();
+  const LlamaConfig l = tp::local_config(w, 2);
+  EXPECT_EQ(l.heads, 2);
+  EXPECT_EQ(l.kv_heads, 2);
+  EXPECT_EQ(l.ffn, 6);
+  EXPECT_EQ(l.hidden, 8);
+  EXPECT_EQ(tp::padded_vocab(w, 2), 512);  // 300 up to a multiple of 128 x 2
+  EXPECT_EQ(l.vocab, 256);
+  EXPECT_EQ(tp::vocab_begin(w, {1, 2}), 256);
+  EXPECT_EQ(tp::local_config(w, 1).vocab, 300);
+}
+
+TEST(TensorParallelSplit, GateUpKeepsGateThenUpRowsOfTheRank) {
+  const LlamaConfig w = small_model();
+  int64_t wt = 0, lt = 0;
+  const auto whole = ParamStore::flat_layout(w, &wt), local = ParamStore::flat_layout(tp::local_config(w, 2), &lt);
+  size_t gu = 0;
+  while (whole[gu].name.find("gate_up") == std::string::npos) ++gu;
+  std::vector<float> src(size_t(whole[gu].numel)), dst(size_t(local[gu].numel));
+  std::iota(src.begin(), src.end(), 0.0f);
+  tp::slice(whole[gu], local[gu], {1, 2}, src.data(), dst.data());
+  const int64_t H = w.hidden;
+  EXPECT_EQ(dst[0], float(6 * H));               // gate row 6 (rank 1's first FFN column)
+  EXPECT_EQ(dst[size_t(6 * H)], float(18 * H));  // up row F + 6
+  EXPECT_EQ(dst.back(), float(24 * H - 1));      // up's last row
+}
+
+TEST(TensorParallelSplit, SlicesPlacedBackAreTheWholeParameters) {
+  const LlamaConfig w = small_model();
+  for (int T : {2, 4}) {
+    int64_t wt = 0, lt = 0;
+    const auto whole = ParamStore::flat_layout(w, &wt), local = ParamStore::flat_layout(tp::local_config(w, T), &lt);
+    ASSERT_EQ(whole.size(), local.size());
+    for (size_t i = 0; i < whole.size(); ++i) {
+      std::vector<float> src(size_t(whole[i].numel)), back(src.size(), -1.0f), part(size_t(local[i].numel));
+      std::iota(src.begin(), src.end(), 1.0f);
+      for (int r = 0; r < T; ++r) {
+        tp::slice(whole[i], local[i], {r, T}, src.data(), part.data());
+        tp::place(whole[i], local[i], {r, T}, part.data(), back.data());
+      }
+      EXPECT_EQ(back, src) << whole[i].name << " at T" << T;
+    }
+  }
+}
+
+TEST(TensorParallelSplit, VocabularyPaddingRowsAreZero) {
+  const LlamaConfig w = small_model();
+  int64_t wt = 0, lt = 0;
+  const auto whole = ParamStore::flat_layout(w, &wt), local = ParamStore::flat_layout(tp::local_config(w, 2), &lt);
+  std::vector<float> src(size_t(whole[0].numel), 7.0f), part(size_t(local[0].numel), -1.0f);
+  tp::slice(whole[0], local[0], {1, 2}, src.data(), part.data());  // ids 256..511: 44 real rows, then padding
+  EXPECT_EQ(part[size_t(43 * w.hidden)], 7.0f);
+  EXPECT_EQ(part[size_t(44 * w.hidden)], 0.0f);
+  EXPECT_EQ(part.back(), 0.0f);
+}
+
+}  // namespace
+}  // namespace nb
