@@ -24,19 +24,8 @@ configs=(
   "8b-32k-cp2d2-full|4|--seq-length 32768 --global-batch-size 4 --context-parallel-size 2 --recompute full"
   "8b-32k-cp2-full-offload|2|--seq-length 32768 --global-batch-size 2 --context-parallel-size 2 --recompute full --optimizer-cpu-offload"
 )
-read -r -a lanes <<< "${CP_GPUS:-$(seq -s ' ' 0 $(($(nvidia-smi -L | wc -l) - 1)))}"
-for c in "${configs[@]}"; do
-  IFS='|' read -r name gpus flags <<< "$c"
-  [ "$parts" = all ] || has "$name" || continue
-  read -r -a extra <<< "$flags"
-  devices=$(IFS=,; echo "${lanes[*]:0:$gpus}")
-  start=$(date +%s)
-  rm -rf "${out:?}/$name"
-  # A bounded run (CP_TIMEOUT seconds, default 400): a hung rank must not eat the machine's time; its
-  # launched ranks are killed with it.
-  CUDA_VISIBLE_DEVICES=$devices timeout "${CP_TIMEOUT:-400}" "$nb" train --save "$out/$name" --log-interval 1 \
-    --lr-warmup-iters 1 "${common[@]}" --nproc-per-node "$gpus" "${extra[@]}" > "$out/$name.log" 2>&1
-  code=$?
-  [ $code -eq 124 ] && pkill -9 -f "$nb train" || true
-  echo "$name: exit $code after $(($(date +%s) - start)) s" | tee -a "$out/runs.txt"
-done
+# CP_GPUS and CP_TIMEOUT are this script's names for run_configs' BENCH_GPUS and BENCH_TIMEOUT.
+BENCH_GPUS=${CP_GPUS:-${BENCH_GPUS:-}} BENCH_TIMEOUT=${CP_TIMEOUT:-400}
+[ -n "$BENCH_GPUS" ] || unset BENCH_GPUS
+COMMON=("${common[@]}")
+run_configs "${configs[@]}"

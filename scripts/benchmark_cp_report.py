@@ -29,9 +29,12 @@ def summary(log):
 def row(out, name):
     log = read(out, f"{name}.log")
     s = summary(log)
-    groups = re.search(r"context parallel: (\d+) ranks per group", log)
     data = re.search(r"data parallel: (\d+) ranks", log)
-    gpus = int(groups.group(1)) * int(data.group(1)) if groups and data else "?"
+    gpus = int(data.group(1)) if data else "?"
+    for kind in ("context", "tensor"):  # a group's ranks times the data-parallel ranks
+        groups = re.search(kind + r" parallel: (\d+) ranks per group", log)
+        if groups and data:
+            gpus *= int(groups.group(1))
     est = re.search(r"total\s+([\d.]+) GiB of", log)
     if "tokens/s/GPU" not in s:
         err = [line for line in log.splitlines() if "error" in line.lower() or "does not" in line.lower()]
