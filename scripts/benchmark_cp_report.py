@@ -30,7 +30,7 @@ def row(out, name):
     log = read(out, f"{name}.log")
     s = summary(log)
     data = re.search(r"data parallel: (\d+) ranks", log)
-    gpus = int(data.group(1)) if data else "?"
+    gpus = int(data.group(1)) if data else 1  # a one-GPU run prints no data-parallel line
     for kind in ("context", "tensor"):  # a group's ranks times the data-parallel ranks
         groups = re.search(kind + r" parallel: (\d+) ranks per group", log)
         if groups and data:

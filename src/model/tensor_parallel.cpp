@@ -22,7 +22,9 @@ LlamaConfig local_config(const LlamaConfig& whole, int size) {
   return c;
 }
 
-int64_t vocab_begin(const LlamaConfig& whole, Shard s) { return int64_t(s.rank) * padded_vocab(whole, s.size) / s.size; }
+int64_t vocab_begin(const LlamaConfig& whole, Shard s) {
+  return int64_t(s.rank) * padded_vocab(whole, s.size) / s.size;
+}
 
 Split split_of(const std::string& name) {
   auto ends = [&](const char* tail) {
@@ -73,6 +75,14 @@ void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
   for_each_run(whole, local, s, [&](int64_t w, int64_t l, int64_t n) {
     if (w >= 0) std::copy(src + l, src + l + n, dst + w);
   });
+}
+
+int64_t all_reduce_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, bool backward,
+                         bool full_recompute) {
+  const int64_t row = tokens * whole.hidden * elem_bytes;
+  int64_t per_layer = 2 * row;
+  if (backward) per_layer += 2 * row + (full_recompute ? row : 0);
+  return row * (backward ? 2 : 1) + whole.layers * per_layer + tokens * 3 * 4;
 }
 
 }  // namespace nb::tp

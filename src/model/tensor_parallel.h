@@ -38,5 +38,13 @@ void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
 // The inverse: rank s's part src (local shape) into its place in the whole parameter dst (padding dropped).
 void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst);
 
+// The bytes each rank puts into the group's all-reduces for one micro-batch of `tokens` tokens (activations of
+// elem_bytes each): the forward's embedding and two per layer (the o and down outputs), the vocabulary-parallel
+// loss's statistics (three FP32 per token), and with `backward` the LM head's and two per layer (the qkv and
+// gate_up input gradients); full recompute runs each layer's o again. A ring all-reduce moves 2 (T-1)/T of
+// them over each rank's links. (The quantized Linears' amax reductions are a few floats each, not counted.)
+int64_t all_reduce_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, bool backward,
+                         bool full_recompute);
+
 }  // namespace tp
 }  // namespace nb

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <numeric>
 #include <vector>
+#include "model/llama_model.h"
+#include "model/model_test_util.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
 
@@ -71,6 +73,42 @@ TEST(TensorParallelSplit, VocabularyPaddingRowsAreZero) {
   EXPECT_EQ(part[size_t(43 * w.hidden)], 7.0f);
   EXPECT_EQ(part[size_t(44 * w.hidden)], 0.0f);
   EXPECT_EQ(part.back(), 0.0f);
+}
+
+// Counts the bytes a rank puts into the group's reductions; reduces nothing (the values are this rank's alone,
+// enough to count what a pass sends).
+class CountingGroup : public ops::tp::ReduceGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  Status max(const Tensor& t, Stream) override { return count(t); }
+  Status sum(const Tensor& t, Stream) override { return count(t); }
+  int64_t bytes = 0;
+
+ private:
+  Status count(const Tensor& t) {
+    bytes += t.bytes();
+    return Status::ok();
+  }
+};
+
+TEST(TensorParallelTraffic, AllReducesCarryTheFormulasBytes) {
+  const LlamaConfig c = testing::tiny_config();
+  const MicroBatchShape s{2, 16};
+  std::vector<int32_t> tok, lab;
+  testing::fixed_batch(c, s, 3, &tok, &lab);
+  for (Recompute rc : {Recompute::none, Recompute::full}) {
+    CountingGroup group;
+    LlamaModel m;
+    m.tp_group = &group;
+    ASSERT_TRUE(m.init(c, Device::cpu, s, rc, 7).is_ok());
+    double sum = 0;
+    ASSERT_TRUE(m.forward_loss(tok.data(), lab.data(), &sum).is_ok());
+    EXPECT_EQ(group.bytes, tp::all_reduce_bytes(c, s.tokens(), 4, false, false));
+    group.bytes = 0;
+    ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
+    EXPECT_EQ(group.bytes, tp::all_reduce_bytes(c, s.tokens(), 4, true, rc == Recompute::full));
+  }
 }
 
 }  // namespace
