@@ -22,12 +22,11 @@ def tokens(s):
 
 def ratios(stats):
     lines = []
-    for recipe in ("bf16", "fp8"):
-        base = stats.get(f"proxy-{recipe}-t1")
-        for t in (2, 4):
-            got = stats.get(f"proxy-{recipe}-t{t}")
-            if base and got:
-                lines.append(f"- proxy {recipe.upper()} T{t}: {100 * got / base:.1f}% of one GPU's tokens/s/GPU")
+    for name, got in stats.items():  # every tensor-parallel proxy row against one GPU's of its recipe
+        parts = name.split("-")
+        base = stats.get(f"proxy-{parts[1]}-t1") if name.startswith("proxy-") else None
+        if base and got and parts[2] != "t1":
+            lines.append(f"- {name}: {100 * got / base:.1f}% of one GPU's tokens/s/GPU")
     for t in (1, 2):
         b, f = stats.get(f"proxy-bf16-t{t}"), stats.get(f"proxy-fp8-t{t}")
         if b and f:
@@ -49,9 +48,10 @@ def main():
     text = (
         "## Tensor parallelism: the 8B proxy at T = 1, 2, 4 and the 8B on four GPUs (same run)\n\n"
         f"`scripts/benchmark_tp.sh` on {device}s (commit {commit}): mock data, sequence 8192, micro-batch 1, global "
-        "batch 8; `--tensor-model-parallel-size T` splits heads, FFN and vocabulary (docs/DISTRIBUTED.md), without "
-        "sequence parallelism or overlap yet. Step time is the mean after step 1; the estimate is the memory "
-        "estimate's total per GPU against the measured peak.\n\n"
+        "batch 8; `--tensor-model-parallel-size T` splits heads, FFN and vocabulary (docs/DISTRIBUTED.md); `-overlap` "
+        "rows (and proxy-bf16-t4) add `--tp-comm-overlap`, `-sp` rows and the 8B's TP rows `--sequence-parallel "
+        "--tp-comm-overlap`. Step time is the mean after step 1; the estimate is the memory estimate's total per GPU "
+        "against the measured peak.\n\n"
         "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
         "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n" + ratios(stats) + "\n")
     write_report([(text, bool(rows))], merge, out, commit)

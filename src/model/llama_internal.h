@@ -29,6 +29,9 @@ struct LlamaModel::Acts {
   Tensor nf, rstdf, logits, losses, dnf;
   Tensor dx, dx2, dmid, dn, da, dgu, dout, dq, dk, dv;
   Tensor qkv, dqkv;  // the fused projection's output and gradient; only when they cannot borrow gu / dgu
+  // Sequence parallelism: a [T, H] buffer for the row-parallel partial sums and the gathered residual
+  // gradients, and a [T/tp, H] one for this rank's block of a column-parallel input gradient.
+  Tensor sp_full, sp_local;
   LoraScratch lora;  // LoRA: the adapters' scratch (model/lora.h)
 };
 
@@ -54,8 +57,10 @@ std::vector<bool> quantized_layers(const LlamaConfig& c, const recipe::Recipe& r
 // Layers whose BF16 linear inputs live in shared scratch: none with LoRA, whose adapters read them.
 std::vector<bool> scratch_input_layers(const LlamaConfig& c, const recipe::Recipe& r, const LoraSpec* lora);
 // One micro-batch's activations for `rc`, the LM head `chunk` tokens at a time.
+// Sequence parallelism over sp ranks: the residual stream, the norms' statistics and the residual gradients
+// hold T/sp tokens; the norms' outputs (the column-parallel inputs) are gathered whole.
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora);
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp = 1);
 // LM-head chunk: at most 2^29 logits at a time (1 GiB of BF16), i.e. 4096 tokens for V = 128256.
 int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape);
 

@@ -240,6 +240,11 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   recipe_ = recipe;
   plan_recipe_ = planned_switch ? activation_plan_recipe(recipe, *planned_switch) : recipe;
   fprop_bf16_ = false;
+  if (sequence_parallel && (tp_size() == 1 || shape.tokens() % tp_size() != 0))
+    return errorf(
+        "sequence parallelism splits a micro-batch's %lld tokens over the %d tensor-parallel ranks; it "
+        "needs --tensor-model-parallel-size > 1 dividing them",
+        (long long)shape.tokens(), tp_size());
   if (shape.seq * cp_size() > cfg.max_seq)
     return errorf("sequence length %lld exceeds the model's %lld", (long long)(shape.seq * cp_size()),
                   (long long)cfg.max_seq);
@@ -256,7 +261,7 @@ Status LlamaModel::init_parts(uint64_t seed) {
   lm_chunk_tokens_ = llama::lm_chunk_tokens(cfg, shape);
   seed_ = seed;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
-  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, plan_recipe_, lora);
+  activation_bytes_ = plan_activation_bytes(cfg, dev, shape, rc, plan_recipe_, lora, sp_size());
   // Quantized layers (one contiguous block: BF16 layers are counted from either end) keep no compute copy
   // of their linear weights; a staging buffer of the largest such weight feeds their quantizers.
   const std::vector<bool> quantized = llama::quantized_layers(cfg, recipe);

@@ -15,6 +15,7 @@
 #include <vector>
 #include "core/arena.h"
 #include "core/host_upload.h"
+#include "core/stream_event.h"
 #include "io/hf_llama.h"
 #include "io/peft_adapter.h"
 #include "model/llama_config.h"
@@ -46,8 +47,10 @@ class LlamaModel {
   // Bytes of activations and temporaries one micro-batch needs (exact: the same plan allocates them).
   // Quantized layers keep their linears' inputs as quantized copies (owned by the Linear), not in BF16.
   // With LoRA (lora != nullptr) every layer keeps its linears' BF16 inputs (the adapters' Wgrad reads them).
+  // sequence_parallel: the tensor-parallel size when --sequence-parallel splits the residual stream's tokens.
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                       const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr);
+                                       const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr,
+                                       int sequence_parallel = 1);
   // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
   struct LinearSpec {
     int64_t layer = 0;
@@ -221,6 +224,16 @@ class LlamaModel {
   // without context parallelism). A replicated input or gradient uses cp_amax_group.
   recipe::AmaxGroup* tp_amax_group = nullptr;
   recipe::AmaxGroup* tp_cp_amax_group = nullptr;
+  // Set before init (--tp-comm-overlap): the column-parallel input gradients' all-reduces run on a side stream
+  // beside their Linears' Wgrad GEMMs (the forward's and the head's still wait on the default stream).
+  bool tp_comm_overlap = false;
+  // Set before init (--sequence-parallel): norms, residual adds and their gradients on this rank's T/tp block of
+  // the micro-batch's tokens; the norms' outputs all-gathered before the column-parallel GEMMs, the row-parallel
+  // outputs (and the embedding) reduce-scattered, the residual gradients all-gathered before the row-parallel
+  // backward, the column-parallel input gradients reduce-scattered. The norms' weight gradients are then each
+  // rank's share: the trainer sums them over the group once per step.
+  bool sequence_parallel = false;
+  int sp_size() const { return sequence_parallel ? tp_size() : 1; }
   int tp_size() const { return tp_group ? tp_group->size() : 1; }
   tp::Shard tp_shard() const { return tp_group ? tp::Shard{tp_group->rank(), tp_group->size()} : tp::Shard{}; }
   const LlamaConfig& whole_config() const { return whole_cfg_; }
@@ -353,7 +366,9 @@ class LlamaModel {
   // vocabulary-parallel cross-entropy's statistics [3, LM-head chunk].
   std::vector<int32_t> tp_ids_;
   Buffer tp_ce_scratch_;
-  Status init_tensor_parallel();  // llama_tp.cpp
+  SideStream tp_stream_;            // --tp-comm-overlap's all-reduces
+  StreamEvent tp_ready_, tp_done_;  // the input gradient written; its sum done
+  Status init_tensor_parallel();    // llama_tp.cpp
   const int32_t* local_vocab_ids(const int32_t* ids, int64_t n);
 };
 

@@ -62,12 +62,24 @@ class MicroBatchPass {
   Status adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx);
   Status forward_layer(int64_t l, bool write_output);
   Status head_and_loss(float grad_scale);
-  void recompute_layer(int64_t l, const Layer& w);
+  Status recompute_layer(int64_t l, const Layer& w);
   Status mlp_backward(int64_t l, const Layer& w, const Tensor& dx);
   Status attention_backward(int64_t l, const Layer& w, const Tensor& dx_next);
   Status backward();
   // Tensor parallelism: t summed over the group (nothing without it), a profile phase of its own.
   Status tp_sum(const Tensor& t) const;
+  // Sequence parallelism (sp_ > 1): this rank's block of a [T, ...] tensor; the gather of every rank's block of
+  // `full` in place; the input gradient's sum, reduce-scattered into A_.sp_local (else all-reduced in place).
+  Tensor mine(const Tensor& full) const { return sp_ > 1 ? rows(full, sp_rank_ * Ts_, (sp_rank_ + 1) * Ts_) : full; }
+  Status sp_gather(const Tensor& full) const;
+  Status sum_input_grad(const Tensor& dx_full, Stream stream) const;
+  const Tensor& input_grad(const Tensor& dx_full) const { return sp_ > 1 ? A_.sp_local : dx_full; }
+  // The residual stream's gradient as the row-parallel backward reads it: all of the micro-batch's tokens.
+  Status whole_grad(const Tensor& local, Tensor* whole);
+  // Column-parallel Linear i's backward into dx (d n1 or d n2), summed over the group: after the Wgrad on the
+  // default stream, or (--tp-comm-overlap) on the side stream beside it.
+  Status column_parallel_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& w,
+                                  const Tensor& dw, const Tensor& dx);
   // Row-parallel Linear i's output partial sums (x W_r^T) into out, summed over the group, plus the residual.
   Status row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
                               const Tensor& out);
@@ -83,6 +95,8 @@ class MicroBatchPass {
   const bool backward_;
   const Stream st_ = nullptr;
   int64_t T_ = 0, B_ = 0, S_ = 0, qkv_heads_ = 0, qkv_dim_ = 0;
+  int64_t Ts_ = 0;            // tokens of the residual stream on this rank (T_ / sp_)
+  int sp_ = 1, sp_rank_ = 0;  // sequence parallelism's ranks and this one's block
   DType dt_ = DType::f32;
   LlamaModel::Acts A_;
   Tensor ids_, targets_, cos_, sin_, positions_;
@@ -97,13 +111,16 @@ Status MicroBatchPass::plan() {
   T_ = m_.shape_.tokens();
   B_ = m_.shape_.batch;
   S_ = m_.shape_.seq;
+  sp_ = m_.sp_size();
+  sp_rank_ = sp_ > 1 ? m_.tp_group->rank() : 0;
+  Ts_ = T_ / sp_;
   dt_ = m_.params_.compute_dtype();
   llama::Planner P;
   P.arena = &m_.arena_;
   P.dev = m_.dev_;
   const LoraSpec* lora = m_.lora_enabled_ ? &m_.lora_spec_ : nullptr;
   llama::plan_acts(&A_, P, c_, m_.shape_, m_.recompute_, dt_, m_.lm_chunk_tokens_,
-                   llama::scratch_input_layers(c_, m_.plan_recipe_, lora), lora);
+                   llama::scratch_input_layers(c_, m_.plan_recipe_, lora), lora, sp_);
   NB_TRY(P.st);
   NB_CHECK(index_ < m_.staged_capacity_, "micro-batch %lld was not staged", (long long)index_);
   const int64_t n = m_.staged_capacity_ * T_;
@@ -216,7 +233,8 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   auto& lin = m_.linears_[size_t(l)];
   NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
   NB_PROFILE_WORK("fwd: norm + qkv GEMM", work::rmsnorm_forward(T_, c_.hidden));  // + the GEMM's own
-  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, a.n1, a.rstd1, st_);
+  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
+  NB_TRY(sp_gather(a.n1));
   const Tensor qkv = A_.qkv.data ? A_.qkv : borrow(a.gu, T_, qkv_dim_);  // gu is written later in this layer
   NB_TRY(lin[0].forward(a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv, 0.f, st_));
   NB_TRY(adapt_forward(l, 0, a.n1, qkv));
@@ -238,7 +256,8 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
   NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
   NB_TRY(row_parallel_forward(l, 1, a.o, weight(l, 1, w.wo, w.mo), A_.resid[l], a.mid));  // mid = resid + o Wo^T
-  ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, a.n2, a.rstd2, st_);
+  ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
+  NB_TRY(sp_gather(a.n2));
   NB_TRY(lin[2].forward(a.n2, weight(l, 2, w.wgu, w.mgu), a.gu, 0.f, st_));
   NB_TRY(adapt_forward(l, 2, a.n2, a.gu));
   NB_PROFILE_END("fwd: o + norm + gate_up");
@@ -261,7 +280,8 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.norm.weight", lm_name}));
   if (m_.hooks_ && backward_) NB_TRY(m_.grads_needed({"model.norm.weight", lm_name}));
   const Tensor w_lm = W_.compute(lm_name), g_lm = backward_ ? grad_of(lm_name) : Tensor{};
-  ops::rmsnorm_forward(A_.resid[c_.layers], W_.compute("model.norm.weight"), c_.norm_eps, A_.nf, A_.rstdf, st_);
+  ops::rmsnorm_forward(A_.resid[c_.layers], W_.compute("model.norm.weight"), c_.norm_eps, mine(A_.nf), A_.rstdf, st_);
+  NB_TRY(sp_gather(A_.nf));
   for (int64_t t0 = 0; t0 < T_; t0 += m_.lm_chunk_tokens_) {
     const int64_t t1 = std::min(T_, t0 + m_.lm_chunk_tokens_);
     const Tensor nf_c = rows(A_.nf, t0, t1), logits = rows(A_.logits, 0, t1 - t0);
@@ -280,7 +300,7 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
       NB_PROFILE_END("lm: wgrad GEMM (f32 +=)");
     }
   }
-  if (backward_) NB_TRY(tp_sum(A_.dnf));  // each rank's vocabulary rows' share of d nf
+  if (backward_) NB_TRY(sum_input_grad(A_.dnf, st_));  // each rank's vocabulary rows' share of d nf
   ops::add_inplace(m_.loss_acc_.tensor(), A_.losses, st_);
   return Status::ok();
 }
@@ -311,6 +331,28 @@ Status MicroBatchPass::tp_sum(const Tensor& t) const {
   return st;
 }
 
+// dx is each rank's heads' (or FFN columns') share of the input gradient until summed.
+Status MicroBatchPass::column_parallel_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& w,
+                                                const Tensor& dw, const Tensor& dx) {
+  recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
+  if (m_.tp_size() == 1 || !m_.tp_comm_overlap) {
+    NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_));
+    NB_TRY(adapt_backward(l, i, dy, x, dx));
+    return sum_input_grad(dx, st_);
+  }
+  const Stream side = m_.tp_stream_.get();
+  auto launch = [&]() {  // dx is final once its GEMM is done (LoRA, which adds to it, is refused under TP)
+    m_.tp_ready_.record(st_);
+    m_.tp_ready_.wait_in(side);
+    NB_TRY(sum_input_grad(dx, side));
+    m_.tp_done_.record(side);
+    return Status::ok();
+  };
+  NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_, launch));
+  m_.tp_done_.wait_in(st_);  // the norm's backward reads the sum
+  return Status::ok();
+}
+
 // out = resid + x W^T. Under tensor parallelism x and W hold this rank's columns: its partial product is
 // summed over the group first, then the residual added (the one-GPU sum's order, up to rounding).
 Status MicroBatchPass::row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
@@ -321,40 +363,75 @@ Status MicroBatchPass::row_parallel_forward(int64_t l, int i, const Tensor& x, c
     NB_TRY(lin.forward(x, w, out, 1.f, st_));
     return adapt_forward(l, i, x, out);
   }
-  NB_TRY(lin.forward(x, w, out, 0.f, st_));
-  NB_TRY(tp_sum(out));
+  if (sp_ > 1) {  // this rank's block of the summed output
+    NB_TRY(lin.forward(x, w, A_.sp_full, 0.f, st_));
+    NB_PROFILE_BEGIN("tp: reduce-scatter");
+    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, out, st_));
+    NB_PROFILE_END("tp: reduce-scatter");
+  } else {
+    NB_TRY(lin.forward(x, w, out, 0.f, st_));
+    NB_TRY(tp_sum(out));
+  }
   ops::add_inplace(out, resid, st_);
   return Status::ok();
 }
 
+Status MicroBatchPass::sp_gather(const Tensor& full) const {
+  if (sp_ == 1) return Status::ok();
+  NB_PROFILE_BEGIN("tp: all-gather");
+  const Status st = m_.tp_group->all_gather(mine(full), full, st_);
+  NB_PROFILE_END("tp: all-gather");
+  return st;
+}
+
+Status MicroBatchPass::sum_input_grad(const Tensor& dx_full, Stream stream) const {
+  if (sp_ == 1) return stream == st_ ? tp_sum(dx_full) : m_.tp_group->sum(dx_full, stream);
+  NB_PROFILE_BEGIN("tp: reduce-scatter");
+  const Status st = m_.tp_group->reduce_scatter(dx_full, A_.sp_local, stream);
+  NB_PROFILE_END("tp: reduce-scatter");
+  return st;
+}
+
+Status MicroBatchPass::whole_grad(const Tensor& local, Tensor* whole) {
+  *whole = local;
+  if (sp_ == 1) return Status::ok();
+  *whole = A_.sp_full;
+  NB_PROFILE_BEGIN("tp: all-gather");
+  const Status st = m_.tp_group->all_gather(local, A_.sp_full, st_);
+  NB_PROFILE_END("tp: all-gather");
+  return st;
+}
+
 // Brings back what the recompute mode did not keep for layer l's backward.
-void MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
+Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
   auto& a = A_.layer[size_t(l)];
-  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, a.n1, a.rstd1, st_);
-  ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, a.n2, a.rstd2, st_);
+  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
+  ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
   ops::swiglu_forward(a.gu, a.a, st_);
+  NB_TRY(sp_gather(a.n1));
+  return sp_gather(a.n2);
 }
 
 // MLP backward, resid' = mid + swiglu(n2 Wgu^T) Wdown^T: from d resid' (dx) to d mid (A_.dmid).
 Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx) {
   auto& a = A_.layer[size_t(l)];
   auto& lin = m_.linears_[size_t(l)];
+  Tensor dy;
+  NB_TRY(whole_grad(dx, &dy));
   NB_PROFILE_BEGIN("bwd: down GEMMs");
-  NB_TRY(lin[3].backward(dx, a.a, weight(l, 3, w.wdown, w.mdown), A_.da, 0.f, w.gdown, st_));
-  NB_TRY(adapt_backward(l, 3, dx, a.a, A_.da));
+  NB_TRY(lin[3].backward(dy, a.a, weight(l, 3, w.wdown, w.mdown), A_.da, 0.f, w.gdown, st_));
+  NB_TRY(adapt_backward(l, 3, dy, a.a, A_.da));
   NB_PROFILE_END("bwd: down GEMMs");
   NB_PROFILE_BEGIN("bwd: swiglu");
   NB_PROFILE_WORK("bwd: swiglu", work::swiglu_backward(T_, c_.ffn));
   ops::swiglu_backward(a.gu, A_.da, A_.dgu, st_);
   NB_PROFILE_END("bwd: swiglu");
   NB_PROFILE_BEGIN("bwd: gate_up GEMMs");
-  NB_TRY(lin[2].backward(A_.dgu, a.n2, weight(l, 2, w.wgu, w.mgu), A_.dn, 0.f, w.ggu, st_));
-  NB_TRY(adapt_backward(l, 2, A_.dgu, a.n2, A_.dn));
-  NB_TRY(tp_sum(A_.dn));  // column-parallel: each rank's FFN columns' share of d n2
+  NB_TRY(column_parallel_backward(l, 2, A_.dgu, a.n2, weight(l, 2, w.wgu, w.mgu), w.ggu, A_.dn));
   NB_PROFILE_END("bwd: gate_up GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
   NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
-  ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, A_.dn, A_.dmid, w.g_post, st_);
+  ops::rmsnorm_backward(a.mid, w.w_post, a.rstd2, input_grad(A_.dn), A_.dmid, w.g_post, st_);
   ops::add_inplace(A_.dmid, dx, st_);
   NB_PROFILE_END("bwd: norms + adds");
   return Status::ok();
@@ -365,9 +442,11 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
 Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tensor& dx_next) {
   auto& a = A_.layer[size_t(l)];
   auto& lin = m_.linears_[size_t(l)];
+  Tensor dy;
+  NB_TRY(whole_grad(A_.dmid, &dy));
   NB_PROFILE_BEGIN("bwd: o GEMMs");
-  NB_TRY(lin[1].backward(A_.dmid, a.o, weight(l, 1, w.wo, w.mo), A_.dout, 0.f, w.go, st_));
-  NB_TRY(adapt_backward(l, 1, A_.dmid, a.o, A_.dout));
+  NB_TRY(lin[1].backward(dy, a.o, weight(l, 1, w.wo, w.mo), A_.dout, 0.f, w.go, st_));
+  NB_TRY(adapt_backward(l, 1, dy, a.o, A_.dout));
   NB_PROFILE_END("bwd: o GEMMs");
   NB_PROFILE_BEGIN("bwd: attention");
   NB_PROFILE_WORK(
@@ -387,13 +466,11 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
                            reshape4(dqkv, B_, S_, qkv_heads_, c_.head_dim), st_, pos_);
   NB_PROFILE_END("bwd: rope + merge");
   NB_PROFILE_BEGIN("bwd: qkv GEMMs");
-  NB_TRY(lin[0].backward(dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), A_.dn, 0.f, w.gqkv, st_));
-  NB_TRY(adapt_backward(l, 0, dqkv, a.n1, A_.dn));
-  NB_TRY(tp_sum(A_.dn));  // column-parallel: each rank's heads' share of d n1
+  NB_TRY(column_parallel_backward(l, 0, dqkv, a.n1, weight(l, 0, w.wqkv, w.mqkv), w.gqkv, A_.dn));
   NB_PROFILE_END("bwd: qkv GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
   NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
-  ops::rmsnorm_backward(A_.resid[l], w.w_in, a.rstd1, A_.dn, dx_next, w.g_in, st_);
+  ops::rmsnorm_backward(A_.resid[l], w.w_in, a.rstd1, input_grad(A_.dn), dx_next, w.g_in, st_);
   ops::add_inplace(dx_next, A_.dmid, st_);
   NB_PROFILE_END("bwd: norms + adds");
   return Status::ok();
@@ -402,7 +479,7 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
 // Final norm, the layers in reverse (recomputing what the mode dropped), the embedding; each finished
 // gradient is reported to the data-parallel hooks as soon as it is complete.
 Status MicroBatchPass::backward() {
-  ops::rmsnorm_backward(A_.resid[c_.layers], W_.compute("model.norm.weight"), A_.rstdf, A_.dnf, A_.dx,
+  ops::rmsnorm_backward(A_.resid[c_.layers], W_.compute("model.norm.weight"), A_.rstdf, input_grad(A_.dnf), A_.dx,
                         grad_of("model.norm.weight"), st_);
   if (m_.hooks_ && c_.tied_embeddings)  // the embedding's gradient is complete after its own backward, below
     NB_TRY(m_.grads_final({"model.norm.weight"}));
@@ -419,14 +496,16 @@ Status MicroBatchPass::backward() {
     if (m_.recompute_ == Recompute::full)
       NB_TRY(forward_layer(l, false));
     else if (m_.recompute_ == Recompute::selective)
-      recompute_layer(l, w);
+      NB_TRY(recompute_layer(l, w));
     NB_TRY(mlp_backward(l, w, dx));
     NB_TRY(attention_backward(l, w, dx_next));
     std::swap(dx, dx_next);
     if (m_.hooks_) NB_TRY(m_.grads_final(LlamaModel::layer_param_names(l)));
   }
   if (m_.hooks_) NB_TRY(m_.grads_needed({"model.embed_tokens.weight"}));
-  if (!m_.lora_enabled_) ops::embedding_backward(ids_, dx, m_.params_.grad("model.embed_tokens.weight"), st_);
+  Tensor demb;
+  NB_TRY(whole_grad(dx, &demb));
+  if (!m_.lora_enabled_) ops::embedding_backward(ids_, demb, m_.params_.grad("model.embed_tokens.weight"), st_);
   if (m_.hooks_) NB_TRY(m_.grads_final({"model.embed_tokens.weight"}));
   return Status::ok();
 }
@@ -434,8 +513,13 @@ Status MicroBatchPass::backward() {
 Status MicroBatchPass::run(float grad_scale) {
   NB_TRY(plan());
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.embed_tokens.weight"}));
-  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, A_.resid[0], st_);
-  NB_TRY(tp_sum(A_.resid[0]));  // vocabulary-parallel: the rank that holds a token's row gives it
+  // Vocabulary-parallel: the rank that holds a token's row gives it (summed, or with sequence parallelism
+  // reduce-scattered into this rank's block of tokens).
+  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, sp_ > 1 ? A_.sp_full : A_.resid[0], st_);
+  if (sp_ > 1)
+    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, A_.resid[0], st_));
+  else
+    NB_TRY(tp_sum(A_.resid[0]));
   for (int64_t l = 0; l < c_.layers; ++l) {
     if (m_.hooks_) NB_TRY(m_.weights_needed(LlamaModel::layer_param_names(l)));
     NB_TRY(forward_layer(l, true));

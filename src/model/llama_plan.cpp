@@ -29,10 +29,10 @@ void plan_lora(LoraScratch* s, Planner& P, const LlamaConfig& c, int64_t T, DTyp
 }  // namespace
 
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora) {
-  const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim();
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp) {
+  const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim(), Ts = T / sp;
   a->resid.clear();
-  for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {T, H}));
+  for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {Ts, H}));
   auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest) {
     // keep_cheap: norms' outputs and the SwiGLU product (recomputed by selective recompute)
     if (keep_cheap) {
@@ -41,14 +41,14 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
       p.a = P(dt, {T, F});
     }
     if (keep_rest) {
-      p.rstd1 = P(DType::f32, {T});
-      p.rstd2 = P(DType::f32, {T});
+      p.rstd1 = P(DType::f32, {Ts});
+      p.rstd2 = P(DType::f32, {Ts});
       p.q = P(dt, {T, qd});
       p.k = P(dt, {T, kvd});
       p.v = P(dt, {T, kvd});
       p.o = P(dt, {T, qd});
       p.lse = P(DType::f32, {s.batch, c.heads, s.seq});
-      p.mid = P(dt, {T, H});
+      p.mid = P(dt, {Ts, H});
       p.gu = P(dt, {T, 2 * F});
     }
   };
@@ -73,13 +73,17 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
     }
   }
   a->nf = P(dt, {T, H});
-  a->rstdf = P(DType::f32, {T});
+  a->rstdf = P(DType::f32, {Ts});
   a->logits = P(dt, {chunk, c.vocab});
   a->losses = P(DType::f32, {T});
   a->dnf = P(dt, {T, H});
-  a->dx = P(dt, {T, H});
-  a->dx2 = P(dt, {T, H});
-  a->dmid = P(dt, {T, H});
+  a->dx = P(dt, {Ts, H});
+  a->dx2 = P(dt, {Ts, H});
+  a->dmid = P(dt, {Ts, H});
+  if (sp > 1) {
+    a->sp_full = P(dt, {T, H});
+    a->sp_local = P(dt, {Ts, H});
+  }
   a->dn = P(dt, {T, H});
   a->da = P(dt, {T, F});
   a->dgu = P(dt, {T, 2 * F});
@@ -106,12 +110,13 @@ int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape) {
 }  // namespace llama
 
 int64_t LlamaModel::plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                          const recipe::Recipe& recipe, const LoraSpec* lora) {
+                                          const recipe::Recipe& recipe, const LoraSpec* lora, int sequence_parallel) {
   llama::Planner plan;
   plan.dev = dev;
   Acts probe;
   llama::plan_acts(&probe, plan, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
-                   llama::lm_chunk_tokens(cfg, shape), llama::scratch_input_layers(cfg, recipe, lora), lora);
+                   llama::lm_chunk_tokens(cfg, shape), llama::scratch_input_layers(cfg, recipe, lora), lora,
+                   sequence_parallel);
   return plan.bytes;
 }
 

@@ -9,6 +9,11 @@ namespace nb {
 
 Status LlamaModel::init_tensor_parallel() {
   if (tp_size() == 1) return Status::ok();
+  if (tp_comm_overlap) {
+    NB_TRY(tp_stream_.create(dev_, /*high_priority=*/true));  // its NCCL kernels start before the Wgrad's blocks
+    NB_TRY(tp_ready_.create(dev_));
+    NB_TRY(tp_done_.create(dev_));
+  }
   MemoryScope scope(MemPart::step_inputs);
   return Buffer::allocate(&tp_ce_scratch_, DType::f32, dev_, {3, lm_chunk_tokens_});
 }

@@ -77,12 +77,15 @@ void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
   });
 }
 
-int64_t all_reduce_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, bool backward,
-                         bool full_recompute) {
-  const int64_t row = tokens * whole.hidden * elem_bytes;
-  int64_t per_layer = 2 * row;
-  if (backward) per_layer += 2 * row + (full_recompute ? row : 0);
-  return row * (backward ? 2 : 1) + whole.layers * per_layer + tokens * 3 * 4;
+int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, Passes p) {
+  const int64_t row = tokens * whole.hidden * elem_bytes, k = p.sequence_parallel ? 2 : 1;
+  int64_t per_layer = 2 * k * row;  // forward: o and down (and the gathers of n1, n2)
+  if (p.backward) {
+    per_layer += 2 * k * row;                                                // qkv and gate_up (and the gathers of dy)
+    if (p.full_recompute) per_layer += (p.sequence_parallel ? 3 : 1) * row;  // o again (and n1, n2)
+    if (p.selective_recompute && p.sequence_parallel) per_layer += 2 * row;  // n1 and n2 gathered again
+  }
+  return k * row * (p.backward ? 2 : 1) + whole.layers * per_layer + tokens * 3 * 4;
 }
 
 }  // namespace nb::tp

@@ -38,13 +38,20 @@ void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
 // The inverse: rank s's part src (local shape) into its place in the whole parameter dst (padding dropped).
 void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst);
 
-// The bytes each rank puts into the group's all-reduces for one micro-batch of `tokens` tokens (activations of
-// elem_bytes each): the forward's embedding and two per layer (the o and down outputs), the vocabulary-parallel
-// loss's statistics (three FP32 per token), and with `backward` the LM head's and two per layer (the qkv and
-// gate_up input gradients); full recompute runs each layer's o again. A ring all-reduce moves 2 (T-1)/T of
-// them over each rank's links. (The quantized Linears' amax reductions are a few floats each, not counted.)
-int64_t all_reduce_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, bool backward,
-                         bool full_recompute);
+// The bytes of the [tokens, hidden] tensors each rank hands the group's collectives for one micro-batch
+// (activations of elem_bytes each; an all-reduce counts its tensor, a reduce-scatter its input, an all-gather its
+// output), plus the vocabulary-parallel loss's statistics (three FP32 per token). Without sequence parallelism,
+// all-reduces: the forward's embedding and two per layer (the o and down outputs); with `backward` the LM head's
+// and two per layer (the qkv and gate_up input gradients); full recompute runs each layer's o again. Sequence
+// parallelism replaces each all-reduce by a reduce-scatter and adds an all-gather before each column-parallel
+// GEMM (n1, n2, the final norm) and row-parallel backward (the residual gradients, the embedding's): twice the
+// tensors, the same traffic (a ring all-reduce is a reduce-scatter plus an all-gather), and selective recompute
+// gathers n1 and n2 again. A ring moves (T-1)/T of each reduce-scatter's or all-gather's tensor over each rank's
+// links. (The quantized Linears' amax reductions are a few floats each, not counted.)
+struct Passes {
+  bool backward = true, full_recompute = false, selective_recompute = false, sequence_parallel = false;
+};
+int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, Passes p);
 
 }  // namespace tp
 }  // namespace nb

@@ -28,6 +28,10 @@ class ReduceGroup {
   virtual int size() const = 0;
   virtual Status max(const Tensor& values, Stream stream) = 0;
   virtual Status sum(const Tensor& values, Stream stream) = 0;
+  // Sequence parallelism (compute dtype): `in` holds size() blocks of n elements, `out` n: block rank() of their
+  // sum over the group. all_gather: every rank's n elements of `in` to block r of `out`; `in` may be its block.
+  virtual Status reduce_scatter(const Tensor& in, const Tensor& out, Stream stream) = 0;
+  virtual Status all_gather(const Tensor& in, const Tensor& out, Stream stream) = 0;
 };
 
 Status vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t vocab_begin, int64_t vocab,

@@ -34,6 +34,7 @@
 //       mxfp8, fp8 block, 1D nvfp4   both copies, as in training (quantized once)
 //   - BF16 (bf16 layer or bf16_mixed): forward as usual, backward = the Dgrad GEMM on the given w.
 #pragma once
+#include <functional>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -151,8 +152,10 @@ class Linear {
   Status forward(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
   // Dgrad dx = dy w + dx_beta*dx; Wgrad dw_f32 += dy^T x (FP32). A quantized recipe uses its kept copy
   // of x (the caller may have overwritten x); a BF16 layer reads x. Frozen: Dgrad only (see above).
+  // after_dgrad (optional) runs once dx's GEMM is queued, before the Wgrad's: tensor parallelism launches dx's
+  // all-reduce there, on another stream, so that it runs beside the Wgrad GEMM.
   Status backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
-                  const Tensor& dw_f32, Stream stream);
+                  const Tensor& dw_f32, Stream stream, const std::function<Status()>& after_dgrad = {});
   // Weights changed: requantize on next forward; SR key step; delayed-scaling roll. The SR key's
   // micro-batch index starts at first_micro and grows by micro_stride per backward (data parallelism).
   void new_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);

@@ -224,7 +224,7 @@ Status Linear::quantize_input(const Tensor& x, Stream stream) {
 }
 
 Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& dx, float dx_beta,
-                        const Tensor& dw_f32, Stream stream) {
+                        const Tensor& dw_f32, Stream stream, const std::function<Status()>& after_dgrad) {
   if (!impl_) return errorf("Linear::backward before a successful init");
   Impl& s = *impl_;
   const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
@@ -238,6 +238,7 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     NB_TRY(check_2d(x, "x", s.name, m, s.in, act, s.dev));
     NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
     NB_TRY(gemm::matmul(dy, w, dx, {.beta = dx_beta}, stream));
+    if (after_dgrad) NB_TRY(after_dgrad());
     return gemm::matmul(dy, x, dw_f32, {.trans_a = true, .beta = 1.f}, stream);
   }
   if (!s.have_input || !s.weight_valid || s.q[0].rows != m)
@@ -248,6 +249,7 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
   NB_TRY(s.dgrad_weight_operand(stream, &wcol));
   NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), wcol, dx, {dx_beta, false}, stream)
              .context("linear '" + s.name + "' Dgrad"));
+  if (after_dgrad) NB_TRY(after_dgrad());
   if (s.collect_stats) NB_TRY(s.stats.before_wgrad(s, dw_f32, stream));
   NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
              .context("linear '" + s.name + "' Wgrad"));

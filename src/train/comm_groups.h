@@ -31,6 +31,12 @@ class CommReduceGroup : public ops::tp::ReduceGroup {
   Status sum(const Tensor& values, Stream stream) override {
     return comm_->all_reduce(values, dist::ReduceOp::sum, stream);
   }
+  Status reduce_scatter(const Tensor& in, const Tensor& out, Stream stream) override {
+    return comm_->reduce_scatter(in, out, stream);
+  }
+  Status all_gather(const Tensor& in, const Tensor& out, Stream stream) override {
+    return comm_->all_gather(in, out, stream);
+  }
 
  private:
   dist::Communicator* comm_;

@@ -229,6 +229,14 @@ std::vector<ConfigKey> parallel_keys(TrainConfig& c) {
               "split every layer's heads, FFN and vocabulary over this many ranks (column- and row-parallel GEMMs, "
               "a vocabulary-parallel embedding and loss)",
               &c.tensor_model_parallel_size),
+      bool_key("sequence-parallel",
+               "tensor parallelism: norms and residual adds on 1/T of the tokens; all-gathers before and "
+               "reduce-scatters after the split GEMMs instead of all-reduces",
+               &c.sequence_parallel),
+      bool_key("tp-comm-overlap",
+               "tensor parallelism: run the column-parallel input gradients' all-reduces on a side stream beside "
+               "their Wgrad GEMMs",
+               &c.tp_comm_overlap),
       int_key("context-parallel-size",
               "split every sequence over this many ranks (ring attention; chunks r and 2C-1-r per rank); data "
               "parallelism takes the rest of the world",

@@ -84,6 +84,9 @@ struct TrainConfig {
   // Tensor parallelism (docs/DISTRIBUTED.md): each layer's heads, FFN and vocabulary split over this many
   // consecutive ranks (model/tensor_parallel.h).
   int64_t tensor_model_parallel_size = 1;
+  bool tp_comm_overlap = false;
+  bool sequence_parallel = false;  // norms and residuals on tokens / T of each micro-batch (tensor parallelism)  // the
+                                   // column-parallel input gradients' all-reduces beside their Wgrad GEMMs
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
   // Megatron-FSDP (docs/DISTRIBUTED.md): no_shard (DDP) | optim (the distributed optimizer) | optim_grads

@@ -48,6 +48,14 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
   if (c.tensor_model_parallel_size < 1)
     return errorf("--tensor-model-parallel-size must be at least 1; got %lld", (long long)c.tensor_model_parallel_size);
   NB_TRY(check_tensor_parallel(c));
+  if (c.sequence_parallel && c.tensor_model_parallel_size == 1)
+    return errorf("--sequence-parallel splits tokens over the tensor-parallel ranks: add --tensor-model-parallel-size");
+  if (c.sequence_parallel && c.micro_batch_size * c.seq_length / c.context_parallel_size % c.tensor_model_parallel_size)
+    return errorf(
+        "--sequence-parallel splits each micro-batch's %lld tokens per rank over %lld tensor-parallel "
+        "ranks, which does not divide them; choose --seq-length or --micro-batch-size to fit",
+        (long long)(c.micro_batch_size * c.seq_length / c.context_parallel_size),
+        (long long)c.tensor_model_parallel_size);
   if (c.context_parallel_size < 1)
     return errorf("--context-parallel-size must be at least 1; got %lld", (long long)c.context_parallel_size);
   if (c.context_parallel_size > 1 && c.sft && c.packed_sequence)

@@ -166,7 +166,9 @@ class Trainer {
   std::unique_ptr<dist::Communicator> world_comm_, tp_comm_, tp_cp_comm_;
   std::unique_ptr<ops::tp::ReduceGroup> tp_group_;
   std::unique_ptr<recipe::AmaxGroup> tp_amax_, tp_cp_amax_;
-  Status connect_tensor_parallel();  // connect_ranks' part: the groups' communicators and the model's views
+  Status connect_tensor_parallel();
+  Status reduce_sequence_parallel_grads();  // the norms' gradients summed over the group (trainer_tp.cpp)  //
+                                            // connect_ranks' part: the groups' communicators and the model's views
   // Checkpoints stay whole tensors: a save gathers the tensor-parallel ranks' arrays into whole ones on rank 0
   // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
   Status gather_tensor_parallel(const float* local, float* whole);

@@ -26,6 +26,8 @@ Status Trainer::connect_tensor_parallel() {
   tp_amax_ = std::make_unique<CommAmaxGroup>(tp_comm_.get(), dev_);
   if (tp_cp_comm_) tp_cp_amax_ = std::make_unique<CommAmaxGroup>(tp_cp_comm_.get(), dev_);
   model_.tp_group = tp_group_.get();
+  model_.tp_comm_overlap = cfg_.tp_comm_overlap;
+  model_.sequence_parallel = cfg_.sequence_parallel;
   model_.tp_amax_group = tp_amax_.get();
   model_.tp_cp_amax_group = tp_cp_amax_ ? tp_cp_amax_.get() : tp_amax_.get();
   const LlamaConfig local = tp::local_config(model_cfg_, tp_size());
@@ -33,11 +35,20 @@ Status Trainer::connect_tensor_parallel() {
       "tensor parallel: %d ranks per group (ranks %d-%d with this one), each with %lld of %lld heads, %lld of %lld "
       "KV heads, %lld of %lld FFN columns and %lld vocabulary rows (of %lld, padded to %lld); gradients reduced "
       "over %d ranks\n",
-      tp_size(), layout_.tp_group.front(), layout_.tp_group.back(), (long long)local.heads,
-      (long long)model_cfg_.heads, (long long)local.kv_heads, (long long)model_cfg_.kv_heads, (long long)local.ffn,
-      (long long)model_cfg_.ffn, (long long)local.vocab, (long long)model_cfg_.vocab,
-      (long long)tp::padded_vocab(model_cfg_, tp_size()), comm_->size());
+      tp_size(), layout_.tp_group.front(), layout_.tp_group.back(), (long long)local.heads, (long long)model_cfg_.heads,
+      (long long)local.kv_heads, (long long)model_cfg_.kv_heads, (long long)local.ffn, (long long)model_cfg_.ffn,
+      (long long)local.vocab, (long long)model_cfg_.vocab, (long long)tp::padded_vocab(model_cfg_, tp_size()),
+      comm_->size());
   return Status::ok();
+}
+
+// Sequence parallelism: each rank's norm weight gradients cover its block of tokens; the group's sum is the
+// whole gradient (the norms follow the 2-D weights in the flat space).
+Status Trainer::reduce_sequence_parallel_grads() {
+  if (!cfg_.sequence_parallel || !tp_comm_) return Status::ok();
+  ParamStore& P = model_.params();
+  NB_TRY(tp_comm_->all_reduce(P.range(P.padded_grad(), P.decayed_count(), P.total()), dist::ReduceOp::sum, nullptr));
+  return tp_comm_->wait(nullptr);
 }
 
 std::vector<ParamInfo> Trainer::whole_layout(int64_t* total) const {

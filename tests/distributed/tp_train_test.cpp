@@ -5,7 +5,9 @@
 // are FP32 rounding of those sums' order, so step 1's loss and gradient norm agree to 1e-6 relative and five
 // steps' losses to 1e-5 (measured: equal in the printed digits). Combined with data parallelism (T2 x D2, with
 // the distributed optimizer) and context parallelism (T2 x C2). A checkpoint saved at T2 x C2 (whole tensors)
-// resumes at one rank and at D4 and continues one rank's losses.
+// resumes at one rank and at D4 and continues one rank's losses. Sequence parallelism (norms and residuals on
+// 1/T of the tokens, all-gathers and reduce-scatters) and --tp-comm-overlap (the input gradients' sums on a side
+// stream, in order on the CPU) reproduce one rank the same way, with selective and full recompute.
 // Quantized recipes: the Linears reduce a sharded role's per-tensor amax over the group (weights always; the
 // column-parallel gradient and the row-parallel input), so NVFP4 without stochastic rounding and MXFP8 equal one
 // rank at step 1; FP8 current scaling within 1e-5 (an FP8 code flipped by the sums' rounding).
@@ -55,7 +57,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelCpu,
                          ::testing::Values(Layout{2, "--tensor-model-parallel-size 2"},
                                            Layout{4, "--tensor-model-parallel-size 4"},
                                            Layout{4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
-                                           Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"}));
+                                           Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"},
+                                           Layout{2, "--tensor-model-parallel-size 2 --tp-comm-overlap"},
+                                           Layout{2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+                                           Layout{4,
+                                                  "--tensor-model-parallel-size 2 --context-parallel-size 2 "
+                                                  "--sequence-parallel --tp-comm-overlap --recompute selective"}));
 
 TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
   const std::string dir = test::temp_folder("tp_train_quantized");
@@ -115,6 +122,9 @@ TEST(TensorParallelCpuRefusals, WhatCannotSplitIsRefusedInOneSentence) {
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--peft lora under --tensor-model-parallel-size 2 is not supported yet"), std::string::npos)
       << r.out;
+  r = test::run_nibble(kTpJob + "--train-iters 1 --sequence-parallel");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--sequence-parallel splits tokens over the tensor-parallel ranks"), std::string::npos) << r.out;
 }
 
 }  // namespace

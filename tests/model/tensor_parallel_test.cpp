@@ -83,6 +83,8 @@ class CountingGroup : public ops::tp::ReduceGroup {
   int size() const override { return 2; }
   Status max(const Tensor& t, Stream) override { return count(t); }
   Status sum(const Tensor& t, Stream) override { return count(t); }
+  Status reduce_scatter(const Tensor& in, const Tensor&, Stream) override { return count(in); }
+  Status all_gather(const Tensor&, const Tensor& out, Stream) override { return count(out); }
   int64_t bytes = 0;
 
  private:
@@ -92,23 +94,27 @@ class CountingGroup : public ops::tp::ReduceGroup {
   }
 };
 
-TEST(TensorParallelTraffic, AllReducesCarryTheFormulasBytes) {
+TEST(TensorParallelTraffic, CollectivesCarryTheFormulasBytes) {
   const LlamaConfig c = testing::tiny_config();
   const MicroBatchShape s{2, 16};
   std::vector<int32_t> tok, lab;
   testing::fixed_batch(c, s, 3, &tok, &lab);
-  for (Recompute rc : {Recompute::none, Recompute::full}) {
-    CountingGroup group;
-    LlamaModel m;
-    m.tp_group = &group;
-    ASSERT_TRUE(m.init(c, Device::cpu, s, rc, 7).is_ok());
-    double sum = 0;
-    ASSERT_TRUE(m.forward_loss(tok.data(), lab.data(), &sum).is_ok());
-    EXPECT_EQ(group.bytes, tp::all_reduce_bytes(c, s.tokens(), 4, false, false));
-    group.bytes = 0;
-    ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
-    EXPECT_EQ(group.bytes, tp::all_reduce_bytes(c, s.tokens(), 4, true, rc == Recompute::full));
-  }
+  for (bool sp : {false, true})
+    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+      CountingGroup group;
+      LlamaModel m;
+      m.tp_group = &group;
+      m.sequence_parallel = sp;
+      ASSERT_TRUE(m.init(c, Device::cpu, s, rc, 7).is_ok());
+      double sum = 0;
+      ASSERT_TRUE(m.forward_loss(tok.data(), lab.data(), &sum).is_ok());
+      tp::Passes p{false, false, false, sp};
+      EXPECT_EQ(group.bytes, tp::collective_bytes(c, s.tokens(), 4, p)) << "sp " << sp;
+      group.bytes = 0;
+      ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
+      p = {true, rc == Recompute::full, rc == Recompute::selective, sp};
+      EXPECT_EQ(group.bytes, tp::collective_bytes(c, s.tokens(), 4, p)) << "sp " << sp << ", recompute " << int(rc);
+    }
 }
 
 }  // namespace

@@ -38,6 +38,9 @@ class DeviceMailboxGroup : public tp::ReduceGroup {
   Status sum(const Tensor& v, Stream stream) override {
     return reduce(v, stream, [](float a, float b) { return a + b; });
   }
+  // The loss calls only max and sum.
+  Status reduce_scatter(const Tensor&, const Tensor&, Stream) override { return errorf("not used by the loss"); }
+  Status all_gather(const Tensor&, const Tensor&, Stream) override { return errorf("not used by the loss"); }
 
  private:
   template <typename Op>
