@@ -18,6 +18,7 @@ struct Change {
 };
 
 void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* out);
+void add_tensor_parallel_changes(const MemoryJob& job, int gpus, std::vector<Change>* out);
 
 bool fits(const MemoryJob& j, double free, double host, MemoryEstimate* e) {
   if (!estimate_memory(j, e)) return false;
@@ -28,6 +29,13 @@ std::string fsdp_flags(const std::string& strategy) {
   if (strategy == "optim") return "--use-distributed-optimizer";
   return "--use-megatron-fsdp --data-parallel-sharding-strategy " + strategy;
 }
+
+// The strongest sharding a job of `tensor` tensor-parallel ranks may use: Megatron-FSDP does not combine with
+// tensor parallelism yet (train_config_check.cpp), the distributed optimizer does.
+const char* strongest_sharding(int tensor) { return tensor > 1 ? "optim" : "optim_grads_params"; }
+
+// T divides the heads, KV heads and FFN (the vocabulary is padded instead; dist::check_model_fits_layout).
+bool splits_model(const LlamaConfig& m, int t) { return m.heads % t == 0 && m.kv_heads % t == 0 && m.ffn % t == 0; }
 
 std::vector<Change> candidate_changes(const MemoryJob& job, double free, double host, int gpus) {
   std::vector<Change> c;
@@ -50,8 +58,8 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
   const char* kStrategies[] = {"no_shard", "optim", "optim_grads", "optim_grads_params"};
   int now = 0;
   for (int s = 0; s < 4; ++s) now = job.strategy == kStrategies[s] ? s : now;
-  if (job.ranks > 1)
-    for (int s = std::max(now + 1, job.lora ? 3 : 1); s < 4; ++s)
+  if (job.dp_cp_ranks() > 1)
+    for (int s = std::max(now + 1, job.lora ? 3 : 1); s < (job.tensor_parallel > 1 ? 2 : 4); ++s)
       c.push_back({3 + s, 2, fsdp_flags(kStrategies[s]), "shards over the ranks: more communication per step",
                    [st = std::string(kStrategies[s])](MemoryJob* j) { return (j->strategy = st), true; }});
   if (!job.lora && !(job.placement.offload_fraction > 0)) {
@@ -64,32 +72,36 @@ std::vector<Change> candidate_changes(const MemoryJob& job, double free, double 
                    }});
   }
   add_more_rank_changes(job, gpus, &c);
+  add_tensor_parallel_changes(job, gpus, &c);
   return c;
 }
 
 // More ranks of one machine (gpus bounds them), sharded: weights, gradients and state shrink with N, and
 // activations too when the new ranks split the sequence (context parallelism, sharded over data x context).
+// The job's tensor-parallel size stays; under it the distributed optimizer is the sharding.
 void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* out) {
   std::vector<Change>& c = *out;
-  const int data = job.ranks / job.context_parallel;
-  for (int cp = job.context_parallel * 2; data * cp <= gpus && job.seq % (int64_t(2) * cp) == 0; cp *= 2) {
-    const int n = data * cp;
+  const int per_cp = job.data_ranks() * job.tensor_parallel;  // ranks per context-parallel index
+  const std::string cp_st = strongest_sharding(job.tensor_parallel);
+  for (int cp = job.context_parallel * 2; per_cp * cp <= gpus && job.seq % (int64_t(2) * cp) == 0; cp *= 2) {
+    const int n = per_cp * cp;
     c.push_back({9 + n, 2,
                  "--nproc-per-node " + std::to_string(n) + " --context-parallel-size " + std::to_string(cp) + " " +
-                     fsdp_flags("optim_grads_params"),
+                     fsdp_flags(cp_st),
                  std::to_string(n) + " GPUs, each holding 1/" + std::to_string(cp) + " of every sequence",
-                 [n, cp](MemoryJob* j) {
+                 [n, cp, cp_st](MemoryJob* j) {
                    j->ranks = n;
                    j->local_ranks = n;
                    j->context_parallel = cp;
-                   j->strategy = "optim_grads_params";
+                   j->strategy = cp_st;
                    return true;
                  }});
   }
+  const int split = job.tensor_parallel * job.context_parallel;
   for (int n = std::max(2, job.ranks * 2); n <= gpus; n *= 2) {
-    if (job.global_batch % (job.micro_batch * n) != 0) continue;
-    const std::string st = job.lora || job.shards() > 1 ? "optim_grads_params" : "optim";
-    for (const std::string& strategy : {st, std::string("optim_grads_params")}) {
+    if (n % split != 0 || job.global_batch % (job.micro_batch * (n / split)) != 0) continue;
+    const std::string st = job.lora || job.shards() > 1 ? strongest_sharding(job.tensor_parallel) : "optim";
+    for (const std::string& strategy : {st, std::string(strongest_sharding(job.tensor_parallel))}) {
       c.push_back({8 + n, 2, "--nproc-per-node " + std::to_string(n) + " " + fsdp_flags(strategy),
                    std::to_string(n) + " GPUs, sharded", [n, strategy](MemoryJob* j) {
                      j->ranks = n;
@@ -97,7 +109,40 @@ void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* 
                      j->strategy = strategy;
                      return true;
                    }});
-      if (strategy == "optim_grads_params") break;
+      if (strategy == strongest_sharding(job.tensor_parallel)) break;
+    }
+  }
+}
+
+// Tensor parallelism (T = 2, 4, 8 dividing the heads, KV heads and FFN): weights, gradients, state and the
+// attention and FFN activations shrink with T. Over the same ranks (fewer data-parallel replicas), or over more
+// that keep the replicas; several data x context ranks shard with the distributed optimizer. Not offered where
+// tensor parallelism is refused yet (LoRA, Megatron-FSDP, training samples, annealing).
+void add_tensor_parallel_changes(const MemoryJob& job, int gpus, std::vector<Change>* out) {
+  if (job.lora || job.anneal || job.sample_len > 0) return;
+  if (job.strategy == "optim_grads" || job.strategy == "optim_grads_params") return;
+  const int cp = job.context_parallel;
+  for (int t = job.tensor_parallel * 2; t <= 8; t *= 2) {
+    if (!splits_model(job.model, t)) continue;
+    for (const int n : {job.ranks, job.data_ranks() * cp * t}) {
+      const int data = n / (t * cp);
+      const bool same = n == job.ranks;
+      if (n % (t * cp) != 0 || data < 1 || (!same && n > gpus)) continue;
+      if (job.global_batch % (job.micro_batch * data) != 0) continue;
+      const bool shard = data * cp > 1 && job.strategy == "no_shard";
+      std::string flags = same ? "" : "--nproc-per-node " + std::to_string(n) + " ";
+      flags += "--tensor-model-parallel-size " + std::to_string(t);
+      if (shard) flags.append(" ").append(fsdp_flags("optim"));
+      out->push_back({same ? 8 + t : 10 + n, 2, flags,
+                      (same ? "the same " : "") + std::to_string(n) + " GPUs, each holding 1/" + std::to_string(t) +
+                          " of every layer: two all-reduces of its activations per layer each way",
+                      [n, t, same, shard](MemoryJob* j) {
+                        j->ranks = n;
+                        if (!same) j->local_ranks = n;
+                        j->tensor_parallel = t;
+                        if (shard) j->strategy = "optim";
+                        return true;
+                      }});
     }
   }
 }
@@ -150,6 +195,45 @@ std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free, doubl
     try_apply(set);
   }
   return out;
+}
+
+// Splits by their GPU count, then by the memory they need; each with the job's data-parallel replicas (ranks
+// D x T x C), sharded as strongly as T allows.
+ParallelSplit smallest_parallel_split(const MemoryJob& job, double free, double host, int max_gpus) {
+  ParallelSplit best;
+  for (int gpus = 1; gpus <= std::min(64, max_gpus); gpus *= 2) {
+    for (int t = 1; t <= std::min(8, gpus); t *= 2) {
+      const int c = gpus / t;
+      if (c > 8 || (c > 1 && job.seq % (int64_t(2) * c) != 0)) continue;
+      if (!splits_model(job.model, t) || (t > 1 && (job.lora || job.anneal || job.sample_len > 0))) continue;
+      MemoryJob j = job;
+      j.ranks = job.data_ranks() * gpus;
+      j.local_ranks = std::min(j.ranks, std::max(max_gpus, job.local_ranks));
+      j.tensor_parallel = t;
+      j.context_parallel = c;
+      j.strategy = strongest_sharding(t);
+      MemoryEstimate e;
+      if (!fits(j, free, host, &e) || (best.tensor > 0 && e.device() >= best.device_bytes)) continue;
+      best.tensor = t;
+      best.context = c;
+      best.device_bytes = e.device();
+      best.flags = (t > 1 ? "--tensor-model-parallel-size " + std::to_string(t) + " " : std::string()) +
+                   (c > 1 ? "--context-parallel-size " + std::to_string(c) + " " : std::string()) +
+                   (j.ranks > 1 ? fsdp_flags(j.strategy) : "one GPU");
+    }
+    if (best.tensor > 0) break;
+  }
+  return best;
+}
+
+std::string parallel_split_line(const MemoryJob& job, double free, double host, int max_gpus) {
+  const ParallelSplit s = smallest_parallel_split(job, free, host, max_gpus);
+  if (s.tensor == 0)
+    return strprintf("no tensor x context parallel split of up to %d GPUs fits seq %lld", max_gpus, (long long)job.seq);
+  return strprintf(
+      "smallest tensor x context parallel split that fits seq %lld: T%d x C%d (%.2f GiB per GPU on %d "
+      "GPUs per model replica: %s)",
+      (long long)job.seq, s.tensor, s.context, s.device_bytes / 1073741824.0, s.tensor * s.context, s.flags.c_str());
 }
 
 }  // namespace nb

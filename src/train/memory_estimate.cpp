@@ -6,6 +6,7 @@
 #include "distributed/fsdp.h"
 #include "gemm/gemm.h"
 #include "infer/generator.h"
+#include "model/llama_internal.h"
 #include "optim/adamw_stream.h"
 #include "ops/attention_workspace.h"
 #include "ops/cp_ring.h"
@@ -22,8 +23,9 @@ int64_t align256(int64_t b) { return (b + 255) / 256 * 256; }
 
 int MemoryJob::shards() const {
   // LoRA: only optim_grads_params changes anything (it shards the frozen base); see detect_ranks.
-  const bool sharding = strategy != "no_shard" && ranks > 1 && (!lora || strategy == "optim_grads_params");
-  return sharding ? ranks : 1;
+  const int n = dp_cp_ranks();
+  const bool sharding = strategy != "no_shard" && n > 1 && (!lora || strategy == "optim_grads_params");
+  return sharding ? n : 1;
 }
 
 LlamaModel::Fsdp MemoryJob::fsdp() const {
@@ -33,11 +35,12 @@ LlamaModel::Fsdp MemoryJob::fsdp() const {
   return LlamaModel::Fsdp::off;
 }
 
-// Megatron's default bucket: one without an overlap, else max(40M, 1M x ranks) elements.
+// Megatron's default bucket: one without an overlap, else max(40M, 1M x data x context ranks) elements.
 int64_t MemoryJob::bucket_elems() const {
-  if (ranks <= 1) return 0;
+  const int n = dp_cp_ranks();
+  if (n <= 1) return 0;
   if (ddp_bucket_size > 0) return ddp_bucket_size;
-  return overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * ranks) : 0;
+  return overlap ? std::max<int64_t>(40'000'000, int64_t(1'000'000) * n) : 0;
 }
 
 bool MemoryJob::master_only() const { return !lora && shards() <= 1 && !(placement.offload_fraction > 0) && !anneal; }
@@ -64,7 +67,7 @@ int64_t offload_staging_bytes(int64_t shard, const optim::Placement& pl) {
 // Weights, gradients and optimizer state (and Megatron-FSDP's windows of them), with the offload windows
 // as a row of their own.
 void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
-  const LlamaConfig& m = j.model;
+  const LlamaConfig m = j.local_model();
   const int shards = j.shards();
   const bool offload = j.placement.offload_fraction > 0;
   if (j.lora) {
@@ -91,24 +94,25 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
     return;
   }
   const double per_param = bytes / double(m.total_params());
-  e->rows.push_back({MemPart::params, bytes,
-                     shards > 1 ? strprintf("sharded over %d ranks (%.1f bytes/param)", shards, per_param)
-                                : strprintf("FP32 master, grad, m, v + compute copy (%.1f bytes/param)", per_param)});
+  std::string how = shards > 1 ? strprintf("sharded over %d ranks (%.1f bytes/param)", shards, per_param)
+                               : strprintf("FP32 master, grad, m, v + compute copy (%.1f bytes/param)", per_param);
+  if (j.tensor_parallel > 1) how += strprintf(" of this rank's 1/%d", j.tensor_parallel);
+  e->rows.push_back({MemPart::params, bytes, how});
 }
 
 // The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run
 // releases the first recipe's Linears before the second's are made: the larger set counts.
 Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const MicroBatchShape shape{j.micro_batch, j.local_seq()};
+  const LlamaConfig m = j.local_model();
   const bool master_only = j.master_only();
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
-  NB_TRY(
-      LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm));
+  NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm));
   if (j.anneal) {
     LlamaModel::LinearMemory next;
-    NB_TRY(LlamaModel::plan_linear_memory(j.model, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded,
-                                          &next));
+    NB_TRY(
+        LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded, &next));
     if (next.owned + next.workspace > lm.owned + lm.workspace) lm = next;
   }
   double owned = double(lm.owned);
@@ -118,7 +122,7 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
                               : j.recipe.weight.fmt == recipe::Fmt::mxfp8 ? 2.0625
                               : j.recipe.weight.fmt == recipe::Fmt::fp8_block128x128 ? 2.0
                                                                                      : 1.0;
-    owned += 5.0 * per_weight * double(j.model.linear_params_per_layer());
+    owned += 5.0 * per_weight * double(m.linear_params_per_layer());
   }
   if (owned > 0) e->rows.push_back({MemPart::quantized_copies, owned, "recipe::Linear's placement, run dry"});
   if (lm.workspace > 0)
@@ -131,7 +135,8 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
 }
 
 // Staged tokens and labels of a step's micro-batches, packed rows' positions and segment starts, the RoPE
-// tables and the per-token loss sums (LlamaModel::init and stage_batches).
+// tables and the per-token loss sums (LlamaModel::init and stage_batches); under tensor parallelism the
+// vocabulary-parallel cross-entropy's statistics, f32 [3, LM-head chunk] (llama_tp.cpp).
 double step_input_bytes(const MemoryJob& j) {
   const int64_t tokens = j.micro_batch * j.local_seq(), staged = std::max<int64_t>(1, j.accumulation());
   double b = 2.0 * double(align256(staged * tokens * 4));  // ids, targets
@@ -139,13 +144,16 @@ double step_input_bytes(const MemoryJob& j) {
   b += 2.0 * double(align256(j.seq * j.model.head_dim / 2 * 4));  // RoPE cos, sin
   b += double(align256(tokens * 4));                              // loss sums
   if (j.context_parallel > 1) b += double(align256(tokens * 4));  // the local tokens' row positions
+  if (j.tensor_parallel > 1)
+    b += double(align256(3 * llama::lm_chunk_tokens(j.local_model(), {j.micro_batch, j.local_seq()}) * 4));
   return b;
 }
 
 // The attention backward's workspace: nibble's own scratch (dQ accumulator, softmax sums, packed GQA's dK
 // and dV, segment tables) by the layout attention_cudnn.cu uses, and cuDNN's part by its measured rule.
 double attention_workspace_bytes(const MemoryJob& j) {
-  const ops::AttentionShape sh{j.micro_batch, j.local_seq(), j.model.heads, j.model.kv_heads, j.model.head_dim, 1.0f};
+  const LlamaConfig m = j.local_model();
+  const ops::AttentionShape sh{j.micro_batch, j.local_seq(), m.heads, m.kv_heads, m.head_dim, 1.0f};
   double b = double(ops::attention_workspace::backward_bytes(sh, j.packed, j.deterministic));
   if (j.context_parallel > 1) b += double(ops::cp::Ring::scratch_bytes(sh, DType::bf16));  // the ring's buffers
   return b;
@@ -154,12 +162,13 @@ double attention_workspace_bytes(const MemoryJob& j) {
 // Data-parallel buffers: the BF16 bucket of a BF16 reduction (grad_sync.h), Megatron-FSDP's reduced chunk
 // and BF16 scratch (distributed/fsdp.h), the delayed-scaling amax scratch.
 double comm_bytes(const MemoryJob& j) {
-  if (j.ranks <= 1) return 0;
+  if (j.dp_cp_ranks() <= 1) return 0;
   double b = 0;
-  const int64_t all = j.model.total_params();
+  const LlamaConfig m = j.local_model();
+  const int64_t all = m.total_params();
   if (j.fsdp() != LlamaModel::Fsdp::off && !j.lora) {
-    const int64_t large = j.model.vocab * j.model.hidden;
-    const int64_t layer = j.model.linear_params_per_layer();
+    const int64_t large = m.vocab * m.hidden;
+    const int64_t layer = m.linear_params_per_layer();
     b += double(align256((std::max(large, layer) + j.shards() - 1) / j.shards() * 4));  // the largest chunk, FP32
     if (j.grad_reduce_in_bf16) b += double(FsdpSync::bf16_scratch_bytes());
   } else if (j.grad_reduce_in_bf16 && !j.lora) {
@@ -169,17 +178,32 @@ double comm_bytes(const MemoryJob& j) {
   return b;
 }
 
-// Host memory of one machine: every local rank's offloaded state, and rank 0's checkpoint copies.
+// Host memory of one machine: every local rank's offloaded state, and rank 0's checkpoint copies. Under tensor
+// parallelism the T ranks of rank 0's group each copy their part, and rank 0 gathers the group's parts and
+// assembles the whole master, m and v (Trainer::save, trainer_tp.cpp).
 double host_bytes(const MemoryJob& j) {
-  const int shards = j.shards();
-  const int64_t shard = LlamaModel::optimizer_shard_elems(j.model, shards);
+  const LlamaConfig m = j.local_model();
+  const int shards = j.shards(), tp = j.tensor_parallel;
+  const int64_t shard = LlamaModel::optimizer_shard_elems(m, shards);
   double b = 0;
   if (j.placement.offload_fraction > 0)
     b += 12.0 * double(optim::OptimizerState::offloaded_elems(shard, j.placement)) * double(j.local_ranks);
+  if (!j.saves) return b;
   const bool from_state = j.placement.offload_fraction > 0 && shards <= 1;
-  const int64_t trained = j.lora ? lora_param_count(j.model, j.lora_spec) : j.model.total_params();
-  if (j.saves && !from_state) b += 12.0 * double(trained);
+  const int64_t trained = j.lora ? lora_param_count(m, j.lora_spec) : m.total_params();
+  if (!from_state) b += 12.0 * double(trained) * double(std::min(tp, std::max(1, j.local_ranks)));
+  if (tp > 1) b += 12.0 * double(j.model.total_params()) + 4.0 * double(tp) * double(trained);
   return b;
+}
+
+// A save under tensor parallelism: the device chunks rank 0's group gathers through (Trainer::
+// gather_tensor_parallel: one chunk sent, T received), allocated outside any part of the ledger.
+double tensor_parallel_save_bytes(const MemoryJob& j) {
+  if (!j.saves || j.tensor_parallel <= 1) return 0;
+  int64_t total = 0;  // the store's elements, as it lays them out
+  ParamStore::flat_layout(j.local_model(), &total);
+  const int64_t chunk = std::min<int64_t>(total, int64_t(1) << 24);
+  return double(align256(chunk * 4)) + double(align256(j.tensor_parallel * chunk * 4));
 }
 
 }  // namespace
@@ -189,14 +213,15 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   add_parameter_rows(j, e);
   const MicroBatchShape shape{j.micro_batch, j.local_seq()};
   const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
-  e->rows.push_back(
-      {MemPart::activations,
-       double(align256(LlamaModel::plan_activation_bytes(j.model, j.dev, shape, j.recompute, j.acts_plan, lora))),
-       "the arena's plan (" +
-           std::string(j.recompute == Recompute::none        ? "no"
-                       : j.recompute == Recompute::selective ? "selective"
-                                                             : "full") +
-           " recompute)"});
+  const LlamaConfig m = j.local_model();
+  e->rows.push_back({MemPart::activations,
+                     double(align256(LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora,
+                                                                       j.sequence_parallel ? j.tensor_parallel : 1))),
+                     "the arena's plan (" +
+                         std::string(j.recompute == Recompute::none        ? "no"
+                                     : j.recompute == Recompute::selective ? "selective"
+                                                                           : "full") +
+                         " recompute)"});
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
     const bool two = j.recipe.quantized() || (j.anneal && j.anneal_recipe.quantized());
@@ -212,11 +237,13 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
     // recipe/linear_stats.h: every quantized Linear keeps a BF16 copy of its input for the Wgrad error, and
     // one shared FP32 scratch holds the reference dW of the largest weight (and the alternative's codes).
     double inputs = 0;
-    for (const LlamaModel::LinearSpec& sp : LlamaModel::linear_specs(j.model, j.recipe, j.recompute))
+    for (const LlamaModel::LinearSpec& sp : LlamaModel::linear_specs(m, j.recipe, j.recompute))
       inputs += sp.bf16_layer ? 0.0 : double(align256(j.micro_batch * j.local_seq() * sp.in * 2));
-    const double w = double(LlamaModel::largest_linear_weight(j.model));
+    const double w = double(LlamaModel::largest_linear_weight(m));
     e->rows.push_back({MemPart::quant_stats, inputs + 5.0 * w, "BF16 inputs of the Linears + FP32 Wgrad scratch"});
   }
+  if (const double g = tensor_parallel_save_bytes(j); g > 0)
+    e->rows.push_back({MemPart::other, g, "a save's tensor-parallel gather chunks"});
   if (j.sample_len > 0) {  // rank 0 only; the other ranks hold less
     const bool cast = j.master_only() && j.recipe.quantized();
     e->rows.push_back(
@@ -246,7 +273,7 @@ std::string format_memory_table(const MemoryEstimate& e, double free_bytes) {
 
 int64_t largest_fitting_micro_batch(const MemoryJob& job, double free_bytes) {
   int64_t best = 0;
-  const int64_t per_rank = std::max<int64_t>(1, job.global_batch / job.ranks);
+  const int64_t per_rank = std::max<int64_t>(1, job.global_batch / job.data_ranks());
   for (int64_t mbs = 1; mbs <= std::min<int64_t>(1024, per_rank); mbs *= 2) {
     if (per_rank % mbs != 0) break;
     MemoryJob j = job;

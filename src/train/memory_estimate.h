@@ -6,9 +6,11 @@
 // buffers. Two rows are measured constants, named as such: the attention workspace cuDNN asks for and the
 // CUDA libraries' own memory outside nibble's allocator (handles, NCCL's buffers, the stream-ordered pool).
 //
-// The job's knobs (micro-batch, recompute, offload, sharding, ranks) are fields of MemoryJob, so the advice
-// (advise_memory) can try each change and suggest only what the estimate says fits, cheapest first.
+// The job's knobs (micro-batch, recompute, offload, sharding, ranks, tensor and context parallelism) are fields
+// of MemoryJob, so the advice (advise_memory) can try each change and suggest only what the estimate says fits,
+// cheapest first. Under tensor parallelism every row is one rank's: the model of tp::local_config(model, T).
 #pragma once
+#include <algorithm>
 #include <string>
 #include <vector>
 #include "core/memory_ledger.h"
@@ -30,6 +32,8 @@ struct MemoryJob {
   Recompute recompute = Recompute::none;
   int ranks = 1, local_ranks = 1;     // world size, and ranks on this machine (host memory is shared)
   int context_parallel = 1;           // --context-parallel-size: each rank holds seq / C tokens of a row
+  int tensor_parallel = 1;            // --tensor-model-parallel-size: each rank holds 1/T of every layer
+  bool sequence_parallel = false;     // --sequence-parallel: the residual stream on 1/T of the tokens
   std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
   optim::Placement placement;         // --optimizer-cpu-offload
   int64_t offload_chunk_elems = 0;    // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
@@ -46,12 +50,16 @@ struct MemoryJob {
   // Quantized layers keep no compute copy of their weights (the weight stage; generation casts them on use).
   bool master_only() const;
 
-  // What strategy and ranks set: one rule, which Trainer::apply_world applies to the model too.
+  // What strategy and ranks set: one rule, which Trainer::apply_world applies to the model too. Gradients, the
+  // optimizer's shards and Megatron-FSDP run over the data x context ranks of one tensor-parallel index.
+  int dp_cp_ranks() const { return std::max(1, ranks / tensor_parallel); }
+  int data_ranks() const { return std::max(1, ranks / (tensor_parallel * context_parallel)); }  // model replicas
   int shards() const;
   LlamaModel::Fsdp fsdp() const;
   int64_t bucket_elems() const;
-  int64_t accumulation() const { return global_batch / (micro_batch * (ranks / context_parallel)); }
-  int64_t local_seq() const { return seq / context_parallel; }  // a rank's tokens per row
+  int64_t accumulation() const { return global_batch / (micro_batch * data_ranks()); }
+  int64_t local_seq() const { return seq / context_parallel; }                          // a rank's tokens per row
+  LlamaConfig local_model() const { return tp::local_config(model, tensor_parallel); }  // what a rank holds
 };
 
 struct MemoryEstimate {
@@ -96,5 +104,20 @@ struct MemoryAdvice {
 // `limit`); each one checked by the estimate. gpus_per_node bounds the ranks suggested on one machine.
 std::vector<MemoryAdvice> advise_memory(const MemoryJob& job, double free_bytes, double host_bytes, int gpus_per_node,
                                         size_t limit = 4);
+
+// The smallest tensor x context parallel split of one model replica (T and C in 1, 2, 4, 8, T x C at most
+// max_gpus; T dividing the heads, KV heads and FFN, 2 x C the sequence) with which the job fits, its data-parallel
+// replicas kept, sharded over the data x context ranks (Megatron-FSDP's optim_grads_params without tensor
+// parallelism, the distributed optimizer with it); of equal products, the one needing least memory. tensor == 0
+// when none fits.
+struct ParallelSplit {
+  int tensor = 0, context = 0;
+  std::string flags;  // "--tensor-model-parallel-size 2 --context-parallel-size 4 --use-distributed-optimizer"
+                      // (the sizes above 1 and the sharding)
+  double device_bytes = 0;
+};
+ParallelSplit smallest_parallel_split(const MemoryJob& job, double free_bytes, double host_bytes, int max_gpus);
+// "smallest tensor x context parallel split that fits seq 131072: T2 x C4 (...)", or one saying none does.
+std::string parallel_split_line(const MemoryJob& job, double free_bytes, double host_bytes, int max_gpus);
 
 }  // namespace nb

@@ -26,7 +26,8 @@ Status Trainer::apply_world() {
   // shards only with optim_grads_params (its frozen base); Megatron's default bucket is one bucket without an
   // overlap, else max(40M, 1M x ranks) elements.
   MemoryJob j;
-  j.ranks = world_.size / tp_size();  // the data x context ranks of one tensor-parallel index
+  j.ranks = world_.size;
+  j.tensor_parallel = tp_size();  // sharded and reduced over the data x context ranks of one tensor-parallel index
   j.strategy = cfg_.sharding_strategy();
   j.lora = lora();
   j.ddp_bucket_size = cfg_.ddp_bucket_size;

@@ -31,6 +31,8 @@ MemoryJob Trainer::memory_job() const {
   j.recompute = recompute_;
   j.ranks = world_.size;
   j.context_parallel = cp_size();
+  j.tensor_parallel = tp_size();
+  j.sequence_parallel = cfg_.sequence_parallel;
   j.local_ranks = std::max(1, world_.local_size);
   j.strategy = cfg_.sharding_strategy();
   j.placement = model_.optimizer_placement;
@@ -79,17 +81,20 @@ std::string Trainer::does_not_fit_message(const MemoryJob& job, double free, dou
       "%.2f GiB is free",
       gib(estimate_.device()), gib(estimate_.part(MemPart::activations)), gib(free));
   const std::vector<MemoryAdvice> advice = advise_memory(job, free, host, std::max(gpus, 8));
+  const std::string split = "; " + parallel_split_line(job, free, host, std::max(gpus, 8));
   if (advice.empty())
-    return s + strprintf(
-                   "; no change of --micro-batch-size, --recompute, --optimizer-cpu-offload or sharding over up to "
-                   "%d GPUs fits it, alone or in pairs: shorten --seq-length (now %lld) or plan a larger machine with "
-                   "nibble train --dry-run",
-                   std::max(gpus, 8), (long long)cfg_.seq_length);
+    return s +
+           strprintf(
+               "; no change of --micro-batch-size, --recompute, --optimizer-cpu-offload, sharding, tensor or "
+               "context parallelism over up to %d GPUs fits it, alone or in pairs: shorten --seq-length (now "
+               "%lld) or plan a larger machine with nibble train --dry-run",
+               std::max(gpus, 8), (long long)cfg_.seq_length) +
+           split;
   s += "; what would fit, cheapest first: ";
   for (size_t i = 0; i < advice.size(); ++i)
     s += strprintf("%s%s (%s, %.2f GiB)", i ? "; or " : "", advice[i].flags.c_str(), advice[i].what.c_str(),
                    gib(advice[i].device_bytes));
-  return s;
+  return s + split;
 }
 
 // With offload, the least share of the state in host memory with which the estimate still fits the GPU at
@@ -105,7 +110,8 @@ std::string Trainer::offload_fraction_advice() const {
 Status Trainer::check_host_memory() {
   const optim::Placement& pl = model_.optimizer_placement;
   if (!(pl.offload_fraction > 0)) return Status::ok();
-  const int64_t shard = LlamaModel::optimizer_shard_elems(model_cfg_, model_.optimizer_shard_count);
+  const int64_t shard =
+      LlamaModel::optimizer_shard_elems(tp::local_config(model_cfg_, tp_size()), model_.optimizer_shard_count);
   const double mine = 12.0 * double(optim::OptimizerState::offloaded_elems(shard, pl));
   const double node = mine * double(world_.local_size), avail = optim::host_memory_available_bytes();
   std::printf(
@@ -198,6 +204,8 @@ Status Trainer::dry_run(TrainConfig cfg, const DryRun& plan, bool* fits) {
   if (advice.empty()) std::printf("no single change or pair of changes fits it\n");
   for (const MemoryAdvice& a : advice)
     std::printf("  would fit: %s  (%.2f GiB per GPU; %s)\n", a.flags.c_str(), gib(a.device_bytes), a.what.c_str());
+  const int gpus = std::max(8, std::max(plan.ranks_per_node, plan.ranks));
+  std::printf("%s\n", parallel_split_line(job, free, plan.host_bytes, gpus).c_str());
   return Status::ok();
 }
 

@@ -1,13 +1,18 @@
 // The memory estimate against what a model really allocates: the tiny model is built on the CPU backend
 // (which allocates the same layouts in host memory) for every recipe, recompute mode, micro-batch and LoRA,
 // and each part the ledger recorded (core/memory_ledger.h) must equal the estimate's row for it, byte for
-// byte. Also: the ledger itself (parts, peaks, frees) and the advice's promise (each suggestion fits).
+// byte; at tensor-parallel sizes 2 and 4 too, a rank's model built with a group whose collectives do nothing
+// (init calls none). Also: the ledger itself (parts, peaks, frees) and the advice's promise (each suggestion
+// fits).
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <vector>
 #include "core/memory_ledger.h"
 #include "infer/generator.h"
 #include "infer/weights.h"
 #include "model/llama_model.h"
+#include "model/tensor_parallel.h"
+#include "ops/vocab_parallel_ce.h"
 #include "recipe/recipe.h"
 #include "train/memory_estimate.h"
 
@@ -20,13 +25,32 @@ struct EstimateCase {
   Recompute rc;
   int64_t micro_batch;
   bool lora;
+  int tensor = 1;   // tensor-parallel size: the estimate and the model are one rank's of T
+  bool sp = false;  // sequence parallelism (T > 1)
 };
 
 std::string case_name(const ::testing::TestParamInfo<EstimateCase>& i) {
   const char* rc[] = {"none", "selective", "full"};
   return i.param.recipe + "_" + rc[int(i.param.rc)] + "_mbs" + std::to_string(i.param.micro_batch) +
-         (i.param.lora ? "_lora" : "");
+         (i.param.lora ? "_lora" : "") + (i.param.tensor > 1 ? "_tp" + std::to_string(i.param.tensor) : "") +
+         (i.param.sp ? "_sp" : "");
 }
+
+// Rank 0 of a tensor-parallel group of `size` whose collectives do nothing: enough to size what a rank's
+// LlamaModel allocates (init reduces nothing).
+class SizingGroup : public ops::tp::ReduceGroup {
+ public:
+  explicit SizingGroup(int size) : size_(size) {}
+  int rank() const override { return 0; }
+  int size() const override { return size_; }
+  Status max(const Tensor&, Stream) override { return Status::ok(); }
+  Status sum(const Tensor&, Stream) override { return Status::ok(); }
+  Status reduce_scatter(const Tensor&, const Tensor&, Stream) override { return Status::ok(); }
+  Status all_gather(const Tensor&, const Tensor&, Stream) override { return Status::ok(); }
+
+ private:
+  int size_;
+};
 
 class EstimateMatchesAllocations : public ::testing::TestWithParam<EstimateCase> {};
 
@@ -51,11 +75,16 @@ TEST_P(EstimateMatchesAllocations, PartByPart) {
   j.recompute = k.rc;
   j.lora = k.lora;
   if (k.lora) j.lora_spec.rank = 8;
+  j.tensor_parallel = j.ranks = k.tensor;
+  j.sequence_parallel = k.sp;
   MemoryEstimate e;
   ASSERT_TRUE(estimate_memory(j, &e).is_ok());
 
   const LedgerSnapshot before = ledger_snapshot(Device::cpu);
+  SizingGroup group(k.tensor);
   LlamaModel m;
+  if (k.tensor > 1) m.tp_group = &group;
+  m.sequence_parallel = k.sp;
   if (k.lora) m.set_lora(j.lora_spec, nullptr);
   ASSERT_TRUE(m.init(c, Device::cpu, {j.micro_batch, j.seq}, k.rc, 7, r).is_ok());
   std::vector<int32_t> tokens(size_t(2 * j.micro_batch * j.seq), 1);
@@ -77,6 +106,12 @@ std::vector<EstimateCase> estimate_cases() {
     out.push_back({r, Recompute::none, 2, false});
     out.push_back({r, Recompute::none, 1, true});
   }
+  for (int t : {2, 4})  // the tiny model's heads, KV heads and FFN split in 2 and 4
+    for (const char* r :
+         {"bf16_mixed", "bf16_with_fp8_current_scaling_mixed", "bf16_with_mxfp8_mixed", "bf16_with_nvfp4_mixed"})
+      for (Recompute rc : {Recompute::none, Recompute::full}) out.push_back({r, rc, t == 2 ? 2 : 1, false, t});
+  for (Recompute rc : {Recompute::none, Recompute::selective})  // the residual stream on 1/T of the tokens
+    for (const char* r : {"bf16_mixed", "bf16_with_nvfp4_mixed"}) out.push_back({r, rc, 1, false, 2, true});
   return out;
 }
 
@@ -204,6 +239,139 @@ TEST(MemoryEstimateContextParallel, ARankHoldsItsShareOfEachRow) {
     offered |= m.flags.find("--context-parallel-size") != std::string::npos;
   }
   EXPECT_TRUE(offered) << "no --context-parallel-size among " << advice.size() << " suggestions";
+}
+
+MemoryJob eight_b(int64_t seq, const char* recipe_name) {
+  MemoryJob j;
+  EXPECT_TRUE(llama_preset("llama3.1-8b", &j.model).is_ok());
+  EXPECT_TRUE(recipe::recipe_preset(recipe_name, &j.recipe).is_ok());
+  j.params_plan = j.acts_plan = j.recipe;
+  j.micro_batch = 1;
+  j.seq = seq;
+  j.global_batch = 8;
+  return j;
+}
+
+const double kH100Free = 80.0 * 1073741824.0 - kCudaContextBytes;
+
+// Tensor parallelism: a rank's parameters, activations, Linears' copies and workspace, weight stage and attention
+// workspace are those of the local model (tp::local_config: heads, KV heads, FFN and the padded vocabulary over
+// T); its step inputs add the vocabulary-parallel cross-entropy's statistics, f32 [3, LM-head chunk] (the chunk of
+// the local vocabulary: all 8192 tokens at T2 and T4). The data-parallel figures count the data x context ranks
+// of one tensor-parallel index: the distributed optimizer's shards, the bucket, the accumulation.
+TEST(MemoryEstimateTensorParallel, ARankHoldsTheLocalModel) {
+  for (const char* name : {"bf16_mixed", "bf16_with_fp8_current_scaling_mixed", "bf16_with_nvfp4_mixed"})
+    for (int t : {2, 4}) {
+      MemoryJob tp = eight_b(8192, name);
+      tp.recompute = Recompute::selective;
+      MemoryJob local = tp;
+      tp.tensor_parallel = tp.ranks = t;
+      local.model = tp::local_config(tp.model, t);
+      EXPECT_EQ(local.model.vocab * t, t == 2 ? 128256 : 128512);
+      MemoryEstimate a, b;
+      ASSERT_TRUE(estimate_memory(local, &a).is_ok());
+      ASSERT_TRUE(estimate_memory(tp, &b).is_ok());
+      for (MemPart p : {MemPart::params, MemPart::activations, MemPart::quantized_copies, MemPart::linear_workspace,
+                        MemPart::weight_stage, MemPart::emulated_scratch, MemPart::attention_workspace,
+                        MemPart::gemm_workspace, MemPart::comm_buffers})
+        EXPECT_EQ(b.part(p), a.part(p)) << name << " T" << t << " " << mem_part_name(p);
+      EXPECT_EQ(b.part(MemPart::step_inputs) - a.part(MemPart::step_inputs), 3.0 * 8192 * 4) << name << " T" << t;
+      EXPECT_LT(b.part(MemPart::params), 1.01 * a.part(MemPart::params));
+    }
+
+  MemoryJob d2 = eight_b(8192, "bf16_mixed");  // T2 x D2 on four ranks, the distributed optimizer over two
+  d2.ranks = 4;
+  d2.tensor_parallel = 2;
+  d2.strategy = "optim";
+  d2.overlap = true;
+  EXPECT_EQ(d2.dp_cp_ranks(), 2);
+  EXPECT_EQ(d2.shards(), 2);
+  EXPECT_EQ(d2.accumulation(), 4);
+  EXPECT_EQ(d2.bucket_elems(), 40'000'000);
+  MemoryEstimate e;
+  ASSERT_TRUE(estimate_memory(d2, &e).is_ok());
+  const LlamaConfig local = tp::local_config(d2.model, 2);
+  EXPECT_EQ(e.part(MemPart::params), double(LlamaModel::parameter_bytes(local, Device::cuda, d2.params_plan, 2)));
+  MemoryJob alone = d2;  // all four ranks split each layer: nothing left to shard
+  alone.tensor_parallel = 4;
+  EXPECT_EQ(alone.shards(), 1);
+  EXPECT_EQ(alone.bucket_elems(), 0);
+  EXPECT_EQ(alone.accumulation(), 8);
+}
+
+// The 8B at 8K on four H100s: whole on every rank (data parallelism) it needs about 172 GiB a GPU; split over
+// the four (T4) it fits, and the advice for the first offers that split, each suggestion fitting by the estimate.
+TEST(MemoryEstimateTensorParallel, EightBAtEightKFitsFourH100sAtT4) {
+  MemoryJob t1 = eight_b(8192, "bf16_mixed");
+  t1.ranks = t1.local_ranks = 4;
+  MemoryJob t4 = t1;
+  t4.tensor_parallel = 4;
+  MemoryEstimate a, b;
+  ASSERT_TRUE(estimate_memory(t1, &a).is_ok());
+  ASSERT_TRUE(estimate_memory(t4, &b).is_ok());
+  EXPECT_GT(a.device(), kH100Free);
+  EXPECT_LE(b.device(), kH100Free);
+  EXPECT_LT(b.part(MemPart::activations), 0.5 * a.part(MemPart::activations));  // attention and FFN split
+  bool offered = false;
+  for (const MemoryAdvice& m : advise_memory(t1, kH100Free, 0, 4, 16)) {
+    EXPECT_LE(m.device_bytes, kH100Free) << m.flags;
+    EXPECT_EQ(m.flags.find("--nproc-per-node"), std::string::npos) << "four GPUs bound the advice: " << m.flags;
+    offered |= m.flags.find("--tensor-model-parallel-size 4") != std::string::npos;
+  }
+  EXPECT_TRUE(offered);
+  t4.tensor_parallel = 2;  // T2 x D2: fits only with the distributed optimizer
+  ASSERT_TRUE(estimate_memory(t4, &b).is_ok());
+  EXPECT_GT(b.device(), kH100Free);
+  t4.strategy = "optim";
+  ASSERT_TRUE(estimate_memory(t4, &b).is_ok());
+  EXPECT_LE(b.device(), kH100Free);
+}
+
+// The smallest T x C of one replica that fits a sequence: no split of fewer GPUs fits, and of equal products the
+// one needing least memory is named. At 128K the sequence must be split (context parallelism: C4 with full
+// recompute, C8 with selective); at 4K T2 holds the 8B on two GPUs (no split of the sequence shrinks the weights).
+TEST(MemoryEstimateTensorParallel, SmallestSplitThatFitsASequence) {
+  auto split_job = [](MemoryJob j, int t, int c) {  // one replica (the job's)
+    j.ranks = j.local_ranks = t * c;
+    j.tensor_parallel = t;
+    j.context_parallel = c;
+    j.strategy = t > 1 ? "optim" : "optim_grads_params";
+    return j;
+  };
+  struct Case {
+    int64_t seq;
+    Recompute rc;
+    int tensor, context;
+  };
+  for (const Case& k : {Case{131072, Recompute::full, 1, 4}, Case{131072, Recompute::selective, 1, 8},
+                        Case{4096, Recompute::selective, 2, 1}}) {
+    MemoryJob job = eight_b(k.seq, "bf16_mixed");
+    job.recompute = k.rc;
+    const ParallelSplit s = smallest_parallel_split(job, kH100Free, 0, 8);
+    EXPECT_EQ(s.tensor, k.tensor) << k.seq;
+    EXPECT_EQ(s.context, k.context) << k.seq;
+    MemoryEstimate e;
+    ASSERT_TRUE(estimate_memory(split_job(job, s.tensor, s.context), &e).is_ok());
+    EXPECT_EQ(e.device(), s.device_bytes);
+    EXPECT_LE(e.device(), kH100Free);
+    const int gpus = k.tensor * k.context;
+    for (int t = 1; t <= std::min(gpus, 8); t *= 2)
+      for (int c = 1; t * c <= gpus; c *= 2) {
+        ASSERT_TRUE(estimate_memory(split_job(job, t, c), &e).is_ok());
+        if (t * c < gpus) {
+          EXPECT_GT(e.device(), kH100Free) << k.seq << ": T" << t << " x C" << c;
+        } else if (e.device() <= kH100Free) {
+          EXPECT_GE(e.device(), s.device_bytes) << k.seq << ": T" << t << " x C" << c;
+        }
+      }
+  }
+  MemoryJob row = eight_b(131072, "bf16_mixed");
+  row.recompute = Recompute::full;
+  const std::string line = parallel_split_line(row, kH100Free, 0, 8);
+  EXPECT_EQ(line.rfind("smallest tensor x context parallel split that fits seq 131072: T1 x C4 (", 0), 0u) << line;
+  EXPECT_NE(line.find("--context-parallel-size 4"), std::string::npos) << line;
+  row.recompute = Recompute::none;  // every layer's activations kept: no split of eight GPUs holds them
+  EXPECT_EQ(parallel_split_line(row, kH100Free, 0, 8).rfind("no tensor x context parallel split", 0), 0u);
 }
 
 }  // namespace
