@@ -10,7 +10,8 @@
 // stream, in order on the CPU) reproduce one rank the same way, with selective and full recompute.
 // Quantized recipes: the Linears reduce a sharded role's per-tensor amax over the group (weights always; the
 // column-parallel gradient and the row-parallel input), so NVFP4 without stochastic rounding and MXFP8 equal one
-// rank at step 1; FP8 current scaling within 1e-5 (an FP8 code flipped by the sums' rounding).
+// rank at step 1, NVFP4 under sequence parallelism too (the gathered input is quantized whole); FP8 current
+// scaling within 1e-5 (an FP8 code flipped by the sums' rounding).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <string>
@@ -70,20 +71,23 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
   struct Case {
     std::string flags;
     double loss_tol, norm_tol;
+    std::string tp_only = "";  // flags of the tensor-parallel run only
   };
   for (const Case& c : {Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6},
+                        Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6, "--sequence-parallel"},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6},
                         Case{"--recipe bf16_with_fp8_current_scaling_mixed", 1e-6, 1e-5}}) {
     const std::string one = dir + "/one", tp = dir + "/tp";
     test::CliRun r = test::run_nibble(job + c.flags + " --save " + one);
     ASSERT_EQ(r.code, 0) << r.out;
-    r = test::run_nibble(job + c.flags + " --nproc-per-node 2 --tensor-model-parallel-size 2 --save " + tp);
+    r = test::run_nibble(job + c.flags + " " + c.tp_only +
+                         " --nproc-per-node 2 --tensor-model-parallel-size 2 --save " + tp);
     ASSERT_EQ(r.code, 0) << r.out;
     const auto a = read_metrics(one), b = read_metrics(tp);
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(b.size(), 1u);
-    EXPECT_NEAR(b[0].loss, a[0].loss, c.loss_tol * a[0].loss) << c.flags;
-    EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, c.norm_tol * a[0].grad_norm) << c.flags;
+    EXPECT_NEAR(b[0].loss, a[0].loss, c.loss_tol * a[0].loss) << c.flags << c.tp_only;
+    EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, c.norm_tol * a[0].grad_norm) << c.flags << c.tp_only;
     std::filesystem::remove_all(one);
     std::filesystem::remove_all(tp);
   }
