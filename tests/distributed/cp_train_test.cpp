@@ -17,9 +17,7 @@
 namespace nb {
 namespace {
 
-const std::string kCpBase =
-    " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 "
-    "--lr-warmup-iters 1 --log-interval 1 ";
+const std::string& kCpBase = kModelParallelBase;
 const std::string kCpJob = kCpBase + "--recipe bf16_mixed ";
 
 std::vector<StepLog> one_rank_run(const std::string& dir) {
@@ -29,15 +27,6 @@ std::vector<StepLog> one_rank_run(const std::string& dir) {
 }
 
 class ContextParallelCpu : public ::testing::TestWithParam<std::pair<int, int>> {};
-
-void expect_same_run(const std::vector<StepLog>& got, const std::vector<StepLog>& ref, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  ASSERT_FALSE(ref.empty()) << what;
-  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << what;
-  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << what;
-  for (size_t i = 1; i < got.size(); ++i)
-    EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << what << ", step " << i + 1;
-}
 
 TEST_P(ContextParallelCpu, ReproducesOneRankInBf16) {
   const auto [ranks, cp] = GetParam();

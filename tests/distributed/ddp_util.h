@@ -1,6 +1,6 @@
-// Helpers of the data-parallel CLI tests (ddp_test.cpp, ddp_overlap_test.cpp): the tiny job they all run,
-// a run through `nibble train --nproc-per-node`, its metrics.jsonl, and the largest weight difference
-// between two of their checkpoints.
+// Helpers of the data- and model-parallel CLI tests (ddp_test.cpp, ddp_overlap_test.cpp, cp_train_test.cpp,
+// tp_train_test.cpp): the tiny jobs they run, a run through `nibble train --nproc-per-node`, its metrics.jsonl,
+// a split run compared with one rank's, and the largest weight difference between two of their checkpoints.
 #pragma once
 #include <gtest/gtest.h>
 #include <algorithm>
@@ -25,6 +25,12 @@ struct StepLog {
   double loss = 0, grad_norm = 0;
 };
 
+// The model-parallel tests' job (cp_train_test.cpp, tp_train_test.cpp): a global batch of 8, at which the same
+// learning rate keeps five steps' rounding differences small (see cp_train_test.cpp).
+inline const std::string kModelParallelBase =
+    " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 "
+    "--lr-warmup-iters 1 --log-interval 1 ";
+
 inline std::vector<StepLog> read_metrics(const std::string& save) {
   std::vector<StepLog> out;
   std::ifstream in(save + "/metrics.jsonl");
@@ -34,6 +40,16 @@ inline std::vector<StepLog> read_metrics(const std::string& save) {
       out.push_back({j["lm_loss"].get<double>(), j["grad_norm"].get<double>()});
   }
   return out;
+}
+
+// A split run against one rank's: step 1's loss and gradient norm within 1e-6 relative, every later loss 1e-5.
+inline void expect_same_run(const std::vector<StepLog>& got, const std::vector<StepLog>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  ASSERT_FALSE(ref.empty()) << what;
+  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << what;
+  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << what;
+  for (size_t i = 1; i < got.size(); ++i)
+    EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << what << ", step " << i + 1;
 }
 
 // Largest absolute difference between the FP32 tensors of two checkpoints' model files.

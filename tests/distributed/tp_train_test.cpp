@@ -20,19 +20,8 @@
 namespace nb {
 namespace {
 
-const std::string kTpBase =
-    " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 "
-    "--lr-warmup-iters 1 --log-interval 1 ";
+const std::string& kTpBase = kModelParallelBase;
 const std::string kTpJob = kTpBase + "--recipe bf16_mixed ";
-
-void expect_same_run(const std::vector<StepLog>& got, const std::vector<StepLog>& ref, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  ASSERT_FALSE(ref.empty()) << what;
-  EXPECT_NEAR(got[0].loss, ref[0].loss, 1e-6 * ref[0].loss) << what;
-  EXPECT_NEAR(got[0].grad_norm, ref[0].grad_norm, 1e-6 * ref[0].grad_norm) << what;
-  for (size_t i = 1; i < got.size(); ++i)
-    EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << what << ", step " << i + 1;
-}
 
 struct Layout {
   int ranks;
