@@ -16,22 +16,24 @@ Status resolve_model(TrainConfig& c, LlamaConfig* model) {
 }
 
 namespace {
-// Data parallelism (DDP, the distributed optimizer, Megatron-FSDP) and optimizer offload: the ranges and
-// the combinations that are refused.
 // What tensor parallelism does not cover yet, refused before anything starts.
 Status check_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_model_parallel_size == 1) return Status::ok();
-  const char* what = c.peft == "lora"              ? "--peft lora"
-                     : c.use_megatron_fsdp         ? "--use-megatron-fsdp"
-                     : c.sample_interval > 0       ? "--sample-interval"
-                     : c.anneal_start_fraction > 0 ? "precision annealing (--anneal-start-fraction)"
-                                                   : nullptr;
+  // Megatron-FSDP gathers BF16 weights under tensor parallelism: its training-format gathers quantize each
+  // shard with the FSDP group's amax, not yet reduced over the tensor-parallel group.
+  const char* what = c.peft == "lora"                    ? "--peft lora"
+                     : c.fsdp_param_gather == "training" ? "--fsdp-param-gather training"
+                     : c.sample_interval > 0             ? "--sample-interval"
+                     : c.anneal_start_fraction > 0       ? "precision annealing (--anneal-start-fraction)"
+                                                         : nullptr;
   if (what)
     return errorf("%s under --tensor-model-parallel-size %lld is not supported yet; leave one of them out", what,
                   (long long)c.tensor_model_parallel_size);
   return Status::ok();
 }
 
+// Data parallelism (DDP, the distributed optimizer, Megatron-FSDP) and optimizer offload: the ranges and
+// the combinations that are refused.
 Status validate_parallel_and_offload(const TrainConfig& c) {
   if (!(c.distributed_timeout_minutes > 0))
     return errorf("--distributed-timeout-minutes must be positive; got %g", c.distributed_timeout_minutes);

@@ -146,6 +146,7 @@ Status Trainer::choose_param_gather() {
     if (!linears.empty())
       std::printf("Megatron-FSDP gathers every weight in BF16 (%s)\n",
                   cfg_.fsdp_param_gather == "bf16" ? "--fsdp-param-gather bf16"
+                  : tp_size() > 1                  ? "tensor parallelism: training-format gathers not yet"
                   : cfg_.quant_stats               ? "--quant-stats reads the BF16 weights"
                                                    : "annealing runs BF16 steps");
     return Status::ok();
@@ -170,8 +171,9 @@ Status Trainer::grad_squares(double* out) {
   float* sharded_sq = norm_sq_.ptr<float>();
   float* whole_sq = sharded_sq + 1;
   for (const ParamStore::Slice& s : optimizer_slices()) {
-    if (tp_size() == 1 || P.fsdp()) {
-      ops::sum_squares_accumulate(P.slice_grad(s), sharded_sq, nullptr);
+    if (tp_size() == 1 || P.fsdp()) {  // Megatron-FSDP: a slice is one parameter group's chunk
+      const bool whole = tp_size() > 1 && s.begin >= P.decayed_count();
+      ops::sum_squares_accumulate(P.slice_grad(s), whole ? whole_sq : sharded_sq, nullptr);
       continue;
     }
     const int64_t cut = std::clamp(P.decayed_count(), s.begin, s.end);  // the norms follow the 2-D weights

@@ -47,7 +47,12 @@ Status Trainer::connect_tensor_parallel() {
 Status Trainer::reduce_sequence_parallel_grads() {
   if (!cfg_.sequence_parallel || !tp_comm_) return Status::ok();
   ParamStore& P = model_.params();
-  NB_TRY(tp_comm_->all_reduce(P.range(P.padded_grad(), P.decayed_count(), P.total()), dist::ReduceOp::sum, nullptr));
+  if (P.fsdp()) {  // this rank's chunks of the norms' groups (the tensor-parallel ranks shard them alike)
+    for (const ParamStore::Slice& s : P.own_slices())
+      if (s.begin >= P.decayed_count()) NB_TRY(tp_comm_->all_reduce(P.slice_grad(s), dist::ReduceOp::sum, nullptr));
+  } else {
+    NB_TRY(tp_comm_->all_reduce(P.range(P.padded_grad(), P.decayed_count(), P.total()), dist::ReduceOp::sum, nullptr));
+  }
   return tp_comm_->wait(nullptr);
 }
 

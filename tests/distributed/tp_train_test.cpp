@@ -7,7 +7,8 @@
 // the distributed optimizer) and context parallelism (T2 x C2). A checkpoint saved at T2 x C2 (whole tensors)
 // resumes at one rank and at D4 and continues one rank's losses. Sequence parallelism (norms and residuals on
 // 1/T of the tokens, all-gathers and reduce-scatters) and --tp-comm-overlap (the input gradients' sums on a side
-// stream, in order on the CPU) reproduce one rank the same way, with selective and full recompute.
+// stream, in order on the CPU) reproduce one rank the same way, with selective and full recompute, and so does
+// Megatron-FSDP over the data ranks of T2 x D2 (BF16 weight gathers).
 // Quantized recipes: the Linears reduce a sharded role's per-tensor amax over the group (weights always; the
 // column-parallel gradient and the row-parallel input), so NVFP4 without stochastic rounding and MXFP8 equal one
 // rank at step 1, NVFP4 under sequence parallelism too (the gathered input is quantized whole); FP8 current
@@ -43,16 +44,19 @@ TEST_P(TensorParallelCpu, ReproducesOneRankInBf16) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelCpu,
-                         ::testing::Values(Layout{2, "--tensor-model-parallel-size 2"},
-                                           Layout{4, "--tensor-model-parallel-size 4"},
-                                           Layout{4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
-                                           Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"},
-                                           Layout{2, "--tensor-model-parallel-size 2 --tp-comm-overlap"},
-                                           Layout{2, "--tensor-model-parallel-size 2 --sequence-parallel"},
-                                           Layout{4,
-                                                  "--tensor-model-parallel-size 2 --context-parallel-size 2 "
-                                                  "--sequence-parallel --tp-comm-overlap --recompute selective"}));
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, TensorParallelCpu,
+    ::testing::Values(Layout{2, "--tensor-model-parallel-size 2"}, Layout{4, "--tensor-model-parallel-size 4"},
+                      Layout{4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
+                      Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"},
+                      Layout{2, "--tensor-model-parallel-size 2 --tp-comm-overlap"},
+                      Layout{2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+                      Layout{4,
+                             "--tensor-model-parallel-size 2 --context-parallel-size 2 "
+                             "--sequence-parallel --tp-comm-overlap --recompute selective"},
+                      Layout{4,
+                             "--tensor-model-parallel-size 2 --sequence-parallel --use-megatron-fsdp "
+                             "--data-parallel-sharding-strategy optim_grads_params"}));
 
 TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
   const std::string dir = test::temp_folder("tp_train_quantized");
