@@ -1,6 +1,5 @@
 // The tp-cp-dp-pp rank layout (parallel_layout.h): rank = tp + T * (cp + C * (dp + D * pp)).
 #include "distributed/parallel_layout.h"
-#include "model/tensor_parallel.h"
 #include <string>
 #include <utility>
 
@@ -50,12 +49,6 @@ Status make_parallel_layout(int world, int rank, const ParallelSizes& s, Paralle
   for (int p = 0; p < s.pipeline; ++p) l.pp_group.push_back(rank_of(l, l.tp, l.cp, l.dp, p));
   *out = std::move(l);
   return Status::ok();
-}
-
-int64_t tensor_parallel_vocab(int64_t vocab, int tensor) {
-  LlamaConfig m;
-  m.vocab = vocab;
-  return tp::padded_vocab(m, tensor);
 }
 
 Status check_model_fits_layout(const LlamaConfig& m, int64_t seq, const ParallelSizes& s) {

@@ -29,10 +29,8 @@ struct ParallelLayout {
 Status make_parallel_layout(int world, int rank, const ParallelSizes& sizes, ParallelLayout* out);
 
 // The model and sequence under the sizes: attention heads, KV heads (query groups) and the FFN divide by T;
-// the sequence by 2 x C (the causal load balance's chunks). The vocabulary is padded instead (below).
+// the sequence by 2 x C (the causal load balance's chunks). The vocabulary is padded instead
+// (tp::padded_vocab in model/tensor_parallel.h).
 Status check_model_fits_layout(const LlamaConfig& model, int64_t seq_length, const ParallelSizes& sizes);
-// The vocabulary a vocabulary-parallel embedding and head hold: padded to a multiple of 128 x T, as
-// Megatron's --make-vocab-size-divisible-by 128 does under tensor parallelism (Llama 3's 128,256 at T8: 129,024).
-int64_t tensor_parallel_vocab(int64_t vocab, int tensor);
 
 }  // namespace nb::dist

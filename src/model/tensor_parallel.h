@@ -22,7 +22,8 @@ struct Shard {
   bool on() const { return size > 1; }
 };
 
-// The vocabulary the embedding and head hold over `size` ranks: padded to a multiple of 128 x size.
+// The vocabulary the embedding and head hold over `size` ranks: padded to a multiple of 128 x size, as Megatron's
+// --make-vocab-size-divisible-by 128 does under tensor parallelism (Llama 3's 128,256 at T8: 129,024).
 int64_t padded_vocab(const LlamaConfig& whole, int size);
 // The model one rank holds (above). size 1: `whole` itself.
 LlamaConfig local_config(const LlamaConfig& whole, int size);

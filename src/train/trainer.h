@@ -120,6 +120,11 @@ class Trainer {
   // The parts of the flat space this rank's optimizer updates: its slices (distributed optimizer) or all.
   std::vector<ParamStore::Slice> optimizer_slices();
   Status sum_over_ranks(double* values, int n);
+  struct GradPiece {
+    Tensor grad;
+    bool norms;  // the norms' weights (whole on every tensor-parallel rank)
+  };
+  std::vector<GradPiece> grad_pieces();                 // this rank's optimizer slices' gradients (trainer_dist.cpp)
   Status grad_squares(double* out);                     // this rank's part of the squared gradient norm
   Status reduce_over_tensor_parallel(double* figures);  // trainer_dist.cpp
   Status reduce_amax_over_ranks();  // FP8 delayed scaling: step amaxes -> MAX over ranks (trainer_amax.cpp)
@@ -172,8 +177,6 @@ class Trainer {
   // Checkpoints stay whole tensors: a save gathers the tensor-parallel ranks' arrays into whole ones on rank 0
   // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
   Status gather_tensor_parallel(const float* local, float* whole);
-  std::vector<ParamInfo> whole_layout(int64_t* total) const;
-  std::vector<float> tp_gathered_;  // rank 0: the group's local arrays side by side
   std::vector<float> tp_whole_[3];  // rank 0: whole master, m and v for the writer
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;

@@ -177,7 +177,8 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   // its host arrays (no second host copy of it). Under tensor parallelism the whole arrays are read and this
   // rank's slices kept.
   int64_t whole_total = P.total();
-  const std::vector<HfTensor> layout = tp_size() > 1 ? hf_tensors(whole_layout(&whole_total)) : hf_tensors(P);
+  const std::vector<HfTensor> layout =
+      tp_size() > 1 ? hf_tensors(ParamStore::flat_layout(model_cfg_, &whole_total)) : hf_tensors(P);
   using optim::StateArray;
   const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
   std::vector<float> scratch[3], whole[3];
@@ -361,7 +362,7 @@ Status Trainer::save(TrainSummary* summary) {
   std::vector<HfTensor> layout = hf_tensors(P);
   if (tp_size() > 1) {  // rank 0's tensor-parallel group: the whole model's arrays on rank 0
     int64_t whole_total = 0;
-    layout = hf_tensors(whole_layout(&whole_total));
+    layout = hf_tensors(ParamStore::flat_layout(model_cfg_, &whole_total));
     for (int a = 0; a < 3; ++a) {
       if (logging_rank()) tp_whole_[a].resize(size_t(whole_total));
       NB_TRY(gather_tensor_parallel(arrays[a], tp_whole_[a].data()));

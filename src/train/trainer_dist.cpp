@@ -163,23 +163,30 @@ std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
   return P.own_slices();
 }
 
-// This rank's sum of squared gradients (its slices). Under tensor parallelism the norms' weights are whole on
-// every rank of the group: their squares count 1/T here, so the group's sum counts them once.
-Status Trainer::grad_squares(double* out) {
+// The gradients of this rank's optimizer slices. Under tensor parallelism each piece says whether it holds the
+// norms' weights (whole on every rank of the group; they follow the 2-D weights in the flat space): a slice is
+// cut there, or with Megatron-FSDP (a slice is one parameter group's chunk) classified whole.
+std::vector<Trainer::GradPiece> Trainer::grad_pieces() {
   const ParamStore& P = model_.params();
-  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
-  float* sharded_sq = norm_sq_.ptr<float>();
-  float* whole_sq = sharded_sq + 1;
+  std::vector<GradPiece> out;
   for (const ParamStore::Slice& s : optimizer_slices()) {
-    if (tp_size() == 1 || P.fsdp()) {  // Megatron-FSDP: a slice is one parameter group's chunk
-      const bool whole = tp_size() > 1 && s.begin >= P.decayed_count();
-      ops::sum_squares_accumulate(P.slice_grad(s), whole ? whole_sq : sharded_sq, nullptr);
+    if (tp_size() == 1 || P.fsdp()) {
+      out.push_back({P.slice_grad(s), tp_size() > 1 && s.begin >= P.decayed_count()});
       continue;
     }
-    const int64_t cut = std::clamp(P.decayed_count(), s.begin, s.end);  // the norms follow the 2-D weights
-    if (cut > s.begin) ops::sum_squares_accumulate(P.range(P.padded_grad(), s.begin, cut), sharded_sq, nullptr);
-    if (s.end > cut) ops::sum_squares_accumulate(P.range(P.padded_grad(), cut, s.end), whole_sq, nullptr);
+    const int64_t cut = std::clamp(P.decayed_count(), s.begin, s.end);
+    if (cut > s.begin) out.push_back({P.range(P.padded_grad(), s.begin, cut), false});
+    if (s.end > cut) out.push_back({P.range(P.padded_grad(), cut, s.end), true});
   }
+  return out;
+}
+
+// This rank's sum of squared gradients (its slices). Under tensor parallelism the norms' squares count 1/T here,
+// so the group's sum counts them once.
+Status Trainer::grad_squares(double* out) {
+  ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
+  for (const GradPiece& g : grad_pieces())
+    ops::sum_squares_accumulate(g.grad, norm_sq_.ptr<float>() + (g.norms ? 1 : 0), nullptr);
   float h[2] = {0, 0};
   NB_TRY(copy_bytes(h, Device::cpu, norm_sq_.data(), dev_, sizeof h));
   *out = double(h[0]) + double(h[1]) / tp_size();

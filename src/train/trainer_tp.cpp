@@ -46,18 +46,9 @@ Status Trainer::connect_tensor_parallel() {
 // whole gradient (the norms follow the 2-D weights in the flat space).
 Status Trainer::reduce_sequence_parallel_grads() {
   if (!cfg_.sequence_parallel || !tp_comm_) return Status::ok();
-  ParamStore& P = model_.params();
-  if (P.fsdp()) {  // this rank's chunks of the norms' groups (the tensor-parallel ranks shard them alike)
-    for (const ParamStore::Slice& s : P.own_slices())
-      if (s.begin >= P.decayed_count()) NB_TRY(tp_comm_->all_reduce(P.slice_grad(s), dist::ReduceOp::sum, nullptr));
-  } else {
-    NB_TRY(tp_comm_->all_reduce(P.range(P.padded_grad(), P.decayed_count(), P.total()), dist::ReduceOp::sum, nullptr));
-  }
+  for (const GradPiece& g : grad_pieces())  // this rank's slices (the tensor-parallel ranks hold the same ones)
+    if (g.norms) NB_TRY(tp_comm_->all_reduce(g.grad, dist::ReduceOp::sum, nullptr));
   return tp_comm_->wait(nullptr);
-}
-
-std::vector<ParamInfo> Trainer::whole_layout(int64_t* total) const {
-  return ParamStore::flat_layout(model_cfg_, total);
 }
 
 // The ranks of rank 0's tensor-parallel group pass their arrays through the device in chunks (all-gathers of
@@ -70,7 +61,7 @@ Status Trainer::gather_tensor_parallel(const float* local, float* whole) {
   NB_TRY(Buffer::allocate(&send, DType::f32, dev_, {chunk}));
   NB_TRY(Buffer::allocate(&recv, DType::f32, dev_, {T * chunk}));
   const bool root = layout_.tp == 0;
-  if (root) tp_gathered_.resize(size_t(T * n));
+  std::vector<float> gathered(root ? size_t(T * n) : 0);  // the group's local arrays side by side
   for (int64_t b = 0; b < n; b += chunk) {
     const int64_t k = std::min(chunk, n - b);
     NB_TRY(copy_bytes(send.data(), dev_, local + b, Device::cpu, size_t(k) * 4));
@@ -78,15 +69,15 @@ Status Trainer::gather_tensor_parallel(const float* local, float* whole) {
     NB_TRY(tp_comm_->all_gather(Tensor::make(send.data(), DType::f32, dev_, {k}), out, nullptr));
     NB_TRY(tp_comm_->wait(nullptr));
     for (int64_t r = 0; root && r < T; ++r)
-      NB_TRY(copy_bytes(tp_gathered_.data() + r * n + b, Device::cpu, recv.ptr<float>() + r * k, dev_, size_t(k) * 4));
+      NB_TRY(copy_bytes(gathered.data() + r * n + b, Device::cpu, recv.ptr<float>() + r * k, dev_, size_t(k) * 4));
   }
   if (!root) return Status::ok();
   int64_t whole_total = 0;
-  const std::vector<ParamInfo> wl = whole_layout(&whole_total);
+  const std::vector<ParamInfo> wl = ParamStore::flat_layout(model_cfg_, &whole_total);
   std::fill(whole, whole + whole_total, 0.0f);
   for (size_t i = 0; i < wl.size(); ++i)
     for (int r = 0; r < T; ++r)
-      tp::place(wl[i], P.params()[i], {r, int(T)}, tp_gathered_.data() + r * n + P.params()[i].offset,
+      tp::place(wl[i], P.params()[i], {r, int(T)}, gathered.data() + r * n + P.params()[i].offset,
                 whole + wl[i].offset);
   return Status::ok();
 }

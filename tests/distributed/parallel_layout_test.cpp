@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "distributed/parallel_layout.h"
+#include "model/tensor_parallel.h"
 
 namespace nb::dist {
 namespace {
@@ -62,9 +63,9 @@ TEST(ParallelLayout, RefusesWhatCannotSplit) {
   st = check_model_fits_layout(m, 8190, {1, 2, 1});
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("not a multiple of 4"), std::string::npos) << st.message();
-  EXPECT_EQ(tensor_parallel_vocab(128256, 1), 128256);
-  EXPECT_EQ(tensor_parallel_vocab(128256, 2), 128256);
-  EXPECT_EQ(tensor_parallel_vocab(128256, 8), 129024);  // what Megatron pads Llama 3's vocabulary to at TP8
+  EXPECT_EQ(tp::padded_vocab(m, 1), 128256);
+  EXPECT_EQ(tp::padded_vocab(m, 2), 128256);
+  EXPECT_EQ(tp::padded_vocab(m, 8), 129024);  // what Megatron pads Llama 3's vocabulary to at TP8
 }
 
 }  // namespace
