@@ -15,6 +15,7 @@
 // scaling within 1e-5 (an FP8 code flipped by the sums' rounding).
 #include <gtest/gtest.h>
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include "distributed/ddp_util.h"
 
@@ -25,9 +26,12 @@ const std::string& kTpBase = kModelParallelBase;
 const std::string kTpJob = kTpBase + "--recipe bf16_mixed ";
 
 struct Layout {
+  std::string name;  // the test's name (CTest filters on it: keep it stable)
   int ranks;
   std::string flags;
 };
+// GoogleTest would print the struct's bytes (pointers, different in every run) into the CTest name.
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.flags; }
 
 class TensorParallelCpu : public ::testing::TestWithParam<Layout> {};
 
@@ -46,17 +50,19 @@ TEST_P(TensorParallelCpu, ReproducesOneRankInBf16) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, TensorParallelCpu,
-    ::testing::Values(Layout{2, "--tensor-model-parallel-size 2"}, Layout{4, "--tensor-model-parallel-size 4"},
-                      Layout{4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
-                      Layout{4, "--tensor-model-parallel-size 2 --context-parallel-size 2"},
-                      Layout{2, "--tensor-model-parallel-size 2 --tp-comm-overlap"},
-                      Layout{2, "--tensor-model-parallel-size 2 --sequence-parallel"},
-                      Layout{4,
+    ::testing::Values(Layout{"t2", 2, "--tensor-model-parallel-size 2"},
+                      Layout{"t4", 4, "--tensor-model-parallel-size 4"},
+                      Layout{"t2_dist_opt", 4, "--tensor-model-parallel-size 2 --use-distributed-optimizer"},
+                      Layout{"t2_c2", 4, "--tensor-model-parallel-size 2 --context-parallel-size 2"},
+                      Layout{"t2_overlap", 2, "--tensor-model-parallel-size 2 --tp-comm-overlap"},
+                      Layout{"t2_sp", 2, "--tensor-model-parallel-size 2 --sequence-parallel"},
+                      Layout{"t2_c2_sp_overlap_selective", 4,
                              "--tensor-model-parallel-size 2 --context-parallel-size 2 "
                              "--sequence-parallel --tp-comm-overlap --recompute selective"},
-                      Layout{4,
+                      Layout{"t2_d2_sp_fsdp", 4,
                              "--tensor-model-parallel-size 2 --sequence-parallel --use-megatron-fsdp "
-                             "--data-parallel-sharding-strategy optim_grads_params"}));
+                             "--data-parallel-sharding-strategy optim_grads_params"}),
+    [](const ::testing::TestParamInfo<Layout>& info) { return info.param.name; });
 
 TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
   const std::string dir = test::temp_folder("tp_train_quantized");
