@@ -25,7 +25,7 @@ size_t emulated_need(int64_t tokens, int64_t in, int64_t out, bool keep, bool fr
 
 Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                       const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
-                                      LinearMemory* out) {
+                                      LinearMemory* out, int sp_ranks) {
   *out = LinearMemory{};
   if (!recipe.quantized()) return Status::ok();
   recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
@@ -39,6 +39,9 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
                                       sp.input_col_slot, &owned, &weight));
     // A sharded weight's copies live in Megatron-FSDP's windows (counted with them), not in the Linear.
     out->owned += int64_t(owned - (sharded_weights ? weight : 0));
+    if (sp_ranks > 1 && (sp.index == 0 || sp.index == 2))  // as build_linears' set_input_gather
+      ws.reserve(recipe::LinearWorkspace::Slot::gather,
+                 recipe::Linear::input_gather_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.in, sp_ranks));
     if (sp.bf16_layer) continue;
     any_quantized = true;
     if (emulated)

@@ -210,9 +210,11 @@ Status LlamaModel::build_linears() {
     // Context and tensor parallelism: activations, gradients and weights scaled as one GPU's. Column-parallel
     // (qkv, gate_up): the input is whole on every tensor-parallel rank, the gradient sharded; row-parallel (o,
     // down) the other way round.
+    // Sequence parallelism spreads the column-parallel inputs by tokens: quantized, they are gathered as bytes
+    // (recipe::Linear::set_input_gather), each rank's tokens scaled by the group's amax.
     const bool column = i == 0 || i == 2;
     if (tp_size() > 1)
-      lin.set_amax_groups(column ? cp_amax_group : tp_cp_amax_group, tp_amax_group,
+      lin.set_amax_groups(column && !sequence_parallel ? cp_amax_group : tp_cp_amax_group, tp_amax_group,
                           column ? tp_cp_amax_group : cp_amax_group);
     else
       lin.set_amax_group(cp_amax_group);
@@ -224,6 +226,9 @@ Status LlamaModel::build_linears() {
       NB_TRY(lin.set_sharded_weight(W.groups()[size_t(W.group_index(fsdp_weight_name(l, i)))].rows_per_rank,
                                     W.shard_count()));
   }
+  if (sequence_parallel && tp_size() > 1)
+    for (auto& layer : linears_)
+      for (int i : {0, 2}) layer[size_t(i)].set_input_gather(tp_byte_group());
   MemoryScope ws_scope(MemPart::linear_workspace);
   return linear_workspace_->allocate();
 }

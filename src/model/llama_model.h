@@ -75,9 +75,10 @@ class LlamaModel {
     int64_t weight_stage = 0;      // MemPart::weight_stage
     int64_t emulated_scratch = 0;  // the emulated MXFP8/NVFP4 GEMMs' BF16 scratch at its largest
   };
+  // sp_ranks: the tensor-parallel size under sequence parallelism (the quantized input gathers' workspace).
   static Status plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                    const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
-                                   LinearMemory* out);
+                                   LinearMemory* out, int sp_ranks = 1);
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
@@ -237,6 +238,9 @@ class LlamaModel {
   int tp_size() const { return tp_group ? tp_group->size() : 1; }
   tp::Shard tp_shard() const { return tp_group ? tp::Shard{tp_group->rank(), tp_group->size()} : tp::Shard{}; }
   const LlamaConfig& whole_config() const { return whole_cfg_; }
+  // Sequence parallelism: how many column-parallel Linears all-gather their inputs in their quantized format
+  // (recipe::Linear::set_input_gather; the others gather BF16), of how many.
+  int quantized_input_gathers(int* of = nullptr) const;
   // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
   // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).
   static recipe::Recipe activation_plan_recipe(const recipe::Recipe& now, const RecipeSwitch& next);
@@ -369,6 +373,10 @@ class LlamaModel {
   SideStream tp_stream_;            // --tp-comm-overlap's all-reduces
   StreamEvent tp_ready_, tp_done_;  // the input gradient written; its sum done
   Status init_tensor_parallel();    // llama_tp.cpp
+  // Sequence parallelism's quantized input gathers (recipe::Linear::set_input_gather): tp_group's all-gather of
+  // bytes, made on first use (llama_tp.cpp).
+  std::unique_ptr<recipe::ByteGroup> tp_bytes_;
+  recipe::ByteGroup* tp_byte_group();
   const int32_t* local_vocab_ids(const int32_t* ids, int64_t n);
 };
 

@@ -10,6 +10,7 @@
 #include "core/gpu_profile.h"
 #include "gemm/gemm.h"
 #include "model/llama_internal.h"
+#include "model/llama_pass.h"
 #include "model/step_work.h"
 #include "ops/attention.h"
 #include "ops/cross_entropy.h"
@@ -25,86 +26,9 @@ using llama::borrow;
 using llama::reshape4;
 using llama::rows;
 
-namespace {
-Status copy_tensor(const Tensor& dst, const Tensor& src) {
-  return copy_bytes(dst.data, dst.device, src.data, src.device, size_t(src.bytes()));
-}
-gemm::GemmArgs nt() {
-  gemm::GemmArgs a;
-  a.trans_b = true;
-  return a;
-}
-gemm::GemmArgs tn_acc() {
-  gemm::GemmArgs a;
-  a.trans_a = true;
-  a.beta = 1.f;
-  return a;
-}
-}  // namespace
-
-// The pass's state: the model, the micro-batch's views and its activations in the arena.
-class MicroBatchPass {
- public:
-  MicroBatchPass(LlamaModel& m, int64_t staged_index, bool backward)
-      : m_(m), c_(m.cfg_), W_(m.base()), index_(staged_index), backward_(backward) {}
-  Status run(float grad_scale);
-
- private:
-  using Layer = LlamaModel::Layer;
-  enum class Buf { compute, grad, master };
-  Status plan();
-  Tensor grad_of(const std::string& n) const;
-  Tensor fused_qkv(const std::string& p, Buf b) const;
-  Layer layer_weights(int64_t l, bool with_grads) const;
-  Tensor weight(int64_t l, int i, const Tensor& compute, const Tensor& master);
-  bool adapter(int64_t l, int i, LoraModule* mod) const;
-  Status adapt_forward(int64_t l, int i, const Tensor& x, const Tensor& y);
-  Status adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx);
-  Status forward_layer(int64_t l, bool write_output);
-  Status head_and_loss(float grad_scale);
-  Status recompute_layer(int64_t l, const Layer& w);
-  Status mlp_backward(int64_t l, const Layer& w, const Tensor& dx);
-  Status attention_backward(int64_t l, const Layer& w, const Tensor& dx_next);
-  Status backward();
-  // Tensor parallelism: t summed over the group (nothing without it), a profile phase of its own.
-  Status tp_sum(const Tensor& t) const;
-  // Sequence parallelism (sp_ > 1): this rank's block of a [T, ...] tensor; the gather of every rank's block of
-  // `full` in place; the input gradient's sum, reduce-scattered into A_.sp_local (else all-reduced in place).
-  Tensor mine(const Tensor& full) const { return sp_ > 1 ? rows(full, sp_rank_ * Ts_, (sp_rank_ + 1) * Ts_) : full; }
-  Status sp_gather(const Tensor& full) const;
-  Status sum_input_grad(const Tensor& dx_full, Stream stream) const;
-  const Tensor& input_grad(const Tensor& dx_full) const { return sp_ > 1 ? A_.sp_local : dx_full; }
-  // The residual stream's gradient as the row-parallel backward reads it: all of the micro-batch's tokens.
-  Status whole_grad(const Tensor& local, Tensor* whole);
-  // Column-parallel Linear i's backward into dx (d n1 or d n2), summed over the group: after the Wgrad on the
-  // default stream, or (--tp-comm-overlap) on the side stream beside it.
-  Status column_parallel_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& w,
-                                  const Tensor& dw, const Tensor& dx);
-  // Row-parallel Linear i's output partial sums (x W_r^T) into out, summed over the group, plus the residual.
-  Status row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
-                              const Tensor& out);
-  Status cross_entropy(const Tensor& logits, int64_t t0, int64_t t1, float grad_scale);
-
-  Tensor q4(const Tensor& t) const { return reshape4(t, B_, S_, c_.heads, c_.head_dim); }
-  Tensor kv4(const Tensor& t) const { return reshape4(t, B_, S_, c_.kv_heads, c_.head_dim); }
-
-  LlamaModel& m_;
-  const LlamaConfig& c_;
-  const ParamStore& W_;  // the weights: the model's own, or with LoRA the frozen base
-  const int64_t index_;
-  const bool backward_;
-  const Stream st_ = nullptr;
-  int64_t T_ = 0, B_ = 0, S_ = 0, qkv_heads_ = 0, qkv_dim_ = 0;
-  int64_t Ts_ = 0;            // tokens of the residual stream on this rank (T_ / sp_)
-  int sp_ = 1, sp_rank_ = 0;  // sequence parallelism's ranks and this one's block
-  DType dt_ = DType::f32;
-  LlamaModel::Acts A_;
-  Tensor ids_, targets_, cos_, sin_, positions_;
-  ops::AttentionShape ash_{};
-  ops::AttentionSegments segments_;
-  const ops::AttentionSegments* segs_ = nullptr;  // packed rows only
-  const Tensor* pos_ = nullptr;
-};
+using llama_pass::copy_tensor;
+using llama_pass::nt;
+using llama_pass::tn_acc;
 
 // The activations in the arena, the staged tokens and targets, RoPE tables and packed-row segments.
 Status MicroBatchPass::plan() {
@@ -234,10 +158,8 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
   NB_PROFILE_WORK("fwd: norm + qkv GEMM", work::rmsnorm_forward(T_, c_.hidden));  // + the GEMM's own
   ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
-  NB_TRY(sp_gather(a.n1));
   const Tensor qkv = A_.qkv.data ? A_.qkv : borrow(a.gu, T_, qkv_dim_);  // gu is written later in this layer
-  NB_TRY(lin[0].forward(a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv, 0.f, st_));
-  NB_TRY(adapt_forward(l, 0, a.n1, qkv));
+  NB_TRY(column_parallel_forward(l, 0, a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv));
   NB_PROFILE_END("fwd: norm + qkv GEMM");
   NB_PROFILE_BEGIN("fwd: rope + split");
   NB_PROFILE_WORK("fwd: rope + split", work::rope(T_, c_.q_dim(), c_.kv_dim()));
@@ -257,9 +179,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
   NB_TRY(row_parallel_forward(l, 1, a.o, weight(l, 1, w.wo, w.mo), A_.resid[l], a.mid));  // mid = resid + o Wo^T
   ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
-  NB_TRY(sp_gather(a.n2));
-  NB_TRY(lin[2].forward(a.n2, weight(l, 2, w.wgu, w.mgu), a.gu, 0.f, st_));
-  NB_TRY(adapt_forward(l, 2, a.n2, a.gu));
+  NB_TRY(column_parallel_forward(l, 2, a.n2, weight(l, 2, w.wgu, w.mgu), a.gu));
   NB_PROFILE_END("fwd: o + norm + gate_up");
   NB_PROFILE_BEGIN("fwd: swiglu + down");
   NB_PROFILE_WORK("fwd: swiglu + down",
@@ -305,111 +225,15 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
   return Status::ok();
 }
 
-// The chunk's loss and (in place) its logits' gradient: over the whole vocabulary, or this rank's part of it.
-Status MicroBatchPass::cross_entropy(const Tensor& logits, int64_t t0, int64_t t1, float grad_scale) {
-  NB_PROFILE_BEGIN("lm: cross-entropy");
-  NB_PROFILE_WORK("lm: cross-entropy", work::cross_entropy(t1 - t0, c_.vocab));
-  const Tensor targets = rows(targets_, t0, t1), losses = rows(A_.losses, t0, t1);
-  Status st = Status::ok();
-  if (m_.tp_size() > 1) {
-    const Tensor scratch =
-        Tensor::make(m_.tp_ce_scratch_.data(), DType::f32, m_.dev_, {3, t1 - t0});  // rows of the chunk's length
-    st = ops::tp::vocab_parallel_cross_entropy(logits, targets, tp::vocab_begin(m_.whole_cfg_, m_.tp_shard()),
-                                               m_.whole_cfg_.vocab, grad_scale, losses, scratch, m_.tp_group, st_);
-  } else {
-    ops::cross_entropy_fwd_bwd(logits, targets, grad_scale, losses, st_);
-  }
-  NB_PROFILE_END("lm: cross-entropy");
-  return st;
-}
-
-Status MicroBatchPass::tp_sum(const Tensor& t) const {
-  if (m_.tp_size() == 1) return Status::ok();
-  NB_PROFILE_BEGIN("tp: all-reduce");
-  const Status st = m_.tp_group->sum(t, st_);
-  NB_PROFILE_END("tp: all-reduce");
-  return st;
-}
-
-// dx is each rank's heads' (or FFN columns') share of the input gradient until summed.
-Status MicroBatchPass::column_parallel_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& w,
-                                                const Tensor& dw, const Tensor& dx) {
-  recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
-  if (m_.tp_size() == 1 || !m_.tp_comm_overlap) {
-    NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_));
-    NB_TRY(adapt_backward(l, i, dy, x, dx));
-    return sum_input_grad(dx, st_);
-  }
-  const Stream side = m_.tp_stream_.get();
-  auto launch = [&]() {  // dx is final once its GEMM is done (LoRA, which adds to it, is refused under TP)
-    m_.tp_ready_.record(st_);
-    m_.tp_ready_.wait_in(side);
-    NB_TRY(sum_input_grad(dx, side));
-    m_.tp_done_.record(side);
-    return Status::ok();
-  };
-  NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_, launch));
-  m_.tp_done_.wait_in(st_);  // the norm's backward reads the sum
-  return Status::ok();
-}
-
-// out = resid + x W^T. Under tensor parallelism x and W hold this rank's columns: its partial product is
-// summed over the group first, then the residual added (the one-GPU sum's order, up to rounding).
-Status MicroBatchPass::row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
-                                            const Tensor& out) {
-  recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
-  if (m_.tp_size() == 1) {
-    NB_TRY(copy_tensor(out, resid));
-    NB_TRY(lin.forward(x, w, out, 1.f, st_));
-    return adapt_forward(l, i, x, out);
-  }
-  if (sp_ > 1) {  // this rank's block of the summed output
-    NB_TRY(lin.forward(x, w, A_.sp_full, 0.f, st_));
-    NB_PROFILE_BEGIN("tp: reduce-scatter");
-    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, out, st_));
-    NB_PROFILE_END("tp: reduce-scatter");
-  } else {
-    NB_TRY(lin.forward(x, w, out, 0.f, st_));
-    NB_TRY(tp_sum(out));
-  }
-  ops::add_inplace(out, resid, st_);
-  return Status::ok();
-}
-
-Status MicroBatchPass::sp_gather(const Tensor& full) const {
-  if (sp_ == 1) return Status::ok();
-  NB_PROFILE_BEGIN("tp: all-gather");
-  const Status st = m_.tp_group->all_gather(mine(full), full, st_);
-  NB_PROFILE_END("tp: all-gather");
-  return st;
-}
-
-Status MicroBatchPass::sum_input_grad(const Tensor& dx_full, Stream stream) const {
-  if (sp_ == 1) return stream == st_ ? tp_sum(dx_full) : m_.tp_group->sum(dx_full, stream);
-  NB_PROFILE_BEGIN("tp: reduce-scatter");
-  const Status st = m_.tp_group->reduce_scatter(dx_full, A_.sp_local, stream);
-  NB_PROFILE_END("tp: reduce-scatter");
-  return st;
-}
-
-Status MicroBatchPass::whole_grad(const Tensor& local, Tensor* whole) {
-  *whole = local;
-  if (sp_ == 1) return Status::ok();
-  *whole = A_.sp_full;
-  NB_PROFILE_BEGIN("tp: all-gather");
-  const Status st = m_.tp_group->all_gather(local, A_.sp_full, st_);
-  NB_PROFILE_END("tp: all-gather");
-  return st;
-}
-
 // Brings back what the recompute mode did not keep for layer l's backward.
 Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
   auto& a = A_.layer[size_t(l)];
   ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
   ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
   ops::swiglu_forward(a.gu, a.a, st_);
-  NB_TRY(sp_gather(a.n1));
-  return sp_gather(a.n2);
+  // A Linear that gathers its input quantized kept its Wgrad copy; only a BF16 GEMM reads the whole input again.
+  if (!gathers_quantized(l, 0)) NB_TRY(sp_gather(a.n1));
+  return gathers_quantized(l, 2) ? Status::ok() : sp_gather(a.n2);
 }
 
 // MLP backward, resid' = mid + swiglu(n2 Wgu^T) Wdown^T: from d resid' (dx) to d mid (A_.dmid).

@@ -1,11 +1,43 @@
 // LlamaModel under tensor parallelism (llama_model.h's tp_group, model/tensor_parallel.h): the staged tokens
 // as this rank's embedding rows and the vocabulary-parallel loss's scratch. The pass (llama_pass.cpp) adds the
 // group's all-reduces: after the embedding and the row-parallel o and down GEMMs in the forward, after the
-// column-parallel qkv and gate_up GEMMs' input gradients and the LM head's in the backward.
+// column-parallel qkv and gate_up GEMMs' input gradients and the LM head's in the backward; sequence
+// parallelism's quantized input gathers go through tp_byte_group().
 #include "core/memory_ledger.h"
 #include "model/llama_model.h"
 
 namespace nb {
+
+namespace {
+// tp_group's all-gather of plain bytes (u8 tensors on the model's device).
+class TpByteGroup : public recipe::ByteGroup {
+ public:
+  TpByteGroup(ops::tp::ReduceGroup* group, Device dev) : group_(group), dev_(dev) {}
+  int size() const override { return group_->size(); }
+  Status all_gather(const uint8_t* local, size_t bytes, uint8_t* gathered, Stream stream) override {
+    const int64_t n = int64_t(bytes);
+    return group_->all_gather(Tensor::make(const_cast<uint8_t*>(local), DType::u8, dev_, {n}),
+                              Tensor::make(gathered, DType::u8, dev_, {n * group_->size()}), stream);
+  }
+
+ private:
+  ops::tp::ReduceGroup* group_;
+  Device dev_;
+};
+}  // namespace
+
+int LlamaModel::quantized_input_gathers(int* of) const {
+  int n = 0;
+  for (const auto& layer : linears_)
+    for (int i : {0, 2}) n += layer[size_t(i)].gathers_quantized_input() ? 1 : 0;
+  if (of) *of = int(linears_.size()) * 2;
+  return n;
+}
+
+recipe::ByteGroup* LlamaModel::tp_byte_group() {
+  if (!tp_bytes_) tp_bytes_ = std::make_unique<TpByteGroup>(tp_group, dev_);
+  return tp_bytes_.get();
+}
 
 Status LlamaModel::init_tensor_parallel() {
   if (tp_size() == 1) return Status::ok();

@@ -85,7 +85,14 @@ int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_
     if (p.full_recompute) per_layer += (p.sequence_parallel ? 3 : 1) * row;  // o again (and n1, n2)
     if (p.selective_recompute && p.sequence_parallel) per_layer += 2 * row;  // n1 and n2 gathered again
   }
-  return k * row * (p.backward ? 2 : 1) + whole.layers * per_layer + tokens * 3 * 4;
+  int64_t total = k * row * (p.backward ? 2 : 1) + whole.layers * per_layer + tokens * 3 * 4;
+  if (p.sequence_parallel && p.quantized_layers > 0) {  // n1 and n2 of those layers: quantized instead
+    const int64_t q = tokens * whole.hidden * p.bytes_per_32 / 32;
+    const int64_t gathers = 1 + (p.backward && p.full_recompute ? 1 : 0);
+    total += p.quantized_layers * 2 * gathers * (q - row);
+    if (p.backward && p.selective_recompute) total -= p.quantized_layers * 2 * row;
+  }
+  return total;
 }
 
 }  // namespace nb::tp

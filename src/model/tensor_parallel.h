@@ -49,8 +49,13 @@ void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
 // tensors, the same traffic (a ring all-reduce is a reduce-scatter plus an all-gather), and selective recompute
 // gathers n1 and n2 again. A ring moves (T-1)/T of each reduce-scatter's or all-gather's tensor over each rank's
 // links. (The quantized Linears' amax reductions are a few floats each, not counted.)
+// Quantized input gathers (sequence parallelism, recipe::Linear::set_input_gather): in `quantized_layers` layers
+// the n1 and n2 gathers move their Linears' quantized copies, `bytes_per_32` bytes per 32 elements (both copies:
+// FP8 64, MXFP8 66, NVFP4 36; each piece of a rank's chunk rounded up to 256 bytes, nothing at real shapes),
+// and selective recompute does not gather them again (the Linears keep their Wgrad copies).
 struct Passes {
   bool backward = true, full_recompute = false, selective_recompute = false, sequence_parallel = false;
+  int64_t quantized_layers = 0, bytes_per_32 = 0;
 };
 int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, Passes p);
 

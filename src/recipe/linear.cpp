@@ -239,10 +239,10 @@ Status QCopies::clear_block_amaxes(Stream stream) {
   return memset_cuda(sf + kColAmax, 0, sizeof(float), stream);
 }
 
-Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream) {
+Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, Stream stream, const Outputs* into) {
   rows = rows_;
   NB_TRY(begin_quantize(stream));
-  const Outputs o = outputs();
+  const Outputs o = into ? *into : outputs();
   switch (spec.fmt) {
     case Fmt::bf16: return errorf("internal: a bf16 role has no quantized copies");
     case Fmt::fp8_e4m3:
@@ -254,7 +254,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
   }
   NB_TRY(clear_block_amaxes(stream));
   used_in_step = true;
-  if (dequantized_kept()) {
+  if (dequantized_kept() && !into) {
     NB_TRY(gemm::dequantize_operand_cuda(row_operand(), dequant_row.data(), stream));
     if (o.colwise) NB_TRY(gemm::dequantize_operand_cuda(col_operand(), dequant_col.data(), stream));
   }

@@ -111,6 +111,15 @@ class AmaxGroup {
   virtual Status max(float* values, int n, Stream stream) = 0;
 };
 
+// The tensor-parallel ranks of sequence parallelism, for a quantized input gather (Linear::set_input_gather).
+class ByteGroup {
+ public:
+  virtual ~ByteGroup() = default;
+  virtual int size() const = 0;
+  // gathered = every rank's `bytes` bytes of `local`, in rank order (device memory on CUDA, on `stream`).
+  virtual Status all_gather(const uint8_t* local, size_t bytes, uint8_t* gathered, Stream stream) = 0;
+};
+
 class Linear {
  public:
   Linear();
@@ -178,6 +187,25 @@ class Linear {
   // Each role its own group (tensor parallelism: a sharded weight over the tensor-parallel ranks, a sharded
   // input or gradient over them too, a replicated one over none).
   void set_amax_groups(AmaxGroup* input, AmaxGroup* weight, AmaxGroup* grad);
+  // ---- Sequence parallelism's quantized input gather (linear_gather.cpp) ----
+  // A column-parallel Linear's input X [M, in] is spread by tokens over the `group` ranks (rank r holds rows
+  // [r*M/T, (r+1)*M/T)). forward_gathered quantizes this rank's rows with the whole tensor's amax (the input
+  // role's amax group must span the group), all-gathers the quantized bytes (one collective) and assembles the
+  // copies the GEMMs read: byte for byte the whole tensor's quantization, never a second one
+  // (recipe/row_chunks.h). Formats: per-tensor FP8 (current or delayed), MXFP8 and NVFP4 without SR on the input
+  // (SR's random bytes follow each element's place in the whole), each with M/T a whole number of the format's
+  // column blocks; others (and a BF16 layer) return 0 from input_gather_bytes and gather BF16 as before.
+  // input_gather_bytes: the workspace's gather slot for such a Linear (its chunk and the T gathered chunks).
+  static size_t input_gather_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
+                                   int ranks);
+  // Registers the gather slot; a Linear input_gather_bytes refuses stays as it was (not an error).
+  void set_input_gather(ByteGroup* group);
+  // Whether forward_gathered applies now: set, and neither collecting statistics (their Wgrad error reads the
+  // whole BF16 X) nor running Fprop in BF16. Otherwise gather X in BF16 and call forward().
+  bool gathers_quantized_input() const;
+  // x_local [M/T, in] (this rank's tokens), y [M, out]: y = X w^T + beta*y with X gathered quantized.
+  Status forward_gathered(const Tensor& x_local, const Tensor& w, const Tensor& y, float beta, Stream stream);
+
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row
   // copy only). The workspace's bytes are not included: count them once, where the workspace is owned

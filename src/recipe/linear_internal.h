@@ -104,9 +104,16 @@ struct QCopies {
   // allocating anything: the memory estimate's path (Linear::plan_bytes).
   Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace,
               bool row_only = false, bool external = false, int input_col_slot = -1, bool dry = false);
+  // Where a quantize writes: the copies' data and scales (column ones null unless colwise) and the non-finite flag.
+  struct Outputs {
+    bool colwise;
+    uint8_t *row_data, *row_scales, *col_data, *col_scales;
+    int* flag;
+  };
   // src: BF16 [rows, cols] on dev. Writes both copies (the row copy only when col_is_row or row_only),
-  // then folds flag/amax into the state.
-  Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream);
+  // then folds flag/amax into the state. into: write the copies there instead of this role's pieces (a row
+  // chunk of sequence parallelism's quantized gather, row_chunks.h).
+  Status quantize(const bf16* src, int64_t rows, const QuantizeArgs& a, Stream stream, const Outputs* into = nullptr);
   // Owned-copies roles (the weight) of an emulated format on cuda: from now on each quantize also keeps
   // the BF16 dequantization of its copies, sized for `rows_cap` rows as init was (a no-op elsewhere).
   Status keep_dequantized(int64_t rows_cap, bool dry = false);
@@ -117,12 +124,6 @@ struct QCopies {
   gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // quantize()'s steps: the slot and the cleared flag, one per format family, then the block formats' amaxes.
-  // Outputs: the copies' data and scales (column ones null unless colwise) and the non-finite flag.
-  struct Outputs {
-    bool colwise;
-    uint8_t *row_data, *row_scales, *col_data, *col_scales;
-    int* flag;
-  };
   Outputs outputs() const;
   Status begin_quantize(Stream stream);
   Status quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
@@ -169,7 +170,7 @@ struct Linear::Impl {
     return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role), amax_groups[int(role)]};
   }
   AmaxGroup* amax_groups[3] = {nullptr, nullptr, nullptr};  // per Role (set_amax_groups)
-  Status quantize(Role role, const Tensor& src, Stream stream);
+  Status quantize(Role role, const Tensor& src, Stream stream, const QCopies::Outputs* into = nullptr);
   // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
   Status frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta, Stream stream);
   // linear_frozen.cpp: the Dgrad weight operand (the column copy, or a per-tensor FP8 weight's row copy
@@ -178,6 +179,12 @@ struct Linear::Impl {
   // linear_sharded.cpp: the weight's layout over the ranks (set_sharded_weight), empty when not sharded.
   struct ShardedWeight;
   std::shared_ptr<ShardedWeight> sharded;
+  // linear_gather.cpp: sequence parallelism's quantized input gather (set_input_gather), else null.
+  ByteGroup* input_gather = nullptr;
+  // The Fprop GEMM of forward() and forward_gathered(), on the input copies just made.
+  Status fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
+  // The weight's copies for this step's first forward.
+  Status prepare_weight(const Tensor& w, Stream stream);
 };
 
 }  // namespace nb::recipe

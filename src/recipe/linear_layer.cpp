@@ -36,7 +36,7 @@ Status check_2d(const Tensor& t, const char* what, const std::string& layer, int
 }
 
 // The quantizers read BF16: on the CPU backend the f32 tensor is rounded to BF16 first.
-Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
+Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const QCopies::Outputs* into) {
   QCopies& c = q[int(role)];
   const int64_t rows = src.shape[0];
   const bf16* p = nullptr;
@@ -48,7 +48,7 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream) {
     for (int64_t i = 0; i < src.numel(); ++i) host_bf16[size_t(i)] = f32_to_bf16(f[i]);
     p = host_bf16.data();
   }
-  NB_TRY(c.quantize(p, rows, args(role), stream).context("linear '" + name + "' " + kRoleNames[int(role)]));
+  NB_TRY(c.quantize(p, rows, args(role), stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
   if (collect_stats) NB_TRY(stats.add(c, p, stream));
   return Status::ok();
 }
@@ -191,21 +191,30 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
     // The CPU backend is the FP32 reference of the model (finite-difference tests): no BF16 rounding there.
     return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);
   }
-  if (frozen_q && !s.weight_valid)
-    return errorf("linear '%s' is frozen: call freeze_weight(w) once before its first forward", s.name.c_str());
-  if (s.sharded && !s.weight_valid)
-    return errorf("internal: linear '%s' is sharded and its weight window is not bound", s.name.c_str());
-  if (!s.weight_valid) {
-    NB_TRY(s.quantize(Role::weight, w, stream));
-    s.weight_valid = true;
-  }
+  NB_TRY(s.prepare_weight(w, stream));
   NB_TRY(s.quantize(Role::input, x, stream));
   s.have_input = true;
-  if (s.fprop_bf16) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);  // as a BF16 layer's
-  const bool per_tensor = s.recipe.input.fmt == Fmt::fp8_e4m3 || s.recipe.input.fmt == Fmt::fp8_e5m2;
+  return s.fprop(x, w, y, beta, stream);
+}
+
+Status Linear::Impl::prepare_weight(const Tensor& w, Stream stream) {
+  if (frozen && !weight_valid)
+    return errorf("linear '%s' is frozen: call freeze_weight(w) once before its first forward", name.c_str());
+  if (sharded && !weight_valid)
+    return errorf("internal: linear '%s' is sharded and its weight window is not bound", name.c_str());
+  if (!weight_valid) {
+    NB_TRY(quantize(Role::weight, w, stream));
+    weight_valid = true;
+  }
+  return Status::ok();
+}
+
+Status Linear::Impl::fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream) {
+  if (fprop_bf16) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);  // as a BF16 layer's
+  const bool per_tensor = recipe.input.fmt == Fmt::fp8_e4m3 || recipe.input.fmt == Fmt::fp8_e5m2;
   gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor};
-  return gemm::matmul_quantized(s.q[0].row_operand(), s.q[1].row_operand(), y, o, stream)
-      .context("linear '" + s.name + "' Fprop");
+  return gemm::matmul_quantized(q[0].row_operand(), q[1].row_operand(), y, o, stream)
+      .context("linear '" + name + "' Fprop");
 }
 
 bool Linear::input_copy_shared() const { return impl_ && !impl_->all_bf16 && impl_->input_col_slot >= 0; }

@@ -1,12 +1,7 @@
 // Linear's sharded-weight mode (linear.h): Megatron-FSDP's training-format gathers. Each rank quantizes its
-// row chunk of the weight with the whole weight's amax, so every block (1x16, 16x16, 1x32, 32x1, 128x128)
-// that lies inside one chunk gets the bytes the whole weight's quantization gives it; the chunks' rows are
-// whole blocks (set_sharded_weight checks it), so every block lies inside one chunk. The gathered chunks
-// become the copies the GEMMs read:
-//   row-chunked pieces (row data and scales; MXFP8's un-transposed column copy): the chunks back to back;
-//   transposed pieces ([in, out] column copies and their [in/128, out/128] tile scales): each rank's
-//   columns placed side by side with one strided copy per rank (zero-padded rows of the last chunks and
-//   the scale grid's padding entries left out / written as 0, as the whole weight's quantizer writes them).
+// row chunk of the weight with the whole weight's amax; the chunks' rows are whole blocks (set_sharded_weight
+// checks it), so every block (1x16, 16x16, 1x32, 32x1, 128x128) lies inside one chunk. The gathered chunks
+// become the copies the GEMMs read as recipe/row_chunks.h assembles them.
 #include <algorithm>
 #include <cstring>
 #include "formats/fp8/fp8.h"
@@ -16,6 +11,7 @@
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
 #include "recipe/linear_internal.h"
+#include "recipe/row_chunks.h"
 
 namespace nb::recipe {
 
@@ -23,88 +19,13 @@ using namespace detail;
 
 namespace {
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// One piece of the weight copies: where a rank's chunk keeps it and how the gathered chunks form the whole.
-struct ChunkPiece {
-  size_t whole_offset = 0, whole_bytes = 0;  // in the assembled window (the QCopies piece)
-  size_t chunk_offset = 0, chunk_bytes = 0;  // in one rank's chunk
-  bool transposed = false;
-  // Transposed pieces: `height` rows; a row holds `unit_bytes` per `unit_rows` weight rows.
-  int64_t height = 0, unit_rows = 1;
-  size_t unit_bytes = 1, chunk_pitch = 0, whole_pitch = 0;
-  bool zero_first = false;  // the whole has padding entries
-};
-
 bool per_tensor_fp8(Fmt f) { return f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2; }
 
 }  // namespace
 
-struct Linear::Impl::ShardedWeight {
-  int64_t rows_per_rank = 0;
-  int ranks = 1;
-  size_t chunk_bytes = 0;
+struct Linear::Impl::ShardedWeight : RowChunks {
   Buffer frozen_chunk;  // a frozen weight: this rank's chunk, quantized once (freeze_weight_chunk)
-  ChunkPiece row_data, row_scales, col_data, col_scales;
-  bool has_col = false;
 };
-
-// The chunk's pieces as the quantizers write a [rows_per_rank, in] tensor, and the whole's from QCopies.
-static void lay_out(const Linear::Impl& s, const QCopies& c, Linear::Impl::ShardedWeight* sh) {
-  const int64_t n = sh->rows_per_rank, cols = s.in, rows = s.out;
-  const Fmt f = c.spec.fmt;
-  const size_t data = size_t(f == Fmt::nvfp4 ? n * cols / 2 : n * cols);
-  size_t row_sc = 0, col_sc = 0;
-  if (f == Fmt::fp8_block128 || f == Fmt::fp8_block128x128) {
-    const auto kind = f == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
-    row_sc = 4 * size_t(fp8::block_scale_count(kind, n, cols, false));
-    col_sc = 4 * size_t(fp8::block_scale_count(kind, n, cols, true));
-  } else if (f == Fmt::mxfp8) {
-    row_sc = col_sc = size_t(n * cols / 32);
-  } else if (f == Fmt::nvfp4) {
-    row_sc = col_sc = size_t(n * cols / 16);
-  }
-  size_t off = 0;
-  auto place = [&](ChunkPiece* p, const QCopies::Piece& whole, size_t bytes) {
-    p->chunk_offset = off;
-    p->chunk_bytes = bytes;
-    p->whole_offset = whole.offset;
-    off += align256(bytes);
-  };
-  place(&sh->row_data, c.row_data, data);
-  place(&sh->row_scales, c.row_scales, row_sc);
-  sh->has_col = !c.col_is_row && !c.row_only;
-  if (sh->has_col) {
-    place(&sh->col_data, c.col_data, data);
-    place(&sh->col_scales, c.col_scales, col_sc);
-  }
-  sh->chunk_bytes = std::max<size_t>(off, 256);
-  if (!sh->has_col || f == Fmt::mxfp8) return;  // MXFP8's column copy is un-transposed
-  // [in, out] column copies: one row per input feature, the weight rows along it.
-  auto transposed = [&](ChunkPiece* p, int64_t height, int64_t unit_rows, size_t unit_bytes, size_t chunk_pitch,
-                        size_t whole_pitch) {
-    *p = ChunkPiece{p->whole_offset,
-                    size_t(height) * whole_pitch,
-                    p->chunk_offset,
-                    p->chunk_bytes,
-                    true,
-                    height,
-                    unit_rows,
-                    unit_bytes,
-                    chunk_pitch,
-                    whole_pitch,
-                    false};
-  };
-  if (f == Fmt::nvfp4) {
-    transposed(&sh->col_data, cols, 2, 1, size_t(n / 2), size_t(rows / 2));
-    transposed(&sh->col_scales, cols, 16, 1, size_t(n / 16), size_t(rows / 16));
-    return;
-  }
-  transposed(&sh->col_data, cols, 1, 1, size_t(n), size_t(rows));
-  transposed(&sh->col_scales, cols / 128, 128, 4, size_t(4 * fp8::round4(n / 128)),
-             size_t(4 * fp8::round4(rows / 128)));
-  sh->col_scales.zero_first = true;  // the grid's padding entries
-}
 
 Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
   if (!impl_) return errorf("Linear::set_sharded_weight before a successful init");
@@ -141,7 +62,7 @@ Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
   auto sh = std::make_shared<Impl::ShardedWeight>();
   sh->rows_per_rank = rows_per_rank;
   sh->ranks = ranks;
-  lay_out(s, fresh, sh.get());
+  lay_out_row_chunks(fresh, s.out, s.in, sh.get());
   old = std::move(fresh);
   s.weight_transposed_on_use = transposed_on_use;
   if (transposed_on_use) s.workspace->reserve(LinearWorkspace::Slot::weight_col, size_t(s.out * s.in));
@@ -295,36 +216,13 @@ Status Linear::quantize_weight_chunk(const Tensor& chunk, const float* amax, uin
   return Status::ok();
 }
 
-static Status zero_bytes(uint8_t* p, size_t n, Device dev, Stream stream) {
-  if (dev == Device::cuda) return memset_cuda(p, 0, n, stream);
-  std::memset(p, 0, n);
-  return Status::ok();
-}
-
 Status Linear::assemble_weight(const uint8_t* gathered, size_t rank_stride, uint8_t* window, Stream stream) {
   if (!sharded_weight()) return errorf("Linear::assemble_weight: the weight is not sharded");
   const Impl& s = *impl_;
-  const Impl::ShardedWeight& sh = *s.sharded;
-  const ChunkPiece* pieces[4] = {&sh.row_data, &sh.row_scales, &sh.col_data, &sh.col_scales};
-  for (int i = 0; i < (sh.has_col ? 4 : 2); ++i) {
-    const ChunkPiece& p = *pieces[i];
-    uint8_t* dst = window + p.whole_offset;
-    if (!p.transposed) {
-      NB_TRY(copy_2d_async(dst, p.chunk_bytes, gathered + p.chunk_offset, rank_stride, p.chunk_bytes, size_t(sh.ranks),
-                           s.dev, stream));
-      continue;
-    }
-    if (p.zero_first) NB_TRY(zero_bytes(dst, p.whole_bytes, s.dev, stream));
-    const size_t rank_width = size_t(sh.rows_per_rank / p.unit_rows) * p.unit_bytes;
-    for (int r = 0; r < sh.ranks; ++r) {
-      const int64_t valid = std::clamp<int64_t>(s.out - r * sh.rows_per_rank, 0, sh.rows_per_rank);
-      if (valid == 0) break;
-      NB_TRY(copy_2d_async(dst + size_t(r) * rank_width, p.whole_pitch,
-                           gathered + size_t(r) * rank_stride + p.chunk_offset, p.chunk_pitch,
-                           size_t(valid / p.unit_rows) * p.unit_bytes, size_t(p.height), s.dev, stream));
-    }
-  }
-  return Status::ok();
+  const QCopies& c = s.q[int(Role::weight)];
+  uint8_t* const whole[4] = {window + c.row_data.offset, window + c.row_scales.offset, window + c.col_data.offset,
+                             window + c.col_scales.offset};
+  return assemble_row_chunks(*s.sharded, gathered, rank_stride, whole, s.dev, stream);
 }
 
 void Linear::bind_weight(uint8_t* window) {

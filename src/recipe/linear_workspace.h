@@ -12,6 +12,8 @@
 //   input_col0..3   with full activation recompute, the input's column-wise copy of the i-th Linear of
 //                   every layer (linear.h, Linear::init's input_col_slot): the recomputed forward writes it
 //                   right before the layer's backward reads it, so one per Linear of a layer suffices.
+//   gather          sequence parallelism's quantized input gather (linear.h, set_input_gather): this rank's
+//                   quantized chunk of tokens and the gathered chunks of every rank, dead once assembled.
 // A model's Linears run one after another on one stream, so each slot needs the largest of the Linears'
 // needs, not their sum. Each Linear registers its needs at init (reserve); allocate() then allocates every
 // slot once. A Linear that quantizes before allocate(), or needs more than was allocated, makes the
@@ -30,9 +32,10 @@ namespace nb::recipe {
 
 class LinearWorkspace {
  public:
-  enum class Slot : int { input_row = 0, grad = 1, weight_col = 2, input_col0 = 3 };
+  enum class Slot : int { input_row = 0, grad = 1, weight_col = 2, input_col0 = 3, gather = 7 };
   static constexpr int kInputColSlots = 4;
-  static constexpr int kSlots = 3 + kInputColSlots;
+  static constexpr int kSlots = 4 + kInputColSlots;
+  static_assert(int(Slot::gather) == int(Slot::input_col0) + kInputColSlots);
 
   explicit LinearWorkspace(Device dev) : dev_(dev) {}
   LinearWorkspace(const LinearWorkspace&) = delete;

@@ -108,11 +108,13 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const bool master_only = j.master_only();
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
-  NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm));
+  const int sp_ranks = j.sequence_parallel ? j.tensor_parallel : 1;
+  NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm,
+                                        sp_ranks));
   if (j.anneal) {
     LlamaModel::LinearMemory next;
-    NB_TRY(
-        LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded, &next));
+    NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded, &next,
+                                          sp_ranks));
     if (next.owned + next.workspace > lm.owned + lm.workspace) lm = next;
   }
   double owned = double(lm.owned);

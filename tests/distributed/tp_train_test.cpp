@@ -75,13 +75,19 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
   for (const Case& c : {Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6},
                         Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6, "--sequence-parallel"},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6},
-                        Case{"--recipe bf16_with_fp8_current_scaling_mixed", 1e-6, 1e-5}}) {
+                        Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6, "--sequence-parallel"},
+                        Case{"--recipe bf16_with_fp8_current_scaling_mixed", 1e-6, 1e-5},
+                        Case{"--recipe bf16_with_fp8_current_scaling_mixed", 1e-6, 1e-5, "--sequence-parallel"}}) {
     const std::string one = dir + "/one", tp = dir + "/tp";
     test::CliRun r = test::run_nibble(job + c.flags + " --save " + one);
     ASSERT_EQ(r.code, 0) << r.out;
     r = test::run_nibble(job + c.flags + " " + c.tp_only +
                          " --nproc-per-node 2 --tensor-model-parallel-size 2 --save " + tp);
     ASSERT_EQ(r.code, 0) << r.out;
+    if (!c.tp_only.empty())  // every layer's inputs gathered in its own format (recipe::Linear::forward_gathered)
+      EXPECT_NE(r.out.find("sequence parallel: 4 of 4 column-parallel inputs all-gathered in their quantized"),
+                std::string::npos)
+          << r.out;
     const auto a = read_metrics(one), b = read_metrics(tp);
     ASSERT_EQ(a.size(), 1u);
     ASSERT_EQ(b.size(), 1u);

@@ -8,6 +8,7 @@
 #include "model/model_test_util.h"
 #include "model/params.h"
 #include "model/tensor_parallel.h"
+#include "recipe/recipe.h"
 
 namespace nb {
 namespace {
@@ -114,6 +115,39 @@ TEST(TensorParallelTraffic, CollectivesCarryTheFormulasBytes) {
       ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
       p = {true, rc == Recompute::full, rc == Recompute::selective, sp};
       EXPECT_EQ(group.bytes, tp::collective_bytes(c, s.tokens(), 4, p)) << "sp " << sp << ", recompute " << int(rc);
+    }
+}
+
+// Sequence parallelism with NVFP4 and FP8 layers: their n1 and n2 gathers move the quantized copies (36 and 64
+// bytes per 32 elements instead of 4 x 32 on the CPU), the BF16 layers' stay whole (NVFP4: the first and last).
+TEST(TensorParallelTraffic, QuantizedGathersCarryTheFormulasBytes) {
+  const LlamaConfig c = testing::tiny_config();
+  const MicroBatchShape s{2, 64};  // 64 tokens per rank: each piece of a chunk a whole 256 bytes
+  std::vector<int32_t> tok, lab;
+  testing::fixed_batch(c, s, 3, &tok, &lab);
+  struct Case {
+    const char* recipe;
+    int bf16_layers;
+    int64_t bytes_per_32;
+  };
+  for (const Case& k : {Case{"bf16_with_nvfp4_mixed", 1, 36}, Case{"bf16_with_fp8_current_scaling_mixed", 0, 64}})
+    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+      recipe::Recipe r;
+      ASSERT_TRUE(recipe::recipe_preset(k.recipe, &r).is_ok());
+      r.bf16_layers_at_start = k.bf16_layers;  // layer 0 in BF16: its inputs are gathered in BF16
+      r.bf16_layers_at_end = 0;
+      CountingGroup group;
+      LlamaModel m;
+      m.tp_group = &group;
+      m.sequence_parallel = true;
+      ASSERT_TRUE(m.init(c, Device::cpu, s, rc, 7, r).is_ok());
+      int of = 0;
+      const int gathers = m.quantized_input_gathers(&of);
+      ASSERT_EQ(gathers, 2 * (int(c.layers) - k.bf16_layers)) << k.recipe;
+      double sum = 0;
+      ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
+      tp::Passes p{true, rc == Recompute::full, rc == Recompute::selective, true, gathers / 2, k.bytes_per_32};
+      EXPECT_EQ(group.bytes, tp::collective_bytes(c, s.tokens(), 4, p)) << k.recipe << ", recompute " << int(rc);
     }
 }
 
