@@ -55,6 +55,8 @@ std::string format_jsonl(const StepMetrics& m) {
   j["nan_iterations"] = m.nan_iters;
   if (m.fsdp_gathered_bytes >= 0) j["fsdp_gathered_bytes"] = m.fsdp_gathered_bytes;
   if (m.fsdp_reduced_bytes >= 0) j["fsdp_reduced_bytes"] = m.fsdp_reduced_bytes;
+  if (m.tp_gathered_bytes >= 0) j["tp_gathered_bytes"] = m.tp_gathered_bytes;
+  if (m.tp_reduced_bytes >= 0) j["tp_reduced_bytes"] = m.tp_reduced_bytes;
   return j.dump();
 }
 

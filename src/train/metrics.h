@@ -16,6 +16,9 @@ struct StepMetrics {
   // Megatron-FSDP (optim_grads, optim_grads_params): bytes this rank all-gathered (weights) and
   // reduce-scattered (gradients) in the step; -1 without it (not written).
   double fsdp_gathered_bytes = -1, fsdp_reduced_bytes = -1;
+  // Tensor parallelism: bytes this rank's group collectives all-gathered (outputs) and reduced (all-reduce and
+  // reduce-scatter inputs) in the step, as tp::collective_bytes counts them; -1 without it.
+  double tp_gathered_bytes = -1, tp_reduced_bytes = -1;
 };
 
 // Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.

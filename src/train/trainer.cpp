@@ -67,6 +67,8 @@ Status Trainer::step(StepMetrics* m) {
   const int64_t it = iteration_;
   double loss_sum = 0, wait_ms = 0;
   const double gathered0 = fsdp_ ? fsdp_->gathered_bytes() : 0, reduced0 = fsdp_ ? fsdp_->reduced_bytes() : 0;
+  const double tp_gathered0 = tp_group_ ? tp_group_->gathered_bytes : 0;
+  const double tp_reduced0 = tp_group_ ? tp_group_->reduced_bytes : 0;
   NB_TRY(run_micro_batches(&loss_sum, &wait_ms));
   NB_PROFILE_BEGIN("optimizer: norm + AdamW");
   NB_PROFILE_WORK("optimizer: norm + AdamW", work::grad_norm_adamw(model_.params().shard_len()));
@@ -78,6 +80,10 @@ Status Trainer::step(StepMetrics* m) {
   if (fsdp_) {  // this step's traffic (evaluations run outside the step)
     fsdp_step_gathered_ = m->fsdp_gathered_bytes = fsdp_->gathered_bytes() - gathered0;
     fsdp_step_reduced_ = m->fsdp_reduced_bytes = fsdp_->reduced_bytes() - reduced0;
+  }
+  if (tp_group_) {
+    tp_step_gathered_ = m->tp_gathered_bytes = tp_group_->gathered_bytes - tp_gathered0;
+    tp_step_reduced_ = m->tp_reduced_bytes = tp_group_->reduced_bytes - tp_reduced0;
   }
   // The step ends when the compute stream is done. Offloaded copy-outs may still run on their own stream,
   // hidden behind the next forward (the next update waits for them; see optim/adamw_stream.h).
@@ -431,6 +437,10 @@ void Trainer::report(const TrainSummary& s) const {
     std::printf("| %-34s | %22.2f |\n", "FSDP weights gathered/step (GiB)", gib(fsdp_step_gathered_));
     std::printf("| %-34s | %22.2f |\n", "FSDP grads reduced/step (GiB)", gib(fsdp_step_reduced_));
     std::printf("| %-34s | %22.2f |\n", "FSDP windows (GiB)", gib(double(fsdp_->window_bytes())));
+  }
+  if (tp_group_) {
+    std::printf("| %-34s | %22.1f |\n", "TP all-gathered/step (MiB)", tp_step_gathered_ / 1048576.0);
+    std::printf("| %-34s | %22.1f |\n", "TP reduced/step (MiB)", tp_step_reduced_ / 1048576.0);
   }
   const double wait_total = train_src_ ? train_src_->wait_ms_total() : 0;
   std::printf("| %-34s | %22.3f |\n", "data wait per step (ms)", s.steps ? wait_total / double(s.steps) : 0.0);

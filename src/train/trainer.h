@@ -24,6 +24,7 @@
 #include "distributed/fsdp.h"
 #include "distributed/grad_sync.h"
 #include "train/checkpoint.h"
+#include "train/comm_groups.h"
 #include "train/lr_schedule.h"
 #include "train/memory_estimate.h"
 #include "train/metrics.h"
@@ -169,7 +170,7 @@ class Trainer {
   int dp_cp_rank() const;  // this rank's place among the ranks comm_ joins
   bool state_rank() const { return layout_.dp == 0 && layout_.cp == 0; }  // gathers state for saves
   std::unique_ptr<dist::Communicator> world_comm_, tp_comm_, tp_cp_comm_;
-  std::unique_ptr<ops::tp::ReduceGroup> tp_group_;
+  std::unique_ptr<CommReduceGroup> tp_group_;
   std::unique_ptr<recipe::AmaxGroup> tp_amax_, tp_cp_amax_;
   Status connect_tensor_parallel();
   Status reduce_sequence_parallel_grads();  // the norms' gradients summed over the group (trainer_tp.cpp)  //
@@ -188,7 +189,10 @@ class Trainer {
   bool training_format_gather() const;  // trainer_setup.cpp
   std::unique_ptr<FsdpSync> fsdp_;      // instead, with Megatron-FSDP's optim_grads or optim_grads_params
   void settle_collectives();            // the default stream waits for gathers and reductions in flight
-  double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;  // the last step's FSDP traffic, bytes per rank
+  double fsdp_step_gathered_ = 0, fsdp_step_reduced_ = 0;
+  double tp_step_gathered_ = 0,
+         tp_step_reduced_ =
+             0;  // the last step's tensor-parallel traffic, per rank  // the last step's FSDP traffic, bytes per rank
   bool stop_requested_ = false;  // SIGTERM reached some rank (agreed by all ranks at the end of a step)
   LlamaConfig model_cfg_;
   recipe::Recipe recipe_;
