@@ -15,6 +15,19 @@
 // byte of element e (flat row-major index inside its copy's [outer, inner] layout):
 //   philox_byte(philox_block(key, e / 16), e % 16), key = opts.rng for the row-wise copy and
 //   opts.rng with stream ^= 1 for the column-wise copy.
+// SR origin (opts.sr_origin): tensor and sequence parallelism quantize a piece of a whole [W_r, W_c]
+// tensor on each rank (a block of rows or of columns), and a piece must round exactly as the whole
+// would. With an origin the tensor is the sub-block at (row0, col0) of the whole and e is the whole
+// tensor's index: row-wise e = (row0 + r) * W_c + (col0 + c), column-wise e = (col0 + c) * W_r + (row0 + r).
+// A piece quantized with the whole tensor's amaxes (quantize_*_with_amax) and its origin then gets
+// exactly the whole tensor's bytes for its elements. The default origin is the tensor itself. The
+// origin is checked always (check_shape) but only used with sr: RNE bytes do not depend on position.
+// Column segments: a tensor-parallel rank's shard of a fused projection's output holds several column
+// ranges of the whole (fused qkv's dY [M, q + 2kv]: rank r of T holds q columns [r*q/T, (r+1)*q/T), then k
+// columns q + [r*kv/T, ...), then v columns q + kv + [r*kv/T, ...); fused gate_up: gate then up). With
+// n_col_segments > 0 the segments replace col0 (which must be 0): local column c is whole column
+// whole_col(c) = s.whole + (c - s.local) for the last segment s with s.local <= c, and the rule above
+// reads whole_col(c) for col0 + c. No segments: whole_col(c) = col0 + c, the one-segment case {0, col0}.
 //
 // Non-finite input: amax is the largest |x| by BF16 bit pattern, so a NaN anywhere makes amax NaN
 // (stored as the quiet NaN 0x7FC00000) and an Inf makes it Inf. Such an amax sets *nonfinite = 1
@@ -52,6 +65,21 @@ constexpr uint32_t kRhtSignMask = 0xD7E8u;
 enum class ErrMode : uint8_t { mae, mse };
 const char* err_mode_name(ErrMode m);  // "mae" | "mse"
 
+// Where a tensor sits in a whole tensor whose SR bytes it must reproduce (header comment). row0 and col0
+// are non-negative multiples of 16; whole_rows / whole_cols 0 mean this tensor's own rows / cols.
+// col_segments[0, n_col_segments): local columns from `local` on (to the next segment's local, or the end)
+// are the whole tensor's columns from `whole` on; sorted by local, the first at 0, all multiples of 16.
+struct SrColSegment {
+  int64_t local = 0, whole = 0;
+};
+constexpr int kMaxSrColSegments = 4;  // fused qkv needs 3, gate_up 2
+struct SrOrigin {
+  int64_t row0 = 0, col0 = 0;
+  int64_t whole_rows = 0, whole_cols = 0;
+  int n_col_segments = 0;  // 0: whole_col(c) = col0 + c
+  SrColSegment col_segments[kMaxSrColSegments] = {};
+};
+
 struct Options {
   bool rowwise = true;
   bool colwise = true;
@@ -65,6 +93,7 @@ struct Options {
   bool four_over_six = false;
   ErrMode err_mode = ErrMode::mae;  // four_over_six only
   RngKey rng{};
+  SrOrigin sr_origin{};  // the whole tensor's element indices for SR (tensor / sequence parallel pieces)
 };
 
 // Output pointers: host memory for *_ref, device memory for *_cuda. Pointers of a disabled copy are
@@ -80,16 +109,17 @@ struct QuantizedView {
   int* nonfinite = nullptr;       // set to 1 when an amax is NaN/Inf; may be null
 };
 
-// OK when rows and cols are positive multiples of 16 and the options are compatible; otherwise one
-// sentence naming the shape and the rule.
+// OK when rows and cols are positive multiples of 16, the options are compatible and opts.sr_origin
+// places the tensor inside a whole tensor of multiple-of-16 dims (column segments too); otherwise one
+// sentence naming the values and the rule.
 Status check_shape(int64_t rows, int64_t cols, const Options& opts);
 
 // ---- CPU reference (the spec) --------------------------------------------------------------
 Status quantize_ref(const bf16* x, const Options& opts, const QuantizedView& out);
 // quantize_ref with the amaxes already in *out.row_amax and *out.col_amax (left as they are), as
-// quantize_cuda_with_amax: a row chunk of a tensor quantized with the whole tensor's amaxes gets the bytes the
-// whole tensor's quantization gives its rows (block-aligned chunks; 2D tiles; no SR, whose random bytes
-// follow the element's index in its copy).
+// quantize_cuda_with_amax: a 16-aligned block of rows or columns of a tensor (or its 16-aligned column
+// ranges side by side) quantized with the whole tensor's amaxes gets the bytes the whole tensor's
+// quantization gives its elements (2D tiles too; with SR when opts.sr_origin places the piece in the whole).
 Status quantize_ref_with_amax(const bf16* x, const Options& opts, const QuantizedView& out);
 // Amaxes as quantize_ref computes them (col_amax only meaningful with rht; else equals row_amax).
 void compute_amax_ref(const bf16* x, int64_t rows, int64_t cols, bool rht, float* row_amax, float* col_amax);

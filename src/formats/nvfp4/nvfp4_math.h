@@ -208,6 +208,50 @@ NB_HD RngKey colwise_key(RngKey key) {
   return key;
 }
 
+// SR's Philox block of block blk of line `outer` of one copy (outer = row of the row-wise copy, column of
+// the column-wise one) is e / 16 with e the whole tensor's index of nvfp4.h's SR origin rule (whole dims,
+// row0, col0 and column segments are multiples of 16, so a block never straddles two Philox blocks or two
+// segments): base + outer * pitch + blk + the shift of the block's column segment. The first segment's
+// shift (col0 without segments) is folded into base, so the default and one-segment origins have no
+// lookup (n_shifts 0); segment i + 1 starts at from[i] and adds shift[i], counted in blocks along the row
+// for the row copy (its blocks are 16 columns), in lines for the column copy (its lines are columns).
+struct SrBlocks {
+  int64_t base = 0, pitch = 0;
+  bool by_line = false;  // the column copy: the segment follows the line, not the block
+  int n_shifts = 0;      // column segments after the first
+  int64_t from[kMaxSrColSegments - 1] = {}, shift[kMaxSrColSegments - 1] = {};
+};
+NB_HD SrBlocks sr_blocks(const SrOrigin& o, int64_t rows, int64_t cols, bool colwise) {
+  const int64_t whole_rows16 = (o.whole_rows ? o.whole_rows : rows) / 16;
+  const int64_t whole_cols16 = (o.whole_cols ? o.whole_cols : cols) / 16;
+  const int64_t col_shift0 = o.n_col_segments > 0 ? o.col_segments[0].whole : o.col0;  // segment 0: local 0
+  SrBlocks b;
+  b.by_line = colwise;
+  b.base = colwise ? col_shift0 * whole_rows16 + o.row0 / 16 : o.row0 * whole_cols16 + col_shift0 / 16;
+  b.pitch = colwise ? whole_rows16 : whole_cols16;
+  const int n = o.n_col_segments < kMaxSrColSegments ? o.n_col_segments : kMaxSrColSegments;  // check_shape'd
+  b.n_shifts = n > 1 ? n - 1 : 0;
+  for (int i = 1; i < n; ++i) {
+    const SrColSegment& seg = o.col_segments[i];
+    const int64_t d = seg.whole - seg.local - col_shift0;  // whole_col(c) - c - col_shift0, a multiple of 16
+    b.from[i - 1] = colwise ? seg.local : seg.local / 16;
+    b.shift[i - 1] = colwise ? d * whole_rows16 : d / 16;
+  }
+  return b;
+}
+// The segment shift of block or line u (see SrBlocks): the last segment starting at or before u.
+NB_HD int64_t sr_shift(const SrBlocks& b, int64_t u) {
+  if (b.n_shifts == 0) return 0;  // default and one-segment origins: a uniform branch on the GPU, no compares
+  int64_t shift = 0;
+  NB_UNROLL
+  for (int i = 0; i < kMaxSrColSegments - 1; ++i)
+    if (i < b.n_shifts && u >= b.from[i]) shift = b.shift[i];
+  return shift;
+}
+NB_HD int64_t sr_block_index(const SrBlocks& b, int64_t outer, int64_t blk) {
+  return b.base + outer * b.pitch + blk + sr_shift(b, b.by_line ? outer : blk);
+}
+
 // The swizzled (cuBLAS 128x4 tile) byte offset of scale (r, c) for a padded scale-column count kp.
 NB_HD int64_t swizzle_offset_padded(int64_t r, int64_t c, int64_t kp) {
   return ((r / 128) * (kp / 4) + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);

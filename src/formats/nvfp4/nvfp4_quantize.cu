@@ -116,10 +116,12 @@ __global__ void __launch_bounds__(256)
 
 // ---- per-element work: Philox bytes and E2M1 codes ------------------------------------------------
 // Philox4x32-10 as core/philox.h computes it, with everything that is the same for every block of a copy
-// worked out once on the host: the 10 round keys (k += W per round, 32-bit wrap, as philox4x32_10) and the
-// counter words that do not depend on the block (c2 = stream, c3 = step). The kernel reads them from the
-// parameter bank, so a round is two IMAD.WIDE (hi and lo at once) and two 3-input XORs, with no registers
-// and no instructions spent on the key schedule.
+// worked out once on the host: the 10 round keys (k += W per round, 32-bit wrap, as philox4x32_10), the
+// counter words that do not depend on the block (c2 = stream, c3 = step) and the copy's SR origin terms
+// (sr_blocks: the counter of a block is base + line * pitch + block in line + its column segment's shift,
+// looked up once per tile and thread in each phase; a uniform branch skips it without segments). The
+// kernel reads them from the parameter bank, so a round is two IMAD.WIDE (hi and lo at once) and two
+// 3-input XORs, with no registers and no instructions spent on the key schedule.
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 
@@ -127,26 +129,27 @@ struct PhiloxStream {
   uint32_t n0_xor;  // round 0: n0 = c1 ^ (hi(M1 * stream) ^ k0)
   uint32_t n1;      // round 0: n1 = lo(M1 * stream)
   uint32_t n2_xor;  // round 0: n2 = hi(M0 * c0) ^ (step ^ k1)
+  SrBlocks at;      // Philox block of (line, block in line) of this copy: sr_block_index(at, line, block)
 };
 struct PhiloxSchedule {
   uint32_t k0[10], k1[10];  // key of round r
   PhiloxStream row, col;    // row-wise copy: the key's stream; column-wise: colwise_key's
 };
 
-PhiloxStream philox_stream(const RngKey& key) {
+PhiloxStream philox_stream(const RngKey& key, SrBlocks at) {
   const uint64_t p1 = uint64_t(kPhiloxM1) * key.stream;
-  return {uint32_t(p1 >> 32) ^ uint32_t(key.seed), uint32_t(p1), key.step ^ uint32_t(key.seed >> 32)};
+  return {uint32_t(p1 >> 32) ^ uint32_t(key.seed), uint32_t(p1), key.step ^ uint32_t(key.seed >> 32), at};
 }
 
-PhiloxSchedule philox_schedule(const RngKey& key) {
+PhiloxSchedule philox_schedule(const RngKey& key, const SrOrigin& origin, int64_t rows, int64_t cols) {
   PhiloxSchedule ps{};
   uint32_t k0 = uint32_t(key.seed), k1 = uint32_t(key.seed >> 32);
   for (int r = 0; r < 10; ++r, k0 += kPhiloxW0, k1 += kPhiloxW1) {
     ps.k0[r] = k0;
     ps.k1[r] = k1;
   }
-  ps.row = philox_stream(key);
-  ps.col = philox_stream(colwise_key(key));
+  ps.row = philox_stream(key, sr_blocks(origin, rows, cols, false));
+  ps.col = philox_stream(colwise_key(key), sr_blocks(origin, rows, cols, true));
   return ps;
 }
 
@@ -392,6 +395,10 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
     // Row phase: 2 row blocks per thread.
     if (a.rowwise) {
       const int blk = t % 8;
+      // The thread's block column is the same for both of its blocks: one segment lookup per tile.
+      const int64_t gblk = c0 / 16 + blk;
+      int64_t sr_col_block = 0;  // the Philox block of the block less grow * pitch
+      if constexpr (kSr) sr_col_block = a.rng.row.at.base + gblk + sr_shift(a.rng.row.at, gblk);
       NB_UNROLL
       for (int i = 0; i < 2; ++i) {
         const int row = t / 8 + 32 * i;
@@ -412,10 +419,11 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
         }
         const float enc = enc_lut[0][s];
         // The block's index in the row-wise copy, (grow * cols) / 16 + gblk (cols is a multiple of 16):
-        // its Philox counter, its scale's offset and its 8 code bytes' offset / 8.
-        const int64_t gblock = (r0 + row) * (a.cols / 16) + c0 / 16 + blk;
+        // its scale's offset and its 8 code bytes' offset / 8; its Philox counter is the whole tensor's.
+        const int64_t grow = r0 + row, gblock = grow * (a.cols / 16) + gblk;
         Philox4x32 rand{};
-        if constexpr (kSr) rand = philox_block_sched(a.rng, a.rng.row, uint64_t(gblock));
+        if constexpr (kSr)
+          rand = philox_block_sched(a.rng, a.rng.row, uint64_t(sr_col_block + grow * a.rng.row.at.pitch));
         const uint64_t packed = encode_block16_gpu(v, enc, kSr, rand);
         *reinterpret_cast<uint2*>(a.row_data + gblock * 8) = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
         a.row_scales[gblock] = uint8_t(s);
@@ -430,6 +438,10 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
         // column's values are live in registers at a time.
         const uint32_t* words = tile + swizzled_word(k * 16, p);
         uint32_t m2 = 0;  // both columns' block amaxes (BF16 pairs), taken on the first pass only
+        // Block r0 / 16 + k of line c0 + 2p (r0 is a multiple of 16), numbered in the whole tensor; both
+        // columns of the pair lie in one column segment (segments start at multiples of 16): one lookup.
+        int64_t sr_pair_block = 0;
+        if constexpr (kSr) sr_pair_block = sr_block_index(a.rng.col.at, c0 + 2 * p, r0 / 16 + k);
         NB_UNROLL
         for (int q = 0; q < 2; ++q) {
           float v[16];
@@ -451,9 +463,8 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
           }
           const float enc = enc_lut[1][s];
           Philox4x32 rand{};
-          // ((c0 + col) * rows + r0) / 16 + k (rows and r0 are multiples of 16)
           if constexpr (kSr)
-            rand = philox_block_sched(a.rng, a.rng.col, uint64_t((c0 + col) * (a.rows / 16) + r0 / 16 + k));
+            rand = philox_block_sched(a.rng, a.rng.col, uint64_t(sr_pair_block + q * a.rng.col.at.pitch));
           const uint64_t packed = encode_block16_gpu(v, enc, kSr, rand);
           col_stage[col * kColStagePitchWords + 2 * k] = uint32_t(packed);
           col_stage[col * kColStagePitchWords + 2 * k + 1] = uint32_t(packed >> 32);
@@ -534,7 +545,7 @@ Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const Quantiz
                out.cols,
                opts.rowwise,
                opts.colwise,
-               philox_schedule(opts.rng),
+               philox_schedule(opts.rng, opts.sr_origin, out.rows, out.cols),
                out.row_data,
                out.row_scales,
                out.col_data,

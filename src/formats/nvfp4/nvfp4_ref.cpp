@@ -3,12 +3,52 @@
 // random-byte rule are described in nvfp4.h; the per-block math lives in nvfp4_math.h (shared).
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 #include "formats/hadamard/hadamard.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "formats/nvfp4/nvfp4_math.h"
 
 namespace nb::nvfp4 {
+
+// The origin places the tensor inside a whole tensor that could itself be quantized, on block boundaries,
+// so each block of a piece is one whole block of the whole tensor's copies (nvfp4.h, SR origin).
+static Status check_sr_origin(int64_t rows, int64_t cols, const SrOrigin& o) {
+  const int64_t whole_rows = o.whole_rows ? o.whole_rows : rows, whole_cols = o.whole_cols ? o.whole_cols : cols;
+  if (o.row0 < 0 || o.col0 < 0 || o.row0 % kBlock != 0 || o.col0 % kBlock != 0 || whole_rows < 0 || whole_cols < 0 ||
+      whole_rows % kBlock != 0 || whole_cols % kBlock != 0 || o.row0 + rows > whole_rows || o.col0 + cols > whole_cols)
+    return errorf(
+        "NVFP4 SR origin (row0 %lld, col0 %lld) of a %lld x %lld tensor in a whole %lld x %lld tensor is invalid: row0 "
+        "and col0 must be non-negative multiples of 16, the whole dims multiples of 16 (0 = this tensor's own), and "
+        "row0 + rows <= whole_rows, col0 + cols <= whole_cols",
+        (long long)o.row0, (long long)o.col0, (long long)rows, (long long)cols, (long long)whole_rows,
+        (long long)whole_cols);
+  return Status::ok();
+}
+
+// Column segments (nvfp4.h): each maps a non-empty run of whole blocks of local columns onto whole blocks of
+// the whole tensor's columns, so whole_col(c) stays block-aligned and inside the whole.
+static Status check_sr_col_segments(int64_t cols, const SrOrigin& o) {
+  const int n = o.n_col_segments;
+  if (n == 0) return Status::ok();
+  const int64_t whole_cols = o.whole_cols ? o.whole_cols : cols;
+  bool ok = n > 0 && n <= kMaxSrColSegments && o.col0 == 0 && o.col_segments[0].local == 0;
+  std::string list;
+  for (int i = 0; i < std::min(n, kMaxSrColSegments); ++i) {
+    const SrColSegment& seg = o.col_segments[i];
+    const int64_t end = i + 1 < n ? o.col_segments[i + 1].local : cols;
+    ok = ok && seg.local % kBlock == 0 && seg.whole % kBlock == 0 && seg.local < end && seg.whole >= 0 &&
+         seg.whole + (end - seg.local) <= whole_cols;
+    list += (i ? ", (" : "(") + std::to_string(seg.local) + ", " + std::to_string(seg.whole) + ")";
+  }
+  if (ok) return Status::ok();
+  return errorf(
+      "NVFP4 SR origin with %d column segments [(local, whole): %s] and col0 %lld for a %lld-column tensor in a "
+      "%lld-column whole is invalid: at most %d segments, sorted by strictly increasing local with the first at "
+      "local 0 and col0 0, locals and wholes multiples of 16, and every mapped column inside the whole (whole + "
+      "segment width <= whole_cols)",
+      n, list.c_str(), (long long)o.col0, (long long)cols, (long long)whole_cols, kMaxSrColSegments);
+}
 
 Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
   if (rows <= 0 || cols <= 0 || rows % kBlock != 0 || cols % kBlock != 0)
@@ -24,7 +64,8 @@ Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
         "NVFP4 16x16 (2D) quantization of a %lld x %lld tensor cannot use %s: 2D is for weights, "
         "whose two copies must hold identical values; disable rht/sr for weights",
         (long long)rows, (long long)cols, opts.rht ? "RHT" : "stochastic rounding");
-  return Status::ok();
+  NB_TRY(check_sr_origin(rows, cols, opts.sr_origin));
+  return check_sr_col_segments(cols, opts.sr_origin);
 }
 
 void rht16_ref(const float* x, float* y) {
@@ -76,10 +117,32 @@ void store_block(uint8_t* data, uint8_t* scales, int64_t outer, int64_t inner, i
   scales[outer * (inner / kBlock) + blk] = uint8_t(scale_code);
 }
 
+// nvfp4.h's SR origin rule read literally (the CUDA kernels use nvfp4_math.h's folded SrBlocks): the whole
+// tensor's index e of the first element of block blk of line `outer` of one copy.
+struct SrIndex {
+  SrOrigin o;
+  int64_t whole_rows, whole_cols;
+  bool colwise;
+  int64_t whole_col(int64_t c) const {
+    int64_t w = o.col0 + c;
+    for (int i = 0; i < o.n_col_segments; ++i)
+      if (o.col_segments[i].local <= c) w = o.col_segments[i].whole + (c - o.col_segments[i].local);
+    return w;
+  }
+  int64_t first_element(int64_t outer, int64_t blk) const {
+    if (colwise) return whole_col(outer) * whole_rows + o.row0 + blk * kBlock;
+    return (o.row0 + outer) * whole_cols + whole_col(blk * kBlock);
+  }
+};
+
+SrIndex sr_index(const SrOrigin& o, int64_t rows, int64_t cols, bool colwise) {
+  return {o, o.whole_rows ? o.whole_rows : rows, o.whole_cols ? o.whole_cols : cols, colwise};
+}
+
 // One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.
 template <typename Load>
-void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, const Options& opts, RngKey key, uint8_t* data,
-                      uint8_t* scales, Load load) {
+void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, const Options& opts, RngKey key, const SrIndex& sr_at,
+                      uint8_t* data, uint8_t* scales, Load load) {
   const bool sr = opts.sr, four_over_six = opts.four_over_six;
   float s_enc = four_over_six ? global_encode_scale_4over6(amax) : global_encode_scale(amax);
   float v[kBlock];
@@ -87,7 +150,7 @@ void quantize_copy_1d(int64_t outer_n, int64_t inner, float amax, const Options&
     for (int64_t b = 0; b < inner / kBlock; ++b) {
       load(o, b, v);
       Philox4x32 rand{};
-      if (sr) rand = philox_block(key, uint64_t((o * inner) / kBlock + b));
+      if (sr) rand = philox_block(key, uint64_t(sr_at.first_element(o, b) / kBlock));
       if (four_over_six) {
         uint64_t packed = 0;
         uint32_t s = quantize_block16_4over6(v, s_enc, amax, opts.err_mode, sr, rand, &packed);
@@ -179,13 +242,14 @@ Status quantize_ref_with_amax(const bf16* x, const Options& opts, const Quantize
     return Status::ok();
   }
   if (opts.rowwise) {
-    quantize_copy_1d(rows, cols, row_amax, opts, opts.rng, out.row_data, out.row_scales,
-                     [&](int64_t r, int64_t b, float* v) {
+    quantize_copy_1d(rows, cols, row_amax, opts, opts.rng, sr_index(opts.sr_origin, rows, cols, false), out.row_data,
+                     out.row_scales, [&](int64_t r, int64_t b, float* v) {
                        for (int j = 0; j < kBlock; ++j) v[j] = bf16_to_f32(x[r * cols + b * kBlock + j]);
                      });
   }
   if (opts.colwise) {
-    quantize_copy_1d(cols, rows, col_amax, opts, colwise_key(opts.rng), out.col_data, out.col_scales,
+    quantize_copy_1d(cols, rows, col_amax, opts, colwise_key(opts.rng), sr_index(opts.sr_origin, rows, cols, true),
+                     out.col_data, out.col_scales,
                      [&](int64_t c, int64_t b, float* v) { load_col_chunk(x, cols, b * kBlock, c, opts.rht, v); });
   }
   return Status::ok();
