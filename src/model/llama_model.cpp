@@ -210,13 +210,19 @@ Status LlamaModel::build_linears() {
     // Context and tensor parallelism: activations, gradients and weights scaled as one GPU's. Column-parallel
     // (qkv, gate_up): the input is whole on every tensor-parallel rank, the gradient sharded; row-parallel (o,
     // down) the other way round.
-    // Sequence parallelism spreads the column-parallel inputs by tokens: quantized, they are gathered as bytes
-    // (recipe::Linear::set_input_gather), each rank's tokens scaled by the group's amax.
+    // Sequence parallelism spreads the column-parallel inputs and the row-parallel output gradients by tokens:
+    // quantized, they are gathered as bytes (recipe::Linear::set_input_gather, set_grad_gather), each rank's
+    // tokens scaled by the group's amax.
     const bool column = i == 0 || i == 2;
-    if (tp_size() > 1)
+    if (tp_size() > 1) {
       lin.set_amax_groups(column && !sequence_parallel ? cp_amax_group : tp_cp_amax_group, tp_amax_group,
-                          column ? tp_cp_amax_group : cp_amax_group);
-    else
+                          column || sequence_parallel ? tp_cp_amax_group : cp_amax_group);
+      if (column) {  // NVFP4's SR draws the gradient's bits at the whole layer's columns
+        int64_t whole_cols = 0;
+        const auto segments = tp::fused_output_columns(whole_cfg_, tp_shard(), i, &whole_cols);
+        lin.set_grad_columns(whole_cols, segments);
+      }
+    } else
       lin.set_amax_group(cp_amax_group);
     // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
     // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
@@ -227,8 +233,10 @@ Status LlamaModel::build_linears() {
                                     W.shard_count()));
   }
   if (sequence_parallel && tp_size() > 1)
-    for (auto& layer : linears_)
+    for (auto& layer : linears_) {
       for (int i : {0, 2}) layer[size_t(i)].set_input_gather(tp_byte_group());
+      for (int i : {1, 3}) layer[size_t(i)].set_grad_gather(tp_byte_group());
+    }
   MemoryScope ws_scope(MemPart::linear_workspace);
   return linear_workspace_->allocate();
 }

@@ -238,9 +238,11 @@ class LlamaModel {
   int tp_size() const { return tp_group ? tp_group->size() : 1; }
   tp::Shard tp_shard() const { return tp_group ? tp::Shard{tp_group->rank(), tp_group->size()} : tp::Shard{}; }
   const LlamaConfig& whole_config() const { return whole_cfg_; }
-  // Sequence parallelism: how many column-parallel Linears all-gather their inputs in their quantized format
-  // (recipe::Linear::set_input_gather; the others gather BF16), of how many.
+  // Sequence parallelism: how many column-parallel Linears all-gather their inputs, and how many row-parallel ones
+  // their output gradients, in their quantized format (recipe::Linear::set_input_gather, set_grad_gather; the
+  // others gather BF16), each of how many (*of).
   int quantized_input_gathers(int* of = nullptr) const;
+  int quantized_grad_gathers() const;
   // The recipe whose activation plan holds before and after the switch: layers quantized under both keep
   // quantized inputs only; fprop_only keeps the current plan (its backward still reads the kept copies).
   static recipe::Recipe activation_plan_recipe(const recipe::Recipe& now, const RecipeSwitch& next);

@@ -239,12 +239,8 @@ Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
 // MLP backward, resid' = mid + swiglu(n2 Wgu^T) Wdown^T: from d resid' (dx) to d mid (A_.dmid).
 Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx) {
   auto& a = A_.layer[size_t(l)];
-  auto& lin = m_.linears_[size_t(l)];
-  Tensor dy;
-  NB_TRY(whole_grad(dx, &dy));
   NB_PROFILE_BEGIN("bwd: down GEMMs");
-  NB_TRY(lin[3].backward(dy, a.a, weight(l, 3, w.wdown, w.mdown), A_.da, 0.f, w.gdown, st_));
-  NB_TRY(adapt_backward(l, 3, dy, a.a, A_.da));
+  NB_TRY(row_parallel_backward(l, 3, dx, a.a, weight(l, 3, w.wdown, w.mdown), w.gdown, A_.da));
   NB_PROFILE_END("bwd: down GEMMs");
   NB_PROFILE_BEGIN("bwd: swiglu");
   NB_PROFILE_WORK("bwd: swiglu", work::swiglu_backward(T_, c_.ffn));
@@ -265,12 +261,8 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
 // d resid (dx_next).
 Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tensor& dx_next) {
   auto& a = A_.layer[size_t(l)];
-  auto& lin = m_.linears_[size_t(l)];
-  Tensor dy;
-  NB_TRY(whole_grad(A_.dmid, &dy));
   NB_PROFILE_BEGIN("bwd: o GEMMs");
-  NB_TRY(lin[1].backward(dy, a.o, weight(l, 1, w.wo, w.mo), A_.dout, 0.f, w.go, st_));
-  NB_TRY(adapt_backward(l, 1, dy, a.o, A_.dout));
+  NB_TRY(row_parallel_backward(l, 1, A_.dmid, a.o, weight(l, 1, w.wo, w.mo), w.go, A_.dout));
   NB_PROFILE_END("bwd: o GEMMs");
   NB_PROFILE_BEGIN("bwd: attention");
   NB_PROFILE_WORK(

@@ -68,6 +68,10 @@ class MicroBatchPass {
   Status column_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& y);
   // Under sequence parallelism, whether Linear i of layer l gathers its own input (quantized).
   bool gathers_quantized(int64_t l, int i) const;
+  // Row-parallel Linear i's backward from the residual stream's gradient d (this rank's tokens under sequence
+  // parallelism, gathered first: in BF16 here, or quantized by the Linear, recipe::Linear::backward_gathered).
+  Status row_parallel_backward(int64_t l, int i, const Tensor& d, const Tensor& x, const Tensor& w, const Tensor& dw,
+                               const Tensor& dx);
   // Row-parallel Linear i's output partial sums (x W_r^T) into out, summed over the group, plus the residual.
   Status row_parallel_forward(int64_t l, int i, const Tensor& x, const Tensor& w, const Tensor& resid,
                               const Tensor& out);

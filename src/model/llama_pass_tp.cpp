@@ -101,6 +101,16 @@ Status MicroBatchPass::column_parallel_forward(int64_t l, int i, const Tensor& x
   return adapt_forward(l, i, x, y);
 }
 
+Status MicroBatchPass::row_parallel_backward(int64_t l, int i, const Tensor& d, const Tensor& x, const Tensor& w,
+                                             const Tensor& dw, const Tensor& dx) {
+  recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
+  if (sp_ > 1 && lin.gathers_quantized_grad()) return lin.backward_gathered(d, dx, 0.f, dw, st_);
+  Tensor dy;
+  NB_TRY(whole_grad(d, &dy));
+  NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_));
+  return adapt_backward(l, i, dy, x, dx);
+}
+
 Status MicroBatchPass::sp_gather(const Tensor& full) const {
   if (sp_ == 1) return Status::ok();
   NB_PROFILE_BEGIN("tp: all-gather");

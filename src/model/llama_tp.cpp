@@ -13,6 +13,7 @@ namespace {
 class TpByteGroup : public recipe::ByteGroup {
  public:
   TpByteGroup(ops::tp::ReduceGroup* group, Device dev) : group_(group), dev_(dev) {}
+  int rank() const override { return group_->rank(); }
   int size() const override { return group_->size(); }
   Status all_gather(const uint8_t* local, size_t bytes, uint8_t* gathered, Stream stream) override {
     const int64_t n = int64_t(bytes);
@@ -31,6 +32,13 @@ int LlamaModel::quantized_input_gathers(int* of) const {
   for (const auto& layer : linears_)
     for (int i : {0, 2}) n += layer[size_t(i)].gathers_quantized_input() ? 1 : 0;
   if (of) *of = int(linears_.size()) * 2;
+  return n;
+}
+
+int LlamaModel::quantized_grad_gathers() const {
+  int n = 0;
+  for (const auto& layer : linears_)
+    for (int i : {1, 3}) n += layer[size_t(i)].gathers_quantized_grad() ? 1 : 0;
   return n;
 }
 

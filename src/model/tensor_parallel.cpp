@@ -77,6 +77,19 @@ void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
   });
 }
 
+std::vector<std::pair<int64_t, int64_t>> fused_output_columns(const LlamaConfig& whole, Shard s, int linear,
+                                                              int64_t* whole_cols) {
+  const LlamaConfig local = local_config(whole, s.size);
+  if (linear == 0) {
+    *whole_cols = whole.q_dim() + 2 * whole.kv_dim();
+    return {{0, s.rank * local.q_dim()},
+            {local.q_dim(), whole.q_dim() + s.rank * local.kv_dim()},
+            {local.q_dim() + local.kv_dim(), whole.q_dim() + whole.kv_dim() + s.rank * local.kv_dim()}};
+  }
+  *whole_cols = 2 * whole.ffn;
+  return {{0, s.rank * local.ffn}, {local.ffn, whole.ffn + s.rank * local.ffn}};
+}
+
 int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_bytes, Passes p) {
   const int64_t row = tokens * whole.hidden * elem_bytes, k = p.sequence_parallel ? 2 : 1;
   int64_t per_layer = 2 * k * row;  // forward: o and down (and the gathers of n1, n2)
@@ -90,6 +103,7 @@ int64_t collective_bytes(const LlamaConfig& whole, int64_t tokens, int64_t elem_
     const int64_t q = tokens * whole.hidden * p.bytes_per_32 / 32;
     const int64_t gathers = 1 + (p.backward && p.full_recompute ? 1 : 0);
     total += p.quantized_layers * 2 * gathers * (q - row);
+    if (p.backward) total += p.quantized_layers * 2 * (q - row);  // the residual gradients before o and down
     if (p.backward && p.selective_recompute) total -= p.quantized_layers * 2 * row;
   }
   return total;

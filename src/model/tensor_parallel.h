@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 #include "model/llama_config.h"
 
 namespace nb {
@@ -33,6 +35,12 @@ int64_t vocab_begin(const LlamaConfig& whole, Shard s);
 enum class Split { whole, rows, cols, gate_up_rows, vocab_rows };
 Split split_of(const std::string& name);
 
+// The output columns of rank s's fused column-parallel projection (0: qkv, 2: gate_up) in the whole layer's
+// output [q | k | v] or [gate | up]: {local column, whole column} where each part starts (NVFP4's SR of the
+// output gradient draws at the whole's columns, recipe::Linear::set_grad_columns). *whole_cols: the layer's.
+std::vector<std::pair<int64_t, int64_t>> fused_output_columns(const LlamaConfig& whole, Shard s, int linear,
+                                                              int64_t* whole_cols);
+
 // Rank s's part of whole parameter `whole` (src: whole.numel values in its shape) into dst (local.numel values,
 // the local parameter's shape). Vocabulary rows past the whole vocabulary (padding) are zero.
 void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst);
@@ -49,10 +57,11 @@ void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
 // tensors, the same traffic (a ring all-reduce is a reduce-scatter plus an all-gather), and selective recompute
 // gathers n1 and n2 again. A ring moves (T-1)/T of each reduce-scatter's or all-gather's tensor over each rank's
 // links. (The quantized Linears' amax reductions are a few floats each, not counted.)
-// Quantized input gathers (sequence parallelism, recipe::Linear::set_input_gather): in `quantized_layers` layers
-// the n1 and n2 gathers move their Linears' quantized copies, `bytes_per_32` bytes per 32 elements (both copies:
-// FP8 64, MXFP8 66, NVFP4 36; each piece of a rank's chunk rounded up to 256 bytes, nothing at real shapes),
-// and selective recompute does not gather them again (the Linears keep their Wgrad copies).
+// Quantized gathers (sequence parallelism, recipe::Linear::set_input_gather, set_grad_gather): in
+// `quantized_layers` layers the n1 and n2 gathers and the backward's two residual-gradient gathers move their
+// Linears' quantized copies, `bytes_per_32` bytes per 32 elements (both copies: FP8 64, MXFP8 66, NVFP4 36, the
+// presets' inputs and gradients alike; each piece of a rank's chunk rounded up to 256 bytes, nothing at real
+// shapes), and selective recompute does not gather n1 and n2 again (the Linears keep their Wgrad copies).
 struct Passes {
   bool backward = true, full_recompute = false, selective_recompute = false, sequence_parallel = false;
   int64_t quantized_layers = 0, bytes_per_32 = 0;

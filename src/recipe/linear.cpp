@@ -205,6 +205,7 @@ Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Out
   opt.four_over_six = spec.four_over_six;
   opt.err_mode = spec.four_over_six_err;
   opt.rng = a.rng;
+  opt.sr_origin = a.sr_origin;
   opt.colwise = o.colwise;
   float* sf = state_f.ptr<float>();
   nvfp4::QuantizedView v{rows,       cols,         o.row_data,    o.row_scales,

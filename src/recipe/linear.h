@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 #include "core/status.h"
 #include "core/stream.h"
@@ -115,6 +116,7 @@ class AmaxGroup {
 class ByteGroup {
  public:
   virtual ~ByteGroup() = default;
+  virtual int rank() const = 0;
   virtual int size() const = 0;
   // gathered = every rank's `bytes` bytes of `local`, in rank order (device memory on CUDA, on `stream`).
   virtual Status all_gather(const uint8_t* local, size_t bytes, uint8_t* gathered, Stream stream) = 0;
@@ -205,6 +207,21 @@ class Linear {
   bool gathers_quantized_input() const;
   // x_local [M/T, in] (this rank's tokens), y [M, out]: y = X w^T + beta*y with X gathered quantized.
   Status forward_gathered(const Tensor& x_local, const Tensor& w, const Tensor& y, float beta, Stream stream);
+  // The same for a row-parallel Linear's output gradient dY [M, out] (its grad role; the role's amax group must
+  // span the group): NVFP4's SR draws each element's random bits at its place in the whole dY, so SR gradients
+  // gather quantized too. grad_gather_bytes / set_grad_gather / gathers_quantized_grad as above;
+  // backward_gathered(dy_local [M/T, out], ...) is backward() with dY gathered quantized.
+  static size_t grad_gather_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t out_features,
+                                  int ranks);
+  void set_grad_gather(ByteGroup* group);
+  bool gathers_quantized_grad() const;
+  Status backward_gathered(const Tensor& dy_local, const Tensor& dx, float dx_beta, const Tensor& dw_f32,
+                           Stream stream);
+  // Tensor parallelism: this Linear's outputs are the given column ranges of a whole layer's [M, whole_cols]
+  // output ({local column, whole column} starts, sorted, the first at 0; a column-parallel shard of a fused
+  // projection has one per part: q, k, v or gate, up). NVFP4's SR then draws the gradient's random bits at
+  // each element's place in the whole gradient, as one GPU does (nvfp4::SrOrigin).
+  void set_grad_columns(int64_t whole_cols, const std::vector<std::pair<int64_t, int64_t>>& segments);
 
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row

@@ -29,6 +29,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "formats/fp8/fp8.h"
+#include "formats/nvfp4/nvfp4.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
 #include "recipe/linear_stats.h"
@@ -57,6 +58,7 @@ struct QuantizeArgs {
   bool pow2_scales = false;
   RngKey rng{};
   AmaxGroup* amax_group = nullptr;  // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
+  nvfp4::SrOrigin sr_origin{};      // NVFP4 SR: this tensor's place in the whole one (tensor / sequence parallel)
 };
 
 struct QCopies {
@@ -167,8 +169,11 @@ struct Linear::Impl {
     return RngKey{recipe.seed, step, stream};
   }
   QuantizeArgs args(Role role) const {
-    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role), amax_groups[int(role)]};
+    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role), amax_groups[int(role)],
+                        sr_origin[int(role)]};
   }
+  // Per Role: the columns from set_grad_columns; the rows set around a gathered chunk's quantization.
+  nvfp4::SrOrigin sr_origin[3] = {};
   AmaxGroup* amax_groups[3] = {nullptr, nullptr, nullptr};  // per Role (set_amax_groups)
   Status quantize(Role role, const Tensor& src, Stream stream, const QCopies::Outputs* into = nullptr);
   // linear_frozen.cpp: backward() of a frozen Linear (Dgrad only; dw is never touched).
@@ -179,8 +184,13 @@ struct Linear::Impl {
   // linear_sharded.cpp: the weight's layout over the ranks (set_sharded_weight), empty when not sharded.
   struct ShardedWeight;
   std::shared_ptr<ShardedWeight> sharded;
-  // linear_gather.cpp: sequence parallelism's quantized input gather (set_input_gather), else null.
+  // linear_gather.cpp: sequence parallelism's quantized gathers of the input (set_input_gather) or of the
+  // gradient (set_grad_gather), else null.
   ByteGroup* input_gather = nullptr;
+  ByteGroup* grad_gather = nullptr;
+  // The Dgrad and Wgrad GEMMs of backward() and backward_gathered(), on the grad copies just made.
+  Status dgrad_wgrad(const Tensor& dy, const Tensor& dx, float dx_beta, const Tensor& dw_f32, Stream stream,
+                     const std::function<Status()>& after_dgrad);
   // The Fprop GEMM of forward() and forward_gathered(), on the input copies just made.
   Status fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
   // The weight's copies for this step's first forward.

@@ -254,17 +254,22 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",
                   s.name.c_str(), (long long)m);
   NB_TRY(s.quantize(Role::grad, dy, stream));
+  return s.dgrad_wgrad(dy, dx, dx_beta, dw_f32, stream, after_dgrad);
+}
+
+Status Linear::Impl::dgrad_wgrad(const Tensor& dy, const Tensor& dx, float dx_beta, const Tensor& dw_f32, Stream stream,
+                                 const std::function<Status()>& after_dgrad) {
   gemm::QOperand wcol;
-  NB_TRY(s.dgrad_weight_operand(stream, &wcol));
-  NB_TRY(gemm::matmul_quantized(s.q[2].row_operand(), wcol, dx, {dx_beta, false}, stream)
-             .context("linear '" + s.name + "' Dgrad"));
+  NB_TRY(dgrad_weight_operand(stream, &wcol));
+  NB_TRY(gemm::matmul_quantized(q[2].row_operand(), wcol, dx, {dx_beta, false}, stream)
+             .context("linear '" + name + "' Dgrad"));
   if (after_dgrad) NB_TRY(after_dgrad());
-  if (s.collect_stats) NB_TRY(s.stats.before_wgrad(s, dw_f32, stream));
-  NB_TRY(gemm::matmul_quantized(s.q[2].col_operand(), s.q[0].col_operand(), dw_f32, {1.f, false}, stream)
-             .context("linear '" + s.name + "' Wgrad"));
-  if (s.collect_stats) NB_TRY(s.stats.after_wgrad(s, dy, dw_f32, stream));
-  s.have_input = false;
-  s.micro += s.micro_stride;
+  if (collect_stats) NB_TRY(stats.before_wgrad(*this, dw_f32, stream));
+  NB_TRY(gemm::matmul_quantized(q[2].col_operand(), q[0].col_operand(), dw_f32, {1.f, false}, stream)
+             .context("linear '" + name + "' Wgrad"));
+  if (collect_stats) NB_TRY(stats.after_wgrad(*this, dy, dw_f32, stream));
+  have_input = false;
+  micro += micro_stride;
   return Status::ok();
 }
 

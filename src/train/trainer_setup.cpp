@@ -206,8 +206,10 @@ Status Trainer::build_model() {
     int of = 0;
     const int n = model_.quantized_input_gathers(&of);
     std::printf(
-        "sequence parallel: %d of %d column-parallel inputs all-gathered in their quantized format%s\n", n, of,
-        n < of ? ", the rest in BF16 (BF16 layers, 1x128 FP8 blocks, SR, tokens per rank not whole blocks)" : "");
+        "sequence parallel: %d of %d column-parallel inputs and %d of %d row-parallel output gradients all-gathered "
+        "in their quantized format%s\n",
+        n, of, model_.quantized_grad_gathers(), of,
+        n < of ? ", the rest in BF16 (BF16 layers, 1x128 FP8 blocks, tokens per rank not whole blocks)" : "");
   }
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {2}));  // sharded and whole parameters' squares
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));

@@ -72,7 +72,9 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
     double loss_tol, norm_tol;
     std::string tp_only = "";  // flags of the tensor-parallel run only
   };
-  for (const Case& c : {Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6},
+  // NVFP4 with SR: each rank's gradient shard draws its random bits at its place in the whole gradient.
+  for (const Case& c : {Case{"--recipe bf16_with_nvfp4_mixed", 1e-6, 1e-6},
+                        Case{"--recipe bf16_with_nvfp4_mixed", 1e-6, 1e-6, "--sequence-parallel"},
                         Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6, "--sequence-parallel"},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6, "--sequence-parallel"},
@@ -85,7 +87,8 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
                          " --nproc-per-node 2 --tensor-model-parallel-size 2 --save " + tp);
     ASSERT_EQ(r.code, 0) << r.out;
     if (!c.tp_only.empty())  // every layer's inputs gathered in its own format (recipe::Linear::forward_gathered)
-      EXPECT_NE(r.out.find("sequence parallel: 4 of 4 column-parallel inputs all-gathered in their quantized"),
+      EXPECT_NE(r.out.find("sequence parallel: 4 of 4 column-parallel inputs and 4 of 4 row-parallel output "
+                           "gradients all-gathered in their quantized"),
                 std::string::npos)
           << r.out;
     const auto a = read_metrics(one), b = read_metrics(tp);

@@ -118,8 +118,8 @@ TEST(TensorParallelTraffic, CollectivesCarryTheFormulasBytes) {
     }
 }
 
-// Sequence parallelism with NVFP4 and FP8 layers: their n1 and n2 gathers move the quantized copies (36 and 64
-// bytes per 32 elements instead of 4 x 32 on the CPU), the BF16 layers' stay whole (NVFP4: the first and last).
+// Sequence parallelism with NVFP4 and FP8 layers: their n1, n2 and residual-gradient gathers move the quantized
+// copies (36 and 64 bytes per 32 elements instead of 4 x 32 on the CPU); a BF16 layer's stay whole.
 TEST(TensorParallelTraffic, QuantizedGathersCarryTheFormulasBytes) {
   const LlamaConfig c = testing::tiny_config();
   const MicroBatchShape s{2, 64};  // 64 tokens per rank: each piece of a chunk a whole 256 bytes
@@ -144,6 +144,7 @@ TEST(TensorParallelTraffic, QuantizedGathersCarryTheFormulasBytes) {
       int of = 0;
       const int gathers = m.quantized_input_gathers(&of);
       ASSERT_EQ(gathers, 2 * (int(c.layers) - k.bf16_layers)) << k.recipe;
+      ASSERT_EQ(m.quantized_grad_gathers(), gathers) << k.recipe;
       double sum = 0;
       ASSERT_TRUE(m.forward_backward(tok.data(), lab.data(), 1.0f / float(tok.size()), &sum).is_ok());
       tp::Passes p{true, rc == Recompute::full, rc == Recompute::selective, true, gathers / 2, k.bytes_per_32};

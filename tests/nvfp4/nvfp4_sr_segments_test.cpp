@@ -270,9 +270,7 @@ TEST(Nvfp4SrSegments, CheckShapeRefusesBadSegments) {
     edit(bad.sr_origin);
     const Status st = check_shape(kM, cols, bad);
     EXPECT_FALSE(st) << what;
-    if (!st) {
-      EXPECT_NE(st.message().find("column segments"), std::string::npos) << what << ": " << st.message();
-    }
+    if (!st) { EXPECT_NE(st.message().find("column segments"), std::string::npos) << what << ": " << st.message(); }
     return st ? std::string() : st.message();
   };
   const std::string five = refused("five segments", 128, [](SrOrigin& s) { s.n_col_segments = 5; });

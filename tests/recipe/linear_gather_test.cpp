@@ -1,8 +1,9 @@
 // CPU tests of recipe::Linear's quantized input gather (linear.h, sequence parallelism): an input X [M, K] spread
 // over T ranks by tokens, each rank's Linear quantizing its rows with the whole tensor's amax and "gathering"
 // every rank's chunk (a fake group standing for the all-gather), must hold the copies one Linear's quantization of
-// the whole X gives, byte for byte, and compute the same Fprop y, Dgrad dx and Wgrad dw; formats a chunk cannot
-// reproduce (1x128 FP8 blocks, SR on the input) and a BF16 layer report no gather (they gather BF16).
+// the whole X gives, byte for byte, and compute the same Fprop y, Dgrad dx and Wgrad dw; the same for an output
+// gradient dY spread by tokens (NVFP4's SR included); formats a chunk cannot reproduce (1x128 FP8 blocks) and a
+// BF16 layer report no gather (they gather BF16).
 #include <gtest/gtest.h>
 #include <algorithm>
 #include <cmath>
@@ -52,6 +53,7 @@ class FakeAmax : public AmaxGroup {
 class FakeBytes : public ByteGroup {
  public:
   explicit FakeBytes(FakeRanks* k) : k_(k) {}
+  int rank() const override { return k_->rank; }
   int size() const override { return k_->ranks; }
   Status all_gather(const uint8_t* local, size_t bytes, uint8_t* gathered, Stream) override {
     if (k_->pass < 2) {
@@ -76,44 +78,54 @@ Tensor cpu_tensor(std::vector<float>& v, int64_t rows, int64_t cols) {
 
 struct RunOut {
   std::vector<float> y, dx, dw;
-  QuantizedBytes input;
+  QuantizedBytes input, grad;
 };
 
-// Fprop, Dgrad and Wgrad of one micro-batch; x_rows: the rows this Linear's forward is given.
-Status run_one(Linear& lin, bool gathered, std::vector<float>& x_rows, std::vector<float>& w, std::vector<float>& dy,
+// Fprop, Dgrad and Wgrad of one micro-batch; x_rows / dy_rows: the rows this Linear is given (this rank's, when
+// it gathers that role).
+Status run_one(Linear& lin, std::vector<float>& x_rows, std::vector<float>& w, std::vector<float>& dy_rows,
                RunOut* out) {
   out->y.assign(size_t(kGTokens * kGOut), 0.f);
   out->dx.assign(size_t(kGTokens * kGIn), 0.f);
   out->dw.assign(size_t(kGOut * kGIn), 0.f);
   const Tensor wt = cpu_tensor(w, kGOut, kGIn), y = cpu_tensor(out->y, kGTokens, kGOut);
-  const int64_t rows = int64_t(x_rows.size()) / kGIn;
-  if (gathered)
-    NB_TRY(lin.forward_gathered(cpu_tensor(x_rows, rows, kGIn), wt, y, 0.f, nullptr));
-  else
-    NB_TRY(lin.forward(cpu_tensor(x_rows, rows, kGIn), wt, y, 0.f, nullptr));
+  const int64_t x_rows_n = int64_t(x_rows.size()) / kGIn, dy_rows_n = int64_t(dy_rows.size()) / kGOut;
+  const Tensor x = cpu_tensor(x_rows, x_rows_n, kGIn), dy = cpu_tensor(dy_rows, dy_rows_n, kGOut);
+  NB_TRY(x_rows_n < kGTokens ? lin.forward_gathered(x, wt, y, 0.f, nullptr) : lin.forward(x, wt, y, 0.f, nullptr));
   NB_TRY(lin.debug_copies(0, &out->input));
-  std::vector<float> unused(size_t(kGTokens * kGIn), 0.f);
-  return lin.backward(cpu_tensor(dy, kGTokens, kGOut), cpu_tensor(unused, kGTokens, kGIn), wt,
-                      cpu_tensor(out->dx, kGTokens, kGIn), 0.f, cpu_tensor(out->dw, kGOut, kGIn), nullptr);
+  const Tensor dx = cpu_tensor(out->dx, kGTokens, kGIn), dw = cpu_tensor(out->dw, kGOut, kGIn);
+  if (dy_rows_n < kGTokens)
+    NB_TRY(lin.backward_gathered(dy, dx, 0.f, dw, nullptr));
+  else
+    NB_TRY(lin.backward(dy, x_rows_n < kGTokens ? Tensor{} : x, wt, dx, 0.f, dw, nullptr));
+  return lin.debug_copies(2, &out->grad);
 }
 
-class LinearGather : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+void expect_same(const QuantizedBytes& got, const QuantizedBytes& ref, const char* role) {
+  EXPECT_EQ(got.rows, ref.rows) << role;
+  EXPECT_TRUE(got.row_data == ref.row_data) << role << " row data";
+  EXPECT_TRUE(got.row_scales == ref.row_scales) << role << " row scales";
+  EXPECT_TRUE(got.col_data == ref.col_data) << role << " column data";
+  EXPECT_TRUE(got.col_scales == ref.col_scales) << role << " column scales";
+  EXPECT_EQ(got.row_amax, ref.row_amax) << role;
+  EXPECT_EQ(got.col_amax, ref.col_amax) << role;
+  EXPECT_EQ(got.scale_inv, ref.scale_inv) << role;
+}
 
-TEST_P(LinearGather, RanksHoldTheWholeTensorsCopiesAndGemms) {
-  const auto& [name, ranks] = GetParam();
+// role 0 gathers the input (a column-parallel Linear), 2 the output gradient (a row-parallel one).
+void run_gathered(const std::string& name, int ranks, int role) {
   Recipe r;
   ASSERT_TRUE(recipe_preset(name, &r).is_ok());
   r.seed = 0xbeef;
   std::vector<float> x = random_bf16_values(kGTokens * kGIn, 1.0, 5), w = random_bf16_values(kGOut * kGIn, 0.05, 6),
                      dy = random_bf16_values(kGTokens * kGOut, 1e-3, 7);
-  x[17] = 40.f;  // an outlier in one rank's rows: the others must scale by it too
+  x[17] = 40.f;  // outliers in one rank's rows: the others must scale by them too
+  dy[kGTokens * kGOut - 5] = 0.5f;
   Linear whole;
   ASSERT_TRUE(whole.init(r, false, "whole", 3, kGTokens, kGIn, kGOut, Device::cpu).is_ok());
   RunOut ref;
-  Status st = run_one(whole, false, x, w, dy, &ref);
+  Status st = run_one(whole, x, w, dy, &ref);
   ASSERT_TRUE(st.is_ok()) << st.message();
-
-  ASSERT_GT(Linear::input_gather_bytes(r, false, kGTokens, kGIn, ranks), 0u);
   FakeRanks k;
   k.ranks = ranks;
   k.amaxes.resize(size_t(ranks));
@@ -128,28 +140,42 @@ TEST_P(LinearGather, RanksHoldTheWholeTensorsCopiesAndGemms) {
       k.amax_calls = 0;
       Linear lin;
       ASSERT_TRUE(lin.init(r, false, "whole", 3, kGTokens, kGIn, kGOut, Device::cpu).is_ok());
-      lin.set_amax_groups(&amax, nullptr, nullptr);
-      lin.set_input_gather(&bytes);
-      ASSERT_TRUE(lin.gathers_quantized_input());
-      std::vector<float> mine(x.begin() + rank * rows * kGIn, x.begin() + (rank + 1) * rows * kGIn);
+      std::vector<float> mx = x, mdy = dy;
+      if (role == 0) {
+        lin.set_amax_groups(&amax, nullptr, nullptr);
+        lin.set_input_gather(&bytes);
+        ASSERT_TRUE(lin.gathers_quantized_input());
+        mx.assign(x.begin() + rank * rows * kGIn, x.begin() + (rank + 1) * rows * kGIn);
+      } else {
+        lin.set_amax_groups(nullptr, nullptr, &amax);
+        lin.set_grad_gather(&bytes);
+        ASSERT_TRUE(lin.gathers_quantized_grad());
+        mdy.assign(dy.begin() + rank * rows * kGOut, dy.begin() + (rank + 1) * rows * kGOut);
+      }
       RunOut got;
-      st = run_one(lin, true, mine, w, dy, &got);
+      st = run_one(lin, mx, w, mdy, &got);
       ASSERT_TRUE(st.is_ok()) << st.message();
       if (pass < 2) continue;
       SCOPED_TRACE("rank " + std::to_string(rank));
-      EXPECT_EQ(got.input.rows, ref.input.rows);
-      EXPECT_TRUE(got.input.row_data == ref.input.row_data) << "row data";
-      EXPECT_TRUE(got.input.row_scales == ref.input.row_scales) << "row scales";
-      EXPECT_TRUE(got.input.col_data == ref.input.col_data) << "column data";
-      EXPECT_TRUE(got.input.col_scales == ref.input.col_scales) << "column scales";
-      EXPECT_EQ(got.input.row_amax, ref.input.row_amax);
-      EXPECT_EQ(got.input.col_amax, ref.input.col_amax);
-      EXPECT_EQ(got.input.scale_inv, ref.input.scale_inv);
+      expect_same(got.input, ref.input, "input");
+      expect_same(got.grad, ref.grad, "grad");
       EXPECT_TRUE(got.y == ref.y) << "Fprop";
       EXPECT_TRUE(got.dx == ref.dx) << "Dgrad";
       EXPECT_TRUE(got.dw == ref.dw) << "Wgrad";
     }
   }
+}
+
+class LinearGather : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+TEST_P(LinearGather, InputChunksGiveTheWholeTensorsCopiesAndGemms) {
+  run_gathered(std::get<0>(GetParam()), std::get<1>(GetParam()), 0);
+}
+
+// The output gradient: NVFP4's stochastic rounding (the preset's gradients) draws at each element's place in the
+// whole dY, so its chunks reproduce one GPU's random bytes too.
+TEST_P(LinearGather, GradientChunksGiveTheWholeTensorsCopiesAndGemms) {
+  run_gathered(std::get<0>(GetParam()), std::get<1>(GetParam()), 2);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -169,9 +195,8 @@ TEST(LinearGatherRefusals, ChunksThatCannotReproduceTheWholeGatherBf16) {
   EXPECT_EQ(Linear::input_gather_bytes(nvfp4, true, kGTokens, kGIn, 2), 0u) << "a BF16 layer";
   EXPECT_EQ(Linear::input_gather_bytes(nvfp4, false, 48, kGIn, 2), 0u) << "24 tokens per rank: not whole blocks";
   EXPECT_EQ(Linear::input_gather_bytes(nvfp4, false, kGTokens, kGIn, 1), 0u) << "one rank";
-  Recipe sr = nvfp4;
-  sr.input.sr = true;
-  EXPECT_EQ(Linear::input_gather_bytes(sr, false, kGTokens, kGIn, 2), 0u) << "SR on the input";
+  EXPECT_EQ(Linear::grad_gather_bytes(sub, false, kGTokens, kGOut, 2), 0u);
+  EXPECT_GT(Linear::grad_gather_bytes(nvfp4, false, kGTokens, kGOut, 2), 0u) << "SR gradients gather quantized";
   // NVFP4 at T = 2: each rank's chunk holds both copies at 0.5 + 1/16 bytes per element.
   const size_t chunk = size_t(kGTokens / 2 * kGIn) * 9 / 8;
   EXPECT_EQ(Linear::input_gather_bytes(nvfp4, false, kGTokens, kGIn, 2), 3 * chunk);
