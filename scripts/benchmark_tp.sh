@@ -17,6 +17,8 @@ source scripts/bench_common.sh
 COMMON=(--mock-data true --micro-batch-size 1 --seq-length 8192)
 proxy="--model llama3-8b-proxy --train-iters 6 --global-batch-size 8"
 fp8="--recipe bf16_with_fp8_current_scaling_mixed"
+nvfp4="--recipe bf16_with_nvfp4_mixed"
+all4="--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0"  # every layer NVFP4: the gathers' bytes
 big="--model llama3.1-8b --train-iters 4 --global-batch-size 8 --recompute selective"
 # name | GPUs | flags
 sp="--sequence-parallel --tp-comm-overlap"
@@ -27,6 +29,11 @@ configs=(
   "proxy-bf16-t2-sp|2|$proxy --tensor-model-parallel-size 2 $sp"
   "proxy-fp8-t1|1|$proxy $fp8"
   "proxy-fp8-t2|2|$proxy $fp8 --tensor-model-parallel-size 2"
+  "proxy-fp8-t2-sp|2|$proxy $fp8 --tensor-model-parallel-size 2 $sp"
+  "proxy-nvfp4-t1|1|$proxy $nvfp4"
+  "proxy-nvfp4-t2-sp|2|$proxy $nvfp4 --tensor-model-parallel-size 2 $sp"
+  "proxy-nvfp4all-t1|1|$proxy $nvfp4 $all4"
+  "proxy-nvfp4all-t2-sp|2|$proxy $nvfp4 $all4 --tensor-model-parallel-size 2 $sp"
   "proxy-bf16-t4|4|$proxy --tensor-model-parallel-size 4 --tp-comm-overlap"
   "proxy-bf16-t4-sp|4|$proxy --tensor-model-parallel-size 4 $sp"
   "8b-bf16-t4|4|$big --tensor-model-parallel-size 4 $sp"

@@ -5,6 +5,7 @@ tokens/s/GPU against one GPU's of the same recipe (the issue's goals: >= 90% at 
 speedup over BF16 at T1 and T2.
 
 Usage: benchmark_tp_report.py OUT [--merge-into BENCHMARKS.md]"""
+import json
 import os
 import sys
 
@@ -20,6 +21,27 @@ def tokens(s):
         return None
 
 
+def gathered(out, name):
+    """The last step's tensor-parallel all-gathered bytes per GPU (metrics.jsonl's tp_gathered_bytes)."""
+    try:
+        with open(os.path.join(out, name, "metrics.jsonl")) as f:
+            last = [json.loads(line) for line in f if line.strip()][-1]
+        return last.get("tp_gathered_bytes")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def gather_lines(out, names):
+    """Sequence parallelism's all-gathered bytes per step per GPU in each recipe, against BF16's."""
+    base = gathered(out, "proxy-bf16-t2-sp")
+    lines = []
+    for name in names:
+        got = gathered(out, name) if name.endswith("-t2-sp") else None
+        if got and base:
+            lines.append(f"- {name}: {got / 2**30:.2f} GiB all-gathered per step per GPU, {got / base:.3f}x BF16's")
+    return lines
+
+
 def ratios(stats):
     lines = []
     for name, got in stats.items():  # every tensor-parallel proxy row against one GPU's of its recipe
@@ -27,10 +49,10 @@ def ratios(stats):
         base = stats.get(f"proxy-{parts[1]}-t1") if name.startswith("proxy-") else None
         if base and got and parts[2] != "t1":
             lines.append(f"- {name}: {100 * got / base:.1f}% of one GPU's tokens/s/GPU")
-    for t in (1, 2):
-        b, f = stats.get(f"proxy-bf16-t{t}"), stats.get(f"proxy-fp8-t{t}")
+    for t in ("t1", "t2", "t2-sp"):
+        b, f = stats.get(f"proxy-bf16-{t}"), stats.get(f"proxy-fp8-{t}")
         if b and f:
-            lines.append(f"- FP8 current scaling over BF16 at T{t}: {f / b:.3f}x")
+            lines.append(f"- FP8 current scaling over BF16 at {t.upper()}: {f / b:.3f}x")
     return "\n".join(lines)
 
 
@@ -53,7 +75,8 @@ def main():
         "--tp-comm-overlap`. Step time is the mean after step 1; the estimate is the memory estimate's total per GPU "
         "against the measured peak.\n\n"
         "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
-        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n" + ratios(stats) + "\n")
+        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n" + ratios(stats) + "\n"
+        + "".join(line + "\n" for line in gather_lines(out, names)))
     write_report([(text, bool(rows))], merge, out, commit)
 
 
