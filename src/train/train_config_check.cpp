@@ -24,7 +24,6 @@ Status check_tensor_parallel(const TrainConfig& c) {
   const char* what = c.peft == "lora"                    ? "--peft lora"
                      : c.fsdp_param_gather == "training" ? "--fsdp-param-gather training"
                      : c.sample_interval > 0             ? "--sample-interval"
-                     : c.anneal_start_fraction > 0       ? "precision annealing (--anneal-start-fraction)"
                                                          : nullptr;
   if (what)
     return errorf("%s under --tensor-model-parallel-size %lld is not supported yet; leave one of them out", what,
