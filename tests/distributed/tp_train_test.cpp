@@ -18,6 +18,7 @@
 #include <ostream>
 #include <string>
 #include "distributed/ddp_util.h"
+#include "train/sft_reverse_data.h"
 
 namespace nb {
 namespace {
@@ -114,12 +115,37 @@ TEST(TensorParallelCpuAnneal, AnnealedRunsEqualOneRank) {
                     "--anneal-fprop-only")}) {
     test::CliRun r = test::run_nibble(job + flags + " --save " + dir + "/one");
     ASSERT_EQ(r.code, 0) << r.out;
-    r = test::run_nibble(job + flags + " --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --save " +
-                         dir + "/tp");
+    r = test::run_nibble(
+        job + flags + " --nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --save " + dir + "/tp");
     ASSERT_EQ(r.code, 0) << r.out;
     EXPECT_NE(r.out.find("annealing: step 3 onwards runs bf16_mixed"), std::string::npos) << r.out;
     expect_same_run(read_metrics(dir + "/tp"), read_metrics(dir + "/one"), flags);
     std::filesystem::remove_all(dir);
+  }
+}
+
+// SFT with packed rows (several samples per row, attention inside each) under tensor and sequence parallelism: every
+// rank of a group runs the same rows, so the answer-token means and the validation loss are one rank's.
+TEST(TensorParallelCpuSft, PackedAnswerLossIsOneRanks) {
+  const std::string dir = test::temp_folder("tp_train_sft");
+  const std::string data = test::write_reverse_sft_data(dir, 3, 4, 12);
+  const std::string job =
+      kTpBase + "--sft --data-path " + data + " --train-iters 2 --eval-interval 2 --eval-iters 1 --recipe bf16_mixed ";
+  const test::CliRun one = test::run_nibble(job + "--save " + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  auto validation = [](const std::string& out) {
+    const size_t at = out.find("validation loss at iteration 2 | lm loss value: ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 48));
+  };
+  ASSERT_GT(validation(one.out), 0) << one.out;
+  for (const std::string& flags : {std::string(""), std::string("--sequence-parallel")}) {
+    const test::CliRun tp =
+        test::run_nibble(job + "--nproc-per-node 2 --tensor-model-parallel-size 2 " + flags + " --save " + dir + "/tp");
+    ASSERT_EQ(tp.code, 0) << tp.out;
+    EXPECT_NE(tp.out.find("packed"), std::string::npos) << tp.out;
+    expect_same_run(read_metrics(dir + "/tp"), read_metrics(dir + "/one"), "sft " + flags);
+    EXPECT_NEAR(validation(tp.out), validation(one.out), 1e-5 * validation(one.out)) << tp.out;
+    std::filesystem::remove_all(dir + "/tp");
   }
 }
 
