@@ -44,27 +44,6 @@ std::vector<uint8_t> slice_bytes(const std::vector<uint8_t>& a, int64_t pitch, i
   return s;
 }
 
-struct Mode {
-  const char* name;
-  Options opts;
-};
-
-std::vector<Mode> sr_modes() {
-  Options o;
-  o.sr = true;
-  o.rng = RngKey{2024, 3, 10};
-  std::vector<Mode> m{{"sr", o}};
-  o.rht = true;
-  m.push_back({"sr+rht", o});
-  o.rht = false;
-  o.four_over_six = true;
-  m.push_back({"sr+4/6", o});
-  o.rht = true;
-  o.err_mode = ErrMode::mse;
-  m.push_back({"sr+rht+4/6 mse", o});
-  return m;
-}
-
 // The piece at (row0, col0) of shape rows x cols quantized with the whole tensor's amaxes (whole.row_amax,
 // whole.col_amax) under `opts` (whose sr_origin the caller sets, or leaves default).
 HostQuantized quantize_piece(const std::vector<bf16>& x, const HostQuantized& whole, const Options& opts, int64_t row0,
@@ -91,7 +70,7 @@ void expect_piece_matches(const HostQuantized& whole, const HostQuantized& p, in
 }
 
 // Cuts the whole tensor into a grid of row_pieces x col_pieces pieces and checks each one.
-void check_grid(const std::vector<bf16>& x, const HostQuantized& whole, const Mode& mode, int64_t row_pieces,
+void check_grid(const std::vector<bf16>& x, const HostQuantized& whole, const testing::SrMode& mode, int64_t row_pieces,
                 int64_t col_pieces) {
   const int64_t rows = kRows / row_pieces, cols = kCols / col_pieces;
   for (int64_t i = 0; i < row_pieces; ++i)
@@ -107,7 +86,7 @@ void check_grid(const std::vector<bf16>& x, const HostQuantized& whole, const Mo
 
 TEST(Nvfp4SrOrigin, RowAndColumnPiecesReproduceTheWholeTensorsBytes) {
   const auto x = whole_input();
-  for (const Mode& mode : sr_modes()) {
+  for (const testing::SrMode& mode : testing::sr_modes(RngKey{2024, 3, 10})) {
     HostQuantized whole{kRows, kCols};
     ASSERT_TRUE(quantize_ref(x.data(), mode.opts, whole.view()));
     float row_amax = 0, col_amax = 0;
@@ -124,7 +103,7 @@ TEST(Nvfp4SrOrigin, RowAndColumnPiecesReproduceTheWholeTensorsBytes) {
 
 TEST(Nvfp4SrOrigin, DefaultOriginGivesOtherBytesForAnOffsetPiece) {
   const auto x = whole_input();
-  for (const Mode& mode : sr_modes()) {
+  for (const testing::SrMode& mode : testing::sr_modes(RngKey{2024, 3, 10})) {
     HostQuantized whole{kRows, kCols};
     ASSERT_TRUE(quantize_ref(x.data(), mode.opts, whole.view()));
     // Second of two row pieces and second of two column pieces: both copies' SR indices move.

@@ -108,27 +108,6 @@ void expect_shard_matches(const HostQuantized& whole, const HostQuantized& p, in
   EXPECT_EQ(p.col_scales, col_copy_slice(whole.col_scales, wr, 16, row0, rows, ranges));
 }
 
-struct Mode {
-  const char* name;
-  Options opts;
-};
-
-std::vector<Mode> sr_modes() {
-  Options o;
-  o.sr = true;
-  o.rng = RngKey{77, 5, 9};
-  std::vector<Mode> m{{"sr", o}};
-  o.rht = true;
-  m.push_back({"sr+rht", o});
-  o.rht = false;
-  o.four_over_six = true;
-  m.push_back({"sr+4/6", o});
-  o.rht = true;
-  o.err_mode = ErrMode::mse;
-  m.push_back({"sr+rht+4/6 mse", o});
-  return m;
-}
-
 // Rank r of T's columns of the fused qkv output [*, q + 2kv]: its q, k and v columns.
 std::vector<ColRange> qkv_ranges(int64_t q, int64_t kv, int64_t t, int64_t r) {
   return {{r * q / t, q / t}, {q + r * kv / t, kv / t}, {q + kv + r * kv / t, kv / t}};
@@ -138,7 +117,7 @@ constexpr int64_t kM = 64, kQ = 128, kKv = 64, kN = kQ + 2 * kKv;
 
 TEST(Nvfp4SrSegments, QkvShardsReproduceTheWholeTensorsBytes) {
   const auto x = make_input(kM, kN, 3);
-  for (const Mode& mode : sr_modes()) {
+  for (const testing::SrMode& mode : testing::sr_modes(RngKey{77, 5, 9})) {
     HostQuantized whole{kM, kN};
     ASSERT_TRUE(quantize_ref(x.data(), mode.opts, whole.view()));
     for (int64_t t : {2, 4})
@@ -159,7 +138,7 @@ TEST(Nvfp4SrSegments, QkvShardsReproduceTheWholeTensorsBytes) {
 TEST(Nvfp4SrSegments, GateUpShardsReproduceTheWholeTensorsBytes) {
   const int64_t m = 48, f = 128, n = 2 * f;  // 48 rows: three 16-row blocks per column
   const auto x = make_input(m, n, 4);
-  for (const Mode& mode : sr_modes()) {
+  for (const testing::SrMode& mode : testing::sr_modes(RngKey{77, 5, 9})) {
     HostQuantized whole{m, n};
     ASSERT_TRUE(quantize_ref(x.data(), mode.opts, whole.view()));
     for (int64_t t : {2, 4})
@@ -176,7 +155,7 @@ TEST(Nvfp4SrSegments, GateUpShardsReproduceTheWholeTensorsBytes) {
 
 TEST(Nvfp4SrSegments, SingleOriginShardGetsOtherBytesAndOneSegmentIsCol0) {
   const auto x = make_input(kM, kN, 5);
-  for (const Mode& mode : sr_modes()) {
+  for (const testing::SrMode& mode : testing::sr_modes(RngKey{77, 5, 9})) {
     SCOPED_TRACE(mode.name);
     HostQuantized whole{kM, kN};
     ASSERT_TRUE(quantize_ref(x.data(), mode.opts, whole.view()));

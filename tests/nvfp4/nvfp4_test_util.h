@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 #include "core/bf16.h"
 #include "formats/nvfp4/nvfp4.h"
@@ -75,6 +76,28 @@ inline std::vector<bf16> adversarial_bf16(int64_t rows, int64_t cols, uint32_t s
     }
   }
   return x;
+}
+
+// The stochastic-rounding variants the SR-origin tests run (CPU and GPU): SR alone, with the RHT, with 4/6, with
+// both (4/6 scoring by squared error).
+struct SrMode {
+  std::string name;
+  Options opts;
+};
+inline std::vector<SrMode> sr_modes(RngKey key) {
+  Options o;
+  o.sr = true;
+  o.rng = key;
+  std::vector<SrMode> m{{"sr", o}};
+  o.rht = true;
+  m.push_back({"sr+rht", o});
+  o.rht = false;
+  o.four_over_six = true;
+  m.push_back({"sr+4/6", o});
+  o.rht = true;
+  o.err_mode = ErrMode::mse;
+  m.push_back({"sr+rht+4/6 mse", o});
+  return m;
 }
 
 }  // namespace nb::nvfp4::testing

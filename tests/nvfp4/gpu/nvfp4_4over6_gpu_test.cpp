@@ -9,56 +9,22 @@
 #include <string>
 #include "common/gpu.h"
 #include "formats/nvfp4/nvfp4.h"
+#include "nvfp4/gpu/nvfp4_gpu_util.h"
 #include "nvfp4/nvfp4_test_util.h"
 
 namespace nb::nvfp4 {
 namespace {
+using testing::DeviceBytes;
 using testing::HostQuantized;
-
-// Device storage (zero-filled, or a copy of src), freed on scope exit.
-struct DeviceBuf {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBuf(size_t bytes, const void* src = nullptr) : n(bytes) {
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    if (src)
-      EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else
-      EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
-  }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  ~DeviceBuf() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void to_host(void* dst) const { EXPECT_EQ(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), cudaSuccess); }
-};
-
-// Both copies, the two amax slots (amax[0] row, amax[1] column) and the flag, in device buffers.
-QuantizedView view_of(int64_t rows, int64_t cols, const DeviceBuf& rd, const DeviceBuf& rs, const DeviceBuf& cd,
-                      const DeviceBuf& cs, const DeviceBuf& amax, const DeviceBuf& flag) {
-  QuantizedView v;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_data = rd.as<uint8_t>();
-  v.row_scales = rs.as<uint8_t>();
-  v.col_data = cd.as<uint8_t>();
-  v.col_scales = cs.as<uint8_t>();
-  v.row_amax = amax.as<float>();
-  v.col_amax = amax.as<float>() + 1;
-  v.nonfinite = flag.as<int>();
-  return v;
-}
+using testing::view_of;
 
 // quantize_cuda (or the amax pre-pass + quantize_cuda_with_amax) with every output copied back.
 HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols, const Options& opts,
                               bool split_amax) {
   HostQuantized h{rows, cols};
-  DeviceBuf dx(x.size() * sizeof(bf16), x.data());
-  DeviceBuf rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
-  DeviceBuf amax(2 * sizeof(float)), flag(sizeof(int));
+  DeviceBytes dx(x.size() * sizeof(bf16), x.data());
+  DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
+  DeviceBytes amax(2 * sizeof(float)), flag(sizeof(int));
   const QuantizedView v = view_of(rows, cols, rd, rs, cd, cs, amax, flag);
   if (split_amax) {
     EXPECT_TRUE(compute_amax_cuda(dx.as<bf16>(), rows, cols, opts.rht && opts.colwise,
@@ -195,8 +161,8 @@ TEST(Nvfp4FourOverSixGpu, TimingReport) {
   NB_REQUIRE_GPU();
   const int64_t rows = 8192, cols = 8192, n = rows * cols;
   auto x = testing::random_normal_bf16(n, 1, 0.02f);
-  DeviceBuf dx(size_t(n) * sizeof(bf16), x.data());
-  DeviceBuf rd(size_t(n / 2)), rs(size_t(n / 16)), cd(size_t(n / 2)), cs(size_t(n / 16)), amax(8), flag(4);
+  DeviceBytes dx(size_t(n) * sizeof(bf16), x.data());
+  DeviceBytes rd(size_t(n / 2)), rs(size_t(n / 16)), cd(size_t(n / 2)), cs(size_t(n / 16)), amax(8), flag(4);
   const QuantizedView v = view_of(rows, cols, rd, rs, cd, cs, amax, flag);
   Options full;
   full.rht = full.sr = true;

@@ -9,34 +9,16 @@
 #include "common/gpu.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "formats/nvfp4/nvfp4_bench.h"
+#include "nvfp4/gpu/nvfp4_gpu_util.h"
 #include "nvfp4/nvfp4_test_util.h"
 
 namespace nb::nvfp4 {
 namespace {
+using testing::DeviceBytes;
 using testing::HostQuantized;
+using testing::view_of;
 
 // Device copy of a host vector (or zero-filled storage), freed on scope exit.
-struct DeviceBytes {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBytes(size_t bytes, const void* src = nullptr) : n(bytes) {
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    if (src)
-      EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else
-      EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
-  }
-  ~DeviceBytes() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  void to_host(T* dst) const {
-    EXPECT_EQ(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-};
-
 // Runs quantize_cuda (or the amax pre-pass + quantize_cuda_with_amax) and copies every output back.
 HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols, const Options& opts,
                               bool split_amax = false) {
@@ -44,16 +26,7 @@ HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t 
   DeviceBytes dx(x.size() * sizeof(bf16), x.data());
   DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
   DeviceBytes amax(2 * sizeof(float)), flag(sizeof(int));
-  QuantizedView v;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_data = rd.as<uint8_t>();
-  v.row_scales = rs.as<uint8_t>();
-  v.col_data = cd.as<uint8_t>();
-  v.col_scales = cs.as<uint8_t>();
-  v.row_amax = amax.as<float>();
-  v.col_amax = amax.as<float>() + 1;
-  v.nonfinite = flag.as<int>();
+  QuantizedView v = view_of(rows, cols, rd, rs, cd, cs, amax, flag);
   if (split_amax) {
     EXPECT_TRUE(
         compute_amax_cuda(dx.as<bf16>(), rows, cols, opts.rht && opts.colwise, v.row_amax, v.col_amax, nullptr));

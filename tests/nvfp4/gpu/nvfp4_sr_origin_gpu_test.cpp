@@ -13,32 +13,14 @@
 #include <vector>
 #include "common/gpu.h"
 #include "formats/nvfp4/nvfp4.h"
+#include "nvfp4/gpu/nvfp4_gpu_util.h"
 #include "nvfp4/nvfp4_test_util.h"
 
 namespace nb::nvfp4 {
 namespace sr_origin_gpu_test {
+using testing::DeviceBytes;
 using testing::HostQuantized;
-
-// Device storage (zero-filled, or a copy of src), freed on scope exit.
-struct DeviceBytes {
-  void* p = nullptr;
-  size_t n = 0;
-  explicit DeviceBytes(size_t bytes, const void* src = nullptr) : n(bytes) {
-    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
-    if (src)
-      EXPECT_EQ(cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    else
-      EXPECT_EQ(cudaMemset(p, 0, bytes), cudaSuccess);
-  }
-  DeviceBytes(const DeviceBytes&) = delete;
-  DeviceBytes& operator=(const DeviceBytes&) = delete;
-  ~DeviceBytes() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-  void to_host(void* dst) const { EXPECT_EQ(cudaMemcpy(dst, p, n, cudaMemcpyDeviceToHost), cudaSuccess); }
-};
+using testing::view_of;
 
 // quantize_cuda_with_amax of x [rows, cols] with the amaxes amax[0] (row) and amax[1] (column) already in
 // their slots, every output copied back.
@@ -48,16 +30,7 @@ HostQuantized quantize_with_amax_on_gpu(const std::vector<bf16>& x, int64_t rows
   DeviceBytes dx(x.size() * sizeof(bf16), x.data());
   DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
   DeviceBytes damax(2 * sizeof(float), amax), flag(sizeof(int));
-  QuantizedView v;
-  v.rows = rows;
-  v.cols = cols;
-  v.row_data = rd.as<uint8_t>();
-  v.row_scales = rs.as<uint8_t>();
-  v.col_data = cd.as<uint8_t>();
-  v.col_scales = cs.as<uint8_t>();
-  v.row_amax = damax.as<float>();
-  v.col_amax = damax.as<float>() + 1;
-  v.nonfinite = flag.as<int>();
+  QuantizedView v = view_of(rows, cols, rd, rs, cd, cs, damax, flag);
   const Status st = quantize_cuda_with_amax(dx.as<bf16>(), opts, v, nullptr);
   EXPECT_TRUE(st) << st.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -117,27 +90,12 @@ void check_piece(const std::vector<bf16>& x, int64_t whole_rows, int64_t whole_c
   NB_EXPECT_BYTES_EQ(gpu.col_scales, slice_of(whole_gpu.col_scales, whole_rows / 16, col0, cols, row0 / 16, rows / 16));
 }
 
-std::vector<std::pair<std::string, Options>> origin_modes() {
-  Options o;
-  o.sr = true;
-  o.rng = RngKey{31, 7, 12};
-  std::vector<std::pair<std::string, Options>> m{{"sr", o}};
-  o.rht = true;
-  m.push_back({"sr+rht", o});
-  o.rht = false;
-  o.four_over_six = true;
-  m.push_back({"sr+4/6", o});
-  o.rht = true;
-  m.push_back({"sr+rht+4/6", o});
-  return m;
-}
-
 // whole_rows x whole_cols, cut into two row pieces and two column pieces (second piece of each: the
 // origin is not 0), and one piece offset in both dims.
 void check_whole(int64_t whole_rows, int64_t whole_cols, uint32_t seed) {
   auto x = testing::random_normal_bf16(whole_rows * whole_cols, seed);
   for (size_t i = 11; i < x.size(); i += 89) x[i] = f32_to_bf16(bf16_to_f32(x[i]) * 40.0f);  // outliers
-  for (const auto& [name, opts] : origin_modes()) {
+  for (const auto& [name, opts] : testing::sr_modes(RngKey{31, 7, 12})) {
     float amax[2] = {0, 0};
     compute_amax_ref(x.data(), whole_rows, whole_cols, opts.rht, &amax[0], &amax[1]);
     const HostQuantized whole = quantize_with_amax_on_gpu(x, whole_rows, whole_cols, opts, amax);
@@ -233,7 +191,7 @@ void check_fused(int64_t rows, const std::vector<int64_t>& parts, const std::vec
   for (int64_t w : parts) cols += w;
   auto x = testing::random_normal_bf16(rows * cols, seed);
   for (size_t i = 13; i < x.size(); i += 83) x[i] = f32_to_bf16(bf16_to_f32(x[i]) * 40.0f);  // outliers
-  for (const auto& [name, opts] : origin_modes()) {
+  for (const auto& [name, opts] : testing::sr_modes(RngKey{31, 7, 12})) {
     float amax[2] = {0, 0};
     compute_amax_ref(x.data(), rows, cols, opts.rht, &amax[0], &amax[1]);
     const HostQuantized whole = quantize_with_amax_on_gpu(x, rows, cols, opts, amax);
