@@ -62,6 +62,9 @@ class FsdpSync : public LlamaModel::StepHooks {
   // Training-format gathers for these Linears (each with its weight's first parameter, as
   // LlamaModel::quantized_linears gives them): their groups are no longer gathered in BF16.
   Status set_quantized_linears(const std::vector<std::pair<std::string, recipe::Linear*>>& linears);
+  // Tensor parallelism: each rank's weights are its slices of the layer's, so a weight's amax is also the MAX over
+  // the tensor-parallel ranks (this communicator), as one GPU takes it over the whole weight. Before the first pass.
+  void set_tensor_parallel(dist::Communicator* tp) { tp_comm_ = tp; }
   size_t quantized_linear_count() const { return qlinears_.size(); }
 
   // Before each micro-batch's pass: whether another micro-batch of this step follows (its weights are the
@@ -143,6 +146,7 @@ class FsdpSync : public LlamaModel::StepHooks {
 
   ParamStore* P_ = nullptr;
   dist::Communicator* comm_ = nullptr;
+  dist::Communicator* tp_comm_ = nullptr;  // set_tensor_parallel
   Device dev_ = Device::cpu;
   int ranks_ = 1, rank_ = 0, last_unit_ = -1;
   bool next_pass_follows_ = false;

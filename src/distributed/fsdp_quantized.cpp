@@ -72,8 +72,9 @@ Status FsdpSync::reduce_amaxes() {
   }
   mark_.record(nullptr);
   mark_.wait_in(side_.get());
-  NB_TRY(
-      comm_->all_reduce(P_->range(amaxes_.tensor(), 0, int64_t(qlinears_.size())), dist::ReduceOp::max, side_.get()));
+  const Tensor amaxes = P_->range(amaxes_.tensor(), 0, int64_t(qlinears_.size()));
+  NB_TRY(comm_->all_reduce(amaxes, dist::ReduceOp::max, side_.get()));
+  if (tp_comm_) NB_TRY(tp_comm_->all_reduce(amaxes, dist::ReduceOp::max, side_.get()));
   settle();
   amaxes_stale_ = false;
   return Status::ok();

@@ -72,6 +72,7 @@ Status Trainer::connect_ranks() {
 Status Trainer::prepare_fsdp() {
   fsdp_ = std::make_unique<FsdpSync>();
   NB_TRY(fsdp_->init(&model_.base(), comm_.get(), dev_));
+  if (tp_size() > 1) fsdp_->set_tensor_parallel(tp_comm_.get());
   model_.set_step_hooks(fsdp_.get());
   fsdp_->set_embeddings_per_step(cfg_.fsdp_embeddings_per_step);
   NB_TRY(fsdp_->set_reduce_in_bf16(cfg_.grad_reduce_in_bf16));  // a frozen LoRA base reduces nothing
@@ -146,7 +147,6 @@ Status Trainer::choose_param_gather() {
     if (!linears.empty())
       std::printf("Megatron-FSDP gathers every weight in BF16 (%s)\n",
                   cfg_.fsdp_param_gather == "bf16" ? "--fsdp-param-gather bf16"
-                  : tp_size() > 1                  ? "tensor parallelism: training-format gathers not yet"
                   : cfg_.quant_stats               ? "--quant-stats reads the BF16 weights"
                                                    : "annealing runs BF16 steps");
     return Status::ok();

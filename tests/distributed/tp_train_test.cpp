@@ -82,6 +82,10 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
                              "--nproc-per-node 4 --tensor-model-parallel-size 4"},
                         Case{"--recipe bf16_with_nvfp4_mixed", 1e-6, 1e-6, "--sequence-parallel",
                              "--nproc-per-node 4 --tensor-model-parallel-size 2 --use-distributed-optimizer"},
+                        // Megatron-FSDP's training-format gathers: each weight's amax over FSDP and TP ranks
+                        Case{"--recipe bf16_with_nvfp4_mixed", 1e-6, 1e-6, "--sequence-parallel",
+                             "--nproc-per-node 4 --tensor-model-parallel-size 2 --use-megatron-fsdp "
+                             "--data-parallel-sharding-strategy optim_grads_params --fsdp-param-gather training"},
                         Case{"--recipe bf16_with_nvfp4_mixed --fp4-disable-sr", 1e-6, 1e-6, "--sequence-parallel"},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6},
                         Case{"--recipe bf16_with_mxfp8_mixed", 1e-6, 1e-6, "--sequence-parallel"},
@@ -98,6 +102,10 @@ TEST(TensorParallelCpuQuantized, ShardedScalesAreOneGpusAtStepOne) {
     if (!c.tp_only.empty())  // every layer's inputs gathered in its own format (recipe::Linear::forward_gathered)
       EXPECT_NE(r.out.find("sequence parallel: 4 of 4 column-parallel inputs and 4 of 4 row-parallel output "
                            "gradients all-gathered in their quantized"),
+                std::string::npos)
+          << r.out;
+    if (c.layout.find("--fsdp-param-gather training") != std::string::npos)
+      EXPECT_NE(r.out.find("Megatron-FSDP gathers 8 quantized linear weights in their training format"),
                 std::string::npos)
           << r.out;
     const auto a = read_metrics(one), b = read_metrics(tp);
