@@ -39,5 +39,7 @@ configs=(
   "8b-bf16-t4|4|$big --tensor-model-parallel-size 4 $sp"
   "8b-bf16-t2d2|4|$big --tensor-model-parallel-size 2 $sp --use-distributed-optimizer"
   "8b-bf16-fsdp4|4|$big --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
+  "8b-nvfp4-t2d2|4|$big $nvfp4 --tensor-model-parallel-size 2 $sp --use-distributed-optimizer"
+  "8b-nvfp4-fsdp4|4|$big $nvfp4 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
 )
 run_configs "${configs[@]}"
