@@ -34,9 +34,10 @@ static Status check_sr_col_segments(int64_t cols, const SrOrigin& o) {
   const int64_t whole_cols = o.whole_cols ? o.whole_cols : cols;
   bool ok = n > 0 && n <= kMaxSrColSegments && o.col0 == 0 && o.col_segments[0].local == 0;
   std::string list;
-  for (int i = 0; i < std::min(n, kMaxSrColSegments); ++i) {
+  const int listed = std::min(n, kMaxSrColSegments);  // a count past the array is refused, never read past
+  for (int i = 0; i < listed; ++i) {
     const SrColSegment& seg = o.col_segments[i];
-    const int64_t end = i + 1 < n ? o.col_segments[i + 1].local : cols;
+    const int64_t end = i + 1 < listed ? o.col_segments[i + 1].local : cols;
     ok = ok && seg.local % kBlock == 0 && seg.whole % kBlock == 0 && seg.local < end && seg.whole >= 0 &&
          seg.whole + (end - seg.local) <= whole_cols;
     list += (i ? ", (" : "(") + std::to_string(seg.local) + ", " + std::to_string(seg.whole) + ")";
