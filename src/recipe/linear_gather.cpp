@@ -8,6 +8,7 @@
 // copies travel: every rank's Wgrad reduces over all the tokens, so it needs the copy blocked along them.
 #include <algorithm>
 #include "core/bf16.h"
+#include "core/gpu_profile.h"
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
 #include "recipe/linear_internal.h"
@@ -83,7 +84,10 @@ Status gather_role(Linear::Impl& s, Role role, ByteGroup* group, const Tensor& l
   NB_TRY(st);
   uint8_t* gathered = chunk + stride;
   const std::string what = std::string("linear '") + s.name + (role == Role::input ? "' input" : "' gradient");
-  NB_TRY(group->all_gather(chunk, stride, gathered, stream).context(what + " gather"));
+  NB_PROFILE_BEGIN("tp: all-gather (quantized)");  // --profile: collectives are phases of their own
+  const Status gathered_st = group->all_gather(chunk, stride, gathered, stream);
+  NB_PROFILE_END("tp: all-gather (quantized)");
+  NB_TRY(gathered_st.context(what + " gather"));
   uint8_t* const whole[4] = {c.ptr(c.row_data), c.ptr(c.row_scales), rc.has_col ? c.ptr(c.col_data) : nullptr,
                              rc.has_col ? c.ptr(c.col_scales) : nullptr};
   NB_TRY(assemble_row_chunks(rc, gathered, stride, whole, s.dev, stream));
