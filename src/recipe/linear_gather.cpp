@@ -85,7 +85,7 @@ Status gather_role(Linear::Impl& s, Role role, ByteGroup* group, const Tensor& l
   uint8_t* gathered = chunk + stride;
   const std::string what = std::string("linear '") + s.name + (role == Role::input ? "' input" : "' gradient");
   NB_PROFILE_BEGIN("tp: all-gather (quantized)");  // --profile: collectives are phases of their own
-  const Status gathered_st = group->all_gather(chunk, stride, gathered, stream);
+  Status gathered_st = group->all_gather(chunk, stride, gathered, stream);
   NB_PROFILE_END("tp: all-gather (quantized)");
   NB_TRY(gathered_st.context(what + " gather"));
   uint8_t* const whole[4] = {c.ptr(c.row_data), c.ptr(c.row_scales), rc.has_col ? c.ptr(c.col_data) : nullptr,
