@@ -190,9 +190,8 @@ void Trainer::print_plan() {
 
 // Megatron-FSDP gathers the quantized layers' weights as codes and scales (trainer_dist.cpp's choice).
 bool Trainer::training_format_gather() const {
-  return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size / tp_size() > 1 &&
-         recipe_.quantized() && !lora() && cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats &&
-         !(cfg_.anneal_start_fraction > 0);
+  return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size / tp_size() > 1 && recipe_.quantized() &&
+         !lora() && cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
 }
 
 Status Trainer::build_model() {
