@@ -45,22 +45,33 @@ Status role_chunks(Role role, const RoleSpec& spec, int64_t tokens, int64_t cols
   return Status::ok();
 }
 
-size_t gather_bytes(Role role, const Recipe& r, bool bf16_layer, int64_t tokens, int64_t cols, int ranks) {
+// The role's layout for a gather of `tokens` over `ranks`, or null where a row chunk cannot reproduce the whole
+// tensor's copies (a BF16 layer, a format gather_block_rows refuses, tokens that are not whole blocks per rank).
+std::shared_ptr<RowChunks> gather_layout(Role role, const Recipe& r, bool bf16_layer, int64_t tokens, int64_t cols,
+                                         int ranks) {
   const RoleSpec& spec = role == Role::input ? r.input : r.grad;
-  if (bf16_layer || !r.quantized() || ranks < 2 || tokens % ranks != 0) return 0;
+  if (bf16_layer || !r.quantized() || ranks < 2 || tokens % ranks != 0) return nullptr;
   const int64_t blk = gather_block_rows(spec);
-  if (blk == 0 || (tokens / ranks) % blk != 0) return 0;
-  RowChunks rc;
-  if (!role_chunks(role, spec, tokens, cols, ranks, &rc).is_ok()) return 0;
-  return align256(rc.chunk_bytes) * size_t(1 + ranks);
+  if (blk == 0 || (tokens / ranks) % blk != 0) return nullptr;
+  auto rc = std::make_shared<RowChunks>();
+  if (!role_chunks(role, spec, tokens, cols, ranks, rc.get()).is_ok()) return nullptr;
+  return rc;
+}
+
+// The workspace's gather slot for a layout: this rank's chunk and the gathered chunks of every rank.
+size_t slot_bytes(const RowChunks& rc) { return align256(rc.chunk_bytes) * size_t(1 + rc.ranks); }
+
+size_t gather_bytes(Role role, const Recipe& r, bool bf16_layer, int64_t tokens, int64_t cols, int ranks) {
+  const auto rc = gather_layout(role, r, bf16_layer, tokens, cols, ranks);
+  return rc ? slot_bytes(*rc) : 0;
 }
 
 ByteGroup* attach(Linear::Impl* s, Role role, ByteGroup* group) {
   if (!s || s->frozen || !group) return nullptr;
   const int64_t cols = role == Role::input ? s->in : s->out;
-  const size_t bytes = gather_bytes(role, s->recipe, s->all_bf16, s->max_tokens, cols, group->size());
-  if (bytes == 0) return nullptr;
-  s->workspace->reserve(LinearWorkspace::Slot::gather, bytes);
+  s->gather_layout[int(role)] = gather_layout(role, s->recipe, s->all_bf16, s->max_tokens, cols, group->size());
+  if (!s->gather_layout[int(role)]) return nullptr;
+  s->workspace->reserve(LinearWorkspace::Slot::gather, slot_bytes(*s->gather_layout[int(role)]));
   return group;
 }
 
@@ -70,8 +81,10 @@ Status gather_role(Linear::Impl& s, Role role, ByteGroup* group, const Tensor& l
   const int ranks = group->size();
   const int64_t rows = local.shape[0], m = rows * ranks, cols = role == Role::input ? s.in : s.out;
   QCopies& c = s.q[int(role)];
-  RowChunks rc;
-  NB_TRY(role_chunks(role, c.spec, m, cols, ranks, &rc));
+  RowChunks fewer;  // a micro-batch of fewer tokens than max_tokens: its own layout (the model's are all whole)
+  const RowChunks* cached = s.gather_layout[int(role)].get();
+  if (cached->whole_rows != m) NB_TRY(role_chunks(role, c.spec, m, cols, ranks, &fewer));
+  const RowChunks& rc = cached->whole_rows == m ? *cached : fewer;
   const size_t stride = align256(rc.chunk_bytes);
   uint8_t* chunk = nullptr;
   NB_TRY(s.workspace->acquire(LinearWorkspace::Slot::gather, stride * size_t(1 + ranks), &chunk));
@@ -170,7 +183,9 @@ void Linear::set_grad_columns(int64_t whole_cols, const std::vector<std::pair<in
   if (!impl_) return;
   nvfp4::SrOrigin& o = impl_->sr_origin[int(Role::grad)];
   o.whole_cols = whole_cols;
-  o.n_col_segments = int(std::min<size_t>(segments.size(), nvfp4::kMaxSrColSegments));
+  NB_CHECK(segments.size() <= size_t(nvfp4::kMaxSrColSegments), "linear '%s': %zu column segments, at most %d",
+           impl_->name.c_str(), segments.size(), nvfp4::kMaxSrColSegments);
+  o.n_col_segments = int(segments.size());
   for (int i = 0; i < o.n_col_segments; ++i)
     o.col_segments[i] = {segments[size_t(i)].first, segments[size_t(i)].second};
 }

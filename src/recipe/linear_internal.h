@@ -37,6 +37,8 @@
 
 namespace nb::recipe {
 
+struct RowChunks;  // row_chunks.h
+
 enum class Role : int { input = 0, weight = 1, grad = 2 };
 
 // Granularity each format's GEMMs need of every dimension that is some GEMM's rows or K
@@ -188,6 +190,8 @@ struct Linear::Impl {
   // gradient (set_grad_gather), else null.
   ByteGroup* input_gather = nullptr;
   ByteGroup* grad_gather = nullptr;
+  // Per Role: the chunk layout of a gather of max_tokens tokens, made once by set_*_gather (row_chunks.h).
+  std::shared_ptr<RowChunks> gather_layout[3];
   // The Dgrad and Wgrad GEMMs of backward() and backward_gathered(), on the grad copies just made.
   Status dgrad_wgrad(const Tensor& dy, const Tensor& dx, float dx_beta, const Tensor& dw_f32, Stream stream,
                      const std::function<Status()>& after_dgrad);
