@@ -117,6 +117,16 @@ void advance_positions(const Tensor& pos, [[maybe_unused]] Stream stream) {
   for (int64_t b = 0; b < pos.numel(); ++b) ++pos.ptr<int32_t>()[b];
 }
 
+void vocab_shard_ids(const Tensor& ids, int64_t begin, int64_t end, const Tensor& out, [[maybe_unused]] Stream stream) {
+  NB_CHECK(ids.dtype == DType::i32 && out.dtype == DType::i32 && ids.numel() == out.numel() && begin <= end,
+           "vocab_shard_ids: ids and out must be i32 of one length, and begin <= end");
+  if (ids.device == Device::cuda)
+    NB_OPS_CUDA("vocab_shard_ids", detail::vocab_shard_ids_cuda(ids, begin, end, out, stream));
+  const int32_t* in = ids.ptr<int32_t>();
+  int32_t* o = out.ptr<int32_t>();
+  for (int64_t t = 0; t < ids.numel(); ++t) o[t] = in[t] >= begin && in[t] < end ? int32_t(in[t] - begin) : -1;
+}
+
 bool gemv_fits(const Tensor& x, const Tensor& w, const Tensor& y) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (x.device != Device::cuda || w.device != Device::cuda || y.device != Device::cuda) return false;

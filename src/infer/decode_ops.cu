@@ -180,6 +180,11 @@ __global__ void advance_kernel(int32_t* pos, int64_t n) {
   if (i < n) ++pos[i];
 }
 
+__global__ void vocab_shard_kernel(const int32_t* ids, int64_t begin, int64_t end, int32_t* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = ids[i] >= begin && ids[i] < end ? int32_t(ids[i] - begin) : -1;
+}
+
 template <typename F>
 void dispatch(DType t, F&& f) {
   if (t == DType::bf16)
@@ -245,6 +250,14 @@ void advance_positions_cuda(const Tensor& pos, Stream s) {
   const int64_t n = pos.numel();
   if (n == 0) return;
   advance_kernel<<<unsigned((n + 255) / 256), 256, 0, as_cuda(s)>>>(pos.ptr<int32_t>(), n);
+  CUDA_CHECK_LAUNCH();
+}
+
+void vocab_shard_ids_cuda(const Tensor& ids, int64_t begin, int64_t end, const Tensor& out, Stream s) {
+  const int64_t n = ids.numel();
+  if (n == 0) return;
+  vocab_shard_kernel<<<unsigned((n + 255) / 256), 256, 0, as_cuda(s)>>>(ids.ptr<int32_t>(), begin, end,
+                                                                        out.ptr<int32_t>(), n);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -35,6 +35,9 @@ Status cache_attention(const Tensor& q, const Tensor& cache_k, const Tensor& cac
 void argmax_rows(const Tensor& logits, const Tensor& ids, Stream stream);
 // pos[b] += 1 (the next decode step's position; on the device so that the step needs no upload).
 void advance_positions(const Tensor& pos, Stream stream);
+// Tensor parallelism's vocabulary-parallel embedding: out[t] = ids[t] - begin where begin <= ids[t] < end (this
+// rank's rows), else -1 (another rank's row: a zero row, ops/embedding.h). ids and out [T] i32.
+void vocab_shard_ids(const Tensor& ids, int64_t begin, int64_t end, const Tensor& out, Stream stream);
 
 // y[M, N] = x[M, K] W[N, K]^T, plus y's own values when `accumulate` (the residual add, one rounding of
 // acc + y): BF16 x and W, FP32 accumulation (per lane in k order, then a fixed-order warp butterfly), y
@@ -53,6 +56,7 @@ Status cache_attention_cuda(const Tensor& q, const Tensor& cache_k, const Tensor
                             const Tensor& out, float scale, Stream stream);
 void argmax_rows_cuda(const Tensor& logits, const Tensor& ids, Stream stream);
 void advance_positions_cuda(const Tensor& pos, Stream stream);
+void vocab_shard_ids_cuda(const Tensor& ids, int64_t begin, int64_t end, const Tensor& out, Stream stream);
 void decode_gemv_cuda(const Tensor& x, const Tensor& w, const Tensor& y, bool accumulate, Stream stream);
 }  // namespace detail
 

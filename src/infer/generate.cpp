@@ -26,8 +26,10 @@ void choose(const std::vector<float>& logits, int64_t V, const SamplingParams& s
 Status Generator::generate(const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o,
                            GenerateResult* r) {
   NB_TRY(validate(o.sampling));
-  NB_TRY(check_prompts(prompts, config(), L_));
-  const int64_t Bn = int64_t(prompts.size()), V = config().vocab;
+  LlamaConfig whole = config();
+  whole.vocab = vocab();  // the ids a prompt may hold: the whole vocabulary under tensor parallelism
+  NB_TRY(check_prompts(prompts, whole, L_));
+  const int64_t Bn = int64_t(prompts.size()), V = vocab();
   if (Bn > max_batch()) return errorf("%lld prompts exceed the batch of %lld", (long long)Bn, (long long)max_batch());
   const bool greedy = o.sampling.greedy() || o.sampling.top_k == 1;
   *r = GenerateResult{};

@@ -9,6 +9,9 @@
 // step's kernels are recorded once per batch size in a CUDA graph and replayed (infer/decode_graph.h).
 // Prefill keeps the training forward's kernels (cuBLASLt GEMMs, cuDNN attention) on the default stream.
 //
+// Under tensor parallelism (generator.h) the embedding, the o and down outputs and the LM head's logits go
+// through the group (embed, row_parallel, head); everything else is the rank's shard of the one-rank forward.
+//
 // LoRA adapters run unmerged, in the training forward's order (model/llama_pass.cpp, forward_layer): each
 // adapted linear's base GEMM first, then lora_forward adds scale * (x A^T) B^T into the same output (for
 // o and down that output is the residual, as in training). On the CPU every op here is the training
@@ -21,6 +24,7 @@
 #include "infer/decode_graph.h"
 #include "infer/decode_ops.h"
 #include "model/lora.h"
+#include "model/tensor_parallel.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -63,12 +67,18 @@ struct Generator::Impl {
   SideStream side;           // decode steps' stream (CUDA; the default stream on the CPU backend)
   StreamEvent after_default, after_step;
   StepGraphs graphs;  // one decode step per (batch, argmax or not), replayed
+  TensorParallelGroup tp;
+  Buffer tp_ids, tp_y, tp_local, tp_gathered;  // local vocabulary ids, o/down partial sums, local and all logits
 
   Status allocate(int64_t tokens);
   Tensor weight(const Tensor& compute, const Tensor& master);
   Status adapt(const LayerWeights& lw, int i, const Tensor& x, const Tensor& y);
   Status linear(const Tensor& x, const Tensor& w, const Tensor& y, float beta, bool decode);
   Status layer(int64_t l, int64_t Bn, int64_t S, bool decode);
+  Status embed(int64_t T);
+  Status row_parallel(const Tensor& in, const Tensor& w, const Tensor& X, bool decode);
+  Status gather_logits(const Tensor& local, const Tensor& out);
+  int64_t vocab_out() const { return tp.group ? tp.whole_vocab : c.vocab; }
   Status forward(int64_t Bn, int64_t S, bool decode);
   Status head(const Tensor& rows, const Tensor& out, bool decode);
   Status decode_step(int64_t Bn, bool argmax);
@@ -113,28 +123,36 @@ Status Generator::Impl::allocate(int64_t tokens) {
   NB_TRY(Buffer::allocate(&ids, DType::i32, dev, {tokens}));
   NB_TRY(Buffer::allocate(&tok_pos, DType::i32, dev, {tokens}));
   if (w.lora_rank > 0) NB_TRY(Buffer::allocate(&lora_h, dt, dev, {tokens, w.lora_rank}));
+  if (tp.group) {
+    NB_TRY(Buffer::allocate(&tp_ids, DType::i32, dev, {tokens}));
+    NB_TRY(Buffer::allocate(&tp_y, dt, dev, {tokens, H}));
+  }
   cap = tokens;
   graphs.clear();  // they point at the buffers just replaced
   return Status::ok();
 }
 
 // Mirrors Impl::allocate and init below (memory_estimate_test checks the two against the allocations).
-int64_t Generator::planned_bytes(const LlamaConfig& c, Device dev, int64_t max_batch, int64_t max_len,
-                                 int64_t prompt_tokens, bool cast_weights, int64_t lora_rank) {
+int64_t Generator::planned_bytes(const LlamaConfig& whole, Device dev, int64_t max_batch, int64_t max_len,
+                                 int64_t prompt_tokens, bool cast_weights, int64_t lora_rank, int tp_size) {
+  const LlamaConfig c = tp::local_config(whole, tp_size);
   const int64_t e = dev == Device::cuda ? 2 : 4;  // the compute dtype's bytes
   auto buf = [](int64_t bytes) { return (std::max<int64_t>(bytes, 1) + 255) / 256 * 256; };
   const int64_t t = std::max(max_batch, prompt_tokens), qkvd = c.q_dim() + 2 * c.kv_dim();
   int64_t n = 2 * buf(t * c.hidden * e) + buf(t * 4) + buf(t * qkvd * e) + 2 * buf(t * c.q_dim() * e) +
               2 * buf(t * c.kv_dim() * e) + buf(t * 2 * c.ffn * e) + buf(t * c.ffn * e) + buf(t * c.heads * 4) +
               2 * buf(t * 4) + (lora_rank > 0 ? buf(t * lora_rank * e) : 0);
-  n += buf(max_batch * c.hidden * e) + buf(max_batch * c.vocab * 4) + buf(max_batch * 4);
+  n += buf(max_batch * c.hidden * e) + buf(max_batch * whole.vocab * 4) + buf(max_batch * 4);
+  if (tp_size > 1)  // Impl::allocate's and init's tensor-parallel buffers
+    n += buf(t * 4) + buf(t * c.hidden * e) + buf(max_batch * c.vocab * 4) + buf(tp_size * max_batch * c.vocab * 4);
   n += 2 * c.layers * buf(max_batch * max_len * c.kv_dim() * e);
   n += 2 * buf(max_len * c.head_dim / 2 * 4);
   if (cast_weights) n += buf(c.hidden * std::max(qkvd, 2 * c.ffn) * e);
   return n;
 }
 
-Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len) {
+Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len,
+                       const TensorParallelGroup& tp) {
   Impl& m = *impl_;
   if (max_len < 1 || max_len > cfg.max_seq || max_batch < 1)
     return errorf("a generation context of %lld positions does not fit the model's %lld", (long long)max_len,
@@ -145,6 +163,7 @@ Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev
   m.dt = dev == Device::cuda ? DType::bf16 : DType::f32;
   m.max_b = max_batch;
   m.L = max_len;
+  m.tp = tp.group && tp.group->size() > 1 ? tp : TensorParallelGroup{};
   m.graphs.clear();
   m.cap = 0;  // a second init: fresh buffers for the new weights and shapes
   NB_TRY(m.side.create(dev));
@@ -154,7 +173,11 @@ Status Generator::init(const LlamaConfig& cfg, const ModelWeights& w, Device dev
   L_ = max_len;
   NB_TRY(m.allocate(max_batch));
   NB_TRY(Buffer::allocate(&m.last, m.dt, dev, {max_batch, cfg.hidden}));
-  NB_TRY(Buffer::allocate(&m.logits, DType::f32, dev, {max_batch, cfg.vocab}));
+  NB_TRY(Buffer::allocate(&m.logits, DType::f32, dev, {max_batch, m.vocab_out()}));
+  if (m.tp.group) {
+    NB_TRY(Buffer::allocate(&m.tp_local, DType::f32, dev, {max_batch, cfg.vocab}));
+    NB_TRY(Buffer::allocate(&m.tp_gathered, DType::f32, dev, {m.tp.group->size() * max_batch * cfg.vocab}));
+  }
   NB_TRY(Buffer::allocate(&m.pos, DType::i32, dev, {max_batch}));
   m.ck.resize(size_t(cfg.layers));
   m.cv.resize(size_t(cfg.layers));
@@ -223,19 +246,58 @@ Status Generator::Impl::layer(int64_t l, int64_t Bn, int64_t S, bool decode) {
     const ops::AttentionShape ash{Bn, S, Hq, Hkv, hd, scale};
     NB_TRY(ops::attention_forward(ash, q4, k4, v4, o4, view(lse, {Bn, Hq, S}), st));
   }
-  NB_TRY(linear(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, 1.f, decode));
+  NB_TRY(row_parallel(view(o, {T, c.q_dim()}), weight(lw.wo, lw.mo), X, decode));
   NB_TRY(adapt(lw, 1, view(o, {T, c.q_dim()}), X));
   ops::rmsnorm_forward(X, lw.w_post, c.norm_eps, N, R, st);
   const Tensor GU = view(gu, {T, 2 * c.ffn}), A = view(a, {T, c.ffn});
   NB_TRY(linear(N, weight(lw.wgu, lw.mgu), GU, 0.f, decode));
   NB_TRY(adapt(lw, 2, N, GU));
   ops::swiglu_forward(GU, A, st);
-  NB_TRY(linear(A, weight(lw.wdown, lw.mdown), X, 1.f, decode));
+  NB_TRY(row_parallel(A, weight(lw.wdown, lw.mdown), X, decode));
   return adapt(lw, 3, A, X);
 }
 
+// The residual X += in W^T; under tensor parallelism `in` holds this rank's columns, so the partial products
+// are summed over the group first (LoRA is refused there: Trainer::setup_sampling).
+Status Generator::Impl::row_parallel(const Tensor& in, const Tensor& W, const Tensor& X, bool decode) {
+  if (!tp.group) return linear(in, W, X, 1.f, decode);
+  const Tensor Y = view(tp_y, {X.shape[0], X.shape[1]});
+  NB_TRY(linear(in, W, Y, 0.f, decode));
+  NB_TRY(tp.group->sum(Y, st));
+  ops::add_inplace(X, Y, st);
+  return Status::ok();
+}
+
+// The embedding of the T tokens in ids; under tensor parallelism each rank's rows, summed over the group.
+Status Generator::Impl::embed(int64_t T) {
+  const Tensor X = view(x, {T, c.hidden});
+  if (!tp.group) {
+    ops::embedding_forward(w.embed, view(ids, {T}), X, st);
+    return Status::ok();
+  }
+  vocab_shard_ids(view(ids, {T}), tp.vocab_begin, tp.vocab_begin + c.vocab, view(tp_ids, {T}), st);
+  ops::embedding_forward(w.embed, view(tp_ids, {T}), X, st);
+  return tp.group->sum(X, st);
+}
+
+// This rank's logits `local` [R, V/T] all-gathered ([T][R][V/T] in rank order) into the whole vocabulary's
+// rows `out` [R, V] (the padding past V dropped).
+Status Generator::Impl::gather_logits(const Tensor& local, const Tensor& out) {
+  const int64_t R = local.shape[0], Vl = local.shape[1], V = out.shape[1], size = tp.group->size();
+  if (tp_gathered.tensor().numel() < size * R * Vl)
+    NB_TRY(Buffer::allocate(&tp_gathered, DType::f32, dev, {size * R * Vl}));
+  NB_TRY(tp.group->all_gather(local, view(tp_gathered, {size * R * Vl}), st));
+  const auto* g = static_cast<const float*>(tp_gathered.data());
+  auto* o = static_cast<float*>(out.data);
+  for (int64_t t = 0; t < size; ++t)
+    for (int64_t r = 0; r < R; ++r)
+      if (const int64_t n = std::min(Vl, V - t * Vl); n > 0)
+        NB_TRY(copy_bytes_async(o + r * V + t * Vl, dev, g + (t * R + r) * Vl, dev, size_t(n) * 4, st));
+  return Status::ok();
+}
+
 Status Generator::Impl::forward(int64_t Bn, int64_t S, bool decode) {
-  ops::embedding_forward(w.embed, view(ids, {Bn * S}), view(x, {Bn * S, c.hidden}), st);
+  NB_TRY(embed(Bn * S));
   for (int64_t l = 0; l < c.layers; ++l) NB_TRY(layer(l, Bn, S, decode));
   return Status::ok();
 }
@@ -245,15 +307,19 @@ Status Generator::Impl::head(const Tensor& rows, const Tensor& out, bool decode)
   const int64_t R = rows.shape[0];
   const Tensor NF = view(n, {R, c.hidden});
   ops::rmsnorm_forward(rows, w.norm, c.norm_eps, NF, view(rstd, {R}), st);
-  return linear(NF, w.lm_head, out, 0.f, decode);
+  if (!tp.group) return linear(NF, w.lm_head, out, 0.f, decode);
+  if (tp_local.tensor().numel() < R * c.vocab) NB_TRY(Buffer::allocate(&tp_local, DType::f32, dev, {R * c.vocab}));
+  const Tensor local = view(tp_local, {R, c.vocab});
+  NB_TRY(linear(NF, w.lm_head, local, 0.f, decode));
+  return gather_logits(local, out);
 }
 
 // The work of one decode step on `st` (what a step graph records): the layers, the LM head and, for greedy
 // decoding, the argmax into the next step's ids.
 Status Generator::Impl::decode_step(int64_t Bn, bool argmax) {
   NB_TRY(forward(Bn, 1, true));
-  NB_TRY(head(view(x, {Bn, c.hidden}), view(logits, {Bn, c.vocab}), true));
-  if (argmax) argmax_rows(view(logits, {Bn, c.vocab}), view(ids, {Bn}), st);
+  NB_TRY(head(view(x, {Bn, c.hidden}), view(logits, {Bn, vocab_out()}), true));
+  if (argmax) argmax_rows(view(logits, {Bn, vocab_out()}), view(ids, {Bn}), st);
   return Status::ok();
 }
 
@@ -279,7 +345,7 @@ Status Generator::prefill(const std::vector<std::vector<int32_t>>& prompts, std:
   NB_TRY(copy_bytes(m.pos.data(), m.dev, m.len.data(), Device::cpu, size_t(Bn) * 4));
   m.B = B_ = Bn;
   NB_TRY(m.forward(Bn, S, false));
-  const int64_t V = m.c.vocab;
+  const int64_t V = m.vocab_out();
   if (all_logits) {
     if (m.all_logits.tensor().numel() < Bn * S * V)
       NB_TRY(Buffer::allocate(&m.all_logits, DType::f32, m.dev, {Bn * S, V}));
@@ -321,10 +387,13 @@ Status Generator::step(const int32_t* ids, std::vector<float>* logits, std::vect
 
 Status Generator::Impl::run_step(const int32_t* host_ids, std::vector<float>* out_logits,
                                  std::vector<int32_t>* next_ids) {
-  const int64_t Bn = B, V = c.vocab;
+  const int64_t Bn = B, V = vocab_out();
   if (host_ids) NB_TRY(copy_bytes_async(ids.data(), dev, host_ids, Device::cpu, size_t(Bn) * 4, st));
   const bool argmax = next_ids != nullptr;
-  NB_TRY(graphs.run(dev, Bn * 2 + (argmax ? 1 : 0), st, [&] { return decode_step(Bn, argmax); }));
+  if (tp.group)  // the group's collectives stay out of graph captures
+    NB_TRY(decode_step(Bn, argmax));
+  else
+    NB_TRY(graphs.run(dev, Bn * 2 + (argmax ? 1 : 0), st, [&] { return decode_step(Bn, argmax); }));
   // Positions advance on the device while every row runs; once generate() froze a row, from the host.
   bool any_done = false;
   for (int64_t b = 0; b < Bn; ++b) {
@@ -348,11 +417,12 @@ Status Generator::Impl::run_step(const int32_t* host_ids, std::vector<float>* ou
 
 int64_t Generator::max_batch() const { return impl_->max_b; }
 const LlamaConfig& Generator::config() const { return impl_->c; }
+int64_t Generator::vocab() const { return impl_->vocab_out(); }
 void Generator::freeze_row(int64_t b) { impl_->done[size_t(b)] = 1; }
 
 Status Generator::first_argmax(std::vector<int32_t>* next) {
   Impl& m = *impl_;
-  argmax_rows(view(m.logits, {m.B, m.c.vocab}), view(m.ids, {m.B}), nullptr);
+  argmax_rows(view(m.logits, {m.B, m.vocab_out()}), view(m.ids, {m.B}), nullptr);
   next->resize(size_t(m.B));
   return copy_bytes(next->data(), Device::cpu, m.ids.data(), m.dev, size_t(m.B) * 4);
 }

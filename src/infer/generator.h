@@ -12,6 +12,14 @@
 // first new token comes from the logits at position len[b] - 1; decode step i then feeds each row's latest
 // token at position len[b] + i, attending over cache positions 0..len[b] + i.
 //
+// Tensor parallelism (samples while training under --tensor-model-parallel-size T): every rank of the group
+// runs one Generator over its own shard (cfg: the rank's tp::local_config, its heads, KV heads, FFN and
+// vocabulary rows), in step with the others: the embedding is vocabulary-parallel (ids of other ranks' rows
+// give zero rows, then the group's sum), the o and down outputs are summed over the group before the residual
+// add (the training forward's order, model/llama_pass_tp.cpp), and the LM head's logits are all-gathered into
+// the whole vocabulary's [B, V] (V = whole_vocab) on every rank, so every rank picks the same tokens and stops
+// with the others. Decode steps then run eagerly (no CUDA graphs around the collectives).
+//
 // Cache: per layer K and V [B, L, Hkv, hd], L = the longest prompt plus the new tokens, capped at the
 // model's context (max_seq): 2 * layers * B * L * kv_dim elements. Positions live on the device and
 // advance there, so a decode step uploads nothing under greedy decoding (the argmax runs on the device too).
@@ -23,6 +31,7 @@
 #include "infer/sampler.h"
 #include "infer/weights.h"
 #include "model/llama_config.h"
+#include "ops/vocab_parallel_ce.h"
 
 namespace nb::infer {
 
@@ -41,17 +50,25 @@ struct GenerateResult {
   std::vector<float> prefill_logits;   // [B, S_max, V] FP32 when asked for (pads' rows included)
 };
 
+struct TensorParallelGroup {
+  ops::tp::ReduceGroup* group = nullptr;  // nullptr: one rank holds the whole model
+  int64_t vocab_begin = 0;                // the first vocabulary id of this rank's rows
+  int64_t whole_vocab = 0;                // the logits' width: the whole model's vocabulary
+};
+
 class Generator {
  public:
   Generator();
   ~Generator();
   // A context of `max_len` positions for up to `max_batch` sequences (<= cfg.max_seq).
-  Status init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len);
+  Status init(const LlamaConfig& cfg, const ModelWeights& w, Device dev, int64_t max_batch, int64_t max_len,
+              const TensorParallelGroup& tp = {});
   // The bytes init and a generate() of prompts of up to `prompt_tokens` positions in all allocate (each buffer a
   // 256-byte multiple, as the allocator holds it), without allocating: the memory estimate's figure for the
   // training samples. cast_weights: some linear weights have no compute copy (cast on use through a stage).
+  // Under tensor parallelism pass the whole model's config and tp_size: a rank's buffers.
   static int64_t planned_bytes(const LlamaConfig& cfg, Device dev, int64_t max_batch, int64_t max_len,
-                               int64_t prompt_tokens, bool cast_weights, int64_t lora_rank = 0);
+                               int64_t prompt_tokens, bool cast_weights, int64_t lora_rank = 0, int tp_size = 1);
   Status generate(const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& o, GenerateResult* r);
 
   // The two passes generate() is made of (tests drive them directly).
@@ -67,6 +84,7 @@ class Generator {
   int64_t max_len() const { return L_; }
   int64_t max_batch() const;
   const LlamaConfig& config() const;
+  int64_t vocab() const;  // the logits' width: config().vocab, or the whole vocabulary under tensor parallelism
 
  private:
   Status first_argmax(std::vector<int32_t>* next);   // the prefill logits' argmax, into the next step's ids

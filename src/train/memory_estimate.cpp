@@ -246,12 +246,12 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   }
   if (const double g = tensor_parallel_save_bytes(j); g > 0)
     e->rows.push_back({MemPart::other, g, "a save's tensor-parallel gather chunks"});
-  if (j.sample_len > 0) {  // rank 0 only; the other ranks hold less
+  if (j.sample_len > 0) {  // rank 0 (and its tensor-parallel group) only; the other ranks hold less
     const bool cast = j.master_only() && j.recipe.quantized();
-    e->rows.push_back(
-        {MemPart::samples,
-         double(infer::Generator::planned_bytes(j.model, j.dev, 1, j.sample_len, j.sample_prompt_tokens, cast)),
-         "the generator's KV cache and buffers while it samples"});
+    e->rows.push_back({MemPart::samples,
+                       double(infer::Generator::planned_bytes(j.model, j.dev, 1, j.sample_len, j.sample_prompt_tokens,
+                                                              cast, 0, j.tensor_parallel)),
+                       "the generator's KV cache and buffers while it samples"});
   }
   if (j.dev == Device::cuda) e->libraries = kLibraryBytes + (j.ranks > 1 ? kNcclBytes : 0.0);
   e->host = host_bytes(j);

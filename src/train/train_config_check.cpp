@@ -19,7 +19,7 @@ namespace {
 // What tensor parallelism does not cover yet, refused before anything starts.
 Status check_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_model_parallel_size == 1) return Status::ok();
-  const char* what = c.peft == "lora" ? "--peft lora" : c.sample_interval > 0 ? "--sample-interval" : nullptr;
+  const char* what = c.peft == "lora" ? "--peft lora" : nullptr;
   if (what)
     return errorf("%s under --tensor-model-parallel-size %lld is not supported yet; leave one of them out", what,
                   (long long)c.tensor_model_parallel_size);

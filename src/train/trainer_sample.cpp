@@ -4,6 +4,8 @@
 // the model's compute copies (BF16 on CUDA; a quantized layer's linear weights, which keep only FP32
 // masters, are rounded to BF16 on use), so a sample shows what the weights say without the recipe's
 // quantization. Its buffers (cache and activations for one prompt) live only during the sample.
+// Under tensor parallelism rank 0's tensor-parallel group (the first T ranks) samples together, each rank over
+// its own shard (infer/generator.h), and rank 0 prints; the other groups hold the same weights and skip it.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include "core/memory_ledger.h"
@@ -39,14 +41,16 @@ Status Trainer::setup_sampling() {
 }
 
 Status Trainer::sample(int64_t iteration) {
-  if (!logging_rank()) return Status::ok();
+  if (!(logging_rank() || (tp_size() > 1 && state_rank()))) return Status::ok();
   streamer_.wait_all();                 // a streamed update may still be writing the weights' compute copies
   MemoryScope scope(MemPart::samples);  // the estimate's row for them (train/memory_estimate.h)
   infer::ModelWeights w;
-  NB_TRY(infer::weights_from_store(model_.params(), model_cfg_, &w));
+  NB_TRY(infer::weights_from_store(model_.params(), model_.config(), &w));  // this rank's shard under TP
+  infer::TensorParallelGroup tp;
+  if (tp_size() > 1) tp = {model_.tp_group, tp::vocab_begin(model_cfg_, model_.tp_shard()), model_cfg_.vocab};
   infer::Generator gen;
   const int64_t context = std::min<int64_t>(model_cfg_.max_seq, int64_t(sample_ids_.size()) + cfg_.sample_tokens);
-  NB_TRY(gen.init(model_cfg_, w, dev_, 1, context));
+  NB_TRY(gen.init(model_.config(), w, dev_, 1, context, tp));
   infer::GenerateOptions o;
   o.max_new_tokens = cfg_.sample_tokens;
   o.stop_ids = sample_tok_->end_ids();
@@ -54,6 +58,7 @@ Status Trainer::sample(int64_t iteration) {
   NB_TRY(gen.generate({sample_ids_}, o, &r));
   // A token may end inside a character (--sample-tokens cuts the sample anywhere): the ill-formed bytes print as
   // U+FFFD, as Hugging Face's tokenizer.decode prints them (tokenizer/utf8.h).
+  if (!logging_rank()) return Status::ok();
   const std::string text = sample_tok_->decode_lenient(r.tokens[0]);
   const std::string line = valid_utf8(cfg_.sample_prompt + text);
   std::printf("sample at iteration %lld: %s\n", (long long)iteration, line.c_str());

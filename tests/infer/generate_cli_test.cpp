@@ -127,6 +127,28 @@ TEST_F(GenerateCli, TrainingSamples) {
   EXPECT_EQ(j["sample_prompt"], "the lazy");
 }
 
+// --sample-interval under tensor parallelism: the first T ranks sample together over their shards (vocabulary-
+// parallel embedding, the o and down outputs summed, the logits all-gathered), and rank 0 prints the text one
+// rank prints after the same steps; with sequence parallelism too (the sample itself runs whole tokens).
+TEST_F(GenerateCli, TrainingSamplesUnderTensorParallelism) {
+  const std::string train =
+      "train --device cpu --model tiny --num-layers 2 --vocab-size 384 --seq-length 16 --micro-batch-size 2 "
+      "--global-batch-size 2 --train-iters 3 --log-interval 1 --sample-interval 3 --sample-tokens 12 --tokenizer " +
+      path("tok.json") + " --sample-prompt 'the lazy' ";
+  auto sample_of = [](const std::string& out) {
+    const size_t at = out.find("sample at iteration 3: ");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  const auto one = nb::test::run_nibble(train);
+  ASSERT_EQ(one.code, 0) << one.out;
+  ASSERT_FALSE(sample_of(one.out).empty()) << one.out;
+  for (const std::string flags : {"", "--sequence-parallel"}) {
+    const auto tp = nb::test::run_nibble(train + "--nproc-per-node 2 --tensor-model-parallel-size 2 " + flags);
+    ASSERT_EQ(tp.code, 0) << tp.out;
+    EXPECT_EQ(sample_of(tp.out), sample_of(one.out)) << flags;
+  }
+}
+
 // --adapter (a PEFT folder) is applied unmerged: the greedy tokens equal argmax over the training path with
 // the same adapter (a LoRA LlamaModel over the same HF folder) re-run on each growing sequence, bit for bit
 // on the CPU. --merge-adapter merges it instead, and needs --adapter.
