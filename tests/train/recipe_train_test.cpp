@@ -27,15 +27,20 @@ TrainConfig tiny_job(const std::string& recipe) {
 }
 }  // namespace
 
-TEST(RecipeTraining, EveryRecipeTrainsTheTinyModel) {
-  for (const auto& name : recipe::recipe_names()) {
-    TrainSummary s;
-    Status st = run_training(tiny_job(name), &s);
-    ASSERT_TRUE(st.is_ok()) << name << ": " << st.message();
-    EXPECT_LT(s.final_loss, s.first_loss - 1.0) << name;
-    EXPECT_EQ(s.skipped, 0) << name;
-  }
+// One test per recipe, so that CTest spreads them over its jobs (together they are the suite's longest test).
+class EveryRecipe : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(EveryRecipe, TrainsTheTinyModel) {
+  const std::string& name = GetParam();
+  TrainSummary s;
+  Status st = run_training(tiny_job(name), &s);
+  ASSERT_TRUE(st.is_ok()) << name << ": " << st.message();
+  EXPECT_LT(s.final_loss, s.first_loss - 1.0) << name;
+  EXPECT_EQ(s.skipped, 0) << name;
 }
+
+INSTANTIATE_TEST_SUITE_P(RecipeTraining, EveryRecipe, ::testing::ValuesIn(recipe::recipe_names()),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(RecipeTraining, DisableFp4ReproducesBf16Mixed) {
   TrainConfig a = tiny_job("bf16_mixed");
