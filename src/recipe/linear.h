@@ -222,6 +222,11 @@ class Linear {
   // projection has one per part: q, k, v or gate, up). NVFP4's SR then draws the gradient's random bits at
   // each element's place in the whole gradient, as one GPU does (nvfp4::SrOrigin).
   void set_grad_columns(int64_t whole_cols, const std::vector<std::pair<int64_t, int64_t>>& segments);
+  // Context parallelism: this Linear's tokens are, per sequence of `seq`, its chunks `first` and `second` of
+  // `chunk` tokens each (a rank's share, row after row); NVFP4's SR then draws the gradient's random bits at each
+  // token's row of the whole sequences (nvfp4::SrOrigin::cp), with sequence parallelism's row offsets inside the
+  // rank's tokens. chunk 0: no map. A chunk that is not whole NVFP4 blocks (16) is refused by the quantizer.
+  void set_grad_cp_rows(int64_t chunk, int64_t seq, int64_t first, int64_t second);
 
   // Device bytes (0 on the cpu backend) of what this Linear owns: input column-wise copy, both weight
   // copies, the per-role state blocks (frozen: no input column copy, and a per-tensor FP8 weight's row

@@ -6,6 +6,7 @@
 // recipe/row_chunks.h assembles them into the copies the GEMMs read: the bytes one GPU's quantization of the
 // whole tensor gives, at 1 byte per element and copy for FP8 and 0.5625 for NVFP4 instead of BF16's 2. Both
 // copies travel: every rank's Wgrad reduces over all the tokens, so it needs the copy blocked along them.
+// Also here: the gradient's SR places under tensor and context parallelism (set_grad_columns, set_grad_cp_rows).
 #include <algorithm>
 #include "core/bf16.h"
 #include "core/gpu_profile.h"
@@ -188,6 +189,10 @@ void Linear::set_grad_columns(int64_t whole_cols, const std::vector<std::pair<in
   o.n_col_segments = int(segments.size());
   for (int i = 0; i < o.n_col_segments; ++i)
     o.col_segments[i] = {segments[size_t(i)].first, segments[size_t(i)].second};
+}
+
+void Linear::set_grad_cp_rows(int64_t chunk, int64_t seq, int64_t first, int64_t second) {
+  if (impl_) impl_->sr_origin[int(Role::grad)].cp = nvfp4::SrCpRows{chunk, seq, first, second};
 }
 
 }  // namespace nb::recipe

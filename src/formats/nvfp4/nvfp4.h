@@ -28,6 +28,12 @@
 // n_col_segments > 0 the segments replace col0 (which must be 0): local column c is whole column
 // whole_col(c) = s.whole + (c - s.local) for the last segment s with s.local <= c, and the rule above
 // reads whole_col(c) for col0 + c. No segments: whole_col(c) = col0 + c, the one-segment case {0, col0}.
+// Context-parallel rows (sr_origin.cp): under context parallelism a rank holds, of every sequence of S tokens
+// cut into chunks of c, the two chunks cp.first and cp.second (r and 2C-1-r of 2C), so its rows are 2c tokens
+// per sequence, sequence after sequence. With cp.chunk = c > 0 the rule reads whole_row(row0 + r) for row0 + r
+// (row0 stays an offset in the rank's rows, as sequence parallelism cuts them): local row p is whole row
+// (p / 2c) * S + k * c + p % c, k = cp.first where p % 2c < c, else cp.second; whole_rows is then the rank's
+// row count (0: this tensor's) and the whole tensor has W_r = whole_rows / 2c * S rows. No map: whole_row(p) = p.
 //
 // Non-finite input: amax is the largest |x| by BF16 bit pattern, so a NaN anywhere makes amax NaN
 // (stored as the quiet NaN 0x7FC00000) and an Inf makes it Inf. Such an amax sets *nonfinite = 1
@@ -73,11 +79,18 @@ struct SrColSegment {
   int64_t local = 0, whole = 0;
 };
 constexpr int kMaxSrColSegments = 4;  // fused qkv needs 3, gate_up 2
+// Context parallelism's row map (header comment), in tokens: chunk 0 is no map (the other fields unused).
+struct SrCpRows {
+  int64_t chunk = 0;              // c, a multiple of 16
+  int64_t seq = 0;                // S, a multiple of 2c
+  int64_t first = 0, second = 0;  // the rank's two chunks of the S / c
+};
 struct SrOrigin {
   int64_t row0 = 0, col0 = 0;
   int64_t whole_rows = 0, whole_cols = 0;
   int n_col_segments = 0;  // 0: whole_col(c) = col0 + c
   SrColSegment col_segments[kMaxSrColSegments] = {};
+  SrCpRows cp{};  // context parallelism: the rank's rows in the whole sequences
 };
 
 struct Options {
@@ -110,8 +123,8 @@ struct QuantizedView {
 };
 
 // OK when rows and cols are positive multiples of 16, the options are compatible and opts.sr_origin
-// places the tensor inside a whole tensor of multiple-of-16 dims (column segments too); otherwise one
-// sentence naming the values and the rule.
+// places the tensor inside a whole tensor of multiple-of-16 dims (column segments and the context-parallel
+// row map too); otherwise one sentence naming the values and the rule.
 Status check_shape(int64_t rows, int64_t cols, const Options& opts);
 
 // ---- CPU reference (the spec) --------------------------------------------------------------

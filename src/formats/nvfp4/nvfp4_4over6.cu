@@ -39,7 +39,8 @@ NB_DEVICE void store_block(uint8_t* data, uint8_t* scales, int64_t flat_block, u
 // columns of one row at a time (coalesced); its block is (outer = column, blk = chunk). The SR origin's
 // counters (sr_blocks) come as a parameter of their own: inside CopyArgs they take it past 128 bytes, and
 // ptxas then gives the kernel 64 registers instead of 48 (4 CTAs per SM instead of 5), about 9% slower on
-// an H100.
+// an H100. kCp: a context-parallel row map, in an instance of its own (its shift cost the default 2% on an H100).
+template <bool kCp>
 __global__ void __launch_bounds__(kThreads) quantize_4over6_1d_kernel(CopyArgs a, SrBlocks sr_at) {
   const float amax = *a.amax;
   const float s_enc = global_encode_scale_4over6(amax);
@@ -59,7 +60,7 @@ __global__ void __launch_bounds__(kThreads) quantize_4over6_1d_kernel(CopyArgs a
     }
     const int64_t flat = outer * (inner / 16) + blk;
     Philox4x32 rand{};
-    if (a.sr) rand = philox_block(a.key, uint64_t(sr_block_index(sr_at, outer, blk)));
+    if (a.sr) rand = philox_block(a.key, uint64_t(sr_block_index<kCp>(sr_at, outer, blk)));
     uint64_t packed = 0;
     const uint32_t s = quantize_block16_4over6(v, s_enc, amax, a.mode, a.sr, rand, &packed);
     store_block(a.data, a.scales, flat, packed, s);
@@ -113,6 +114,15 @@ int grid_for(int64_t items) {
   return int(std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t(current_device_sm_count()) * 16));
 }
 
+// One copy with 1x16 blocks: the row map's instance only where SR has a map.
+void launch_1d(const CopyArgs& a, const SrBlocks& at, int grid, cudaStream_t s) {
+  if (a.sr && sr_blocks_have_map(at))
+    quantize_4over6_1d_kernel<true><<<grid, kThreads, 0, s>>>(a, at);
+  else
+    quantize_4over6_1d_kernel<false><<<grid, kThreads, 0, s>>>(a, at);
+  CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const QuantizedView& out, Stream stream) {
@@ -139,16 +149,14 @@ Status quantize_4over6_cuda_with_amax(const bf16* x, const Options& opts, const 
       const SrBlocks at = sr_blocks(opts.sr_origin, out.rows, out.cols, false);
       const CopyArgs a{x,        out.rows, out.cols,     false,         false, opts.sr, opts.err_mode,
                        opts.rng, row_amax, out.row_data, out.row_scales};
-      quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a, at);
-      CUDA_CHECK_LAUNCH();
+      launch_1d(a, at, grid, s);
     }
     if (opts.colwise) {
       const RngKey key = colwise_key(opts.rng);
       const SrBlocks at = sr_blocks(opts.sr_origin, out.rows, out.cols, true);
       const CopyArgs a{x,   out.rows, out.cols,     true,          opts.rht, opts.sr, opts.err_mode,
                        key, col_amax, out.col_data, out.col_scales};
-      quantize_4over6_1d_kernel<<<grid, kThreads, 0, s>>>(a, at);
-      CUDA_CHECK_LAUNCH();
+      launch_1d(a, at, grid, s);
     }
   }
   if (out.nonfinite) {

@@ -208,6 +208,19 @@ NB_HD RngKey colwise_key(RngKey key) {
   return key;
 }
 
+// Context parallelism's row map (nvfp4.h, SrOrigin::cp) in any unit that divides c (rows, or the column copy's
+// 16-row blocks): local row p of the rank's rows -> row of the whole tensor. 32-bit division: check_shape keeps
+// the rank's rows below 2^31.
+NB_HD int64_t sr_cp_row(int64_t p, int64_t chunk, int64_t seq, int64_t first, int64_t second) {
+  const uint32_t pair = uint32_t(2 * chunk), q = uint32_t(p) / pair, j = uint32_t(p) - q * pair;
+  return int64_t(q) * seq + (j < chunk ? first * chunk + j : second * chunk + (j - chunk));
+}
+// Rows of the whole tensor (W_r): the rank's whole_rows (or this tensor's rows) mapped to whole sequences.
+NB_HD int64_t sr_whole_rows(const SrOrigin& o, int64_t rows) {
+  const int64_t local = o.whole_rows ? o.whole_rows : rows;
+  return o.cp.chunk ? local / (2 * o.cp.chunk) * o.cp.seq : local;
+}
+
 // SR's Philox block of block blk of line `outer` of one copy (outer = row of the row-wise copy, column of
 // the column-wise one) is e / 16 with e the whole tensor's index of nvfp4.h's SR origin rule (whole dims,
 // row0, col0 and column segments are multiples of 16, so a block never straddles two Philox blocks or two
@@ -215,14 +228,18 @@ NB_HD RngKey colwise_key(RngKey key) {
 // shift (col0 without segments) is folded into base, so the default and one-segment origins have no
 // lookup (n_shifts 0); segment i + 1 starts at from[i] and adds shift[i], counted in blocks along the row
 // for the row copy (its blocks are 16 columns), in lines for the column copy (its lines are columns).
+// A context-parallel row map adds the map's offset from the identity row (sr_cp_shift) to the row term, in rows
+// for the row copy (times pitch) and in 16-row blocks for the column copy; cp_chunk 0 (no map) adds nothing.
 struct SrBlocks {
   int64_t base = 0, pitch = 0;
   bool by_line = false;  // the column copy: the segment follows the line, not the block
   int n_shifts = 0;      // column segments after the first
   int64_t from[kMaxSrColSegments - 1] = {}, shift[kMaxSrColSegments - 1] = {};
+  // SrCpRows and row0 in the copy's row unit (rows, or 16-row blocks); cp_mul: Philox blocks per unit.
+  int64_t cp_chunk = 0, cp_seq = 0, cp_first = 0, cp_second = 0, cp_row0 = 0, cp_mul = 0;
 };
 NB_HD SrBlocks sr_blocks(const SrOrigin& o, int64_t rows, int64_t cols, bool colwise) {
-  const int64_t whole_rows16 = (o.whole_rows ? o.whole_rows : rows) / 16;
+  const int64_t whole_rows16 = sr_whole_rows(o, rows) / 16;
   const int64_t whole_cols16 = (o.whole_cols ? o.whole_cols : cols) / 16;
   const int64_t col_shift0 = o.n_col_segments > 0 ? o.col_segments[0].whole : o.col0;  // segment 0: local 0
   SrBlocks b;
@@ -237,6 +254,15 @@ NB_HD SrBlocks sr_blocks(const SrOrigin& o, int64_t rows, int64_t cols, bool col
     b.from[i - 1] = colwise ? seg.local : seg.local / 16;
     b.shift[i - 1] = colwise ? d * whole_rows16 : d / 16;
   }
+  if (o.cp.chunk) {
+    const int64_t unit = colwise ? 16 : 1;
+    b.cp_chunk = o.cp.chunk / unit;
+    b.cp_seq = o.cp.seq / unit;
+    b.cp_first = o.cp.first;
+    b.cp_second = o.cp.second;
+    b.cp_row0 = o.row0 / unit;
+    b.cp_mul = colwise ? 1 : b.pitch;
+  }
   return b;
 }
 // The segment shift of block or line u (see SrBlocks): the last segment starting at or before u.
@@ -248,8 +274,21 @@ NB_HD int64_t sr_shift(const SrBlocks& b, int64_t u) {
     if (i < b.n_shifts && u >= b.from[i]) shift = b.shift[i];
   return shift;
 }
+// The row-map shift of local row unit u (a row of the row copy, a block of the column copy): the Philox blocks
+// between the whole tensor's row of the unit and the identity's, row0 + u. The CUDA kernels take it only in
+// their instances for a map (kCp below; sr_blocks_have_map picks), so the default ones keep their code.
+NB_HD int64_t sr_cp_shift(const SrBlocks& b, int64_t u) {
+  const int64_t p = b.cp_row0 + u;
+  return (sr_cp_row(p, b.cp_chunk, b.cp_seq, b.cp_first, b.cp_second) - p) * b.cp_mul;
+}
+NB_HD bool sr_blocks_have_map(const SrBlocks& b) { return b.cp_chunk != 0; }
+// kCp = false: for SrBlocks without a row map only (the kernels' default instances).
+template <bool kCp = true>
 NB_HD int64_t sr_block_index(const SrBlocks& b, int64_t outer, int64_t blk) {
-  return b.base + outer * b.pitch + blk + sr_shift(b, b.by_line ? outer : blk);
+  const int64_t i = b.base + outer * b.pitch + blk + sr_shift(b, b.by_line ? outer : blk);
+  if constexpr (kCp)
+    if (sr_blocks_have_map(b)) return i + sr_cp_shift(b, b.by_line ? blk : outer);
+  return i;
 }
 
 // The swizzled (cuBLAS 128x4 tile) byte offset of scale (r, c) for a padded scale-column count kp.

@@ -119,9 +119,10 @@ __global__ void __launch_bounds__(256)
 // worked out once on the host: the 10 round keys (k += W per round, 32-bit wrap, as philox4x32_10), the
 // counter words that do not depend on the block (c2 = stream, c3 = step) and the copy's SR origin terms
 // (sr_blocks: the counter of a block is base + line * pitch + block in line + its column segment's shift,
-// looked up once per tile and thread in each phase; a uniform branch skips it without segments). The
-// kernel reads them from the parameter bank, so a round is two IMAD.WIDE (hi and lo at once) and two
-// 3-input XORs, with no registers and no instructions spent on the key schedule.
+// looked up once per tile and thread in each phase; a uniform branch skips it without segments; the kCp
+// instances add a context-parallel row map's shift per row or block). The kernel reads them from the parameter
+// bank, so a round is two IMAD.WIDE (hi and lo at once) and two 3-input XORs, with no registers and no
+// instructions spent on the key schedule.
 constexpr uint32_t kPhiloxM0 = 0xD2511F53u, kPhiloxM1 = 0xCD9E8D57u;
 constexpr uint32_t kPhiloxW0 = 0x9E3779B9u, kPhiloxW1 = 0xBB67AE85u;
 
@@ -325,8 +326,10 @@ NB_DEVICE uint32_t block_scale_code_hw(float block_amax, float s_enc_div6) {
 }
 
 // Persistent CTAs: each walks tiles blockIdx.x, + gridDim.x, ...; a ring of kStages tiles in shared
-// memory keeps the next kStages - 1 tiles' loads in flight while the current one is encoded.
-template <bool kTwoD, bool kRht, bool kSr>
+// memory keeps the next kStages - 1 tiles' loads in flight while the current one is encoded. kCp: SR with a
+// context-parallel row map (an instance of its own, so that the default SR instances keep their code: the map's
+// shift in them cost 2-3% with RHT + SR on an H100 through the registers it adds).
+template <bool kTwoD, bool kRht, bool kSr, bool kCp>
 __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_SR : NB_NVFP4_MIN_CTAS_SR)
                                                 : NB_NVFP4_MIN_CTAS) quantize_kernel(KernelArgs a) {
   extern __shared__ __align__(16) uint4 ring[];  // kStages tiles of BF16 pairs, row pitch 64 words
@@ -420,10 +423,14 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
         const float enc = enc_lut[0][s];
         // The block's index in the row-wise copy, (grow * cols) / 16 + gblk (cols is a multiple of 16):
         // its scale's offset and its 8 code bytes' offset / 8; its Philox counter is the whole tensor's.
+        // A context-parallel row map moves the row (sr_cp_shift).
         const int64_t grow = r0 + row, gblock = grow * (a.cols / 16) + gblk;
         Philox4x32 rand{};
-        if constexpr (kSr)
-          rand = philox_block_sched(a.rng, a.rng.row, uint64_t(sr_col_block + grow * a.rng.row.at.pitch));
+        if constexpr (kSr) {
+          int64_t counter = sr_col_block + grow * a.rng.row.at.pitch;
+          if constexpr (kCp) counter += sr_cp_shift(a.rng.row.at, grow);
+          rand = philox_block_sched(a.rng, a.rng.row, uint64_t(counter));
+        }
         const uint64_t packed = encode_block16_gpu(v, enc, kSr, rand);
         *reinterpret_cast<uint2*>(a.row_data + gblock * 8) = make_uint2(uint32_t(packed), uint32_t(packed >> 32));
         a.row_scales[gblock] = uint8_t(s);
@@ -441,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
         // Block r0 / 16 + k of line c0 + 2p (r0 is a multiple of 16), numbered in the whole tensor; both
         // columns of the pair lie in one column segment (segments start at multiples of 16): one lookup.
         int64_t sr_pair_block = 0;
-        if constexpr (kSr) sr_pair_block = sr_block_index(a.rng.col.at, c0 + 2 * p, r0 / 16 + k);
+        if constexpr (kSr) sr_pair_block = sr_block_index<kCp>(a.rng.col.at, c0 + 2 * p, r0 / 16 + k);
         NB_UNROLL
         for (int q = 0; q < 2; ++q) {
           float v[16];
@@ -490,10 +497,10 @@ __global__ void __launch_bounds__(kThreads, kSr ? (kRht ? NB_NVFP4_MIN_CTAS_RHT_
 }
 
 // Persistent grid: as many CTAs as fit on the GPU at once (never more than there are tiles).
-template <bool kTwoD, bool kRht, bool kSr>
+template <bool kTwoD, bool kRht, bool kSr, bool kCp = false>
 void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
   static int resident = [] {
-    auto* kernel = quantize_kernel<kTwoD, kRht, kSr>;
+    auto* kernel = quantize_kernel<kTwoD, kRht, kSr, kCp>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kRingBytes)));
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     int per_sm = 0;
@@ -501,7 +508,7 @@ void launch_quantize(const KernelArgs& a, int64_t tiles, cudaStream_t s) {
     return std::max(per_sm, 1) * current_device_sm_count();
   }();
   const int grid = int(std::min<int64_t>(tiles, resident));
-  quantize_kernel<kTwoD, kRht, kSr><<<grid, kThreads, kRingBytes, s>>>(a);
+  quantize_kernel<kTwoD, kRht, kSr, kCp><<<grid, kThreads, kRingBytes, s>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -555,13 +562,17 @@ Status quantize_cuda_with_amax(const bf16* x, const Options& opts, const Quantiz
                out.nonfinite};
   const int64_t tiles = ((out.cols + kTileCols - 1) / kTileCols) * ((out.rows + kTileRows - 1) / kTileRows);
   auto s = static_cast<cudaStream_t>(stream);
-  const bool rht = opts.rht && opts.colwise;
+  const bool rht = opts.rht && opts.colwise, cp = opts.sr_origin.cp.chunk != 0;
   if (opts.two_d)
     launch_quantize<true, false, false>(a, tiles, s);
+  else if (rht && opts.sr && cp)
+    launch_quantize<false, true, true, true>(a, tiles, s);
   else if (rht && opts.sr)
     launch_quantize<false, true, true>(a, tiles, s);
   else if (rht)
     launch_quantize<false, true, false>(a, tiles, s);
+  else if (opts.sr && cp)
+    launch_quantize<false, false, true, true>(a, tiles, s);
   else if (opts.sr)
     launch_quantize<false, false, true>(a, tiles, s);
   else

@@ -51,6 +51,23 @@ static Status check_sr_col_segments(int64_t cols, const SrOrigin& o) {
       n, list.c_str(), (long long)o.col0, (long long)cols, (long long)whole_cols, kMaxSrColSegments);
 }
 
+// The context-parallel row map (nvfp4.h): whole chunks of whole blocks, two distinct chunks of each sequence,
+// and the rank's rows (whole_rows, else this tensor's) whole sequences' shares, few enough for sr_cp_row.
+static Status check_sr_cp(int64_t rows, const SrOrigin& o) {
+  const SrCpRows& m = o.cp;
+  if (m.chunk == 0) return Status::ok();
+  const int64_t local = o.whole_rows ? o.whole_rows : rows, chunks = m.chunk > 0 ? m.seq / m.chunk : 0;
+  if (m.chunk > 0 && m.chunk % kBlock == 0 && m.seq > 0 && m.seq % (2 * m.chunk) == 0 && m.first >= 0 &&
+      m.first < chunks && m.second >= 0 && m.second < chunks && m.first != m.second && local % (2 * m.chunk) == 0 &&
+      local < (int64_t(1) << 31))
+    return Status::ok();
+  return errorf(
+      "NVFP4 SR context-parallel row map (chunks of %lld tokens, chunks %lld and %lld of sequences of %lld) does not "
+      "fit %lld local rows: the chunk must be a positive multiple of 16, the sequence a multiple of two chunks, the "
+      "two chunk indices distinct and below sequence / chunk, and the rank's rows a multiple of two chunks below 2^31",
+      (long long)m.chunk, (long long)m.first, (long long)m.second, (long long)m.seq, (long long)local);
+}
+
 Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
   if (rows <= 0 || cols <= 0 || rows % kBlock != 0 || cols % kBlock != 0)
     return errorf(
@@ -66,6 +83,7 @@ Status check_shape(int64_t rows, int64_t cols, const Options& opts) {
         "whose two copies must hold identical values; disable rht/sr for weights",
         (long long)rows, (long long)cols, opts.rht ? "RHT" : "stochastic rounding");
   NB_TRY(check_sr_origin(rows, cols, opts.sr_origin));
+  NB_TRY(check_sr_cp(rows, opts.sr_origin));
   return check_sr_col_segments(cols, opts.sr_origin);
 }
 
@@ -130,14 +148,17 @@ struct SrIndex {
       if (o.col_segments[i].local <= c) w = o.col_segments[i].whole + (c - o.col_segments[i].local);
     return w;
   }
+  int64_t whole_row(int64_t p) const {
+    return o.cp.chunk ? sr_cp_row(p, o.cp.chunk, o.cp.seq, o.cp.first, o.cp.second) : p;
+  }
   int64_t first_element(int64_t outer, int64_t blk) const {
-    if (colwise) return whole_col(outer) * whole_rows + o.row0 + blk * kBlock;
-    return (o.row0 + outer) * whole_cols + whole_col(blk * kBlock);
+    if (colwise) return whole_col(outer) * whole_rows + whole_row(o.row0 + blk * kBlock);
+    return whole_row(o.row0 + outer) * whole_cols + whole_col(blk * kBlock);
   }
 };
 
 SrIndex sr_index(const SrOrigin& o, int64_t rows, int64_t cols, bool colwise) {
-  return {o, o.whole_rows ? o.whole_rows : rows, o.whole_cols ? o.whole_cols : cols, colwise};
+  return {o, sr_whole_rows(o, rows), o.whole_cols ? o.whole_cols : cols, colwise};
 }
 
 // One copy with 1x16 blocks: rows_out x inner values delivered by `load(outer, blk, v)`.

@@ -18,32 +18,8 @@
 
 namespace nb::nvfp4 {
 namespace sr_origin_gpu_test {
-using testing::DeviceBytes;
 using testing::HostQuantized;
-using testing::view_of;
-
-// quantize_cuda_with_amax of x [rows, cols] with the amaxes amax[0] (row) and amax[1] (column) already in
-// their slots, every output copied back.
-HostQuantized quantize_with_amax_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols, const Options& opts,
-                                        const float amax[2]) {
-  HostQuantized h{rows, cols};
-  DeviceBytes dx(x.size() * sizeof(bf16), x.data());
-  DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
-  DeviceBytes damax(2 * sizeof(float), amax), flag(sizeof(int));
-  QuantizedView v = view_of(rows, cols, rd, rs, cd, cs, damax, flag);
-  const Status st = quantize_cuda_with_amax(dx.as<bf16>(), opts, v, nullptr);
-  EXPECT_TRUE(st) << st.message();
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  rd.to_host(h.row_data.data());
-  rs.to_host(h.row_scales.data());
-  cd.to_host(h.col_data.data());
-  cs.to_host(h.col_scales.data());
-  float back[2];
-  damax.to_host(back);
-  h.row_amax = back[0];
-  h.col_amax = back[1];
-  return h;
-}
+using testing::quantize_with_amax_on_gpu;
 
 // Bytes [inner0, inner0 + inner_n) of lines [outer0, outer0 + outer_n) of a [*, pitch] byte array.
 std::vector<uint8_t> slice_of(const std::vector<uint8_t>& a, int64_t pitch, int64_t outer0, int64_t outer_n,
