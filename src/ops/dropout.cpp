@@ -21,8 +21,25 @@ static void check_dropout(const char* op, const char* in_name, const Tensor& in,
            "%s: '%s' must be '%s' itself or not overlap it", op, out_name, in_name);
 }
 
+// A column window's elements one by one, each with its whole-tensor index's bits.
+static void dropout_window(const char* op, const Tensor& in, const Tensor& out, float p, RngKey key, DropoutColumns w,
+                           [[maybe_unused]] Stream stream) {
+  NB_CHECK(in.ndim == 2 && w.first >= 0 && w.first + in.shape[1] <= w.whole,
+           "%s: a column window [%lld, +%s) of %lld columns needs a 2-D tensor inside it", op, (long long)w.first,
+           in.shape_str().c_str(), (long long)w.whole);
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
+  const int64_t cols = in.shape[1];
+  if (in.device == Device::cuda) NB_OPS_CUDA(op, dropout_window_cuda(in, out, threshold, scale, key, cols, w, stream));
+  const float* px = in.ptr<float>();
+  float* po = out.ptr<float>();
+  for (int64_t i = 0; i < in.numel(); ++i)
+    po[i] = dropout_apply(px[i], dropout_bits(key, dropout_whole_index(i, cols, w)), threshold, scale);
+}
+
 static void dropout([[maybe_unused]] const char* op, const Tensor& in, const Tensor& out, float p, RngKey key,
-                    [[maybe_unused]] Stream stream) {
+                    [[maybe_unused]] Stream stream, DropoutColumns w) {
+  if (w.whole > 0) return dropout_window(op, in, out, p, key, w, stream);
   const uint32_t threshold = dropout_threshold(p);
   const float scale = dropout_scale(p);
   if (in.device == Device::cuda) NB_OPS_CUDA(op, dropout_cuda(in, out, threshold, scale, key, stream));
@@ -40,14 +57,14 @@ static void dropout([[maybe_unused]] const char* op, const Tensor& in, const Ten
   }
 }
 
-void dropout_forward(const Tensor& x, const Tensor& out, float p, RngKey key, Stream stream) {
+void dropout_forward(const Tensor& x, const Tensor& out, float p, RngKey key, Stream stream, DropoutColumns cols) {
   check_dropout("dropout_forward", "x", x, "out", out, p);
-  dropout("dropout_forward", x, out, p, key, stream);
+  dropout("dropout_forward", x, out, p, key, stream, cols);
 }
 
-void dropout_backward(const Tensor& dy, const Tensor& dx, float p, RngKey key, Stream stream) {
+void dropout_backward(const Tensor& dy, const Tensor& dx, float p, RngKey key, Stream stream, DropoutColumns cols) {
   check_dropout("dropout_backward", "dy", dy, "dx", dx, p);
-  dropout("dropout_backward", dy, dx, p, key, stream);
+  dropout("dropout_backward", dy, dx, p, key, stream, cols);
 }
 
 }  // namespace nb::ops

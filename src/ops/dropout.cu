@@ -38,6 +38,16 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t n, bool vec, RngKey k
     out[i] = from_f32<T>(dropout_apply(to_f32(x[i]), dropout_bits(key, uint64_t(i)), threshold, scale));
 }
 
+// A column window: one element per step, each drawing the bits of its index in the whole tensor.
+template <typename T>
+__global__ void dropout_window_kernel(const T* x, T* out, int64_t n, int64_t cols, DropoutColumns w, RngKey key,
+                                      uint32_t threshold, float scale) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] =
+        from_f32<T>(dropout_apply(to_f32(x[i]), dropout_bits(key, dropout_whole_index(i, cols, w)), threshold, scale));
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -58,6 +68,22 @@ void dropout_cuda(const Tensor& x, const Tensor& out, uint32_t threshold, float 
     constexpr int V = kVec<E>;
     dropout_kernel<E, V><<<grid_for((n + V - 1) / V, kThreads, 4096), kThreads, 0, as_cuda(s)>>>(
         x.ptr<E>(), out.ptr<E>(), n, vec, key, threshold, scale);
+    CUDA_CHECK_LAUNCH();
+  };
+  if (x.dtype == DType::bf16)
+    launch(bf16{});
+  else
+    launch(float{});
+}
+
+void dropout_window_cuda(const Tensor& x, const Tensor& out, uint32_t threshold, float scale, RngKey key, int64_t cols,
+                         DropoutColumns w, Stream s) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  auto launch = [&](auto tt) {
+    using E = decltype(tt);
+    dropout_window_kernel<E><<<grid_for(n, kThreads, 4096), kThreads, 0, as_cuda(s)>>>(x.ptr<E>(), out.ptr<E>(), n,
+                                                                                       cols, w, key, threshold, scale);
     CUDA_CHECK_LAUNCH();
   };
   if (x.dtype == DType::bf16)

@@ -11,6 +11,9 @@
 // Tensors: contiguous, any shape (treated as flat), x and out the same dtype, device and element count;
 // out may be x itself but must not partially overlap it. CPU: FP32. CUDA: BF16 or FP32.
 // p must be in [0, 1): a p outside it is a bug in the caller (NB_CHECK).
+// Column windows (DropoutColumns): a 2-D x [rows, cols] that is the columns [first, first + cols) of a
+// [rows, whole] tensor (a row-parallel LoRA input under tensor parallelism holds its rank's columns) draws each
+// element's bits at its index in that whole tensor, so the mask is the whole tensor's, restricted to the window.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -21,9 +24,12 @@
 
 namespace nb::ops {
 
-void dropout_forward(const Tensor& x, const Tensor& out, float p, RngKey key, Stream stream);
-// dx = dy * keep / (1 - p) with the forward's mask (same key, same p); dx may be dy itself.
-void dropout_backward(const Tensor& dy, const Tensor& dx, float p, RngKey key, Stream stream);
+struct DropoutColumns {
+  int64_t whole = 0, first = 0;  // whole == 0: the tensor is whole
+};
+void dropout_forward(const Tensor& x, const Tensor& out, float p, RngKey key, Stream stream, DropoutColumns cols = {});
+// dx = dy * keep / (1 - p) with the forward's mask (same key, same p, same window); dx may be dy itself.
+void dropout_backward(const Tensor& dy, const Tensor& dx, float p, RngKey key, Stream stream, DropoutColumns cols = {});
 
 // The smallest 32-bit draw that is kept: keep_i = bits_i >= threshold, which is exactly
 // (bits_i + 0.5) / 2^32 >= p (both sides exact in FP64: p * 2^32 needs 24 significant bits).
@@ -40,9 +46,16 @@ NB_HD float dropout_apply(float x, uint32_t bits, uint32_t threshold, float scal
 }
 // The 32-bit draw of element i.
 NB_HD uint32_t dropout_bits(const RngKey& key, uint64_t i) { return philox_block(key, i >> 2).v[i & 3]; }
+// Element i of a window of `cols` columns: its index in the whole tensor.
+NB_HD uint64_t dropout_whole_index(int64_t i, int64_t cols, DropoutColumns w) {
+  return uint64_t(i / cols * w.whole + w.first + i % cols);
+}
 
 namespace detail {
 void dropout_cuda(const Tensor& x, const Tensor& out, uint32_t threshold, float scale, RngKey key, Stream stream);
+// A window (w.whole > 0) of `cols` columns, element by element.
+void dropout_window_cuda(const Tensor& x, const Tensor& out, uint32_t threshold, float scale, RngKey key, int64_t cols,
+                         DropoutColumns w, Stream stream);
 }  // namespace detail
 
 }  // namespace nb::ops

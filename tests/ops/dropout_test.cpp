@@ -157,6 +157,33 @@ TEST(Dropout, ZeroProbabilityIsAnExactCopy) {
   dropout_forward(host_f32(none, {0}), host_f32(none, {0}), 0.5f, RngKey{1}, nullptr);
 }
 
+// Tensor parallelism's row-parallel LoRA input: a rank's columns of the whole input draw the whole tensor's mask
+// there, so T ranks' windows drop exactly what one GPU's whole dropout drops (forward and backward).
+TEST(Dropout, ColumnWindowsDrawTheWholeTensorsMask) {
+  const int64_t rows = 7, whole = 24;
+  const RngKey key{99, 4, 0x80000105u};
+  auto x = nonzero_vec(size_t(rows * whole), 5);
+  for (float p : {0.1f, 0.5f}) {
+    const auto ref = run_forward(x, p, key);
+    for (int64_t ranks : {2, 3, 4}) {
+      const int64_t cols = whole / ranks;
+      for (int64_t r = 0; r < ranks; ++r) {
+        std::vector<float> part(size_t(rows * cols)), out(part.size()), dx(part.size());
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < cols; ++c) part[size_t(i * cols + c)] = x[size_t(i * whole + r * cols + c)];
+        const DropoutColumns w{whole, r * cols};
+        dropout_forward(host_f32(part, {rows, cols}), host_f32(out, {rows, cols}), p, key, nullptr, w);
+        dropout_backward(host_f32(part, {rows, cols}), host_f32(dx, {rows, cols}), p, key, nullptr, w);
+        for (int64_t i = 0; i < rows; ++i)
+          for (int64_t c = 0; c < cols; ++c) {
+            ASSERT_EQ(out[size_t(i * cols + c)], ref[size_t(i * whole + r * cols + c)]) << r << " of " << ranks;
+            ASSERT_EQ(dx[size_t(i * cols + c)], ref[size_t(i * whole + r * cols + c)]) << r << " of " << ranks;
+          }
+      }
+    }
+  }
+}
+
 TEST(DropoutDeathTest, ProbabilityOutsideZeroToOneIsABug) {
   std::vector<float> x(8, 1.f), out(8);
   for (float p : {-0.1f, 1.f, 1.5f, std::numeric_limits<float>::quiet_NaN()})

@@ -1,6 +1,7 @@
 // CUDA dropout against the CPU reference, bit for bit: FP32 and BF16 (the CPU result on the same
 // BF16 inputs, rounded once to BF16), sizes that are not multiples of 4 or of the vector width,
-// misaligned views (scalar path), out aliasing x, the backward's recomputed mask, and p == 0.
+// misaligned views (scalar path), out aliasing x, the backward's recomputed mask, p == 0, and column windows
+// (a tensor-parallel rank's columns of the whole input).
 #include <gtest/gtest.h>
 #include <cmath>
 #include <limits>
@@ -93,5 +94,23 @@ TEST(DropoutGpuCopy, ZeroProbabilityCopiesBits) {
     EXPECT_TRUE(same_bits(download(gout.t()), x));
     dropout_backward(gx.t(), gx.t(), 0.f, RngKey{1}, nullptr);
     EXPECT_TRUE(same_bits(download(gx.t()), x));
+  }
+}
+
+TEST(DropoutGpuWindow, ColumnWindowMatchesCpu) {
+  NB_REQUIRE_GPU();
+  const RngKey key{0xabcdefull, 2, 0x80000301u};
+  const int64_t rows = 37, whole = 96, cols = 48;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    auto x = rounded(random_vec(size_t(rows * cols), 94, -2.f, 2.f), dt);
+    std::vector<float> want(x.size());
+    const DropoutColumns w{whole, cols};  // the second of two ranks
+    dropout_forward(host_f32(x, {rows, cols}), host_f32(want, {rows, cols}), 0.2f, key, nullptr, w);
+    want = rounded(want, dt);
+    auto gx = upload(x, dt, {rows, cols}), gout = upload(std::vector<float>(x.size(), 5.f), dt, {rows, cols});
+    dropout_forward(gx.t(), gout.t(), 0.2f, key, nullptr, w);
+    EXPECT_TRUE(same_bits(download(gout.t()), want)) << dtype_name(dt);
+    dropout_backward(gx.t(), gx.t(), 0.2f, key, nullptr, w);
+    EXPECT_TRUE(same_bits(download(gx.t()), want)) << dtype_name(dt) << " backward in place";
   }
 }
