@@ -41,9 +41,12 @@ int64_t sft_positions(int64_t length, int64_t seq_length) {
 }
 
 void pack_sft_samples(const std::vector<int64_t>& ids, const std::vector<int32_t>& lengths, int64_t seq_length,
-                      bool pack, SftPacking* out) {
+                      bool pack, SftPacking* out, int64_t multiple) {
+  NB_CHECK(multiple >= 1 && seq_length % multiple == 0, "SFT padding multiple %lld does not divide the row of %lld",
+           (long long)multiple, (long long)seq_length);
   *out = SftPacking{};
   out->seq_length = seq_length;
+  out->multiple = multiple;
   std::vector<int64_t> order;
   for (int64_t id : ids)
     if (lengths[size_t(id)] >= 2) order.push_back(id);
@@ -52,9 +55,10 @@ void pack_sft_samples(const std::vector<int64_t>& ids, const std::vector<int32_t
   std::vector<std::vector<int64_t>> rows;
   std::multimap<int64_t, size_t> free_space;  // room left -> row, for rows that still have room
   for (int64_t id : order) {
-    const int64_t n = sft_positions(lengths[size_t(id)], seq_length);
+    const int64_t real = sft_positions(lengths[size_t(id)], seq_length);
+    const int64_t n = (real + multiple - 1) / multiple * multiple;  // <= seq_length: multiple divides it
     if (lengths[size_t(id)] - 1 > seq_length) out->cut++;
-    out->real_tokens += n;
+    out->real_tokens += real;
     auto fit = pack ? free_space.lower_bound(n) : free_space.end();  // the fullest row with room for n
     size_t row = rows.size();
     int64_t room = seq_length;
@@ -82,12 +86,15 @@ void fill_sft_row(const SftDataset& data, const SftPacking& packing, int64_t row
   for (int64_t k = packing.row_begin[size_t(row)]; k < packing.row_begin[size_t(row) + 1]; ++k) {
     data.read(packing.samples[size_t(k)], &x, &m);
     const int64_t n = sft_positions(int64_t(x.size()), S);
+    const int64_t padded = (n + packing.multiple - 1) / packing.multiple * packing.multiple;
     segment_starts->push_back(int32_t(base + used));
     for (int64_t j = 0; j < n; ++j) {
       tokens[used + j] = x[size_t(j)];
       labels[used + j] = m[size_t(j) + 1] ? x[size_t(j) + 1] : -1;
     }
-    used += n;
+    std::fill(tokens + used + n, tokens + used + padded, pad_token);  // the sample's own padding: never trained
+    std::fill(labels + used + n, labels + used + padded, -1);
+    used += padded;
   }
   if (used < S) segment_starts->push_back(int32_t(base + used));
   std::fill(tokens + used, tokens + S, pad_token);
@@ -155,6 +162,9 @@ Status make_sft_source(const SftDataConfig& cfg, Split split, int64_t micro_batc
   if (cfg.seq_length <= 0 || micro_batch <= 0 || consumed < 0)
     return errorf("SFT data: seq_length (%lld) and micro_batch (%lld) must be positive", (long long)cfg.seq_length,
                   (long long)micro_batch);
+  if (cfg.pad_to_multiple < 1 || cfg.seq_length % cfg.pad_to_multiple != 0)
+    return errorf("SFT data: the padding multiple %lld must divide --seq-length %lld", (long long)cfg.pad_to_multiple,
+                  (long long)cfg.seq_length);
   if (dp_size < 1 || dp_rank < 0 || dp_rank >= dp_size)
     return errorf("data-parallel rank %lld of %lld is invalid", (long long)dp_rank, (long long)dp_size);
   if (cfg.prefix.find(' ') != std::string::npos)
@@ -168,7 +178,7 @@ Status make_sft_source(const SftDataConfig& cfg, Split split, int64_t micro_batc
   std::vector<int64_t> ids(size_t(end - begin));
   std::iota(ids.begin(), ids.end(), begin);
   SftPacking packing;
-  pack_sft_samples(ids, data->lengths(), cfg.seq_length, cfg.pack, &packing);
+  pack_sft_samples(ids, data->lengths(), cfg.seq_length, cfg.pack, &packing, cfg.pad_to_multiple);
   if (packing.rows() == 0)
     return errorf("%s: the %s split \"%s\" selects no SFT samples of %lld (with at least 2 tokens); change --split",
                   cfg.prefix.c_str(), split_name(split), cfg.split.c_str(), (long long)data->size());

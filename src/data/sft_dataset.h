@@ -5,7 +5,9 @@
 // A sample of L tokens x[0..L) with answer mask m occupies L - 1 row positions: inputs x[0..L-1),
 // labels x[j+1] where m[j+1] = 1, else -1 (the model predicts the next token; prompts are not trained).
 // Each sample is one segment of its row: attention stays inside it and RoPE positions restart at 0.
-// A row's unused tail is padding (token pad_token, labels -1), one more segment.
+// A row's unused tail is padding (token pad_token, labels -1), one more segment. With a padding multiple m
+// (--pad-seq-to-mult; 2C under context parallelism, as TransformerEngine needs) every sample's segment is
+// padded to a multiple of m positions with the same untrained padding, so every segment splits into m chunks.
 // Packing is best-fit decreasing over a split's samples (deterministic), done once when the source is
 // built; the rows are then walked in a numpy RandomState(seed + epoch) order, epoch after epoch, so a
 // run resumes from its consumed-rows count alone.
@@ -41,6 +43,7 @@ class SftDataset {
 struct SftPacking {
   std::vector<int64_t> samples, row_begin{0};
   int64_t seq_length = 0;
+  int64_t multiple = 1;     // every segment's length is a multiple of this (seq_length is too)
   int64_t real_tokens = 0;  // row positions that hold sample tokens (the rest is padding)
   int64_t cut = 0;          // samples longer than a row, cut at their end
   int64_t rows() const { return int64_t(row_begin.size()) - 1; }
@@ -52,9 +55,10 @@ int64_t sft_positions(int64_t length, int64_t seq_length);
 // Packs samples ids[] (lengths[id] tokens each) into rows of seq_length positions. pack = false puts one
 // sample per row. Best-fit decreasing: samples by decreasing length (ties by id), each into the fullest
 // row it fits, else a new row; rows keep their samples in that order. Samples of fewer than 2 tokens
-// have no prediction and are skipped.
+// have no prediction and are skipped. multiple (which must divide seq_length): each sample's positions are
+// rounded up to a multiple of it.
 void pack_sft_samples(const std::vector<int64_t>& ids, const std::vector<int32_t>& lengths, int64_t seq_length,
-                      bool pack, SftPacking* out);
+                      bool pack, SftPacking* out, int64_t multiple = 1);
 
 // Writes one row: seq_length tokens and labels, and the segment starts (relative to `base`, the row's
 // first position in its micro-batch) of the row's samples and its padding tail.
@@ -68,6 +72,7 @@ struct SftDataConfig {
   uint64_t seed = 1234;
   bool pack = true;
   int32_t pad_token = 0;
+  int64_t pad_to_multiple = 1;  // every sample's segment padded to a multiple of this (divides seq_length)
 };
 
 // A TokenSource over the split's packed rows. Data parallelism as the pretraining sources: each global

@@ -51,6 +51,10 @@ void LlamaModel::build_lora_modules() {
       m.scale = float(lora_spec_.scale());
       m.dropout = float(lora_spec_.dropout);
       m.id = uint32_t(l * 4 + linear_index(t));
+      if (tp_size() > 1 && tp::split_of(a) == tp::Split::cols) {  // row-parallel: this rank's input columns
+        m.in_first = int64_t(tp_shard().rank) * m.a.shape[1];
+        m.in_whole = m.a.shape[1] * tp_size();
+      }
     }
 }
 
@@ -108,6 +112,8 @@ Status LlamaModel::freeze_sharded(recipe::Linear& lin, const Tensor& w) {
     most = std::max(most, a);
   }
   NB_TRY(copy_bytes(amax.data(), dev_, &most, Device::cpu, sizeof(float)));
+  if (tp_size() > 1 && tp_amax_group)  // the other ranks' slices of the weight too
+    NB_TRY(tp_amax_group->max(amax.ptr<float>(), 1, nullptr));
   NB_TRY(lin.freeze_weight_chunk(chunk(base_.shard_rank()), amax.ptr<float>(), nullptr));
   if (dev_ == Device::cuda) device_synchronize();  // `amax` is freed on return
   return Status::ok();
@@ -132,10 +138,18 @@ Status LlamaModel::shard_base_rows(const ParamInfo& p, const float* host, float*
 // quantized into the Linear. A sharded base (optim_grads_params) takes only this rank's rows into the device:
 // a weight kept in BF16 its rows of the shard; a quantized one is staged whole (zero rows padding it to the
 // ranks' chunks) for its amax, and only this rank's chunk is kept, quantized.
+// Under tensor parallelism every parameter's whole values are read (or drawn) and this rank's part kept; a
+// quantized weight's amax is then the group's MAX (its Linear's weight amax group), as one GPU's.
 Status LlamaModel::load_base(uint64_t seed) {
   if (lora_base_)
-    NB_TRY(check_hf_tensors(*lora_base_, hf_expected_tensors(cfg_), cfg_.tied_embeddings).context("the LoRA base"));
-  const bool sharded = base_.fsdp();
+    NB_TRY(
+        check_hf_tensors(*lora_base_, hf_expected_tensors(whole_cfg_), cfg_.tied_embeddings).context("the LoRA base"));
+  const bool sharded = base_.fsdp(), split = tp_size() > 1;
+  int64_t whole_total = 0;
+  const std::vector<ParamInfo> whole = split ? ParamStore::flat_layout(whole_cfg_, &whole_total) : base_.params();
+  int64_t whole_most = 0;
+  for (const ParamInfo& p : whole) whole_most = std::max(whole_most, p.numel);
+  std::vector<float> whole_host(split ? size_t(whole_most) : 0);
   int64_t most = 0, most_device = 0;
   for (const ParamInfo& p : base_.params()) most = std::max(most, p.numel);
   const int64_t fused_most = cfg_.hidden * (cfg_.q_dim() + 2 * cfg_.kv_dim());
@@ -148,12 +162,15 @@ Status LlamaModel::load_base(uint64_t seed) {
   NB_TRY(Buffer::allocate(&stage, DType::f32, dev_, {sharded ? most_device : most}));
   int64_t fused_rows = 0;
   const auto& list = base_.params();
-  const std::vector<HfTensor> hf = hf_tensors(base_);
+  NB_CHECK(whole.size() == list.size(), "internal: the base lists %zu of the model's %zu parameters", list.size(),
+           whole.size());
+  const std::vector<HfTensor> hf = hf_tensors(whole);
   for (size_t i = 0; i < list.size(); ++i) {
     const ParamInfo& p = list[i];
     const bool stored = base_.has_compute(p.name);
     float* dst = stage.ptr<float>() + (stored ? 0 : fused_rows * p.shape[1]);
-    NB_TRY(base_values(hf, p, uint32_t(i), seed, host.data()));
+    NB_TRY(base_values(hf, whole[i], uint32_t(i), seed, split ? whole_host.data() : host.data()));
+    if (split) tp::slice(whole[i], p, tp_shard(), whole_host.data(), host.data(), &whole_cfg_);
     if (stored && sharded) {
       NB_TRY(shard_base_rows(p, host.data(), stage.ptr<float>()));
       continue;

@@ -39,7 +39,7 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
                                       sp.input_col_slot, &owned, &weight));
     // A sharded weight's copies live in Megatron-FSDP's windows (counted with them), not in the Linear.
     out->owned += int64_t(owned - (sharded_weights ? weight : 0));
-    if (sp_ranks > 1)  // as build_linears' set_input_gather and set_grad_gather
+    if (sp_ranks > 1 && !frozen)  // as build_linears' set_input_gather and set_grad_gather (a frozen Linear: none)
       ws.reserve(recipe::LinearWorkspace::Slot::gather,
                  sp.index == 0 || sp.index == 2
                      ? recipe::Linear::input_gather_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.in, sp_ranks)

@@ -224,6 +224,12 @@ Status LlamaModel::build_linears() {
       }
     } else
       lin.set_amax_group(cp_amax_group);
+    // Context parallelism: the gradient's SR bits at each token's row of the whole sequences, where the chunks
+    // are whole NVFP4 blocks (else the rank's own rows, as the trainer's warning about such chunks says). Packed
+    // rows cut each sequence, not the row, into chunks: their bits are the map's, not yet one GPU's.
+    const int64_t chunk = shape_.seq / 2;
+    if (cp_size() > 1 && chunk % 16 == 0)
+      lin.set_grad_cp_rows(chunk, shape_.seq * cp_size(), cp_link->rank(), 2 * cp_size() - 1 - cp_link->rank());
     // Training-format gathers (and a sharded frozen LoRA base's quantized weights): a quantized weight sharded
     // as its group's rows (distributed/fsdp.h) right after its Linear is made, so no two Linears' whole weight
     // copies ever coexist on a rank.
@@ -323,6 +329,9 @@ Status LlamaModel::allocate_stores(int64_t qb, int64_t* qe_io) {
     else
       NB_TRY(base_.allocate_frozen(cfg, dev, qb, qe));
     scope.emplace(MemPart::lora);
+    // Tensor parallelism: each adapter is this rank's part of the whole model's (tp::split_of), initialized as
+    // one GPU's slice.
+    params_.set_tensor_parallel(whole_cfg_, tp_shard(), lora_param_list(whole_cfg_, lora_spec_));
     NB_TRY(params_.allocate(lora_param_list(cfg, lora_spec_), dev));
     NB_TRY(Buffer::allocate(&norm_dw_sink_, DType::f32, dev, {cfg.hidden}));
   } else {
@@ -368,19 +377,26 @@ static Status check_ids(const int32_t* ids, int64_t n, int64_t vocab, const char
 }
 
 Status LlamaModel::stage_batches(const int32_t* tokens, const int32_t* labels, int64_t n) {
-  const int64_t T = shape_.tokens();
-  if (cp_size() > 1) {  // whole rows in, this rank's tokens staged
+  seg_host_.clear();
+  if (cp_size() > 1) {  // whole rows in, this rank's tokens staged (packed rows choose theirs in stage_segments)
+    const size_t whole = size_t(n * shape_.tokens() * cp_size());
+    cp_whole_ids_.assign(tokens, tokens + whole);
+    cp_whole_labels_.assign(labels, labels + whole);
     keep_local_tokens(tokens, n, &cp_ids_);
     keep_local_tokens(labels, n, &cp_labels_);
     tokens = cp_ids_.data();
     labels = cp_labels_.data();
   }
+  return upload_staged(tokens, labels, n);
+}
+
+Status LlamaModel::upload_staged(const int32_t* tokens, const int32_t* labels, int64_t n) {
+  const int64_t T = shape_.tokens();
   // The kernels guard their reads, but an id past the vocabulary must stop the run, never become a zero
   // embedding row or a dropped target (on the host: one pass over n*T ids, microseconds).
   NB_TRY(check_ids(tokens, n * T, whole_cfg_.vocab, "token"));
   NB_TRY(check_ids(labels, n * T, whole_cfg_.vocab, "label", -1));
   tokens = local_vocab_ids(tokens, n * T);  // tensor parallelism: this rank's embedding rows
-  seg_host_.clear();
   MemoryScope scope(MemPart::step_inputs);
   if (n > staged_capacity_) {
     NB_TRY(Buffer::allocate(&ids_, DType::i32, dev_, {n, T}));
@@ -401,7 +417,11 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     seg_host_.clear();
     return Status::ok();
   }
-  if (cp_size() > 1) return whole_rows_under_cp(n);
+  if (cp_size() > 1) {  // this rank's share of every packed sequence, or whole rows
+    bool rows = false;
+    NB_TRY(segments_under_cp(n, &rows));
+    if (rows) return Status::ok();
+  }
   std::vector<int32_t> all;
   MemoryScope scope(MemPart::step_inputs);
   seg_offset_.assign(size_t(n), 0);
@@ -424,7 +444,8 @@ Status LlamaModel::stage_segments(const std::vector<int32_t>* starts, int64_t n)
     ops::AttentionSegments segs{int64_t(st.size()) - 1, st.data(), seg_starts_.ptr<int32_t>() + seg_offset_[size_t(i)]};
     NB_TRY(ops::attention_check_segments(ash, segs, dev_).context(strprintf("micro-batch %lld", (long long)i)));
     for (size_t k = 0; k + 1 < st.size(); ++k)
-      for (int32_t t = st[k]; t < st[k + 1]; ++t) pos[size_t(i * T + t)] = t - st[k];
+      for (int32_t t = st[k]; t < st[k + 1]; ++t)
+        pos[size_t(i * T + t)] = segment_position(t - st[k], st[k + 1] - st[k]);
   }
   if (positions_.tensor().numel() < n * T) NB_TRY(Buffer::allocate(&positions_, DType::i32, dev_, {n * T}));
   return upload_positions_.upload(positions_.data(), dev_, pos.data(), pos.size() * 4, nullptr);

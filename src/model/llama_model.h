@@ -208,7 +208,9 @@ class LlamaModel {
   // Set before init: context parallelism over link->size() ranks (ops/cp_ring.h, llama_cp.cpp). init's
   // shape is then this rank's share of each row: seq / C tokens, the row's chunks r and 2C-1-r of 2C.
   // stage_batches takes whole rows ([n, batch * seq * C] ids) and keeps this rank's tokens, RoPE rotates
-  // each at its position in the whole row, and attention runs the ring. Packed rows are refused.
+  // each at its position in the whole row, and attention runs the ring. Packed rows (stage_segments) need every
+  // sequence to be a multiple of 2C tokens: each is cut like a row, this rank keeps its chunks r and 2C-1-r, and
+  // RoPE rotates each token at its position in its sequence.
   ops::cp::RingLink* cp_link = nullptr;
   // ... and the group the quantized Linears reduce their inputs' and gradients' per-tensor amaxes over, so that
   // every rank scales its tokens with the whole row's amax (recipe::Linear::set_amax_group).
@@ -303,9 +305,16 @@ class LlamaModel {
   Status init_context_parallel();                   // the ring and the tokens' row positions (llama_cp.cpp)
   // Context parallelism: this rank's tokens of n micro-batches of whole rows (llama_cp.cpp).
   void keep_local_tokens(const int32_t* whole, int64_t n, std::vector<int32_t>* local) const;
-  // Context parallelism: staged segments that are one sample per row (SFT without packing: the sample from the
-  // row's start, then padding) are whole rows to causal attention; packed rows are refused (llama_cp.cpp).
-  Status whole_rows_under_cp(int64_t n);
+  // The checks and upload of stage_batches, for this rank's n micro-batches of tokens and labels.
+  Status upload_staged(const int32_t* tokens, const int32_t* labels, int64_t n);
+  // Context parallelism (llama_cp.cpp): staged segments that are one sample per row (SFT without packing: the
+  // sample from the row's start, then padding) are whole rows to causal attention (*rows = true, segments
+  // dropped); otherwise this rank's share of every sequence is staged again and seg_host_ becomes its local
+  // segment table.
+  bool one_sample_per_row(int64_t n) const;
+  Status segments_under_cp(int64_t n, bool* rows);
+  // Local token i of a staged segment of len tokens: its position in its whole sequence (i without CP).
+  int32_t segment_position(int64_t i, int64_t len) const;
   // set_recipe's checks: `r` keeps quantized inputs wherever the activation plan does, and every layer that
   // would run a BF16 GEMM has its weights' compute copies.
   Status check_switch_covered(const recipe::Recipe& r, bool fprop_only) const;
@@ -368,6 +377,7 @@ class LlamaModel {
   ops::cp::Ring cp_ring_;
   Buffer cp_positions_;
   std::vector<int32_t> cp_ids_, cp_labels_;
+  std::vector<int32_t> cp_whole_ids_, cp_whole_labels_;  // the staged whole rows, for packed sequences' shares
   // Tensor parallelism: the staged tokens as this rank's vocabulary rows (-1: another rank's), the
   // vocabulary-parallel cross-entropy's statistics [3, LM-head chunk].
   std::vector<int32_t> tp_ids_;

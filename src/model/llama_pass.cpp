@@ -144,10 +144,11 @@ Status MicroBatchPass::adapt_forward(int64_t l, int i, const Tensor& x, const Te
   if (!adapter(l, i, &mod)) return Status::ok();
   return lora_forward(mod, x, A_.lora, y, lora_dropout_key(m_.seed_, m_.step_, m_.micro_, mod), st_);
 }
-Status MicroBatchPass::adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx) {
+Status MicroBatchPass::adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx,
+                                      const std::function<Status()>& after_dx) {
   LoraModule mod;
-  if (!adapter(l, i, &mod)) return Status::ok();
-  return lora_backward(mod, dy, x, A_.lora, dx, lora_dropout_key(m_.seed_, m_.step_, m_.micro_, mod), st_);
+  if (!adapter(l, i, &mod)) return after_dx ? after_dx() : Status::ok();
+  return lora_backward(mod, dy, x, A_.lora, dx, lora_dropout_key(m_.seed_, m_.step_, m_.micro_, mod), st_, after_dx);
 }
 
 // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
@@ -171,7 +172,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
       "fwd: attention",
       work::ring_attention(work::attention_forward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim), m_.cp_size()));
   if (m_.cp_size() > 1)
-    NB_TRY(m_.cp_ring_.forward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_));
+    NB_TRY(m_.cp_ring_.forward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_, segs_));
   else
     NB_TRY(ops::attention_forward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), a.lse, st_, segs_));
   NB_PROFILE_END("fwd: attention");
@@ -270,7 +271,7 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
       work::ring_attention(work::attention_backward(B_, S_, c_.heads, c_.kv_heads, c_.head_dim), m_.cp_size()));
   if (m_.cp_size() > 1)
     NB_TRY(m_.cp_ring_.backward(q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq), kv4(A_.dk),
-                                kv4(A_.dv), st_));
+                                kv4(A_.dv), st_, segs_));
   else
     NB_TRY(ops::attention_backward(ash_, q4(a.q), kv4(a.k), kv4(a.v), q4(a.o), q4(A_.dout), a.lse, q4(A_.dq),
                                    kv4(A_.dk), kv4(A_.dv), st_, segs_));

@@ -1,6 +1,7 @@
 // MicroBatchPass: one micro-batch through LlamaModel (llama_pass.cpp: layers, head, backward;
 // llama_pass_tp.cpp: tensor and sequence parallelism's collectives around them). Internal to src/model.
 #pragma once
+#include <functional>
 #include "gemm/gemm.h"
 #include "model/llama_internal.h"
 #include "ops/attention.h"
@@ -40,7 +41,9 @@ class MicroBatchPass {
   Tensor weight(int64_t l, int i, const Tensor& compute, const Tensor& master);
   bool adapter(int64_t l, int i, LoraModule* mod) const;
   Status adapt_forward(int64_t l, int i, const Tensor& x, const Tensor& y);
-  Status adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx);
+  // after_dx (optional) runs once dx is final: after the adapter's dx, or at once without an adapter.
+  Status adapt_backward(int64_t l, int i, const Tensor& dy, const Tensor& x, const Tensor& dx,
+                        const std::function<Status()>& after_dx = {});
   Status forward_layer(int64_t l, bool write_output);
   Status head_and_loss(float grad_scale);
   Status recompute_layer(int64_t l, const Layer& w);

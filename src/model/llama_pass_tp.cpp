@@ -49,14 +49,19 @@ Status MicroBatchPass::column_parallel_backward(int64_t l, int i, const Tensor& 
     return sum_input_grad(dx, st_);
   }
   const Stream side = m_.tp_stream_.get();
-  auto launch = [&]() {  // dx is final once its GEMM is done (LoRA, which adds to it, is refused under TP)
+  auto launch = [&]() {  // dx is final once its GEMM (and a LoRA adapter's, which adds to it) is queued
     m_.tp_ready_.record(st_);
     m_.tp_ready_.wait_in(side);
     NB_TRY(sum_input_grad(dx, side));
     m_.tp_done_.record(side);
     return Status::ok();
   };
-  NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_, launch));
+  if (m_.lora_enabled_) {  // a frozen base runs no Wgrad: the sum runs beside the adapter's weight gradients
+    NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_));
+    NB_TRY(adapt_backward(l, i, dy, x, dx, launch));
+  } else {
+    NB_TRY(lin.backward(dy, x, w, dx, 0.f, dw, st_, launch));
+  }
   m_.tp_done_.wait_in(st_);  // the norm's backward reads the sum
   return Status::ok();
 }
@@ -71,13 +76,16 @@ Status MicroBatchPass::row_parallel_forward(int64_t l, int i, const Tensor& x, c
     NB_TRY(lin.forward(x, w, out, 1.f, st_));
     return adapt_forward(l, i, x, out);
   }
+  // A LoRA adapter adds s (x A_r^T) B^T, its rank's part of the whole adapter's output, before the sum.
   if (sp_ > 1) {  // this rank's block of the summed output
     NB_TRY(lin.forward(x, w, A_.sp_full, 0.f, st_));
+    NB_TRY(adapt_forward(l, i, x, A_.sp_full));
     NB_PROFILE_BEGIN("tp: reduce-scatter");
     NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, out, st_));
     NB_PROFILE_END("tp: reduce-scatter");
   } else {
     NB_TRY(lin.forward(x, w, out, 0.f, st_));
+    NB_TRY(adapt_forward(l, i, x, out));
     NB_TRY(tp_sum(out));
   }
   ops::add_inplace(out, resid, st_);
@@ -92,7 +100,7 @@ Status MicroBatchPass::column_parallel_forward(int64_t l, int i, const Tensor& x
   recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
   if (gathers_quantized(l, i)) {
     NB_PROFILE_BEGIN("tp: quantize + all-gather + GEMM");
-    const Status st = lin.forward_gathered(mine(x), w, y, 0.f, st_);  // (LoRA is refused under TP)
+    const Status st = lin.forward_gathered(mine(x), w, y, 0.f, st_);  // (never a frozen LoRA base: BF16 gathers)
     NB_PROFILE_END("tp: quantize + all-gather + GEMM");
     return st;
   }
@@ -104,6 +112,7 @@ Status MicroBatchPass::column_parallel_forward(int64_t l, int i, const Tensor& x
 Status MicroBatchPass::row_parallel_backward(int64_t l, int i, const Tensor& d, const Tensor& x, const Tensor& w,
                                              const Tensor& dw, const Tensor& dx) {
   recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
+  // (A frozen LoRA base gathers BF16: its adapters read the whole dY.)
   if (sp_ > 1 && lin.gathers_quantized_grad()) return lin.backward_gathered(d, dx, 0.f, dw, st_);
   Tensor dy;
   NB_TRY(whole_grad(d, &dy));

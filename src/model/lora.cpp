@@ -56,11 +56,12 @@ namespace {
 Tensor first_rows(const Tensor& t, int64_t rows, int64_t cols) {
   return Tensor::make(t.data, t.dtype, t.device, {rows, cols});
 }
+ops::DropoutColumns input_columns(const LoraModule& m) { return {m.in_whole, m.in_first}; }
 // d(x): x itself, or the dropped copy in scratch.
 Tensor dropped_input(const LoraModule& m, const Tensor& x, const LoraScratch& s, RngKey key, Stream stream) {
   if (m.dropout <= 0.f) return x;
   const Tensor xd = first_rows(s.xd, x.shape[0], x.shape[1]);
-  ops::dropout_forward(x, xd, m.dropout, key, stream);
+  ops::dropout_forward(x, xd, m.dropout, key, stream, input_columns(m));
   return xd;
 }
 }  // namespace
@@ -73,34 +74,49 @@ Status lora_forward(const LoraModule& m, const Tensor& x, const LoraScratch& s, 
   return gemm::matmul(h, m.b, y, {.trans_b = true, .alpha = m.scale, .beta = 1.f}, stream);
 }
 
+// dx first, so that a tensor-parallel sum of it can run beside the weight gradients' GEMMs.
 Status lora_backward(const LoraModule& m, const Tensor& dy, const Tensor& x, const LoraScratch& s, const Tensor& dx,
-                     RngKey key, Stream stream) {
+                     RngKey key, Stream stream, const std::function<Status()>& after_dx) {
   const int64_t T = x.shape[0], r = m.a.shape[0];
   const Tensor h = first_rows(s.h, T, r), dh = first_rows(s.dh, T, r);
   const Tensor xd = dropped_input(m, x, s, key, stream);
-  NB_TRY(gemm::matmul(xd, m.a, h, {.trans_b = true}, stream));                                  // h = d(x) A^T
+  NB_TRY(gemm::matmul(xd, m.a, h, {.trans_b = true}, stream));    // h = d(x) A^T
+  NB_TRY(gemm::matmul(dy, m.b, dh, {.alpha = m.scale}, stream));  // dh = s dy B
+  if (m.dropout <= 0.f) {
+    NB_TRY(gemm::matmul(dh, m.a, dx, {.beta = 1.f}, stream));  // dx += dh A
+  } else {
+    const Tensor dxd = first_rows(s.dxd, T, x.shape[1]);
+    NB_TRY(gemm::matmul(dh, m.a, dxd, {}, stream));
+    ops::dropout_backward(dxd, dxd, m.dropout, key, stream, input_columns(m));
+    ops::add_inplace(dx, dxd, stream);
+  }
+  if (after_dx) NB_TRY(after_dx());
   NB_TRY(gemm::matmul(dy, h, m.gb, {.trans_a = true, .alpha = m.scale, .beta = 1.f}, stream));  // gB += s dy^T h
-  NB_TRY(gemm::matmul(dy, m.b, dh, {.alpha = m.scale}, stream));                                // dh = s dy B
-  NB_TRY(gemm::matmul(dh, xd, m.ga, {.trans_a = true, .beta = 1.f}, stream));                   // gA += dh^T d(x)
-  if (m.dropout <= 0.f) return gemm::matmul(dh, m.a, dx, {.beta = 1.f}, stream);                // dx += dh A
-  const Tensor dxd = first_rows(s.dxd, T, x.shape[1]);
-  NB_TRY(gemm::matmul(dh, m.a, dxd, {}, stream));
-  ops::dropout_backward(dxd, dxd, m.dropout, key, stream);
-  ops::add_inplace(dx, dxd, stream);
-  return Status::ok();
+  return gemm::matmul(dh, xd, m.ga, {.trans_a = true, .beta = 1.f}, stream);                    // gA += dh^T d(x)
 }
 
 Status lora_adapter_from_store(const ParamStore& P, const LlamaConfig& c, const LoraSpec& s, LoraAdapter* out) {
-  lora_allocate(c, s, out);
   std::vector<float> host(size_t(P.total()));
   NB_TRY(P.get_state(optim::StateArray::master, host.data()));
-  for (LoraLinear& L : out->linears) {
-    const ParamInfo& a = P.info(lora_param_name(L.layer, L.target, true));
-    const ParamInfo& b = P.info(lora_param_name(L.layer, L.target, false));
-    L.a.assign(host.begin() + a.offset, host.begin() + a.offset + a.numel);
-    L.b.assign(host.begin() + b.offset, host.begin() + b.offset + b.numel);
-  }
+  lora_adapter_from_values(host.data(), P.params(), c, s, out);
   return Status::ok();
+}
+
+void lora_adapter_from_values(const float* values, const std::vector<ParamInfo>& params, const LlamaConfig& c,
+                              const LoraSpec& s, LoraAdapter* out) {
+  lora_allocate(c, s, out);
+  auto find = [&](const std::string& name) -> const ParamInfo& {
+    for (const ParamInfo& p : params)
+      if (p.name == name) return p;
+    NB_CHECK(false, "internal: no LoRA parameter %s", name.c_str());
+    return params.front();
+  };
+  for (LoraLinear& L : out->linears) {
+    const ParamInfo& a = find(lora_param_name(L.layer, L.target, true));
+    const ParamInfo& b = find(lora_param_name(L.layer, L.target, false));
+    L.a.assign(values + a.offset, values + a.offset + a.numel);
+    L.b.assign(values + b.offset, values + b.offset + b.numel);
+  }
 }
 
 Status lora_store_from_adapter(const LoraAdapter& ad, const LlamaConfig& c, ParamStore& P) {

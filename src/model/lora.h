@@ -10,12 +10,18 @@
 // The dropout mask is a pure function of its Philox key (step, micro-batch, linear), so the backward
 // recomputes it instead of storing it. Adapter GEMMs run in BF16 on CUDA (FP32 on the CPU reference),
 // gradients accumulate in FP32 like every other weight gradient.
+// Tensor parallelism (model/tensor_parallel.h) runs these per rank on its parts unchanged: a column-parallel
+// adapter (whole A, B's output rows) computes h whole, its rows of y exactly and a partial dh, so gA and dx are
+// partial sums (dx summed with the base's input gradient; gA by the trainer); a row-parallel adapter (A's input
+// columns, whole B) gives a partial h, added into the base's partial output before its sum, so gB is partial
+// and gA, dx this rank's columns exactly.
 //
 // Initialization (Megatron-Bridge's and PEFT's rule): B = 0, so the adapted model starts as the base;
 // A ~ N(0, 1/(3 in)), the variance of PEFT's kaiming_uniform_(a = sqrt(5)), drawn from the store's
 // Philox streams (normal rather than uniform: nibble's one initializer).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 #include "core/philox.h"
@@ -39,6 +45,9 @@ struct LoraModule {
   Tensor ga, gb;  // FP32 gradients
   float scale = 1.f, dropout = 0.f;
   uint32_t id = 0;  // the dropout key's stream: unique per adapted linear
+  // Tensor parallelism, a row-parallel adapter: x holds the input columns [in_first, in_first + in) of in_whole,
+  // and dropout draws each element's mask bit at its place in the whole input (in_whole 0: x is whole).
+  int64_t in_whole = 0, in_first = 0;
 };
 // Scratch of one micro-batch (activation arena): h and dh [T, r]; with dropout, the dropped input and
 // the adapter's input gradient before dropout's backward, [T, largest in].
@@ -50,12 +59,17 @@ RngKey lora_dropout_key(uint64_t seed, uint32_t step, uint32_t micro, const Lora
 
 Status lora_forward(const LoraModule& m, const Tensor& x, const LoraScratch& s, const Tensor& y, RngKey key,
                     Stream stream);
+// after_dx (optional) runs once dx's last GEMM is queued, before the adapter's weight gradients: tensor
+// parallelism launches dx's sum there, beside them (--tp-comm-overlap).
 Status lora_backward(const LoraModule& m, const Tensor& dy, const Tensor& x, const LoraScratch& s, const Tensor& dx,
-                     RngKey key, Stream stream);
+                     RngKey key, Stream stream, const std::function<Status()>& after_dx = {});
 
 // The store's FP32 masters as a LoraAdapter (for write_peft_adapter), and a LoraAdapter into the store
 // (masters and compute copies; AdamW state untouched). The adapter's spec must match the store's.
 Status lora_adapter_from_store(const ParamStore& P, const LlamaConfig& c, const LoraSpec& s, LoraAdapter* out);
+// The same from host FP32 values laid out as `params` says (a tensor-parallel store's gathered whole arrays).
+void lora_adapter_from_values(const float* values, const std::vector<ParamInfo>& params, const LlamaConfig& c,
+                              const LoraSpec& s, LoraAdapter* out);
 Status lora_store_from_adapter(const LoraAdapter& ad, const LlamaConfig& c, ParamStore& P);
 
 }  // namespace nb

@@ -90,6 +90,18 @@ std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* 
   return params;
 }
 
+std::vector<ParamInfo> ParamStore::whole_layout(int64_t* total) const {
+  if (!tp_.on()) {
+    *total = total_;
+    return params_;
+  }
+  if (tp_whole_params_.empty()) return flat_layout(tp_whole_, total);
+  std::vector<ParamInfo> params = tp_whole_params_;
+  int64_t decayed_end = 0;
+  *total = assign_offsets(params, kAlign, &decayed_end);
+  return params;
+}
+
 Status ParamStore::layout(std::vector<ParamInfo> params) {
   params_ = std::move(params);
   fsdp_ = shard_compute_ = false;
@@ -179,13 +191,13 @@ void ParamStore::initial_host_values(uint64_t seed, float* host) const {
   const unsigned nthreads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
   if (tp_.on()) {
     int64_t whole_total = 0;
-    const std::vector<ParamInfo> whole = flat_layout(tp_whole_, &whole_total);
+    const std::vector<ParamInfo> whole = whole_layout(&whole_total);
     NB_CHECK(whole.size() == params_.size(), "internal: the tensor-parallel store lists other parameters");
     std::vector<float> values;
     for (size_t i = 0; i < params_.size(); ++i) {
       values.resize(size_t(whole[i].numel));
       initial_values(whole[i], uint32_t(i), seed, values.data(), nthreads);
-      tp::slice(whole[i], params_[i], tp_, values.data(), host + params_[i].offset);
+      tp::slice(whole[i], params_[i], tp_, values.data(), host + params_[i].offset, &tp_whole_);
     }
     return;
   }
@@ -201,10 +213,10 @@ void ParamStore::initial_host_values(uint64_t seed, float* host) const {
 
 void ParamStore::slice_whole(const float* whole, float* local) const {
   int64_t whole_total = 0;
-  const std::vector<ParamInfo> wl = flat_layout(tp_whole_, &whole_total);
+  const std::vector<ParamInfo> wl = whole_layout(&whole_total);
   std::fill(local, local + total_, 0.0f);
   for (size_t i = 0; i < wl.size(); ++i)
-    tp::slice(wl[i], params_[i], tp_, whole + wl[i].offset, local + params_[i].offset);
+    tp::slice(wl[i], params_[i], tp_, whole + wl[i].offset, local + params_[i].offset, &tp_whole_);
 }
 
 Status ParamStore::get_flat(const Tensor& flat, float* host) const {

@@ -31,6 +31,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 #include "core/tensor.h"
 #include "model/llama_config.h"
@@ -111,13 +112,19 @@ class ParamStore {
   // values, so T ranks start from exactly one GPU's weights.
   Status initialize(uint64_t seed);
   // Set before initialize: this store holds rank s's part of model `whole` (model/tensor_parallel.h).
-  void set_tensor_parallel(const LlamaConfig& whole, tp::Shard s) {
+  // whole_params: the whole store's parameters when they are not the model's (LoRA's adapters of `whole`), in
+  // this store's order.
+  void set_tensor_parallel(const LlamaConfig& whole, tp::Shard s, std::vector<ParamInfo> whole_params = {}) {
     tp_whole_ = whole;
     tp_ = s;
+    tp_whole_params_ = std::move(whole_params);
   }
   tp::Shard tensor_parallel_shard() const { return tp_; }
   const LlamaConfig& tensor_parallel_whole() const { return tp_whole_; }
-  // Under tensor parallelism: this store's slices of a whole model's host array (flat_layout(whole) order).
+  // The whole store's parameters (under tensor parallelism the whole model's, or its adapters) with the offsets
+  // and total a store of them lays out: checkpoints and the gathers of a save use this layout.
+  std::vector<ParamInfo> whole_layout(int64_t* total) const;
+  // Under tensor parallelism: this store's slices of a whole host array (whole_layout order).
   void slice_whole(const float* whole, float* local) const;
   // The parameters of `cfg` with the offsets and total a store of it lays out (no allocation).
   static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total);
@@ -204,6 +211,7 @@ class ParamStore {
   bool frozen_ = false;
   LlamaConfig tp_whole_;
   tp::Shard tp_;
+  std::vector<ParamInfo> tp_whole_params_;  // set_tensor_parallel's whole_params (empty: the model's)
   void initial_host_values(uint64_t seed, float* host) const;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);

@@ -32,6 +32,11 @@ Split split_of(const std::string& name) {
     return name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
   };
   if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return Split::vocab_rows;
+  // LoRA (model/lora.h's names): the half that follows the base's split; the other is whole.
+  if (ends("linear_qkv.lora_B.weight")) return Split::qkv_rows;
+  if (ends("linear_fc1.lora_B.weight")) return Split::gate_up_rows;
+  if (ends("linear_proj.lora_A.weight") || ends("linear_fc2.lora_A.weight")) return Split::cols;
+  if (ends(".lora_A.weight") || ends(".lora_B.weight")) return Split::whole;
   if (ends("q_proj.weight") || ends("k_proj.weight") || ends("v_proj.weight")) return Split::rows;
   if (ends("gate_up_proj.weight")) return Split::gate_up_rows;
   if (ends("o_proj.weight") || ends("down_proj.weight")) return Split::cols;
@@ -40,21 +45,38 @@ Split split_of(const std::string& name) {
 
 namespace {
 
+// The whole row of local row i of a tensor made of parts (whole part sizes `parts`, each cut in s.size equal
+// blocks of rows): [gate_r; up_r] of [gate; up], [q_r; k_r; v_r] of [q; k; v].
+int64_t part_row(const std::vector<int64_t>& parts, Shard s, int64_t i) {
+  int64_t whole_start = 0;
+  for (const int64_t n : parts) {
+    const int64_t mine = n / s.size;
+    if (i < mine) return whole_start + s.rank * mine + i;
+    i -= mine;
+    whole_start += n;
+  }
+  return -1;
+}
+
 // Calls copy(whole_element, local_element, count) for every run of elements rank s holds, in local order;
 // local rows past the whole tensor (vocabulary padding) get whole_element -1.
 template <typename Copy>
-void for_each_run(const ParamInfo& whole, const ParamInfo& local, Shard s, Copy copy) {
+void for_each_run(const ParamInfo& whole, const ParamInfo& local, Shard s, const LlamaConfig* cfg, Copy copy) {
   const Split k = split_of(whole.name);
   if (k == Split::whole) return copy(int64_t(0), int64_t(0), whole.numel);
   const int64_t rows = local.shape[0], cols = local.shape.size() > 1 ? local.shape[1] : 1;
   const int64_t whole_rows = whole.shape[0], whole_cols = whole.shape.size() > 1 ? whole.shape[1] : 1;
+  std::vector<int64_t> parts;
+  if (k == Split::gate_up_rows) parts = {whole_rows / 2, whole_rows / 2};
+  if (k == Split::qkv_rows) {
+    NB_CHECK(cfg && cfg->q_dim() + 2 * cfg->kv_dim() == whole_rows, "internal: %s needs its model's q and kv rows",
+             whole.name.c_str());
+    parts = {cfg->q_dim(), cfg->kv_dim(), cfg->kv_dim()};
+  }
   for (int64_t i = 0; i < rows; ++i) {
     int64_t src_row = i, src_col = 0;
     if (k == Split::rows || k == Split::vocab_rows) src_row = s.rank * rows + i;
-    if (k == Split::gate_up_rows) {  // [gate_r; up_r] of [gate; up]
-      const int64_t half = rows / 2, whole_half = whole_rows / 2;
-      src_row = i < half ? s.rank * half + i : whole_half + s.rank * half + (i - half);
-    }
+    if (!parts.empty()) src_row = part_row(parts, s, i);
     if (k == Split::cols) src_col = s.rank * cols;
     copy(src_row < whole_rows ? src_row * whole_cols + src_col : -1, i * cols, cols);
   }
@@ -62,8 +84,9 @@ void for_each_run(const ParamInfo& whole, const ParamInfo& local, Shard s, Copy 
 
 }  // namespace
 
-void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst) {
-  for_each_run(whole, local, s, [&](int64_t w, int64_t l, int64_t n) {
+void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst,
+           const LlamaConfig* whole_cfg) {
+  for_each_run(whole, local, s, whole_cfg, [&](int64_t w, int64_t l, int64_t n) {
     if (w < 0)
       std::fill(dst + l, dst + l + n, 0.0f);
     else
@@ -71,8 +94,9 @@ void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float*
   });
 }
 
-void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst) {
-  for_each_run(whole, local, s, [&](int64_t w, int64_t l, int64_t n) {
+void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst,
+           const LlamaConfig* whole_cfg) {
+  for_each_run(whole, local, s, whole_cfg, [&](int64_t w, int64_t l, int64_t n) {
     if (w >= 0) std::copy(src + l, src + l + n, dst + w);
   });
 }

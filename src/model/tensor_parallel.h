@@ -6,6 +6,9 @@
 // A rank's model is then a Llama of its own shape (local_config): heads, KV heads, FFN and the padded
 // vocabulary divided by T, the same hidden size and parameter names, in the same store order. Checkpoints
 // stay whole tensors: slice() takes a rank's part of a whole parameter, place() puts it back.
+// LoRA's adapters follow their base (Megatron's LoRA): a column-parallel base's A [r, in] is whole and its B
+// [out, r] holds the base's output rows ([q; k; v] or [gate; up] parts, each cut like the base); a row-parallel
+// base's A [r, in] holds the base's input columns and its B [out, r] is whole.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,7 +35,8 @@ LlamaConfig local_config(const LlamaConfig& whole, int size);
 // The first vocabulary id of rank s's embedding and head rows.
 int64_t vocab_begin(const LlamaConfig& whole, Shard s);
 
-enum class Split { whole, rows, cols, gate_up_rows, vocab_rows };
+// qkv_rows: a fused [q; k; v] tensor (LoRA's linear_qkv B), each part's rows cut as q_proj's, k_proj's, v_proj's.
+enum class Split { whole, rows, cols, gate_up_rows, qkv_rows, vocab_rows };
 Split split_of(const std::string& name);
 
 // The output columns of rank s's fused column-parallel projection (0: qkv, 2: gate_up) in the whole layer's
@@ -42,10 +46,13 @@ std::vector<std::pair<int64_t, int64_t>> fused_output_columns(const LlamaConfig&
                                                               int64_t* whole_cols);
 
 // Rank s's part of whole parameter `whole` (src: whole.numel values in its shape) into dst (local.numel values,
-// the local parameter's shape). Vocabulary rows past the whole vocabulary (padding) are zero.
-void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst);
+// the local parameter's shape). Vocabulary rows past the whole vocabulary (padding) are zero. whole_cfg (the
+// whole model) is needed only by a qkv_rows tensor, whose q rows its shape alone does not tell.
+void slice(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst,
+           const LlamaConfig* whole_cfg = nullptr);
 // The inverse: rank s's part src (local shape) into its place in the whole parameter dst (padding dropped).
-void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst);
+void place(const ParamInfo& whole, const ParamInfo& local, Shard s, const float* src, float* dst,
+           const LlamaConfig* whole_cfg = nullptr);
 
 // The bytes of the [tokens, hidden] tensors each rank hands the group's collectives for one micro-batch
 // (activations of elem_bytes each; an all-reduce counts its tensor, a reduce-scatter its input, an all-gather its

@@ -1,8 +1,8 @@
 // Causal GQA attention: argument checks, backend dispatch and the CPU reference (the spec).
 //
 // Reference math for one sequence (a row, or a packed segment: positions i, j count from its first
-// token), query head h (K/V head g = h / (Hq/Hkv)), query position i, keys j <= i (every key of the row's
-// kv_seq when not causal):
+// token), query head h (K/V head g = h / (Hq/Hkv)), query position i, keys j <= i (when not causal: every key
+// of the row's kv_seq, or of the segment's key part for the queries of its query part):
 //   s_ij = scale * q_i . k_j            lse_i = log sum_{j<=i} exp(s_ij)      p_ij = exp(s_ij - lse_i)
 //   out_i = sum_j p_ij v_j
 // Backward with D_i = dout_i . out_i (= sum_j p_ij dp_ij):
@@ -91,7 +91,13 @@ Ref make_ref(const AttentionShape& sh, const Tensor& q, const Tensor& k, const T
           double(sh.scale), token_major, q.ptr<float>(), k.ptr<float>(), v.ptr<float>()};
 }
 
-// The sequences of a call: each row, or each segment.
+// The tokens [*first, *first + *n) that `part` takes of the segment [t0, t0 + len).
+void segment_part(SegmentPart part, int64_t t0, int64_t len, int64_t* first, int64_t* n) {
+  *first = t0 + (part == SegmentPart::second_half ? len / 2 : 0);
+  *n = part == SegmentPart::whole ? len : len / 2;
+}
+
+// The sequences of a call: each row, or each segment (its queries and keys the parts the call asks for).
 std::vector<Seq> sequences_of(const AttentionShape& sh, const AttentionSegments* seg) {
   std::vector<Seq> seqs;
   if (seg == nullptr) {
@@ -100,9 +106,19 @@ std::vector<Seq> sequences_of(const AttentionShape& sh, const AttentionSegments*
   }
   for (int64_t i = 0; i < seg->count; ++i) {
     const int64_t t0 = seg->starts[i], len = int64_t(seg->starts[i + 1]) - seg->starts[i];
-    seqs.push_back({t0, len, t0, len});
+    Seq sq{};
+    segment_part(seg->q_part, t0, len, &sq.t0, &sq.len);
+    segment_part(seg->kv_part, t0, len, &sq.kv0, &sq.kv_len);
+    seqs.push_back(sq);
   }
   return seqs;
+}
+
+// Which keys some sequence reads (dk/dv are written there only): every one, unless a ring block takes halves.
+std::vector<char> keys_read(const std::vector<Seq>& seqs, int64_t Tkv) {
+  std::vector<char> read(size_t(Tkv), 0);
+  for (const Seq& sq : seqs) std::fill(read.begin() + sq.kv0, read.begin() + sq.kv0 + sq.kv_len, char(1));
+  return read;
 }
 
 // The keys query i of a sequence sees: 0..i when causal, else all of them.
@@ -162,14 +178,18 @@ void backward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h
   }
 }
 
-// The ring's key blocks (kv_seq, causal = false) are defined for whole rows only.
+// The ring's key blocks: rows of their own key length (kv_seq), or segment halves (one token table for Q and
+// K/V), both without the causal mask.
 Status check_key_rows(const AttentionShape& sh, const AttentionSegments* segments) {
   if (sh.kv_seq < 0) return errorf("attention: kv_seq %lld must be 0 (= seq) or positive", (long long)sh.kv_seq);
   if (sh.causal && sh.kv_len() != sh.seq)
     return errorf("attention: a causal call needs as many keys as queries (kv_seq %lld, seq %lld)",
                   (long long)sh.kv_seq, (long long)sh.seq);
-  if (segments != nullptr && (!sh.causal || sh.kv_len() != sh.seq))
-    return errorf("attention: packed segments take causal attention over their own tokens only");
+  if (segments == nullptr) return Status::ok();
+  if (sh.kv_len() != sh.seq)
+    return errorf("attention: packed segments index q and k/v by one token table, so kv_seq must equal seq");
+  if (sh.causal && (segments->q_part != SegmentPart::whole || segments->kv_part != SegmentPart::whole))
+    return errorf("attention: causal segmented attention takes whole segments; halves are for non-causal ring blocks");
   return Status::ok();
 }
 
@@ -215,6 +235,9 @@ Status attention_check_segments(const AttentionShape& sh, const AttentionSegment
           "attention: segment %lld (tokens %lld..%lld) crosses the end of row %lld (S=%lld tokens); "
           "a segment must lie inside one row",
           (long long)i, (long long)s0, (long long)s1 - 1, (long long)(s0 / S), (long long)S);
+    if ((seg.q_part != SegmentPart::whole || seg.kv_part != SegmentPart::whole) && (s1 - s0) % 2 != 0)
+      return errorf("attention: segment %lld has %lld tokens, which do not split into the halves the call takes",
+                    (long long)i, (long long)(s1 - s0));
     longest = std::max(longest, s1 - s0);
   }
   if (seg.max_len > 0 && seg.max_len < longest)
@@ -294,7 +317,9 @@ Status attention_backward_ref(const AttentionShape& sh, const Tensor& q, const T
     backward_sequence(sh, r, seqs[size_t(item / sh.heads)], item % sh.heads, O, dO, LSE, dq.ptr<float>(),
                       dk_part.data(), dv_part.data(), dq_acc);
   });
+  const std::vector<char> read = keys_read(seqs, Tkv);
   parallel_for(Tkv, [&](int64_t t) {
+    if (!read[size_t(t)]) return;  // a key no query of this call sees keeps its dk/dv
     for (int64_t g = 0; g < sh.kv_heads; ++g)
       for (int64_t d = 0; d < D; ++d) {
         double sk = 0.0, sv = 0.0;

@@ -36,12 +36,16 @@ struct AttentionShape {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
   float scale = 0.0f;  // softmax scale, usually 1/sqrt(head_dim)
   // Context parallelism's ring steps (ops/cp_ring.h): K/V rows of their own length (kv_seq; 0 = seq),
-  // seen whole by every query (causal = false). k, v, dk, dv are then [B, kv_seq, Hkv, D]. Whole rows only;
-  // a causal call has kv_seq == seq.
+  // seen whole by every query (causal = false). k, v, dk, dv are then [B, kv_seq, Hkv, D]. A causal call has
+  // kv_seq == seq; so has a segmented one (whose ring blocks pick halves through AttentionSegments instead).
   int64_t kv_seq = 0;
   bool causal = true;
   int64_t kv_len() const { return kv_seq > 0 ? kv_seq : seq; }
 };
+
+// Which tokens of each segment a call takes as its queries, or as its keys: all of them, or the first or the
+// second half of an even-length segment (context parallelism's ring blocks over packed rows, ops/cp_ring.h).
+enum class SegmentPart : uint8_t { whole, first_half, second_half };
 
 // The segments of a packed micro-batch: `count` segments tile the T = batch * seq tokens in order.
 // starts holds count + 1 token indices: starts[0] = 0, strictly increasing, starts[count] = T; segment i
@@ -53,6 +57,11 @@ struct AttentionSegments {
   const int32_t* starts = nullptr;         // host array; required on the cpu, optional (checked) on cuda
   const int32_t* starts_device = nullptr;  // device copy, required on cuda (read on the call's stream)
   int64_t max_len = 0;  // the longest segment or an upper bound of it; 0: computed from the host starts
+  // A ring block (causal = false) over packed rows: segment i's queries are q_part of its tokens and they see
+  // every key of kv_part of the same segment (K/V share the queries' token layout: kv_seq = seq). Halves need
+  // even segments. Tokens outside the parts are neither read nor written: their out, lse and dq (queries), dk
+  // and dv (keys) keep whatever they held.
+  SegmentPart q_part = SegmentPart::whole, kv_part = SegmentPart::whole;
 };
 
 // Checks `segments` against the AttentionSegments rules for a call on `dev` (attention_check_args runs it).

@@ -86,7 +86,7 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
   NB_TRY(current_handle(st, &handle));
   const int64_t b = packed ? packed->slots : sh.batch, s = packed ? packed->seq : sh.seq;
   const bool det = deterministic_mode();
-  Key key{backward,    packed != nullptr, b,   s,  packed ? s : sh.kv_len(), sh.causal, sh.heads,
+  Key key{backward,    packed != nullptr, b,   s,  packed ? packed->kv_seq : sh.kv_len(), sh.causal, sh.heads,
           sh.kv_heads, sh.head_dim,       dev, det};
   auto it = st.plans.find(key);
   if (it == st.plans.end()) {
@@ -99,7 +99,9 @@ Status get_plan(State& st, bool backward, const AttentionShape& sh, const Packed
       std::string where = strprintf("B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld", (long long)sh.batch, (long long)sh.seq,
                                     (long long)sh.heads, (long long)sh.kv_heads, (long long)sh.head_dim);
       if (!sh.causal) where += strprintf(", a non-causal block of %lld keys", (long long)sh.kv_len());
-      if (packed) where += strprintf(", packed as %lld slots of up to %lld tokens", (long long)b, (long long)s);
+      if (packed)
+        where += strprintf(", packed as %lld slots of up to %lld query and %lld key tokens", (long long)b, (long long)s,
+                           (long long)packed->kv_seq);
       return Status(g->status()).context(where);
     }
     it = st.plans.emplace(key, std::move(g)).first;
@@ -144,16 +146,26 @@ void bind_mask_value(const AttentionShape& sh, float* neg_inf, std::vector<int64
 
 // ---- Packed segments ----
 
-// Slot i < count is segment i; later slots have length 0 and offset T (the end), as cuDNN expects.
-__global__ void segment_tables_kernel(const int32_t* starts, int64_t count, int64_t slots, int64_t q_elems,
-                                      int64_t kv_elems, int64_t stat_elems, int32_t* len, int64_t* off_q,
-                                      int64_t* off_kv, int64_t* off_stats) {
+// The tokens a SegmentPart takes of a segment of `len` from its first token: their start and count.
+__device__ int64_t part_start(SegmentPart p, int64_t len) { return p == SegmentPart::second_half ? len / 2 : 0; }
+__device__ int64_t part_len(SegmentPart p, int64_t len) { return p == SegmentPart::whole ? len : len / 2; }
+
+// Slot i < count is segment i (its query and key parts); later slots have length 0 and offset T (the end), as
+// cuDNN expects.
+__global__ void segment_tables_kernel(const int32_t* starts, int64_t count, int64_t slots, SegmentPart q_part,
+                                      SegmentPart kv_part, int64_t q_elems, int64_t kv_elems, int64_t stat_elems,
+                                      int32_t* len_q, int32_t* len_kv, int64_t* off_q, int64_t* off_kv,
+                                      int64_t* off_stats) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= slots; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t first = starts[i < count ? i : count];
-    off_q[i] = first * q_elems;
-    off_kv[i] = first * kv_elems;
-    off_stats[i] = first * stat_elems;
-    if (i < slots) len[i] = i < count ? starts[i + 1] - starts[i] : 0;
+    const int64_t first = starts[i < count ? i : count], len = i < count ? starts[i + 1] - first : 0;
+    const int64_t q0 = first + part_start(q_part, len), kv0 = first + part_start(kv_part, len);
+    off_q[i] = q0 * q_elems;
+    off_kv[i] = kv0 * kv_elems;
+    off_stats[i] = q0 * stat_elems;
+    if (i < slots) {
+      len_q[i] = int32_t(part_len(q_part, len));
+      len_kv[i] = int32_t(part_len(kv_part, len));
+    }
   }
 }
 
@@ -162,8 +174,9 @@ void write_tables(const AttentionShape& sh, const AttentionSegments& seg, const 
   const int threads = 256;
   const int blocks = int(std::min<int64_t>((pk.slots + threads) / threads, 1024));
   segment_tables_kernel<<<blocks, threads, 0, stream>>>(
-      seg.starts_device, seg.count, pk.slots, sh.heads * sh.head_dim, sh.kv_heads * sh.head_dim, sh.heads,
-      reinterpret_cast<int32_t*>(ws + t.len), reinterpret_cast<int64_t*>(ws + t.off_q),
+      seg.starts_device, seg.count, pk.slots, seg.q_part, seg.kv_part, sh.heads * sh.head_dim,
+      sh.kv_heads * sh.head_dim, sh.heads, reinterpret_cast<int32_t*>(ws + t.len),
+      reinterpret_cast<int32_t*>(ws + t.len_kv), reinterpret_cast<int64_t*>(ws + t.off_q),
       reinterpret_cast<int64_t*>(ws + t.off_kv), reinterpret_cast<int64_t*>(ws + t.off_stats));
   CUDA_CHECK_LAUNCH();
 }
@@ -187,13 +200,13 @@ Status check_packed_support(const AttentionShape& sh) {
 void bind_tables(char* ws, const Tables& t, std::vector<int64_t>& uids, std::vector<void*>& ptrs) {
   uids.insert(uids.end(), {kSeqLenQ, kSeqLenKV, kOffQ, kOffK, kOffV, kOffO, kOffStats});
   ptrs.insert(ptrs.end(),
-              {ws + t.len, ws + t.len, ws + t.off_q, ws + t.off_kv, ws + t.off_kv, ws + t.off_q, ws + t.off_stats});
+              {ws + t.len, ws + t.len_kv, ws + t.off_q, ws + t.off_kv, ws + t.off_kv, ws + t.off_q, ws + t.off_stats});
 }
 
 Status forward_packed(State& st, const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& out, const Tensor& lse, const AttentionSegments& seg, cudaStream_t stream) {
   NB_TRY(check_packed_support(sh));
-  const Packed pk = packed_extents(sh, seg.count, attention_segments_max_len(seg));
+  const Packed pk = packed_extents(sh, seg);
   Graph* g = nullptr;
   NB_TRY(get_plan(st, false, sh, &pk, &g));
   const Tables t = tables_at(0, pk.slots);
@@ -212,7 +225,7 @@ Status forward_packed(State& st, const AttentionShape& sh, const Tensor& q, cons
 Status backward_packed(State& st, const AttentionShape& sh, const Tensor* io, const AttentionSegments& seg,
                        cudaStream_t stream) {
   NB_TRY(check_packed_support(sh));
-  const Packed pk = packed_extents(sh, seg.count, attention_segments_max_len(seg));
+  const Packed pk = packed_extents(sh, seg);
   Graph* g = nullptr;
   NB_TRY(get_plan(st, true, sh, &pk, &g));
   // Token-sized ragged scratch: FP32 dQ accumulator, softmax sum, and for GQA the per-query-head dK and

@@ -49,6 +49,8 @@ struct Io {
   Desc kv_t(int64_t uid, Desc off) {
     return g.tensor(uid, CUDNN_DATA_BFLOAT16, kvt_dims(), bshd_t_strides(skv, Hkv, D), false, false, off);
   }
+  // GQA's per-query-head dK or dV: the keys' rows with the query heads.
+  Dims full_kv_dims() const { return {b, Hq, skv, D}; }
   Desc stat(int64_t uid) { return g.tensor(uid, CUDNN_DATA_FLOAT, rdims(), stat_str(), false, false, off_stats); }
   // Per-segment GEMM extents: S = Q K^T and dP = dO V^T are len_q x len_kv; O = P V and dQ = dS K sum
   // over len_kv; dV = P^T dO and dK = dS^T Q are len_kv rows summed over len_q.
@@ -59,7 +61,7 @@ struct Io {
 
 Io make_io(Graph& g, const AttentionShape& sh, const Packed* packed) {
   Io io{g, packed ? packed->slots : sh.batch, packed ? packed->seq : sh.seq, sh.heads, sh.kv_heads, sh.head_dim};
-  io.skv = packed ? io.s : sh.kv_len();
+  io.skv = packed ? packed->kv_seq : sh.kv_len();
   io.causal = sh.causal;
   if (packed == nullptr) return io;
   io.packed = true;
@@ -120,20 +122,26 @@ void kv_grad(Io& io, Desc a, Desc b, Desc out, int64_t full_uid, Desc off) {
     g.matmul(a, b, out, io.by_queries());
     return;
   }
-  auto full = io.packed ? io.q_like(full_uid, CUDNN_DATA_BFLOAT16, off)
-                        : g.virt(CUDNN_DATA_BFLOAT16, {io.b, io.Hq, io.skv, io.D},
-                                 {io.Hq * io.skv * io.D, io.skv * io.D, io.D, 1});
+  auto full = io.packed
+                  ? g.tensor(full_uid, CUDNN_DATA_BFLOAT16, io.full_kv_dims(), bshd_strides(io.skv, io.Hq, io.D), false,
+                             false, off)
+                  : g.virt(CUDNN_DATA_BFLOAT16, io.full_kv_dims(), {io.Hq * io.skv * io.D, io.skv * io.D, io.D, 1});
   g.matmul(a, b, full, io.by_queries());
   g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, out);
 }
 
 }  // namespace
 
-Packed packed_extents(const AttentionShape& sh, int64_t count, int64_t max_len) {
-  Packed p{32, 64};
-  while (p.slots < count) p.slots *= 2;
-  while (p.seq < max_len) p.seq *= 2;
-  p.seq = std::min(p.seq, sh.seq);
+Packed packed_extents(const AttentionShape& sh, const AttentionSegments& seg) {
+  const int64_t longest = attention_segments_max_len(seg);
+  auto bucket = [&](SegmentPart part) {
+    const int64_t len = part == SegmentPart::whole ? longest : (longest + 1) / 2;
+    int64_t b = 64;
+    while (b < len) b *= 2;
+    return std::min(b, sh.seq);
+  };
+  Packed p{32, bucket(seg.q_part), bucket(seg.kv_part)};
+  while (p.slots < seg.count) p.slots *= 2;
   return p;
 }
 

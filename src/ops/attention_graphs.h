@@ -24,6 +24,10 @@
 // Slots past the last segment have length 0 and offset T. The backward's FP32 dQ accumulator, softmax
 // sum and (GQA) per-query-head dK/dV are ragged workspace tensors sized by tokens, as cudnn-frontend
 // does with max_total_seq_len set; unpacked ones would be sized slots * seq.
+// Context parallelism's ring blocks over packed rows (AttentionSegments' q_part / kv_part, no causal mask)
+// give Q and K/V their own tables: a slot's queries may be its segment's second half and its keys the first
+// half or the whole, so len_q != len_kv, the offsets of Q/O/Stats and of K/V differ, and the ragged tensors
+// have gaps between slots (cuDNN reads and writes only each slot's len rows from its offset).
 #pragma once
 #include "ops/attention.h"
 #include "ops/cudnn_graph.h"
@@ -60,12 +64,12 @@ enum Uid : int64_t {
 };
 
 // Graph extents of a packed call: segment slots (the segment count rounded up to a power of two, at
-// least 32, so that a run builds few plans) and the longest segment rounded up to a power of two (at
-// least 64, at most the row length S).
+// least 32, so that a run builds few plans) and the longest query and key parts of a segment rounded up to
+// a power of two (at least 64, at most the row length S).
 struct Packed {
-  int64_t slots = 0, seq = 0;
+  int64_t slots = 0, seq = 0, kv_seq = 0;
 };
-Packed packed_extents(const AttentionShape& sh, int64_t count, int64_t max_len);
+Packed packed_extents(const AttentionShape& sh, const AttentionSegments& seg);
 
 // Tokens the packed backward's ragged workspace tensors are sized for: T plus one 128-row tile, so a
 // tile that starts in the last segment stays inside them.

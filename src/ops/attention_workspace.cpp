@@ -16,7 +16,8 @@ int64_t softmax_sum_bytes(const AttentionShape& sh) { return align256(sh.batch *
 Tables tables_at(int64_t base, int64_t slots) {
   Tables t;
   t.len = base;
-  t.off_q = t.len + align256(slots * 4);
+  t.len_kv = t.len + align256(slots * 4);
+  t.off_q = t.len_kv + align256(slots * 4);
   t.off_kv = t.off_q + align256((slots + 1) * 8);
   t.off_stats = t.off_kv + align256((slots + 1) * 8);
   t.end = t.off_stats + align256((slots + 1) * 8);

@@ -11,10 +11,10 @@ int64_t align256(int64_t bytes);
 // Whole rows: the FP32 dQ accumulator (none in deterministic mode) and the softmax sums.
 int64_t dq_accum_bytes(const AttentionShape& sh, bool deterministic);
 int64_t softmax_sum_bytes(const AttentionShape& sh);
-// Byte offsets of the per-slot tables from `base`: lengths (int32 [slots]) and element offsets (int64
-// [slots + 1]) of Q/O, K/V and Stats rows.
+// Byte offsets of the per-slot tables from `base`: query and key lengths (int32 [slots]; they differ in a
+// ring block over segment halves) and element offsets (int64 [slots + 1]) of Q/O, K/V and Stats rows.
 struct Tables {
-  int64_t len = 0, off_q = 0, off_kv = 0, off_stats = 0, end = 0;
+  int64_t len = 0, len_kv = 0, off_q = 0, off_kv = 0, off_stats = 0, end = 0;
 };
 Tables tables_at(int64_t base, int64_t slots);
 // Packed segments: the token-sized ragged scratch (FP32 dQ accumulator, softmax sum, GQA's per-query-head

@@ -90,8 +90,8 @@ Status Ring::init(const AttentionShape& local, Device dev, DType act, RingLink* 
 }
 
 Status Ring::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                     Stream stream) {
-  NB_TRY(attention_forward(sh_, q, k, v, out, lse, stream));
+                     Stream stream, const AttentionSegments* segments) {
+  NB_TRY(attention_forward(sh_, q, k, v, out, lse, stream, segments));
   const int C = link_->size(), r = link_->rank();
   if (C == 1) return Status::ok();
   const Views w = views();
@@ -102,7 +102,10 @@ Status Ring::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     NB_TRY(link_->pass(w.kv[(s - 1) % 2], w.kv[s % 2], stream));
     Views step = w;
     step.kv[0] = w.kv[s % 2];
-    NB_TRY(block_forward((r - s + C) % C, step, q, lse, stream));
+    if (segments)
+      NB_TRY(packed_block_forward((r - s + C) % C, step, q, lse, *segments, stream));
+    else
+      NB_TRY(block_forward((r - s + C) % C, step, q, lse, stream));
   }
   cast(w.acc, out, stream);
   return Status::ok();
@@ -134,8 +137,9 @@ Status Ring::block_forward(int src, const Views& w, const Tensor& q, const Tenso
 }
 
 Status Ring::backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-                      const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream stream) {
-  NB_TRY(attention_backward(sh_, q, k, v, out, dout, lse, dq, dk, dv, stream));
+                      const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream stream,
+                      const AttentionSegments* segments) {
+  NB_TRY(attention_backward(sh_, q, k, v, out, dout, lse, dq, dk, dv, stream, segments));
   const int C = link_->size(), r = link_->rank();
   if (C == 1) return Status::ok();
   const Views w = views();
@@ -150,7 +154,10 @@ Status Ring::backward(const Tensor& q, const Tensor& k, const Tensor& v, const T
     Views step = w;
     step.kv[0] = w.kv[s % 2];
     step.dkv[0] = w.dkv[s % 2];
-    NB_TRY(block_backward((r - s + C) % C, step, q, out, dout, lse, stream));
+    if (segments)
+      NB_TRY(packed_block_backward((r - s + C) % C, step, q, out, dout, lse, *segments, stream));
+    else
+      NB_TRY(block_backward((r - s + C) % C, step, q, out, dout, lse, stream));
   }
   // The last block's dK/dV belong to the next rank: one more hop takes every buffer home.
   NB_TRY(link_->pass(w.dkv[(C - 1) % 2], w.dkv[C % 2], stream));
@@ -195,6 +202,48 @@ Status Ring::block_backward(int src, const Views& w, const Tensor& q, const Tens
   return Status::ok();
 }
 
+// A block's segment table over packed rows: src < r, every local query of segment i sees the first half of
+// src's local segment i (src's chunk src, all before ours); src > r, only our second half (chunk 2C-1-r) sees
+// anything, and it sees all of src's segment i (chunks src and 2C-1-src lie between our two chunks).
+AttentionSegments Ring::block_segments(int src, const AttentionSegments& local) const {
+  AttentionSegments b = local;
+  const bool earlier = src < link_->rank();
+  b.q_part = earlier ? SegmentPart::whole : SegmentPart::second_half;
+  b.kv_part = earlier ? SegmentPart::first_half : SegmentPart::whole;
+  return b;
+}
+
+// One block of the forward over packed rows, against the K/V of rank src (w.kv[0]). Queries outside the block's
+// parts are not written: their part_lse is set to -inf first so the merge passes them by.
+Status Ring::packed_block_forward(int src, const Views& w, const Tensor& q, const Tensor& lse,
+                                  const AttentionSegments& local, Stream stream) {
+  AttentionShape b = sh_;
+  b.causal = false;
+  const AttentionSegments seg = block_segments(src, local);
+  if (seg.q_part != SegmentPart::whole) fill(w.part_lse, -std::numeric_limits<float>::infinity(), stream);
+  NB_TRY(attention_forward(b, q, half_of(w.kv[0], 0), half_of(w.kv[0], 1), w.part, w.part_lse, stream, &seg));
+  merge_tokens(w.acc, lse, w.part, w.part_lse, stream);
+  return Status::ok();
+}
+
+// One block of the backward over packed rows; the gradients of tokens outside its parts are not written, so
+// those buffers start at zero.
+Status Ring::packed_block_backward(int src, const Views& w, const Tensor& q, const Tensor& out, const Tensor& dout,
+                                   const Tensor& lse, const AttentionSegments& local, Stream stream) {
+  AttentionShape b = sh_;
+  b.causal = false;
+  const AttentionSegments seg = block_segments(src, local);
+  const Tensor dKp = half_of(w.part_dkv, 0), dVp = half_of(w.part_dkv, 1);
+  if (seg.q_part != SegmentPart::whole) fill(w.part, 0.0f, stream);
+  if (seg.kv_part != SegmentPart::whole) fill(w.part_dkv, 0.0f, stream);
+  NB_TRY(attention_backward(b, q, half_of(w.kv[0], 0), half_of(w.kv[0], 1), out, dout, lse, w.part, dKp, dVp, stream,
+                            &seg));
+  add_rows(w.acc, w.part, 0, stream);
+  add_rows(half_of(w.dkv[0], 0), dKp, 0, stream);
+  add_rows(half_of(w.dkv[0], 1), dVp, 0, stream);
+  return Status::ok();
+}
+
 Ring::Views Ring::views() const {
   const int64_t B = sh_.batch, S = sh_.seq, h = S / 2, Hq = sh_.heads, Hkv = sh_.kv_heads, D = sh_.head_dim;
   char* at = static_cast<char*>(scratch_.data());
@@ -213,18 +262,37 @@ Ring::Views Ring::views() const {
   return w;
 }
 
-void merge_rows(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
-                int64_t offset, [[maybe_unused]] Stream stream) {
-  if (out_acc.device == Device::cuda)
-    NB_OPS_CUDA("cp::merge_rows", detail::merge_rows_cuda(out_acc, lse_acc, part, part_lse, offset, stream));
+namespace {
+
+// merge_rows and merge_tokens on the CPU: lse [B, H, S] (rows) or [B * S, H] (token_major).
+void merge_cpu(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse, int64_t offset,
+               bool token_major) {
   const int64_t B = out_acc.shape[0], S = out_acc.shape[1], H = out_acc.shape[2], D = out_acc.shape[3];
   const int64_t Sp = part.shape[1];
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < Sp; ++i)
-      for (int64_t hd = 0; hd < H; ++hd)
-        merge_partial(out_acc.ptr<float>() + ((b * S + offset + i) * H + hd) * D,
-                      lse_acc.ptr<float>() + (b * H + hd) * S + offset + i,
-                      part.ptr<float>() + ((b * Sp + i) * H + hd) * D, part_lse.ptr<float>()[(b * H + hd) * Sp + i], D);
+      for (int64_t hd = 0; hd < H; ++hd) {
+        const int64_t acc_stat = token_major ? (b * S + offset + i) * H + hd : (b * H + hd) * S + offset + i;
+        const int64_t part_stat = token_major ? (b * Sp + i) * H + hd : (b * H + hd) * Sp + i;
+        merge_partial(out_acc.ptr<float>() + ((b * S + offset + i) * H + hd) * D, lse_acc.ptr<float>() + acc_stat,
+                      part.ptr<float>() + ((b * Sp + i) * H + hd) * D, part_lse.ptr<float>()[part_stat], D);
+      }
+}
+
+}  // namespace
+
+void merge_rows(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
+                int64_t offset, [[maybe_unused]] Stream stream) {
+  if (out_acc.device == Device::cuda)
+    NB_OPS_CUDA("cp::merge_rows", detail::merge_rows_cuda(out_acc, lse_acc, part, part_lse, offset, false, stream));
+  merge_cpu(out_acc, lse_acc, part, part_lse, offset, false);
+}
+
+void merge_tokens(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
+                  [[maybe_unused]] Stream stream) {
+  if (out_acc.device == Device::cuda)
+    NB_OPS_CUDA("cp::merge_tokens", detail::merge_rows_cuda(out_acc, lse_acc, part, part_lse, 0, true, stream));
+  merge_cpu(out_acc, lse_acc, part, part_lse, 0, true);
 }
 
 void add_rows(const Tensor& acc, const Tensor& part, int64_t offset, Stream stream) {

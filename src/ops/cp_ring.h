@@ -13,7 +13,14 @@
 // out and lse (each block's dQ then sums to the whole row's); dK/dV accumulate in FP32 in a buffer that
 // travels round the ring with the K/V it belongs to and takes one more hop home at the end.
 // Shapes as ops/attention.h with S = Sl: q/out [B, Sl, Hq, D], k/v [B, Sl, Hkv, D], lse [B, Hq, Sl].
-// Whole rows only (packed segments under context parallelism are refused by the trainer).
+//
+// Packed rows (segments): every segment is cut the same way (TransformerEngine's THD layout under context
+// parallelism: each sequence padded to a multiple of 2C), so a rank's local segment i is [chunk r | chunk
+// 2C-1-r] of segment i, every rank holds the same local segment table, and the steps hold per segment: step 0
+// is one segmented causal call; a block against src < r lets all of segment i's local queries see the first
+// half of src's local segment i, a block against src > r lets the second half's queries see all of it. The
+// blocks are segmented non-causal calls whose halves AttentionSegments' q_part / kv_part pick (no copies);
+// lse is token-major ([B * Sl, Hq], ops/attention.h) and queries a block does not reach merge nothing.
 #pragma once
 #include <cstdint>
 #include "core/tensor.h"
@@ -50,10 +57,13 @@ class Ring {
   // `local`: the attention shape of this rank's tokens (seq = Sl, even). `act`: q/k/v's dtype.
   Status init(const AttentionShape& local, Device dev, DType act, RingLink* link);
   static int64_t scratch_bytes(const AttentionShape& local, DType act);
-  Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
-                 Stream stream);
+  // segments: this rank's local segment table (whole segments, each [chunk r | chunk 2C-1-r] of a packed
+  // sequence), or nullptr for whole rows.
+  Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, Stream stream,
+                 const AttentionSegments* segments = nullptr);
   Status backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
-                  const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream stream);
+                  const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, Stream stream,
+                  const AttentionSegments* segments = nullptr);
   RingLink* link() const { return link_; }
 
  private:
@@ -62,6 +72,11 @@ class Ring {
   Status block_forward(int src, const Views& w, const Tensor& q, const Tensor& lse, Stream stream);
   Status block_backward(int src, const Views& w, const Tensor& q, const Tensor& out, const Tensor& dout,
                         const Tensor& lse, Stream stream);
+  AttentionSegments block_segments(int src, const AttentionSegments& local) const;
+  Status packed_block_forward(int src, const Views& w, const Tensor& q, const Tensor& lse,
+                              const AttentionSegments& local, Stream stream);
+  Status packed_block_backward(int src, const Views& w, const Tensor& q, const Tensor& out, const Tensor& dout,
+                               const Tensor& lse, const AttentionSegments& local, Stream stream);
   AttentionShape sh_{};
   Device dev_ = Device::cpu;
   DType act_ = DType::f32;
@@ -74,12 +89,16 @@ class Ring {
 // the activation dtype, part_lse f32 [B, H, Sp]) for the local queries [offset, offset + Sp) of each row.
 void merge_rows(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
                 int64_t offset, Stream stream);
+// The same over every token of packed rows: out_acc f32 and part [B, Sl, H, D], both lse token-major [B * Sl, H];
+// a token whose part_lse is -inf saw no key in the block and keeps its running values.
+void merge_tokens(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
+                  Stream stream);
 // acc (f32 [B, Sl, W]) rows [offset, offset + Sp) of each row += part ([B, Sp, W], f32 or the activation dtype).
 void add_rows(const Tensor& acc, const Tensor& part, int64_t offset, Stream stream);
 
 namespace detail {
 void merge_rows_cuda(const Tensor& out_acc, const Tensor& lse_acc, const Tensor& part, const Tensor& part_lse,
-                     int64_t offset, Stream stream);
+                     int64_t offset, bool token_major, Stream stream);
 }  // namespace detail
 
 }  // namespace nb::ops::cp

@@ -193,8 +193,9 @@ double host_bytes(const MemoryJob& j) {
   if (!j.saves) return b;
   const bool from_state = j.placement.offload_fraction > 0 && shards <= 1;
   const int64_t trained = j.lora ? lora_param_count(m, j.lora_spec) : m.total_params();
+  const int64_t whole = j.lora ? lora_param_count(j.model, j.lora_spec) : j.model.total_params();
   if (!from_state) b += 12.0 * double(trained) * double(std::min(tp, std::max(1, j.local_ranks)));
-  if (tp > 1) b += 12.0 * double(j.model.total_params()) + 4.0 * double(tp) * double(trained);
+  if (tp > 1) b += 12.0 * double(whole) + 4.0 * double(tp) * double(trained);
   return b;
 }
 
@@ -202,8 +203,16 @@ double host_bytes(const MemoryJob& j) {
 // gather_tensor_parallel: one chunk sent, T received), allocated outside any part of the ledger.
 double tensor_parallel_save_bytes(const MemoryJob& j) {
   if (!j.saves || j.tensor_parallel <= 1) return 0;
-  int64_t total = 0;  // the store's elements, as it lays them out
-  ParamStore::flat_layout(j.local_model(), &total);
+  int64_t total = 0;  // the store's elements, as it lays them out (LoRA: the adapters')
+  if (j.lora) {
+    for (const ParamInfo& p : lora_param_list(j.local_model(), j.lora_spec)) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      total += (n + ParamStore::kAlign - 1) / ParamStore::kAlign * ParamStore::kAlign;
+    }
+  } else {
+    ParamStore::flat_layout(j.local_model(), &total);
+  }
   const int64_t chunk = std::min<int64_t>(total, int64_t(1) << 24);
   return double(align256(chunk * 4)) + double(align256(j.tensor_parallel * chunk * 4));
 }

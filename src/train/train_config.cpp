@@ -216,6 +216,10 @@ std::vector<ConfigKey> data_keys(TrainConfig& c) {
                "SFT: pack several samples per row, attention and RoPE positions restarting per sample (NeMo's "
                "packed_sequence); false: one sample per row",
                &c.packed_sequence),
+      int_key("pad-seq-to-mult",
+              "SFT: pad every sample's segment to a multiple of this many tokens, the padding untrained (0 = 2 x "
+              "context-parallel-size for packed rows under context parallelism, else 1)",
+              &c.pad_seq_to_mult),
       int_key("eval-interval", "validate every N steps (0 = only at the end when data has a valid split)",
               &c.eval_interval),
       int_key("eval-iters", "global batches per validation (Megatron's meaning)", &c.eval_iters),

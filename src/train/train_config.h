@@ -57,6 +57,14 @@ struct TrainConfig {
   std::string tokenizer;        // tokenizer.json or .tiktoken, for real data
   bool sft = false;             // --data-path is `preprocess --sft` output: answer-only loss, rows of packed samples
   bool packed_sequence = true;  // SFT: several samples per row (false: one sample per row, padded)
+  // SFT: every sample's segment padded to a multiple of this many tokens (Megatron-Bridge's pad_seq_to_mult);
+  // 0 = 2 x context-parallel-size for packed rows under context parallelism (each sequence is cut into 2C
+  // chunks), else 1. sft_pad_multiple() is the value in effect.
+  int64_t pad_seq_to_mult = 0;
+  int64_t sft_pad_multiple() const {
+    if (pad_seq_to_mult > 0) return pad_seq_to_mult;
+    return context_parallel_size > 1 && packed_sequence ? 2 * context_parallel_size : 1;
+  }
   int64_t eval_interval = 0, eval_iters = 10;
   // run
   std::string device = "auto";  // auto | cuda | cpu

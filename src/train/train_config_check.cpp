@@ -16,16 +16,6 @@ Status resolve_model(TrainConfig& c, LlamaConfig* model) {
 }
 
 namespace {
-// What tensor parallelism does not cover yet, refused before anything starts.
-Status check_tensor_parallel(const TrainConfig& c) {
-  if (c.tensor_model_parallel_size == 1) return Status::ok();
-  const char* what = c.peft == "lora" ? "--peft lora" : nullptr;
-  if (what)
-    return errorf("%s under --tensor-model-parallel-size %lld is not supported yet; leave one of them out", what,
-                  (long long)c.tensor_model_parallel_size);
-  return Status::ok();
-}
-
 // Data parallelism (DDP, the distributed optimizer, Megatron-FSDP) and optimizer offload: the ranges and
 // the combinations that are refused.
 Status validate_parallel_and_offload(const TrainConfig& c) {
@@ -43,7 +33,6 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
         "small adapters' state: leave it out");
   if (c.tensor_model_parallel_size < 1)
     return errorf("--tensor-model-parallel-size must be at least 1; got %lld", (long long)c.tensor_model_parallel_size);
-  NB_TRY(check_tensor_parallel(c));
   if (c.sequence_parallel && c.tensor_model_parallel_size == 1)
     return errorf("--sequence-parallel splits tokens over the tensor-parallel ranks: add --tensor-model-parallel-size");
   if (c.sequence_parallel && c.micro_batch_size * c.seq_length / c.context_parallel_size % c.tensor_model_parallel_size)
@@ -54,11 +43,19 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
         (long long)c.tensor_model_parallel_size);
   if (c.context_parallel_size < 1)
     return errorf("--context-parallel-size must be at least 1; got %lld", (long long)c.context_parallel_size);
-  if (c.context_parallel_size > 1 && c.sft && c.packed_sequence)
+  if (c.pad_seq_to_mult < 0)
+    return errorf("--pad-seq-to-mult must be 0 (automatic) or a number of tokens; got %lld",
+                  (long long)c.pad_seq_to_mult);
+  if (c.sft && c.seq_length % c.sft_pad_multiple() != 0)
     return errorf(
-        "packed SFT rows (--packed-sequence) under --context-parallel-size %lld are not supported yet; pass "
-        "--packed-sequence false or --context-parallel-size 1",
-        (long long)c.context_parallel_size);
+        "--seq-length %lld is not a multiple of --pad-seq-to-mult %lld, so padded samples would not fill rows",
+        (long long)c.seq_length, (long long)c.sft_pad_multiple());
+  if (c.context_parallel_size > 1 && c.sft && c.packed_sequence && c.sft_pad_multiple() % (2 * c.context_parallel_size))
+    return errorf(
+        "packed SFT rows under --context-parallel-size %lld cut every sample into %lld chunks, so --pad-seq-to-mult "
+        "%lld must be a multiple of %lld (0 chooses it)",
+        (long long)c.context_parallel_size, (long long)(2 * c.context_parallel_size), (long long)c.sft_pad_multiple(),
+        (long long)(2 * c.context_parallel_size));
   if (c.ddp_bucket_size < 0)
     return errorf("--ddp-bucket-size must be 0 (automatic) or a number of elements; got %lld",
                   (long long)c.ddp_bucket_size);

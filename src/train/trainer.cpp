@@ -148,7 +148,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   model_.set_grads_final_reporting(false);
   NB_TRY(model_.take_loss_sum(loss_sum));
   NB_TRY(reduce_gradients());
-  NB_TRY(reduce_sequence_parallel_grads());
+  NB_TRY(reduce_replicated_grads());
   NB_TRY(reduce_amax_over_ranks());  // before the next begin_step rolls the FP8 delayed-scaling histories
   if (dev_ == Device::cuda) {        // the arena is reserved up front, so use is at its peak after any micro-batch
     size_t f = 0, t = 0;

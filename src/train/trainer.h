@@ -123,7 +123,9 @@ class Trainer {
   Status sum_over_ranks(double* values, int n);
   struct GradPiece {
     Tensor grad;
-    bool norms;  // the norms' weights (whole on every tensor-parallel rank)
+    // Whole on every tensor-parallel rank: the norms' weights, LoRA's A of a column-parallel base and B of a
+    // row-parallel one (their gradients each rank's partial sum until reduce_replicated_grads).
+    bool replicated;
   };
   std::vector<GradPiece> grad_pieces();                 // this rank's optimizer slices' gradients (trainer_dist.cpp)
   Status grad_squares(double* out);                     // this rank's part of the squared gradient norm
@@ -172,9 +174,8 @@ class Trainer {
   std::unique_ptr<dist::Communicator> world_comm_, tp_comm_, tp_cp_comm_;
   std::unique_ptr<CommReduceGroup> tp_group_;
   std::unique_ptr<recipe::AmaxGroup> tp_amax_, tp_cp_amax_;
-  Status connect_tensor_parallel();
-  Status reduce_sequence_parallel_grads();  // the norms' gradients summed over the group (trainer_tp.cpp)  //
-                                            // connect_ranks' part: the groups' communicators and the model's views
+  Status connect_tensor_parallel();  // connect_ranks' part: the groups' communicators and the model's views
+  Status reduce_replicated_grads();  // the replicated pieces' gradients summed over the group (trainer_tp.cpp)
   // Checkpoints stay whole tensors: a save gathers the tensor-parallel ranks' arrays into whole ones on rank 0
   // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
   Status gather_tensor_parallel(const float* local, float* whole);

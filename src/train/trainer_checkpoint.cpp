@@ -74,6 +74,7 @@ const char* fixed_on_resume(const std::string& key) {
       {"split", "the data order"},
       {"sft", "the data and the loss"},
       {"packed-sequence", "the rows of the data"},
+      {"pad-seq-to-mult", "the rows of the data"},
       {"peft", "the trained parameters"},
       {"lora-rank", "the adapters' shape"},
       {"lora-target", "the adapted layers"}};
@@ -177,8 +178,7 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   // its host arrays (no second host copy of it). Under tensor parallelism the whole arrays are read and this
   // rank's slices kept.
   int64_t whole_total = P.total();
-  const std::vector<HfTensor> layout =
-      tp_size() > 1 ? hf_tensors(ParamStore::flat_layout(model_cfg_, &whole_total)) : hf_tensors(P);
+  const std::vector<HfTensor> layout = tp_size() > 1 ? hf_tensors(P.whole_layout(&whole_total)) : hf_tensors(P);
   using optim::StateArray;
   const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
   std::vector<float> scratch[3], whole[3];
@@ -228,6 +228,10 @@ Status Trainer::check_resume_compatible(const TrainConfig& saved, const LlamaCon
   NB_TRY(check_model(m, model_cfg_, cfg_.finetune));
   if (!cfg_.finetune) NB_TRY(check_anneal_resume(saved));
   TrainConfig saved_copy = saved, now = cfg_;
+  // The SFT padding in effect (0 chooses 2C under context parallelism): a packed run resumed at another C would
+  // otherwise pack other rows without a word.
+  for (TrainConfig* c : {&saved_copy, &now})
+    if (c->sft) c->pad_seq_to_mult = c->sft_pad_multiple();
   auto then_keys = config_keys(saved_copy), now_keys = config_keys(now);
   for (size_t i = 0; i < now_keys.size(); ++i) {
     const std::string a = then_keys[i].get(), b = now_keys[i].get(), key = now_keys[i].name;
@@ -362,7 +366,7 @@ Status Trainer::save(TrainSummary* summary) {
   std::vector<HfTensor> layout = hf_tensors(P);
   if (tp_size() > 1) {  // rank 0's tensor-parallel group: the whole model's arrays on rank 0
     int64_t whole_total = 0;
-    layout = hf_tensors(ParamStore::flat_layout(model_cfg_, &whole_total));
+    layout = hf_tensors(P.whole_layout(&whole_total));
     for (int a = 0; a < 3; ++a) {
       if (logging_rank()) tp_whole_[a].resize(size_t(whole_total));
       NB_TRY(gather_tensor_parallel(arrays[a], tp_whole_[a].data()));

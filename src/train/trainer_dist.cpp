@@ -165,10 +165,23 @@ std::vector<ParamStore::Slice> Trainer::optimizer_slices() {
 
 // The gradients of this rank's optimizer slices. Under tensor parallelism each piece says whether it holds the
 // norms' weights (whole on every rank of the group; they follow the 2-D weights in the flat space): a slice is
-// cut there, or with Megatron-FSDP (a slice is one parameter group's chunk) classified whole.
+// cut there, or with Megatron-FSDP (a slice is one parameter group's chunk) classified whole. LoRA's adapters (one
+// unsharded slice) are cut into runs of whole and split parameters (tp::split_of).
 std::vector<Trainer::GradPiece> Trainer::grad_pieces() {
   const ParamStore& P = model_.params();
   std::vector<GradPiece> out;
+  if (tp_size() > 1 && lora()) {
+    const std::vector<ParamInfo>& list = P.params();
+    int64_t begin = 0;
+    for (size_t i = 1; i <= list.size(); ++i) {
+      const bool whole = tp::split_of(list[i - 1].name) == tp::Split::whole;
+      if (i < list.size() && whole == (tp::split_of(list[i].name) == tp::Split::whole)) continue;
+      const int64_t end = i < list.size() ? list[i].offset : P.total();
+      out.push_back({P.range(P.padded_grad(), begin, end), whole});
+      begin = end;
+    }
+    return out;
+  }
   for (const ParamStore::Slice& s : optimizer_slices()) {
     if (tp_size() == 1 || P.fsdp()) {
       out.push_back({P.slice_grad(s), tp_size() > 1 && s.begin >= P.decayed_count()});
@@ -181,12 +194,12 @@ std::vector<Trainer::GradPiece> Trainer::grad_pieces() {
   return out;
 }
 
-// This rank's sum of squared gradients (its slices). Under tensor parallelism the norms' squares count 1/T here,
-// so the group's sum counts them once.
+// This rank's sum of squared gradients (its slices). Under tensor parallelism the replicated parameters' squares
+// (the norms', LoRA's whole halves) count 1/T here, so the group's sum counts them once.
 Status Trainer::grad_squares(double* out) {
   ops::fill(norm_sq_.tensor(), 0.0f, nullptr);
   for (const GradPiece& g : grad_pieces())
-    ops::sum_squares_accumulate(g.grad, norm_sq_.ptr<float>() + (g.norms ? 1 : 0), nullptr);
+    ops::sum_squares_accumulate(g.grad, norm_sq_.ptr<float>() + (g.replicated ? 1 : 0), nullptr);
   float h[2] = {0, 0};
   NB_TRY(copy_bytes(h, Device::cpu, norm_sq_.data(), dev_, sizeof h));
   *out = double(h[0]) + double(h[1]) / tp_size();

@@ -70,24 +70,45 @@ void Trainer::print_lora_plan() const {
   const int64_t n = lora_param_count(model_cfg_, lora_spec_);
   std::string targets;
   for (LoraTarget t : lora_spec_.targets) targets += std::string(targets.empty() ? "" : ",") + lora_target_name(t);
+  // Under tensor parallelism each rank holds the whole A of q/k/v and gate/up and B of o and down, and its part
+  // of the other halves (model/tensor_parallel.h).
+  const std::string per_rank =
+      tp_size() > 1 ? strprintf(
+                          ", %.2f M on each tensor-parallel rank (A of qkv and fc1, B of proj and fc2 whole; the other "
+                          "halves split with their base)",
+                          double(lora_param_count(tp::local_config(model_cfg_, tp_size()), lora_spec_)) / 1e6)
+                    : std::string();
   std::printf(
       "LoRA: rank %lld, alpha %g (scale %g), dropout %g, targets %s: %.2f M trainable parameters (%.3f%% of the "
-      "model); base frozen in %s (no gradients, no optimizer state)\n",
+      "model%s); base frozen in %s (no gradients, no optimizer state)\n",
       (long long)lora_spec_.rank, lora_spec_.alpha, lora_spec_.scale(), lora_spec_.dropout, targets.c_str(), n / 1e6,
-      100.0 * double(n) / double(model_cfg_.total_params()), cfg_.lora_base_precision.c_str());
+      100.0 * double(n) / double(model_cfg_.total_params()), per_rank.c_str(), cfg_.lora_base_precision.c_str());
 }
 
 // SAVE/peft_adapter_iter_0000100: adapter_config.json + adapter_model.safetensors, loadable by
-// PeftModel.from_pretrained on the base (nibble export --merge-lora merges it).
+// PeftModel.from_pretrained on the base (nibble export --merge-lora merges it). Under tensor parallelism the ranks
+// of rank 0's group first gather their parts into whole tensors on rank 0 (gather_tensor_parallel).
 Status Trainer::write_lora_adapter() {
-  if (cfg_.peft != "lora" || cfg_.save.empty() || !logging_rank()) return Status::ok();
+  if (cfg_.peft != "lora" || cfg_.save.empty()) return Status::ok();
+  LoraAdapter ad;
+  if (tp_size() > 1) {
+    if (!state_rank()) return Status::ok();
+    const ParamStore& P = model_.params();
+    std::vector<float> local(size_t(P.total())), whole;
+    int64_t whole_total = 0;
+    const std::vector<ParamInfo> layout = P.whole_layout(&whole_total);
+    if (logging_rank()) whole.resize(size_t(whole_total));
+    NB_TRY(P.get_state(optim::StateArray::master, local.data()));
+    NB_TRY(gather_tensor_parallel(local.data(), whole.data()));
+    if (logging_rank()) lora_adapter_from_values(whole.data(), layout, model_cfg_, lora_spec_, &ad);
+  }
+  if (!logging_rank()) return Status::ok();
   const std::string dir = cfg_.save + "/peft_adapter_" + checkpoint_folder_name(iteration_);
   if (std::filesystem::exists(dir)) {
     std::printf("PEFT adapter: %s exists already, not rewritten\n", dir.c_str());
     return Status::ok();
   }
-  LoraAdapter ad;
-  NB_TRY(lora_adapter_from_store(model_.params(), model_cfg_, lora_spec_, &ad));
+  if (tp_size() == 1) NB_TRY(lora_adapter_from_store(model_.params(), model_cfg_, lora_spec_, &ad));
   ad.base_model_name_or_path = cfg_.load_hf;
   NB_TRY(write_peft_adapter(dir, model_cfg_, ad).context("writing the PEFT adapter"));
   std::printf("PEFT adapter written to %s (adapter_config.json + adapter_model.safetensors)\n", dir.c_str());

@@ -208,7 +208,9 @@ Status Trainer::build_model() {
         "sequence parallel: %d of %d column-parallel inputs and %d of %d row-parallel output gradients all-gathered "
         "in their quantized format%s\n",
         n, of, model_.quantized_grad_gathers(), of,
-        n < of ? ", the rest in BF16 (BF16 layers, 1x128 FP8 blocks, tokens per rank not whole blocks)" : "");
+        lora()   ? " (a LoRA run's frozen base gathers BF16: its adapters read the whole inputs and gradients)"
+        : n < of ? ", the rest in BF16 (BF16 layers, 1x128 FP8 blocks, tokens per rank not whole blocks)"
+                 : "");
   }
   NB_TRY(Buffer::allocate(&norm_sq_, DType::f32, dev_, {2}));  // sharded and whole parameters' squares
   step_tokens_.resize(size_t(accum_ * cfg_.micro_batch_size * cfg_.seq_length));
@@ -266,16 +268,19 @@ Status Trainer::build_sft_data() {
   sc.seq_length = cfg_.seq_length;
   sc.seed = uint64_t(cfg_.seed);
   sc.pack = cfg_.packed_sequence;
+  sc.pad_to_multiple = cfg_.sft_pad_multiple();  // under context parallelism every sample splits into 2C chunks
   const int64_t consumed = iteration_ * cfg_.global_batch_size;
   const int rank = data_rank(), ranks = data_ranks();
   NB_TRY(make_sft_source(sc, Split::train, cfg_.micro_batch_size, rank, ranks, consumed, &train_src_, &train_packing_));
   const SftPacking& p = train_packing_;
+  const std::string padded =
+      p.multiple > 1 ? strprintf("; each sample padded to a multiple of %lld tokens", (long long)p.multiple) : "";
   std::printf(
       "SFT data: %lld training samples in %lld rows of %lld (%s): packing efficiency %.1f%% (real tokens / row "
-      "tokens), an epoch is %.1f iterations%s\n",
+      "tokens), an epoch is %.1f iterations%s%s\n",
       (long long)p.samples.size(), (long long)p.rows(), (long long)p.seq_length,
       cfg_.packed_sequence ? "packed" : "one sample per row", 100.0 * p.efficiency(),
-      double(p.rows()) / double(cfg_.global_batch_size),
+      double(p.rows()) / double(cfg_.global_batch_size), padded.c_str(),
       p.cut ? strprintf("; %lld samples longer than a row were cut at their end", (long long)p.cut).c_str() : "");
   if (cfg_.eval_interval <= 0) return Status::ok();
   SftPacking vp;

@@ -42,12 +42,14 @@ Status Trainer::connect_tensor_parallel() {
   return Status::ok();
 }
 
-// Sequence parallelism: each rank's norm weight gradients cover its block of tokens; the group's sum is the
-// whole gradient (the norms follow the 2-D weights in the flat space).
-Status Trainer::reduce_sequence_parallel_grads() {
-  if (!cfg_.sequence_parallel || !tp_comm_) return Status::ok();
+// The replicated parameters' gradients that are each rank's partial sums, summed over the group: under sequence
+// parallelism the norms' (each rank's block of tokens; they follow the 2-D weights in the flat space), with LoRA
+// the whole adapter halves (a column-parallel A's gradient sums over the rank's output rows, a row-parallel B's
+// over its input columns).
+Status Trainer::reduce_replicated_grads() {
+  if (!tp_comm_ || !(cfg_.sequence_parallel || lora())) return Status::ok();
   for (const GradPiece& g : grad_pieces())  // this rank's slices (the tensor-parallel ranks hold the same ones)
-    if (g.norms) NB_TRY(tp_comm_->all_reduce(g.grad, dist::ReduceOp::sum, nullptr));
+    if (g.replicated) NB_TRY(tp_comm_->all_reduce(g.grad, dist::ReduceOp::sum, nullptr));
   return tp_comm_->wait(nullptr);
 }
 
@@ -73,12 +75,12 @@ Status Trainer::gather_tensor_parallel(const float* local, float* whole) {
   }
   if (!root) return Status::ok();
   int64_t whole_total = 0;
-  const std::vector<ParamInfo> wl = ParamStore::flat_layout(model_cfg_, &whole_total);
+  const std::vector<ParamInfo> wl = P.whole_layout(&whole_total);
   std::fill(whole, whole + whole_total, 0.0f);
   for (size_t i = 0; i < wl.size(); ++i)
     for (int r = 0; r < T; ++r)
-      tp::place(wl[i], P.params()[i], {r, int(T)}, gathered.data() + r * n + P.params()[i].offset,
-                whole + wl[i].offset);
+      tp::place(wl[i], P.params()[i], {r, int(T)}, gathered.data() + r * n + P.params()[i].offset, whole + wl[i].offset,
+                &model_cfg_);
   return Status::ok();
 }
 

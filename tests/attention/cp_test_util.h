@@ -1,6 +1,7 @@
 // Shared by the context-parallel attention tests (CPU and GPU): ranks as threads passing K/V through host memory,
-// a rank's rows of whole-sequence tensors (chunks r and 2C-1-r of every row, ops/cp_ring.h's global_position) and
-// the largest error relative to the reference's largest magnitude.
+// a rank's rows of whole-sequence tensors (chunks r and 2C-1-r of every row, ops/cp_ring.h's global_position), a
+// rank's tokens and segment table of packed rows, and the largest error relative to the reference's largest
+// magnitude.
 #pragma once
 #include <algorithm>
 #include <barrier>
@@ -62,6 +63,22 @@ inline std::vector<float> cp_lse(const std::vector<float>& lse, int64_t B, int64
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < Sl; ++i) out.push_back(lse[size_t((b * H + h) * S + cp::global_position(i, Sl, r, C))]);
   return out;
+}
+
+// Packed rows: the `width` floats of each of `tokens` (indices into whole [T, width]), e.g. a rank's tokens from
+// cp::shard_tokens; with width = Hq this also gathers a token-major lse.
+inline std::vector<float> cp_tokens(const std::vector<float>& whole, const std::vector<int64_t>& tokens,
+                                    int64_t width) {
+  std::vector<float> out;
+  for (int64_t t : tokens) out.insert(out.end(), whole.begin() + t * width, whole.begin() + (t + 1) * width);
+  return out;
+}
+
+// A rank's local segment table of packed rows whose segments are multiples of 2C: each segment's share, in order.
+inline std::vector<int32_t> cp_local_starts(const std::vector<int32_t>& whole, int C) {
+  std::vector<int32_t> local;
+  for (int32_t s : whole) local.push_back(s / C);
+  return local;
 }
 
 // max |a - b| over max |b|: FP32 rounding of O(1) values stays near 1e-7; a wrong merge or mask is O(1e-1).

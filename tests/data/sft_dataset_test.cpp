@@ -99,6 +99,24 @@ TEST_F(SftDataTest, RowsHoldAnswerLabelsAndSegmentStarts) {
   EXPECT_EQ(starts, (std::vector<int32_t>{16, 20, 23}));
 }
 
+// --pad-seq-to-mult (context parallelism's 2C): each sample's segment is padded, untrained, to a multiple of 4.
+TEST_F(SftDataTest, SamplesArePaddedToTheMultiple) {
+  write_lengths({5, 4});  // positions 4 and 3 -> segments of 4 and 4 (1 padding) in a row of 8
+  std::unique_ptr<SftDataset> ds;
+  ASSERT_TRUE(SftDataset::open(prefix_, &ds).is_ok());
+  SftPacking p;
+  pack_sft_samples({0, 1}, ds->lengths(), 8, true, &p, 4);
+  ASSERT_EQ(p.rows(), 1);
+  EXPECT_EQ(p.real_tokens, 7);
+  std::vector<int32_t> tokens(8), labels(8), starts;
+  fill_sft_row(*ds, p, 0, 7, 0, tokens.data(), labels.data(), &starts);
+  EXPECT_EQ(tokens, (std::vector<int32_t>{1, 2, 3, 4, 101, 102, 103, 7}));
+  EXPECT_EQ(labels, (std::vector<int32_t>{-1, 3, 4, 5, -1, 103, 104, -1}));
+  EXPECT_EQ(starts, (std::vector<int32_t>{0, 4}));   // the padding is the second sample's, no tail segment
+  pack_sft_samples({0, 1}, {6, 4}, 8, true, &p, 4);  // 5 positions take 8: the second sample needs a row
+  EXPECT_EQ(p.rows(), 2);
+}
+
 TEST_F(SftDataTest, SourceWalksEveryRowOncePerEpochAndSlicesRanks) {
   write_lengths({9, 9, 9, 9, 9, 9});  // six rows of 8 positions each
   SftDataConfig cfg;

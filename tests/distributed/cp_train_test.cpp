@@ -7,7 +7,11 @@
 // steps and multiplies any rounding difference by 3-4 per step (C2 then reaches 1.3e-5 at step 5, from 1.6e-7
 // at step 2; data parallelism's smaller perturbation, in the gradient sums only, stays under 1e-6).
 // A checkpoint saved at C2 x D2 (step 1 within 1e-6 of one rank) resumes at one rank and continues its losses.
-// Refusals: a world C does not divide, a sequence that does not split into 2C chunks, packed SFT rows (not yet).
+// Quantized recipes (amaxes reduced over the group; NVFP4's SR bits drawn at the whole sequences' rows) equal one
+// rank at step 1, NVFP4 with SR at C2 and at C2 x T2 with sequence parallelism too.
+// Packed SFT rows at C2 equal one rank with the same sample padding (--pad-seq-to-mult 4).
+// Refusals: a world C does not divide, a sequence that does not split into 2C chunks, a sample padding that does
+// not (or that rows cannot hold).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <string>
@@ -49,8 +53,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, ContextParallelCpu,
 // stochastic rounding at C2 (16-token chunks: NVFP4's 16-token column blocks and RHT stay whole) then equals
 // one rank at step 1 (measured: loss and gradient norm identical). FP8 current scaling: the step-1 loss within
 // 1e-6 (measured 4e-8); its gradient norm measured 1.1e-6 off, from FP8 codes that the ring's FP32 merge
-// rounding flips, so it is held to 1e-5 here. (With stochastic rounding NVFP4's random bytes follow each
-// element's index in the rank's copy: gradient norm 2.6e-4 off at step 1; the loss stays equal.)
+// rounding flips, so it is held to 1e-5 here. NVFP4 with stochastic rounding: below.
 const std::string kQuantJob =
     kCpBase + "--train-iters 1 --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 ";
 
@@ -77,6 +80,32 @@ TEST(ContextParallelCpuQuantized, PerTensorScalesAreTheWholeRowsAtStepOne) {
   }
 }
 
+// NVFP4 with stochastic rounding: each rank's gradients draw their random bits at their tokens' rows of the whole
+// sequences (recipe::Linear::set_grad_cp_rows, nvfp4::SrOrigin::cp), so C2, and C2 x T2 with sequence parallelism
+// (row offsets inside a context-parallel rank's tokens, the column-parallel shards' column segments), equal one
+// rank at step 1. Before the row map the gradient norm was 2.6e-4 off at C2.
+TEST(ContextParallelCpuQuantized, Nvfp4StochasticRoundingIsOneRanksAtStepOne) {
+  const std::string dir = test::temp_folder("cp_train_nvfp4_sr"), one = dir + "/one";
+  const std::string job = kQuantJob + "--recipe bf16_with_nvfp4_mixed ";
+  test::CliRun r = test::run_nibble(job + "--save " + one);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto a = read_metrics(one);
+  ASSERT_EQ(a.size(), 1u);
+  for (const char* layout :
+       {"--nproc-per-node 2 --context-parallel-size 2",
+        "--nproc-per-node 4 --context-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel"}) {
+    const std::string cp = dir + "/cp";
+    r = test::run_nibble(job + layout + " --save " + cp);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto b = read_metrics(cp);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss) << layout;
+    EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm) << layout;
+    std::filesystem::remove_all(cp);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ContextParallelCpuResume, SavedAtC2D2ResumesAtOneRank) {
   const std::string dir = test::temp_folder("cp_train_resume");
   const auto ref = one_rank_run(dir + "/one");
@@ -96,7 +125,7 @@ TEST(ContextParallelCpuResume, SavedAtC2D2ResumesAtOneRank) {
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i].loss, ref[i].loss, 1e-5 * ref[i].loss) << "step " << i + 1;
 }
 
-// SFT rows, one sample per row (packed rows are refused): the answer-token count of a step is summed over the
+// SFT rows, one sample per row (whole rows to the ring): the answer-token count of a step is summed over the
 // ranks and divided by C (a group's ranks read the same rows), so the loss, its gradient and the validation loss
 // are one rank's.
 TEST(ContextParallelCpuSft, AnswerTokenMeansAreOneRanks) {
@@ -106,7 +135,8 @@ TEST(ContextParallelCpuSft, AnswerTokenMeansAreOneRanks) {
                           " --packed-sequence false --train-iters 2 --eval-interval 2 --eval-iters 1 ";
   test::CliRun one = test::run_nibble(job + "--save " + dir + "/one");
   ASSERT_EQ(one.code, 0) << one.out;
-  test::CliRun cp = test::run_nibble(job + "--nproc-per-node 2 --context-parallel-size 2 --save " + dir + "/cp");
+  test::CliRun cp =
+      test::run_nibble(job + "--nproc-per-node 2 --context-parallel-size 2 --save-interval 5 --save " + dir + "/cp");
   ASSERT_EQ(cp.code, 0) << cp.out;
   const auto a = read_metrics(dir + "/one"), b = read_metrics(dir + "/cp");
   ASSERT_EQ(a.size(), 2u);
@@ -119,6 +149,48 @@ TEST(ContextParallelCpuSft, AnswerTokenMeansAreOneRanks) {
   };
   ASSERT_GT(val(one.out), 0) << one.out;
   EXPECT_NEAR(val(cp.out), val(one.out), 1e-5 * val(one.out)) << cp.out;
+  // The padding in effect (4, chosen for C2) is part of the data's rows: resuming at one rank needs it said.
+  const std::string resume =
+      kCpJob + "--sft --data-path " + data + " --train-iters 6 --load " + dir + "/cp --save " + dir + "/cp ";
+  test::CliRun r = test::run_nibble(resume);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("saved with --pad-seq-to-mult 4 but this run has --pad-seq-to-mult 1"), std::string::npos)
+      << r.out;
+  r = test::run_nibble(resume + "--pad-seq-to-mult 4");
+  EXPECT_EQ(r.code, 0) << r.out;
+}
+
+// Packed SFT rows: every sample padded to a multiple of 2C = 4 tokens (the default --pad-seq-to-mult under
+// context parallelism) and cut into 4 chunks, each rank holding chunks r and 3-r of every sample; one rank packed
+// with --pad-seq-to-mult 4 sees the same rows, segments and positions, so the two runs are one computation up to
+// FP32 rounding of the ring's merge and of the sums: step 1 within 1e-6 relative, five steps within 1e-5, and the
+// validation loss within 1e-5.
+TEST(ContextParallelCpuPackedSft, PaddedSamplesReproduceOneRank) {
+  const std::string dir = test::temp_folder("cp_train_packed_sft");
+  const std::string data = test::write_reverse_sft_data(dir, 3, 4, 12);
+  const std::string job = kCpJob + "--sft --data-path " + data + " --train-iters 5 --eval-interval 5 --eval-iters 1 ";
+  test::CliRun one = test::run_nibble(job + "--pad-seq-to-mult 4 --save " + dir + "/one");
+  ASSERT_EQ(one.code, 0) << one.out;
+  test::CliRun cp =
+      test::run_nibble(job + "--nproc-per-node 2 --context-parallel-size 2 --save-interval 5 --save " + dir + "/cp");
+  ASSERT_EQ(cp.code, 0) << cp.out;
+  EXPECT_NE(cp.out.find("each sample padded to a multiple of 4 tokens"), std::string::npos) << cp.out;
+  expect_same_run(read_metrics(dir + "/cp"), read_metrics(dir + "/one"), "packed SFT at C2");
+  auto val = [](const std::string& out) {
+    const size_t at = out.find("validation loss at iteration 5 | lm loss value: ");
+    return at == std::string::npos ? -1.0 : std::stod(out.substr(at + 48));
+  };
+  ASSERT_GT(val(one.out), 0) << one.out;
+  EXPECT_NEAR(val(cp.out), val(one.out), 1e-5 * val(one.out)) << cp.out;
+  // The padding in effect (4, chosen for C2) is part of the data's rows: resuming at one rank needs it said.
+  const std::string resume =
+      kCpJob + "--sft --data-path " + data + " --train-iters 6 --load " + dir + "/cp --save " + dir + "/cp ";
+  test::CliRun r = test::run_nibble(resume);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("saved with --pad-seq-to-mult 4 but this run has --pad-seq-to-mult 1"), std::string::npos)
+      << r.out;
+  r = test::run_nibble(resume + "--pad-seq-to-mult 4");
+  EXPECT_EQ(r.code, 0) << r.out;
 }
 
 TEST(ContextParallelCpuRefusals, ImpossibleSplitsAreRefusedInOneSentence) {
@@ -130,13 +202,16 @@ TEST(ContextParallelCpuRefusals, ImpossibleSplitsAreRefusedInOneSentence) {
       "--context-parallel-size 4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("does not split into 2 x --context-parallel-size = 8 chunks"), std::string::npos) << r.out;
-  r = test::run_nibble(
-      " train --model tiny --device cpu --sft --data-path does_not_exist --train-iters 1 "
-      "--nproc-per-node 2 --context-parallel-size 2");
+  // Packed SFT rows: samples padded to a multiple that does not split into 2C chunks, or that rows cannot hold.
+  const std::string sft = " train --model tiny --device cpu --sft --data-path does_not_exist --train-iters 1 ";
+  r = test::run_nibble(sft + "--pad-seq-to-mult 2 --nproc-per-node 2 --context-parallel-size 2");
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("packed SFT rows (--packed-sequence) under --context-parallel-size 2 are not supported yet"),
+  EXPECT_NE(r.out.find("cut every sample into 4 chunks, so --pad-seq-to-mult 2 must be a multiple of 4"),
             std::string::npos)
       << r.out;
+  r = test::run_nibble(sft + "--pad-seq-to-mult 24");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--seq-length 64 is not a multiple of --pad-seq-to-mult 24"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -194,10 +194,6 @@ TEST(TensorParallelCpuRefusals, WhatCannotSplitIsRefusedInOneSentence) {
   r = test::run_nibble(kTpJob + "--train-iters 1 --nproc-per-node 2 --tensor-model-parallel-size 4");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("does not divide the 2 ranks"), std::string::npos) << r.out;
-  r = test::run_nibble(kTpBase + "--train-iters 1 --peft lora --nproc-per-node 2 --tensor-model-parallel-size 2");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--peft lora under --tensor-model-parallel-size 2 is not supported yet"), std::string::npos)
-      << r.out;
   r = test::run_nibble(kTpJob + "--train-iters 1 --sequence-parallel");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--sequence-parallel splits tokens over the tensor-parallel ranks"), std::string::npos) << r.out;

@@ -1,6 +1,7 @@
 // Tensor parallelism's parameter split (model/tensor_parallel.h): a rank's shapes, the fused gate/up's rows
 // (gate rows r then up rows r, so SwiGLU's [gate; up] layout holds on every rank), vocabulary padding, and that
-// placing every rank's slice rebuilds each whole parameter exactly (what whole-tensor checkpoints rely on).
+// placing every rank's slice rebuilds each whole parameter exactly (what whole-tensor checkpoints rely on), for
+// LoRA's adapters too.
 #include <gtest/gtest.h>
 #include <numeric>
 #include <vector>
@@ -63,6 +64,43 @@ TEST(TensorParallelSplit, SlicesPlacedBackAreTheWholeParameters) {
       EXPECT_EQ(back, src) << whole[i].name << " at T" << T;
     }
   }
+}
+
+// LoRA (Megatron's split): A of qkv and fc1 and B of proj and fc2 whole; B of qkv its q, k and v rows, B of fc1
+// its gate and up rows, A of proj and fc2 its input columns; every rank's slices placed back give the whole.
+TEST(TensorParallelSplit, LoraAdaptersFollowTheirBases) {
+  LlamaConfig w = small_model();
+  w.kv_heads = 2;  // q and kv parts of different sizes
+  LoraSpec spec;
+  spec.rank = 3;
+  const int T = 2;
+  const LlamaConfig l = tp::local_config(w, T);
+  const auto whole = lora_param_list(w, spec), local = lora_param_list(l, spec);
+  ASSERT_EQ(whole.size(), local.size());
+  for (size_t i = 0; i < whole.size(); ++i) {
+    ParamInfo a = whole[i], b = local[i];
+    a.numel = a.shape[0] * a.shape[1], b.numel = b.shape[0] * b.shape[1];
+    const tp::Split k = tp::split_of(a.name);
+    const bool split = a.numel != b.numel;
+    EXPECT_EQ(split, k != tp::Split::whole) << a.name;
+    std::vector<float> src(size_t(a.numel)), back(src.size(), -1.0f), part(size_t(b.numel));
+    std::iota(src.begin(), src.end(), 1.0f);
+    for (int r = 0; r < T; ++r) {
+      tp::slice(a, b, {r, T}, src.data(), part.data(), &w);
+      tp::place(a, b, {r, T}, part.data(), back.data(), &w);
+      if (k == tp::Split::qkv_rows && r == 1) {  // rank 1's first q row, first k row, first v row
+        const int64_t R = spec.rank;
+        EXPECT_EQ(part[0], src[size_t(l.q_dim() * R)]);
+        EXPECT_EQ(part[size_t(l.q_dim() * R)], src[size_t((w.q_dim() + l.kv_dim()) * R)]);
+        EXPECT_EQ(part[size_t((l.q_dim() + l.kv_dim()) * R)], src[size_t((w.q_dim() + w.kv_dim() + l.kv_dim()) * R)]);
+      }
+    }
+    EXPECT_EQ(back, src) << a.name;
+  }
+  EXPECT_EQ(tp::split_of(lora_param_name(0, LoraTarget::linear_qkv, true)), tp::Split::whole);
+  EXPECT_EQ(tp::split_of(lora_param_name(0, LoraTarget::linear_fc1, false)), tp::Split::gate_up_rows);
+  EXPECT_EQ(tp::split_of(lora_param_name(0, LoraTarget::linear_proj, true)), tp::Split::cols);
+  EXPECT_EQ(tp::split_of(lora_param_name(0, LoraTarget::linear_fc2, false)), tp::Split::whole);
 }
 
 TEST(TensorParallelSplit, VocabularyPaddingRowsAreZero) {

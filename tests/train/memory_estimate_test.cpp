@@ -1,8 +1,8 @@
 // The memory estimate against what a model really allocates: the tiny model is built on the CPU backend
 // (which allocates the same layouts in host memory) for every recipe, recompute mode, micro-batch and LoRA,
 // and each part the ledger recorded (core/memory_ledger.h) must equal the estimate's row for it, byte for
-// byte; at tensor-parallel sizes 2 and 4 too, a rank's model built with a group whose collectives do nothing
-// (init calls none). Also: the ledger itself (parts, peaks, frees) and the advice's promise (each suggestion
+// byte; at tensor-parallel sizes 2 and 4 too (LoRA at 2), a rank's model built with a group whose collectives do
+// nothing (init calls none). Also: the ledger itself (parts, peaks, frees) and the advice's promise (each suggestion
 // fits).
 #include <gtest/gtest.h>
 #include <algorithm>
@@ -112,6 +112,10 @@ std::vector<EstimateCase> estimate_cases() {
       for (Recompute rc : {Recompute::none, Recompute::full}) out.push_back({r, rc, t == 2 ? 2 : 1, false, t});
   for (Recompute rc : {Recompute::none, Recompute::selective})  // the residual stream on 1/T of the tokens
     for (const char* r : {"bf16_mixed", "bf16_with_nvfp4_mixed"}) out.push_back({r, rc, 1, false, 2, true});
+  for (const char* r : {"bf16_mixed", "bf16_with_nvfp4_mixed"}) {  // LoRA's adapters split with their bases
+    out.push_back({r, Recompute::none, 1, true, 2});
+    out.push_back({r, Recompute::selective, 1, true, 2, true});
+  }
   return out;
 }
 
