@@ -30,8 +30,9 @@ std::string fsdp_flags(const std::string& strategy) {
   return "--use-megatron-fsdp --data-parallel-sharding-strategy " + strategy;
 }
 
-// The strongest sharding a job of `tensor` tensor-parallel ranks may use: Megatron-FSDP does not combine with
-// tensor parallelism yet (train_config_check.cpp), the distributed optimizer does.
+// The sharding the advice pairs with `tensor` tensor-parallel ranks: the distributed optimizer (Megatron-FSDP
+// runs under tensor parallelism too, but its per-layer weight gathers add traffic beside TP's; a LoRA job, which
+// refuses that optimizer, takes optim_grads_params instead), and the strongest, optim_grads_params, without TP.
 const char* strongest_sharding(int tensor) { return tensor > 1 ? "optim" : "optim_grads_params"; }
 
 // T divides the heads, KV heads and FFN (the vocabulary is padded instead; dist::check_model_fits_layout).
@@ -116,10 +117,10 @@ void add_more_rank_changes(const MemoryJob& job, int gpus, std::vector<Change>* 
 
 // Tensor parallelism (T = 2, 4, 8 dividing the heads, KV heads and FFN): weights, gradients, state and the
 // attention and FFN activations shrink with T. Over the same ranks (fewer data-parallel replicas), or over more
-// that keep the replicas; several data x context ranks shard with the distributed optimizer. Not offered where
-// tensor parallelism is refused yet (LoRA, Megatron-FSDP, training samples, annealing).
+// that keep the replicas; several data x context ranks shard with the distributed optimizer (a LoRA job's
+// adapters have little state to shard, and LoRA refuses that optimizer). Not offered over a Megatron-FSDP job
+// (its own strategy already shards what the distributed optimizer would).
 void add_tensor_parallel_changes(const MemoryJob& job, int gpus, std::vector<Change>* out) {
-  if (job.lora || job.anneal || job.sample_len > 0) return;
   if (job.strategy == "optim_grads" || job.strategy == "optim_grads_params") return;
   const int cp = job.context_parallel;
   for (int t = job.tensor_parallel * 2; t <= 8; t *= 2) {
@@ -129,7 +130,7 @@ void add_tensor_parallel_changes(const MemoryJob& job, int gpus, std::vector<Cha
       const bool same = n == job.ranks;
       if (n % (t * cp) != 0 || data < 1 || (!same && n > gpus)) continue;
       if (job.global_batch % (job.micro_batch * data) != 0) continue;
-      const bool shard = data * cp > 1 && job.strategy == "no_shard";
+      const bool shard = data * cp > 1 && job.strategy == "no_shard" && !job.lora;
       std::string flags = same ? "" : "--nproc-per-node " + std::to_string(n) + " ";
       flags += "--tensor-model-parallel-size " + std::to_string(t);
       if (shard) flags.append(" ").append(fsdp_flags("optim"));
@@ -205,13 +206,13 @@ ParallelSplit smallest_parallel_split(const MemoryJob& job, double free, double 
     for (int t = 1; t <= std::min(8, gpus); t *= 2) {
       const int c = gpus / t;
       if (c > 8 || (c > 1 && job.seq % (int64_t(2) * c) != 0)) continue;
-      if (!splits_model(job.model, t) || (t > 1 && (job.lora || job.anneal || job.sample_len > 0))) continue;
+      if (!splits_model(job.model, t)) continue;
       MemoryJob j = job;
       j.ranks = job.data_ranks() * gpus;
       j.local_ranks = std::min(j.ranks, std::max(max_gpus, job.local_ranks));
       j.tensor_parallel = t;
       j.context_parallel = c;
-      j.strategy = strongest_sharding(t);
+      j.strategy = job.lora ? "optim_grads_params" : strongest_sharding(t);  // LoRA shards its base under FSDP
       MemoryEstimate e;
       if (!fits(j, free, host, &e) || (best.tensor > 0 && e.device() >= best.device_bytes)) continue;
       best.tensor = t;

@@ -93,8 +93,11 @@ TEST(DryRun, EverySuggestionFitsWhenApplied) {
       "--model llama3.2-3b --seq-length 16384 --micro-batch-size 4 --gpu-memory 80",
       "--model llama3.2-1b --seq-length 32768 --micro-batch-size 8 --recipe bf16_with_nvfp4_mixed --gpu-memory 80",
       "--model llama3.1-8b --seq-length 4096 --micro-batch-size 1 --nproc-per-node 2 --gpu-memory 80",
+      // LoRA: tensor parallelism is offered too (adapters split as Megatron's), with a sharded base under FSDP
+      "--model llama3.1-70b --peft lora --seq-length 8192 --micro-batch-size 1 --recompute selective "
+      "--nproc-per-node 4 --gpu-memory 80",
   };
-  int checked = 0;
+  int checked = 0, lora_tensor_parallel = 0;
   for (const std::string& job : jobs) {
     const std::string base = "train --dry-run --global-batch-size 64 --host-memory 512 --train-iters 10 " + job;
     const auto r = run_nibble(base);
@@ -103,9 +106,12 @@ TEST(DryRun, EverySuggestionFitsWhenApplied) {
       const auto applied = run_nibble(apply_flags(base, flags));
       EXPECT_EQ(applied.code, 0) << "suggested: " << flags << "\n" << applied.out;
       ++checked;
+      lora_tensor_parallel += job.find("--peft lora") != std::string::npos &&
+                              flags.find("--tensor-model-parallel-size") != std::string::npos;
     }
   }
   EXPECT_GE(checked, 8) << "the grid should exercise several suggestions";
+  EXPECT_GE(lora_tensor_parallel, 1) << "a LoRA job should be offered tensor parallelism";
 }
 
 }  // namespace
