@@ -35,14 +35,7 @@ HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t 
     EXPECT_TRUE(st) << st.message();
   }
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  rd.to_host(h.row_data.data());
-  rs.to_host(h.row_scales.data());
-  cd.to_host(h.col_data.data());
-  cs.to_host(h.col_scales.data());
-  float a[2];
-  amax.to_host(a);
-  h.row_amax = a[0];
-  h.col_amax = a[1];
+  testing::read_back(rd, rs, cd, cs, amax, &h);
   flag.to_host(&h.nonfinite);
   return h;
 }

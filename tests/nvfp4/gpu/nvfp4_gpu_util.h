@@ -50,6 +50,19 @@ inline  // Both copies, the two amax slots (amax[0] row, amax[1] column) and the
 
 // quantize_cuda_with_amax of x [rows, cols] with the amaxes amax[0] (row) and amax[1] (column) already in
 // their slots, every output copied back.
+// The device copies and the two amax slots (row, column) of a quantization into h.
+inline void read_back(const DeviceBytes& rd, const DeviceBytes& rs, const DeviceBytes& cd, const DeviceBytes& cs,
+                      const DeviceBytes& amax, HostQuantized* h) {
+  rd.to_host(h->row_data.data());
+  rs.to_host(h->row_scales.data());
+  cd.to_host(h->col_data.data());
+  cs.to_host(h->col_scales.data());
+  float back[2];
+  amax.to_host(back);
+  h->row_amax = back[0];
+  h->col_amax = back[1];
+}
+
 inline HostQuantized quantize_with_amax_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols,
                                                const Options& opts, const float amax[2]) {
   HostQuantized h{rows, cols};
@@ -60,14 +73,7 @@ inline HostQuantized quantize_with_amax_on_gpu(const std::vector<bf16>& x, int64
   const Status st = quantize_cuda_with_amax(dx.as<bf16>(), opts, v, nullptr);
   EXPECT_TRUE(st) << st.message();
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  rd.to_host(h.row_data.data());
-  rs.to_host(h.row_scales.data());
-  cd.to_host(h.col_data.data());
-  cs.to_host(h.col_scales.data());
-  float back[2];
-  damax.to_host(back);
-  h.row_amax = back[0];
-  h.col_amax = back[1];
+  read_back(rd, rs, cd, cs, damax, &h);
   return h;
 }
 
