@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <memory>
+#include <vector>
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
@@ -47,6 +48,16 @@ class Communicator {
   // device, moved as bytes: `recv` holds exactly what `from` sends. to == from == rank() copies `send`
   // into `recv`. Gloo tells consecutive calls apart by counting them: every rank makes the same calls.
   virtual Status send_recv(const Tensor& send, int to, const Tensor& recv, int from, Stream stream) = 0;
+  // Point-to-point transfers posted as one group (pipeline parallelism): each op sends its tensor to, or fills it
+  // from, `peer` (a rank of this communicator, never this one), as bytes. The group's ops progress together, so two
+  // neighbours that send to each other at once do not deadlock. Between two ranks, the k-th send one posts matches
+  // the k-th receive the other posts (each direction counted apart), whatever else either rank does meanwhile.
+  struct P2POp {
+    Tensor tensor;
+    int peer = 0;
+    bool send = false;
+  };
+  virtual Status p2p(const std::vector<P2POp>& ops, Stream stream) = 0;
 };
 
 // The communicator of `world` for `dev`: Gloo (CPU) or NCCL (CUDA, on the current device), meeting

@@ -175,6 +175,38 @@ class GlooCommunicator : public Communicator {
     return guarded(op.c_str(), [&] { exchange(send, to, recv, from, slot); });
   }
 
+  // Each direction of each pair counts its messages: the k-th send to a peer and that peer's k-th receive from this
+  // rank share slot kP2PSlots + k, apart from send_recv's slots.
+  Status p2p(const std::vector<P2POp>& ops, Stream) override {
+    for (const P2POp& op : ops) {
+      NB_TRY(check_tensor(op.tensor, "p2p", true, true));
+      if (op.peer < 0 || op.peer >= size() || op.peer == rank())
+        return errorf("rank %d: p2p peer %d is not another rank of this group of %d", rank(), op.peer, size());
+    }
+    sent_.resize(size_t(size()), 0);
+    received_.resize(size_t(size()), 0);
+    return guarded("p2p", [&] {
+      std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> bufs;
+      for (const P2POp& op : ops) {
+        if (op.tensor.bytes() == 0) continue;
+        auto& count = op.send ? sent_[size_t(op.peer)] : received_[size_t(op.peer)];
+        const uint64_t slot = kP2PSlots + count++;
+        bufs.push_back(ctx_->createUnboundBuffer(op.tensor.data, size_t(op.tensor.bytes())));
+        if (op.send)
+          bufs.back()->send(op.peer, slot);
+        else
+          bufs.back()->recv(op.peer, slot);
+      }
+      size_t b = 0;
+      for (const P2POp& op : ops) {
+        if (op.tensor.bytes() == 0) continue;
+        auto& buf = bufs[b++];
+        if (!(op.send ? buf->waitSend(timeout_) : buf->waitRecv(timeout_)))
+          throw std::runtime_error(op.send ? "a send was aborted" : "a receive was aborted");
+      }
+    });
+  }
+
  private:
   // Every rank's (color, key), gathered by summing arrays of zeros in which each rank fills its own two
   // entries (doubles hold any int exactly); then this rank's place in its group, by key and then by rank.
@@ -257,6 +289,8 @@ class GlooCommunicator : public Communicator {
   int64_t splits_ = 0;
   // send_recv's Gloo slots: small numbers, below the collectives' slots (whose top byte names the collective).
   uint64_t next_slot_ = 0;
+  static constexpr uint64_t kP2PSlots = uint64_t(1) << 48;
+  std::vector<uint64_t> sent_, received_;  // p2p messages per peer, each direction
 };
 
 // One rank on one host binds to the loopback address; across hosts, to this host's name (which the

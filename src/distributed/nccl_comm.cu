@@ -133,6 +133,28 @@ class NcclCommunicator : public Communicator {
     NB_TRY(nccl_status(received, rank_, "send_recv's receive"));
     return nccl_status(ended, rank_, "send_recv");
   }
+  // One group of ncclSend / ncclRecv of bytes; NCCL matches each pair's messages in the order they are posted.
+  Status p2p(const std::vector<P2POp>& ops, Stream stream) override {
+    for (const P2POp& op : ops) {
+      ncclDataType_t ty;
+      NB_TRY(check(op.tensor, "p2p", &ty));
+      if (op.peer < 0 || op.peer >= size_ || op.peer == rank_)
+        return errorf("rank %d: p2p peer %d is not another rank of this group of %d", rank_, op.peer, size_);
+    }
+    const cudaStream_t s = cudaStream_t(stream);
+    NB_TRY(nccl_status(ncclGroupStart(), rank_, "p2p"));
+    ncclResult_t first = ncclSuccess;
+    for (const P2POp& op : ops) {
+      if (op.tensor.bytes() == 0) continue;
+      const ncclResult_t r = op.send
+                                 ? ncclSend(op.tensor.data, size_t(op.tensor.bytes()), ncclUint8, op.peer, comm_, s)
+                                 : ncclRecv(op.tensor.data, size_t(op.tensor.bytes()), ncclUint8, op.peer, comm_, s);
+      if (first == ncclSuccess) first = r;
+    }
+    const ncclResult_t ended = ncclGroupEnd();  // closed even when a call in it failed
+    NB_TRY(nccl_status(first, rank_, "p2p"));
+    return nccl_status(ended, rank_, "p2p");
+  }
 
  private:
   static constexpr int kScratch = 64;

@@ -59,8 +59,10 @@ std::vector<bool> scratch_input_layers(const LlamaConfig& c, const recipe::Recip
 // One micro-batch's activations for `rc`, the LM head `chunk` tokens at a time.
 // Sequence parallelism over sp ranks: the residual stream, the norms' statistics and the residual gradients
 // hold T/sp tokens; the norms' outputs (the column-parallel inputs) are gathered whole.
+// head = false: no final norm, LM head or loss buffers (a pipeline stage without them); c.layers layers, `quantized`
+// one flag per layer of them.
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp = 1);
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp = 1, bool head = true);
 // LM-head chunk: at most 2^29 logits at a time (1 GiB of BF16), i.e. 4096 tokens for V = 128256.
 int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape);
 

@@ -64,7 +64,7 @@ std::vector<std::pair<std::string, recipe::Linear*>> LlamaModel::quantized_linea
 
 void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   step_ = step;
-  micro_ = first_micro;
+  micro_ = micro_first_ = first_micro;
   micro_stride_ = micro_stride;
   for (auto& layer : linears_)
     for (auto& lin : layer) lin.new_step(step, first_micro, micro_stride);
@@ -109,7 +109,7 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
 Status LlamaModel::scaling_states(std::vector<LinearScaling>* out) const {
   out->clear();
   for (int64_t l = 0; l < cfg_.layers; ++l)
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 4 && !linears_[size_t(l)].empty(); ++i) {
       LinearScaling ls{"model.layers." + std::to_string(l) + "." + kLinearNames[i], {}};
       NB_TRY(linears_[size_t(l)][size_t(i)].scaling_state(&ls.roles));
       if (!ls.roles.empty()) out->push_back(std::move(ls));
@@ -202,6 +202,7 @@ Status LlamaModel::build_linears() {
   for (const LinearSpec& sp : linear_specs(cfg_, recipe_, recompute_)) {
     const int64_t l = sp.layer;
     const int i = sp.index;
+    if (!holds_layer(l)) continue;  // another pipeline stage's
     linears_[size_t(l)].resize(4);
     std::string name = "model.layers." + std::to_string(l) + "." + kLinearNames[i];
     recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
@@ -253,6 +254,7 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   whole_cfg_ = cfg;
   cfg_ = tp::local_config(cfg, tp_size());  // from here on, the shape this rank holds
   params_.set_tensor_parallel(whole_cfg_, tp_shard());
+  if (pipeline) params_.set_pipeline_stage(whole_cfg_, [this](const std::string& n) { return holds_param(n); });
   dev_ = dev;
   shape_ = shape;
   recompute_ = rc;
@@ -290,6 +292,11 @@ Status LlamaModel::init_parts(uint64_t seed) {
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
+  if (pipeline) {  // the master-only range within this stage's one chunk (several chunks keep every compute copy)
+    const pp::LayerRange only = pipeline->chunks.size() == 1 ? pipeline->chunks[0] : pp::LayerRange{};
+    qb = std::clamp(qb, only.begin, only.end);
+    qe = std::clamp(qe, qb, only.end);
+  }
   // Every allocation below is recorded under its part of the memory estimate (core/memory_ledger.h).
   NB_TRY(allocate_stores(qb, &qe));
   NB_TRY(build_linears());  // after the store: sharded weights take its row chunks
@@ -309,7 +316,10 @@ Status LlamaModel::init_parts(uint64_t seed) {
     NB_TRY(load_base(seed));
   }
   scope.emplace(MemPart::activations);
-  NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
+  if (pipeline)
+    NB_TRY(init_pipeline());
+  else
+    NB_TRY(arena_.reserve(dev, size_t(activation_bytes_)));
   return init_step_buffers();
 }
 

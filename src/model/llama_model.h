@@ -21,6 +21,7 @@
 #include "model/llama_config.h"
 #include "model/lora.h"
 #include "model/params.h"
+#include "model/pipeline_split.h"
 #include "model/tensor_parallel.h"
 #include "ops/attention.h"
 #include "ops/cp_ring.h"
@@ -30,6 +31,7 @@
 namespace nb {
 
 enum class Recompute { none, selective, full };
+struct PassRange;  // llama_pass.h
 Status parse_recompute(const std::string& s, Recompute* out);
 
 struct MicroBatchShape {
@@ -255,6 +257,34 @@ class LlamaModel {
   Status set_recipe(const recipe::Recipe& r, bool fprop_only);
   bool fprop_bf16() const { return fprop_bf16_; }
 
+  // Set before init: pipeline parallelism (llama_pipeline.cpp). This rank holds the decoder layers of its chunks
+  // (virtual stages, model/pipeline_split.h), the embedding when it holds the first stage, the final norm and LM
+  // head when it holds the last; names, seeds and stochastic-rounding keys stay the whole model's. `slots`
+  // activation sets, one per (micro-batch, chunk) between its forward and its backward (the schedule's most in
+  // flight), each sized for the largest chunk.
+  struct PipelineStage {
+    std::vector<pp::LayerRange> chunks;  // in model order
+    bool first = true, last = true;
+    int64_t slots = 1;
+  };
+  std::optional<PipelineStage> pipeline;
+  bool holds_layer(int64_t l) const;
+  bool holds_param(const std::string& name) const;
+  bool holds_embedding() const { return !pipeline || pipeline->first; }
+  bool holds_head() const { return !pipeline || pipeline->last; }
+  // A pipeline message's shape: one micro-batch's residual stream [tokens, hidden] in the compute dtype.
+  Status make_boundary(Buffer* out) const;
+  // Staged micro-batch i through chunk c: the forward from `input` (ignored on the first stage), then, on the last
+  // stage, the loss and the head's backward. *output (not on the last stage) is a view of the chunk's activations,
+  // valid until its backward. The activations stay in a slot until backward_chunk(i, c).
+  Status forward_chunk(int64_t i, int c, const Tensor& input, float grad_scale, Tensor* output);
+  // ... and its backward from `output_grad` (ignored on the last stage); *input_grad (not on the first stage) is a
+  // view valid until the next forward_chunk.
+  Status backward_chunk(int64_t i, int c, const Tensor& output_grad, Tensor* input_grad);
+  // Evaluation: the forward of chunk c alone (the loss added on the last stage); *output is valid until the next
+  // forward.
+  Status forward_chunk_only(int64_t i, int c, const Tensor& input, Tensor* output);
+
   // The training loop's path, with one host synchronization per optimizer step: stage_batches()
   // copies n micro-batches of host int32 tokens/labels ([n, batch*seq] each) to the device in one
   // transfer; forward_backward_staged(i) runs micro-batch i, accumulating FP32 gradients (+=) and the
@@ -291,6 +321,17 @@ class LlamaModel {
   }
   friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
+  // The activations of a pass over `r`, laid out in `arena` (llama_pipeline.cpp).
+  Status plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes = nullptr) const;
+  Status init_pipeline();  // the slots' arenas (init_parts)
+  PassRange chunk_range(int c) const;
+  struct PipelineSlot {
+    std::unique_ptr<Arena> arena;
+    std::shared_ptr<Acts> acts;
+    int64_t micro = -1;  // in flight: staged micro-batch and chunk (-1: free)
+    int chunk = -1;
+  };
+  std::vector<PipelineSlot> slots_;
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status weights_needed(const std::vector<std::string>& names);  // forward to hooks_ (if any)
@@ -370,7 +411,7 @@ class LlamaModel {
   ParamStore base_;
   std::vector<LoraModule> lora_modules_;
   Buffer norm_dw_sink_;
-  uint32_t step_ = 0, micro_ = 0, micro_stride_ = 1;
+  uint32_t step_ = 0, micro_ = 0, micro_stride_ = 1, micro_first_ = 0;
   uint64_t seed_ = 0;
   float* logits_sink_ = nullptr;  // forward_logits: host destination of the LM head's logits
   // Context parallelism: the ring, each local token's position in its row [B * S] and the staged local ids.

@@ -31,7 +31,7 @@ using llama_pass::nt;
 using llama_pass::tn_acc;
 
 // The activations in the arena, the staged tokens and targets, RoPE tables and packed-row segments.
-Status MicroBatchPass::plan() {
+Status MicroBatchPass::plan(bool plan_acts) {
   T_ = m_.shape_.tokens();
   B_ = m_.shape_.batch;
   S_ = m_.shape_.seq;
@@ -39,13 +39,7 @@ Status MicroBatchPass::plan() {
   sp_rank_ = sp_ > 1 ? m_.tp_group->rank() : 0;
   Ts_ = T_ / sp_;
   dt_ = m_.params_.compute_dtype();
-  llama::Planner P;
-  P.arena = &m_.arena_;
-  P.dev = m_.dev_;
-  const LoraSpec* lora = m_.lora_enabled_ ? &m_.lora_spec_ : nullptr;
-  llama::plan_acts(&A_, P, c_, m_.shape_, m_.recompute_, dt_, m_.lm_chunk_tokens_,
-                   llama::scratch_input_layers(c_, m_.plan_recipe_, lora), lora, sp_);
-  NB_TRY(P.st);
+  if (plan_acts) NB_TRY(m_.plan_pass_acts(&A_, r_, arena_));
   NB_CHECK(index_ < m_.staged_capacity_, "micro-batch %lld was not staged", (long long)index_);
   const int64_t n = m_.staged_capacity_ * T_;
   ids_ = rows(Tensor::make(m_.ids_.data(), DType::i32, m_.dev_, {n}), index_ * T_, (index_ + 1) * T_);
@@ -154,11 +148,11 @@ Status MicroBatchPass::adapt_backward(int64_t l, int i, const Tensor& dy, const 
 // Forward of layer l from resid[l]; writes resid[l+1] unless only recomputing the saved activations.
 Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   const Layer w = layer_weights(l, false);
-  auto& a = A_.layer[size_t(l)];
+  auto& a = acts(l);
   auto& lin = m_.linears_[size_t(l)];
   NB_PROFILE_BEGIN("fwd: norm + qkv GEMM");
   NB_PROFILE_WORK("fwd: norm + qkv GEMM", work::rmsnorm_forward(T_, c_.hidden));  // + the GEMM's own
-  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
+  ops::rmsnorm_forward(resid(l), w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
   const Tensor qkv = A_.qkv.data ? A_.qkv : borrow(a.gu, T_, qkv_dim_);  // gu is written later in this layer
   NB_TRY(column_parallel_forward(l, 0, a.n1, weight(l, 0, w.wqkv, w.mqkv), qkv));
   NB_PROFILE_END("fwd: norm + qkv GEMM");
@@ -178,7 +172,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
   NB_PROFILE_END("fwd: attention");
   NB_PROFILE_BEGIN("fwd: o + norm + gate_up");
   NB_PROFILE_WORK("fwd: o + norm + gate_up", work::copy(T_, c_.hidden) + work::rmsnorm_forward(T_, c_.hidden));
-  NB_TRY(row_parallel_forward(l, 1, a.o, weight(l, 1, w.wo, w.mo), A_.resid[l], a.mid));  // mid = resid + o Wo^T
+  NB_TRY(row_parallel_forward(l, 1, a.o, weight(l, 1, w.wo, w.mo), resid(l), a.mid));  // mid = resid + o Wo^T
   ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
   NB_TRY(column_parallel_forward(l, 2, a.n2, weight(l, 2, w.wgu, w.mgu), a.gu));
   NB_PROFILE_END("fwd: o + norm + gate_up");
@@ -187,7 +181,7 @@ Status MicroBatchPass::forward_layer(int64_t l, bool write_output) {
                   work::swiglu_forward(T_, c_.ffn) + (write_output ? work::copy(T_, c_.hidden) : work::Work{}));
   ops::swiglu_forward(a.gu, a.a, st_);
   if (write_output) {
-    NB_TRY(row_parallel_forward(l, 3, a.a, weight(l, 3, w.wdown, w.mdown), a.mid, A_.resid[l + 1]));
+    NB_TRY(row_parallel_forward(l, 3, a.a, weight(l, 3, w.wdown, w.mdown), a.mid, resid(l + 1)));
   } else if (lin[3].input_copy_shared()) {
     NB_TRY(lin[3].quantize_input(a.a, st_));  // its Wgrad's copy lives in a slot the other layers overwrote
   }
@@ -201,7 +195,7 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.norm.weight", lm_name}));
   if (m_.hooks_ && backward_) NB_TRY(m_.grads_needed({"model.norm.weight", lm_name}));
   const Tensor w_lm = W_.compute(lm_name), g_lm = backward_ ? grad_of(lm_name) : Tensor{};
-  ops::rmsnorm_forward(A_.resid[c_.layers], W_.compute("model.norm.weight"), c_.norm_eps, mine(A_.nf), A_.rstdf, st_);
+  ops::rmsnorm_forward(resid(r_.end), W_.compute("model.norm.weight"), c_.norm_eps, mine(A_.nf), A_.rstdf, st_);
   NB_TRY(sp_gather(A_.nf));
   for (int64_t t0 = 0; t0 < T_; t0 += m_.lm_chunk_tokens_) {
     const int64_t t1 = std::min(T_, t0 + m_.lm_chunk_tokens_);
@@ -228,8 +222,8 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
 
 // Brings back what the recompute mode did not keep for layer l's backward.
 Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
-  auto& a = A_.layer[size_t(l)];
-  ops::rmsnorm_forward(A_.resid[l], w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
+  auto& a = acts(l);
+  ops::rmsnorm_forward(resid(l), w.w_in, c_.norm_eps, mine(a.n1), a.rstd1, st_);
   ops::rmsnorm_forward(a.mid, w.w_post, c_.norm_eps, mine(a.n2), a.rstd2, st_);
   ops::swiglu_forward(a.gu, a.a, st_);
   // A Linear that gathers its input quantized kept its Wgrad copy; only a BF16 GEMM reads the whole input again.
@@ -239,7 +233,7 @@ Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
 
 // MLP backward, resid' = mid + swiglu(n2 Wgu^T) Wdown^T: from d resid' (dx) to d mid (A_.dmid).
 Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx) {
-  auto& a = A_.layer[size_t(l)];
+  auto& a = acts(l);
   NB_PROFILE_BEGIN("bwd: down GEMMs");
   NB_TRY(row_parallel_backward(l, 3, dx, a.a, weight(l, 3, w.wdown, w.mdown), w.gdown, A_.da));
   NB_PROFILE_END("bwd: down GEMMs");
@@ -261,7 +255,7 @@ Status MicroBatchPass::mlp_backward(int64_t l, const Layer& w, const Tensor& dx)
 // Attention backward, mid = resid + attn(rope(n1 Wq^T), rope(n1 Wk^T), n1 Wv^T) Wo^T: from d mid (A_.dmid) to
 // d resid (dx_next).
 Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tensor& dx_next) {
-  auto& a = A_.layer[size_t(l)];
+  auto& a = acts(l);
   NB_PROFILE_BEGIN("bwd: o GEMMs");
   NB_TRY(row_parallel_backward(l, 1, A_.dmid, a.o, weight(l, 1, w.wo, w.mo), w.go, A_.dout));
   NB_PROFILE_END("bwd: o GEMMs");
@@ -287,23 +281,27 @@ Status MicroBatchPass::attention_backward(int64_t l, const Layer& w, const Tenso
   NB_PROFILE_END("bwd: qkv GEMMs");
   NB_PROFILE_BEGIN("bwd: norms + adds");
   NB_PROFILE_WORK("bwd: norms + adds", work::rmsnorm_backward(T_, c_.hidden) + work::add(T_, c_.hidden));
-  ops::rmsnorm_backward(A_.resid[l], w.w_in, a.rstd1, input_grad(A_.dn), dx_next, w.g_in, st_);
+  ops::rmsnorm_backward(resid(l), w.w_in, a.rstd1, input_grad(A_.dn), dx_next, w.g_in, st_);
   ops::add_inplace(dx_next, A_.dmid, st_);
   NB_PROFILE_END("bwd: norms + adds");
   return Status::ok();
 }
 
-// Final norm, the layers in reverse (recomputing what the mode dropped), the embedding; each finished
-// gradient is reported to the data-parallel hooks as soon as it is complete.
-Status MicroBatchPass::backward() {
-  ops::rmsnorm_backward(A_.resid[c_.layers], W_.compute("model.norm.weight"), A_.rstdf, input_grad(A_.dnf), A_.dx,
+// The final norm's backward from d nf (written by head_and_loss) into A_.dx.
+Status MicroBatchPass::head_backward() {
+  ops::rmsnorm_backward(resid(r_.end), W_.compute("model.norm.weight"), A_.rstdf, input_grad(A_.dnf), A_.dx,
                         grad_of("model.norm.weight"), st_);
   if (m_.hooks_ && c_.tied_embeddings)  // the embedding's gradient is complete after its own backward, below
-    NB_TRY(m_.grads_final({"model.norm.weight"}));
-  else if (m_.hooks_)
-    NB_TRY(m_.grads_final({"model.norm.weight", "lm_head.weight"}));
-  Tensor dx = A_.dx, dx_next = A_.dx2;
-  for (int64_t l = c_.layers - 1; l >= 0; --l) {
+    return m_.grads_final({"model.norm.weight"});
+  if (m_.hooks_) return m_.grads_final({"model.norm.weight", "lm_head.weight"});
+  return Status::ok();
+}
+
+// The range's layers in reverse (recomputing what the mode dropped), from the residual gradient in *dx; each
+// finished gradient is reported to the data-parallel hooks as soon as it is complete.
+Status MicroBatchPass::backward_layers(Tensor* dx_io) {
+  Tensor dx = *dx_io, dx_next = dx.data == A_.dx.data ? A_.dx2 : A_.dx;
+  for (int64_t l = r_.end - 1; l >= r_.begin; --l) {
     if (m_.hooks_) {
       const std::vector<std::string> names = LlamaModel::layer_param_names(l);
       NB_TRY(m_.weights_needed(names));
@@ -319,6 +317,15 @@ Status MicroBatchPass::backward() {
     std::swap(dx, dx_next);
     if (m_.hooks_) NB_TRY(m_.grads_final(LlamaModel::layer_param_names(l)));
   }
+  *dx_io = dx;
+  return Status::ok();
+}
+
+// Final norm, the layers in reverse, the embedding.
+Status MicroBatchPass::backward() {
+  NB_TRY(head_backward());
+  Tensor dx = A_.dx;
+  NB_TRY(backward_layers(&dx));
   if (m_.hooks_) NB_TRY(m_.grads_needed({"model.embed_tokens.weight"}));
   Tensor demb;
   NB_TRY(whole_grad(dx, &demb));
@@ -327,20 +334,25 @@ Status MicroBatchPass::backward() {
   return Status::ok();
 }
 
+Status MicroBatchPass::forward_layers() {
+  for (int64_t l = r_.begin; l < r_.end; ++l) {
+    if (m_.hooks_) NB_TRY(m_.weights_needed(LlamaModel::layer_param_names(l)));
+    NB_TRY(forward_layer(l, true));
+  }
+  return Status::ok();
+}
+
 Status MicroBatchPass::run(float grad_scale) {
   NB_TRY(plan());
   if (m_.hooks_) NB_TRY(m_.weights_needed({"model.embed_tokens.weight"}));
   // Vocabulary-parallel: the rank that holds a token's row gives it (summed, or with sequence parallelism
   // reduce-scattered into this rank's block of tokens).
-  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, sp_ > 1 ? A_.sp_full : A_.resid[0], st_);
+  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, sp_ > 1 ? A_.sp_full : resid(0), st_);
   if (sp_ > 1)
-    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, A_.resid[0], st_));
+    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, resid(0), st_));
   else
-    NB_TRY(tp_sum(A_.resid[0]));
-  for (int64_t l = 0; l < c_.layers; ++l) {
-    if (m_.hooks_) NB_TRY(m_.weights_needed(LlamaModel::layer_param_names(l)));
-    NB_TRY(forward_layer(l, true));
-  }
+    NB_TRY(tp_sum(resid(0)));
+  NB_TRY(forward_layers());
   NB_TRY(head_and_loss(grad_scale));
   if (!backward_) return Status::ok();
   NB_TRY(backward());
@@ -348,10 +360,37 @@ Status MicroBatchPass::run(float grad_scale) {
   return Status::ok();
 }
 
+// Pipeline passes (no tensor or sequence parallelism beside them yet).
+Status MicroBatchPass::run_forward(float grad_scale, const Tensor& input, bool plan_acts) {
+  NB_TRY(plan(plan_acts));
+  if (r_.embed)
+    ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, resid(r_.begin), st_);
+  else
+    NB_TRY(copy_tensor(resid(r_.begin), input));
+  NB_TRY(forward_layers());
+  return r_.head ? head_and_loss(grad_scale) : Status::ok();
+}
+
+Status MicroBatchPass::run_backward(const Tensor& output_grad, Tensor* input_grad) {
+  NB_TRY(plan(false));
+  if (r_.head)
+    NB_TRY(head_backward());
+  else
+    NB_TRY(copy_tensor(A_.dx, output_grad));
+  Tensor dx = A_.dx;
+  NB_TRY(backward_layers(&dx));
+  if (!r_.embed) {
+    *input_grad = dx;
+    return Status::ok();
+  }
+  if (!m_.lora_enabled_) ops::embedding_backward(ids_, dx, m_.params_.grad("model.embed_tokens.weight"), st_);
+  return Status::ok();
+}
+
 // The activations live in the arena for this micro-batch only; released on every path out.
 Status LlamaModel::run(int64_t staged_index, float grad_scale, bool backward) {
   const size_t mark = arena_.mark();
-  const Status st = MicroBatchPass(*this, staged_index, backward).run(grad_scale);
+  const Status st = MicroBatchPass(*this, staged_index, backward, {0, cfg_.layers, true, true}).run(grad_scale);
   arena_.release(mark);
   return st;
 }

@@ -24,17 +24,49 @@ inline gemm::GemmArgs tn_acc() {
 }
 }  // namespace llama_pass
 
-// The pass's state: the model, the micro-batch's views and its activations in the arena.
+// What one pass runs: decoder layers [begin, end), and whether it starts at the embedding and ends with the head
+// and loss. The whole model by default; a pipeline stage's chunk otherwise (llama_pipeline.cpp).
+struct PassRange {
+  int64_t begin = 0, end = 0;
+  bool embed = true, head = true;
+};
+
+// The pass's state: the model, the micro-batch's views and its activations (in the arena, or a pipeline slot's).
 class MicroBatchPass {
  public:
-  MicroBatchPass(LlamaModel& m, int64_t staged_index, bool backward)
-      : m_(m), c_(m.cfg_), W_(m.base()), index_(staged_index), backward_(backward) {}
+  // `acts` (optional): activations planned for `range` in a pipeline slot, kept from the forward to the backward.
+  MicroBatchPass(LlamaModel& m, int64_t staged_index, bool backward, PassRange range, LlamaModel::Acts* acts = nullptr,
+                 Arena* arena = nullptr)
+      : m_(m),
+        c_(m.cfg_),
+        W_(m.base()),
+        index_(staged_index),
+        backward_(backward),
+        r_(range),
+        arena_(arena ? arena : &m.arena_),
+        A_(acts ? *acts : own_) {}
   Status run(float grad_scale);
+  // Pipeline parallelism: the forward of the range from `input` (its first layer's residual stream; ignored when it
+  // starts at the embedding), through the loss and the head's backward when it ends there (grad_scale as run's).
+  // plan_acts lays the activations out in the slot first.
+  Status run_forward(float grad_scale, const Tensor& input, bool plan_acts);
+  // ... and its backward from `output_grad` (the next stage's input gradient; ignored when the range ends at the
+  // head), leaving the gradient of its input in *input_grad (a view of the slot's activations) unless it starts at
+  // the embedding.
+  Status run_backward(const Tensor& output_grad, Tensor* input_grad);
 
  private:
   using Layer = LlamaModel::Layer;
   enum class Buf { compute, grad, master };
-  Status plan();
+  Status plan(bool plan_acts = true);
+  // The residual stream entering layer l (l = range end: leaving the last one) and layer l's activations.
+  Tensor& resid(int64_t l) { return A_.resid[size_t(l - r_.begin)]; }
+  LlamaModel::Acts::PerLayer& acts(int64_t l) { return A_.layer[size_t(l - r_.begin)]; }
+  Status forward_layers();
+  // The backward of the layers from the residual gradient in *dx (A_.dx), through the range's layers in reverse;
+  // *dx ends as the gradient of the range's input.
+  Status backward_layers(Tensor* dx);
+  Status head_backward();  // the final norm's backward into A_.dx
   Tensor grad_of(const std::string& n) const;
   Tensor fused_qkv(const std::string& p, Buf b) const;
   Layer layer_weights(int64_t l, bool with_grads) const;
@@ -88,12 +120,15 @@ class MicroBatchPass {
   const ParamStore& W_;  // the weights: the model's own, or with LoRA the frozen base
   const int64_t index_;
   const bool backward_;
+  const PassRange r_;
+  Arena* const arena_;  // where plan() lays the activations out
   const Stream st_ = nullptr;
   int64_t T_ = 0, B_ = 0, S_ = 0, qkv_heads_ = 0, qkv_dim_ = 0;
   int64_t Ts_ = 0;            // tokens of the residual stream on this rank (T_ / sp_)
   int sp_ = 1, sp_rank_ = 0;  // sequence parallelism's ranks and this one's block
   DType dt_ = DType::f32;
-  LlamaModel::Acts A_;
+  LlamaModel::Acts own_;  // a whole pass's activations (planned in the model's arena)
+  LlamaModel::Acts& A_;
   Tensor ids_, targets_, cos_, sin_, positions_;
   ops::AttentionShape ash_{};
   ops::AttentionSegments segments_;

@@ -29,7 +29,7 @@ void plan_lora(LoraScratch* s, Planner& P, const LlamaConfig& c, int64_t T, DTyp
 }  // namespace
 
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp) {
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp, bool head) {
   const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim(), Ts = T / sp;
   a->resid.clear();
   for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {Ts, H}));
@@ -72,11 +72,13 @@ void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatch
       }
     }
   }
-  a->nf = P(dt, {T, H});
-  a->rstdf = P(DType::f32, {Ts});
-  a->logits = P(dt, {chunk, c.vocab});
-  a->losses = P(DType::f32, {T});
-  a->dnf = P(dt, {T, H});
+  if (head) {
+    a->nf = P(dt, {T, H});
+    a->rstdf = P(DType::f32, {Ts});
+    a->logits = P(dt, {chunk, c.vocab});
+    a->losses = P(DType::f32, {T});
+    a->dnf = P(dt, {T, H});
+  }
   a->dx = P(dt, {Ts, H});
   a->dx2 = P(dt, {Ts, H});
   a->dmid = P(dt, {Ts, H});

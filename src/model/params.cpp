@@ -90,7 +90,29 @@ std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* 
   return params;
 }
 
+std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* total,
+                                               const std::function<bool(const std::string&)>& held) {
+  std::vector<ParamInfo> params;
+  for (ParamInfo& p : llama_param_list(cfg))
+    if (held(p.name)) params.push_back(std::move(p));
+  int64_t decayed_end = 0;
+  *total = assign_offsets(params, kAlign, &decayed_end);
+  return params;
+}
+
+std::vector<ParamInfo> ParamStore::held_params(const LlamaConfig& cfg) {
+  std::vector<ParamInfo> all = llama_param_list(cfg), kept;
+  init_index_.clear();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (!pp_held_ || pp_held_(all[i].name)) {
+      kept.push_back(all[i]);
+      init_index_.push_back(uint32_t(i));
+    }
+  return kept;
+}
+
 std::vector<ParamInfo> ParamStore::whole_layout(int64_t* total) const {
+  if (pp_held_) return flat_layout(pp_whole_, total);
   if (!tp_.on()) {
     *total = total_;
     return params_;
@@ -153,7 +175,7 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
   frozen_ = false;
   NB_CHECK(placement.offload_fraction <= 0 || master_only_begin == master_only_end,
            "internal: an offloaded optimizer state needs every compute copy");
-  NB_TRY(layout(llama_param_list(cfg)));
+  NB_TRY(layout(held_params(cfg)));
   NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
   return allocate_buffers(shard_rank, shard_count, bucket_elems, placement);
 }
@@ -205,7 +227,8 @@ void ParamStore::initial_host_values(uint64_t seed, float* host) const {
   for (unsigned t = 0; t < nthreads; ++t) {
     pool.emplace_back([&, t] {
       for (size_t i = t; i < params_.size(); i += nthreads)
-        initial_values(params_[i], uint32_t(i), seed, host + params_[i].offset, 1);
+        initial_values(params_[i], init_index_.empty() ? uint32_t(i) : init_index_[i], seed, host + params_[i].offset,
+                       1);
     });
   }
   for (auto& th : pool) th.join();
@@ -215,6 +238,12 @@ void ParamStore::slice_whole(const float* whole, float* local) const {
   int64_t whole_total = 0;
   const std::vector<ParamInfo> wl = whole_layout(&whole_total);
   std::fill(local, local + total_, 0.0f);
+  if (pp_held_) {  // this stage's parameters, by name
+    for (const ParamInfo& w : wl)
+      if (auto it = index_.find(w.name); it != index_.end())
+        std::copy(whole + w.offset, whole + w.offset + w.numel, local + params_[size_t(it->second)].offset);
+    return;
+  }
   for (size_t i = 0; i < wl.size(); ++i)
     tp::slice(wl[i], params_[i], tp_, whole + wl[i].offset, local + params_[i].offset, &tp_whole_);
 }

@@ -28,6 +28,7 @@
 // only, and whole-array transfers go through get_state/set_state.
 #pragma once
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -120,6 +121,15 @@ class ParamStore {
     tp_whole_params_ = std::move(whole_params);
   }
   tp::Shard tensor_parallel_shard() const { return tp_; }
+  // Set before allocate: pipeline parallelism. This store keeps only the parameters `held` names (a stage's layers,
+  // the embedding on the first stage, the final norm and head on the last), in the whole model's order; each is
+  // initialized as the whole model's (its index there picks its Philox stream). whole_layout() is then the whole
+  // model's, and slice_whole() keeps this stage's parameters.
+  void set_pipeline_stage(const LlamaConfig& whole, std::function<bool(const std::string&)> held) {
+    pp_whole_ = whole;
+    pp_held_ = std::move(held);
+  }
+  bool pipeline_stage() const { return bool(pp_held_); }
   const LlamaConfig& tensor_parallel_whole() const { return tp_whole_; }
   // The whole store's parameters (under tensor parallelism the whole model's, or its adapters) with the offsets
   // and total a store of them lays out: checkpoints and the gathers of a save use this layout.
@@ -128,6 +138,9 @@ class ParamStore {
   void slice_whole(const float* whole, float* local) const;
   // The parameters of `cfg` with the offsets and total a store of it lays out (no allocation).
   static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total);
+  // ... of the parameters `held` names only (a pipeline stage's store).
+  static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total,
+                                            const std::function<bool(const std::string&)>& held);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
@@ -212,6 +225,10 @@ class ParamStore {
   LlamaConfig tp_whole_;
   tp::Shard tp_;
   std::vector<ParamInfo> tp_whole_params_;  // set_tensor_parallel's whole_params (empty: the model's)
+  LlamaConfig pp_whole_;
+  std::function<bool(const std::string&)> pp_held_;            // set_pipeline_stage's filter (empty: every parameter)
+  std::vector<uint32_t> init_index_;                           // per parameter: its index in the whole model's list
+  std::vector<ParamInfo> held_params(const LlamaConfig& cfg);  // llama_param_list, filtered; sets init_index_
   void initial_host_values(uint64_t seed, float* host) const;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);

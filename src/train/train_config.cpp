@@ -96,6 +96,20 @@ ConfigKey bool_key(const char* name, const char* help, bool* p) {
   return {name, help, [=](const std::string& v) { return parse_bool(std::string("--") + name, v, p); },
           [=] { return std::string(*p ? "true" : "false"); }, true};
 }
+// Megatron's `--no-X` form of a bool key X that defaults to true: bare, it turns X off. It is only another
+// spelling (ConfigKey::spelling_only), so the resolved config records X alone.
+ConfigKey negated_bool_key(const char* name, const char* help, bool* p) {
+  ConfigKey k{name, help,
+              [=](const std::string& v) {
+                bool b = false;
+                NB_TRY(parse_bool(std::string("--") + name, v, &b));
+                *p = !b;
+                return Status::ok();
+              },
+              [=] { return std::string(*p ? "false" : "true"); }, true};
+  k.spelling_only = true;
+  return k;
+}
 ConfigKey string_key(const char* name, const char* help, std::string* p) {
   return {name, help,
           [=](const std::string& v) {
@@ -294,6 +308,35 @@ std::vector<ConfigKey> parallel_keys(TrainConfig& c) {
   };
 }
 
+// Pipeline parallelism (Megatron's flags): the stages, the interleaved schedule's model chunks, the layer split.
+std::vector<ConfigKey> pipeline_keys(TrainConfig& c) {
+  return {
+      int_key("pipeline-model-parallel-size",
+              "split the decoder layers over this many pipeline stages (consecutive layers per stage; the embedding "
+              "on the first, the final norm, output layer and loss on the last)",
+              &c.pipeline_model_parallel_size),
+      int_key("num-layers-per-virtual-pipeline-stage",
+              "layers per model chunk of the interleaved schedule (0 = not given)",
+              &c.num_layers_per_virtual_pipeline_stage),
+      int_key("num-virtual-stages-per-pipeline-rank",
+              "model chunks per rank of the interleaved schedule (0 = not given)",
+              &c.num_virtual_stages_per_pipeline_rank),
+      bool_key("account-for-embedding-in-pipeline-split", "count the embedding as a layer of the first stage",
+               &c.account_for_embedding_in_pipeline_split),
+      bool_key("account-for-loss-in-pipeline-split", "count the output layer and loss as a layer of the last stage",
+               &c.account_for_loss_in_pipeline_split),
+      int_key("decoder-first-pipeline-num-layers", "decoder layers on the first stage (0 = an even split)",
+              &c.decoder_first_pipeline_num_layers),
+      int_key("decoder-last-pipeline-num-layers", "decoder layers on the last stage (0 = an even split)",
+              &c.decoder_last_pipeline_num_layers),
+      bool_key("overlap-p2p-communication",
+               "interleaved schedule: overlap the stages' sends and receives with the model chunks' compute",
+               &c.overlap_p2p_communication),
+      negated_bool_key("no-overlap-p2p-communication", "turn --overlap-p2p-communication off (Megatron's spelling)",
+                       &c.overlap_p2p_communication),
+  };
+}
+
 // The device, logging and checkpoints.
 std::vector<ConfigKey> run_keys(TrainConfig& c) {
   return {
@@ -352,7 +395,7 @@ std::vector<ConfigKey> profile_keys(TrainConfig& c) {
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = model_keys(c);
-  for (auto* group : {peft_keys, data_keys, parallel_keys, run_keys, profile_keys}) {
+  for (auto* group : {peft_keys, data_keys, parallel_keys, pipeline_keys, run_keys, profile_keys}) {
     auto more = group(c);
     keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
@@ -445,6 +488,7 @@ Status apply_config_table(const toml::table& tbl, const std::string& path, Train
 std::string format_config(TrainConfig& c) {
   std::string out;
   for (const auto& k : config_keys(c)) {
+    if (k.spelling_only) continue;
     std::string name = k.name;
     std::replace(name.begin(), name.end(), '-', '_');
     out += name + " = " + k.get() + "\n";

@@ -8,6 +8,7 @@
 #include <vector>
 #include "core/status.h"
 #include "model/llama_config.h"
+#include "model/pipeline_split.h"
 
 namespace nb {
 
@@ -84,7 +85,7 @@ struct TrainConfig {
   std::string save;             // output folder: resolved config, metrics.jsonl
   std::string on_nan = "stop";  // stop | skip
   double peak_tflops = 0;       // 0 = measured/datasheet BF16 peak of the device
-  int64_t data_parallel = 1;    // world / (tensor x context parallel size) (set by the Trainer, not a key)
+  int64_t data_parallel = 1;    // world / (tensor x context x pipeline size) (set by the Trainer, not a key)
   // Context parallelism (docs/DISTRIBUTED.md): each row's tokens split over this many ranks (ring attention,
   // ops/cp_ring.h); ranks tp-cp-dp ordered, so consecutive ranks form a group. p2p is the only comm type.
   int64_t context_parallel_size = 1;
@@ -95,6 +96,26 @@ struct TrainConfig {
   bool tp_comm_overlap = false;
   bool sequence_parallel = false;  // norms and residuals on tokens / T of each micro-batch (tensor parallelism)  // the
                                    // column-parallel input gradients' all-reduces beside their Wgrad GEMMs
+  // Pipeline parallelism (Megatron's flags; model/pipeline_split.h has the split's rules): the decoder layers
+  // split over this many stages, each rank V model chunks under the interleaved schedule (V from one of the two
+  // virtual-stage keys, 0 = not given), the first / last stage's layer counts (0 = even) or the embedding / loss
+  // counted as a layer, and the schedule's sends and receives overlapped with compute (--no-overlap-p2p-communication).
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t num_layers_per_virtual_pipeline_stage = 0, num_virtual_stages_per_pipeline_rank = 0;
+  bool account_for_embedding_in_pipeline_split = false, account_for_loss_in_pipeline_split = false;
+  int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
+  bool overlap_p2p_communication = true;
+  // The split's options for V virtual stages per rank (V from pp::resolve_virtual_stages).
+  pp::SplitOptions pipeline_split_options(int virtual_stages) const {
+    pp::SplitOptions o;
+    o.pipeline = int(pipeline_model_parallel_size);
+    o.virtual_stages = virtual_stages;
+    o.account_for_embedding = account_for_embedding_in_pipeline_split;
+    o.account_for_loss = account_for_loss_in_pipeline_split;
+    o.first_stage_layers = decoder_first_pipeline_num_layers;
+    o.last_stage_layers = decoder_last_pipeline_num_layers;
+    return o;
+  }
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
   // Megatron-FSDP (docs/DISTRIBUTED.md): no_shard (DDP) | optim (the distributed optimizer) | optim_grads
@@ -144,6 +165,9 @@ struct ConfigKey {
   std::function<Status(const std::string&)> set;
   std::function<std::string()> get;
   bool is_flag = false;  // boolean: the command line accepts it bare (= true) as well as with a value
+  // Another spelling of a key printed under its own name (--no-overlap-p2p-communication): format_config leaves
+  // it out, so the resolved config holds each setting once.
+  bool spelling_only = false;
 };
 
 // The registry over a TrainConfig instance (captures pointers into `c`).

@@ -89,6 +89,71 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
         "(plain DDP gathers nothing)");
   return Status::ok();
 }
+
+// What pipeline parallelism does not run with yet (P > 1): each refused in one sentence.
+Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig& m) {
+  std::string unsupported;
+  if (c.tensor_model_parallel_size > 1)
+    unsupported = "tensor parallelism (--tensor-model-parallel-size > 1)";
+  else if (c.context_parallel_size > 1)
+    unsupported = "context parallelism (--context-parallel-size > 1)";
+  else if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
+    unsupported = "Megatron-FSDP's --data-parallel-sharding-strategy " + c.sharding_strategy();
+  else if (c.peft == "lora")
+    unsupported = "--peft lora";
+  else if (c.optimizer_cpu_offload)
+    unsupported = "--optimizer-cpu-offload";
+  else if (m.tied_embeddings)
+    unsupported = "model " + m.name + "'s tied embeddings (the embedding and LM head share a weight on two stages)";
+  else if (c.sample_interval > 0)
+    unsupported = "--sample-interval";
+  else if (c.anneal_start_fraction > 0)
+    unsupported = "precision annealing (--anneal-start-fraction)";
+  else if (c.quant_stats)
+    unsupported = "--quant-stats";
+  if (unsupported.empty()) return Status::ok();
+  return errorf("%s is not supported yet with --pipeline-model-parallel-size > 1 (here %lld)", unsupported.c_str(),
+                (long long)c.pipeline_model_parallel_size);
+}
+
+// Pipeline parallelism: the sizes, the virtual stages (Megatron's two flags), the layer split and the
+// interleaved schedule's demands (model/pipeline_split.h has the split's own refusals).
+Status validate_pipeline(const TrainConfig& c, const LlamaConfig& m) {
+  const int64_t P = c.pipeline_model_parallel_size;
+  if (P < 1) return errorf("--pipeline-model-parallel-size must be at least 1; got %lld", (long long)P);
+  const int64_t counted =
+      m.layers + int64_t(c.account_for_embedding_in_pipeline_split) + int64_t(c.account_for_loss_in_pipeline_split);
+  if (P > counted)  // no split fills more stages (an accounted embedding or loss fills one); keeps P an int
+    return errorf("--pipeline-model-parallel-size %lld is more stages than the model's %lld decoder layers can fill",
+                  (long long)P, (long long)m.layers);
+  if (P > 1) NB_TRY(refuse_unsupported_with_pipeline(c, m));
+  if (c.num_layers_per_virtual_pipeline_stage > 0 &&
+      (c.decoder_first_pipeline_num_layers > 0 || c.decoder_last_pipeline_num_layers > 0))
+    return errorf(
+        "with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
+        "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
+  int V = 1;
+  NB_TRY(pp::resolve_virtual_stages(counted, int(P), c.num_layers_per_virtual_pipeline_stage,
+                                    c.num_virtual_stages_per_pipeline_rank, &V));
+  // Megatron: without the overlap two chunks of one rank could send to the same neighbour in one batch.
+  if (V > 1 && !c.overlap_p2p_communication && P < 3)
+    return errorf(
+        "the interleaved schedule (%d virtual stages per pipeline rank) with --no-overlap-p2p-communication needs "
+        "--pipeline-model-parallel-size > 2; got %lld",
+        V, (long long)P);
+  std::vector<pp::LayerRange> stages;
+  NB_TRY(pp::split_layers(m.layers, c.pipeline_split_options(V), &stages));
+  const int64_t micro_batches = c.global_batch_size / (c.micro_batch_size * c.data_parallel);
+  if (V > 1 && micro_batches % P != 0)
+    return errorf(
+        "the interleaved schedule (%d virtual stages per pipeline rank) runs micro-batches in groups of "
+        "--pipeline-model-parallel-size %lld, but each rank has %lld per step (global batch / (micro-batch x "
+        "data-parallel %lld)); choose a --global-batch-size that is a multiple of %lld",
+        V, (long long)P, (long long)micro_batches, (long long)c.data_parallel,
+        (long long)(P * c.micro_batch_size * c.data_parallel));
+  return Status::ok();
+}
+
 }  // namespace
 
 Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
@@ -143,8 +208,10 @@ Status validate_train_config(const TrainConfig& c, const LlamaConfig& m) {
           c.recipe.c_str());
   }
   NB_TRY(validate_parallel_and_offload(c));
-  NB_TRY(dist::check_model_fits_layout(m, c.seq_length,
-                                       {int(c.tensor_model_parallel_size), int(c.context_parallel_size), 1}));
+  NB_TRY(validate_pipeline(c, m));
+  NB_TRY(dist::check_model_fits_layout(
+      m, c.seq_length,
+      {int(c.tensor_model_parallel_size), int(c.context_parallel_size), int(c.pipeline_model_parallel_size)}));
   if (c.save_interval < 0 || c.save_keep < 0 || c.exit_interval < 0)
     return errorf("--save-interval, --save-keep and --exit-interval must not be negative");
   if ((c.save_interval > 0 || c.exit_interval > 0) && c.save.empty())

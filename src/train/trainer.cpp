@@ -138,7 +138,8 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     step_trained_ /= cp_size();  // the ranks of a context-parallel group hold the same rows
   }
   const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
-  for (int64_t micro = 0; micro < accum_; ++micro) {
+  if (pp_schedule_) NB_TRY(pp_schedule_->run(grad_scale));  // the stages' passes in the schedule's order
+  for (int64_t micro = 0; micro < accum_ && !pp_schedule_; ++micro) {
     const bool last = micro + 1 == accum_;
     if (sync_ && last) sync_->begin_last_backward();  // its backward completes the gradients, bucket by bucket
     model_.set_grads_final_reporting((sync_ && last) || fsdp_);  // FSDP reduces every micro-batch's
@@ -173,6 +174,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
   NB_TRY(sum_over_ranks(scalars, 4));
   if (!sharded()) scalars[3] = norm_sq_h;
   NB_TRY(reduce_over_tensor_parallel(scalars));
+  NB_TRY(reduce_over_pipeline(scalars, 4));  // the loss is the last stage's, the norm every stage's part
   f->loss = step_trained_ > 0 ? scalars[0] / step_trained_ : 0.0;
   f->grad_norm = std::sqrt(scalars[3]);
   if (scalars[1] > 0 && f->nonfinite_where.empty()) f->nonfinite_where = "another rank's layer";
@@ -295,7 +297,10 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
     NB_TRY(valid_src_->next(&b));
     NB_TRY(model_.stage_batches(b.tokens.data(), b.labels.data(), 1));
     NB_TRY(model_.stage_segments(&b.segment_starts, 1));
-    NB_TRY(model_.forward_loss_staged(0));
+    if (pp_schedule_)
+      NB_TRY(pp_schedule_->run_forward_only(1));
+    else
+      NB_TRY(model_.forward_loss_staged(0));
     n += trained_tokens(b.labels);
   }
   consumed_valid_ += cfg_.eval_iters * cfg_.global_batch_size;
@@ -303,7 +308,8 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   NB_TRY(model_.take_loss_sum(&sum));
   double totals[2] = {sum, double(n)};  // every rank evaluated its rows of each global batch
   NB_TRY(sum_over_ranks(totals, 2));
-  totals[1] /= cp_size();  // a context-parallel group's ranks counted the same rows' tokens
+  NB_TRY(reduce_over_pipeline(totals, 1));  // the last stage's loss
+  totals[1] /= cp_size();                   // a context-parallel group's ranks counted the same rows' tokens
   const double loss = totals[1] > 0 ? totals[0] / totals[1] : 0.0;
   std::printf(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | \n", (long long)iteration,
               loss, std::exp(loss));

@@ -28,6 +28,7 @@
 #include "train/lr_schedule.h"
 #include "train/memory_estimate.h"
 #include "train/metrics.h"
+#include "train/pipeline_schedule.h"
 #include "train/tensorboard_log.h"
 #include "train/train_config.h"
 #include "train/update_gates.h"
@@ -183,8 +184,25 @@ class Trainer {
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;
   std::unique_ptr<recipe::AmaxGroup> cp_amax_;
-  Status set_parallel_layout();         // apply_world's part: the groups' sizes and this rank's place
-  Status connect_context_parallel();    // connect_ranks' part: the group's communicator and the model's ring
+  Status set_parallel_layout();       // apply_world's part: the groups' sizes and this rank's place
+  Status connect_context_parallel();  // connect_ranks' part: the group's communicator and the model's ring
+  // Pipeline parallelism (trainer_pp.cpp): this rank's stage of P (the outermost index), its chunks' layers, the
+  // schedule in place of the micro-batch loop; comm_ is then this stage's data x context ranks, pp_comm_ the stages
+  // of this rank's data x context x tensor index. Checkpoints stay whole: a save gathers the stages' arrays.
+  int pp_size() const { return layout_.sizes.pipeline; }
+  bool whole_differs() const { return tp_size() > 1 || pp_size() > 1; }  // checkpoints hold more than this rank
+  int virtual_stages_ = 1;
+  std::vector<pp::LayerRange> pp_stages_;  // every virtual stage's layers
+  std::unique_ptr<dist::Communicator> pp_comm_;
+  std::unique_ptr<PipelineSchedule> pp_schedule_;
+  std::vector<float> pp_whole_[3];  // rank 0: whole master, m and v for the writer
+  Status plan_pipeline();           // before the model's init: the split, this stage's chunks and slots
+  Status connect_pipeline();        // connect_ranks' part: the pipeline and data x context communicators
+  Status start_pipeline();          // after the model's init: the schedule
+  Status check_pipeline_job() const;
+  void print_pipeline_plan() const;
+  Status reduce_over_pipeline(double* values, int n);  // sums host scalars over the stages
+  Status gather_pipeline(const float* local, float* whole);
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp

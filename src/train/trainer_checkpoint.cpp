@@ -178,7 +178,7 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
   // its host arrays (no second host copy of it). Under tensor parallelism the whole arrays are read and this
   // rank's slices kept.
   int64_t whole_total = P.total();
-  const std::vector<HfTensor> layout = tp_size() > 1 ? hf_tensors(P.whole_layout(&whole_total)) : hf_tensors(P);
+  const std::vector<HfTensor> layout = whole_differs() ? hf_tensors(P.whole_layout(&whole_total)) : hf_tensors(P);
   using optim::StateArray;
   const bool load_optim = !cfg_.finetune && !cfg_.no_load_optim;
   std::vector<float> scratch[3], whole[3];
@@ -188,12 +188,12 @@ Status Trainer::load_checkpoint(const CheckpointRef& ref) {
     return scratch[int(a)].data();
   };
   auto read_target = [&](StateArray a) {
-    if (tp_size() == 1) return target(a);
+    if (!whole_differs()) return target(a);
     whole[int(a)].assign(size_t(whole_total), 0.0f);
     return whole[int(a)].data();
   };
   auto keep_slice = [&](StateArray a) {
-    if (tp_size() > 1) P.slice_whole(whole[int(a)].data(), target(a));
+    if (whole_differs()) P.slice_whole(whole[int(a)].data(), target(a));
     std::vector<float>().swap(whole[int(a)]);
   };
   P.optimizer_state().settle();
@@ -371,6 +371,16 @@ Status Trainer::save(TrainSummary* summary) {
       if (logging_rank()) tp_whole_[a].resize(size_t(whole_total));
       NB_TRY(gather_tensor_parallel(arrays[a], tp_whole_[a].data()));
       arrays[a] = tp_whole_[a].data();
+    }
+    if (!logging_rank()) return Status::ok();
+  }
+  if (pp_size() > 1) {  // the state ranks of every stage: the whole model's arrays on rank 0
+    int64_t whole_total = 0;
+    layout = hf_tensors(P.whole_layout(&whole_total));
+    for (int a = 0; a < 3; ++a) {
+      if (logging_rank()) pp_whole_[a].resize(size_t(whole_total));
+      NB_TRY(gather_pipeline(arrays[a], pp_whole_[a].data()));
+      arrays[a] = pp_whole_[a].data();
     }
     if (!logging_rank()) return Status::ok();
   }

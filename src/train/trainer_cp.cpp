@@ -43,7 +43,9 @@ int64_t token_block(const recipe::Recipe& r) {
 
 Status Trainer::set_parallel_layout() {
   return dist::make_parallel_layout(
-      world_.size, world_.rank, {int(cfg_.tensor_model_parallel_size), int(cfg_.context_parallel_size), 1}, &layout_);
+      world_.size, world_.rank,
+      {int(cfg_.tensor_model_parallel_size), int(cfg_.context_parallel_size), int(cfg_.pipeline_model_parallel_size)},
+      &layout_);
 }
 
 Status Trainer::connect_context_parallel() {

@@ -63,6 +63,7 @@ Status Trainer::connect_ranks() {
   std::printf("data parallel: %d ranks (%s, launched by %s), rank 0 at %s:%d, %lld micro-batches per rank per step\n",
               data_ranks(), comm_->backend(), world_.launcher.c_str(), world_.master_addr.c_str(), world_.store_port,
               (long long)accum_);
+  NB_TRY(connect_pipeline());
   NB_TRY(connect_tensor_parallel());
   return connect_context_parallel();
 }

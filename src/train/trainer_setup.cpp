@@ -24,6 +24,8 @@ Status Trainer::setup(TrainConfig cfg) {
   NB_TRY(pick_device());
   print_plan();
   NB_TRY(connect_ranks());
+  NB_TRY(plan_pipeline());  // this stage's layers and activation slots, before the estimate sizes them
+  print_pipeline_plan();
   NB_TRY(estimate_memory());
   return explain_out_of_memory(allocate_and_load());  // from here on an out-of-memory means the estimate was wrong
 }
@@ -201,6 +203,7 @@ Status Trainer::build_model() {
   Status st = model_.init(model_cfg_, dev_, {cfg_.micro_batch_size, cfg_.seq_length / cp_size()}, recompute_,
                           uint64_t(cfg_.seed), recipe_);
   if (!st) return st;
+  NB_TRY(start_pipeline());
   if (model_.sequence_parallel) {
     int of = 0;
     const int n = model_.quantized_input_gathers(&of);

@@ -1,0 +1,113 @@
+// Pipeline parallelism's passes over this rank's chunks (LlamaModel::pipeline): a forward and a backward per
+// (micro-batch, chunk), apart in time, so each in-flight pair keeps its activations in a slot of its own (an
+// arena sized for the largest chunk) from its forward to its backward. The schedule that orders the passes and
+// moves the residual stream between stages is the trainer's (train/pipeline_schedule.h).
+#include <algorithm>
+#include "core/memory_ledger.h"
+#include "model/llama_internal.h"
+#include "model/llama_pass.h"
+
+namespace nb {
+
+// Whether this stage keeps parameter `name` (an HF name of the whole model).
+bool LlamaModel::holds_param(const std::string& name) const {
+  static const std::string kLayer = "model.layers.";
+  if (name.rfind(kLayer, 0) == 0) return holds_layer(std::stoll(name.substr(kLayer.size())));
+  if (name == "model.embed_tokens.weight") return holds_embedding();
+  return holds_head();  // the final norm and the LM head
+}
+
+bool LlamaModel::holds_layer(int64_t l) const {
+  if (!pipeline) return true;
+  return std::any_of(pipeline->chunks.begin(), pipeline->chunks.end(),
+                     [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
+}
+
+PassRange LlamaModel::chunk_range(int c) const {
+  const pp::LayerRange& r = pipeline->chunks[size_t(c)];
+  const int n = int(pipeline->chunks.size());
+  return {r.begin, r.end, pipeline->first && c == 0, pipeline->last && c == n - 1};
+}
+
+Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes) const {
+  llama::Planner P;
+  P.arena = arena;
+  P.dev = dev_;
+  const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
+  LlamaConfig c = cfg_;
+  c.layers = r.end - r.begin;
+  // Which layers keep quantized inputs is the whole model's rule (BF16 layers are counted from its ends).
+  const std::vector<bool> all = llama::scratch_input_layers(cfg_, plan_recipe_, lora);
+  const std::vector<bool> mine(all.begin() + r.begin, all.begin() + r.end);
+  llama::plan_acts(a, P, c, shape_, recompute_, params_.compute_dtype(), lm_chunk_tokens_, mine, lora, sp_size(),
+                   r.head);
+  if (bytes) *bytes = P.bytes;
+  return P.st;
+}
+
+Status LlamaModel::init_pipeline() {
+  NB_CHECK(pipeline->slots >= 1 && !pipeline->chunks.empty(), "internal: a pipeline stage without chunks or slots");
+  int64_t most = 0;
+  for (int c = 0; c < int(pipeline->chunks.size()); ++c) {
+    Acts probe;
+    int64_t bytes = 0;
+    NB_TRY(plan_pass_acts(&probe, chunk_range(c), nullptr, &bytes));
+    most = std::max(most, bytes);
+  }
+  activation_bytes_ = most * pipeline->slots;
+  slots_.clear();
+  for (int64_t s = 0; s < pipeline->slots; ++s) {
+    PipelineSlot slot;
+    slot.arena = std::make_unique<Arena>();
+    NB_TRY(slot.arena->reserve(dev_, size_t(most)));
+    slot.acts = std::make_shared<Acts>();
+    slots_.push_back(std::move(slot));
+  }
+  return Status::ok();
+}
+
+Status LlamaModel::make_boundary(Buffer* out) const {
+  return Buffer::allocate(out, params_.compute_dtype(), dev_, {shape_.tokens(), cfg_.hidden});
+}
+
+Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float grad_scale, Tensor* output) {
+  NB_CHECK(pipeline && c >= 0 && c < int(pipeline->chunks.size()), "internal: chunk %d of this stage", c);
+  auto free_slot = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
+  if (free_slot == slots_.end())
+    return errorf("internal: the pipeline schedule keeps more than %lld micro-batches in flight",
+                  (long long)slots_.size());
+  free_slot->arena->release(0);
+  micro_ = micro_first_ + uint32_t(i) * micro_stride_;  // the micro-batch's keys, whatever order the passes run in
+  const PassRange r = chunk_range(c);
+  NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(grad_scale, input, true));
+  free_slot->micro = i;
+  free_slot->chunk = c;
+  if (!r.head) *output = free_slot->acts->resid.back();
+  return Status::ok();
+}
+
+Status LlamaModel::forward_chunk_only(int64_t i, int c, const Tensor& input, Tensor* output) {
+  auto free_slot = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
+  NB_CHECK(free_slot != slots_.end(), "internal: an evaluation pass while the step's passes are in flight");
+  free_slot->arena->release(0);
+  const PassRange r = chunk_range(c);
+  NB_TRY(MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(0.f, input,
+                                                                                                    true));
+  if (!r.head) *output = free_slot->acts->resid.back();
+  return Status::ok();
+}
+
+Status LlamaModel::backward_chunk(int64_t i, int c, const Tensor& output_grad, Tensor* input_grad) {
+  auto slot = std::find_if(slots_.begin(), slots_.end(),
+                           [&](const PipelineSlot& s) { return s.micro == i && s.chunk == c; });
+  if (slot == slots_.end())
+    return errorf("internal: the backward of micro-batch %lld, chunk %d, before its forward", (long long)i, c);
+  micro_ = micro_first_ + uint32_t(i) * micro_stride_;
+  const Status st = MicroBatchPass(*this, i, true, chunk_range(c), slot->acts.get(), slot->arena.get()).run_backward(output_grad,
+                                                                                                    input_grad);
+  slot->micro = -1;  // its memory stays readable until the next forward_chunk takes it
+  slot->chunk = -1;
+  return st;
+}
+
+}  // namespace nb

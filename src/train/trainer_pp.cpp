@@ -1,0 +1,147 @@
+// Trainer phases for pipeline parallelism (docs/DISTRIBUTED.md): the layers' split over the stages and this
+// rank's chunks (model/pipeline_split.h), the pipeline and data x context communicators, the schedule that runs a
+// step's passes (train/pipeline_schedule.h), the step's figures summed over the stages, and whole-tensor
+// checkpoints: a save gathers every stage's arrays into the whole model's on rank 0, a load keeps this stage's.
+#include <algorithm>
+#include <cstdio>
+#include "ops/elementwise.h"
+#include "train/trainer.h"
+
+namespace nb {
+
+namespace {
+
+// Whether stage `s` of P (its chunks in `stages`) holds parameter `name`.
+bool stage_holds(const std::vector<pp::LayerRange>& chunks, bool first, bool last, const std::string& name) {
+  static const std::string kLayer = "model.layers.";
+  if (name.rfind(kLayer, 0) == 0) {
+    const int64_t l = std::stoll(name.substr(kLayer.size()));
+    return std::any_of(chunks.begin(), chunks.end(), [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
+  }
+  return name == "model.embed_tokens.weight" ? first : last;
+}
+
+}  // namespace
+
+// What pipeline parallelism does not combine with yet, each in one sentence (the configuration check refused the
+// rest before any rank started).
+Status Trainer::check_pipeline_job() const {
+  if (pp_size() == 1) return Status::ok();
+  if (recipe_.fp8_scaling == recipe::Fp8Scaling::delayed)
+    return errorf(
+        "FP8 delayed scaling keeps per-layer amax histories that checkpoints save from one rank; with "
+        "--pipeline-model-parallel-size %d use a current-scaling recipe (e.g. bf16_with_fp8_current_scaling_mixed)",
+        pp_size());
+  if (recipe_.quantized() && recompute_ != Recompute::full)
+    return errorf(
+        "recipe %s keeps each Linear's quantized input from its forward to its backward, one micro-batch at a time; "
+        "pipeline parallelism has several in flight: pass --recompute-granularity full (each layer's forward runs "
+        "again right before its backward)",
+        recipe_.name.c_str());
+  if (cfg_.overlap_grad_reduce || cfg_.overlap_param_gather)
+    return errorf(
+        "--overlap-grad-reduce and --overlap-param-gather follow one micro-batch's backward; under pipeline "
+        "parallelism the gradients are reduced after the schedule: leave them out");
+  return Status::ok();
+}
+
+Status Trainer::plan_pipeline() {
+  if (pp_size() == 1) return Status::ok();
+  const pp::SplitOptions probe = cfg_.pipeline_split_options(1);
+  const int64_t counted = model_cfg_.layers + (probe.account_for_embedding ? 1 : 0) + (probe.account_for_loss ? 1 : 0);
+  NB_TRY(pp::resolve_virtual_stages(counted, pp_size(), cfg_.num_layers_per_virtual_pipeline_stage,
+                                    cfg_.num_virtual_stages_per_pipeline_rank, &virtual_stages_));
+  NB_TRY(pp::split_layers(model_cfg_.layers, cfg_.pipeline_split_options(virtual_stages_), &pp_stages_));
+  LlamaModel::PipelineStage stage;
+  stage.chunks = pp::rank_chunks(pp_stages_, layout_.pp, pp_size());
+  stage.first = layout_.pp == 0;
+  stage.last = layout_.pp == pp_size() - 1;
+  stage.slots = PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, layout_.pp, accum_);
+  model_.pipeline = stage;
+  return check_pipeline_job();
+}
+
+void Trainer::print_pipeline_plan() const {
+  if (pp_size() == 1) return;
+  std::printf("pipeline parallel: %d stages, %d chunk%s per rank (%s schedule), %lld micro-batches per step; layers:",
+              pp_size(), virtual_stages_, virtual_stages_ > 1 ? "s" : "", virtual_stages_ > 1 ? "interleaved 1F1B" : "1F1B",
+              (long long)accum_);
+  for (int r = 0; r < pp_size(); ++r) {
+    std::printf(" rank %d", r);
+    for (const pp::LayerRange& c : pp::rank_chunks(pp_stages_, r, pp_size()))
+      std::printf(" [%lld-%lld]", (long long)c.begin, (long long)c.end - 1);
+    std::printf(r + 1 < pp_size() ? ";" : "\n");
+  }
+  std::printf(
+      "pipeline bubble by formula (P - 1) / (V x M) = %d / (%d x %lld) = %.1f%% of the ideal step; first stage holds "
+      "%lld micro-batch chunks of activations in flight; messages %s\n",
+      pp_size() - 1, virtual_stages_, (long long)accum_, 100.0 * pp::bubble_fraction(pp_size(), virtual_stages_, accum_),
+      (long long)PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, 0, accum_),
+      cfg_.overlap_p2p_communication ? "not yet overlapped with compute (posted between passes)"
+                                     : "posted between passes (--no-overlap-p2p-communication)");
+}
+
+// Stage index outermost: the stages of one (data, context, tensor) index form a pipeline group; the data x context
+// ranks of one stage (and tensor index) reduce gradients and shard the optimizer.
+Status Trainer::connect_pipeline() {
+  if (pp_size() == 1) return Status::ok();
+  world_comm_ = std::move(comm_);
+  const int per_stage = world_.size / pp_size();
+  NB_TRY(world_comm_->split(world_.rank % per_stage, layout_.pp, "pp", &pp_comm_));
+  NB_TRY(world_comm_->split(layout_.pp * tp_size() + layout_.tp, dp_cp_rank(), "dp_cp", &comm_));
+  return Status::ok();
+}
+
+Status Trainer::start_pipeline() {
+  if (pp_size() == 1) return Status::ok();
+  if (!pp_comm_) return errorf("pipeline parallelism needs its ranks connected (a distributed launch)");
+  pp_schedule_ = std::make_unique<PipelineSchedule>();
+  return pp_schedule_->init(pp_comm_.get(), &model_, virtual_stages_, accum_, dev_);
+}
+
+Status Trainer::reduce_over_pipeline(double* values, int n) {
+  if (!pp_comm_) return Status::ok();
+  return pp_comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
+}
+
+// The stages' arrays are gathered in chunks as equal-length slices (padded to the longest stage's), and rank 0 puts
+// each stage's parameters in their places in `whole`, by name.
+Status Trainer::gather_pipeline(const float* local, float* whole) {
+  const int64_t mine = model_.params().total();
+  double longest = double(mine);
+  NB_TRY(pp_comm_->all_reduce_host(&longest, 1, dist::ReduceOp::max));
+  const int64_t n = int64_t(longest), P = pp_size();
+  const int64_t chunk = std::min<int64_t>(std::max<int64_t>(n, 1), int64_t(1) << 24);
+  Buffer send, recv;
+  NB_TRY(Buffer::allocate(&send, DType::f32, dev_, {chunk}));
+  NB_TRY(Buffer::allocate(&recv, DType::f32, dev_, {P * chunk}));
+  const bool root = layout_.pp == 0;
+  std::vector<float> gathered(root ? size_t(P * n) : 0, 0.0f);
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t k = std::min(chunk, n - b), have = std::clamp<int64_t>(mine - b, 0, k);
+    ops::fill(send.tensor(), 0.0f, nullptr);
+    if (have > 0) NB_TRY(copy_bytes(send.data(), dev_, local + b, Device::cpu, size_t(have) * 4));
+    const Tensor out = Tensor::make(recv.data(), DType::f32, dev_, {P * k});
+    NB_TRY(pp_comm_->all_gather(Tensor::make(send.data(), DType::f32, dev_, {k}), out, nullptr));
+    NB_TRY(pp_comm_->wait(nullptr));
+    for (int64_t r = 0; root && r < P; ++r)
+      NB_TRY(copy_bytes(gathered.data() + r * n + b, Device::cpu, recv.ptr<float>() + r * k, dev_, size_t(k) * 4));
+  }
+  if (!root) return Status::ok();
+  int64_t whole_total = 0;
+  const std::vector<ParamInfo> wl = ParamStore::flat_layout(model_cfg_, &whole_total);
+  std::fill(whole, whole + whole_total, 0.0f);
+  for (int r = 0; r < P; ++r) {
+    const auto chunks = pp::rank_chunks(pp_stages_, r, int(P));
+    int64_t stage_total = 0;
+    const std::vector<ParamInfo> sl = ParamStore::flat_layout(
+        model_cfg_, &stage_total, [&](const std::string& name) { return stage_holds(chunks, r == 0, r == P - 1, name); });
+    for (const ParamInfo& p : sl) {
+      const auto w = std::find_if(wl.begin(), wl.end(), [&](const ParamInfo& q) { return q.name == p.name; });
+      std::copy_n(gathered.data() + r * n + p.offset, p.numel, whole + w->offset);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace nb

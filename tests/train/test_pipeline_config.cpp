@@ -1,0 +1,210 @@
+// Pipeline parallelism's configuration: its keys (TOML, the printed config, Megatron's bare
+// --no-overlap-p2p-communication through the real binary) and validate_train_config's pipeline checks: the sizes,
+// the virtual stages, the split, the interleaved schedule's demands, and what is not supported yet with P > 1.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include "common/nibble_binary.h"
+#include "model/llama_config.h"
+#include "train/train_config.h"
+
+using namespace nb;
+
+namespace {
+
+// The tiny preset deepened to 8 layers (untied embeddings), split over P pipeline stages.
+TrainConfig pp_tiny(int64_t pipeline, int64_t layers = 8) {
+  TrainConfig c;
+  c.model = "tiny";
+  c.num_layers = layers;
+  c.pipeline_model_parallel_size = pipeline;
+  return c;
+}
+
+// validate_train_config's message for `c` after resolve_model ("" when accepted).
+std::string pp_config_message(TrainConfig c) {
+  LlamaConfig m;
+  Status st = resolve_model(c, &m);
+  if (st) st = validate_train_config(c, m);
+  return st ? "" : st.message();
+}
+
+bool pp_has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST(PipelineConfig, AcceptsEvenUnevenAndInterleavedSplits) {
+  EXPECT_EQ(pp_config_message(pp_tiny(2)), "");
+  EXPECT_EQ(pp_config_message(pp_tiny(8)), "");
+  TrainConfig c = pp_tiny(4);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  c.global_batch_size = 4;  // 4 micro-batches per rank, a multiple of P
+  EXPECT_EQ(pp_config_message(c), "");
+  c = pp_tiny(2, 7);
+  c.decoder_first_pipeline_num_layers = 3;
+  EXPECT_EQ(pp_config_message(c), "");
+  c = pp_tiny(2, 7);
+  c.account_for_embedding_in_pipeline_split = true;
+  EXPECT_EQ(pp_config_message(c), "");
+  c = pp_tiny(2);
+  c.num_layers_per_virtual_pipeline_stage = 2;  // 8 / (2 x 2): V 2
+  c.global_batch_size = 2;
+  EXPECT_EQ(pp_config_message(c), "");
+}
+
+TEST(PipelineConfig, RefusesBadSizesAndSplits) {
+  EXPECT_TRUE(pp_has(pp_config_message(pp_tiny(0)), "--pipeline-model-parallel-size must be at least 1"));
+  EXPECT_TRUE(pp_has(pp_config_message(pp_tiny(4, 2)), "more stages than the model's 2 decoder layers"));
+  const std::string odd = pp_config_message(pp_tiny(2, 9));
+  EXPECT_TRUE(pp_has(odd, "--pipeline-model-parallel-size 2 does not divide the 9 decoder layers")) << odd;
+  TrainConfig c = pp_tiny(2);
+  c.num_layers_per_virtual_pipeline_stage = 3;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "--num-layers-per-virtual-pipeline-stage 3 does not divide"))
+      << pp_config_message(c);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "give only one")) << pp_config_message(c);
+  c = pp_tiny(4);
+  c.num_layers_per_virtual_pipeline_stage = 1;
+  c.decoder_last_pipeline_num_layers = 2;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "as --num-virtual-stages-per-pipeline-rank instead of"))
+      << pp_config_message(c);
+  c = pp_tiny(1);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "needs --pipeline-model-parallel-size > 1")) << pp_config_message(c);
+  c = pp_tiny(1);
+  c.decoder_first_pipeline_num_layers = 8;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "--decoder-first-pipeline-num-layers 8 sets the layers"))
+      << pp_config_message(c);
+}
+
+TEST(PipelineConfig, InterleavedScheduleNeedsMicroBatchesInGroupsOfP) {
+  TrainConfig c = pp_tiny(2);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  c.global_batch_size = 3;
+  const std::string msg = pp_config_message(c);
+  EXPECT_TRUE(pp_has(msg, "each rank has 3 per step")) << msg;
+  EXPECT_TRUE(pp_has(msg, "--global-batch-size that is a multiple of 2")) << msg;
+  // Over 2 data-parallel ranks, a global batch of 6 gives each rank 3 micro-batches of 1.
+  c.data_parallel = 2;
+  c.global_batch_size = 6;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "a multiple of 4")) << pp_config_message(c);
+  c.global_batch_size = 8;
+  EXPECT_EQ(pp_config_message(c), "");
+  // Without the interleaved schedule any count of micro-batches runs.
+  c = pp_tiny(2);
+  c.global_batch_size = 3;
+  EXPECT_EQ(pp_config_message(c), "");
+}
+
+TEST(PipelineConfig, NoOverlapP2pNeedsThreeStagesWhenInterleaved) {
+  TrainConfig c = pp_tiny(2);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  c.global_batch_size = 2;
+  c.overlap_p2p_communication = false;
+  const std::string msg = pp_config_message(c);
+  EXPECT_TRUE(pp_has(msg, "--no-overlap-p2p-communication needs --pipeline-model-parallel-size > 2")) << msg;
+  c.overlap_p2p_communication = true;
+  EXPECT_EQ(pp_config_message(c), "");
+  c = pp_tiny(4);
+  c.num_virtual_stages_per_pipeline_rank = 2;
+  c.global_batch_size = 4;
+  c.overlap_p2p_communication = false;
+  EXPECT_EQ(pp_config_message(c), "");
+}
+
+TEST(PipelineConfig, RefusesWhatIsNotSupportedYet) {
+  struct Case {
+    const char* flag;
+    void (*set)(TrainConfig&);
+  };
+  const Case cases[] = {
+      {"--tensor-model-parallel-size", [](TrainConfig& c) { c.tensor_model_parallel_size = 2; }},
+      {"--context-parallel-size", [](TrainConfig& c) { c.context_parallel_size = 2; }},
+      {"--data-parallel-sharding-strategy optim_grads ",
+       [](TrainConfig& c) {
+         c.use_megatron_fsdp = true;
+         c.data_parallel_sharding_strategy = "optim_grads";
+       }},
+      {"--data-parallel-sharding-strategy optim_grads_params",
+       [](TrainConfig& c) {
+         c.use_megatron_fsdp = true;
+         c.data_parallel_sharding_strategy = "optim_grads_params";
+       }},
+      {"--peft lora", [](TrainConfig& c) { c.peft = "lora"; }},
+      {"--optimizer-cpu-offload", [](TrainConfig& c) { c.optimizer_cpu_offload = true; }},
+      {"--sample-interval", [](TrainConfig& c) { c.sample_interval = 5; }},
+      {"--anneal-start-fraction", [](TrainConfig& c) { c.anneal_start_fraction = 0.5; }},
+      {"--quant-stats", [](TrainConfig& c) { c.quant_stats = true; }},
+  };
+  for (const Case& k : cases) {
+    TrainConfig c = pp_tiny(2);
+    k.set(c);
+    const std::string msg = pp_config_message(c);
+    EXPECT_TRUE(pp_has(msg, k.flag)) << k.flag << ": " << msg;
+    EXPECT_TRUE(pp_has(msg, "is not supported yet with --pipeline-model-parallel-size > 1")) << msg;
+    c.pipeline_model_parallel_size = 1;  // the same job without pipeline parallelism passes these checks
+    EXPECT_FALSE(pp_has(pp_config_message(c), "not supported yet")) << k.flag;
+  }
+  TrainConfig tied;  // llama-125m ties its embedding and LM head
+  tied.model = "llama-125m";
+  tied.pipeline_model_parallel_size = 2;
+  const std::string msg = pp_config_message(tied);
+  EXPECT_TRUE(pp_has(msg, "the embedding and LM head share a weight on two stages")) << msg;
+  tied.pipeline_model_parallel_size = 1;
+  EXPECT_EQ(pp_config_message(tied), "");
+}
+
+TEST(PipelineConfig, KeysReadFromTomlAndPrintOnce) {
+  TrainConfig c;
+  EXPECT_EQ(c.pipeline_model_parallel_size, 1);
+  EXPECT_TRUE(c.overlap_p2p_communication);
+  ASSERT_TRUE(apply_config_text("pipeline_model_parallel_size = 4\nnum-virtual-stages-per-pipeline-rank = 2\n"
+                                "account_for_loss_in_pipeline_split = true\ndecoder_first_pipeline_num_layers = 6\n"
+                                "no_overlap_p2p_communication = true\n",
+                                "pp.toml", c)
+                  .is_ok());
+  EXPECT_EQ(c.pipeline_model_parallel_size, 4);
+  EXPECT_EQ(c.num_virtual_stages_per_pipeline_rank, 2);
+  EXPECT_TRUE(c.account_for_loss_in_pipeline_split);
+  EXPECT_EQ(c.decoder_first_pipeline_num_layers, 6);
+  EXPECT_FALSE(c.overlap_p2p_communication);
+  const std::string printed = format_config(c);
+  EXPECT_TRUE(pp_has(printed, "\noverlap_p2p_communication = false\n")) << printed;
+  EXPECT_FALSE(pp_has(printed, "no_overlap")) << printed;  // the negated spelling is not a second setting
+  TrainConfig back;
+  ASSERT_TRUE(apply_config_text(printed, "printed", back).is_ok());
+  EXPECT_EQ(format_config(back), printed);
+  const pp::SplitOptions o = back.pipeline_split_options(2);
+  EXPECT_EQ(o.pipeline, 4);
+  EXPECT_EQ(o.virtual_stages, 2);
+  EXPECT_TRUE(o.account_for_loss);
+  EXPECT_FALSE(o.account_for_embedding);
+  EXPECT_EQ(o.first_stage_layers, 6);
+  EXPECT_EQ(o.last_stage_layers, 0);
+  for (auto& k : config_keys(back)) {
+    if (k.name != "no-overlap-p2p-communication") continue;
+    EXPECT_TRUE(k.is_flag);
+    ASSERT_TRUE(k.set("false").is_ok());
+    EXPECT_TRUE(back.overlap_p2p_communication);
+    EXPECT_TRUE(pp_has(k.set("maybe").message(), "--no-overlap-p2p-communication expects true or false"));
+  }
+}
+
+// Megatron's bare `--no-overlap-p2p-communication`, followed by another flag, through the real binary: the run
+// records the setting it turned off.
+TEST(PipelineConfig, BareNoOverlapFlagTurnsTheOverlapOff) {
+  const auto dir = std::filesystem::temp_directory_path() / ("nibble_pp_no_overlap_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  const test::CliRun r = test::run_nibble(
+      "train --model tiny --device cpu --train-iters 1 --seq-length 32 --no-overlap-p2p-communication --save " +
+      dir.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::ifstream f(dir / "config.toml");
+  std::string line, found;
+  while (std::getline(f, line))
+    if (line.rfind("overlap_p2p_communication = ", 0) == 0) found = line;
+  EXPECT_EQ(found, "overlap_p2p_communication = false");
+  std::filesystem::remove_all(dir);
+}
