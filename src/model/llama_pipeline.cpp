@@ -79,7 +79,8 @@ Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float gr
   free_slot->arena->release(0);
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;  // the micro-batch's keys, whatever order the passes run in
   const PassRange r = chunk_range(c);
-  NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(grad_scale, input, true));
+  NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get())
+             .run_forward(grad_scale, input, true));
   free_slot->micro = i;
   free_slot->chunk = c;
   if (!r.head) *output = free_slot->acts->resid.back();
@@ -91,20 +92,20 @@ Status LlamaModel::forward_chunk_only(int64_t i, int c, const Tensor& input, Ten
   NB_CHECK(free_slot != slots_.end(), "internal: an evaluation pass while the step's passes are in flight");
   free_slot->arena->release(0);
   const PassRange r = chunk_range(c);
-  NB_TRY(MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(0.f, input,
-                                                                                                    true));
+  NB_TRY(
+      MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(0.f, input, true));
   if (!r.head) *output = free_slot->acts->resid.back();
   return Status::ok();
 }
 
 Status LlamaModel::backward_chunk(int64_t i, int c, const Tensor& output_grad, Tensor* input_grad) {
-  auto slot = std::find_if(slots_.begin(), slots_.end(),
-                           [&](const PipelineSlot& s) { return s.micro == i && s.chunk == c; });
+  auto slot =
+      std::find_if(slots_.begin(), slots_.end(), [&](const PipelineSlot& s) { return s.micro == i && s.chunk == c; });
   if (slot == slots_.end())
     return errorf("internal: the backward of micro-batch %lld, chunk %d, before its forward", (long long)i, c);
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;
-  const Status st = MicroBatchPass(*this, i, true, chunk_range(c), slot->acts.get(), slot->arena.get()).run_backward(output_grad,
-                                                                                                    input_grad);
+  const Status st = MicroBatchPass(*this, i, true, chunk_range(c), slot->acts.get(), slot->arena.get())
+                        .run_backward(output_grad, input_grad);
   slot->micro = -1;  // its memory stays readable until the next forward_chunk takes it
   slot->chunk = -1;
   return st;

@@ -225,14 +225,16 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   const MicroBatchShape shape{j.micro_batch, j.local_seq()};
   const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
   const LlamaConfig m = j.local_model();
-  e->rows.push_back({MemPart::activations,
-                     double(align256(LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora,
-                                                                       j.sequence_parallel ? j.tensor_parallel : 1))),
-                     "the arena's plan (" +
-                         std::string(j.recompute == Recompute::none        ? "no"
-                                     : j.recompute == Recompute::selective ? "selective"
-                                                                           : "full") +
-                         " recompute)"});
+  const int64_t in_flight = j.pipeline > 1 ? std::min<int64_t>(j.pipeline, j.accumulation()) : 1;
+  e->rows.push_back(
+      {MemPart::activations,
+       double(in_flight * align256(LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora,
+                                                                     j.sequence_parallel ? j.tensor_parallel : 1))),
+       "the arena's plan (" +
+           std::string(j.recompute == Recompute::none        ? "no"
+                       : j.recompute == Recompute::selective ? "selective"
+                                                             : "full") +
+           " recompute)"});
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
     const bool two = j.recipe.quantized() || (j.anneal && j.anneal_recipe.quantized());

@@ -30,9 +30,12 @@ struct MemoryJob {
   recipe::Recipe anneal_recipe;
   int64_t micro_batch = 1, seq = 1, global_batch = 1;
   Recompute recompute = Recompute::none;
-  int ranks = 1, local_ranks = 1;     // world size, and ranks on this machine (host memory is shared)
-  int context_parallel = 1;           // --context-parallel-size: each rank holds seq / C tokens of a row
-  int tensor_parallel = 1;            // --tensor-model-parallel-size: each rank holds 1/T of every layer
+  int ranks = 1, local_ranks = 1;  // world size, and ranks on this machine (host memory is shared)
+  int context_parallel = 1;        // --context-parallel-size: each rank holds seq / C tokens of a row
+  int tensor_parallel = 1;         // --tensor-model-parallel-size: each rank holds 1/T of every layer
+  // --pipeline-model-parallel-size: a stage holds about 1/P of the layers (the estimate sizes the first stage: the
+  // largest even share, the embedding, and min(P, M) micro-batches of its activations in flight under 1F1B).
+  int pipeline = 1;
   bool sequence_parallel = false;     // --sequence-parallel: the residual stream on 1/T of the tokens
   std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
   optim::Placement placement;         // --optimizer-cpu-offload
@@ -52,14 +55,18 @@ struct MemoryJob {
 
   // What strategy and ranks set: one rule, which Trainer::apply_world applies to the model too. Gradients, the
   // optimizer's shards and Megatron-FSDP run over the data x context ranks of one tensor-parallel index.
-  int dp_cp_ranks() const { return std::max(1, ranks / tensor_parallel); }
-  int data_ranks() const { return std::max(1, ranks / (tensor_parallel * context_parallel)); }  // model replicas
+  int dp_cp_ranks() const { return std::max(1, ranks / (tensor_parallel * pipeline)); }
+  int data_ranks() const { return std::max(1, ranks / (tensor_parallel * context_parallel * pipeline)); }  // replicas
   int shards() const;
   LlamaModel::Fsdp fsdp() const;
   int64_t bucket_elems() const;
   int64_t accumulation() const { return global_batch / (micro_batch * data_ranks()); }
-  int64_t local_seq() const { return seq / context_parallel; }                          // a rank's tokens per row
-  LlamaConfig local_model() const { return tp::local_config(model, tensor_parallel); }  // what a rank holds
+  int64_t local_seq() const { return seq / context_parallel; }  // a rank's tokens per row
+  LlamaConfig local_model() const {                             // what a rank holds
+    LlamaConfig m = tp::local_config(model, tensor_parallel);
+    m.layers = (m.layers + pipeline - 1) / pipeline;
+    return m;
+  }
 };
 
 struct MemoryEstimate {

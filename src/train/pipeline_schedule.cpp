@@ -37,12 +37,11 @@ Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int v
 // Megatron's numbering of passes: groups of P micro-batches, each group through every chunk in turn; backward
 // passes take the chunks in reverse.
 int PipelineSchedule::chunk_of(int64_t k, bool forward) const {
-  const int c = int(k % (int64_t(P_) * V_) / P_);
+  const int64_t group = int64_t(P_) * V_;
+  const int c = int((k % group + group) % group / P_);  // Python's modulo: the steady state asks about k < 0
   return forward ? c : V_ - 1 - c;
 }
-int64_t PipelineSchedule::micro_of(int64_t k) const {
-  return k / (int64_t(P_) * V_) * P_ + k % P_;
-}
+int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }
 
 Tensor PipelineSchedule::take_buffer() {
   if (free_.empty()) {

@@ -55,8 +55,8 @@ class PipelineSchedule {
   int P_ = 1, V_ = 1, rank_ = 0;
   int64_t M_ = 1;
   float grad_scale_ = 0;
-  std::vector<Buffer> buffers_;  // every message buffer made so far
-  std::vector<Tensor> free_;     // ... and those not waiting in a queue
+  std::vector<Buffer> buffers_;                     // every message buffer made so far
+  std::vector<Tensor> free_;                        // ... and those not waiting in a queue
   std::vector<std::deque<Tensor>> inputs_, grads_;  // per chunk: received inputs and output gradients, oldest first
 };
 

@@ -138,7 +138,10 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
     step_trained_ /= cp_size();  // the ranks of a context-parallel group hold the same rows
   }
   const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
-  if (pp_schedule_) NB_TRY(pp_schedule_->run(grad_scale));  // the stages' passes in the schedule's order
+  if (pp_schedule_) {  // the stages' passes in the schedule's order; the buckets reduce after it
+    if (sync_) sync_->begin_last_backward();
+    NB_TRY(pp_schedule_->run(grad_scale));
+  }
   for (int64_t micro = 0; micro < accum_ && !pp_schedule_; ++micro) {
     const bool last = micro + 1 == accum_;
     if (sync_ && last) sync_->begin_last_backward();  // its backward completes the gradients, bucket by bucket

@@ -27,6 +27,7 @@ Status Trainer::apply_world() {
   // overlap, else max(40M, 1M x ranks) elements.
   MemoryJob j;
   j.ranks = world_.size;
+  j.pipeline = pp_size();
   j.tensor_parallel = tp_size();  // sharded and reduced over the data x context ranks of one tensor-parallel index
   j.strategy = cfg_.sharding_strategy();
   j.lora = lora();

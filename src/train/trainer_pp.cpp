@@ -16,7 +16,8 @@ bool stage_holds(const std::vector<pp::LayerRange>& chunks, bool first, bool las
   static const std::string kLayer = "model.layers.";
   if (name.rfind(kLayer, 0) == 0) {
     const int64_t l = std::stoll(name.substr(kLayer.size()));
-    return std::any_of(chunks.begin(), chunks.end(), [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
+    return std::any_of(chunks.begin(), chunks.end(),
+                       [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
   }
   return name == "model.embed_tokens.weight" ? first : last;
 }
@@ -35,7 +36,7 @@ Status Trainer::check_pipeline_job() const {
   if (recipe_.quantized() && recompute_ != Recompute::full)
     return errorf(
         "recipe %s keeps each Linear's quantized input from its forward to its backward, one micro-batch at a time; "
-        "pipeline parallelism has several in flight: pass --recompute-granularity full (each layer's forward runs "
+        "pipeline parallelism has several in flight: pass --recompute full (each layer's forward runs "
         "again right before its backward)",
         recipe_.name.c_str());
   if (cfg_.overlap_grad_reduce || cfg_.overlap_param_gather)
@@ -64,8 +65,8 @@ Status Trainer::plan_pipeline() {
 void Trainer::print_pipeline_plan() const {
   if (pp_size() == 1) return;
   std::printf("pipeline parallel: %d stages, %d chunk%s per rank (%s schedule), %lld micro-batches per step; layers:",
-              pp_size(), virtual_stages_, virtual_stages_ > 1 ? "s" : "", virtual_stages_ > 1 ? "interleaved 1F1B" : "1F1B",
-              (long long)accum_);
+              pp_size(), virtual_stages_, virtual_stages_ > 1 ? "s" : "",
+              virtual_stages_ > 1 ? "interleaved 1F1B" : "1F1B", (long long)accum_);
   for (int r = 0; r < pp_size(); ++r) {
     std::printf(" rank %d", r);
     for (const pp::LayerRange& c : pp::rank_chunks(pp_stages_, r, pp_size()))
@@ -75,7 +76,8 @@ void Trainer::print_pipeline_plan() const {
   std::printf(
       "pipeline bubble by formula (P - 1) / (V x M) = %d / (%d x %lld) = %.1f%% of the ideal step; first stage holds "
       "%lld micro-batch chunks of activations in flight; messages %s\n",
-      pp_size() - 1, virtual_stages_, (long long)accum_, 100.0 * pp::bubble_fraction(pp_size(), virtual_stages_, accum_),
+      pp_size() - 1, virtual_stages_, (long long)accum_,
+      100.0 * pp::bubble_fraction(pp_size(), virtual_stages_, accum_),
       (long long)PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, 0, accum_),
       cfg_.overlap_p2p_communication ? "not yet overlapped with compute (posted between passes)"
                                      : "posted between passes (--no-overlap-p2p-communication)");
@@ -134,8 +136,9 @@ Status Trainer::gather_pipeline(const float* local, float* whole) {
   for (int r = 0; r < P; ++r) {
     const auto chunks = pp::rank_chunks(pp_stages_, r, int(P));
     int64_t stage_total = 0;
-    const std::vector<ParamInfo> sl = ParamStore::flat_layout(
-        model_cfg_, &stage_total, [&](const std::string& name) { return stage_holds(chunks, r == 0, r == P - 1, name); });
+    const std::vector<ParamInfo> sl = ParamStore::flat_layout(model_cfg_, &stage_total, [&](const std::string& name) {
+      return stage_holds(chunks, r == 0, r == P - 1, name);
+    });
     for (const ParamInfo& p : sl) {
       const auto w = std::find_if(wl.begin(), wl.end(), [&](const ParamInfo& q) { return q.name == p.name; });
       std::copy_n(gathered.data() + r * n + p.offset, p.numel, whole + w->offset);

@@ -3,6 +3,12 @@
 // a split run compared with one rank's, and the largest weight difference between two of their checkpoints.
 #pragma once
 #include <gtest/gtest.h>
+#include "distributed/spawn.h"
+#include <thread>
+#include <chrono>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -85,6 +91,48 @@ inline std::string train(const std::string& dir, const std::string& recipe, int 
     EXPECT_NE(r.out.find("data parallel: " + std::to_string(ranks) + " ranks (gloo"), std::string::npos) << r.out;
   }
   return save;
+}
+
+// Two ranks of `job` launched by hand; rank 1 is killed after rank 0 logs step 1: rank 0 must stop with a sentence
+// naming itself and Gloo, not hang.
+inline void expect_a_dead_rank_stops_rank0(const std::string& job, const std::string& name) {
+  const std::string dir = test::temp_folder(name);
+  int port = 0;
+  ASSERT_TRUE(dist::find_free_port_pair(&port).is_ok());
+  pid_t pids[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string env = "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=" + std::to_string(rank) +
+                            " LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " ";
+    const std::string cmd = "exec env " + env + "'" + test::nibble_binary() + "'" + job +
+                            "--train-iters 2000 --distributed-timeout-minutes 1 > " + dir + "/rank" +
+                            std::to_string(rank) + ".log 2>&1";
+    pids[rank] = fork();
+    if (pids[rank] == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  // Let both ranks reach the training loop (rank 0 logs its first step), then kill rank 1.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (test::file_bytes(dir + "/rank0.log").find("iteration        1/") == std::string::npos &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(60))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(::kill(pids[1], SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = ::waitpid(pids[0], &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() - killed < std::chrono::seconds(90))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (done == 0) ::kill(pids[0], SIGKILL);
+  ::waitpid(pids[1], nullptr, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const std::string log = test::file_bytes(dir + "/rank0.log");
+  ASSERT_NE(done, 0) << "rank 0 still ran 90 s after rank 1 died:\n" << log;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << log;
+  EXPECT_NE(log.find("rank 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("Gloo"), std::string::npos) << log;
+  std::printf("rank 0 stopped %.2f s after rank 1 was killed\n", seconds);
 }
 
 }  // namespace nb

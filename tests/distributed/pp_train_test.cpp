@@ -1,0 +1,92 @@
+// Pipeline parallelism through the CLI (Gloo, CPU): `--pipeline-model-parallel-size P` against one rank with the
+// same global batch. Each stage holds its layers' parameters, initialized as the whole model's; the schedule only
+// reorders the micro-batches' passes, and each parameter's gradient still sums its micro-batches in order, so in
+// BF16 step 1 and five steps agree with one rank to 1e-6 and 1e-5 relative (measured: identical digits in the
+// log). Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer), P4, the interleaved schedule at P4 V2,
+// NVFP4 at P2 (with full recompute, which pipeline parallelism needs for quantized recipes), a checkpoint saved at
+// P4 resuming at one rank and at P2, and a killed stage stopping the job.
+#include <gtest/gtest.h>
+#include <filesystem>
+#include <string>
+#include "distributed/ddp_util.h"
+
+namespace nb {
+namespace {
+
+// Eight layers so that P4 x V2 gives every chunk one; a global batch of 8 is four micro-batches at one data rank.
+const std::string kPpBase = kModelParallelBase + "--num-layers 8 ";
+const std::string kPpJob = kPpBase + "--recipe bf16_mixed ";
+
+std::vector<StepLog> pp_run(const std::string& flags, const std::string& dir, const std::string& base = kPpJob) {
+  const test::CliRun r = test::run_nibble(base + flags + " --save " + dir);
+  EXPECT_EQ(r.code, 0) << r.out;
+  return read_metrics(dir);
+}
+
+class PipelineParallelCpu : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PipelineParallelCpu, ReproducesOneRankInBf16) {
+  const std::string dir = test::temp_folder("pp_train");
+  const auto ref = pp_run("--train-iters 5", dir + "/one");
+  const test::CliRun r = test::run_nibble(kPpJob + "--train-iters 5 " + GetParam() + " --save " + dir + "/pp");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("pipeline parallel: "), std::string::npos) << r.out;
+  expect_same_run(read_metrics(dir + "/pp"), ref, GetParam());
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Schedules, PipelineParallelCpu,
+    ::testing::Values("--nproc-per-node 2 --pipeline-model-parallel-size 2",
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer",
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 4",
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"));
+
+// A quantized Linear keeps one micro-batch's quantized input until its backward, so pipeline parallelism runs
+// quantized recipes with full recompute (refused otherwise, below). NVFP4 with stochastic rounding: every pass
+// draws its bits with its own micro-batch's key, so P2 equals one rank.
+TEST(PipelineParallelCpuQuantized, Nvfp4EqualsOneRankAtStepOne) {
+  const std::string dir = test::temp_folder("pp_train_nvfp4");
+  const std::string job = "--train-iters 1 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
+                          "--num-layers-at-end-in-bf16 0 --recompute full ";
+  const auto a = pp_run(job, dir + "/one", kPpBase);
+  const auto b = pp_run(job + "--nproc-per-node 2 --pipeline-model-parallel-size 2", dir + "/pp", kPpBase);
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
+  EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
+  const test::CliRun r = test::run_nibble(kPpBase + "--train-iters 1 --recipe bf16_with_nvfp4_mixed --nproc-per-node 2 "
+                                          "--pipeline-model-parallel-size 2 --save " + dir + "/refused");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("--recompute full"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// Checkpoints hold whole tensors: saved at P4 after 2 steps, they resume at one rank and at P2 with the uninterrupted
+// run's losses.
+TEST(PipelineParallelCpuResume, SavedAtP4ResumesAtOneRankAndAtP2) {
+  const std::string dir = test::temp_folder("pp_resume");
+  const auto whole = pp_run("--train-iters 4", dir + "/whole");
+  ASSERT_EQ(whole.size(), 4u);
+  const test::CliRun saved = test::run_nibble(kPpJob + "--train-iters 4 --exit-interval 2 --nproc-per-node 4 "
+                                              "--pipeline-model-parallel-size 4 --save " + dir + "/p4");
+  ASSERT_EQ(saved.code, 0) << saved.out;
+  for (const std::string& layout : {std::string(""), std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2")}) {
+    const std::string out = dir + (layout.empty() ? "/one" : "/p2");
+    const test::CliRun r =
+        test::run_nibble(kPpJob + "--train-iters 4 " + layout + " --load " + dir + "/p4 --save " + out);
+    ASSERT_EQ(r.code, 0) << r.out;
+    const auto resumed = read_metrics(out);
+    ASSERT_EQ(resumed.size(), 2u) << layout;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(resumed[i].loss, whole[i + 2].loss, 1e-5 * whole[i + 2].loss) << layout << ", step " << i + 3;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(PipelineParallelCpu, AKilledStageStopsTheJob) {
+  expect_a_dead_rank_stops_rank0(kPpJob + "--pipeline-model-parallel-size 2 ", "pp_dead");
+}
+
+}  // namespace
+}  // namespace nb
