@@ -35,6 +35,9 @@ def row(out, name):
         groups = re.search(kind + r" parallel: (\d+) ranks per group", log)
         if groups and data:
             gpus *= int(groups.group(1))
+    stages = re.search(r"pipeline parallel: (\d+) stages", log)
+    if stages and data:
+        gpus *= int(stages.group(1))
     est = re.search(r"total\s+([\d.]+) GiB of", log)
     if "tokens/s/GPU" not in s:
         err = [line for line in log.splitlines() if "error" in line.lower() or "does not" in line.lower()]

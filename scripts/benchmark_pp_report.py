@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md's pipeline-parallel section from scripts/benchmark_pp.sh's logs: per configuration the GPUs, step
+time, tokens/s/GPU, model TFLOP/s/GPU, MFU, peak memory (rank 0's) and the memory estimate's total, and each
+pipeline row's tokens/s/GPU against the Megatron-FSDP row of its recipe.
+
+Usage: benchmark_pp_report.py OUT [--merge-into BENCHMARKS.md]"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmark_cp_report import read, row  # noqa: E402  (the rows are the context-parallel report's)
+from md_sections import write_report  # noqa: E402
+
+
+def tokens(s):
+    try:
+        return float(s["tokens/s/GPU"])
+    except (KeyError, ValueError):
+        return None
+
+
+def main():
+    out = sys.argv[1]
+    merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
+    names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
+    rows, stats, device = [], {}, "the GPU machine"
+    for name in names:
+        text, s = row(out, name)
+        rows.append(text)
+        stats[name] = tokens(s)
+        device = s.get("device", device)
+    lines = []
+    for name, got in stats.items():
+        recipe = name.split("-")[1]
+        base = stats.get(f"8b-{recipe}-fsdp4")
+        if "-pp" in name and got and base:
+            lines.append(f"- {name}: {got / base:.3f}x the Megatron-FSDP row's tokens/s/GPU")
+    commit = read(out, "commit.txt").strip() or "unknown"
+    text = (
+        "## Pipeline parallelism: the 8B at PP4 and PP2 x D2 beside Megatron-FSDP on four GPUs (same run)\n\n"
+        f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}): mock data, sequence 8192, micro-batch 1, global "
+        "batch 32 (32 micro-batches per step at PP4: bubble 3/32 = 9.4% by formula, 1F1B, messages posted between "
+        "passes); BF16 with selective recompute, NVFP4 with full recompute under pipeline parallelism (its Linears "
+        "keep one micro-batch's quantized input), selective under FSDP. Step time is the mean after step 1; peak "
+        "memory is rank 0's (the first stage); the estimate is the memory estimate's total for it.\n\n"
+        "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
+        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
+        + "".join(line + "\n" for line in lines))
+    write_report([(text, bool(rows))], merge, out, commit)
+
+
+if __name__ == "__main__":
+    main()
