@@ -61,8 +61,12 @@ std::vector<bool> scratch_input_layers(const LlamaConfig& c, const recipe::Recip
 // hold T/sp tokens; the norms' outputs (the column-parallel inputs) are gathered whole.
 // head = false: no final norm, LM head or loss buffers (a pipeline stage without them); c.layers layers, `quantized`
 // one flag per layer of them.
+// scratch (optional): where the tensors that no backward reads from its forward go (the recompute's shared layer
+// set, the LM head's chunk, the backward's temporaries, LoRA's scratch); P keeps the rest. Pipeline slots share
+// one scratch (each pass rewrites it before reading it); without one, everything comes from P.
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp = 1, bool head = true);
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp = 1, bool head = true,
+               Planner* scratch = nullptr);
 // LM-head chunk: at most 2^29 logits at a time (1 GiB of BF16), i.e. 4096 tokens for V = 128256.
 int64_t lm_chunk_tokens(const LlamaConfig& cfg, MicroBatchShape shape);
 

@@ -321,8 +321,10 @@ class LlamaModel {
   }
   friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
-  // The activations of a pass over `r`, laid out in `arena` (llama_pipeline.cpp).
-  Status plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes = nullptr) const;
+  // The activations of a pass over `r`, laid out in `arena` (llama_pipeline.cpp); with a `scratch` planner (arena
+  // and counter: see llama::plan_acts) the tensors no later pass reads go there. *bytes: what `arena` takes.
+  Status plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes = nullptr, Arena* scratch = nullptr,
+                        int64_t* scratch_bytes = nullptr) const;
   Status init_pipeline();  // the slots' arenas (init_parts)
   PassRange chunk_range(int c) const;
   struct PipelineSlot {
@@ -332,6 +334,7 @@ class LlamaModel {
     int chunk = -1;
   };
   std::vector<PipelineSlot> slots_;
+  Arena pipeline_scratch_;  // the slots' shared scratch (llama::plan_acts)
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;
   Status weights_needed(const std::vector<std::string>& names);  // forward to hooks_ (if any)

@@ -36,7 +36,7 @@ class MicroBatchPass {
  public:
   // `acts` (optional): activations planned for `range` in a pipeline slot, kept from the forward to the backward.
   MicroBatchPass(LlamaModel& m, int64_t staged_index, bool backward, PassRange range, LlamaModel::Acts* acts = nullptr,
-                 Arena* arena = nullptr)
+                 Arena* arena = nullptr, Arena* scratch = nullptr)
       : m_(m),
         c_(m.cfg_),
         W_(m.base()),
@@ -44,6 +44,7 @@ class MicroBatchPass {
         backward_(backward),
         r_(range),
         arena_(arena ? arena : &m.arena_),
+        scratch_(scratch),
         A_(acts ? *acts : own_) {}
   Status run(float grad_scale);
   // Pipeline parallelism: the forward of the range from `input` (its first layer's residual stream; ignored when it
@@ -121,7 +122,8 @@ class MicroBatchPass {
   const int64_t index_;
   const bool backward_;
   const PassRange r_;
-  Arena* const arena_;  // where plan() lays the activations out
+  Arena* const arena_;    // where plan() lays the activations out
+  Arena* const scratch_;  // ... and the tensors no later pass reads (null: arena_)
   const Stream st_ = nullptr;
   int64_t T_ = 0, B_ = 0, S_ = 0, qkv_heads_ = 0, qkv_dim_ = 0;
   int64_t Ts_ = 0;            // tokens of the residual stream on this rank (T_ / sp_)

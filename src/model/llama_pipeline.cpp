@@ -29,10 +29,13 @@ PassRange LlamaModel::chunk_range(int c) const {
   return {r.begin, r.end, pipeline->first && c == 0, pipeline->last && c == n - 1};
 }
 
-Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes) const {
-  llama::Planner P;
+Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes, Arena* scratch,
+                                  int64_t* scratch_bytes) const {
+  llama::Planner P, S;
   P.arena = arena;
-  P.dev = dev_;
+  P.dev = S.dev = dev_;
+  S.arena = scratch;
+  const bool split = scratch || scratch_bytes;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
   LlamaConfig c = cfg_;
   c.layers = r.end - r.begin;
@@ -40,21 +43,25 @@ Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int
   const std::vector<bool> all = llama::scratch_input_layers(cfg_, plan_recipe_, lora);
   const std::vector<bool> mine(all.begin() + r.begin, all.begin() + r.end);
   llama::plan_acts(a, P, c, shape_, recompute_, params_.compute_dtype(), lm_chunk_tokens_, mine, lora, sp_size(),
-                   r.head);
+                   r.head, split ? &S : nullptr);
   if (bytes) *bytes = P.bytes;
-  return P.st;
+  if (scratch_bytes) *scratch_bytes = S.bytes;
+  NB_TRY(P.st);
+  return S.st;
 }
 
 Status LlamaModel::init_pipeline() {
   NB_CHECK(pipeline->slots >= 1 && !pipeline->chunks.empty(), "internal: a pipeline stage without chunks or slots");
-  int64_t most = 0;
+  int64_t most = 0, scratch = 0;
   for (int c = 0; c < int(pipeline->chunks.size()); ++c) {
     Acts probe;
-    int64_t bytes = 0;
-    NB_TRY(plan_pass_acts(&probe, chunk_range(c), nullptr, &bytes));
+    int64_t bytes = 0, scratch_bytes = 0;
+    NB_TRY(plan_pass_acts(&probe, chunk_range(c), nullptr, &bytes, nullptr, &scratch_bytes));
     most = std::max(most, bytes);
+    scratch = std::max(scratch, scratch_bytes);
   }
-  activation_bytes_ = most * pipeline->slots;
+  activation_bytes_ = most * pipeline->slots + scratch;
+  NB_TRY(pipeline_scratch_.reserve(dev_, size_t(std::max<int64_t>(scratch, 256))));
   slots_.clear();
   for (int64_t s = 0; s < pipeline->slots; ++s) {
     PipelineSlot slot;
@@ -77,9 +84,10 @@ Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float gr
     return errorf("internal: the pipeline schedule keeps more than %lld micro-batches in flight",
                   (long long)slots_.size());
   free_slot->arena->release(0);
+  pipeline_scratch_.release(0);
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;  // the micro-batch's keys, whatever order the passes run in
   const PassRange r = chunk_range(c);
-  NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get())
+  NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
              .run_forward(grad_scale, input, true));
   free_slot->micro = i;
   free_slot->chunk = c;
@@ -91,9 +99,10 @@ Status LlamaModel::forward_chunk_only(int64_t i, int c, const Tensor& input, Ten
   auto free_slot = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
   NB_CHECK(free_slot != slots_.end(), "internal: an evaluation pass while the step's passes are in flight");
   free_slot->arena->release(0);
+  pipeline_scratch_.release(0);
   const PassRange r = chunk_range(c);
-  NB_TRY(
-      MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get()).run_forward(0.f, input, true));
+  NB_TRY(MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
+             .run_forward(0.f, input, true));
   if (!r.head) *output = free_slot->acts->resid.back();
   return Status::ok();
 }

@@ -29,76 +29,78 @@ void plan_lora(LoraScratch* s, Planner& P, const LlamaConfig& c, int64_t T, DTyp
 }  // namespace
 
 void plan_acts(LlamaModel::Acts* a, Planner& P, const LlamaConfig& c, MicroBatchShape s, Recompute rc, DType dt,
-               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp, bool head) {
+               int64_t chunk, const std::vector<bool>& quantized, const LoraSpec* lora, int sp, bool head,
+               Planner* scratch) {
+  Planner& S = scratch ? *scratch : P;
   const int64_t T = s.tokens(), H = c.hidden, F = c.ffn, qd = c.q_dim(), kvd = c.kv_dim(), Ts = T / sp;
   a->resid.clear();
   for (int64_t l = 0; l <= c.layers; ++l) a->resid.push_back(P(dt, {Ts, H}));
-  auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest) {
+  auto make_layer = [&](LlamaModel::Acts::PerLayer& p, bool keep_cheap, bool keep_rest, Planner& from) {
     // keep_cheap: norms' outputs and the SwiGLU product (recomputed by selective recompute)
     if (keep_cheap) {
-      p.n1 = P(dt, {T, H});
-      p.n2 = P(dt, {T, H});
-      p.a = P(dt, {T, F});
+      p.n1 = from(dt, {T, H});
+      p.n2 = from(dt, {T, H});
+      p.a = from(dt, {T, F});
     }
     if (keep_rest) {
-      p.rstd1 = P(DType::f32, {Ts});
-      p.rstd2 = P(DType::f32, {Ts});
-      p.q = P(dt, {T, qd});
-      p.k = P(dt, {T, kvd});
-      p.v = P(dt, {T, kvd});
-      p.o = P(dt, {T, qd});
-      p.lse = P(DType::f32, {s.batch, c.heads, s.seq});
-      p.mid = P(dt, {Ts, H});
-      p.gu = P(dt, {T, 2 * F});
+      p.rstd1 = from(DType::f32, {Ts});
+      p.rstd2 = from(DType::f32, {Ts});
+      p.q = from(dt, {T, qd});
+      p.k = from(dt, {T, kvd});
+      p.v = from(dt, {T, kvd});
+      p.o = from(dt, {T, qd});
+      p.lse = from(DType::f32, {s.batch, c.heads, s.seq});
+      p.mid = from(dt, {Ts, H});
+      p.gu = from(dt, {T, 2 * F});
     }
   };
   a->layer.assign(size_t(c.layers), {});
-  LlamaModel::Acts::PerLayer scratch;
+  LlamaModel::Acts::PerLayer shared;  // written by each forward (or recompute), read by no later pass
   if (rc == Recompute::full) {
-    make_layer(scratch, true, true);
-    for (auto& p : a->layer) p = scratch;
+    make_layer(shared, true, true, S);
+    for (auto& p : a->layer) p = shared;
   } else {
     bool any_shared = rc == Recompute::selective;
     for (bool q : quantized) any_shared = any_shared || q;
-    if (any_shared) make_layer(scratch, true, false);
+    if (any_shared) make_layer(shared, true, false, S);
     for (size_t l = 0; l < a->layer.size(); ++l) {
       auto& p = a->layer[l];
-      const bool shared = rc == Recompute::selective || quantized[l];
-      make_layer(p, !shared, true);
-      if (shared) {
-        p.n1 = scratch.n1;
-        p.n2 = scratch.n2;
-        p.a = scratch.a;
+      const bool is_shared = rc == Recompute::selective || quantized[l];
+      make_layer(p, !is_shared, true, P);
+      if (is_shared) {
+        p.n1 = shared.n1;
+        p.n2 = shared.n2;
+        p.a = shared.a;
       }
     }
   }
-  if (head) {
-    a->nf = P(dt, {T, H});
+  if (head) {  // the head's backward runs inside its forward: only rstdf and d nf wait for the layers' backward
+    a->nf = S(dt, {T, H});
     a->rstdf = P(DType::f32, {Ts});
-    a->logits = P(dt, {chunk, c.vocab});
-    a->losses = P(DType::f32, {T});
+    a->logits = S(dt, {chunk, c.vocab});
+    a->losses = S(DType::f32, {T});
     a->dnf = P(dt, {T, H});
   }
-  a->dx = P(dt, {Ts, H});
-  a->dx2 = P(dt, {Ts, H});
-  a->dmid = P(dt, {Ts, H});
+  a->dx = S(dt, {Ts, H});
+  a->dx2 = S(dt, {Ts, H});
+  a->dmid = S(dt, {Ts, H});
   if (sp > 1) {
-    a->sp_full = P(dt, {T, H});
-    a->sp_local = P(dt, {Ts, H});
+    a->sp_full = S(dt, {T, H});
+    a->sp_local = S(dt, {Ts, H});
   }
-  a->dn = P(dt, {T, H});
-  a->da = P(dt, {T, F});
-  a->dgu = P(dt, {T, 2 * F});
-  a->dout = P(dt, {T, qd});
-  a->dq = P(dt, {T, qd});
-  a->dk = P(dt, {T, kvd});
-  a->dv = P(dt, {T, kvd});
-  if (lora) plan_lora(&a->lora, P, c, T, dt, *lora);
+  a->dn = S(dt, {T, H});
+  a->da = S(dt, {T, F});
+  a->dgu = S(dt, {T, 2 * F});
+  a->dout = S(dt, {T, qd});
+  a->dq = S(dt, {T, qd});
+  a->dk = S(dt, {T, kvd});
+  a->dv = S(dt, {T, kvd});
+  if (lora) plan_lora(&a->lora, S, c, T, dt, *lora);
   // The fused QKV output lives only until rope_split_qkv, before the layer writes gu; its gradient only
   // after gate_up's backward has consumed dgu. Both borrow those buffers when they are large enough.
   if (2 * F < qd + 2 * kvd) {
-    a->qkv = P(dt, {T, qd + 2 * kvd});
-    a->dqkv = P(dt, {T, qd + 2 * kvd});
+    a->qkv = S(dt, {T, qd + 2 * kvd});
+    a->dqkv = S(dt, {T, qd + 2 * kvd});
   }
 }
 
