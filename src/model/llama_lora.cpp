@@ -42,6 +42,7 @@ void LlamaModel::build_lora_modules() {
   lora_modules_.assign(size_t(cfg_.layers * 4), LoraModule{});
   for (int64_t l = 0; l < cfg_.layers; ++l)
     for (LoraTarget t : lora_spec_.targets) {
+      if (!holds_layer(l)) break;  // another pipeline stage's
       LoraModule& m = lora_modules_[size_t(l * 4 + linear_index(t))];
       const std::string a = lora_param_name(l, t, true), b = lora_param_name(l, t, false);
       m.a = params_.compute(a);
@@ -146,7 +147,23 @@ Status LlamaModel::load_base(uint64_t seed) {
         check_hf_tensors(*lora_base_, hf_expected_tensors(whole_cfg_), cfg_.tied_embeddings).context("the LoRA base"));
   const bool sharded = base_.fsdp(), split = tp_size() > 1;
   int64_t whole_total = 0;
-  const std::vector<ParamInfo> whole = split ? ParamStore::flat_layout(whole_cfg_, &whole_total) : base_.params();
+  // Per parameter of the base: the whole model's (its HF tensors' offsets) and its number there (its Philox stream).
+  std::vector<ParamInfo> whole = split ? ParamStore::flat_layout(whole_cfg_, &whole_total) : base_.params();
+  std::vector<uint32_t> index(whole.size());
+  for (size_t i = 0; i < index.size(); ++i) index[i] = uint32_t(i);
+  std::vector<HfTensor> hf = hf_tensors(whole);
+  if (pipeline) {  // this stage's parameters of the whole model's list
+    const std::vector<ParamInfo> all = base_.whole_layout(&whole_total);
+    hf = hf_tensors(all);
+    whole.clear();
+    index.clear();
+    for (const ParamInfo& p : base_.params())
+      for (size_t i = 0; i < all.size(); ++i)
+        if (all[i].name == p.name) {
+          whole.push_back(all[i]);
+          index.push_back(uint32_t(i));
+        }
+  }
   int64_t whole_most = 0;
   for (const ParamInfo& p : whole) whole_most = std::max(whole_most, p.numel);
   std::vector<float> whole_host(split ? size_t(whole_most) : 0);
@@ -164,12 +181,11 @@ Status LlamaModel::load_base(uint64_t seed) {
   const auto& list = base_.params();
   NB_CHECK(whole.size() == list.size(), "internal: the base lists %zu of the model's %zu parameters", list.size(),
            whole.size());
-  const std::vector<HfTensor> hf = hf_tensors(whole);
   for (size_t i = 0; i < list.size(); ++i) {
     const ParamInfo& p = list[i];
     const bool stored = base_.has_compute(p.name);
     float* dst = stage.ptr<float>() + (stored ? 0 : fused_rows * p.shape[1]);
-    NB_TRY(base_values(hf, whole[i], uint32_t(i), seed, split ? whole_host.data() : host.data()));
+    NB_TRY(base_values(hf, whole[i], index[i], seed, split ? whole_host.data() : host.data()));
     if (split) tp::slice(whole[i], p, tp_shard(), whole_host.data(), host.data(), &whole_cfg_);
     if (stored && sharded) {
       NB_TRY(shard_base_rows(p, host.data(), stage.ptr<float>()));

@@ -254,7 +254,11 @@ Status LlamaModel::init(const LlamaConfig& cfg, Device dev, MicroBatchShape shap
   whole_cfg_ = cfg;
   cfg_ = tp::local_config(cfg, tp_size());  // from here on, the shape this rank holds
   params_.set_tensor_parallel(whole_cfg_, tp_shard());
-  if (pipeline) params_.set_pipeline_stage(whole_cfg_, [this](const std::string& n) { return holds_param(n); });
+  if (pipeline) {  // the stage's parameters of the whole model's (with LoRA: the frozen base's and the adapters')
+    const auto held = [this](const std::string& n) { return holds_param(n); };
+    (lora_enabled_ ? base_ : params_).set_pipeline_stage(llama_param_list(whole_cfg_), held);
+    if (lora_enabled_) params_.set_pipeline_stage(lora_param_list(whole_cfg_, lora_spec_), held);
+  }
   dev_ = dev;
   shape_ = shape;
   recompute_ = rc;

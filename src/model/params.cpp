@@ -100,9 +100,16 @@ std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* 
   return params;
 }
 
-std::vector<ParamInfo> ParamStore::held_params(const LlamaConfig& cfg) {
-  std::vector<ParamInfo> all = llama_param_list(cfg), kept;
+std::vector<ParamInfo> ParamStore::laid_out(std::vector<ParamInfo> params, int64_t* total) {
+  int64_t decayed_end = 0;
+  *total = assign_offsets(params, kAlign, &decayed_end);
+  return params;
+}
+
+std::vector<ParamInfo> ParamStore::held_params(std::vector<ParamInfo> all) {
+  std::vector<ParamInfo> kept;
   init_index_.clear();
+  if (!pp_held_) return all;
   for (size_t i = 0; i < all.size(); ++i)
     if (!pp_held_ || pp_held_(all[i].name)) {
       kept.push_back(all[i]);
@@ -112,7 +119,7 @@ std::vector<ParamInfo> ParamStore::held_params(const LlamaConfig& cfg) {
 }
 
 std::vector<ParamInfo> ParamStore::whole_layout(int64_t* total) const {
-  if (pp_held_) return flat_layout(pp_whole_, total);
+  if (pp_held_) return laid_out(pp_whole_params_, total);
   if (!tp_.on()) {
     *total = total_;
     return params_;
@@ -175,7 +182,7 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
   frozen_ = false;
   NB_CHECK(placement.offload_fraction <= 0 || master_only_begin == master_only_end,
            "internal: an offloaded optimizer state needs every compute copy");
-  NB_TRY(layout(held_params(cfg)));
+  NB_TRY(layout(held_params(llama_param_list(cfg))));
   NB_TRY(set_hole(cfg, master_only_begin, master_only_end));
   return allocate_buffers(shard_rank, shard_count, bucket_elems, placement);
 }
@@ -183,14 +190,14 @@ Status ParamStore::allocate(const LlamaConfig& cfg, Device dev, int64_t master_o
 Status ParamStore::allocate(std::vector<ParamInfo> params, Device dev) {
   device_ = dev;
   frozen_ = false;
-  NB_TRY(layout(std::move(params)));
+  NB_TRY(layout(held_params(std::move(params))));
   return allocate_buffers(0, 1, 0, {});
 }
 
 Status ParamStore::allocate_frozen(const LlamaConfig& cfg, Device dev, int64_t no_copy_begin, int64_t no_copy_end) {
   device_ = dev;
   frozen_ = true;
-  NB_TRY(layout(llama_param_list(cfg)));
+  NB_TRY(layout(held_params(llama_param_list(cfg))));
   NB_TRY(set_hole(cfg, no_copy_begin, no_copy_end));
   return allocate_buffers(0, 1, 0, {});
 }

@@ -125,8 +125,9 @@ class ParamStore {
   // the embedding on the first stage, the final norm and head on the last), in the whole model's order; each is
   // initialized as the whole model's (its index there picks its Philox stream). whole_layout() is then the whole
   // model's, and slice_whole() keeps this stage's parameters.
-  void set_pipeline_stage(const LlamaConfig& whole, std::function<bool(const std::string&)> held) {
-    pp_whole_ = whole;
+  // whole_params: the whole store's list (the model's, or its LoRA adapters'), in store order.
+  void set_pipeline_stage(std::vector<ParamInfo> whole_params, std::function<bool(const std::string&)> held) {
+    pp_whole_params_ = std::move(whole_params);
     pp_held_ = std::move(held);
   }
   bool pipeline_stage() const { return bool(pp_held_); }
@@ -141,6 +142,8 @@ class ParamStore {
   // ... of the parameters `held` names only (a pipeline stage's store).
   static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total,
                                             const std::function<bool(const std::string&)>& held);
+  // `params` (any list) with the offsets and total a store of them lays out.
+  static std::vector<ParamInfo> laid_out(std::vector<ParamInfo> params, int64_t* total);
 
   const std::vector<ParamInfo>& params() const { return params_; }
   const ParamInfo& info(const std::string& name) const;
@@ -225,10 +228,11 @@ class ParamStore {
   LlamaConfig tp_whole_;
   tp::Shard tp_;
   std::vector<ParamInfo> tp_whole_params_;  // set_tensor_parallel's whole_params (empty: the model's)
-  LlamaConfig pp_whole_;
-  std::function<bool(const std::string&)> pp_held_;            // set_pipeline_stage's filter (empty: every parameter)
-  std::vector<uint32_t> init_index_;                           // per parameter: its index in the whole model's list
-  std::vector<ParamInfo> held_params(const LlamaConfig& cfg);  // llama_param_list, filtered; sets init_index_
+  std::vector<ParamInfo> pp_whole_params_;
+  std::function<bool(const std::string&)> pp_held_;  // set_pipeline_stage's filter (empty: every parameter)
+  std::vector<uint32_t> init_index_;                 // per parameter: its index in the whole model's list
+  // The parameters this store keeps of `all` (the pipeline stage's, or all of them); sets init_index_.
+  std::vector<ParamInfo> held_params(std::vector<ParamInfo> all);
   void initial_host_values(uint64_t seed, float* host) const;
   Status layout(std::vector<ParamInfo> params);
   Status set_hole(const LlamaConfig& cfg, int64_t begin_layer, int64_t end_layer);

@@ -99,8 +99,6 @@ Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig&
     unsupported = "context parallelism (--context-parallel-size > 1)";
   else if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
     unsupported = "Megatron-FSDP's --data-parallel-sharding-strategy " + c.sharding_strategy();
-  else if (c.peft == "lora")
-    unsupported = "--peft lora";
   else if (c.optimizer_cpu_offload)
     unsupported = "--optimizer-cpu-offload";
   else if (m.tied_embeddings)

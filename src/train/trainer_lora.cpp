@@ -91,7 +91,7 @@ void Trainer::print_lora_plan() const {
 Status Trainer::write_lora_adapter() {
   if (cfg_.peft != "lora" || cfg_.save.empty()) return Status::ok();
   LoraAdapter ad;
-  if (tp_size() > 1) {
+  if (whole_differs()) {  // (tensor or pipeline parallelism, never both yet)
     if (!state_rank()) return Status::ok();
     const ParamStore& P = model_.params();
     std::vector<float> local(size_t(P.total())), whole;
@@ -99,7 +99,10 @@ Status Trainer::write_lora_adapter() {
     const std::vector<ParamInfo> layout = P.whole_layout(&whole_total);
     if (logging_rank()) whole.resize(size_t(whole_total));
     NB_TRY(P.get_state(optim::StateArray::master, local.data()));
-    NB_TRY(gather_tensor_parallel(local.data(), whole.data()));
+    if (tp_size() > 1)
+      NB_TRY(gather_tensor_parallel(local.data(), whole.data()));
+    else
+      NB_TRY(gather_pipeline(local.data(), whole.data()));
     if (logging_rank()) lora_adapter_from_values(whole.data(), layout, model_cfg_, lora_spec_, &ad);
   }
   if (!logging_rank()) return Status::ok();
@@ -108,7 +111,7 @@ Status Trainer::write_lora_adapter() {
     std::printf("PEFT adapter: %s exists already, not rewritten\n", dir.c_str());
     return Status::ok();
   }
-  if (tp_size() == 1) NB_TRY(lora_adapter_from_store(model_.params(), model_cfg_, lora_spec_, &ad));
+  if (!whole_differs()) NB_TRY(lora_adapter_from_store(model_.params(), model_cfg_, lora_spec_, &ad));
   ad.base_model_name_or_path = cfg_.load_hf;
   NB_TRY(write_peft_adapter(dir, model_cfg_, ad).context("writing the PEFT adapter"));
   std::printf("PEFT adapter written to %s (adapter_config.json + adapter_model.safetensors)\n", dir.c_str());

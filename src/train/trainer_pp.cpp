@@ -130,16 +130,15 @@ Status Trainer::gather_pipeline(const float* local, float* whole) {
       NB_TRY(copy_bytes(gathered.data() + r * n + b, Device::cpu, recv.ptr<float>() + r * k, dev_, size_t(k) * 4));
   }
   if (!root) return Status::ok();
-  int64_t whole_total = 0;
-  const std::vector<ParamInfo> wl = ParamStore::flat_layout(model_cfg_, &whole_total);
+  int64_t whole_total = 0, stage_total = 0;
+  const std::vector<ParamInfo> wl = model_.params().whole_layout(&whole_total);  // the model's, or its adapters'
   std::fill(whole, whole + whole_total, 0.0f);
   for (int r = 0; r < P; ++r) {
     const auto chunks = pp::rank_chunks(pp_stages_, r, int(P));
-    int64_t stage_total = 0;
-    const std::vector<ParamInfo> sl = ParamStore::flat_layout(model_cfg_, &stage_total, [&](const std::string& name) {
-      return stage_holds(chunks, r == 0, r == P - 1, name);
-    });
-    for (const ParamInfo& p : sl) {
+    std::vector<ParamInfo> held;
+    for (const ParamInfo& p : wl)
+      if (stage_holds(chunks, r == 0, r == P - 1, p.name)) held.push_back(p);
+    for (const ParamInfo& p : ParamStore::laid_out(held, &stage_total)) {
       const auto w = std::find_if(wl.begin(), wl.end(), [&](const ParamInfo& q) { return q.name == p.name; });
       std::copy_n(gathered.data() + r * n + p.offset, p.numel, whole + w->offset);
     }

@@ -4,7 +4,7 @@
 // BF16 step 1 and five steps agree with one rank to 1e-6 and 1e-5 relative (measured: identical digits in the
 // log). Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer), P4, the interleaved schedule at P4 V2,
 // NVFP4 at P2 (with full recompute, which pipeline parallelism needs for quantized recipes), a checkpoint saved at
-// P4 resuming at one rank and at P2, and a killed stage stopping the job.
+// P4 resuming at one rank and at P2, LoRA at P4 V2 writing one rank's adapter, and a killed stage stopping the job.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <string>
@@ -47,16 +47,19 @@ INSTANTIATE_TEST_SUITE_P(
 // draws its bits with its own micro-batch's key, so P2 equals one rank.
 TEST(PipelineParallelCpuQuantized, Nvfp4EqualsOneRankAtStepOne) {
   const std::string dir = test::temp_folder("pp_train_nvfp4");
-  const std::string job = "--train-iters 1 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
-                          "--num-layers-at-end-in-bf16 0 --recompute full ";
+  const std::string job =
+      "--train-iters 1 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
+      "--num-layers-at-end-in-bf16 0 --recompute full ";
   const auto a = pp_run(job, dir + "/one", kPpBase);
   const auto b = pp_run(job + "--nproc-per-node 2 --pipeline-model-parallel-size 2", dir + "/pp", kPpBase);
   ASSERT_EQ(a.size(), 1u);
   ASSERT_EQ(b.size(), 1u);
   EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
   EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
-  const test::CliRun r = test::run_nibble(kPpBase + "--train-iters 1 --recipe bf16_with_nvfp4_mixed --nproc-per-node 2 "
-                                          "--pipeline-model-parallel-size 2 --save " + dir + "/refused");
+  const test::CliRun r = test::run_nibble(kPpBase +
+                                          "--train-iters 1 --recipe bf16_with_nvfp4_mixed --nproc-per-node 2 "
+                                          "--pipeline-model-parallel-size 2 --save " +
+                                          dir + "/refused");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("--recompute full"), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
@@ -68,10 +71,13 @@ TEST(PipelineParallelCpuResume, SavedAtP4ResumesAtOneRankAndAtP2) {
   const std::string dir = test::temp_folder("pp_resume");
   const auto whole = pp_run("--train-iters 4", dir + "/whole");
   ASSERT_EQ(whole.size(), 4u);
-  const test::CliRun saved = test::run_nibble(kPpJob + "--train-iters 4 --exit-interval 2 --nproc-per-node 4 "
-                                              "--pipeline-model-parallel-size 4 --save " + dir + "/p4");
+  const test::CliRun saved = test::run_nibble(kPpJob +
+                                              "--train-iters 4 --exit-interval 2 --nproc-per-node 4 "
+                                              "--pipeline-model-parallel-size 4 --save " +
+                                              dir + "/p4");
   ASSERT_EQ(saved.code, 0) << saved.out;
-  for (const std::string& layout : {std::string(""), std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2")}) {
+  for (const std::string& layout :
+       {std::string(""), std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2")}) {
     const std::string out = dir + (layout.empty() ? "/one" : "/p2");
     const test::CliRun r =
         test::run_nibble(kPpJob + "--train-iters 4 " + layout + " --load " + dir + "/p4 --save " + out);
@@ -81,6 +87,23 @@ TEST(PipelineParallelCpuResume, SavedAtP4ResumesAtOneRankAndAtP2) {
     for (size_t i = 0; i < 2; ++i)
       EXPECT_NEAR(resumed[i].loss, whole[i + 2].loss, 1e-5 * whole[i + 2].loss) << layout << ", step " << i + 3;
   }
+  std::filesystem::remove_all(dir);
+}
+
+// LoRA: each stage keeps its layers' frozen base and adapters (seeded as the whole model's, dropout keyed by each
+// micro-batch), so P4 V2 writes the same PEFT adapter as one rank, byte for byte (measured: identical).
+TEST(PipelineParallelCpuLora, InterleavedWritesOneRanksAdapter) {
+  const std::string dir = test::temp_folder("pp_lora");
+  const std::string job = "--train-iters 3 --peft lora --lora-rank 4 --lora-dropout 0.1 ";
+  const auto a = pp_run(job, dir + "/one", kPpBase);
+  const auto b =
+      pp_run(job + "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
+             dir + "/pp", kPpBase);
+  expect_same_run(b, a, "LoRA at P4 V2");
+  const std::string adapter = "/peft_adapter_iter_0000003/adapter_model.safetensors";
+  const std::string one = test::file_bytes(dir + "/one" + adapter), pp = test::file_bytes(dir + "/pp" + adapter);
+  EXPECT_FALSE(one.empty());
+  EXPECT_TRUE(one == pp) << "the adapters differ";
   std::filesystem::remove_all(dir);
 }
 
