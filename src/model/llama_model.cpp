@@ -296,10 +296,12 @@ Status LlamaModel::init_parts(uint64_t seed) {
   while (qe < cfg.layers && quantized[size_t(qe)]) ++qe;
   for (int64_t l = qe; l < cfg.layers; ++l)
     NB_CHECK(!quantized[size_t(l)], "internal: quantized layers not contiguous");
-  if (pipeline) {  // the master-only range within this stage's one chunk (several chunks keep every compute copy)
-    const pp::LayerRange only = pipeline->chunks.size() == 1 ? pipeline->chunks[0] : pp::LayerRange{};
-    qb = std::clamp(qb, only.begin, only.end);
-    qe = std::clamp(qe, qb, only.end);
+  if (pipeline) {  // the held quantized layers: their linear weights are contiguous in the stage's store too
+    int64_t first = qe, last = qb - 1;
+    for (int64_t l = qb; l < qe; ++l)
+      if (holds_layer(l)) first = std::min(first, l), last = l;
+    qb = first <= last ? first : qb;
+    qe = first <= last ? last + 1 : qb;
   }
   // Every allocation below is recorded under its part of the memory estimate (core/memory_ledger.h).
   NB_TRY(allocate_stores(qb, &qe));

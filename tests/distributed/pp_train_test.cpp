@@ -91,20 +91,24 @@ TEST(PipelineParallelCpuResume, SavedAtP4ResumesAtOneRankAndAtP2) {
 }
 
 // LoRA: each stage keeps its layers' frozen base and adapters (seeded as the whole model's, dropout keyed by each
-// micro-batch), so P4 V2 writes the same PEFT adapter as one rank, byte for byte (measured: identical).
+// micro-batch), so P4 V2 writes the same PEFT adapter as one rank, byte for byte (measured: identical), with a BF16
+// base and with an NVFP4 one (its held layers' frozen Linears quantized once, as one rank's).
 TEST(PipelineParallelCpuLora, InterleavedWritesOneRanksAdapter) {
-  const std::string dir = test::temp_folder("pp_lora");
-  const std::string job = "--train-iters 3 --peft lora --lora-rank 4 --lora-dropout 0.1 ";
-  const auto a = pp_run(job, dir + "/one", kPpBase);
-  const auto b =
-      pp_run(job + "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
-             dir + "/pp", kPpBase);
-  expect_same_run(b, a, "LoRA at P4 V2");
-  const std::string adapter = "/peft_adapter_iter_0000003/adapter_model.safetensors";
-  const std::string one = test::file_bytes(dir + "/one" + adapter), pp = test::file_bytes(dir + "/pp" + adapter);
-  EXPECT_FALSE(one.empty());
-  EXPECT_TRUE(one == pp) << "the adapters differ";
-  std::filesystem::remove_all(dir);
+  for (const std::string base : {"--lora-base-precision bf16", "--lora-base-precision nvfp4 --recompute full"}) {
+    const std::string dir = test::temp_folder("pp_lora");
+    const std::string job = "--train-iters 3 --peft lora --lora-rank 4 --lora-dropout 0.1 " + base + " ";
+    const auto a = pp_run(job, dir + "/one", kPpBase);
+    const auto b = pp_run(job +
+                              "--nproc-per-node 4 --pipeline-model-parallel-size 4 "
+                              "--num-virtual-stages-per-pipeline-rank 2",
+                          dir + "/pp", kPpBase);
+    expect_same_run(b, a, "LoRA at P4 V2, " + base);
+    const std::string adapter = "/peft_adapter_iter_0000003/adapter_model.safetensors";
+    const std::string one = test::file_bytes(dir + "/one" + adapter), pp = test::file_bytes(dir + "/pp" + adapter);
+    EXPECT_FALSE(one.empty()) << base;
+    EXPECT_TRUE(one == pp) << "the adapters differ, " << base;
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST(PipelineParallelCpu, AKilledStageStopsTheJob) {
