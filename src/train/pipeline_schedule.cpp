@@ -2,6 +2,7 @@
 // nibble's stage passes (LlamaModel::forward_chunk / backward_chunk) and grouped point-to-point messages.
 #include "train/pipeline_schedule.h"
 #include <algorithm>
+#include "core/gpu_profile.h"
 
 namespace nb {
 
@@ -71,7 +72,12 @@ Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int re
   if (recv_forward_chunk >= 0) NB_TRY(receive(inputs_[size_t(recv_forward_chunk)], prev));
   if (recv_backward_chunk >= 0) NB_TRY(receive(grads_[size_t(recv_backward_chunk)], next));
   if (ops.empty()) return Status::ok();
-  return comm_->p2p(ops, nullptr);
+  // --profile: on the GPU the message kernels hold the stream until the peer's side arrives, so this phase is the
+  // transfers plus the time this rank waited: the measured bubble (with the transfers) of this rank.
+  NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
+  const Status st = comm_->p2p(ops, nullptr);
+  NB_PROFILE_END("pipeline: messages + waits (bubble)");
+  return st;
 }
 
 Status PipelineSchedule::forward(int64_t k, Tensor* out) {

@@ -7,7 +7,8 @@
 //   interleaved 1F1B (V > 1 chunks per rank): warm-up of (P - rank - 1) x 2 + (V - 1) x P passes over groups of P
 //     micro-batches per chunk (forward_backward_pipelining_with_interleaving); needs M a multiple of P and P > 2.
 // Messages go to rank + 1 (forward) and rank - 1 (backward), modulo P: chunk c of rank P - 1 feeds chunk c + 1 of
-// rank 0. Received tensors wait in a queue per chunk until their pass takes them.
+// rank 0. Received tensors wait in a queue per chunk until their pass takes them. --profile reports the messages and
+// the waits for them as the phase "pipeline: messages + waits (bubble)".
 #pragma once
 #include <deque>
 #include <vector>
