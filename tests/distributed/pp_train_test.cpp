@@ -2,11 +2,14 @@
 // same global batch. Each stage holds its layers' parameters, initialized as the whole model's; the schedule only
 // reorders the micro-batches' passes, and each parameter's gradient still sums its micro-batches in order, so in
 // BF16 step 1 and five steps agree with one rank to 1e-6 and 1e-5 relative (measured: identical digits in the
-// log). Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer), P4, the interleaved schedule at P4 V2,
-// NVFP4 at P2 (with full recompute, which pipeline parallelism needs for quantized recipes), a checkpoint saved at
-// P4 resuming at one rank and at P2, LoRA at P4 V2 writing one rank's adapter, and a killed stage stopping the job.
+// log), and so does the validation loss. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer), P4, the
+// interleaved schedule at P4 V2, NVFP4 at P2 (with full recompute, which pipeline parallelism needs for quantized
+// recipes), a checkpoint saved at P4 resuming at one rank and at P2, LoRA at P4 V2 writing one rank's adapter, and a
+// killed stage stopping the job.
 #include <gtest/gtest.h>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include "distributed/ddp_util.h"
 
@@ -25,13 +28,29 @@ std::vector<StepLog> pp_run(const std::string& flags, const std::string& dir, co
 
 class PipelineParallelCpu : public ::testing::TestWithParam<std::string> {};
 
+// The last validation loss in a run's metrics.jsonl (-1: none).
+double last_val_loss(const std::string& save) {
+  double v = -1;
+  std::ifstream in(save + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("val_loss")) v = j["val_loss"].get<double>();
+  }
+  return v;
+}
+
+// Five steps and a validation (the stages' forward passes only) after the last.
 TEST_P(PipelineParallelCpu, ReproducesOneRankInBf16) {
   const std::string dir = test::temp_folder("pp_train");
-  const auto ref = pp_run("--train-iters 5", dir + "/one");
-  const test::CliRun r = test::run_nibble(kPpJob + "--train-iters 5 " + GetParam() + " --save " + dir + "/pp");
+  const std::string job = "--train-iters 5 --eval-interval 5 --eval-iters 1 ";
+  const auto ref = pp_run(job, dir + "/one");
+  const test::CliRun r = test::run_nibble(kPpJob + job + GetParam() + " --save " + dir + "/pp");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("pipeline parallel: "), std::string::npos) << r.out;
   expect_same_run(read_metrics(dir + "/pp"), ref, GetParam());
+  const double val = last_val_loss(dir + "/one");
+  ASSERT_GT(val, 0);
+  EXPECT_NEAR(last_val_loss(dir + "/pp"), val, 1e-5 * val) << GetParam();
   std::filesystem::remove_all(dir);
 }
 
