@@ -269,7 +269,10 @@ class LlamaModel {
   };
   std::optional<PipelineStage> pipeline;
   bool holds_layer(int64_t l) const;
-  bool holds_param(const std::string& name) const;
+  bool holds_param(const std::string& name) const;  // an HF name of the whole model (or of its LoRA adapters)
+  // Whether stage `s` holds layer l / parameter `name` (the trainer asks of other stages when it gathers a save).
+  static bool stage_holds_layer(const PipelineStage& s, int64_t l);
+  static bool stage_holds(const PipelineStage& s, const std::string& name);
   bool holds_embedding() const { return !pipeline || pipeline->first; }
   bool holds_head() const { return !pipeline || pipeline->last; }
   // A pipeline message's shape: one micro-batch's residual stream [tokens, hidden] in the compute dtype.
@@ -334,6 +337,7 @@ class LlamaModel {
     int chunk = -1;
   };
   std::vector<PipelineSlot> slots_;
+  Status take_slot(PipelineSlot** out);
   Arena pipeline_scratch_;  // the slots' shared scratch (llama::plan_acts)
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;

@@ -9,19 +9,19 @@
 
 namespace nb {
 
-// Whether this stage keeps parameter `name` (an HF name of the whole model).
-bool LlamaModel::holds_param(const std::string& name) const {
-  static const std::string kLayer = "model.layers.";
-  if (name.rfind(kLayer, 0) == 0) return holds_layer(std::stoll(name.substr(kLayer.size())));
-  if (name == "model.embed_tokens.weight") return holds_embedding();
-  return holds_head();  // the final norm and the LM head
-}
-
-bool LlamaModel::holds_layer(int64_t l) const {
-  if (!pipeline) return true;
-  return std::any_of(pipeline->chunks.begin(), pipeline->chunks.end(),
+bool LlamaModel::stage_holds_layer(const PipelineStage& s, int64_t l) {
+  return std::any_of(s.chunks.begin(), s.chunks.end(),
                      [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
 }
+
+bool LlamaModel::stage_holds(const PipelineStage& s, const std::string& name) {
+  static const std::string kLayer = "model.layers.";
+  if (name.rfind(kLayer, 0) == 0) return stage_holds_layer(s, std::stoll(name.substr(kLayer.size())));
+  return name == "model.embed_tokens.weight" ? s.first : s.last;  // else the final norm or the LM head
+}
+
+bool LlamaModel::holds_layer(int64_t l) const { return !pipeline || stage_holds_layer(*pipeline, l); }
+bool LlamaModel::holds_param(const std::string& name) const { return !pipeline || stage_holds(*pipeline, name); }
 
 PassRange LlamaModel::chunk_range(int c) const {
   const pp::LayerRange& r = pipeline->chunks[size_t(c)];
@@ -73,18 +73,25 @@ Status LlamaModel::init_pipeline() {
   return Status::ok();
 }
 
+// A free slot, its arena and the shared scratch emptied for the next forward.
+Status LlamaModel::take_slot(PipelineSlot** out) {
+  auto it = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
+  if (it == slots_.end())
+    return errorf("internal: the pipeline schedule keeps more than %lld passes in flight", (long long)slots_.size());
+  it->arena->release(0);
+  pipeline_scratch_.release(0);
+  *out = &*it;
+  return Status::ok();
+}
+
 Status LlamaModel::make_boundary(Buffer* out) const {
   return Buffer::allocate(out, params_.compute_dtype(), dev_, {shape_.tokens(), cfg_.hidden});
 }
 
 Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float grad_scale, Tensor* output) {
   NB_CHECK(pipeline && c >= 0 && c < int(pipeline->chunks.size()), "internal: chunk %d of this stage", c);
-  auto free_slot = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
-  if (free_slot == slots_.end())
-    return errorf("internal: the pipeline schedule keeps more than %lld micro-batches in flight",
-                  (long long)slots_.size());
-  free_slot->arena->release(0);
-  pipeline_scratch_.release(0);
+  PipelineSlot* free_slot = nullptr;
+  NB_TRY(take_slot(&free_slot));
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;  // the micro-batch's keys, whatever order the passes run in
   const PassRange r = chunk_range(c);
   NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
@@ -96,10 +103,8 @@ Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float gr
 }
 
 Status LlamaModel::forward_chunk_only(int64_t i, int c, const Tensor& input, Tensor* output) {
-  auto free_slot = std::find_if(slots_.begin(), slots_.end(), [](const PipelineSlot& s) { return s.micro < 0; });
-  NB_CHECK(free_slot != slots_.end(), "internal: an evaluation pass while the step's passes are in flight");
-  free_slot->arena->release(0);
-  pipeline_scratch_.release(0);
+  PipelineSlot* free_slot = nullptr;
+  NB_TRY(take_slot(&free_slot));
   const PassRange r = chunk_range(c);
   NB_TRY(MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
              .run_forward(0.f, input, true));

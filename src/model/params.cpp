@@ -84,20 +84,7 @@ int64_t assign_offsets(std::vector<ParamInfo>& params, int64_t align, int64_t* d
 }  // namespace
 
 std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* total) {
-  std::vector<ParamInfo> params = llama_param_list(cfg);
-  int64_t decayed_end = 0;
-  *total = assign_offsets(params, kAlign, &decayed_end);
-  return params;
-}
-
-std::vector<ParamInfo> ParamStore::flat_layout(const LlamaConfig& cfg, int64_t* total,
-                                               const std::function<bool(const std::string&)>& held) {
-  std::vector<ParamInfo> params;
-  for (ParamInfo& p : llama_param_list(cfg))
-    if (held(p.name)) params.push_back(std::move(p));
-  int64_t decayed_end = 0;
-  *total = assign_offsets(params, kAlign, &decayed_end);
-  return params;
+  return laid_out(llama_param_list(cfg), total);
 }
 
 std::vector<ParamInfo> ParamStore::laid_out(std::vector<ParamInfo> params, int64_t* total) {
@@ -124,11 +111,7 @@ std::vector<ParamInfo> ParamStore::whole_layout(int64_t* total) const {
     *total = total_;
     return params_;
   }
-  if (tp_whole_params_.empty()) return flat_layout(tp_whole_, total);
-  std::vector<ParamInfo> params = tp_whole_params_;
-  int64_t decayed_end = 0;
-  *total = assign_offsets(params, kAlign, &decayed_end);
-  return params;
+  return tp_whole_params_.empty() ? flat_layout(tp_whole_, total) : laid_out(tp_whole_params_, total);
 }
 
 Status ParamStore::layout(std::vector<ParamInfo> params) {

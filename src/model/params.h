@@ -139,9 +139,6 @@ class ParamStore {
   void slice_whole(const float* whole, float* local) const;
   // The parameters of `cfg` with the offsets and total a store of it lays out (no allocation).
   static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total);
-  // ... of the parameters `held` names only (a pipeline stage's store).
-  static std::vector<ParamInfo> flat_layout(const LlamaConfig& cfg, int64_t* total,
-                                            const std::function<bool(const std::string&)>& held);
   // `params` (any list) with the offsets and total a store of them lays out.
   static std::vector<ParamInfo> laid_out(std::vector<ParamInfo> params, int64_t* total);
 

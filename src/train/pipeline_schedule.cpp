@@ -16,11 +16,9 @@ int64_t PipelineSchedule::max_in_flight(int P, int V, int rank, int64_t M) {
   return std::min<int64_t>(warmup_passes(P, V, rank, M) + 1, M * V);
 }
 
-Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches,
-                              Device dev) {
+Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches) {
   comm_ = comm;
   model_ = model;
-  dev_ = dev;
   P_ = comm->size();
   rank_ = comm->rank();
   V_ = virtual_stages;
@@ -44,17 +42,24 @@ int PipelineSchedule::chunk_of(int64_t k, bool forward) const {
 }
 int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }
 
-Tensor PipelineSchedule::take_buffer() {
+Status PipelineSchedule::take_buffer(Tensor* out) {
   if (free_.empty()) {
     Buffer b;
-    const Status st = model_->make_boundary(&b);
-    if (!st) return Tensor{};
+    NB_TRY(model_->make_boundary(&b).context("a pipeline message buffer"));
     buffers_.push_back(std::move(b));
     free_.push_back(buffers_.back().tensor());
   }
-  Tensor t = free_.back();
+  *out = free_.back();
   free_.pop_back();
-  return t;
+  return Status::ok();
+}
+
+Tensor PipelineSchedule::take_input(int c) {
+  if (first_stage(c)) return Tensor{};
+  NB_CHECK(!inputs_[size_t(c)].empty(), "internal: chunk %d's forward has no input", c);
+  const Tensor input = inputs_[size_t(c)].front();
+  inputs_[size_t(c)].pop_front();
+  return input;
 }
 
 Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int recv_backward_chunk) {
@@ -63,8 +68,8 @@ Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int re
   if (s.forward.data) ops.push_back({s.forward, next, true});
   if (s.backward.data) ops.push_back({s.backward, prev, true});
   auto receive = [&](std::deque<Tensor>& queue, int from) {
-    Tensor t = take_buffer();
-    if (!t.data) return errorf("rank %d: no memory left for a pipeline message buffer", rank_);
+    Tensor t;
+    NB_TRY(take_buffer(&t));
     queue.push_back(t);
     ops.push_back({t, from, false});
     return Status::ok();
@@ -82,12 +87,7 @@ Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int re
 
 Status PipelineSchedule::forward(int64_t k, Tensor* out) {
   const int c = chunk_of(k, true);
-  Tensor input;
-  if (!first_stage(c)) {
-    NB_CHECK(!inputs_[size_t(c)].empty(), "internal: chunk %d's forward has no input", c);
-    input = inputs_[size_t(c)].front();
-    inputs_[size_t(c)].pop_front();
-  }
+  const Tensor input = take_input(c);
   Tensor y;
   NB_TRY(model_->forward_chunk(micro_of(k), c, input, grad_scale_, &y));
   if (input.data) free_.push_back(input);  // copied into the chunk's activations
@@ -206,11 +206,7 @@ Status PipelineSchedule::run_forward_only(int64_t micro_batches) {
   for (int64_t m = 0; m < micro_batches; ++m)
     for (int c = 0; c < V_; ++c) {
       if (!first_stage(c)) NB_TRY(exchange({}, c, -1));
-      Tensor input;
-      if (!first_stage(c)) {
-        input = inputs_[size_t(c)].front();
-        inputs_[size_t(c)].pop_front();
-      }
+      const Tensor input = take_input(c);
       Tensor y;
       NB_TRY(model_->forward_chunk_only(m, c, input, &y));
       if (input.data) free_.push_back(input);

@@ -21,7 +21,7 @@ namespace nb {
 class PipelineSchedule {
  public:
   // comm: the pipeline group (rank = stage); model: this stage, its pipeline set; M micro-batches per step.
-  Status init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches, Device dev);
+  Status init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches);
   // One step's passes over the staged micro-batches 0 .. M-1 (LlamaModel::stage_batches).
   Status run(float grad_scale);
   // Forward passes only (evaluation): each micro-batch through every chunk in turn.
@@ -48,11 +48,11 @@ class PipelineSchedule {
   Status interleaved_warmup(int64_t warmup, int64_t remaining);
   Status interleaved_steady(int64_t warmup, int64_t remaining);
   Status interleaved_cooldown(int64_t remaining);
-  Tensor take_buffer();
+  Status take_buffer(Tensor* out);  // a free message buffer (made when none is)
+  Tensor take_input(int c);         // chunk c's oldest received input (empty on the first stage)
 
   dist::Communicator* comm_ = nullptr;
   LlamaModel* model_ = nullptr;
-  Device dev_ = Device::cpu;
   int P_ = 1, V_ = 1, rank_ = 0;
   int64_t M_ = 1;
   float grad_scale_ = 0;

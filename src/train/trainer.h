@@ -180,7 +180,11 @@ class Trainer {
   // Checkpoints stay whole tensors: a save gathers the tensor-parallel ranks' arrays into whole ones on rank 0
   // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
   Status gather_tensor_parallel(const float* local, float* whole);
-  std::vector<float> tp_whole_[3];  // rank 0: whole master, m and v for the writer
+  // The whole model's (or adapters') array on rank 0 from this rank's part: gather_tensor_parallel or gather_pipeline.
+  Status gather_whole(const float* local, float* whole) {
+    return tp_size() > 1 ? gather_tensor_parallel(local, whole) : gather_pipeline(local, whole);
+  }
+  std::vector<float> whole_[3];  // rank 0: whole master, m and v for the writer (tensor or pipeline parallelism)
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;
   std::unique_ptr<recipe::AmaxGroup> cp_amax_;
@@ -195,10 +199,10 @@ class Trainer {
   std::vector<pp::LayerRange> pp_stages_;  // every virtual stage's layers
   std::unique_ptr<dist::Communicator> pp_comm_;
   std::unique_ptr<PipelineSchedule> pp_schedule_;
-  std::vector<float> pp_whole_[3];  // rank 0: whole master, m and v for the writer
-  Status plan_pipeline();           // before the model's init: the split, this stage's chunks and slots
-  Status connect_pipeline();        // connect_ranks' part: the pipeline and data x context communicators
-  Status start_pipeline();          // after the model's init: the schedule
+  Status plan_pipeline();  // before the model's init: the split, this stage's chunks and slots
+  LlamaModel::PipelineStage pipeline_stage(int r) const;  // stage r's chunks (of pp_stages_) and ends
+  Status connect_pipeline();  // connect_ranks' part: the pipeline and data x context communicators
+  Status start_pipeline();    // after the model's init: the schedule
   Status check_pipeline_job() const;
   void print_pipeline_plan() const;
   Status reduce_over_pipeline(double* values, int n);  // sums host scalars over the stages

@@ -364,23 +364,13 @@ Status Trainer::save(TrainSummary* summary) {
   }
   if (!arrays[0]) arrays[0] = host_->master, arrays[1] = host_->m, arrays[2] = host_->v;
   std::vector<HfTensor> layout = hf_tensors(P);
-  if (tp_size() > 1) {  // rank 0's tensor-parallel group: the whole model's arrays on rank 0
+  if (whole_differs()) {  // rank 0's tensor-parallel group or the stages' state ranks: the whole arrays on rank 0
     int64_t whole_total = 0;
     layout = hf_tensors(P.whole_layout(&whole_total));
     for (int a = 0; a < 3; ++a) {
-      if (logging_rank()) tp_whole_[a].resize(size_t(whole_total));
-      NB_TRY(gather_tensor_parallel(arrays[a], tp_whole_[a].data()));
-      arrays[a] = tp_whole_[a].data();
-    }
-    if (!logging_rank()) return Status::ok();
-  }
-  if (pp_size() > 1) {  // the state ranks of every stage: the whole model's arrays on rank 0
-    int64_t whole_total = 0;
-    layout = hf_tensors(P.whole_layout(&whole_total));
-    for (int a = 0; a < 3; ++a) {
-      if (logging_rank()) pp_whole_[a].resize(size_t(whole_total));
-      NB_TRY(gather_pipeline(arrays[a], pp_whole_[a].data()));
-      arrays[a] = pp_whole_[a].data();
+      if (logging_rank()) whole_[a].resize(size_t(whole_total));
+      NB_TRY(gather_whole(arrays[a], whole_[a].data()));
+      arrays[a] = whole_[a].data();
     }
     if (!logging_rank()) return Status::ok();
   }

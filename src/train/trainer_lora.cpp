@@ -87,7 +87,7 @@ void Trainer::print_lora_plan() const {
 
 // SAVE/peft_adapter_iter_0000100: adapter_config.json + adapter_model.safetensors, loadable by
 // PeftModel.from_pretrained on the base (nibble export --merge-lora merges it). Under tensor parallelism the ranks
-// of rank 0's group first gather their parts into whole tensors on rank 0 (gather_tensor_parallel).
+// of rank 0's group first gather their parts into whole tensors on rank 0 (gather_whole), as the stages do.
 Status Trainer::write_lora_adapter() {
   if (cfg_.peft != "lora" || cfg_.save.empty()) return Status::ok();
   LoraAdapter ad;
@@ -99,10 +99,7 @@ Status Trainer::write_lora_adapter() {
     const std::vector<ParamInfo> layout = P.whole_layout(&whole_total);
     if (logging_rank()) whole.resize(size_t(whole_total));
     NB_TRY(P.get_state(optim::StateArray::master, local.data()));
-    if (tp_size() > 1)
-      NB_TRY(gather_tensor_parallel(local.data(), whole.data()));
-    else
-      NB_TRY(gather_pipeline(local.data(), whole.data()));
+    NB_TRY(gather_whole(local.data(), whole.data()));
     if (logging_rank()) lora_adapter_from_values(whole.data(), layout, model_cfg_, lora_spec_, &ad);
   }
   if (!logging_rank()) return Status::ok();

@@ -9,21 +9,6 @@
 
 namespace nb {
 
-namespace {
-
-// Whether stage `s` of P (its chunks in `stages`) holds parameter `name`.
-bool stage_holds(const std::vector<pp::LayerRange>& chunks, bool first, bool last, const std::string& name) {
-  static const std::string kLayer = "model.layers.";
-  if (name.rfind(kLayer, 0) == 0) {
-    const int64_t l = std::stoll(name.substr(kLayer.size()));
-    return std::any_of(chunks.begin(), chunks.end(),
-                       [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
-  }
-  return name == "model.embed_tokens.weight" ? first : last;
-}
-
-}  // namespace
-
 // What pipeline parallelism does not combine with yet, each in one sentence (the configuration check refused the
 // rest before any rank started).
 Status Trainer::check_pipeline_job() const {
@@ -46,6 +31,14 @@ Status Trainer::check_pipeline_job() const {
   return Status::ok();
 }
 
+LlamaModel::PipelineStage Trainer::pipeline_stage(int r) const {
+  LlamaModel::PipelineStage s;
+  s.chunks = pp::rank_chunks(pp_stages_, r, pp_size());
+  s.first = r == 0;
+  s.last = r == pp_size() - 1;
+  return s;
+}
+
 Status Trainer::plan_pipeline() {
   if (pp_size() == 1) return Status::ok();
   const pp::SplitOptions probe = cfg_.pipeline_split_options(1);
@@ -53,10 +46,7 @@ Status Trainer::plan_pipeline() {
   NB_TRY(pp::resolve_virtual_stages(counted, pp_size(), cfg_.num_layers_per_virtual_pipeline_stage,
                                     cfg_.num_virtual_stages_per_pipeline_rank, &virtual_stages_));
   NB_TRY(pp::split_layers(model_cfg_.layers, cfg_.pipeline_split_options(virtual_stages_), &pp_stages_));
-  LlamaModel::PipelineStage stage;
-  stage.chunks = pp::rank_chunks(pp_stages_, layout_.pp, pp_size());
-  stage.first = layout_.pp == 0;
-  stage.last = layout_.pp == pp_size() - 1;
+  LlamaModel::PipelineStage stage = pipeline_stage(layout_.pp);
   stage.slots = PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, layout_.pp, accum_);
   model_.pipeline = stage;
   return check_pipeline_job();
@@ -98,7 +88,7 @@ Status Trainer::start_pipeline() {
   if (pp_size() == 1) return Status::ok();
   if (!pp_comm_) return errorf("pipeline parallelism needs its ranks connected (a distributed launch)");
   pp_schedule_ = std::make_unique<PipelineSchedule>();
-  return pp_schedule_->init(pp_comm_.get(), &model_, virtual_stages_, accum_, dev_);
+  return pp_schedule_->init(pp_comm_.get(), &model_, virtual_stages_, accum_);
 }
 
 Status Trainer::reduce_over_pipeline(double* values, int n) {
@@ -134,10 +124,10 @@ Status Trainer::gather_pipeline(const float* local, float* whole) {
   const std::vector<ParamInfo> wl = model_.params().whole_layout(&whole_total);  // the model's, or its adapters'
   std::fill(whole, whole + whole_total, 0.0f);
   for (int r = 0; r < P; ++r) {
-    const auto chunks = pp::rank_chunks(pp_stages_, r, int(P));
+    const LlamaModel::PipelineStage stage = pipeline_stage(r);
     std::vector<ParamInfo> held;
     for (const ParamInfo& p : wl)
-      if (stage_holds(chunks, r == 0, r == P - 1, p.name)) held.push_back(p);
+      if (LlamaModel::stage_holds(stage, p.name)) held.push_back(p);
     for (const ParamInfo& p : ParamStore::laid_out(held, &stage_total)) {
       const auto w = std::find_if(wl.begin(), wl.end(), [&](const ParamInfo& q) { return q.name == p.name; });
       std::copy_n(gathered.data() + r * n + p.offset, p.numel, whole + w->offset);
