@@ -53,6 +53,12 @@ class LlamaModel {
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                        const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr,
                                        int sequence_parallel = 1);
+  // A pipeline stage's activations (llama_pipeline.cpp): `slots` in-flight passes of a chunk of cfg.layers layers
+  // (`quantized`: per layer, whether it keeps quantized inputs; head: it ends with the LM head), each keeping its
+  // residual stream and kept layer tensors, plus one scratch they share. What init allocates and the estimate counts.
+  static int64_t plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
+                                                const std::vector<bool>& quantized, const LoraSpec* lora, int sp,
+                                                bool head, int64_t slots);
   // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
   struct LinearSpec {
     int64_t layer = 0;

@@ -50,6 +50,17 @@ Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int
   return S.st;
 }
 
+int64_t LlamaModel::plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
+                                                   Recompute rc, const std::vector<bool>& quantized,
+                                                   const LoraSpec* lora, int sp, bool head, int64_t slots) {
+  llama::Planner kept, scratch;
+  kept.dev = scratch.dev = dev;
+  Acts probe;
+  llama::plan_acts(&probe, kept, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
+                   llama::lm_chunk_tokens(cfg, shape), quantized, lora, sp, head, &scratch);
+  return kept.bytes * slots + scratch.bytes;
+}
+
 Status LlamaModel::init_pipeline() {
   NB_CHECK(pipeline->slots >= 1 && !pipeline->chunks.empty(), "internal: a pipeline stage without chunks or slots");
   int64_t most = 0, scratch = 0;
@@ -60,7 +71,7 @@ Status LlamaModel::init_pipeline() {
     most = std::max(most, bytes);
     scratch = std::max(scratch, scratch_bytes);
   }
-  activation_bytes_ = most * pipeline->slots + scratch;
+  activation_bytes_ = most * pipeline->slots + scratch;  // plan_pipeline_activation_bytes of the largest chunk
   NB_TRY(pipeline_scratch_.reserve(dev_, size_t(std::max<int64_t>(scratch, 256))));
   slots_.clear();
   for (int64_t s = 0; s < pipeline->slots; ++s) {

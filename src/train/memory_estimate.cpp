@@ -11,6 +11,7 @@
 #include "ops/attention_workspace.h"
 #include "ops/cp_ring.h"
 #include "optim/optimizer_state.h"
+#include "train/pipeline_schedule.h"
 
 namespace nb {
 
@@ -219,22 +220,37 @@ double tensor_parallel_save_bytes(const MemoryJob& j) {
 
 }  // namespace
 
+namespace {
+
+// The arena's plan; a pipeline stage's (the first: its first chunk of layers, no head, the schedule's most passes in
+// flight) as LlamaModel sizes its slots and shared scratch.
+int64_t activation_bytes(const MemoryJob& j, const LlamaConfig& m, MicroBatchShape shape, const LoraSpec* lora) {
+  const int sp = j.sequence_parallel ? j.tensor_parallel : 1;
+  if (j.pipeline == 1) return LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora, sp);
+  LlamaConfig chunk = m;
+  chunk.layers =
+      (j.model.layers + int64_t(j.pipeline) * j.virtual_stages - 1) / (int64_t(j.pipeline) * j.virtual_stages);
+  std::vector<bool> quantized = llama::scratch_input_layers(j.model, j.acts_plan, lora);
+  quantized.resize(size_t(chunk.layers));
+  const int64_t slots = PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, 0, j.accumulation());
+  return LlamaModel::plan_pipeline_activation_bytes(chunk, j.dev, shape, j.recompute, quantized, lora, sp, false,
+                                                    slots);
+}
+
+}  // namespace
+
 Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   *e = MemoryEstimate{};
   add_parameter_rows(j, e);
   const MicroBatchShape shape{j.micro_batch, j.local_seq()};
   const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
   const LlamaConfig m = j.local_model();
-  const int64_t in_flight = j.pipeline > 1 ? std::min<int64_t>(j.pipeline, j.accumulation()) : 1;
-  e->rows.push_back(
-      {MemPart::activations,
-       double(in_flight * align256(LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora,
-                                                                     j.sequence_parallel ? j.tensor_parallel : 1))),
-       "the arena's plan (" +
-           std::string(j.recompute == Recompute::none        ? "no"
-                       : j.recompute == Recompute::selective ? "selective"
-                                                             : "full") +
-           " recompute)"});
+  e->rows.push_back({MemPart::activations, double(align256(activation_bytes(j, m, shape, lora))),
+                     "the arena's plan (" +
+                         std::string(j.recompute == Recompute::none        ? "no"
+                                     : j.recompute == Recompute::selective ? "selective"
+                                                                           : "full") +
+                         " recompute)"});
   NB_TRY(add_linear_rows(j, e));
   if (j.dev == Device::cuda) {
     const bool two = j.recipe.quantized() || (j.anneal && j.anneal_recipe.quantized());

@@ -35,11 +35,11 @@ struct MemoryJob {
   int tensor_parallel = 1;         // --tensor-model-parallel-size: each rank holds 1/T of every layer
   // --pipeline-model-parallel-size: a stage holds about 1/P of the layers (the estimate sizes the first stage: the
   // largest even share, the embedding, and min(P, M) micro-batches of its activations in flight under 1F1B).
-  int pipeline = 1;
-  bool sequence_parallel = false;     // --sequence-parallel: the residual stream on 1/T of the tokens
-  std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
-  optim::Placement placement;         // --optimizer-cpu-offload
-  int64_t offload_chunk_elems = 0;    // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
+  int pipeline = 1, virtual_stages = 1;  // ... and V chunks per rank (the interleaved schedule)
+  bool sequence_parallel = false;        // --sequence-parallel: the residual stream on 1/T of the tokens
+  std::string strategy = "no_shard";     // no_shard | optim | optim_grads | optim_grads_params
+  optim::Placement placement;            // --optimizer-cpu-offload
+  int64_t offload_chunk_elems = 0;  // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
   bool lora = false;
   LoraSpec lora_spec;
   bool embeddings_per_step = false, grad_reduce_in_bf16 = false, overlap = false;

@@ -33,6 +33,7 @@ MemoryJob Trainer::memory_job() const {
   j.context_parallel = cp_size();
   j.tensor_parallel = tp_size();
   j.pipeline = pp_size();
+  j.virtual_stages = virtual_stages_;
   j.sequence_parallel = cfg_.sequence_parallel;
   j.local_ranks = std::max(1, world_.local_size);
   j.strategy = cfg_.sharding_strategy();
