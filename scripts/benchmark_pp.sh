@@ -3,7 +3,9 @@
 # and PP2 x D2 beside Megatron-FSDP over the same GPUs, in BF16 and NVFP4 (which needs full recompute under
 # pipeline parallelism), same run. Mock data, a global batch of 32 rows of 8192 tokens (32 micro-batches per
 # step at PP4: a bubble of 3 / 32 by formula); the summary's tokens/s/GPU, model TFLOP/s/GPU and peak memory
-# (rank 0's: the first stage, which holds the most activations in flight) are the rows.
+# (rank 0's: the first stage, which holds the most activations in flight) are the rows. PP2 x T2 (sequence
+# parallel) beside them; a profiled PP4 run measures the first stage's bubble (its phase "pipeline: messages +
+# waits (bubble)" in roofline.json) against the formula.
 #   bash scripts/benchmark_pp.sh BUILD OUT [PARTS]   PARTS: comma list of names (default: all)
 # then: python3 scripts/benchmark_pp_report.py OUT [--merge-into BENCHMARKS.md]
 # BENCH_GPUS (e.g. "0 1 2 3") picks the GPUs, BENCH_TIMEOUT bounds each run (seconds, default 400).
@@ -22,6 +24,8 @@ fsdp="--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"
 configs=(
   "8b-bf16-pp4|4|$big --recompute selective --pipeline-model-parallel-size 4"
   "8b-bf16-pp2d2|4|$big --recompute selective --pipeline-model-parallel-size 2 --use-distributed-optimizer"
+  "8b-bf16-pp2t2|4|$big --recompute selective --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel"
+  "8b-bf16-pp4-profile|4|$big --recompute selective --pipeline-model-parallel-size 4 --profile"
   "8b-bf16-fsdp4|4|$big --recompute selective $fsdp"
   "8b-nvfp4-pp4|4|$big $nvfp4 --recompute full --pipeline-model-parallel-size 4"
   "8b-nvfp4-fsdp4|4|$big $nvfp4 --recompute selective $fsdp"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # NeMo's Llama 3.1 70B LoRA configuration under pipeline parallelism on four GPUs (issue: pipeline parallelism):
 # TP1 PP4 VP20, global batch 32, micro-batch 1, sequence 4096, LoRA rank 32 on a frozen base of seeded random
-# values of the real shapes (no 70B weights can be fetched: speed and memory only). BF16 base with full and
-# selective recompute, FP8 and NVFP4 bases (full recompute, which quantized recipes need under pipeline
-# parallelism). Compare with BENCHMARKS.md's Megatron-FSDP row (1,721 tokens/s/GPU on two H200s).
+# values of the real shapes (no 70B weights can be fetched: speed and memory only). BF16, FP8 and NVFP4 bases, each
+# with full and selective recompute (a frozen base's Linears keep nothing of a micro-batch for its backward, so
+# quantized bases need no full recompute under pipeline parallelism). Compare with BENCHMARKS.md's Megatron-FSDP row (1,721 tokens/s/GPU on two H200s).
 #   bash scripts/benchmark_pp_lora.sh BUILD OUT [PARTS]; then python3 scripts/benchmark_pp_report.py OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,8 @@ configs=(
   "70b-lora-bf16-pp4vp20-full|4|$lora --lora-base-precision bf16 $pp --recompute full"
   "70b-lora-bf16-pp4vp20-selective|4|$lora --lora-base-precision bf16 $pp --recompute selective"
   "70b-lora-fp8-pp4vp20-full|4|$lora --lora-base-precision fp8 $pp --recompute full"
+  "70b-lora-fp8-pp4vp20-selective|4|$lora --lora-base-precision fp8 $pp --recompute selective"
   "70b-lora-nvfp4-pp4vp20-full|4|$lora --lora-base-precision nvfp4 $pp --recompute full"
+  "70b-lora-nvfp4-pp4vp20-selective|4|$lora --lora-base-precision nvfp4 $pp --recompute selective"
 )
 run_configs "${configs[@]}"

@@ -241,6 +241,7 @@ Status LlamaModel::build_linears() {
   }
   if (sequence_parallel && tp_size() > 1)
     for (auto& layer : linears_) {
+      if (layer.empty()) continue;  // another pipeline stage's layer
       for (int i : {0, 2}) layer[size_t(i)].set_input_gather(tp_byte_group());
       for (int i : {1, 3}) layer[size_t(i)].set_grad_gather(tp_byte_group());
     }

@@ -326,12 +326,26 @@ Status MicroBatchPass::backward() {
   NB_TRY(head_backward());
   Tensor dx = A_.dx;
   NB_TRY(backward_layers(&dx));
+  return embedding_backward(dx);
+}
+
+// dx: the first layer's input gradient (this rank's tokens under sequence parallelism).
+Status MicroBatchPass::embedding_backward(const Tensor& dx) {
   if (m_.hooks_) NB_TRY(m_.grads_needed({"model.embed_tokens.weight"}));
   Tensor demb;
   NB_TRY(whole_grad(dx, &demb));
   if (!m_.lora_enabled_) ops::embedding_backward(ids_, demb, m_.params_.grad("model.embed_tokens.weight"), st_);
   if (m_.hooks_) NB_TRY(m_.grads_final({"model.embed_tokens.weight"}));
   return Status::ok();
+}
+
+// Vocabulary-parallel: the rank that holds a token's row gives it (summed, or with sequence parallelism
+// reduce-scattered into this rank's block of tokens).
+Status MicroBatchPass::embedding_forward() {
+  if (m_.hooks_) NB_TRY(m_.weights_needed({"model.embed_tokens.weight"}));
+  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, sp_ > 1 ? A_.sp_full : resid(r_.begin), st_);
+  if (sp_ > 1) return m_.tp_group->reduce_scatter(A_.sp_full, resid(r_.begin), st_);
+  return tp_sum(resid(r_.begin));
 }
 
 Status MicroBatchPass::forward_layers() {
@@ -344,14 +358,7 @@ Status MicroBatchPass::forward_layers() {
 
 Status MicroBatchPass::run(float grad_scale) {
   NB_TRY(plan());
-  if (m_.hooks_) NB_TRY(m_.weights_needed({"model.embed_tokens.weight"}));
-  // Vocabulary-parallel: the rank that holds a token's row gives it (summed, or with sequence parallelism
-  // reduce-scattered into this rank's block of tokens).
-  ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, sp_ > 1 ? A_.sp_full : resid(0), st_);
-  if (sp_ > 1)
-    NB_TRY(m_.tp_group->reduce_scatter(A_.sp_full, resid(0), st_));
-  else
-    NB_TRY(tp_sum(resid(0)));
+  NB_TRY(embedding_forward());
   NB_TRY(forward_layers());
   NB_TRY(head_and_loss(grad_scale));
   if (!backward_) return Status::ok();
@@ -360,11 +367,11 @@ Status MicroBatchPass::run(float grad_scale) {
   return Status::ok();
 }
 
-// Pipeline passes (no tensor or sequence parallelism beside them yet).
+// Pipeline passes. Under sequence parallelism the stages pass this rank's block of tokens.
 Status MicroBatchPass::run_forward(float grad_scale, const Tensor& input, bool plan_acts) {
   NB_TRY(plan(plan_acts));
   if (r_.embed)
-    ops::embedding_forward(W_.compute("model.embed_tokens.weight"), ids_, resid(r_.begin), st_);
+    NB_TRY(embedding_forward());
   else
     NB_TRY(copy_tensor(resid(r_.begin), input));
   NB_TRY(forward_layers());
@@ -383,8 +390,7 @@ Status MicroBatchPass::run_backward(const Tensor& output_grad, Tensor* input_gra
     *input_grad = dx;
     return Status::ok();
   }
-  if (!m_.lora_enabled_) ops::embedding_backward(ids_, dx, m_.params_.grad("model.embed_tokens.weight"), st_);
-  return Status::ok();
+  return embedding_backward(dx);
 }
 
 // The activations live in the arena for this micro-batch only; released on every path out.

@@ -63,6 +63,8 @@ class MicroBatchPass {
   // The residual stream entering layer l (l = range end: leaving the last one) and layer l's activations.
   Tensor& resid(int64_t l) { return A_.resid[size_t(l - r_.begin)]; }
   LlamaModel::Acts::PerLayer& acts(int64_t l) { return A_.layer[size_t(l - r_.begin)]; }
+  Status embedding_forward();  // into the range's first residual stream
+  Status embedding_backward(const Tensor& dx);
   Status forward_layers();
   // The backward of the layers from the residual gradient in *dx (A_.dx), through the range's layers in reverse;
   // *dx ends as the gradient of the range's input.

@@ -96,7 +96,7 @@ Status LlamaModel::take_slot(PipelineSlot** out) {
 }
 
 Status LlamaModel::make_boundary(Buffer* out) const {
-  return Buffer::allocate(out, params_.compute_dtype(), dev_, {shape_.tokens(), cfg_.hidden});
+  return Buffer::allocate(out, params_.compute_dtype(), dev_, {shape_.tokens() / sp_size(), cfg_.hidden});
 }
 
 Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float grad_scale, Tensor* output) {

@@ -29,16 +29,20 @@ class TpByteGroup : public recipe::ByteGroup {
 
 int LlamaModel::quantized_input_gathers(int* of) const {
   int n = 0;
-  for (const auto& layer : linears_)
+  int held = 0;
+  for (const auto& layer : linears_) {
+    if (layer.empty()) continue;  // another pipeline stage's layer
+    held++;
     for (int i : {0, 2}) n += layer[size_t(i)].gathers_quantized_input() ? 1 : 0;
-  if (of) *of = int(linears_.size()) * 2;
+  }
+  if (of) *of = held * 2;
   return n;
 }
 
 int LlamaModel::quantized_grad_gathers() const {
   int n = 0;
   for (const auto& layer : linears_)
-    for (int i : {1, 3}) n += layer[size_t(i)].gathers_quantized_grad() ? 1 : 0;
+    for (size_t i : {1, 3}) n += i < layer.size() && layer[i].gathers_quantized_grad() ? 1 : 0;
   return n;
 }
 

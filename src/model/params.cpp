@@ -106,12 +106,20 @@ std::vector<ParamInfo> ParamStore::held_params(std::vector<ParamInfo> all) {
 }
 
 std::vector<ParamInfo> ParamStore::whole_layout(int64_t* total) const {
-  if (pp_held_) return laid_out(pp_whole_params_, total);
+  if (pp_held_) return laid_out(pp_whole_params_, total);  // (under tensor parallelism too: the unsliced list)
   if (!tp_.on()) {
     *total = total_;
     return params_;
   }
   return tp_whole_params_.empty() ? flat_layout(tp_whole_, total) : laid_out(tp_whole_params_, total);
+}
+
+std::vector<ParamInfo> ParamStore::stage_whole_layout(int64_t* total) const {
+  if (!pp_held_) return whole_layout(total);
+  std::vector<ParamInfo> held;
+  for (const ParamInfo& p : pp_whole_params_)
+    if (pp_held_(p.name)) held.push_back(p);
+  return laid_out(std::move(held), total);
 }
 
 Status ParamStore::layout(std::vector<ParamInfo> params) {
@@ -204,12 +212,14 @@ void ParamStore::initial_host_values(uint64_t seed, float* host) const {
   if (tp_.on()) {
     int64_t whole_total = 0;
     const std::vector<ParamInfo> whole = whole_layout(&whole_total);
-    NB_CHECK(whole.size() == params_.size(), "internal: the tensor-parallel store lists other parameters");
     std::vector<float> values;
     for (size_t i = 0; i < params_.size(); ++i) {
-      values.resize(size_t(whole[i].numel));
-      initial_values(whole[i], uint32_t(i), seed, values.data(), nthreads);
-      tp::slice(whole[i], params_[i], tp_, values.data(), host + params_[i].offset, &tp_whole_);
+      const uint32_t j = init_index_.empty() ? uint32_t(i) : init_index_[i];  // its index in the whole list
+      NB_CHECK(j < whole.size() && whole[j].name == params_[i].name,
+               "internal: the tensor-parallel store lists other parameters");
+      values.resize(size_t(whole[j].numel));
+      initial_values(whole[j], j, seed, values.data(), nthreads);
+      tp::slice(whole[j], params_[i], tp_, values.data(), host + params_[i].offset, &tp_whole_);
     }
     return;
   }
@@ -228,10 +238,12 @@ void ParamStore::slice_whole(const float* whole, float* local) const {
   int64_t whole_total = 0;
   const std::vector<ParamInfo> wl = whole_layout(&whole_total);
   std::fill(local, local + total_, 0.0f);
-  if (pp_held_) {  // this stage's parameters, by name
+  if (pp_held_) {  // this stage's parameters, by name (under tensor parallelism this rank's slices of them)
     for (const ParamInfo& w : wl)
-      if (auto it = index_.find(w.name); it != index_.end())
-        std::copy(whole + w.offset, whole + w.offset + w.numel, local + params_[size_t(it->second)].offset);
+      if (auto it = index_.find(w.name); it != index_.end()) {
+        const ParamInfo& p = params_[size_t(it->second)];
+        tp::slice(w, p, tp_, whole + w.offset, local + p.offset, &tp_whole_);
+      }
     return;
   }
   for (size_t i = 0; i < wl.size(); ++i)

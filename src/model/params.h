@@ -135,6 +135,9 @@ class ParamStore {
   // The whole store's parameters (under tensor parallelism the whole model's, or its adapters) with the offsets
   // and total a store of them lays out: checkpoints and the gathers of a save use this layout.
   std::vector<ParamInfo> whole_layout(int64_t* total) const;
+  // The unsliced parameters this store keeps (a pipeline stage's), laid out in store order: what the stage's
+  // tensor-parallel ranks gather into before the stages' arrays are gathered. whole_layout() without a stage.
+  std::vector<ParamInfo> stage_whole_layout(int64_t* total) const;
   // Under tensor parallelism: this store's slices of a whole host array (whole_layout order).
   void slice_whole(const float* whole, float* local) const;
   // The parameters of `cfg` with the offsets and total a store of it lays out (no allocation).

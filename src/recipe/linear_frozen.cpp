@@ -65,7 +65,8 @@ Status Linear::Impl::dgrad_weight_operand(Stream stream, gemm::QOperand* op) {
 }
 
 // dy, dx and the token count were checked by backward(); a BF16 layer's w is checked here (the only
-// tensor its Dgrad reads besides dy).
+// tensor its Dgrad reads besides dy). Nothing of the forward is read (no Wgrad), so a backward need not follow
+// its own micro-batch's forward: pipeline parallelism runs other micro-batches' forwards in between.
 Status Linear::Impl::frozen_backward(const Tensor& dy, const Tensor& w, const Tensor& dx, float dx_beta,
                                      Stream stream) {
   if (all_bf16) {
@@ -73,10 +74,7 @@ Status Linear::Impl::frozen_backward(const Tensor& dy, const Tensor& w, const Te
     NB_TRY(check_2d(w, "w", name, out, in, act, dev));
     return gemm::matmul(dy, w, dx, {.beta = dx_beta}, stream);
   }
-  const int64_t m = dy.shape[0];
-  if (!have_input || !weight_valid || q[int(Role::input)].rows != m)
-    return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",
-                  name.c_str(), (long long)m);
+  if (!weight_valid) return errorf("linear '%s': backward before freeze_weight gave it its weight", name.c_str());
   NB_TRY(quantize(Role::grad, dy, stream));
   gemm::QOperand wcol;
   NB_TRY(dgrad_weight_operand(stream, &wcol));

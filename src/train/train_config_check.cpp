@@ -93,11 +93,7 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
 // What pipeline parallelism does not run with yet (P > 1): each refused in one sentence.
 Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig& m) {
   std::string unsupported;
-  if (c.tensor_model_parallel_size > 1)
-    unsupported = "tensor parallelism (--tensor-model-parallel-size > 1)";
-  else if (c.context_parallel_size > 1)
-    unsupported = "context parallelism (--context-parallel-size > 1)";
-  else if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
+  if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
     unsupported = "Megatron-FSDP's --data-parallel-sharding-strategy " + c.sharding_strategy();
   else if (c.optimizer_cpu_offload)
     unsupported = "--optimizer-cpu-offload";

@@ -181,9 +181,7 @@ class Trainer {
   // (the ranks of its tensor-parallel group take part); a load keeps this rank's slices (ParamStore::slice_whole).
   Status gather_tensor_parallel(const float* local, float* whole);
   // The whole model's (or adapters') array on rank 0 from this rank's part: gather_tensor_parallel or gather_pipeline.
-  Status gather_whole(const float* local, float* whole) {
-    return tp_size() > 1 ? gather_tensor_parallel(local, whole) : gather_pipeline(local, whole);
-  }
+  Status gather_whole(const float* local, float* whole);  // (trainer_pp.cpp)
   std::vector<float> whole_[3];  // rank 0: whole master, m and v for the writer (tensor or pipeline parallelism)
   std::unique_ptr<dist::Communicator> cp_comm_;
   std::unique_ptr<ops::cp::RingLink> cp_link_;

@@ -91,7 +91,7 @@ void Trainer::print_lora_plan() const {
 Status Trainer::write_lora_adapter() {
   if (cfg_.peft != "lora" || cfg_.save.empty()) return Status::ok();
   LoraAdapter ad;
-  if (whole_differs()) {  // (tensor or pipeline parallelism, never both yet)
+  if (whole_differs()) {  // (tensor or pipeline parallelism, or both)
     if (!state_rank()) return Status::ok();
     const ParamStore& P = model_.params();
     std::vector<float> local(size_t(P.total())), whole;

@@ -18,7 +18,8 @@ Status Trainer::check_pipeline_job() const {
         "FP8 delayed scaling keeps per-layer amax histories that checkpoints save from one rank; with "
         "--pipeline-model-parallel-size %d use a current-scaling recipe (e.g. bf16_with_fp8_current_scaling_mixed)",
         pp_size());
-  if (recipe_.quantized() && recompute_ != Recompute::full)
+  // (A LoRA base's frozen Linears run no Wgrad, so they keep nothing of a micro-batch for its backward.)
+  if (recipe_.quantized() && recompute_ != Recompute::full && !lora())
     return errorf(
         "recipe %s keeps each Linear's quantized input from its forward to its backward, one micro-batch at a time; "
         "pipeline parallelism has several in flight: pass --recompute full (each layer's forward runs "
@@ -73,15 +74,13 @@ void Trainer::print_pipeline_plan() const {
                                      : "posted between passes (--no-overlap-p2p-communication)");
 }
 
-// Stage index outermost: the stages of one (data, context, tensor) index form a pipeline group; the data x context
-// ranks of one stage (and tensor index) reduce gradients and shard the optimizer.
+// Stage index outermost: the stages of one (data, context, tensor) index form a pipeline group (the data x context
+// groups of each stage and tensor index are connect_tensor_parallel's).
 Status Trainer::connect_pipeline() {
   if (pp_size() == 1) return Status::ok();
   world_comm_ = std::move(comm_);
   const int per_stage = world_.size / pp_size();
-  NB_TRY(world_comm_->split(world_.rank % per_stage, layout_.pp, "pp", &pp_comm_));
-  NB_TRY(world_comm_->split(layout_.pp * tp_size() + layout_.tp, dp_cp_rank(), "dp_cp", &comm_));
-  return Status::ok();
+  return world_comm_->split(world_.rank % per_stage, layout_.pp, "pp", &pp_comm_);
 }
 
 Status Trainer::start_pipeline() {
@@ -96,10 +95,23 @@ Status Trainer::reduce_over_pipeline(double* values, int n) {
   return pp_comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
 }
 
+// Under both tensor and pipeline parallelism each stage's tensor-parallel ranks gather its whole arrays on their
+// rank 0 first; those ranks then gather the stages'.
+Status Trainer::gather_whole(const float* local, float* whole) {
+  if (pp_size() == 1) return gather_tensor_parallel(local, whole);
+  if (tp_size() == 1) return gather_pipeline(local, whole);
+  int64_t n = 0;
+  model_.params().stage_whole_layout(&n);
+  std::vector<float> stage(layout_.tp == 0 ? size_t(n) : 0);
+  NB_TRY(gather_tensor_parallel(local, stage.data()));
+  return layout_.tp == 0 ? gather_pipeline(stage.data(), whole) : Status::ok();
+}
+
 // The stages' arrays are gathered in chunks as equal-length slices (padded to the longest stage's), and rank 0 puts
 // each stage's parameters in their places in `whole`, by name.
 Status Trainer::gather_pipeline(const float* local, float* whole) {
-  const int64_t mine = model_.params().total();
+  int64_t mine = 0;
+  model_.params().stage_whole_layout(&mine);
   double longest = double(mine);
   NB_TRY(pp_comm_->all_reduce_host(&longest, 1, dist::ReduceOp::max));
   const int64_t n = int64_t(longest), P = pp_size();

@@ -15,13 +15,18 @@ int Trainer::dp_cp_rank() const {
   return int(std::find(g.begin(), g.end(), world_.rank) - g.begin());
 }
 
+// The model-parallel groups, split from the world's communicator (connect_pipeline's pp first): T consecutive
+// ranks form a tensor-parallel group; the data x context ranks of one (stage, tensor index) reduce gradients;
+// with context parallelism, a stage's tensor x context ranks of one data index share amaxes.
 Status Trainer::connect_tensor_parallel() {
-  if (tp_size() == 1) return Status::ok();
-  world_comm_ = std::move(comm_);
+  if (tp_size() == 1 && pp_size() == 1) return Status::ok();
+  if (!world_comm_) world_comm_ = std::move(comm_);
   // Every rank of the world makes the same splits in the same order (Gloo counts them).
-  NB_TRY(world_comm_->split(world_.rank / tp_size(), layout_.tp, "tp", &tp_comm_));
-  NB_TRY(world_comm_->split(layout_.tp, dp_cp_rank(), "dp_cp", &comm_));
-  if (cp_size() > 1) NB_TRY(world_comm_->split(layout_.dp, world_.rank, "tp_cp", &tp_cp_comm_));
+  if (tp_size() > 1) NB_TRY(world_comm_->split(world_.rank / tp_size(), layout_.tp, "tp", &tp_comm_));
+  NB_TRY(world_comm_->split(layout_.pp * tp_size() + layout_.tp, dp_cp_rank(), "dp_cp", &comm_));
+  if (tp_size() == 1) return Status::ok();
+  if (cp_size() > 1)
+    NB_TRY(world_comm_->split(layout_.pp * data_ranks() + layout_.dp, world_.rank, "tp_cp", &tp_cp_comm_));
   tp_group_ = std::make_unique<CommReduceGroup>(tp_comm_.get());
   tp_amax_ = std::make_unique<CommAmaxGroup>(tp_comm_.get(), dev_);
   if (tp_cp_comm_) tp_cp_amax_ = std::make_unique<CommAmaxGroup>(tp_cp_comm_.get(), dev_);
@@ -75,7 +80,7 @@ Status Trainer::gather_tensor_parallel(const float* local, float* whole) {
   }
   if (!root) return Status::ok();
   int64_t whole_total = 0;
-  const std::vector<ParamInfo> wl = P.whole_layout(&whole_total);
+  const std::vector<ParamInfo> wl = P.stage_whole_layout(&whole_total);  // (a pipeline stage's, or the model's)
   std::fill(whole, whole + whole_total, 0.0f);
   for (size_t i = 0; i < wl.size(); ++i)
     for (int r = 0; r < T; ++r)

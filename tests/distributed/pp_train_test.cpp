@@ -2,10 +2,10 @@
 // same global batch. Each stage holds its layers' parameters, initialized as the whole model's; the schedule only
 // reorders the micro-batches' passes, and each parameter's gradient still sums its micro-batches in order, so in
 // BF16 step 1 and five steps agree with one rank to 1e-6 and 1e-5 relative (measured: identical digits in the
-// log), and so does the validation loss. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer), P4, the
-// interleaved schedule at P4 V2, NVFP4 at P2 (with full recompute, which pipeline parallelism needs for quantized
-// recipes), a checkpoint saved at P4 resuming at one rank and at P2, LoRA at P4 V2 writing one rank's adapter, and a
-// killed stage stopping the job.
+// log), and so does the validation loss. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer, P2 x T2
+// with sequence parallelism, P2 x C2), P4, the interleaved schedule at P4 V2, NVFP4 at P2 (with full recompute, which
+// pipeline parallelism needs for quantized recipes), checkpoints saved at P4 and at T2 x P2 resuming at other layouts,
+// LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), and a killed stage stopping the job.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
@@ -59,7 +59,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values("--nproc-per-node 2 --pipeline-model-parallel-size 2",
                       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer",
                       "--nproc-per-node 4 --pipeline-model-parallel-size 4",
-                      "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"));
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 "
+                      "--sequence-parallel",
+                      "--nproc-per-node 4 --pipeline-model-parallel-size 2 --context-parallel-size 2"));
 
 // A quantized Linear keeps one micro-batch's quantized input until its backward, so pipeline parallelism runs
 // quantized recipes with full recompute (refused otherwise, below). NVFP4 with stochastic rounding: every pass
@@ -85,35 +88,42 @@ TEST(PipelineParallelCpuQuantized, Nvfp4EqualsOneRankAtStepOne) {
 }
 
 // Checkpoints hold whole tensors: saved at P4 after 2 steps, they resume at one rank and at P2 with the uninterrupted
-// run's losses.
+// run's losses; saved at T2 x P2 (each stage's tensor-parallel ranks gather first), at T2 x P2 and at one rank.
 TEST(PipelineParallelCpuResume, SavedAtP4ResumesAtOneRankAndAtP2) {
   const std::string dir = test::temp_folder("pp_resume");
   const auto whole = pp_run("--train-iters 4", dir + "/whole");
   ASSERT_EQ(whole.size(), 4u);
-  const test::CliRun saved = test::run_nibble(kPpJob +
-                                              "--train-iters 4 --exit-interval 2 --nproc-per-node 4 "
-                                              "--pipeline-model-parallel-size 4 --save " +
-                                              dir + "/p4");
-  ASSERT_EQ(saved.code, 0) << saved.out;
-  for (const std::string& layout :
-       {std::string(""), std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2")}) {
-    const std::string out = dir + (layout.empty() ? "/one" : "/p2");
+  const std::string p4 = "--nproc-per-node 4 --pipeline-model-parallel-size 4",
+                    t2p2 = "--nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2";
+  const struct {
+    std::string saved_as, resumed_as;
+  } cases[] = {{p4, ""}, {p4, "--nproc-per-node 2 --pipeline-model-parallel-size 2"}, {t2p2, t2p2}, {t2p2, ""}};
+  for (size_t k = 0; k < std::size(cases); ++k) {
+    const std::string saved = dir + (cases[k].saved_as == p4 ? "/saved_p4" : "/saved_t2p2");
+    const std::string out = dir + "/resumed_" + std::to_string(k);
+    if (!std::filesystem::exists(saved)) {
+      const test::CliRun s =
+          test::run_nibble(kPpJob + "--train-iters 4 --exit-interval 2 " + cases[k].saved_as + " --save " + saved);
+      ASSERT_EQ(s.code, 0) << s.out;
+    }
+    const std::string what = "saved as [" + cases[k].saved_as + "], resumed as [" + cases[k].resumed_as + "]";
     const test::CliRun r =
-        test::run_nibble(kPpJob + "--train-iters 4 " + layout + " --load " + dir + "/p4 --save " + out);
+        test::run_nibble(kPpJob + "--train-iters 4 " + cases[k].resumed_as + " --load " + saved + " --save " + out);
     ASSERT_EQ(r.code, 0) << r.out;
     const auto resumed = read_metrics(out);
-    ASSERT_EQ(resumed.size(), 2u) << layout;
+    ASSERT_EQ(resumed.size(), 2u) << what;
     for (size_t i = 0; i < 2; ++i)
-      EXPECT_NEAR(resumed[i].loss, whole[i + 2].loss, 1e-5 * whole[i + 2].loss) << layout << ", step " << i + 3;
+      EXPECT_NEAR(resumed[i].loss, whole[i + 2].loss, 1e-5 * whole[i + 2].loss) << what << ", step " << i + 3;
   }
   std::filesystem::remove_all(dir);
 }
 
 // LoRA: each stage keeps its layers' frozen base and adapters (seeded as the whole model's, dropout keyed by each
 // micro-batch), so P4 V2 writes the same PEFT adapter as one rank, byte for byte (measured: identical), with a BF16
-// base and with an NVFP4 one (its held layers' frozen Linears quantized once, as one rank's).
+// base and with an NVFP4 one (its held layers' frozen Linears quantized once, as one rank's). A frozen Linear keeps
+// nothing of a micro-batch from its forward to its backward (no Wgrad), so a quantized base needs no full recompute.
 TEST(PipelineParallelCpuLora, InterleavedWritesOneRanksAdapter) {
-  for (const std::string base : {"--lora-base-precision bf16", "--lora-base-precision nvfp4 --recompute full"}) {
+  for (const std::string base : {"--lora-base-precision bf16", "--lora-base-precision nvfp4 --recompute selective"}) {
     const std::string dir = test::temp_folder("pp_lora");
     const std::string job = "--train-iters 3 --peft lora --lora-rank 4 --lora-dropout 0.1 " + base + " ";
     const auto a = pp_run(job, dir + "/one", kPpBase);
@@ -128,6 +138,26 @@ TEST(PipelineParallelCpuLora, InterleavedWritesOneRanksAdapter) {
     EXPECT_TRUE(one == pp) << "the adapters differ, " << base;
     std::filesystem::remove_all(dir);
   }
+}
+
+// Beside tensor parallelism (sequence parallel), the stages add nothing to T2's numbers: T2 x P2 writes T2's adapter
+// byte for byte, on an NVFP4 base (T2 itself differs from one rank after step 1 by the row-parallel sums' rounding,
+// tp_lora_test.cpp).
+TEST(PipelineParallelCpuLora, BesideTensorParallelismWritesItsAdapter) {
+  const std::string dir = test::temp_folder("pp_tp_lora");
+  const std::string job =
+      "--train-iters 3 --peft lora --lora-rank 4 --lora-dropout 0.1 --lora-base-precision nvfp4 --recompute selective "
+      "--tensor-model-parallel-size 2 --sequence-parallel ";
+  const auto a = pp_run(job + "--nproc-per-node 2", dir + "/t2", kPpBase);
+  const auto b = pp_run(job + "--nproc-per-node 4 --pipeline-model-parallel-size 2", dir + "/t2p2", kPpBase);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(b[i].loss, a[i].loss) << "step " << i + 1;
+  const std::string adapter = "/peft_adapter_iter_0000003/adapter_model.safetensors";
+  const std::string t2 = test::file_bytes(dir + "/t2" + adapter);
+  EXPECT_FALSE(t2.empty());
+  EXPECT_TRUE(t2 == test::file_bytes(dir + "/t2p2" + adapter)) << "the adapters differ";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PipelineParallelCpu, AKilledStageStopsTheJob) {

@@ -114,14 +114,20 @@ TEST(PipelineConfig, NoOverlapP2pNeedsThreeStagesWhenInterleaved) {
   EXPECT_EQ(pp_config_message(c), "");
 }
 
+TEST(PipelineConfig, ComposesWithTensorAndContextParallelism) {
+  TrainConfig c = pp_tiny(2);
+  c.tensor_model_parallel_size = 2;
+  c.sequence_parallel = true;
+  c.context_parallel_size = 2;
+  EXPECT_EQ(pp_config_message(c), "");
+}
+
 TEST(PipelineConfig, RefusesWhatIsNotSupportedYet) {
   struct Case {
     const char* flag;
     void (*set)(TrainConfig&);
   };
   const Case cases[] = {
-      {"--tensor-model-parallel-size", [](TrainConfig& c) { c.tensor_model_parallel_size = 2; }},
-      {"--context-parallel-size", [](TrainConfig& c) { c.context_parallel_size = 2; }},
       {"--data-parallel-sharding-strategy optim_grads ",
        [](TrainConfig& c) {
          c.use_megatron_fsdp = true;
