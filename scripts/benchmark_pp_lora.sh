@@ -23,4 +23,10 @@ configs=(
   "70b-lora-nvfp4-pp4vp20-full|4|$lora --lora-base-precision nvfp4 $pp --recompute full"
   "70b-lora-nvfp4-pp4vp20-selective|4|$lora --lora-base-precision nvfp4 $pp --recompute selective"
 )
+# On two GPUs, beside nibble's Megatron-FSDP row on two H200s: PP2 (1F1B), a BF16 base with full recompute, an
+# NVFP4 base with selective.
+configs+=(
+  "70b-lora-bf16-pp2-full|2|$lora --lora-base-precision bf16 --pipeline-model-parallel-size 2 --recompute full"
+  "70b-lora-nvfp4-pp2-selective|2|$lora --lora-base-precision nvfp4 --pipeline-model-parallel-size 2 --recompute selective"
+)
 run_configs "${configs[@]}"
