@@ -28,6 +28,7 @@ configs=(
   "8b-bf16-pp4-profile|4|$big --recompute selective --pipeline-model-parallel-size 4 --profile"
   "8b-bf16-fsdp4|4|$big --recompute selective $fsdp"
   "8b-bf16-pp2-profile|2|$big --recompute selective --pipeline-model-parallel-size 2 --profile"
+  "8b-bf16-pp2-first17-profile|2|$big --recompute selective --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 17 --profile"
   "8b-nvfp4-pp4|4|$big $nvfp4 --recompute full --pipeline-model-parallel-size 4"
   "8b-nvfp4-fsdp4|4|$big $nvfp4 --recompute selective $fsdp"
 )

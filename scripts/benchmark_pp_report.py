@@ -4,7 +4,6 @@ time, tokens/s/GPU, model TFLOP/s/GPU, MFU, peak memory (rank 0's) and the memor
 pipeline row's tokens/s/GPU against the Megatron-FSDP row of its recipe.
 
 Usage: benchmark_pp_report.py OUT [--merge-into BENCHMARKS.md]"""
-import json
 import os
 import re
 import sys
@@ -22,20 +21,45 @@ def tokens(s):
 
 
 def measured_bubble(out, name):
-    """The profiled run's bubble phase (the first stage's messages and waits) as a share of its step, and the
-    formula's share from its log; None when the run wrote no roofline."""
-    path = os.path.join(out, name, "roofline.json")
-    if not os.path.exists(path):
+    """A profiled run's bubble: its roofline's phase "pipeline: messages + waits (bubble)" (the first stage's) as a
+    share of the step, beside the formula's share from its log; None when the run printed no roofline."""
+    log = read(out, f"{name}.log")
+    phase = re.search(r"^pipeline: messages \+ waits \(bubble\)\s+([\d.]+)\s+([\d.]+)%", log, re.M)
+    step = re.search(r"^step\s+([\d.]+) 100\.0%", log, re.M)
+    formula = re.search(r"pipeline bubble by formula .* = ([\d.]+)% of the ideal step", log)
+    layers = re.search(r"pipeline parallel: .*; layers: (.*)", log)
+    if not phase or not step:
         return None
-    r = json.load(open(path))
-    phase = [p for p in r.get("phases", []) if p.get("name", "").startswith("pipeline: messages")]
-    formula = re.search(r"pipeline bubble by formula .* = ([\d.]+)% of the ideal step", read(out, f"{name}.log"))
-    if not phase or not r.get("step_ms"):
-        return None
-    return (f"- {name}: the first stage spends {phase[0]['ms']:.0f} ms of its {r['step_ms']:.0f} ms step "
-            f"({100 * phase[0]['ms'] / r['step_ms']:.1f}%) in pipeline messages and waits (the measured bubble with "
-            f"the transfers); the formula (P - 1) / (V x M) gives {formula.group(1) if formula else '?'}% of the ideal "
-            "step\n")
+    return (f"- {name} (layers: {layers.group(1) if layers else '?'}): the first stage spends {float(phase.group(1)):.0f} "
+            f"ms of its {float(step.group(1)):.0f} ms step ({phase.group(2)}%) in pipeline messages and waits (the "
+            f"measured bubble with the transfers); the formula (P - 1) / (V x M) gives "
+            f"{formula.group(1) if formula else '?'}%\n")
+
+
+TABLE = ("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
+         "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+
+
+def lora_sections(out, names, rows, device, commit):
+    four = [r for n, r in zip(names, rows) if "-pp4" in n]
+    two = [r for n, r in zip(names, rows) if "-pp2" in n]
+    common = ("LoRA rank 32 on a frozen base of seeded random values of the real shapes, sequence 4096, micro-batch 1, "
+              "global batch 32 (32 micro-batches per step); 3 steps, step time the mean after step 1; peak memory is "
+              "rank 0's (the first stage); messages posted between passes. A frozen quantized base needs no full "
+              "recompute (its Linears keep nothing of a micro-batch for the backward).")
+    four_text = (
+        "## Pipeline parallelism: NeMo's Llama 3.1 70B LoRA configuration, TP1 PP4 VP20 on four GPUs (same run)\n\n"
+        f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}): {common} Bubble 3 / (20 x 32) = 0.5% by "
+        "formula, interleaved 1F1B (83 passes in flight on the first stage). Beside: nibble's Megatron-FSDP row, "
+        "1,721 tokens/s/GPU on two H200s (selective recompute), and NeMo's 8xB200 row, 3,772 (BF16).\n\n"
+        + TABLE + "\n".join(four) + "\n")
+    two_text = (
+        "## Pipeline parallelism: the Llama 3.1 70B LoRA at PP2 on two GPUs, beside Megatron-FSDP's row (same "
+        "GPUs)\n\n"
+        f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}): {common} 1F1B, bubble 1 / 32 = 3.1% by "
+        "formula, 40 layers per stage. Megatron-FSDP's row on two H200s (its section above): 1,721 tokens/s/GPU at "
+        "136.4 GiB (BF16 base, selective recompute).\n\n" + TABLE + "\n".join(two) + "\n")
+    return [(four_text, bool(four)), (two_text, bool(two))]
 
 
 def main():
@@ -48,40 +72,36 @@ def main():
         rows.append(text)
         stats[name] = tokens(s)
         device = s.get("device", device)
+    commit = read(out, "commit.txt").strip() or "unknown"
+    if any(n.startswith("70b-lora") for n in names):
+        write_report(lora_sections(out, names, rows, device, commit), merge, out, commit)
+        return
     lines = []
     for name, got in stats.items():
         recipe = name.split("-")[1]
         base = stats.get(f"8b-{recipe}-fsdp4")
         if "-pp" in name and got and base:
             lines.append(f"- {name}: {got / base:.3f}x the Megatron-FSDP row's tokens/s/GPU")
-    bubbles = [b for b in (measured_bubble(out, name) for name in names) if b]
-    commit = read(out, "commit.txt").strip() or "unknown"
-    if any(n.startswith("70b-lora") for n in names):
-        text = (
-            "## Pipeline parallelism: NeMo's Llama 3.1 70B LoRA configuration, TP1 PP4 VP20 on four GPUs (same run)\n\n"
-            f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}): LoRA rank 32 on a frozen base of seeded "
-            "random values of the real shapes, sequence 4096, micro-batch 1, global batch 32 (32 micro-batches per step: "
-            "bubble 3 / (20 x 32) = 0.5% by formula, interleaved 1F1B, messages posted between passes); 3 steps, step "
-            "time the mean after step 1; peak memory is rank 0's (the first stage: 83 passes in flight). Beside: "
-            "nibble's Megatron-FSDP row, 1,721 tokens/s/GPU on two H200s (selective recompute), and NeMo's 8xB200 row, "
-            "3,772 (BF16).\n\n"
-            "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
-            "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n"
-            + ("\n" + "".join(bubbles) if bubbles else ""))
-        write_report([(text, bool(rows))], merge, out, commit)
-        return
-    text = (
+    four = [r for n, r in zip(names, rows) if not n.endswith("-profile")]
+    profiled = [n for n in names if n.endswith("-profile")]
+    four_text = (
         "## Pipeline parallelism: the 8B at PP4 and PP2 x D2 beside Megatron-FSDP on four GPUs (same run)\n\n"
         f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}): mock data, sequence 8192, micro-batch 1, global "
         "batch 32 (32 micro-batches per step at PP4: bubble 3/32 = 9.4% by formula, 1F1B, messages posted between "
         "passes); BF16 with selective recompute (PP2 x T2 with sequence parallelism), NVFP4 with full recompute under "
-        "pipeline parallelism (its Linears keep one micro-batch's quantized input), selective under FSDP; the "
-        "profiled row's speed includes the profiler's events. Step time is the mean after step 1; peak "
-        "memory is rank 0's (the first stage); the estimate is the memory estimate's total for it.\n\n"
-        "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
-        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n"
-        + "".join(line + "\n" for line in lines) + "".join(bubbles))
-    write_report([(text, bool(rows))], merge, out, commit)
+        "pipeline parallelism (its Linears keep one micro-batch's quantized input), selective under FSDP. Step time is "
+        "the mean after step 1; peak memory is rank 0's (the first stage); the estimate is the memory estimate's "
+        "total for it.\n\n" + TABLE + "\n".join(four) + "\n\n" + "".join(line + "\n" for line in lines))
+    bubble_text = (
+        "## Pipeline parallelism: the measured bubble against the formula, the 8B at PP2 on two GPUs (same run)\n\n"
+        f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}), its profiled rows (`--profile`: CUDA events around "
+        "every phase, the messages' NCCL kernels and the waits for them as the phase \"pipeline: messages + waits "
+        "(bubble)\"): sequence 8192, micro-batch 1, global batch 32, selective recompute; the roofline is the first "
+        "stage's. The even split leaves the LM head's work on the last stage, and the first stage waits for it; "
+        "`--decoder-first-pipeline-num-layers 17` gives the first stage one layer more and brings its waits down to "
+        "the formula.\n\n" + TABLE + "\n".join(r for n, r in zip(names, rows) if n in profiled) + "\n\n"
+        + "".join(b for b in (measured_bubble(out, n) for n in profiled) if b))
+    write_report([(four_text, bool(four)), (bubble_text, bool(profiled))], merge, out, commit)
 
 
 if __name__ == "__main__":
