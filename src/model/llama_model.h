@@ -55,10 +55,12 @@ class LlamaModel {
                                        int sequence_parallel = 1);
   // A pipeline stage's activations (llama_pipeline.cpp): `slots` in-flight passes of a chunk of cfg.layers layers
   // (`quantized`: per layer, whether it keeps quantized inputs; head: it ends with the LM head), each keeping its
-  // residual stream and kept layer tensors, plus one scratch they share. What init allocates and the estimate counts.
+  // residual stream and kept layer tensors, plus one scratch they share. What init allocates and the estimate counts;
+  // kept_bytes and scratch_bytes (optional) get one pass's kept bytes and the scratch's.
   static int64_t plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                                 const std::vector<bool>& quantized, const LoraSpec* lora, int sp,
-                                                bool head, int64_t slots);
+                                                bool head, int64_t slots, int64_t* kept_bytes = nullptr,
+                                                int64_t* scratch_bytes = nullptr);
   // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
   struct LinearSpec {
     int64_t layer = 0;

@@ -52,12 +52,15 @@ Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int
 
 int64_t LlamaModel::plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
                                                    Recompute rc, const std::vector<bool>& quantized,
-                                                   const LoraSpec* lora, int sp, bool head, int64_t slots) {
+                                                   const LoraSpec* lora, int sp, bool head, int64_t slots,
+                                                   int64_t* kept_bytes, int64_t* scratch_bytes) {
   llama::Planner kept, scratch;
   kept.dev = scratch.dev = dev;
   Acts probe;
   llama::plan_acts(&probe, kept, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
                    llama::lm_chunk_tokens(cfg, shape), quantized, lora, sp, head, &scratch);
+  if (kept_bytes) *kept_bytes = kept.bytes;
+  if (scratch_bytes) *scratch_bytes = scratch.bytes;
   return kept.bytes * slots + scratch.bytes;
 }
 

@@ -65,12 +65,27 @@ int64_t offload_staging_bytes(int64_t shard, const optim::Placement& pl) {
   return int64_t(optim::AdamWStreamer::staging_bytes(optim::OptimizerState::chunk_for(shard, pl)));
 }
 
+// A pipeline stage's parameters that local_model() counts but the stage does not hold: the embedding off the first
+// stage, the final norm and the LM head off the last (tied embeddings are refused under pipeline parallelism).
+int64_t params_off_stage(const MemoryJob& j, const LlamaConfig& m) {
+  if (j.pipeline <= 1) return 0;
+  int64_t n = 0;
+  if (j.pipeline_rank != 0) n += m.vocab * m.hidden;
+  if (j.pipeline_rank != j.pipeline - 1) n += m.vocab * m.hidden + m.hidden;
+  return n;
+}
+
 // Weights, gradients and optimizer state (and Megatron-FSDP's windows of them), with the offload windows
 // as a row of their own.
 void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   const LlamaConfig m = j.local_model();
   const int shards = j.shards();
   const bool offload = j.placement.offload_fraction > 0;
+  // What each of the stage's missing parameters would have cost: a frozen base keeps its compute copy only, a
+  // trained one FP32 master, gradient and compute copy and its share of m and v (neither is ever master-only).
+  const double compute_bytes = j.dev == Device::cuda ? 2 : 4;
+  const double off_stage = double(params_off_stage(j, m)) *
+                           (j.lora ? compute_bytes : 4.0 + compute_bytes + (shards > 1 ? 12.0 / shards : 12.0));
   if (j.lora) {
     const bool sharded_base = j.fsdp() == LlamaModel::Fsdp::optim_grads_params;
     const double all = double(LlamaModel::lora_parameter_bytes(m, j.dev, j.recipe, j.lora_spec,
@@ -79,12 +94,13 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
     // The adapters' store (FP32 master, grad, m, v + compute copy) and the frozen norms' gradient sink.
     const double adapters = double(LlamaModel::lora_store_bytes(m, j.dev, j.lora_spec));
     const double formula_adapters = double(lora_param_count(m, j.lora_spec) * (16 + (j.dev == Device::cuda ? 2 : 4)));
-    e->rows.push_back({MemPart::params, all - formula_adapters, "the frozen base's BF16 parts"});
+    e->rows.push_back({MemPart::params, all - formula_adapters - off_stage, "the frozen base's BF16 parts"});
     e->rows.push_back({MemPart::lora, adapters, "adapters with AdamW state"});
     return;
   }
-  double bytes = double(
-      LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(), j.embeddings_per_step));
+  double bytes = double(LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(),
+                                                    j.embeddings_per_step)) -
+                 off_stage;  // (offload and Megatron-FSDP are refused under pipeline parallelism)
   if (offload) {
     const double staging = double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
     bytes -= staging;
@@ -94,7 +110,7 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
     e->rows.push_back({MemPart::optimizer_staging, staging, "AdamWStreamer windows"});
     return;
   }
-  const double per_param = bytes / double(m.total_params());
+  const double per_param = bytes / double(m.total_params() - params_off_stage(j, m));
   std::string how = shards > 1 ? strprintf("sharded over %d ranks (%.1f bytes/param)", shards, per_param)
                                : strprintf("FP32 master, grad, m, v + compute copy (%.1f bytes/param)", per_param);
   if (j.tensor_parallel > 1) how += strprintf(" of this rank's 1/%d", j.tensor_parallel);
@@ -222,24 +238,45 @@ double tensor_parallel_save_bytes(const MemoryJob& j) {
 
 namespace {
 
-// The arena's plan; a pipeline stage's (the first: its first chunk of layers, no head, the schedule's most passes in
-// flight) as LlamaModel sizes its slots and shared scratch.
+// The arena's plan; a pipeline stage's as LlamaModel::init_pipeline sizes it: its schedule's most passes in flight,
+// each keeping the largest chunk's residual stream and kept tensors (the last stage's last chunk with the LM head),
+// and one scratch the size of the largest chunk's.
 int64_t activation_bytes(const MemoryJob& j, const LlamaConfig& m, MicroBatchShape shape, const LoraSpec* lora) {
   const int sp = j.sequence_parallel ? j.tensor_parallel : 1;
   if (j.pipeline == 1) return LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora, sp);
-  LlamaConfig chunk = m;
-  chunk.layers =
-      (j.model.layers + int64_t(j.pipeline) * j.virtual_stages - 1) / (int64_t(j.pipeline) * j.virtual_stages);
-  std::vector<bool> quantized = llama::scratch_input_layers(j.model, j.acts_plan, lora);
-  quantized.resize(size_t(chunk.layers));
-  const int64_t slots = PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, 0, j.accumulation());
-  return LlamaModel::plan_pipeline_activation_bytes(chunk, j.dev, shape, j.recompute, quantized, lora, sp, false,
-                                                    slots);
+  const std::vector<bool> quantized = llama::scratch_input_layers(j.model, j.acts_plan, lora);
+  std::vector<pp::LayerRange> chunks = pp::rank_chunks(j.pipeline_stages, j.pipeline_rank, j.pipeline);
+  if (chunks.empty()) chunks = {{0, m.layers}};  // no split given: an even share of the first layers
+  int64_t most = 0, scratch = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    LlamaConfig chunk = m;
+    chunk.layers = chunks[c].end - chunks[c].begin;
+    const std::vector<bool> mine(quantized.begin() + chunks[c].begin, quantized.begin() + chunks[c].end);
+    const bool head = j.pipeline_rank == j.pipeline - 1 && c + 1 == chunks.size();
+    int64_t kept = 0, shared = 0;
+    LlamaModel::plan_pipeline_activation_bytes(chunk, j.dev, shape, j.recompute, mine, lora, sp, head, 1, &kept,
+                                               &shared);
+    most = std::max(most, kept);
+    scratch = std::max(scratch, shared);
+  }
+  return most * PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, j.pipeline_rank, j.accumulation()) +
+         scratch;
 }
 
 }  // namespace
 
-Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
+int64_t MemoryJob::pipeline_layers() const {
+  if (pipeline <= 1) return model.layers;
+  const std::vector<pp::LayerRange> chunks = pp::rank_chunks(pipeline_stages, std::max(0, pipeline_rank), pipeline);
+  if (chunks.empty()) return (model.layers + pipeline - 1) / pipeline;
+  int64_t n = 0;
+  for (const pp::LayerRange& c : chunks) n += c.end - c.begin;
+  return n;
+}
+
+namespace {
+
+Status estimate_stage(const MemoryJob& j, MemoryEstimate* e) {
   *e = MemoryEstimate{};
   add_parameter_rows(j, e);
   const MicroBatchShape shape{j.micro_batch, j.local_seq()};
@@ -285,8 +322,35 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
   return Status::ok();
 }
 
+}  // namespace
+
+// Under pipeline parallelism (unless one rank is asked for) every rank's stage; the largest is the job's need.
+Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
+  if (j.pipeline <= 1 || j.pipeline_rank >= 0) {
+    NB_TRY(estimate_stage(j, e));
+    e->pipeline_rank = j.pipeline > 1 ? j.pipeline_rank : -1;
+    return Status::ok();
+  }
+  for (int r = 0; r < j.pipeline; ++r) {
+    MemoryJob stage = j;
+    stage.pipeline_rank = r;
+    MemoryEstimate mine;
+    NB_TRY(estimate_stage(stage, &mine));
+    if (r == 0 || mine.device() > e->device()) {
+      *e = std::move(mine);
+      e->pipeline_rank = r;
+    }
+  }
+  return Status::ok();
+}
+
 std::string format_memory_table(const MemoryEstimate& e, double free_bytes) {
   std::string s = "memory estimate per GPU, by part (each from the code that sizes it):\n";
+  if (e.pipeline_rank >= 0)
+    s = strprintf(
+        "memory estimate per GPU, by part (each from the code that sizes it), for pipeline rank %d's "
+        "stage, the largest:\n",
+        e.pipeline_rank);
   for (const MemoryEstimate::Row& r : e.rows)
     s += strprintf("  %-42s %9.2f GiB   %s\n", mem_part_name(r.part), gib(r.bytes), r.how.c_str());
   s += strprintf("  %-42s %9.2f GiB   measured constant (handles, NCCL, stream-ordered pool)\n",

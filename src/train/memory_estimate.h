@@ -16,6 +16,7 @@
 #include "core/memory_ledger.h"
 #include "model/llama_model.h"
 #include "model/lora.h"
+#include "model/pipeline_split.h"
 #include "recipe/recipe.h"
 
 namespace nb {
@@ -33,13 +34,18 @@ struct MemoryJob {
   int ranks = 1, local_ranks = 1;  // world size, and ranks on this machine (host memory is shared)
   int context_parallel = 1;        // --context-parallel-size: each rank holds seq / C tokens of a row
   int tensor_parallel = 1;         // --tensor-model-parallel-size: each rank holds 1/T of every layer
-  // --pipeline-model-parallel-size: a stage holds about 1/P of the layers (the estimate sizes the first stage: the
-  // largest even share, the embedding, and min(P, M) micro-batches of its activations in flight under 1F1B).
-  int pipeline = 1, virtual_stages = 1;  // ... and V chunks per rank (the interleaved schedule)
-  bool sequence_parallel = false;        // --sequence-parallel: the residual stream on 1/T of the tokens
-  std::string strategy = "no_shard";     // no_shard | optim | optim_grads | optim_grads_params
-  optim::Placement placement;            // --optimizer-cpu-offload
-  int64_t offload_chunk_elems = 0;  // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
+  // --pipeline-model-parallel-size: each rank holds its chunks of the split's P x V virtual stages (V chunks per rank
+  // under the interleaved schedule), the embedding on the first stage, the final norm and LM head on the last, and
+  // its schedule's most passes in flight. estimate_memory sizes rank pipeline_rank's stage, or (-1) every rank's and
+  // reports the largest; without the split (pipeline_stages empty) an even share of the layers stands for a rank's.
+  int pipeline = 1, virtual_stages = 1;
+  std::vector<pp::LayerRange> pipeline_stages;
+  int pipeline_rank = -1;
+  int64_t pipeline_layers() const;    // the layers rank pipeline_rank holds
+  bool sequence_parallel = false;     // --sequence-parallel: the residual stream on 1/T of the tokens
+  std::string strategy = "no_shard";  // no_shard | optim | optim_grads | optim_grads_params
+  optim::Placement placement;         // --optimizer-cpu-offload
+  int64_t offload_chunk_elems = 0;    // its streaming chunk (--optimizer-state-offload-chunk-size-mb), offloaded or not
   bool lora = false;
   LoraSpec lora_spec;
   bool embeddings_per_step = false, grad_reduce_in_bf16 = false, overlap = false;
@@ -64,7 +70,7 @@ struct MemoryJob {
   int64_t local_seq() const { return seq / context_parallel; }  // a rank's tokens per row
   LlamaConfig local_model() const {                             // what a rank holds
     LlamaConfig m = tp::local_config(model, tensor_parallel);
-    m.layers = (m.layers + pipeline - 1) / pipeline;
+    m.layers = pipeline_layers();
     return m;
   }
 };
@@ -75,10 +81,11 @@ struct MemoryEstimate {
     double bytes;
     std::string how;  // where the figure comes from, in a few words
   };
-  std::vector<Row> rows;  // nibble's device allocations per rank, by part
-  double libraries = 0;   // the CUDA libraries' own device memory (not nibble's allocator)
-  double host = 0;        // host memory on one machine: offloaded state of its ranks, checkpoint copies
-  double nibble() const;  // sum of rows
+  std::vector<Row> rows;   // nibble's device allocations per rank, by part
+  double libraries = 0;    // the CUDA libraries' own device memory (not nibble's allocator)
+  int pipeline_rank = -1;  // under pipeline parallelism: the rank whose stage this is (the largest)
+  double host = 0;         // host memory on one machine: offloaded state of its ranks, checkpoint copies
+  double nibble() const;   // sum of rows
   double device() const { return nibble() + libraries; }
   double part(MemPart p) const;
 };

@@ -34,6 +34,7 @@ MemoryJob Trainer::memory_job() const {
   j.tensor_parallel = tp_size();
   j.pipeline = pp_size();
   j.virtual_stages = virtual_stages_;
+  j.pipeline_stages = pp_stages_;
   j.sequence_parallel = cfg_.sequence_parallel;
   j.local_ranks = std::max(1, world_.local_size);
   j.strategy = cfg_.sharding_strategy();
@@ -186,7 +187,9 @@ Status Trainer::dry_run(TrainConfig cfg, const DryRun& plan, bool* fits) {
   device_name_ = strprintf("planned: %.0f GiB GPU x %d (%d per machine), %.0f GiB host memory (--dry-run)",
                            gib(plan.gpu_bytes), plan.ranks, plan.ranks_per_node, gib(plan.host_bytes));
   NB_TRY(recipe::check_supported(recipe_, cc_major_, cc_minor_));
+  NB_TRY(plan_pipeline());  // the split and the virtual stages the estimate sizes each stage by
   print_plan();
+  print_pipeline_plan();
   const MemoryJob job = memory_job();
   NB_TRY(nb::estimate_memory(job, &estimate_));
   const double free = plan.gpu_bytes - kCudaContextBytes;
