@@ -82,10 +82,11 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   const int shards = j.shards();
   const bool offload = j.placement.offload_fraction > 0;
   // What each of the stage's missing parameters would have cost: a frozen base keeps its compute copy only, a
-  // trained one FP32 master, gradient and compute copy and its share of m and v (neither is ever master-only).
+  // trained one FP32 master, gradient and compute copy and its share of m and v (neither is ever master-only), of
+  // which --optimizer-cpu-offload keeps the offloaded fraction on the host.
   const double compute_bytes = j.dev == Device::cuda ? 2 : 4;
-  const double off_stage = double(params_off_stage(j, m)) *
-                           (j.lora ? compute_bytes : 4.0 + compute_bytes + (shards > 1 ? 12.0 / shards : 12.0));
+  const double state = 12.0 / std::max(1, shards) * (offload ? 1.0 - j.placement.offload_fraction : 1.0);
+  const double off_stage = double(params_off_stage(j, m)) * (j.lora ? compute_bytes : 4.0 + compute_bytes + state);
   if (j.lora) {
     const bool sharded_base = j.fsdp() == LlamaModel::Fsdp::optim_grads_params;
     const double all = double(LlamaModel::lora_parameter_bytes(m, j.dev, j.recipe, j.lora_spec,
@@ -100,7 +101,7 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   }
   double bytes = double(LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(),
                                                     j.embeddings_per_step)) -
-                 off_stage;  // (offload and Megatron-FSDP are refused under pipeline parallelism)
+                 off_stage;  // (Megatron-FSDP is refused under pipeline parallelism)
   if (offload) {
     const double staging = double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
     bytes -= staging;

@@ -95,8 +95,6 @@ Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig&
   std::string unsupported;
   if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
     unsupported = "Megatron-FSDP's --data-parallel-sharding-strategy " + c.sharding_strategy();
-  else if (c.optimizer_cpu_offload)
-    unsupported = "--optimizer-cpu-offload";
   else if (m.tied_embeddings)
     unsupported = "model " + m.name + "'s tied embeddings (the embedding and LM head share a weight on two stages)";
   else if (c.sample_interval > 0)

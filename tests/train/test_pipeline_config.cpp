@@ -138,7 +138,6 @@ TEST(PipelineConfig, RefusesWhatIsNotSupportedYet) {
          c.use_megatron_fsdp = true;
          c.data_parallel_sharding_strategy = "optim_grads_params";
        }},
-      {"--optimizer-cpu-offload", [](TrainConfig& c) { c.optimizer_cpu_offload = true; }},
       {"--sample-interval", [](TrainConfig& c) { c.sample_interval = 5; }},
       {"--anneal-start-fraction", [](TrainConfig& c) { c.anneal_start_fraction = 0.5; }},
       {"--quant-stats", [](TrainConfig& c) { c.quant_stats = true; }},
