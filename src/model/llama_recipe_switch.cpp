@@ -26,6 +26,7 @@ recipe::Recipe LlamaModel::activation_plan_recipe(const recipe::Recipe& now, con
 
 Status LlamaModel::check_switch_covered(const recipe::Recipe& r, bool fprop_only) const {
   for (int64_t l = 0; l < cfg_.layers; ++l) {
+    if (!holds_layer(l)) continue;  // another pipeline stage's
     const bool quantized_now = quantized_under(recipe_, l, cfg_.layers);
     const bool quantized_after = fprop_only ? quantized_now : quantized_under(r, l, cfg_.layers);
     // The plan shares the BF16 inputs of layers it expects to keep quantized copies: after the switch

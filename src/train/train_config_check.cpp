@@ -99,8 +99,6 @@ Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig&
     unsupported = "model " + m.name + "'s tied embeddings (the embedding and LM head share a weight on two stages)";
   else if (c.sample_interval > 0)
     unsupported = "--sample-interval";
-  else if (c.anneal_start_fraction > 0)
-    unsupported = "precision annealing (--anneal-start-fraction)";
   else if (c.quant_stats)
     unsupported = "--quant-stats";
   if (unsupported.empty()) return Status::ok();

@@ -5,8 +5,9 @@
 // log), and so does the validation loss. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer and half
 // its state offloaded to the host, P2 x T2
 // with sequence parallelism, P2 x C2), P4, the interleaved schedule at P4 V2, NVFP4 at P2 (with full recompute, which
-// pipeline parallelism needs for quantized recipes), checkpoints saved at P4 and at T2 x P2 resuming at other layouts,
-// LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), and a killed stage stopping the job.
+// pipeline parallelism needs for quantized recipes) and its anneal to BF16, checkpoints saved at P4 and at T2 x P2
+// resuming at other layouts, LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), and a killed stage
+// stopping the job.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
@@ -67,18 +68,20 @@ TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
 
 // A quantized Linear keeps one micro-batch's quantized input until its backward, so pipeline parallelism runs
 // quantized recipes with full recompute (refused otherwise, below). NVFP4 with stochastic rounding: every pass
-// draws its bits with its own micro-batch's key, so P2 equals one rank.
-TEST(PipelineParallelCpuQuantized, Nvfp4EqualsOneRankAtStepOne) {
+// draws its bits with its own micro-batch's key, so P2 equals one rank; and so do the steps after precision
+// annealing switches it to BF16 at step 3 (each stage rebuilds its own layers' Linears; measured: identical digits).
+TEST(PipelineParallelCpuQuantized, Nvfp4AndItsAnnealToBf16EqualOneRank) {
   const std::string dir = test::temp_folder("pp_train_nvfp4");
   const std::string job =
-      "--train-iters 1 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
-      "--num-layers-at-end-in-bf16 0 --recompute full ";
+      "--train-iters 4 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
+      "--num-layers-at-end-in-bf16 0 --recompute full --anneal-start-fraction 0.5 --anneal-recipe bf16_mixed ";
   const auto a = pp_run(job, dir + "/one", kPpBase);
   const auto b = pp_run(job + "--nproc-per-node 2 --pipeline-model-parallel-size 2", dir + "/pp", kPpBase);
-  ASSERT_EQ(a.size(), 1u);
-  ASSERT_EQ(b.size(), 1u);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
   EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
   EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
+  for (size_t i = 1; i < 4; ++i) EXPECT_NEAR(b[i].loss, a[i].loss, 1e-5 * a[i].loss) << "step " << i + 1;
   const test::CliRun r = test::run_nibble(kPpBase +
                                           "--train-iters 1 --recipe bf16_with_nvfp4_mixed --nproc-per-node 2 "
                                           "--pipeline-model-parallel-size 2 --save " +

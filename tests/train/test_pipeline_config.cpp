@@ -139,7 +139,6 @@ TEST(PipelineConfig, RefusesWhatIsNotSupportedYet) {
          c.data_parallel_sharding_strategy = "optim_grads_params";
        }},
       {"--sample-interval", [](TrainConfig& c) { c.sample_interval = 5; }},
-      {"--anneal-start-fraction", [](TrainConfig& c) { c.anneal_start_fraction = 0.5; }},
       {"--quant-stats", [](TrainConfig& c) { c.quant_stats = true; }},
   };
   for (const Case& k : cases) {
