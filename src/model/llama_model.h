@@ -53,14 +53,17 @@ class LlamaModel {
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                        const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr,
                                        int sequence_parallel = 1);
-  // A pipeline stage's activations (llama_pipeline.cpp): `slots` in-flight passes of a chunk of cfg.layers layers
-  // (`quantized`: per layer, whether it keeps quantized inputs; head: it ends with the LM head), each keeping its
-  // residual stream and kept layer tensors, plus one scratch they share. What init allocates and the estimate counts;
-  // kept_bytes and scratch_bytes (optional) get one pass's kept bytes and the scratch's.
-  static int64_t plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
-                                                const std::vector<bool>& quantized, const LoraSpec* lora, int sp,
-                                                bool head, int64_t slots, int64_t* kept_bytes = nullptr,
-                                                int64_t* scratch_bytes = nullptr);
+  // A pipeline stage's activations (llama_pipeline.cpp), as init_pipeline allocates them and the memory estimate
+  // counts them: per in-flight pass, the largest of its chunks' residual streams and kept layer tensors (kept); one
+  // scratch they all share, the largest chunk's (scratch). cfg: the rank's model (layer count unused); quantized: the
+  // whole model's per-layer rule (llama::scratch_input_layers); the last stage's last chunk ends with the LM head.
+  struct StageActivations {
+    int64_t kept = 0, scratch = 0;
+    int64_t bytes(int64_t slots) const { return kept * slots + scratch; }
+  };
+  static StageActivations plan_stage_activations(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
+                                                 Recompute rc, const std::vector<bool>& quantized, const LoraSpec* lora,
+                                                 int sp, const std::vector<pp::LayerRange>& chunks, bool last_stage);
   // One transformer Linear as build_linears makes it (the fused qkv 0, o 1, gate_up 2, down 3).
   struct LinearSpec {
     int64_t layer = 0;
@@ -332,10 +335,9 @@ class LlamaModel {
   }
   friend class MicroBatchPass;  // one micro-batch's forward and backward (llama_pass.cpp)
   Status run(int64_t staged_index, float grad_scale, bool backward);
-  // The activations of a pass over `r`, laid out in `arena` (llama_pipeline.cpp); with a `scratch` planner (arena
-  // and counter: see llama::plan_acts) the tensors no later pass reads go there. *bytes: what `arena` takes.
-  Status plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes = nullptr, Arena* scratch = nullptr,
-                        int64_t* scratch_bytes = nullptr) const;
+  // The activations of a pass over `r`, laid out in `arena` (llama_pipeline.cpp); with a `scratch` arena the tensors
+  // no later pass reads go there (see llama::plan_acts). plan_stage_activations sizes both.
+  Status plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, Arena* scratch = nullptr) const;
   Status init_pipeline();  // the slots' arenas (init_parts)
   PassRange chunk_range(int c) const;
   struct PipelineSlot {

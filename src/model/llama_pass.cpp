@@ -39,7 +39,7 @@ Status MicroBatchPass::plan(bool plan_acts) {
   sp_rank_ = sp_ > 1 ? m_.tp_group->rank() : 0;
   Ts_ = T_ / sp_;
   dt_ = m_.params_.compute_dtype();
-  if (plan_acts) NB_TRY(m_.plan_pass_acts(&A_, r_, arena_, nullptr, scratch_));
+  if (plan_acts) NB_TRY(m_.plan_pass_acts(&A_, r_, arena_, scratch_));
   NB_CHECK(index_ < m_.staged_capacity_, "micro-batch %lld was not staged", (long long)index_);
   const int64_t n = m_.staged_capacity_ * T_;
   ids_ = rows(Tensor::make(m_.ids_.data(), DType::i32, m_.dev_, {n}), index_ * T_, (index_ + 1) * T_);

@@ -29,13 +29,11 @@ PassRange LlamaModel::chunk_range(int c) const {
   return {r.begin, r.end, pipeline->first && c == 0, pipeline->last && c == n - 1};
 }
 
-Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int64_t* bytes, Arena* scratch,
-                                  int64_t* scratch_bytes) const {
+Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, Arena* scratch) const {
   llama::Planner P, S;
   P.arena = arena;
   P.dev = S.dev = dev_;
   S.arena = scratch;
-  const bool split = scratch || scratch_bytes;
   const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
   LlamaConfig c = cfg_;
   c.layers = r.end - r.begin;
@@ -43,44 +41,44 @@ Status LlamaModel::plan_pass_acts(Acts* a, const PassRange& r, Arena* arena, int
   const std::vector<bool> all = llama::scratch_input_layers(cfg_, plan_recipe_, lora);
   const std::vector<bool> mine(all.begin() + r.begin, all.begin() + r.end);
   llama::plan_acts(a, P, c, shape_, recompute_, params_.compute_dtype(), lm_chunk_tokens_, mine, lora, sp_size(),
-                   r.head, split ? &S : nullptr);
-  if (bytes) *bytes = P.bytes;
-  if (scratch_bytes) *scratch_bytes = S.bytes;
+                   r.head, scratch ? &S : nullptr);
   NB_TRY(P.st);
   return S.st;
 }
 
-int64_t LlamaModel::plan_pipeline_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
-                                                   Recompute rc, const std::vector<bool>& quantized,
-                                                   const LoraSpec* lora, int sp, bool head, int64_t slots,
-                                                   int64_t* kept_bytes, int64_t* scratch_bytes) {
-  llama::Planner kept, scratch;
-  kept.dev = scratch.dev = dev;
-  Acts probe;
-  llama::plan_acts(&probe, kept, cfg, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
-                   llama::lm_chunk_tokens(cfg, shape), quantized, lora, sp, head, &scratch);
-  if (kept_bytes) *kept_bytes = kept.bytes;
-  if (scratch_bytes) *scratch_bytes = scratch.bytes;
-  return kept.bytes * slots + scratch.bytes;
+LlamaModel::StageActivations LlamaModel::plan_stage_activations(
+    const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc, const std::vector<bool>& quantized,
+    const LoraSpec* lora, int sp, const std::vector<pp::LayerRange>& chunks, bool last_stage) {
+  StageActivations out;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    llama::Planner kept, scratch;
+    kept.dev = scratch.dev = dev;
+    LlamaConfig chunk = cfg;
+    chunk.layers = chunks[c].end - chunks[c].begin;
+    const std::vector<bool> mine(quantized.begin() + chunks[c].begin, quantized.begin() + chunks[c].end);
+    Acts probe;
+    llama::plan_acts(&probe, kept, chunk, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
+                     llama::lm_chunk_tokens(cfg, shape), mine, lora, sp, last_stage && c + 1 == chunks.size(),
+                     &scratch);
+    out.kept = std::max(out.kept, kept.bytes);
+    out.scratch = std::max(out.scratch, scratch.bytes);
+  }
+  return out;
 }
 
 Status LlamaModel::init_pipeline() {
   NB_CHECK(pipeline->slots >= 1 && !pipeline->chunks.empty(), "internal: a pipeline stage without chunks or slots");
-  int64_t most = 0, scratch = 0;
-  for (int c = 0; c < int(pipeline->chunks.size()); ++c) {
-    Acts probe;
-    int64_t bytes = 0, scratch_bytes = 0;
-    NB_TRY(plan_pass_acts(&probe, chunk_range(c), nullptr, &bytes, nullptr, &scratch_bytes));
-    most = std::max(most, bytes);
-    scratch = std::max(scratch, scratch_bytes);
-  }
-  activation_bytes_ = most * pipeline->slots + scratch;  // plan_pipeline_activation_bytes of the largest chunk
-  NB_TRY(pipeline_scratch_.reserve(dev_, size_t(std::max<int64_t>(scratch, 256))));
+  const LoraSpec* lora = lora_enabled_ ? &lora_spec_ : nullptr;
+  const StageActivations acts =
+      plan_stage_activations(cfg_, dev_, shape_, recompute_, llama::scratch_input_layers(cfg_, plan_recipe_, lora),
+                             lora, sp_size(), pipeline->chunks, pipeline->last);
+  activation_bytes_ = acts.bytes(pipeline->slots);
+  NB_TRY(pipeline_scratch_.reserve(dev_, size_t(std::max<int64_t>(acts.scratch, 256))));
   slots_.clear();
   for (int64_t s = 0; s < pipeline->slots; ++s) {
     PipelineSlot slot;
     slot.arena = std::make_unique<Arena>();
-    NB_TRY(slot.arena->reserve(dev_, size_t(most)));
+    NB_TRY(slot.arena->reserve(dev_, size_t(acts.kept)));
     slot.acts = std::make_shared<Acts>();
     slots_.push_back(std::move(slot));
   }

@@ -41,8 +41,8 @@ int LlamaModel::quantized_input_gathers(int* of) const {
 
 int LlamaModel::quantized_grad_gathers() const {
   int n = 0;
-  for (const auto& layer : linears_)
-    for (size_t i : {1, 3}) n += i < layer.size() && layer[i].gathers_quantized_grad() ? 1 : 0;
+  for (const auto& layer : linears_)  // (another pipeline stage's layers are empty)
+    for (size_t i = 1; i < layer.size(); i += 2) n += layer[i].gathers_quantized_grad() ? 1 : 0;
   return n;
 }
 

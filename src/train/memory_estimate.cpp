@@ -239,29 +239,17 @@ double tensor_parallel_save_bytes(const MemoryJob& j) {
 
 namespace {
 
-// The arena's plan; a pipeline stage's as LlamaModel::init_pipeline sizes it: its schedule's most passes in flight,
-// each keeping the largest chunk's residual stream and kept tensors (the last stage's last chunk with the LM head),
-// and one scratch the size of the largest chunk's.
+// The arena's plan; a pipeline stage's as LlamaModel::init_pipeline sizes it (plan_stage_activations) for its
+// schedule's most passes in flight.
 int64_t activation_bytes(const MemoryJob& j, const LlamaConfig& m, MicroBatchShape shape, const LoraSpec* lora) {
   const int sp = j.sequence_parallel ? j.tensor_parallel : 1;
   if (j.pipeline == 1) return LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora, sp);
-  const std::vector<bool> quantized = llama::scratch_input_layers(j.model, j.acts_plan, lora);
   std::vector<pp::LayerRange> chunks = pp::rank_chunks(j.pipeline_stages, j.pipeline_rank, j.pipeline);
   if (chunks.empty()) chunks = {{0, m.layers}};  // no split given: an even share of the first layers
-  int64_t most = 0, scratch = 0;
-  for (size_t c = 0; c < chunks.size(); ++c) {
-    LlamaConfig chunk = m;
-    chunk.layers = chunks[c].end - chunks[c].begin;
-    const std::vector<bool> mine(quantized.begin() + chunks[c].begin, quantized.begin() + chunks[c].end);
-    const bool head = j.pipeline_rank == j.pipeline - 1 && c + 1 == chunks.size();
-    int64_t kept = 0, shared = 0;
-    LlamaModel::plan_pipeline_activation_bytes(chunk, j.dev, shape, j.recompute, mine, lora, sp, head, 1, &kept,
-                                               &shared);
-    most = std::max(most, kept);
-    scratch = std::max(scratch, shared);
-  }
-  return most * PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, j.pipeline_rank, j.accumulation()) +
-         scratch;
+  return LlamaModel::plan_stage_activations(m, j.dev, shape, j.recompute,
+                                            llama::scratch_input_layers(j.model, j.acts_plan, lora), lora, sp, chunks,
+                                            j.pipeline_rank == j.pipeline - 1)
+      .bytes(PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, j.pipeline_rank, j.accumulation()));
 }
 
 }  // namespace
