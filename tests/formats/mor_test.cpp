@@ -1,0 +1,308 @@
+// MoR's statistics, scales and rules (formats/mor/mor.h) against a float64 reference written here: its own
+// E4M3/E5M2 rounding (frexp and nearbyint in double), its own GAM scales and its own mean relative error.
+// Only the scale and the scaled value are FP32, as the precision spec defines them.
+#include <gtest/gtest.h>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+#include "core/bf16.h"
+#include "formats/mor/mor.h"
+
+namespace nb::mor {
+namespace {
+
+struct Minifloat {
+  int mantissa_bits, min_exp;
+  double max;
+};
+constexpr Minifloat kE4M3{3, -6, 448.0}, kE5M2{2, -14, 57344.0};
+
+// Round to nearest even into a minifloat, saturating at its largest finite value.
+double round_minifloat(double v, const Minifloat& f) {
+  const double a = std::fabs(v);
+  if (a == 0.0) return 0.0;
+  int k = 0;
+  std::frexp(a, &k);  // a = m * 2^k, m in [0.5, 1)
+  const int e = std::max(k - 1, f.min_exp);
+  const double quantum = std::ldexp(1.0, e - f.mantissa_bits);
+  const double r = std::min(std::nearbyint(a / quantum) * quantum, f.max);
+  return std::copysign(r, v);
+}
+
+float fp32_scale(double amax, const Minifloat& f) {  // TE's compute_scale_from_amax in FP32
+  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0f;
+  const float s = float(f.max) / float(amax);
+  return std::isinf(s) ? std::numeric_limits<float>::max() : s;
+}
+
+// The reference's mean relative error of x quantized with per-element scales (scale_of(i)).
+template <typename ScaleOf>
+double mean_rel_error(const std::vector<bf16>& x, const Minifloat& f, ScaleOf scale_of) {
+  double sum = 0.0;
+  int64_t n = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double v = bf16_to_f32(x[i]);
+    if (v == 0.0) continue;
+    const float scale = scale_of(i);
+    const double q = round_minifloat(double(float(v) * scale), f);
+    const double x_hat = q * double(1.0f / scale);
+    sum += std::min(1.0, std::fabs(v - x_hat) / std::fabs(v));
+    ++n;
+  }
+  return n == 0 ? 0.0 : sum / double(n);
+}
+
+double amax_of(const std::vector<bf16>& x) {
+  double a = 0.0;
+  for (bf16 v : x) a = std::max(a, std::fabs(double(bf16_to_f32(v))));
+  return a;
+}
+
+std::vector<bf16> normal_tensor(int64_t n, uint64_t seed, double sigma = 1.0) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d(0.0, sigma);
+  std::vector<bf16> x(static_cast<size_t>(n));
+  for (auto& v : x) v = f32_to_bf16(float(d(rng)));
+  return x;
+}
+
+TensorDecision decide(const std::vector<bf16>& x, int64_t rows, int64_t cols, TensorRule rule) {
+  TensorDecision d;
+  EXPECT_TRUE(decide_tensor_ref(x.data(), rows, cols, rule, &d).is_ok());
+  return d;
+}
+
+TEST(MorTensorRule, MeanErrorEqualsTheFloat64ReferenceAndDecidesAtTheThreshold) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    const int64_t rows = 64, cols = 96;
+    std::vector<bf16> x = normal_tensor(rows * cols, seed, seed == 3 ? 1e-3 : 1.0);
+    const float scale = fp32_scale(amax_of(x), kE4M3);
+    const double ref = mean_rel_error(x, kE4M3, [&](size_t) { return scale; });
+    ASSERT_GT(ref, 0.0);
+    const TensorDecision d = decide(x, rows, cols, TensorRule{});
+    EXPECT_NEAR(d.stat.mean(), ref, ref * 1e-6) << "seed " << seed;
+    EXPECT_EQ(d.stat.nonzero, rows * cols);
+    // Just over and just under: the rule flips where the reference's mean is.
+    EXPECT_EQ(decide(x, rows, cols, TensorRule{Scaling::tensor, ScaleMode::amax, ref * (1 - 1e-4)}).choice,
+              Choice::bf16);
+    const TensorDecision under = decide(x, rows, cols, TensorRule{Scaling::tensor, ScaleMode::amax, ref * (1 + 1e-4)});
+    EXPECT_EQ(under.choice, Choice::fp8_e4m3);
+    EXPECT_EQ(under.reason, Reason::below_threshold);
+  }
+}
+
+// Values with known E4M3 errors at scale 1 (amax 448): 1 + 1/16 ties to 1 (error 1/17), 1 is exact. The share
+// of the inexact ones sets the mean: 1/17 * k / n, so a threshold of 4.5% falls between k = 76 and 77 of 100.
+TEST(MorTensorRule, CraftedErrorsJustUnderAndOverTheDefaultThreshold) {
+  for (int k : {76, 77}) {
+    std::vector<bf16> x(100, f32_to_bf16(1.0f));
+    x[0] = f32_to_bf16(448.0f);
+    for (int i = 1; i <= k; ++i) x[size_t(i)] = f32_to_bf16(1.0625f);
+    const double ref = mean_rel_error(x, kE4M3, [](size_t) { return 1.0f; });
+    EXPECT_NEAR(ref, (1.0 / 17.0) * k / 100.0, 1e-12);
+    const TensorDecision d = decide(x, 1, 100, TensorRule{});
+    EXPECT_EQ(d.choice, ref < 0.045 ? Choice::fp8_e4m3 : Choice::bf16) << k;
+    EXPECT_EQ(d.choice, k == 76 ? Choice::fp8_e4m3 : Choice::bf16);
+  }
+}
+
+TEST(MorTensorRule, AllZerosIsExactInE4M3) {
+  std::vector<bf16> x(256, f32_to_bf16(0.0f));
+  x[3] = f32_to_bf16(-0.0f);
+  const TensorDecision d = decide(x, 2, 128, TensorRule{});
+  EXPECT_EQ(d.choice, Choice::fp8_e4m3);
+  EXPECT_EQ(d.stat.nonzero, 0);
+  EXPECT_EQ(d.stat.err_fixed, 0u);
+}
+
+// One outlier flushes a per-tensor scale's small values to zero (error 1 each); scaling per row confines the
+// loss to its row (1/128 of the elements).
+TEST(MorTensorRule, ASingleOutlierSendsATensorScaleToBf16ButNotAChannelScale) {
+  const int64_t rows = 128, cols = 128;
+  std::vector<bf16> x = normal_tensor(rows * cols, 7);
+  x[5 * cols + 9] = f32_to_bf16(3e6f);
+  const TensorDecision per_tensor = decide(x, rows, cols, TensorRule{});
+  EXPECT_EQ(per_tensor.choice, Choice::bf16);
+  const float scale = fp32_scale(amax_of(x), kE4M3);
+  EXPECT_NEAR(per_tensor.stat.mean(), mean_rel_error(x, kE4M3, [&](size_t) { return scale; }), 1e-6);
+  std::vector<float> row_scale(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double a = 0;
+    for (int64_t c = 0; c < cols; ++c) a = std::max(a, std::fabs(double(bf16_to_f32(x[r * cols + c]))));
+    row_scale[r] = fp32_scale(a, kE4M3);
+  }
+  const double ref = mean_rel_error(x, kE4M3, [&](size_t i) { return row_scale[i / cols]; });
+  const TensorDecision per_row = decide(x, rows, cols, TensorRule{Scaling::channel, ScaleMode::amax});
+  EXPECT_NEAR(per_row.stat.mean(), ref, ref * 1e-6);
+  EXPECT_EQ(per_row.choice, ref < kDefaultE4M3Threshold ? Choice::fp8_e4m3 : Choice::bf16);
+  EXPECT_EQ(per_row.choice, Choice::fp8_e4m3);
+}
+
+TEST(MorTensorRule, NanOrInfFallsBackToBf16AndSaysWhy) {
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::vector<bf16> x = normal_tensor(256, 11);
+    x[100] = f32_to_bf16(bad);
+    for (Scaling s : {Scaling::tensor, Scaling::channel}) {
+      const TensorDecision d = decide(x, 2, 128, TensorRule{s, ScaleMode::amax, 0.5});
+      EXPECT_EQ(d.choice, Choice::bf16);
+      EXPECT_EQ(d.reason, Reason::nonfinite);
+      EXPECT_TRUE(d.stat.nonfinite);
+    }
+  }
+}
+
+// The reference's GAM: the tensor scale's mantissa times 2 to the block scale's exponent, one lower when that
+// would exceed the block's own scale.
+float reference_gam(float tensor_scale, float block_scale) {
+  int kt = 0, kb = 0;
+  const double m = 2.0 * std::frexp(double(tensor_scale), &kt);  // [1, 2)
+  std::frexp(double(block_scale), &kb);
+  double s = std::ldexp(m, kb - 1);
+  if (s > double(block_scale)) s = std::ldexp(m, kb - 2);
+  return float(s);
+}
+
+TEST(MorGam, ScalesEqualTheReferenceBitForBitAndNeverSaturate) {
+  const int64_t rows = 256, cols = 384;
+  std::vector<bf16> x = normal_tensor(rows * cols, 5);
+  std::mt19937_64 rng(9);
+  std::uniform_int_distribution<int> exp_pick(-30, 30);
+  for (int64_t b = 0; b < 6; ++b) {  // each block its own magnitude
+    const float mult = std::ldexp(1.0f + float(b) / 7.0f, exp_pick(rng));
+    for (int64_t r = (b / 3) * 128; r < (b / 3 + 1) * 128; ++r)
+      for (int64_t c = (b % 3) * 128; c < (b % 3 + 1) * 128; ++c)
+        x[r * cols + c] = f32_to_bf16(bf16_to_f32(x[r * cols + c]) * mult);
+  }
+  std::vector<float> gam, amax_scales;
+  ASSERT_TRUE(fp8_scales_ref(x.data(), rows, cols, fp8::Format::e4m3, Scaling::block, ScaleMode::gam, &gam).is_ok());
+  ASSERT_TRUE(
+      fp8_scales_ref(x.data(), rows, cols, fp8::Format::e4m3, Scaling::block, ScaleMode::amax, &amax_scales).is_ok());
+  ASSERT_EQ(gam.size(), 6u);
+  const float tensor_scale = fp32_scale(amax_of(x), kE4M3);
+  int lowered = 0;
+  for (size_t b = 0; b < 6; ++b) {
+    double block_amax = 0;
+    for (int64_t r = int64_t(b / 3) * 128; r < int64_t(b / 3 + 1) * 128; ++r)
+      for (int64_t c = int64_t(b % 3) * 128; c < int64_t(b % 3 + 1) * 128; ++c)
+        block_amax = std::max(block_amax, std::fabs(double(bf16_to_f32(x[r * cols + c]))));
+    const float own = fp32_scale(block_amax, kE4M3);
+    EXPECT_EQ(amax_scales[b], own);
+    const float want = reference_gam(tensor_scale, own);
+    uint32_t got_bits = 0, want_bits = 0;
+    std::memcpy(&got_bits, &gam[b], 4);
+    std::memcpy(&want_bits, &want, 4);
+    EXPECT_EQ(got_bits, want_bits) << "block " << b;
+    EXPECT_LE(double(block_amax) * double(gam[b]), 448.0 * (1 + 1e-7)) << "block " << b;
+    EXPECT_EQ(gam_exponent_byte(gam[b]), uint8_t((want_bits >> 23) & 0xFF));
+    int k_gam = 0, k_own = 0;
+    std::frexp(double(gam[b]), &k_gam);
+    std::frexp(double(own), &k_own);
+    lowered += k_gam < k_own ? 1 : 0;
+  }
+  // Both branches of the rule ran: some blocks kept their exponent, some were lowered by one.
+  EXPECT_GT(lowered, 0);
+  EXPECT_LT(lowered, 6);
+}
+
+// Six 128x128 blocks of different characters, each decided on its own (GAM scales, the tensor as the group).
+std::vector<bf16> six_blocks(int64_t cols) {
+  std::vector<bf16> x = normal_tensor(256 * cols, 21);
+  std::mt19937_64 rng(22);
+  std::normal_distribution<double> d(0.0, 1.0);
+  for (int64_t r = 0; r < 256; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t b = (r / 128) * 3 + c / 128;
+      float v = bf16_to_f32(x[r * cols + c]);
+      switch (b) {
+        case 1:  // two magnitudes 1e7 apart: E4M3 flushes the small half, E5M2 holds both
+          v = float((1.0 + std::fabs(d(rng)) / 8.0) * (c % 2 == 0 ? 1.0 : 1e-7));
+          break;
+        case 2: v = 0.0f; break;                           // zeros
+        case 3: v = (r == 130 && c == 5) ? std::numeric_limits<float>::quiet_NaN() : v; break;
+        case 4: v = (r == 200 && c == 140) ? 1e30f : v * 1e-20f; break;  // beyond E5M2's range
+        case 5: v *= 1e-30f; break;                                       // tiny but narrow
+        default: break;
+      }
+      x[r * cols + c] = f32_to_bf16(v);
+    }
+  return x;
+}
+
+struct RefBlock {
+  double e4 = 0, e5 = 0;
+  bool nonfinite = false, fits = true;
+};
+
+RefBlock reference_block(const std::vector<bf16>& x, int64_t cols, int64_t br, int64_t bc) {
+  double tensor_amax = 0, amax = 0, min_nz = INFINITY;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double a = std::fabs(double(bf16_to_f32(x[i])));
+    if (std::isfinite(a)) tensor_amax = std::max(tensor_amax, a);
+  }
+  std::vector<bf16> block;
+  RefBlock out;
+  for (int64_t r = br * 128; r < br * 128 + 128; ++r)
+    for (int64_t c = bc * 128; c < bc * 128 + 128; ++c) {
+      const bf16 v = x[r * cols + c];
+      const double a = std::fabs(double(bf16_to_f32(v)));
+      if (!std::isfinite(a)) {
+        out.nonfinite = true;
+        continue;
+      }
+      block.push_back(v);
+      amax = std::max(amax, a);
+      if (a > 0) min_nz = std::min(min_nz, a);
+    }
+  const float s4 = reference_gam(fp32_scale(tensor_amax, kE4M3), fp32_scale(amax, kE4M3));
+  const float s5 = reference_gam(fp32_scale(tensor_amax, kE5M2), fp32_scale(amax, kE5M2));
+  out.e4 = mean_rel_error(block, kE4M3, [&](size_t) { return s4; });
+  out.e5 = mean_rel_error(block, kE5M2, [&](size_t) { return s5; });
+  out.fits = min_nz == INFINITY || amax / min_nz <= 57344.0 / std::ldexp(1.0, -14);
+  return out;
+}
+
+TEST(MorBlockRule, TwoAndThreeWayDecisionsEqualTheFloat64Reference) {
+  const int64_t cols = 384;
+  const std::vector<bf16> x = six_blocks(cols);
+  std::vector<BlockDecision> two, three;
+  ASSERT_TRUE(decide_blocks_ref(x.data(), 256, cols, BlockRule{false, ScaleMode::gam, 0.045}, &two).is_ok());
+  ASSERT_TRUE(decide_blocks_ref(x.data(), 256, cols, BlockRule{true, ScaleMode::gam, 0.045}, &three).is_ok());
+  ASSERT_EQ(two.size(), 6u);
+  std::vector<Choice> three_way_choices;
+  for (int64_t b = 0; b < 6; ++b) {
+    const RefBlock ref = reference_block(x, cols, b / 3, b % 3);
+    SCOPED_TRACE(testing::Message() << "block " << b << " e4 " << ref.e4 << " e5 " << ref.e5);
+    if (!ref.nonfinite) {
+      EXPECT_NEAR(two[size_t(b)].e4m3.mean(), ref.e4, ref.e4 * 1e-6 + 1e-9);
+      EXPECT_NEAR(three[size_t(b)].e5m2.mean(), ref.e5, ref.e5 * 1e-6 + 1e-9);
+    }
+    const Choice want_two = ref.nonfinite ? Choice::bf16 : ref.e4 < 0.045 ? Choice::fp8_e4m3 : Choice::bf16;
+    const Choice want_three = ref.nonfinite     ? Choice::bf16
+                              : ref.e4 < ref.e5 ? Choice::fp8_e4m3
+                              : ref.fits        ? Choice::fp8_e5m2
+                                                : Choice::bf16;
+    EXPECT_EQ(two[size_t(b)].choice, want_two);
+    EXPECT_EQ(three[size_t(b)].choice, want_three);
+    three_way_choices.push_back(three[size_t(b)].choice);
+  }
+  // The blocks were made to reach every branch: normal and tiny-but-narrow E4M3, wide E5M2, zeros E5M2 (a tie
+  // at zero error; the range fits), NaN BF16 (non-finite), and a 1e30 outlier over 1e-20 values BF16 (range).
+  EXPECT_EQ(three_way_choices, (std::vector<Choice>{Choice::fp8_e4m3, Choice::fp8_e5m2, Choice::fp8_e5m2,
+                                                    Choice::bf16, Choice::bf16, Choice::fp8_e4m3}));
+  EXPECT_EQ(three[3].reason, Reason::nonfinite);
+  EXPECT_EQ(three[4].reason, Reason::range);
+  EXPECT_EQ(two[1].choice, Choice::bf16);
+}
+
+TEST(MorBlockRule, ShapesThatAreNotWholeBlocksAreRefused) {
+  std::vector<bf16> x(128 * 100);
+  std::vector<BlockDecision> out;
+  const Status s = decide_blocks_ref(x.data(), 128, 100, BlockRule{}, &out);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("multiples of 128"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace nb::mor
