@@ -219,10 +219,10 @@ std::vector<bf16> six_blocks(int64_t cols) {
         case 1:  // two magnitudes 1e7 apart: E4M3 flushes the small half, E5M2 holds both
           v = float((1.0 + std::fabs(d(rng)) / 8.0) * (c % 2 == 0 ? 1.0 : 1e-7));
           break;
-        case 2: v = 0.0f; break;                           // zeros
+        case 2: v = 0.0f; break;  // zeros
         case 3: v = (r == 130 && c == 5) ? std::numeric_limits<float>::quiet_NaN() : v; break;
         case 4: v = (r == 200 && c == 140) ? 1e30f : v * 1e-20f; break;  // beyond E5M2's range
-        case 5: v *= 1e-30f; break;                                       // tiny but narrow
+        case 5: v *= 1e-30f; break;                                      // tiny but narrow
         default: break;
       }
       x[r * cols + c] = f32_to_bf16(v);
@@ -289,8 +289,8 @@ TEST(MorBlockRule, TwoAndThreeWayDecisionsEqualTheFloat64Reference) {
   }
   // The blocks were made to reach every branch: normal and tiny-but-narrow E4M3, wide E5M2, zeros E5M2 (a tie
   // at zero error; the range fits), NaN BF16 (non-finite), and a 1e30 outlier over 1e-20 values BF16 (range).
-  EXPECT_EQ(three_way_choices, (std::vector<Choice>{Choice::fp8_e4m3, Choice::fp8_e5m2, Choice::fp8_e5m2,
-                                                    Choice::bf16, Choice::bf16, Choice::fp8_e4m3}));
+  EXPECT_EQ(three_way_choices, (std::vector<Choice>{Choice::fp8_e4m3, Choice::fp8_e5m2, Choice::fp8_e5m2, Choice::bf16,
+                                                    Choice::bf16, Choice::fp8_e4m3}));
   EXPECT_EQ(three[3].reason, Reason::nonfinite);
   EXPECT_EQ(three[4].reason, Reason::range);
   EXPECT_EQ(two[1].choice, Choice::bf16);

@@ -28,8 +28,8 @@
 
 namespace nb::mor {
 
-constexpr int64_t kBlock = 128;               // the sub-tensor rule's blocks and the block scaling's tiles
-constexpr double kFixedOne = 4294967296.0;    // 2^32: one element's error of 1 in the fixed-point sum
+constexpr int64_t kBlock = 128;                  // the sub-tensor rule's blocks and the block scaling's tiles
+constexpr double kFixedOne = 4294967296.0;       // 2^32: one element's error of 1 in the fixed-point sum
 constexpr double kDefaultE4M3Threshold = 0.045;  // the paper's tensor-level default
 
 // The error statistic of one tensor or block.

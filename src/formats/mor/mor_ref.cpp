@@ -38,11 +38,11 @@ std::vector<float> group_amax(const bf16* x, int64_t rows, int64_t cols, Scaling
 }
 
 Status check_block_multiple(int64_t rows, int64_t cols, const char* what) {
-  if (rows < 1 || cols < 1) return errorf("mor: %s needs a non-empty tensor; got [%lld, %lld]", what, (long long)rows,
-                                          (long long)cols);
+  if (rows < 1 || cols < 1)
+    return errorf("mor: %s needs a non-empty tensor; got [%lld, %lld]", what, (long long)rows, (long long)cols);
   if (rows % kBlock != 0 || cols % kBlock != 0)
-    return errorf("mor: %s needs rows and cols that are multiples of %lld; got [%lld, %lld]", what,
-                  (long long)kBlock, (long long)rows, (long long)cols);
+    return errorf("mor: %s needs rows and cols that are multiples of %lld; got [%lld, %lld]", what, (long long)kBlock,
+                  (long long)rows, (long long)cols);
   return Status::ok();
 }
 
@@ -131,7 +131,7 @@ const char* choice_name(Choice c) {
 uint64_t element_error_fixed(float x, float x_hat) {
   if (x == 0.0f) return 0;
   float e = std::fabs(x - x_hat) / std::fabs(x);
-  if (!(e < 1.0f)) e = 1.0f;  // saturation (and a non-finite x_hat) counts as a whole element's error
+  if (!(e < 1.0f)) e = 1.0f;              // saturation (and a non-finite x_hat) counts as a whole element's error
   return uint64_t(e * float(kFixedOne));  // exact power-of-two scaling, then truncation
 }
 
@@ -210,7 +210,7 @@ Status decide_tensor_ref(const bf16* x, int64_t rows, int64_t cols, const Tensor
 }
 
 bool fits_e5m2_range(float amax, float min_nonzero) {
-  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;  // no non-zero element: nothing to lose
+  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;       // no non-zero element: nothing to lose
   constexpr double kE5M2NormalRange = double(kE5M2Max) / 6.103515625e-05;  // 57344 / 2^-14
   return double(amax) / double(min_nonzero) <= kE5M2NormalRange;
 }
