@@ -25,7 +25,8 @@ size_t emulated_need(int64_t tokens, int64_t in, int64_t out, bool keep, bool fr
 
 Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                       const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
-                                      LinearMemory* out, int sp_ranks) {
+                                      LinearMemory* out, int sp_ranks, const std::vector<pp::LayerRange>* stage_chunks,
+                                      int64_t input_slots) {
   *out = LinearMemory{};
   if (!recipe.quantized()) return Status::ok();
   recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
@@ -33,10 +34,15 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
       dev == Device::cuda && (recipe.weight.fmt == recipe::Fmt::mxfp8 || recipe.weight.fmt == recipe::Fmt::nvfp4);
   size_t scratch = 0;
   bool any_quantized = false;
+  const auto held = [stage_chunks](int64_t l) {
+    return !stage_chunks || std::any_of(stage_chunks->begin(), stage_chunks->end(),
+                                        [l](const pp::LayerRange& c) { return l >= c.begin && l < c.end; });
+  };
   for (const LinearSpec& sp : linear_specs(cfg, recipe, rc)) {
+    if (!held(sp.layer)) continue;  // another pipeline stage's (as build_linears)
     size_t owned = 0, weight = 0;
     NB_TRY(recipe::Linear::plan_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.in, sp.out, dev, &ws, frozen,
-                                      sp.input_col_slot, &owned, &weight));
+                                      sp.input_col_slot, &owned, &weight, int(input_slots)));
     // A sharded weight's copies live in Megatron-FSDP's windows (counted with them), not in the Linear.
     out->owned += int64_t(owned - (sharded_weights ? weight : 0));
     if (sp_ranks > 1 && !frozen)  // as build_linears' set_input_gather and set_grad_gather (a frozen Linear: none)
@@ -56,6 +62,10 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
   if (any_quantized && (master_only || frozen))
     out->weight_stage = (largest_linear_weight(cfg) * (dev == Device::cuda ? 2 : 4) + 255) / 256 * 256;
   return Status::ok();
+}
+
+int64_t LlamaModel::pipeline_input_slots(const recipe::Recipe& recipe, Recompute rc, bool frozen, int64_t slots) {
+  return recipe.quantized() && rc != Recompute::full && !frozen ? std::max<int64_t>(slots, 1) : 1;
 }
 
 }  // namespace nb

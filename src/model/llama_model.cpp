@@ -208,6 +208,11 @@ Status LlamaModel::build_linears() {
     recipe::Linear& lin = linears_[size_t(l)][size_t(i)];
     NB_TRY(lin.init(recipe_, sp.bf16_layer, name, uint32_t(l * 8 + i), shape_.tokens(), sp.in, sp.out, dev_,
                     linear_workspace_, /*frozen=*/lora_enabled_, sp.input_col_slot));
+    // Pipeline parallelism: the micro-batches between their forward and their backward each keep their own
+    // quantized inputs (the passes pick theirs: use_input_slot).
+    if (const int64_t n = pipeline ? pipeline_input_slots(recipe_, recompute_, lora_enabled_, pipeline->slots) : 1;
+        n > 1)
+      NB_TRY(lin.set_input_slots(int(n)));
     // Context and tensor parallelism: activations, gradients and weights scaled as one GPU's. Column-parallel
     // (qkv, gate_up): the input is whole on every tensor-parallel rank, the gradient sharded; row-parallel (o,
     // down) the other way round.

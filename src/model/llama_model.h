@@ -89,9 +89,16 @@ class LlamaModel {
     int64_t emulated_scratch = 0;  // the emulated MXFP8/NVFP4 GEMMs' BF16 scratch at its largest
   };
   // sp_ranks: the tensor-parallel size under sequence parallelism (the quantized input gathers' workspace).
+  // stage_chunks: a pipeline stage's layers (nullptr: every layer); input_slots: its Linears' input slots
+  // (pipeline_input_slots).
   static Status plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                    const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
-                                   LinearMemory* out, int sp_ranks = 1);
+                                   LinearMemory* out, int sp_ranks = 1,
+                                   const std::vector<pp::LayerRange>* stage_chunks = nullptr, int64_t input_slots = 1);
+  // How many micro-batches' quantized inputs each Linear of a pipeline stage keeps (recipe::Linear::
+  // set_input_slots): the stage's passes in flight, unless full recompute remakes them right before each
+  // backward or the Linears are frozen (LoRA: no Wgrad, nothing kept); 1 otherwise.
+  static int64_t pipeline_input_slots(const recipe::Recipe& recipe, Recompute rc, bool frozen, int64_t slots);
   // Starts optimizer step `step`: the weights changed, so quantized weight copies are rebuilt once.
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
@@ -348,6 +355,8 @@ class LlamaModel {
   };
   std::vector<PipelineSlot> slots_;
   Status take_slot(PipelineSlot** out);
+  // The Linears of pass range r read and write input slot `slot` (a no-op with one slot per Linear).
+  Status use_input_slot(const PassRange& r, int64_t slot);
   Arena pipeline_scratch_;  // the slots' shared scratch (llama::plan_acts)
   // Staged micro-batch i's segments and RoPE positions; false when its rows are single sequences.
   bool packed_view(int64_t i, ops::AttentionSegments* segs, Tensor* positions) const;

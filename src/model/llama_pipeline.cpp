@@ -96,6 +96,13 @@ Status LlamaModel::take_slot(PipelineSlot** out) {
   return Status::ok();
 }
 
+Status LlamaModel::use_input_slot(const PassRange& r, int64_t slot) {
+  if (pipeline_input_slots(recipe_, recompute_, lora_enabled_, pipeline->slots) <= 1) return Status::ok();
+  for (int64_t l = r.begin; l < r.end; ++l)
+    for (recipe::Linear& lin : linears_[size_t(l)]) NB_TRY(lin.use_input_slot(int(slot)));
+  return Status::ok();
+}
+
 Status LlamaModel::make_boundary(Buffer* out) const {
   return Buffer::allocate(out, params_.compute_dtype(), dev_, {shape_.tokens() / sp_size(), cfg_.hidden});
 }
@@ -106,6 +113,7 @@ Status LlamaModel::forward_chunk(int64_t i, int c, const Tensor& input, float gr
   NB_TRY(take_slot(&free_slot));
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;  // the micro-batch's keys, whatever order the passes run in
   const PassRange r = chunk_range(c);
+  NB_TRY(use_input_slot(r, free_slot - slots_.data()));
   NB_TRY(MicroBatchPass(*this, i, true, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
              .run_forward(grad_scale, input, true));
   free_slot->micro = i;
@@ -118,6 +126,7 @@ Status LlamaModel::forward_chunk_only(int64_t i, int c, const Tensor& input, Ten
   PipelineSlot* free_slot = nullptr;
   NB_TRY(take_slot(&free_slot));
   const PassRange r = chunk_range(c);
+  NB_TRY(use_input_slot(r, free_slot - slots_.data()));
   NB_TRY(MicroBatchPass(*this, i, false, r, free_slot->acts.get(), free_slot->arena.get(), &pipeline_scratch_)
              .run_forward(0.f, input, true));
   if (!r.head) *output = free_slot->acts->resid.back();
@@ -130,6 +139,7 @@ Status LlamaModel::backward_chunk(int64_t i, int c, const Tensor& output_grad, T
   if (slot == slots_.end())
     return errorf("internal: the backward of micro-batch %lld, chunk %d, before its forward", (long long)i, c);
   micro_ = micro_first_ + uint32_t(i) * micro_stride_;
+  NB_TRY(use_input_slot(chunk_range(c), slot - slots_.begin()));
   const Status st = MicroBatchPass(*this, i, true, chunk_range(c), slot->acts.get(), slot->arena.get())
                         .run_backward(output_grad, input_grad);
   slot->micro = -1;  // its memory stays readable until the next forward_chunk takes it

@@ -73,6 +73,8 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   col_slot = col_shared ? LinearWorkspace::Slot(int(LinearWorkspace::Slot::input_col0) + input_col_slot) : slot;
   slot_bytes = 0;
   col_slot_bytes = 0;
+  col_owned_bytes = 0;
+  col_allocated_bytes = 0;
   owned_bytes = 0;
   allocated_bytes = 0;
   external_base = nullptr;
@@ -94,6 +96,10 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
     }
     owned_bytes += size_t(bytes);
     allocated_bytes += align256(size_t(bytes > 0 ? bytes : 1));
+    if (in_col_slot) {
+      col_owned_bytes += size_t(bytes);
+      col_allocated_bytes += align256(size_t(bytes > 0 ? bytes : 1));
+    }
     return dry ? Status::ok() : alloc_bytes(&p->owned, dev, bytes);
   };
   NB_TRY(place(&row_data, row_transient, data_bytes));

@@ -147,9 +147,20 @@ class Linear {
   // layout in host memory (which bytes() leaves out).
   // *weight (optional): the part of *owned that is the weight's copies, which a sharded weight
   // (set_sharded_weight) does not own.
+  // input_slots: set_input_slots(input_slots) follows init (its extra slots counted in *owned).
   static Status plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
                            int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen, int input_col_slot,
-                           size_t* owned, size_t* weight = nullptr);
+                           size_t* owned, size_t* weight = nullptr, int input_slots = 1);
+  // ---- Several micro-batches in flight (pipeline parallelism without full recompute; linear_slots.cpp) ----
+  // backward() reads the input's column copy (and its scale or amax) that its micro-batch's forward made; with
+  // n slots, n micro-batches keep theirs at once, and use_input_slot(i) picks the one the next forward writes
+  // and the next backward reads (backward pairs with the latest forward in that slot). Slot 0 is the copy
+  // init made, so a Linear that never calls these behaves as before. Refused for a frozen Linear (it keeps
+  // no input copy), for one whose input copy lives in a shared workspace slot (init's input_col_slot: full
+  // recompute needs none), for 2D NVFP4 inputs, for FP8 delayed scaling and for --quant-stats' collection.
+  // A BF16 layer has nothing to keep: both are no-ops there.
+  Status set_input_slots(int n);
+  Status use_input_slot(int i);
   // A Linear whose input column copy lives in a shared slot (init's input_col_slot): quantizes x as forward()
   // would (the copies backward's Wgrad reads) without the Fprop GEMM, for a recomputed forward that does not
   // need this Linear's output. input_copy_shared() says whether such a Linear needs it.

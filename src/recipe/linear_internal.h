@@ -94,6 +94,8 @@ struct QCopies {
   // Full recompute: the input's column pieces in a shared input_col slot of their own (col_slot_bytes > 0).
   LinearWorkspace::Slot col_slot = LinearWorkspace::Slot::input_col0;
   size_t col_slot_bytes = 0;
+  size_t col_owned_bytes = 0;  // of those, the owned column pieces (what each extra input slot repeats)
+  size_t col_allocated_bytes = 0;
   size_t owned_bytes = 0;       // bytes of the owned pieces and the state block
   size_t allocated_bytes = 0;   // the same as the allocator holds them (each piece a 256-byte multiple)
   fp8::DelayedScaling delayed;  // host history (delayed scaling only)
@@ -141,6 +143,9 @@ struct QCopies {
   Status clear_nonfinite_count();
 };
 
+// What one extra input slot allocates (Linear::set_input_slots): the column pieces and a state block's floats.
+size_t input_slot_allocated_bytes(const QCopies& input);
+
 // A contiguous [rows, cols] tensor of dtype dt on dev, or one sentence naming the layer and what it got.
 Status check_2d(const Tensor& t, const char* what, const std::string& layer, int64_t rows, int64_t cols, DType dt,
                 Device dev);
@@ -160,6 +165,16 @@ struct Linear::Impl {
   QCopies q[3];                                // input, weight, grad
   bool weight_valid = false;                   // frozen: set by freeze_weight, never cleared by new_step
   bool have_input = false;
+  // Linear::set_input_slots (several micro-batches in flight): what one micro-batch's backward reads of the
+  // input role, per slot. The slot in use lives in q[input] (its entry here is empty); use_input_slot swaps.
+  struct InputSlot {
+    Buffer col_data, col_scales, state_f;
+    int64_t rows = 0;
+    bool have_input = false;
+  };
+  std::vector<InputSlot> input_slots;
+  int active_input_slot = 0;
+  void swap_input_slot(InputSlot* slot);
   uint32_t step = 0, micro = 0, micro_stride = 1;
   bool collect_stats = false;
   StatsAccumulator stats;

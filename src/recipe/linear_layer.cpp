@@ -113,7 +113,7 @@ Status Linear::init(const Recipe& r, bool bf16_layer, const std::string& name, u
 // the workspace (the caller's shared one; nullptr: a private one, counted as owned), the needs it registers.
 Status Linear::plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, int64_t in_features,
                           int64_t out_features, Device dev, LinearWorkspace* shared, bool frozen, int input_col_slot,
-                          size_t* owned, size_t* weight) {
+                          size_t* owned, size_t* weight, int input_slots) {
   *owned = 0;
   if (weight) *weight = 0;
   std::shared_ptr<LinearWorkspace> ws;
@@ -123,6 +123,7 @@ Status Linear::plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, 
                          input_col_slot, true));
   if (probe.impl_->all_bf16) return Status::ok();
   for (const QCopies& c : probe.impl_->q) *owned += c.allocated_bytes;
+  if (input_slots > 1) *owned += size_t(input_slots - 1) * input_slot_allocated_bytes(probe.impl_->q[0]);
   if (weight) *weight = probe.impl_->q[int(Role::weight)].allocated_bytes;
   if (!shared && probe.impl_->workspace) *owned += probe.impl_->workspace->planned_bytes();  // init allocates it
   return Status::ok();
@@ -354,6 +355,8 @@ size_t Linear::bytes() const {
   size_t n = 0;
   for (const QCopies& c : impl_->q) n += c.owned_bytes;
   if (impl_->frozen && frozen_chunk()) n += weight_chunk_bytes();  // a sharded frozen weight's own chunk
+  if (!impl_->input_slots.empty())
+    n += (impl_->input_slots.size() - 1) * (impl_->q[0].col_owned_bytes + kStateFloats * sizeof(float));
   return n;
 }
 

@@ -18,13 +18,6 @@ Status Trainer::check_pipeline_job() const {
         "FP8 delayed scaling keeps per-layer amax histories that checkpoints save from one rank; with "
         "--pipeline-model-parallel-size %d use a current-scaling recipe (e.g. bf16_with_fp8_current_scaling_mixed)",
         pp_size());
-  // (A LoRA base's frozen Linears run no Wgrad, so they keep nothing of a micro-batch for its backward.)
-  if (recipe_.quantized() && recompute_ != Recompute::full && !lora())
-    return errorf(
-        "recipe %s keeps each Linear's quantized input from its forward to its backward, one micro-batch at a time; "
-        "pipeline parallelism has several in flight: pass --recompute full (each layer's forward runs "
-        "again right before its backward)",
-        recipe_.name.c_str());
   if (cfg_.overlap_grad_reduce || cfg_.overlap_param_gather)
     return errorf(
         "--overlap-grad-reduce and --overlap-param-gather follow one micro-batch's backward; under pipeline "

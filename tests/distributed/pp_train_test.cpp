@@ -4,8 +4,8 @@
 // BF16 step 1 and five steps agree with one rank to 1e-6 and 1e-5 relative (measured: identical digits in the
 // log), and so does the validation loss. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer and half
 // its state offloaded to the host, P2 x T2
-// with sequence parallelism, P2 x C2), P4, the interleaved schedule at P4 V2, NVFP4 at P2 (with full recompute, which
-// pipeline parallelism needs for quantized recipes) and its anneal to BF16, checkpoints saved at P4 and at T2 x P2
+// with sequence parallelism, P2 x C2), P4, the interleaved schedule at P4 V2, NVFP4 (with full recompute at P2, with
+// a quantized input slot per pass in flight at P4 V2) and its anneal to BF16, checkpoints saved at P4 and at T2 x P2
 // resuming at other layouts, LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), and a killed stage
 // stopping the job.
 #include <gtest/gtest.h>
@@ -66,28 +66,30 @@ TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
   std::filesystem::remove_all(dir);
 }
 
-// A quantized Linear keeps one micro-batch's quantized input until its backward, so pipeline parallelism runs
-// quantized recipes with full recompute (refused otherwise, below). NVFP4 with stochastic rounding: every pass
-// draws its bits with its own micro-batch's key, so P2 equals one rank; and so do the steps after precision
-// annealing switches it to BF16 at step 3 (each stage rebuilds its own layers' Linears; measured: identical digits).
+// NVFP4 with stochastic rounding: every pass draws its bits with its own micro-batch's key, so a pipeline equals one
+// rank; and so do the steps after precision annealing switches it to BF16 at step 3 (each stage rebuilds its own
+// layers' Linears; measured: identical digits). Both ways a Linear keeps its quantized input until the backward
+// under pipeline parallelism: with full recompute (P2: the forward runs again right before the backward, into a
+// shared slot) and without it (P4 V2: up to eight passes in flight on rank 0, each with its own input slot,
+// recipe::Linear::set_input_slots).
 TEST(PipelineParallelCpuQuantized, Nvfp4AndItsAnnealToBf16EqualOneRank) {
   const std::string dir = test::temp_folder("pp_train_nvfp4");
   const std::string job =
       "--train-iters 4 --recipe bf16_with_nvfp4_mixed --num-layers-at-start-in-bf16 0 "
-      "--num-layers-at-end-in-bf16 0 --recompute full --anneal-start-fraction 0.5 --anneal-recipe bf16_mixed ";
+      "--num-layers-at-end-in-bf16 0 --anneal-start-fraction 0.5 --anneal-recipe bf16_mixed ";
   const auto a = pp_run(job, dir + "/one", kPpBase);
-  const auto b = pp_run(job + "--nproc-per-node 2 --pipeline-model-parallel-size 2", dir + "/pp", kPpBase);
   ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
-  EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
-  for (size_t i = 1; i < 4; ++i) EXPECT_NEAR(b[i].loss, a[i].loss, 1e-5 * a[i].loss) << "step " << i + 1;
-  const test::CliRun r = test::run_nibble(kPpBase +
-                                          "--train-iters 1 --recipe bf16_with_nvfp4_mixed --nproc-per-node 2 "
-                                          "--pipeline-model-parallel-size 2 --save " +
-                                          dir + "/refused");
-  EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.out.find("--recompute full"), std::string::npos) << r.out;
+  for (const std::string layout :
+       {"--nproc-per-node 2 --pipeline-model-parallel-size 2 --recompute full",
+        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"}) {
+    SCOPED_TRACE(layout);
+    const auto b = pp_run(job + layout, dir + "/pp", kPpBase);
+    ASSERT_EQ(b.size(), 4u);
+    EXPECT_NEAR(b[0].loss, a[0].loss, 1e-6 * a[0].loss);
+    EXPECT_NEAR(b[0].grad_norm, a[0].grad_norm, 1e-6 * a[0].grad_norm);
+    for (size_t i = 1; i < 4; ++i) EXPECT_NEAR(b[i].loss, a[i].loss, 1e-5 * a[i].loss) << "step " << i + 1;
+    std::filesystem::remove_all(dir + "/pp");
+  }
   std::filesystem::remove_all(dir);
 }
 
