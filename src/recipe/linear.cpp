@@ -36,6 +36,22 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 
 static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// The bytes of one copy's codes and of its row-wise and column-wise scales, for a [rows, cols] source.
+static void piece_bytes(Fmt fmt, int64_t rows, int64_t cols, int64_t* data, int64_t* row_scales, int64_t* col_scales) {
+  const int64_t n = rows * cols;
+  *data = fmt == Fmt::nvfp4 ? n / 2 : n;
+  *row_scales = *col_scales = 0;
+  if (fmt == Fmt::fp8_block128 || fmt == Fmt::fp8_block128x128) {
+    auto kind = fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
+    *row_scales = 4 * fp8::block_scale_count(kind, rows, cols, false);
+    *col_scales = 4 * fp8::block_scale_count(kind, rows, cols, true);
+  } else if (fmt == Fmt::mxfp8) {
+    *row_scales = *col_scales = n / 32;
+  } else if (fmt == Fmt::nvfp4) {
+    *row_scales = *col_scales = n / 16;
+  }
+}
+
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
                      LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot, bool dry) {
   role = role_;
@@ -45,25 +61,9 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   rows = 0;
   col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
   row_only = row_only_ && !col_is_row;
-  const int64_t n = rows_cap * cols;
-  int64_t data_bytes = n, row_scale_bytes = 0, col_scale_bytes = 0;
-  switch (s.fmt) {
-    case Fmt::bf16: return Status::ok();
-    case Fmt::fp8_e4m3:
-    case Fmt::fp8_e5m2: break;
-    case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128: {
-      auto kind = s.fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
-      row_scale_bytes = 4 * fp8::block_scale_count(kind, rows_cap, cols, false);
-      col_scale_bytes = 4 * fp8::block_scale_count(kind, rows_cap, cols, true);
-      break;
-    }
-    case Fmt::mxfp8: row_scale_bytes = col_scale_bytes = n / 32; break;
-    case Fmt::nvfp4:
-      data_bytes = n / 2;
-      row_scale_bytes = col_scale_bytes = n / 16;
-      break;
-  }
+  if (s.fmt == Fmt::bf16) return Status::ok();
+  int64_t data_bytes = 0, row_scale_bytes = 0, col_scale_bytes = 0;
+  piece_bytes(s.fmt, rows_cap, cols, &data_bytes, &row_scale_bytes, &col_scale_bytes);
   // Transient pieces: the input's row copy (Fprop only) and both grad copies (backward only).
   const bool row_transient = workspace_ && role != Role::weight;
   const bool col_shared = workspace_ && role == Role::input && input_col_slot >= 0;
