@@ -47,13 +47,13 @@ Status Linear::set_input_slots(int n) {
   if (n < 1) return errorf("linear '%s': %d input slots; at least 1", s.name.c_str(), n);
   if (s.all_bf16) return Status::ok();
   const QCopies& in = s.q[int(Role::input)];
-  const char* why = s.frozen                                   ? "it is frozen and keeps no input copy"
-                    : s.input_col_slot >= 0                    ? "its input copy lives in a shared workspace slot"
-                    : in.col_is_row || in.row_only             ? "its input has no column copy of its own"
+  const char* why = s.frozen                                        ? "it is frozen and keeps no input copy"
+                    : s.input_col_slot >= 0                         ? "its input copy lives in a shared workspace slot"
+                    : in.col_is_row || in.row_only                  ? "its input has no column copy of its own"
                     : in.col_data.transient || in.col_data.external ? "its input column copy is not its own"
-                    : s.recipe.fp8_scaling == Fp8Scaling::delayed ? "FP8 delayed scaling keeps one history per role"
-                    : s.collect_stats                             ? "quantization statistics keep one micro-batch's input"
-                                                                  : nullptr;
+                    : s.recipe.fp8_scaling == Fp8Scaling::delayed   ? "FP8 delayed scaling keeps one history per role"
+                    : s.collect_stats ? "quantization statistics keep one micro-batch's input"
+                                      : nullptr;
   if (why) return errorf("linear '%s' cannot keep several micro-batches' inputs: %s", s.name.c_str(), why);
   if (!s.input_slots.empty()) return errorf("linear '%s': set_input_slots was called already", s.name.c_str());
   s.input_slots.resize(size_t(n));
@@ -72,8 +72,8 @@ Status Linear::use_input_slot(int i) {
   Impl& s = *impl_;
   if (s.all_bf16) return Status::ok();
   if (i < 0 || i >= int(std::max<size_t>(s.input_slots.size(), 1)))
-    return errorf("internal: linear '%s' has %zu input slots; slot %d asked for", s.name.c_str(),
-                  s.input_slots.size(), i);
+    return errorf("internal: linear '%s' has %zu input slots; slot %d asked for", s.name.c_str(), s.input_slots.size(),
+                  i);
   if (i == s.active_input_slot) return Status::ok();
   if (s.collect_stats)
     return errorf("linear '%s': quantization statistics keep one micro-batch's input; not with input slots",

@@ -127,11 +127,13 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const bool sharded = j.training_format_gather || (j.lora && j.fsdp() == LlamaModel::Fsdp::optim_grads_params);
   LlamaModel::LinearMemory lm;
   const int sp_ranks = j.sequence_parallel ? j.tensor_parallel : 1;
-  // A pipeline stage's own layers, each quantized Linear with an input slot per pass in flight.
+  // A pipeline stage's own layers, by their indices in the whole model (which of them stay BF16 is counted from
+  // the whole model's ends, as build_linears does), each quantized Linear with an input slot per pass in flight.
   std::vector<pp::LayerRange> chunks;
   if (j.pipeline > 1 && !j.pipeline_stages.empty())
     chunks = pp::rank_chunks(j.pipeline_stages, std::max(0, j.pipeline_rank), j.pipeline);
   const std::vector<pp::LayerRange>* stage = chunks.empty() ? nullptr : &chunks;
+  const LlamaConfig linears_of = stage ? tp::local_config(j.model, j.tensor_parallel) : m;
   const int64_t in_flight = j.pipeline > 1
                                 ? PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages,
                                                                   std::max(0, j.pipeline_rank), j.accumulation())
@@ -139,12 +141,12 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
   const auto slots = [&](const recipe::Recipe& r) {
     return LlamaModel::pipeline_input_slots(r, j.recompute, j.lora, in_flight);
   };
-  NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded, &lm,
-                                        sp_ranks, stage, slots(j.recipe)));
+  NB_TRY(LlamaModel::plan_linear_memory(linears_of, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded,
+                                        &lm, sp_ranks, stage, slots(j.recipe)));
   if (j.anneal) {
     LlamaModel::LinearMemory next;
-    NB_TRY(LlamaModel::plan_linear_memory(m, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false, sharded, &next,
-                                          sp_ranks, stage, slots(j.anneal_recipe)));
+    NB_TRY(LlamaModel::plan_linear_memory(linears_of, j.dev, shape, j.recompute, j.anneal_recipe, j.lora, false,
+                                          sharded, &next, sp_ranks, stage, slots(j.anneal_recipe)));
     if (next.owned + next.workspace > lm.owned + lm.workspace) lm = next;
   }
   double owned = double(lm.owned);

@@ -13,6 +13,8 @@
 #include "model/llama_model.h"
 #include "model/tensor_parallel.h"
 #include "ops/vocab_parallel_ce.h"
+#include "recipe/linear.h"
+#include "recipe/linear_workspace.h"
 #include "recipe/recipe.h"
 #include "train/memory_estimate.h"
 
@@ -385,6 +387,39 @@ TEST(MemoryEstimateTensorParallel, SmallestSplitThatFitsASequence) {
 // the first stage and the final norm and LM head on the last, and its schedule's passes in flight; the job's
 // estimate is the largest stage's. (Measured on two H200s, the 8B at PP2, seq 8192: rank 0 peaked at 93.17 GiB with
 // the even split and 98.27 with 17 + 15 layers; these estimates give 93.41 and 98.51.)
+// A quantized stage's Linears: which layers stay BF16 is counted from the whole model's ends (NVFP4's last 4 are on
+// the last stage, so the first stage's 16 layers are all quantized), and without full recompute each keeps an input
+// slot per pass in flight (1F1B at P2: two on the first stage, one on the last), each slot the input's NVFP4 column
+// copy (T x in / 2 codes, T x in / 16 scales) and the state's floats, every piece a 256-byte multiple.
+TEST(MemoryEstimatePipeline, QuantizedStagesCountTheirOwnLinearsAndInputSlots) {
+  MemoryJob j = eight_b(4096, "bf16_with_nvfp4_mixed");
+  j.ranks = 2;
+  j.pipeline = 2;
+  j.recompute = Recompute::selective;
+  pp::SplitOptions o;
+  o.pipeline = 2;
+  ASSERT_TRUE(pp::split_layers(j.model.layers, o, &j.pipeline_stages).is_ok());
+  MemoryEstimate first, last;
+  MemoryJob r0 = j, r1 = j;
+  r0.pipeline_rank = 0;
+  r1.pipeline_rank = 1;
+  ASSERT_TRUE(estimate_memory(r0, &first).is_ok());
+  ASSERT_TRUE(estimate_memory(r1, &last).is_ok());
+  const auto a256 = [](int64_t n) { return double((n + 255) / 256 * 256); };
+  const int64_t T = 4096, H = j.model.hidden, F = j.model.ffn;
+  double layer_copies = 0, layer_slot = 0;  // one quantized layer's owned copies, and one extra input slot of it
+  for (const auto& [in, out] : std::vector<std::pair<int64_t, int64_t>>{
+           {H, j.model.q_dim() + 2 * j.model.kv_dim()}, {j.model.q_dim(), H}, {H, 2 * F}, {F, H}}) {
+    recipe::LinearWorkspace ws(Device::cuda);  // the transients are the shared workspace's, not counted here
+    size_t in_ws = 0;
+    ASSERT_TRUE(recipe::Linear::plan_bytes(j.recipe, false, T, in, out, Device::cuda, &ws, false, -1, &in_ws).is_ok());
+    layer_copies += double(in_ws);
+    layer_slot += a256(T * in / 2) + a256(T * in / 16) + a256(5 * 4);
+  }
+  EXPECT_DOUBLE_EQ(first.part(MemPart::quantized_copies), 16 * (layer_copies + layer_slot));
+  EXPECT_DOUBLE_EQ(last.part(MemPart::quantized_copies), 12 * layer_copies);
+}
+
 TEST(MemoryEstimatePipeline, EachStageHoldsItsOwnLayersAndTheLargestIsTheJobs) {
   MemoryJob j = eight_b(8192, "bf16_mixed");
   j.ranks = 2;
