@@ -106,18 +106,32 @@ Status LlamaModel::take_health(std::string* nonfinite_where, recipe::LinearHealt
   return Status::ok();
 }
 
+std::string LlamaModel::linear_name(int64_t layer, int index) {
+  return "model.layers." + std::to_string(layer) + "." + kLinearNames[index];
+}
+
 Status LlamaModel::scaling_states(std::vector<LinearScaling>* out) const {
   out->clear();
   for (int64_t l = 0; l < cfg_.layers; ++l)
     for (int i = 0; i < 4 && !linears_[size_t(l)].empty(); ++i) {
-      LinearScaling ls{"model.layers." + std::to_string(l) + "." + kLinearNames[i], {}};
+      LinearScaling ls{linear_name(l, i), {}, l, i};
       NB_TRY(linears_[size_t(l)][size_t(i)].scaling_state(&ls.roles));
       if (!ls.roles.empty()) out->push_back(std::move(ls));
     }
   return Status::ok();
 }
 
-Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
+// `in` is the whole model's list (a checkpoint's); a pipeline stage takes the entries of the layers it holds.
+Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& all) {
+  static const std::string kPrefix = "model.layers.";
+  std::vector<LinearScaling> in;
+  for (const LinearScaling& ls : all) {
+    const size_t digits = ls.linear.rfind(kPrefix, 0) == 0 ? ls.linear.find_first_not_of("0123456789", kPrefix.size())
+                                                           : std::string::npos;
+    const bool named = digits != std::string::npos && digits > kPrefix.size() && digits - kPrefix.size() < 10;
+    const int64_t l = named ? std::stoll(ls.linear.substr(kPrefix.size(), digits - kPrefix.size())) : -1;
+    if (l < 0 || l >= cfg_.layers || holds_layer(l)) in.push_back(ls);  // no layer of this model: refused below
+  }
   std::vector<LinearScaling> mine;
   NB_TRY(scaling_states(&mine));
   if (in.size() != mine.size())
@@ -126,7 +140,7 @@ Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& in) {
   size_t k = 0;
   for (int64_t l = 0; l < cfg_.layers; ++l)
     for (int i = 0; i < 4; ++i) {
-      if (k >= in.size() || in[k].linear != "model.layers." + std::to_string(l) + "." + kLinearNames[i]) continue;
+      if (k >= in.size() || in[k].linear != linear_name(l, i)) continue;
       NB_TRY(linears_[size_t(l)][size_t(i)].set_scaling_state(in[k].roles));
       ++k;
     }

@@ -118,11 +118,15 @@ class LlamaModel {
   // begin_step). The Linears share one Wgrad scratch; see linear_stats.h for the memory it costs.
   void set_collect_stats(bool on);
   double quant_stats_ms() const { return quant_stats_ms_; }  // wall time of all statistics passes so far
-  // FP8 delayed-scaling state of every Linear (empty for other recipes), for checkpoints.
+  // FP8 delayed-scaling state of every Linear (empty for other recipes), for checkpoints. A pipeline stage reports its
+  // own Linears and, given the whole model's, takes its own.
   struct LinearScaling {
-    std::string linear;  // "model.layers.3.mlp.down_proj"
+    std::string linear;  // "model.layers.3.mlp.down_proj" (linear_name)
     std::vector<recipe::ScalingState> roles;
+    int64_t layer = -1;  // of the whole model
+    int index = -1;      // 0 qkv, 1 o, 2 gate_up, 3 down
   };
+  static std::string linear_name(int64_t layer, int index);
   Status scaling_states(std::vector<LinearScaling>* out) const;
   Status set_scaling_states(const std::vector<LinearScaling>& in);
   void step_amax_views(std::vector<Tensor>* out) const;  // delayed scaling: every step amax (llama_amax.cpp)

@@ -205,6 +205,10 @@ class Trainer {
   void print_pipeline_plan() const;
   Status reduce_over_pipeline(double* values, int n);  // sums host scalars over the stages
   Status gather_pipeline(const float* local, float* whole);
+  // FP8 delayed scaling under pipeline parallelism (trainer_pp_scaling.cpp): every stage's Linears' scaling state in
+  // the whole model's order, into pipeline_scaling_ (which trainer_state() saves), over pp_comm_.
+  Status gather_pipeline_scaling();
+  std::vector<LlamaModel::LinearScaling> pipeline_scaling_;
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers
   bool training_format_gather() const;  // trainer_setup.cpp

@@ -298,9 +298,11 @@ nlohmann::json Trainer::trainer_state() const {
   // (recipe/linear.h): the seed (the configuration's --seed) and this step counter are the whole RNG state.
   // The LR schedule is a function of the iteration and the configuration, so it has no state of its own.
   s["rng"] = {{"generator", "philox4x32-10"}, {"stochastic_rounding_step", rng_step_}};
-  std::vector<LlamaModel::LinearScaling> scaling;
-  Status st = model_.scaling_states(&scaling);
-  NB_CHECK(st.is_ok(), "%s", st.message().c_str());
+  std::vector<LlamaModel::LinearScaling> scaling = pipeline_scaling_;  // the stages' (save gathered them)
+  if (pp_size() == 1) {
+    Status st = model_.scaling_states(&scaling);
+    NB_CHECK(st.is_ok(), "%s", st.message().c_str());
+  }
   s["fp8_delayed_scaling"] = nlohmann::json::array();
   for (const auto& l : scaling) {
     nlohmann::json roles = nlohmann::json::array();
@@ -372,6 +374,7 @@ Status Trainer::save(TrainSummary* summary) {
       NB_TRY(gather_whole(arrays[a], whole_[a].data()));
       arrays[a] = whole_[a].data();
     }
+    if (layout_.tp == 0) NB_TRY(gather_pipeline_scaling());  // the stages' delayed-scaling states (pp_comm_)
     if (!logging_rank()) return Status::ok();
   }
   CheckpointData d{iteration_, std::move(layout), arrays[0], arrays[1], arrays[2], trainer_state()};

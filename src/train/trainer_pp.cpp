@@ -13,10 +13,12 @@ namespace nb {
 // rest before any rank started).
 Status Trainer::check_pipeline_job() const {
   if (pp_size() == 1) return Status::ok();
-  if (recipe_.fp8_scaling == recipe::Fp8Scaling::delayed)
+  // Input slots (recipe::Linear::set_input_slots) would split a role's step amax over the micro-batches in flight.
+  if (recipe_.fp8_scaling == recipe::Fp8Scaling::delayed && recompute_ != Recompute::full && !lora())
     return errorf(
-        "FP8 delayed scaling keeps per-layer amax histories that checkpoints save from one rank; with "
-        "--pipeline-model-parallel-size %d use a current-scaling recipe (e.g. bf16_with_fp8_current_scaling_mixed)",
+        "FP8 delayed scaling records one amax per Linear role and step, which the micro-batches in flight under "
+        "--pipeline-model-parallel-size %d would keep apart: pass --recompute full (each layer's forward runs again "
+        "right before its backward)",
         pp_size());
   if (cfg_.overlap_grad_reduce || cfg_.overlap_param_gather)
     return errorf(
