@@ -380,25 +380,24 @@ TEST(MemoryEstimateTensorParallel, SmallestSplitThatFitsASequence) {
   EXPECT_EQ(parallel_split_line(row, kH100Free, 0, 8).rfind("no tensor x context parallel split", 0), 0u);
 }
 
-}  // namespace
-}  // namespace nb
-
-// Pipeline parallelism: each rank's stage holds its own layers (the split's, uneven ones included), the embedding on
-// the first stage and the final norm and LM head on the last, and its schedule's passes in flight; the job's
-// estimate is the largest stage's. (Measured on two H200s, the 8B at PP2, seq 8192: rank 0 peaked at 93.17 GiB with
-// the even split and 98.27 with 17 + 15 layers; these estimates give 93.41 and 98.51.)
-// A quantized stage's Linears: which layers stay BF16 is counted from the whole model's ends (NVFP4's last 4 are on
-// the last stage, so the first stage's 16 layers are all quantized), and without full recompute each keeps an input
-// slot per pass in flight (1F1B at P2: two on the first stage, one on the last), each slot the input's NVFP4 column
-// copy (T x in / 2 codes, T x in / 16 scales) and the state's floats, every piece a 256-byte multiple.
-TEST(MemoryEstimatePipeline, QuantizedStagesCountTheirOwnLinearsAndInputSlots) {
-  MemoryJob j = eight_b(4096, "bf16_with_nvfp4_mixed");
+// The 8B at PP2 (1F1B, the even split), selective recompute.
+MemoryJob eight_b_pp2(int64_t seq, const char* recipe_name) {
+  MemoryJob j = eight_b(seq, recipe_name);
   j.ranks = 2;
   j.pipeline = 2;
   j.recompute = Recompute::selective;
   pp::SplitOptions o;
   o.pipeline = 2;
-  ASSERT_TRUE(pp::split_layers(j.model.layers, o, &j.pipeline_stages).is_ok());
+  EXPECT_TRUE(pp::split_layers(j.model.layers, o, &j.pipeline_stages).is_ok());
+  return j;
+}
+
+// A quantized stage's Linears: which layers stay BF16 is counted from the whole model's ends (NVFP4's last 4 are on
+// the last stage, so the first stage's 16 layers are all quantized), and without full recompute each keeps an input
+// slot per pass in flight (1F1B at P2: two on the first stage, one on the last), each slot the input's NVFP4 column
+// copy (T x in / 2 codes, T x in / 16 scales) and the state's floats, every piece a 256-byte multiple.
+TEST(MemoryEstimatePipeline, QuantizedStagesCountTheirOwnLinearsAndInputSlots) {
+  MemoryJob j = eight_b_pp2(4096, "bf16_with_nvfp4_mixed");
   MemoryEstimate first, last;
   MemoryJob r0 = j, r1 = j;
   r0.pipeline_rank = 0;
@@ -420,14 +419,14 @@ TEST(MemoryEstimatePipeline, QuantizedStagesCountTheirOwnLinearsAndInputSlots) {
   EXPECT_DOUBLE_EQ(last.part(MemPart::quantized_copies), 12 * layer_copies);
 }
 
+// Pipeline parallelism: each rank's stage holds its own layers (the split's, uneven ones included), the embedding on
+// the first stage and the final norm and LM head on the last, and its schedule's passes in flight; the job's
+// estimate is the largest stage's. (Measured on two H200s, the 8B at PP2, seq 8192: rank 0 peaked at 93.17 GiB with
+// the even split and 98.27 with 17 + 15 layers; these estimates give 93.41 and 98.51.)
 TEST(MemoryEstimatePipeline, EachStageHoldsItsOwnLayersAndTheLargestIsTheJobs) {
-  MemoryJob j = eight_b(8192, "bf16_mixed");
-  j.ranks = 2;
-  j.pipeline = 2;
-  j.recompute = Recompute::selective;
+  MemoryJob j = eight_b_pp2(8192, "bf16_mixed");
   pp::SplitOptions o;
   o.pipeline = 2;
-  ASSERT_TRUE(pp::split_layers(j.model.layers, o, &j.pipeline_stages).is_ok());
   MemoryEstimate first, last, job;
   MemoryJob r0 = j, r1 = j;
   r0.pipeline_rank = 0;
@@ -458,3 +457,6 @@ TEST(MemoryEstimatePipeline, EachStageHoldsItsOwnLayersAndTheLargestIsTheJobs) {
                        double(j.model.layers));
   EXPECT_GT(uneven.part(MemPart::activations), first.part(MemPart::activations));
 }
+
+}  // namespace
+}  // namespace nb
