@@ -121,17 +121,11 @@ Status LlamaModel::scaling_states(std::vector<LinearScaling>* out) const {
   return Status::ok();
 }
 
-// `in` is the whole model's list (a checkpoint's); a pipeline stage takes the entries of the layers it holds.
+// `all` is the whole model's list (a checkpoint's); a pipeline stage takes the entries of the layers it holds.
 Status LlamaModel::set_scaling_states(const std::vector<LinearScaling>& all) {
-  static const std::string kPrefix = "model.layers.";
   std::vector<LinearScaling> in;
-  for (const LinearScaling& ls : all) {
-    const size_t digits = ls.linear.rfind(kPrefix, 0) == 0 ? ls.linear.find_first_not_of("0123456789", kPrefix.size())
-                                                           : std::string::npos;
-    const bool named = digits != std::string::npos && digits > kPrefix.size() && digits - kPrefix.size() < 10;
-    const int64_t l = named ? std::stoll(ls.linear.substr(kPrefix.size(), digits - kPrefix.size())) : -1;
-    if (l < 0 || l >= cfg_.layers || holds_layer(l)) in.push_back(ls);  // no layer of this model: refused below
-  }
+  for (const LinearScaling& ls : all)
+    if (holds_param(ls.linear)) in.push_back(ls);  // every entry without pipeline parallelism
   std::vector<LinearScaling> mine;
   NB_TRY(scaling_states(&mine));
   if (in.size() != mine.size())

@@ -34,8 +34,6 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
   return Buffer::allocate(b, DType::u8, dev, {bytes > 0 ? bytes : 1});
 }
 
-static size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // The bytes of one copy's codes and of its row-wise and column-wise scales, for a [rows, cols] source.
 static void piece_bytes(Fmt fmt, int64_t rows, int64_t cols, int64_t* data, int64_t* row_scales, int64_t* col_scales) {
   const int64_t n = rows * cols;

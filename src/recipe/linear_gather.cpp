@@ -33,8 +33,6 @@ int64_t gather_block_rows(const RoleSpec& s) {
   }
 }
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // The role's chunk layout for `ranks` chunks of M/ranks tokens (a dry QCopies gives the pieces).
 Status role_chunks(Role role, const RoleSpec& spec, int64_t tokens, int64_t cols, int ranks, RowChunks* rc) {
   QCopies probe;

@@ -143,6 +143,9 @@ struct QCopies {
   Status clear_nonfinite_count();
 };
 
+// Bytes as the allocator holds them (and as pieces sit in a slot): rounded up to 256.
+inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
 // What one extra input slot allocates (Linear::set_input_slots): the column pieces and a state block's floats.
 size_t input_slot_allocated_bytes(const QCopies& input);
 

@@ -15,8 +15,6 @@ using namespace detail;
 
 namespace {
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // A fresh buffer shaped as `like` (an empty one stays empty), its bytes copied from `like` (the state's initial
 // scale of 1 and zero amaxes; pieces are overwritten by the slot's first quantize).
 Status clone_buffer(const Buffer& like, Device dev, Buffer* out) {

@@ -18,8 +18,6 @@ namespace nb::recipe {
 
 namespace {
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // Bytes of an NVFP4 column-wise copy of a [rows, cols] source: data [cols, rows/2], scales [cols, rows/16].
 size_t nvfp4_col_bytes(int64_t rows, int64_t cols) {
   return align256(size_t(rows * cols / 2)) + align256(size_t(rows * cols / 16));

@@ -10,8 +10,6 @@ namespace nb::recipe {
 
 namespace {
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 // [cols, rows] column copies: one row per feature, the source's rows along it.
 void set_transposed(ChunkPiece* p, int64_t height, int64_t unit_rows, size_t unit_bytes, size_t chunk_pitch,
                     size_t whole_pitch) {
