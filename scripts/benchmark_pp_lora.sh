@@ -22,6 +22,7 @@ configs=(
   "70b-lora-fp8-pp4vp20-selective|4|$lora --lora-base-precision fp8 $pp --recompute selective"
   "70b-lora-nvfp4-pp4vp20-full|4|$lora --lora-base-precision nvfp4 $pp --recompute full"
   "70b-lora-nvfp4-pp4vp20-selective|4|$lora --lora-base-precision nvfp4 $pp --recompute selective"
+  "70b-lora-bf16-pp4vp20-selective-profile|4|$lora --lora-base-precision bf16 $pp --recompute selective --profile"
 )
 # On two GPUs, beside nibble's Megatron-FSDP row on two H200s: PP2 (1F1B), a BF16 base with full recompute, an
 # NVFP4 base with selective.
