@@ -30,7 +30,8 @@ def measured_bubble(out, name):
     layers = re.search(r"pipeline parallel: .*; layers: (.*)", log)
     if not phase or not step:
         return None
-    return (f"- {name} (layers: {layers.group(1) if layers else '?'}): the first stage spends {float(phase.group(1)):.0f} "
+    where = f" (layers: {layers.group(1)})" if layers and len(layers.group(1)) < 120 else ""  # not V x P ranges
+    return (f"- {name}{where}: the first stage spends {float(phase.group(1)):.0f} "
             f"ms of its {float(step.group(1)):.0f} ms step ({phase.group(2)}%) in pipeline messages and waits (the "
             f"measured bubble with the transfers); the formula (P - 1) / (V x M) gives "
             f"{formula.group(1) if formula else '?'}%\n")
@@ -43,6 +44,7 @@ TABLE = ("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU |
 def lora_sections(out, names, rows, device, commit):
     four = [r for n, r in zip(names, rows) if "-pp4" in n]
     two = [r for n, r in zip(names, rows) if "-pp2" in n]
+    quantized = any(n.endswith("-pp4vp20-selective") and "bf16" not in n for n in names)
     common = ("LoRA rank 32 on a frozen base of seeded random values of the real shapes, sequence 4096, micro-batch 1, "
               "global batch 32 (32 micro-batches per step); 3 steps, step time the mean after step 1; peak memory is "
               "rank 0's (the first stage); messages posted between passes. A frozen quantized base needs no full "
@@ -59,13 +61,33 @@ def lora_sections(out, names, rows, device, commit):
         f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}): {common} 1F1B, bubble 1 / 32 = 3.1% by "
         "formula, 40 layers per stage. Megatron-FSDP's row on two H200s (its section above): 1,721 tokens/s/GPU at "
         "136.4 GiB (BF16 base, selective recompute).\n\n" + TABLE + "\n".join(two) + "\n")
-    return [(four_text, bool(four)), (two_text, bool(two))]
+    return [(four_text, bool(four) and not quantized), (two_text, bool(two)), (quantized_section(
+        out, names, rows, device, commit), quantized)]
+
+
+def quantized_section(out, names, rows, device, commit):
+    """The 70B LoRA at PP4 VP20 with FP8 and NVFP4 bases beside a profiled BF16 base: selective recompute, which a
+    frozen base's Linears allow (they keep nothing of a micro-batch for the backward)."""
+    four = [r for n, r in zip(names, rows) if "-pp4" in n]
+    profiled = [n for n in names if n.endswith("-profile")]
+    return (
+        "## Pipeline parallelism: the 70B LoRA at PP4 VP20 with BF16, FP8 and NVFP4 bases on four GPUs (same "
+        "machine)\n\n"
+        f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}), its selective-recompute rows, one after the "
+        "other on one machine: LoRA rank 32 on a frozen base of seeded random values of the real shapes, sequence "
+        "4096, micro-batch 1, global batch 32 (32 micro-batches per step), interleaved 1F1B, bubble 3 / (20 x 32) = "
+        "0.5% by formula, 83 passes in flight on the first stage; 3 steps, step time the mean after step 1; peak memory "
+        "is rank 0's; messages posted between passes. The BF16 row is profiled (`--profile`; its roofline is the first "
+        "stage's). FP8 GEMMs run on FP8 tensor cores, so its model TFLOP/s and MFU (against the BF16 peak) pass the "
+        "BF16 ceiling; NVFP4 is emulated on Hopper (dequantized to BF16 for each GEMM).\n\n"
+        + TABLE + "\n".join(four) + "\n\n" + "".join(b for b in (measured_bubble(out, n) for n in profiled) if b))
 
 
 def main():
     out = sys.argv[1]
     merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
-    names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
+    # A configuration run twice into one folder (runs.txt appends) is one row: its last run's.
+    names = list(dict.fromkeys(line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()))
     rows, stats, device = [], {}, "the GPU machine"
     for name in names:
         text, s = row(out, name)
@@ -84,12 +106,17 @@ def main():
             lines.append(f"- {name}: {got / base:.3f}x the Megatron-FSDP row's tokens/s/GPU")
     four = [r for n, r in zip(names, rows) if not n.endswith("-profile")]
     profiled = [n for n in names if n.endswith("-profile")]
+    # A run with NVFP4 stages without full recompute (the Linears' input slots) has a section of its own.
+    slots = "8b-nvfp4-pp4-selective" in names
+    title = ("NVFP4 stages with and without full recompute, and PP2 x T2, beside Megatron-FSDP on four GPUs (same "
+             "machine)" if slots else "the 8B at PP4 and PP2 x D2 beside Megatron-FSDP on four GPUs (same run)")
     four_text = (
-        "## Pipeline parallelism: the 8B at PP4 and PP2 x D2 beside Megatron-FSDP on four GPUs (same run)\n\n"
+        f"## Pipeline parallelism: {title}\n\n"
         f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}): mock data, sequence 8192, micro-batch 1, global "
         "batch 32 (32 micro-batches per step at PP4: bubble 3/32 = 9.4% by formula, 1F1B, messages posted between "
-        "passes); BF16 with selective recompute (PP2 x T2 with sequence parallelism), NVFP4 with full recompute under "
-        "pipeline parallelism (its Linears keep one micro-batch's quantized input), selective under FSDP. Step time is "
+        "passes); BF16 with selective recompute (PP2 x T2 with sequence parallelism), NVFP4 with the recompute its name "
+        "gives (full when none: without it, each Linear keeps one quantized input per micro-batch in flight), selective "
+        "under FSDP. Step time is "
         "the mean after step 1; peak memory is rank 0's (the first stage); the estimate is the memory estimate's "
         "total for it.\n\n" + TABLE + "\n".join(four) + "\n\n" + "".join(line + "\n" for line in lines))
     bubble_text = (
