@@ -37,6 +37,18 @@ def measured_bubble(out, name):
             f"{formula.group(1) if formula else '?'}%\n")
 
 
+def messages(out, names):
+    """How the runs' messages moved, from the first log's plan line ("overlapped with compute ..." or "posted
+    between passes ...")."""
+    for name in names:
+        m = re.search(r"pipeline bubble by formula .*; messages (overlapped with compute|posted between passes|not yet "
+                      r"overlapped)", read(out, f"{name}.log"))
+        if m:
+            return "messages overlapped with compute" if m.group(1).startswith("overlapped") else \
+                "messages posted between passes"
+    return "messages as the build posts them"
+
+
 TABLE = ("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
          "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 
@@ -45,9 +57,10 @@ def lora_sections(out, names, rows, device, commit):
     four = [r for n, r in zip(names, rows) if "-pp4" in n]
     two = [r for n, r in zip(names, rows) if "-pp2" in n]
     quantized = any(n.endswith("-pp4vp20-selective") and "bf16" not in n for n in names)
+    how = messages(out, names)
     common = ("LoRA rank 32 on a frozen base of seeded random values of the real shapes, sequence 4096, micro-batch 1, "
               "global batch 32 (32 micro-batches per step); 3 steps, step time the mean after step 1; peak memory is "
-              "rank 0's (the first stage); messages posted between passes. A frozen quantized base needs no full "
+              f"rank 0's (the first stage); {how}. A frozen quantized base needs no full "
               "recompute (its Linears keep nothing of a micro-batch for the backward).")
     four_text = (
         "## Pipeline parallelism: NeMo's Llama 3.1 70B LoRA configuration, TP1 PP4 VP20 on four GPUs (same run)\n\n"
@@ -77,7 +90,7 @@ def quantized_section(out, names, rows, device, commit):
         "other on one machine: LoRA rank 32 on a frozen base of seeded random values of the real shapes, sequence "
         "4096, micro-batch 1, global batch 32 (32 micro-batches per step), interleaved 1F1B, bubble 3 / (20 x 32) = "
         "0.5% by formula, 83 passes in flight on the first stage; 3 steps, step time the mean after step 1; peak memory "
-        "is rank 0's; messages posted between passes. The BF16 row is profiled (`--profile`; its roofline is the first "
+        f"is rank 0's; {messages(out, names)}. The BF16 row is profiled (`--profile`; its roofline is the first "
         "stage's). FP8 GEMMs run on FP8 tensor cores, so its model TFLOP/s and MFU (against the BF16 peak) pass the "
         "BF16 ceiling; NVFP4 is emulated on Hopper (dequantized to BF16 for each GEMM).\n\n"
         + TABLE + "\n".join(four) + "\n\n" + "".join(b for b in (measured_bubble(out, n) for n in profiled) if b))
@@ -113,8 +126,8 @@ def main():
     four_text = (
         f"## Pipeline parallelism: {title}\n\n"
         f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}): mock data, sequence 8192, micro-batch 1, global "
-        "batch 32 (32 micro-batches per step at PP4: bubble 3/32 = 9.4% by formula, 1F1B, messages posted between "
-        "passes); BF16 with selective recompute (PP2 x T2 with sequence parallelism), NVFP4 with the recompute its name "
+        "batch 32 (32 micro-batches per step at PP4: bubble 3/32 = 9.4% by formula, 1F1B, "
+        f"{messages(out, names)}); BF16 with selective recompute (PP2 x T2 with sequence parallelism), NVFP4 with the recompute its name "
         "gives (full when none: without it, each Linear keeps one quantized input per micro-batch in flight), selective "
         "under FSDP. Step time is "
         "the mean after step 1; peak memory is rank 0's (the first stage); the estimate is the memory estimate's "

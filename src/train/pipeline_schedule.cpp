@@ -16,8 +16,11 @@ int64_t PipelineSchedule::max_in_flight(int P, int V, int rank, int64_t M) {
   return std::min<int64_t>(warmup_passes(P, V, rank, M) + 1, M * V);
 }
 
-Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches) {
+Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches,
+                              Device dev, bool overlap) {
   comm_ = comm;
+  dev_ = dev;
+  overlap_ = overlap;
   model_ = model;
   P_ = comm->size();
   rank_ = comm->rank();
@@ -30,7 +33,9 @@ Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int v
         P_, (long long)M_, P_);
   inputs_.assign(size_t(V_), {});
   grads_.assign(size_t(V_), {});
-  return Status::ok();
+  if (!overlap_) return Status::ok();
+  NB_TRY(messages_.create(dev_).context("the pipeline messages' stream"));
+  return compute_done_.create(dev_);
 }
 
 // Megatron's numbering of passes: groups of P micro-batches, each group through every chunk in turn; backward
@@ -42,47 +47,96 @@ int PipelineSchedule::chunk_of(int64_t k, bool forward) const {
 }
 int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }
 
-Status PipelineSchedule::take_buffer(Tensor* out) {
+// The oldest pending send's buffer (or one with none) is the likeliest to be free already on the message stream.
+Status PipelineSchedule::take_buffer(Message* out) {
   if (free_.empty()) {
     Buffer b;
     NB_TRY(model_->make_boundary(&b).context("a pipeline message buffer"));
     buffers_.push_back(std::move(b));
-    free_.push_back(buffers_.back().tensor());
+    free_.push_back({buffers_.back().tensor(), -1});
   }
-  *out = free_.back();
-  free_.pop_back();
+  const auto oldest = std::min_element(free_.begin(), free_.end(),
+                                       [](const Message& a, const Message& b) { return a.group < b.group; });
+  *out = *oldest;
+  free_.erase(oldest);
   return Status::ok();
+}
+
+void PipelineSchedule::wait_for(const Message& m) {
+  if (!async_ || m.group < 0) return;
+  // --profile: the compute stream's wait for a message (with overlap the transfers themselves run beside the passes).
+  NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
+  group_done_[size_t(m.group)].wait_in(nullptr);
+  NB_PROFILE_END("pipeline: messages + waits (bubble)");
 }
 
 Tensor PipelineSchedule::take_input(int c) {
   if (first_stage(c)) return Tensor{};
   NB_CHECK(!inputs_[size_t(c)].empty(), "internal: chunk %d's forward has no input", c);
-  const Tensor input = inputs_[size_t(c)].front();
+  const Message input = inputs_[size_t(c)].front();
   inputs_[size_t(c)].pop_front();
-  return input;
+  wait_for(input);
+  return input.tensor;
 }
 
 Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int recv_backward_chunk) {
-  const int next = (rank_ + 1) % P_, prev = (rank_ + P_ - 1) % P_;
+  const int next = (rank_ + 1) % P_, prev = (rank_ + P_ - 1) % P_, group = groups_;
   std::vector<dist::Communicator::P2POp> ops;
   if (s.forward.data) ops.push_back({s.forward, next, true});
-  if (s.backward.data) ops.push_back({s.backward, prev, true});
-  auto receive = [&](std::deque<Tensor>& queue, int from) {
-    Tensor t;
-    NB_TRY(take_buffer(&t));
-    queue.push_back(t);
-    ops.push_back({t, from, false});
+  if (s.backward.data && !async_) ops.push_back({s.backward, prev, true});
+  Message copy;
+  if (s.backward.data && async_) {  // from a copy: the slot holding it may be taken before the send runs
+    NB_TRY(take_buffer(&copy));
+    wait_for(copy);  // its last send done
+    NB_TRY(copy_bytes_async(copy.tensor.data, dev_, s.backward.data, dev_, size_t(s.backward.bytes()), nullptr));
+    ops.push_back({copy.tensor, prev, true});
+  }
+  auto receive = [&](std::deque<Message>& queue, int from) {
+    Message m;
+    NB_TRY(take_buffer(&m));
+    queue.push_back({m.tensor, group});
+    ops.push_back({m.tensor, from, false});
     return Status::ok();
   };
   if (recv_forward_chunk >= 0) NB_TRY(receive(inputs_[size_t(recv_forward_chunk)], prev));
   if (recv_backward_chunk >= 0) NB_TRY(receive(grads_[size_t(recv_backward_chunk)], next));
+  if (copy.tensor.data) free_.push_back({copy.tensor, group});  // free once this group's send is done
   if (ops.empty()) return Status::ok();
-  // --profile: on the GPU the message kernels hold the stream until the peer's side arrives, so this phase is the
-  // transfers plus the time this rank waited: the measured bubble (with the transfers) of this rank.
-  NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
-  const Status st = comm_->p2p(ops, nullptr);
-  NB_PROFILE_END("pipeline: messages + waits (bubble)");
-  return st;
+  return post(ops);
+}
+
+Status PipelineSchedule::post(std::vector<dist::Communicator::P2POp>& ops) {
+  const int group = groups_++;
+  if (!async_) {
+    // --profile: on the GPU the message kernels hold the stream until the peer's side arrives, so this phase is the
+    // transfers plus the time this rank waited: the measured bubble (with the transfers) of this rank.
+    NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
+    const Status st = comm_->p2p(ops, nullptr);
+    NB_PROFILE_END("pipeline: messages + waits (bubble)");
+    return st;
+  }
+  compute_done_.record(nullptr);
+  compute_done_.wait_in(messages_.get());
+  NB_TRY(comm_->p2p(ops, messages_.get()));
+  if (group_done_.size() <= size_t(group)) {
+    group_done_.emplace_back();
+    NB_TRY(group_done_.back().create(dev_).context("a pipeline message event"));
+  }
+  group_done_[size_t(group)].record(messages_.get());
+  return Status::ok();
+}
+
+// Under overlap the compute stream takes up the message stream's end, and the host waits for it through the
+// communicator (a dead neighbour becomes an error, never a hang). Every buffer's sends are then done.
+Status PipelineSchedule::finish_messages() {
+  if (async_ && groups_ > 0) {
+    group_done_[size_t(groups_ - 1)].wait_in(nullptr);
+    NB_TRY(comm_->wait(messages_.get()));
+  }
+  for (Message& m : free_) m.group = -1;
+  groups_ = 0;
+  async_ = false;
+  return Status::ok();
 }
 
 Status PipelineSchedule::forward(int64_t k, Tensor* out) {
@@ -90,7 +144,7 @@ Status PipelineSchedule::forward(int64_t k, Tensor* out) {
   const Tensor input = take_input(c);
   Tensor y;
   NB_TRY(model_->forward_chunk(micro_of(k), c, input, grad_scale_, &y));
-  if (input.data) free_.push_back(input);  // copied into the chunk's activations
+  if (input.data) free_.push_back({input, -1});  // copied into the chunk's activations
   *out = last_stage(c) ? Tensor{} : y;
   return Status::ok();
 }
@@ -100,19 +154,24 @@ Status PipelineSchedule::backward(int64_t k, Tensor* dx) {
   Tensor g;
   if (!last_stage(c)) {
     NB_CHECK(!grads_[size_t(c)].empty(), "internal: chunk %d's backward has no output gradient", c);
-    g = grads_[size_t(c)].front();
+    const Message m = grads_[size_t(c)].front();
     grads_[size_t(c)].pop_front();
+    wait_for(m);
+    g = m.tensor;
   }
   Tensor d;
   NB_TRY(model_->backward_chunk(micro_of(k), c, g, &d));
-  if (g.data) free_.push_back(g);
+  if (g.data) free_.push_back({g, -1});
   *dx = first_stage(c) ? Tensor{} : d;
   return Status::ok();
 }
 
 Status PipelineSchedule::run(float grad_scale) {
   grad_scale_ = grad_scale;
-  return V_ == 1 ? run_1f1b() : run_interleaved();
+  async_ = overlap_;
+  const Status st = V_ == 1 ? run_1f1b() : run_interleaved();
+  const Status done = finish_messages();
+  return st.ok() ? done : st;
 }
 
 // Megatron's forward_backward_pipelining_without_interleaving, with V = 1 (k is then the micro-batch).
@@ -209,10 +268,10 @@ Status PipelineSchedule::run_forward_only(int64_t micro_batches) {
       const Tensor input = take_input(c);
       Tensor y;
       NB_TRY(model_->forward_chunk_only(m, c, input, &y));
-      if (input.data) free_.push_back(input);
+      if (input.data) free_.push_back({input, -1});
       if (!last_stage(c)) NB_TRY(exchange({y, {}}, -1, -1));
     }
-  return Status::ok();
+  return finish_messages();
 }
 
 }  // namespace nb

@@ -1,18 +1,29 @@
 // Pipeline parallelism's schedules (docs/DISTRIBUTED.md): the order of one optimizer step's forward and backward
 // passes on this pipeline rank and the residual stream's messages between neighbouring ranks, in place of the
-// trainer's micro-batch loop. Megatron-Core's two schedules, without overlap of the messages (each group of sends
-// and receives is posted after the pass that produced them and completes before the next pass):
+// trainer's micro-batch loop. Each group of sends and receives is posted after the pass that produced them. With
+// overlap (the default; --no-overlap-p2p-communication turns it off) the groups run on a stream of their own while
+// the next passes compute, and a pass waits only for the message it reads; without it a group completes on the
+// compute stream before the next pass. Megatron-Core's two schedules:
 //   1F1B (V = 1): warm-up of P - rank - 1 forwards, then one forward and one backward in turn, then the cool-down
 //     backwards (forward_backward_pipelining_without_interleaving);
 //   interleaved 1F1B (V > 1 chunks per rank): warm-up of (P - rank - 1) x 2 + (V - 1) x P passes over groups of P
 //     micro-batches per chunk (forward_backward_pipelining_with_interleaving); needs M a multiple of P and P > 2.
 // Messages go to rank + 1 (forward) and rank - 1 (backward), modulo P: chunk c of rank P - 1 feeds chunk c + 1 of
-// rank 0. Received tensors wait in a queue per chunk until their pass takes them. --profile reports the messages and
-// the waits for them as the phase "pipeline: messages + waits (bubble)".
+// rank 0. Received tensors wait in a queue per chunk until their pass takes them. --profile reports the compute
+// stream's time in the messages (without overlap) or waiting for them (with it) as the phase "pipeline: messages +
+// waits (bubble)".
+//
+// Overlap's ordering, per message buffer: the message stream waits for the compute stream's work queued before the
+// group (so a send reads a finished output and a receive overwrites a buffer no pass still reads); a pass waits for
+// the group that filled its input; an input gradient is sent from a copy in a message buffer (it lives in the
+// pass's activation slot, which a later forward may take before the send has run), and the compute stream waits for
+// that send before writing the buffer again. A forward's output is sent from its slot: the slot is taken again only
+// after the chunk's backward, which waited for a later group of the same in-order message stream.
 #pragma once
 #include <deque>
 #include <vector>
 #include "core/status.h"
+#include "core/stream_event.h"
 #include "distributed/communicator.h"
 #include "model/llama_model.h"
 
@@ -20,8 +31,10 @@ namespace nb {
 
 class PipelineSchedule {
  public:
-  // comm: the pipeline group (rank = stage); model: this stage, its pipeline set; M micro-batches per step.
-  Status init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches);
+  // comm: the pipeline group (rank = stage); model: this stage, its pipeline set; M micro-batches per step;
+  // overlap: messages on their own stream (dev's), beside the passes.
+  Status init(dist::Communicator* comm, LlamaModel* model, int virtual_stages, int64_t micro_batches, Device dev,
+              bool overlap);
   // One step's passes over the staged micro-batches 0 .. M-1 (LlamaModel::stage_batches).
   Status run(float grad_scale);
   // Forward passes only (evaluation): each micro-batch through every chunk in turn.
@@ -34,6 +47,10 @@ class PipelineSchedule {
  private:
   struct Sends {  // the tensors a pass leaves to send (empty: nothing)
     Tensor forward, backward;
+  };
+  struct Message {  // a message buffer, and the group the compute stream waits for before using it (-1: none)
+    Tensor tensor;
+    int group = -1;
   };
   int chunk_of(int64_t k, bool forward) const;
   int64_t micro_of(int64_t k) const;
@@ -48,17 +65,27 @@ class PipelineSchedule {
   Status interleaved_warmup(int64_t warmup, int64_t remaining);
   Status interleaved_steady(int64_t warmup, int64_t remaining);
   Status interleaved_cooldown(int64_t remaining);
-  Status take_buffer(Tensor* out);  // a free message buffer (made when none is)
-  Tensor take_input(int c);         // chunk c's oldest received input (empty on the first stage)
+  Status take_buffer(Message* out);  // the free message buffer whose last send is oldest (made when none is free)
+  Tensor take_input(int c);          // chunk c's oldest received input (empty on the first stage)
+  void wait_for(const Message& m);   // the compute stream waits for m's group
+  Status post(std::vector<dist::Communicator::P2POp>& ops);  // one group, numbered groups_++
+  Status finish_messages();  // the step's last group done (its errors reported) before the step goes on
 
   dist::Communicator* comm_ = nullptr;
   LlamaModel* model_ = nullptr;
   int P_ = 1, V_ = 1, rank_ = 0;
   int64_t M_ = 1;
   float grad_scale_ = 0;
-  std::vector<Buffer> buffers_;                     // every message buffer made so far
-  std::vector<Tensor> free_;                        // ... and those not waiting in a queue
-  std::vector<std::deque<Tensor>> inputs_, grads_;  // per chunk: received inputs and output gradients, oldest first
+  Device dev_ = Device::cpu;
+  bool overlap_ = false;         // --overlap-p2p-communication
+  bool async_ = false;           // ... in effect: a training step's passes (evaluation posts on the compute stream)
+  std::vector<Buffer> buffers_;  // every message buffer made so far
+  std::vector<Message> free_;    // ... and those not waiting in a queue
+  std::vector<std::deque<Message>> inputs_, grads_;  // per chunk: received inputs and output gradients, oldest first
+  SideStream messages_;                              // the groups' stream under overlap
+  StreamEvent compute_done_;                         // the compute stream's work before a group
+  std::vector<StreamEvent> group_done_;  // per group of the step: its messages done (made as the step needs them)
+  int groups_ = 0;                       // groups posted this step
 };
 
 }  // namespace nb

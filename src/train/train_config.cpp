@@ -330,7 +330,7 @@ std::vector<ConfigKey> pipeline_keys(TrainConfig& c) {
       int_key("decoder-last-pipeline-num-layers", "decoder layers on the last stage (0 = an even split)",
               &c.decoder_last_pipeline_num_layers),
       bool_key("overlap-p2p-communication",
-               "interleaved schedule: overlap the stages' sends and receives with the model chunks' compute",
+               "run the stages' sends and receives on a stream of their own, beside the passes (both schedules)",
                &c.overlap_p2p_communication),
       negated_bool_key("no-overlap-p2p-communication", "turn --overlap-p2p-communication off (Megatron's spelling)",
                        &c.overlap_p2p_communication),

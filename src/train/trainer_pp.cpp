@@ -65,8 +65,8 @@ void Trainer::print_pipeline_plan() const {
       pp_size() - 1, virtual_stages_, (long long)accum_,
       100.0 * pp::bubble_fraction(pp_size(), virtual_stages_, accum_),
       (long long)PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, 0, accum_),
-      cfg_.overlap_p2p_communication ? "not yet overlapped with compute (posted between passes)"
-                                     : "posted between passes (--no-overlap-p2p-communication)");
+      cfg_.overlap_p2p_communication ? "overlapped with compute (a stream of their own; a pass waits for its input)"
+                                     : "posted between passes on the compute stream (--no-overlap-p2p-communication)");
 }
 
 // Stage index outermost: the stages of one (data, context, tensor) index form a pipeline group (the data x context
@@ -82,7 +82,7 @@ Status Trainer::start_pipeline() {
   if (pp_size() == 1) return Status::ok();
   if (!pp_comm_) return errorf("pipeline parallelism needs its ranks connected (a distributed launch)");
   pp_schedule_ = std::make_unique<PipelineSchedule>();
-  return pp_schedule_->init(pp_comm_.get(), &model_, virtual_stages_, accum_);
+  return pp_schedule_->init(pp_comm_.get(), &model_, virtual_stages_, accum_, dev_, cfg_.overlap_p2p_communication);
 }
 
 Status Trainer::reduce_over_pipeline(double* values, int n) {
