@@ -9,33 +9,10 @@
 #include <vector>
 #include "core/bf16.h"
 #include "formats/mor/mor.h"
+#include "formats/mor_reference.h"
 
 namespace nb::mor {
 namespace {
-
-struct Minifloat {
-  int mantissa_bits, min_exp;
-  double max;
-};
-constexpr Minifloat kE4M3{3, -6, 448.0}, kE5M2{2, -14, 57344.0};
-
-// Round to nearest even into a minifloat, saturating at its largest finite value.
-double round_minifloat(double v, const Minifloat& f) {
-  const double a = std::fabs(v);
-  if (a == 0.0) return 0.0;
-  int k = 0;
-  std::frexp(a, &k);  // a = m * 2^k, m in [0.5, 1)
-  const int e = std::max(k - 1, f.min_exp);
-  const double quantum = std::ldexp(1.0, e - f.mantissa_bits);
-  const double r = std::min(std::nearbyint(a / quantum) * quantum, f.max);
-  return std::copysign(r, v);
-}
-
-float fp32_scale(double amax, const Minifloat& f) {  // TE's compute_scale_from_amax in FP32
-  if (!(amax > 0.0) || !std::isfinite(amax)) return 1.0f;
-  const float s = float(f.max) / float(amax);
-  return std::isinf(s) ? std::numeric_limits<float>::max() : s;
-}
 
 // The reference's mean relative error of x quantized with per-element scales (scale_of(i)).
 template <typename ScaleOf>
@@ -52,20 +29,6 @@ double mean_rel_error(const std::vector<bf16>& x, const Minifloat& f, ScaleOf sc
     ++n;
   }
   return n == 0 ? 0.0 : sum / double(n);
-}
-
-double amax_of(const std::vector<bf16>& x) {
-  double a = 0.0;
-  for (bf16 v : x) a = std::max(a, std::fabs(double(bf16_to_f32(v))));
-  return a;
-}
-
-std::vector<bf16> normal_tensor(int64_t n, uint64_t seed, double sigma = 1.0) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> d(0.0, sigma);
-  std::vector<bf16> x(static_cast<size_t>(n));
-  for (auto& v : x) v = f32_to_bf16(float(d(rng)));
-  return x;
 }
 
 TensorDecision decide(const std::vector<bf16>& x, int64_t rows, int64_t cols, TensorRule rule) {
@@ -151,17 +114,6 @@ TEST(MorTensorRule, NanOrInfFallsBackToBf16AndSaysWhy) {
       EXPECT_TRUE(d.stat.nonfinite);
     }
   }
-}
-
-// The reference's GAM: the tensor scale's mantissa times 2 to the block scale's exponent, one lower when that
-// would exceed the block's own scale.
-float reference_gam(float tensor_scale, float block_scale) {
-  int kt = 0, kb = 0;
-  const double m = 2.0 * std::frexp(double(tensor_scale), &kt);  // [1, 2)
-  std::frexp(double(block_scale), &kb);
-  double s = std::ldexp(m, kb - 1);
-  if (s > double(block_scale)) s = std::ldexp(m, kb - 2);
-  return float(s);
 }
 
 TEST(MorGam, ScalesEqualTheReferenceBitForBitAndNeverSaturate) {
@@ -297,7 +249,7 @@ TEST(MorBlockRule, TwoAndThreeWayDecisionsEqualTheFloat64Reference) {
 }
 
 TEST(MorBlockRule, ShapesThatAreNotWholeBlocksAreRefused) {
-  std::vector<bf16> x(128 * 100);
+  std::vector<bf16> x(size_t{128} * 100);
   std::vector<BlockDecision> out;
   const Status s = decide_blocks_ref(x.data(), 128, 100, BlockRule{}, &out);
   ASSERT_FALSE(s.is_ok());
