@@ -7,13 +7,15 @@
 // and half its state offloaded to the host, P2 x T2 with sequence parallelism, P2 x C2), P4, the interleaved schedule
 // at P4 V2, NVFP4 (with full recompute at P2, with a quantized input slot per pass in flight at P4 V2) and its anneal
 // to BF16, FP8 delayed scaling's histories saved from every stage, checkpoints saved at P4 and at T2 x P2 resuming at
-// other layouts, LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), and a killed stage stopping the job.
+// other layouts, LoRA at P4 V2 writing one rank's adapter (and at T2 x P2 T2's), packed SFT rows at P2 and P4 V2, and a
+// killed stage stopping the job.
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include "distributed/ddp_util.h"
+#include "train/sft_reverse_data.h"
 
 namespace nb {
 namespace {
@@ -206,6 +208,30 @@ TEST(PipelineParallelCpuLora, BesideTensorParallelismWritesItsAdapter) {
   const std::string t2 = test::file_bytes(dir + "/t2" + adapter);
   EXPECT_FALSE(t2.empty());
   EXPECT_TRUE(t2 == test::file_bytes(dir + "/t2p2" + adapter)) << "the adapters differ";
+  std::filesystem::remove_all(dir);
+}
+
+// Packed SFT rows (samples of different lengths, answer-only labels, each sample its own attention segment): every
+// stage stages the step's rows with their segments from the data, as one rank does, so no shapes travel between
+// the stages (rows are --seq-length long), and P2 and P4 V2 equal one rank over five steps and a validation.
+TEST(PipelineParallelCpuSft, PackedRowsReproduceOneRank) {
+  const std::string dir = test::temp_folder("pp_train_sft");
+  const std::string data = test::write_reverse_sft_data(dir, 3, 4, 12);
+  const std::string job = "--sft --data-path " + data + " --train-iters 5 --eval-interval 5 --eval-iters 1 ";
+  const auto ref = pp_run(job, dir + "/one");
+  const double val = last_val_loss(dir + "/one");
+  ASSERT_GT(val, 0);
+  for (const std::string layout :
+       {"--nproc-per-node 2 --pipeline-model-parallel-size 2",
+        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"}) {
+    SCOPED_TRACE(layout);
+    const test::CliRun r = test::run_nibble(kPpJob + job + layout + " --save " + dir + "/pp");
+    ASSERT_EQ(r.code, 0) << r.out;
+    EXPECT_NE(r.out.find("packed"), std::string::npos) << r.out;
+    expect_same_run(read_metrics(dir + "/pp"), ref, layout);
+    EXPECT_NEAR(last_val_loss(dir + "/pp"), val, 1e-5 * val);
+    std::filesystem::remove_all(dir + "/pp");
+  }
   std::filesystem::remove_all(dir);
 }
 
