@@ -20,6 +20,7 @@
 //         m * 2^(e-1) when m * 2^e > s (the group's amax would then saturate). Stored: one FP32 mantissa
 //         per tensor and one byte per group.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 #include "core/bf16.h"
@@ -65,9 +66,11 @@ float gam_group_scale(float mantissa, float group_scale);
 uint8_t gam_exponent_byte(float gam_scale);
 
 // The FP8 scale of every scaling group of x [rows, cols] (rows and cols multiples of 128 for Scaling::block):
-// tensor: 1 value; block: [rows/128, cols/128] row-major; channel: [rows].
+// tensor: 1 value; block: [rows/128, cols/128] row-major; channel: [rows]. whole_amax >= 0: x is one rank's rows of
+// a tensor whose amax (the MAX of every rank's) this is; the per-tensor scale and GAM's shared mantissa read it in
+// place of x's own, so each rank's groups get the scales they have in the whole tensor (rows are whole groups).
 Status fp8_scales_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, Scaling scaling, ScaleMode mode,
-                      std::vector<float>* scales);
+                      std::vector<float>* scales, float whole_amax = -1.0f);
 // x_hat of x quantized to fmt with the given group scales (scale_inv = 1 / scale, as TE).
 void fp8_fake_quantize_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, Scaling scaling,
                            const std::vector<float>& scales, std::vector<float>* x_hat);
@@ -87,6 +90,16 @@ struct TensorRule {
   double threshold = kDefaultE4M3Threshold;
 };
 Status decide_tensor_ref(const bf16* x, int64_t rows, int64_t cols, const TensorRule& rule, TensorDecision* out);
+// The rule's statistic of x, one rank's rows of a tensor split by rows with amax whole_amax (see fp8_scales_ref;
+// -1: x is the whole tensor). The ranks' statistics summed (stat_to_sum, an all-reduce, stat_from_sum) equal the
+// whole tensor's exactly, so every rank then decides alike and as one GPU would (decide_from_stat).
+Status tensor_stat_ref(const bf16* x, int64_t rows, int64_t cols, const TensorRule& rule, float whole_amax,
+                       ErrorStat* out);
+TensorDecision decide_from_stat(const ErrorStat& s, double threshold);
+// An ErrorStat as four doubles that a sum over ranks adds exactly (up to 2^21 ranks): the fixed-point sum's high
+// and low 32 bits, the non-zero count and the non-finite flag (0 or 1); and the sum back into an ErrorStat.
+std::array<double, 4> stat_to_sum(const ErrorStat& s);
+ErrorStat stat_from_sum(const std::array<double, 4>& sum);
 
 // ---- Sub-tensor rule: each 128x128 block on its own, scales by `mode` (GAM's group is the tensor) ----
 //   two-way:   E4M3 when the block's E4M3 error is below the threshold, else BF16.

@@ -166,16 +166,18 @@ float gam_group_scale(float mantissa, float group_scale) {
 uint8_t gam_exponent_byte(float gam_scale) { return uint8_t((f32_bits(gam_scale) >> 23) & 0xFFu); }
 
 Status fp8_scales_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, Scaling scaling, ScaleMode mode,
-                      std::vector<float>* scales) {
+                      std::vector<float>* scales, float whole_amax) {
   if (scaling == Scaling::block) NB_TRY(check_block_multiple(rows, cols, "block scaling"));
   if (rows < 1 || cols < 1) return errorf("mor: empty tensor [%lld, %lld]", (long long)rows, (long long)cols);
   const float max = fp8::format_max(fmt);
-  const std::vector<float> amax = group_amax(x, rows, cols, scaling);
+  std::vector<float> amax = group_amax(x, rows, cols, scaling);
+  if (scaling == Scaling::tensor && whole_amax >= 0.0f) amax[0] = whole_amax;
   scales->resize(amax.size());
   for (size_t g = 0; g < amax.size(); ++g) (*scales)[g] = fp8::scale_from_amax(amax[g], max, false);
   if (mode == ScaleMode::gam && scaling != Scaling::tensor) {
     float tensor_amax = 0.0f;
     for (float a : amax) tensor_amax = std::fmax(tensor_amax, a);
+    if (whole_amax >= 0.0f) tensor_amax = whole_amax;  // a shard: the whole tensor's
     const float m = gam_mantissa(fp8::scale_from_amax(tensor_amax, max, false));
     for (float& s : *scales) s = gam_group_scale(m, s);
   }
@@ -193,19 +195,44 @@ void fp8_fake_quantize_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Forma
     }
 }
 
-Status decide_tensor_ref(const bf16* x, int64_t rows, int64_t cols, const TensorRule& rule, TensorDecision* out) {
+Status tensor_stat_ref(const bf16* x, int64_t rows, int64_t cols, const TensorRule& rule, float whole_amax,
+                       ErrorStat* out) {
   std::vector<float> scales, x_hat;
-  NB_TRY(fp8_scales_ref(x, rows, cols, fp8::Format::e4m3, rule.scaling, rule.mode, &scales));
+  NB_TRY(fp8_scales_ref(x, rows, cols, fp8::Format::e4m3, rule.scaling, rule.mode, &scales, whole_amax));
   fp8_fake_quantize_ref(x, rows, cols, fp8::Format::e4m3, rule.scaling, scales, &x_hat);
-  *out = TensorDecision{};
-  out->stat = error_stat_ref(x, x_hat.data(), rows * cols);
-  if (out->stat.nonfinite) {
-    out->reason = Reason::nonfinite;
-  } else if (below_threshold(out->stat, rule.threshold)) {
-    out->choice = Choice::fp8_e4m3;
-    out->reason = Reason::below_threshold;
-  }
+  *out = error_stat_ref(x, x_hat.data(), rows * cols);
   return Status::ok();
+}
+
+TensorDecision decide_from_stat(const ErrorStat& s, double threshold) {
+  TensorDecision d;
+  d.stat = s;
+  if (s.nonfinite) {
+    d.reason = Reason::nonfinite;
+  } else if (below_threshold(s, threshold)) {
+    d.choice = Choice::fp8_e4m3;
+    d.reason = Reason::below_threshold;
+  }
+  return d;
+}
+
+Status decide_tensor_ref(const bf16* x, int64_t rows, int64_t cols, const TensorRule& rule, TensorDecision* out) {
+  ErrorStat s;
+  NB_TRY(tensor_stat_ref(x, rows, cols, rule, -1.0f, &s));
+  *out = decide_from_stat(s, rule.threshold);
+  return Status::ok();
+}
+
+std::array<double, 4> stat_to_sum(const ErrorStat& s) {
+  return {double(s.err_fixed >> 32), double(s.err_fixed & 0xFFFFFFFFu), double(s.nonzero), s.nonfinite ? 1.0 : 0.0};
+}
+
+ErrorStat stat_from_sum(const std::array<double, 4>& sum) {
+  ErrorStat s;
+  s.err_fixed = (uint64_t(sum[0]) << 32) + uint64_t(sum[1]);  // the low halves' carries land in the high bits
+  s.nonzero = int64_t(sum[2]);
+  s.nonfinite = sum[3] > 0.0;
+  return s;
 }
 
 bool fits_e5m2_range(float amax, float min_nonzero) {
