@@ -29,6 +29,7 @@ configs=(
   "8b-bf16-fsdp4|4|$big --recompute selective $fsdp"
   "8b-bf16-pp2-profile|2|$big --recompute selective --pipeline-model-parallel-size 2 --profile"
   "8b-bf16-pp2-first17-profile|2|$big --recompute selective --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 17 --profile"
+  "8b-bf16-pp2-first17-no-overlap-profile|2|$big --recompute selective --pipeline-model-parallel-size 2 --decoder-first-pipeline-num-layers 17 --profile --no-overlap-p2p-communication"
   "8b-nvfp4-pp4|4|$big $nvfp4 --recompute full --pipeline-model-parallel-size 4"
   "8b-nvfp4-pp4-selective|4|$big $nvfp4 --recompute selective --pipeline-model-parallel-size 4"
   "8b-nvfp4-fsdp4|4|$big $nvfp4 --recompute selective $fsdp"

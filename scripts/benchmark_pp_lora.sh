@@ -3,7 +3,9 @@
 # TP1 PP4 VP20, global batch 32, micro-batch 1, sequence 4096, LoRA rank 32 on a frozen base of seeded random
 # values of the real shapes (no 70B weights can be fetched: speed and memory only). BF16, FP8 and NVFP4 bases, each
 # with full and selective recompute (a frozen base's Linears keep nothing of a micro-batch for its backward, so
-# quantized bases need no full recompute under pipeline parallelism). Compare with BENCHMARKS.md's Megatron-FSDP row (1,721 tokens/s/GPU on two H200s).
+# quantized bases need no full recompute under pipeline parallelism); a profiled BF16 pair with the messages
+# overlapped with compute (the default) and without (--no-overlap-p2p-communication) measures what overlap buys.
+# Compare with BENCHMARKS.md's Megatron-FSDP row (1,721 tokens/s/GPU on two H200s).
 #   bash scripts/benchmark_pp_lora.sh BUILD OUT [PARTS]; then python3 scripts/benchmark_pp_report.py OUT
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,7 @@ configs=(
   "70b-lora-nvfp4-pp4vp20-full|4|$lora --lora-base-precision nvfp4 $pp --recompute full"
   "70b-lora-nvfp4-pp4vp20-selective|4|$lora --lora-base-precision nvfp4 $pp --recompute selective"
   "70b-lora-bf16-pp4vp20-selective-profile|4|$lora --lora-base-precision bf16 $pp --recompute selective --profile"
+  "70b-lora-bf16-pp4vp20-selective-no-overlap-profile|4|$lora --lora-base-precision bf16 $pp --recompute selective --profile --no-overlap-p2p-communication"
 )
 # On two GPUs, beside nibble's Megatron-FSDP row on two H200s: PP2 (1F1B), a BF16 base with full recompute, an
 # NVFP4 base with selective.

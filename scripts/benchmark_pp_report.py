@@ -31,22 +31,29 @@ def measured_bubble(out, name):
     if not phase or not step:
         return None
     where = f" (layers: {layers.group(1)})" if layers and len(layers.group(1)) < 120 else ""  # not V x P ranges
+    what = ("waiting for pipeline messages (the measured bubble; the transfers run beside compute)"
+            if messages(out, [name]) == "messages overlapped with compute"
+            else "in pipeline messages and waits (the measured bubble with the transfers)")
     return (f"- {name}{where}: the first stage spends {float(phase.group(1)):.0f} "
-            f"ms of its {float(step.group(1)):.0f} ms step ({phase.group(2)}%) in pipeline messages and waits (the "
-            f"measured bubble with the transfers); the formula (P - 1) / (V x M) gives "
+            f"ms of its {float(step.group(1)):.0f} ms step ({phase.group(2)}%) {what}; the formula (P - 1) / (V x M) "
+            "gives "
             f"{formula.group(1) if formula else '?'}%\n")
 
 
 def messages(out, names):
-    """How the runs' messages moved, from the first log's plan line ("overlapped with compute ..." or "posted
-    between passes ...")."""
+    """How the runs' messages moved, from their logs' plan lines ("overlapped with compute ..." or "posted between
+    passes ..."; builds before the overlap printed "not yet overlapped")."""
+    modes = set()
     for name in names:
         m = re.search(r"pipeline bubble by formula .*; messages (overlapped with compute|posted between passes|not yet "
                       r"overlapped)", read(out, f"{name}.log"))
         if m:
-            return "messages overlapped with compute" if m.group(1).startswith("overlapped") else \
-                "messages posted between passes"
-    return "messages as the build posts them"
+            modes.add("overlapped" if m.group(1).startswith("overlapped") else "posted")
+    if modes == {"overlapped", "posted"}:
+        return "messages overlapped with compute, except in the rows named no-overlap (posted between passes)"
+    if modes == {"overlapped"}:
+        return "messages overlapped with compute"
+    return "messages posted between passes" if modes else "messages as the build posts them"
 
 
 TABLE = ("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
@@ -67,7 +74,8 @@ def lora_sections(out, names, rows, device, commit):
         f"`scripts/benchmark_pp_lora.sh` on {device}s (commit {commit}): {common} Bubble 3 / (20 x 32) = 0.5% by "
         "formula, interleaved 1F1B (83 passes in flight on the first stage). Beside: nibble's Megatron-FSDP row, "
         "1,721 tokens/s/GPU on two H200s (selective recompute), and NeMo's 8xB200 row, 3,772 (BF16).\n\n"
-        + TABLE + "\n".join(four) + "\n")
+        + TABLE + "\n".join(four) + "\n\n"
+        + "".join(b for b in (measured_bubble(out, n) for n in names if "-pp4" in n and n.endswith("-profile")) if b))
     two_text = (
         "## Pipeline parallelism: the Llama 3.1 70B LoRA at PP2 on two GPUs, beside Megatron-FSDP's row (same "
         "GPUs)\n\n"
