@@ -24,7 +24,7 @@ int unit_of_name(const std::string& name, int64_t layers) {
 // group's row chunk is a whole number of the format's block rows and of 256-byte aligned rows.
 Status ParamStore::layout_fsdp(const LlamaConfig& cfg, int shard_count, int64_t row_align, int64_t no_copy_begin,
                                int64_t no_copy_end) {
-  NB_TRY(layout(llama_param_list(cfg)));
+  NB_TRY(layout(held_params(llama_param_list(cfg))));  // a pipeline stage's own; units keep the whole model's numbers
   groups_.clear();
   param_group_.assign(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {

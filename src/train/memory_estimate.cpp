@@ -86,7 +86,13 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   // which --optimizer-cpu-offload keeps the offloaded fraction on the host.
   const double compute_bytes = j.dev == Device::cuda ? 2 : 4;
   const double state = 12.0 / std::max(1, shards) * (offload ? 1.0 - j.placement.offload_fraction : 1.0);
-  const double off_stage = double(params_off_stage(j, m)) * (j.lora ? compute_bytes : 4.0 + compute_bytes + state);
+  // Megatron-FSDP shards the master and the gradient too, and optim_grads_params the compute copy.
+  const bool fsdp = j.fsdp() != LlamaModel::Fsdp::off && shards > 1;
+  const double per_off_stage =
+      j.lora ? compute_bytes
+      : fsdp ? 4.0 / shards + state + compute_bytes / (j.fsdp() == LlamaModel::Fsdp::optim_grads_params ? shards : 1)
+             : 4.0 + compute_bytes + state;
+  const double off_stage = double(params_off_stage(j, m)) * per_off_stage;
   if (j.lora) {
     const bool sharded_base = j.fsdp() == LlamaModel::Fsdp::optim_grads_params;
     const double all = double(LlamaModel::lora_parameter_bytes(m, j.dev, j.recipe, j.lora_spec,
@@ -101,7 +107,7 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   }
   double bytes = double(LlamaModel::parameter_bytes(m, j.dev, j.params_plan, shards, j.placement, j.fsdp(),
                                                     j.embeddings_per_step)) -
-                 off_stage;  // (Megatron-FSDP is refused under pipeline parallelism)
+                 off_stage;  // Megatron-FSDP's windows: a stage holds at most one of the two large units (over)
   if (offload) {
     const double staging = double(offload_staging_bytes(LlamaModel::optimizer_shard_elems(m, shards), j.placement));
     bytes -= staging;

@@ -93,9 +93,7 @@ Status validate_parallel_and_offload(const TrainConfig& c) {
 // What pipeline parallelism does not run with yet (P > 1): each refused in one sentence.
 Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig& m) {
   std::string unsupported;
-  if (c.sharding_strategy().rfind("optim_grads", 0) == 0)
-    unsupported = "Megatron-FSDP's --data-parallel-sharding-strategy " + c.sharding_strategy();
-  else if (m.tied_embeddings)
+  if (m.tied_embeddings)
     unsupported = "model " + m.name + "'s tied embeddings (the embedding and LM head share a weight on two stages)";
   else if (c.sample_interval > 0)
     unsupported = "--sample-interval";

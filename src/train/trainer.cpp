@@ -140,6 +140,8 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   const float grad_scale = step_trained_ > 0 ? float(1.0 / step_trained_) : 0.0f;
   if (pp_schedule_) {  // the stages' passes in the schedule's order; the buckets reduce after it
     if (sync_) sync_->begin_last_backward();
+    model_.set_grads_final_reporting(fsdp_ != nullptr);  // Megatron-FSDP reduces every pass's gradients
+    if (fsdp_) fsdp_->set_next_pass_follows(false);      // the next pass may be any chunk's, either way
     NB_TRY(pp_schedule_->run(grad_scale));
   }
   for (int64_t micro = 0; micro < accum_ && !pp_schedule_; ++micro) {

@@ -94,7 +94,16 @@ Status Trainer::reduce_over_pipeline(double* values, int n) {
 // rank 0 first; those ranks then gather the stages'.
 Status Trainer::gather_whole(const float* local, float* whole) {
   if (pp_size() == 1) return gather_tensor_parallel(local, whole);
-  if (tp_size() == 1) return gather_pipeline(local, whole);
+  const ParamStore& P = model_.params();
+  if (tp_size() == 1 && !P.fsdp()) return gather_pipeline(local, whole);
+  if (tp_size() == 1) {  // Megatron-FSDP lays out groups padded to the shards: first the stage's own layout, by name
+    int64_t n = 0;
+    const std::vector<ParamInfo> stage_layout = P.stage_whole_layout(&n);
+    std::vector<float> stage(size_t(n), 0.0f);
+    for (const ParamInfo& p : stage_layout)
+      std::copy_n(local + P.info(p.name).offset, p.numel, stage.data() + p.offset);
+    return gather_pipeline(stage.data(), whole);
+  }
   int64_t n = 0;
   model_.params().stage_whole_layout(&n);
   std::vector<float> stage(layout_.tp == 0 ? size_t(n) : 0);

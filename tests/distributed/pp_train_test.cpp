@@ -211,6 +211,36 @@ TEST(PipelineParallelCpuLora, BesideTensorParallelismWritesItsAdapter) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron-FSDP over each stage's data ranks (P2 x D2): optim_grads and optim_grads_params equal one rank over five
+// steps (each stage's store holds its own layers' groups, sharded over its two data ranks; every pass reduces its
+// units' gradients), and a checkpoint saved at P2 x D2 under optim_grads_params resumes at one rank with the
+// uninterrupted run's losses.
+TEST(PipelineParallelCpuFsdp, StrategiesReproduceOneRankAndResumeAtOneRank) {
+  const std::string dir = test::temp_folder("pp_fsdp");
+  const auto ref = pp_run("--train-iters 5", dir + "/one");
+  const std::string layout = "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-megatron-fsdp ";
+  for (const std::string strategy : {"optim_grads", "optim_grads_params"}) {
+    SCOPED_TRACE(strategy);
+    const test::CliRun r = test::run_nibble(kPpJob + "--train-iters 5 " + layout +
+                                            "--data-parallel-sharding-strategy " + strategy + " --save " + dir + "/pp");
+    ASSERT_EQ(r.code, 0) << r.out;
+    expect_same_run(read_metrics(dir + "/pp"), ref, strategy);
+    std::filesystem::remove_all(dir + "/pp");
+  }
+  const test::CliRun s =
+      test::run_nibble(kPpJob + "--train-iters 5 --exit-interval 3 " + layout +
+                       "--data-parallel-sharding-strategy optim_grads_params --save " + dir + "/saved");
+  ASSERT_EQ(s.code, 0) << s.out;
+  const test::CliRun r =
+      test::run_nibble(kPpJob + "--train-iters 5 --load " + dir + "/saved --save " + dir + "/resumed");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto resumed = read_metrics(dir + "/resumed");
+  ASSERT_EQ(resumed.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_NEAR(resumed[i].loss, ref[i + 3].loss, 1e-5 * ref[i + 3].loss) << "step " << i + 4;
+  std::filesystem::remove_all(dir);
+}
+
 // Packed SFT rows (samples of different lengths, answer-only labels, each sample its own attention segment): every
 // stage stages the step's rows with their segments from the data, as one rank does, so no shapes travel between
 // the stages (rows are --seq-length long), and P2 and P4 V2 equal one rank over five steps and a validation.
