@@ -86,12 +86,14 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   // which --optimizer-cpu-offload keeps the offloaded fraction on the host.
   const double compute_bytes = j.dev == Device::cuda ? 2 : 4;
   const double state = 12.0 / std::max(1, shards) * (offload ? 1.0 - j.placement.offload_fraction : 1.0);
-  // Megatron-FSDP shards the master and the gradient too, and optim_grads_params the compute copy.
+  // Megatron-FSDP shards the master and the gradient too, and optim_grads_params the compute copy (a LoRA base's
+  // included).
   const bool fsdp = j.fsdp() != LlamaModel::Fsdp::off && shards > 1;
-  const double per_off_stage =
-      j.lora ? compute_bytes
-      : fsdp ? 4.0 / shards + state + compute_bytes / (j.fsdp() == LlamaModel::Fsdp::optim_grads_params ? shards : 1)
-             : 4.0 + compute_bytes + state;
+  const double compute_share =
+      compute_bytes / (fsdp && j.fsdp() == LlamaModel::Fsdp::optim_grads_params ? double(shards) : 1.0);
+  const double per_off_stage = j.lora ? compute_share
+                               : fsdp ? 4.0 / shards + state + compute_share
+                                      : 4.0 + compute_bytes + state;
   const double off_stage = double(params_off_stage(j, m)) * per_off_stage;
   if (j.lora) {
     const bool sharded_base = j.fsdp() == LlamaModel::Fsdp::optim_grads_params;
