@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 #include "distributed/ddp_util.h"
 #include "train/sft_reverse_data.h"
 
@@ -41,30 +42,37 @@ double last_val_loss(const std::string& save) {
   return v;
 }
 
-// Five steps and a validation (the stages' forward passes only) after the last, every layout against one rank's run
-// (made once: one test rather than one per layout, for CI time).
-TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
-  const std::string dir = test::temp_folder("pp_train");
-  const std::string job = "--train-iters 5 --eval-interval 5 --eval-iters 1 ";
+// `job` (five steps and a validation after the last) in every layout against one rank's run of it, made once: one
+// test rather than one per layout, for CI time. Each run's output must name `marker`.
+void expect_layouts_reproduce_one_rank(const std::string& job, const std::vector<std::string>& layouts,
+                                       const std::string& marker, const std::string& dir) {
   const auto ref = pp_run(job, dir + "/one");
   const double val = last_val_loss(dir + "/one");
   ASSERT_GT(val, 0);
-  for (const std::string layout :
-       {"--nproc-per-node 2 --pipeline-model-parallel-size 2 --no-overlap-p2p-communication",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer --optimizer-cpu-offload "
-        "--optimizer-offload-fraction 0.5",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 4",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 2 --context-parallel-size 2"}) {
+  for (const std::string& layout : layouts) {
     SCOPED_TRACE(layout);
     const test::CliRun r = test::run_nibble(kPpJob + job + layout + " --save " + dir + "/pp");
     ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("pipeline parallel: "), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(marker), std::string::npos) << r.out;
     expect_same_run(read_metrics(dir + "/pp"), ref, layout);
     EXPECT_NEAR(last_val_loss(dir + "/pp"), val, 1e-5 * val);
     std::filesystem::remove_all(dir + "/pp");
   }
+}
+
+// Five steps and a validation (the stages' forward passes only) after the last.
+TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
+  const std::string dir = test::temp_folder("pp_train");
+  expect_layouts_reproduce_one_rank(
+      "--train-iters 5 --eval-interval 5 --eval-iters 1 ",
+      {"--nproc-per-node 2 --pipeline-model-parallel-size 2 --no-overlap-p2p-communication",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer --optimizer-cpu-offload "
+       "--optimizer-offload-fraction 0.5",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 4",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --context-parallel-size 2"},
+      "pipeline parallel: ", dir);
   std::filesystem::remove_all(dir);
 }
 
@@ -247,21 +255,11 @@ TEST(PipelineParallelCpuFsdp, StrategiesReproduceOneRankAndResumeAtOneRank) {
 TEST(PipelineParallelCpuSft, PackedRowsReproduceOneRank) {
   const std::string dir = test::temp_folder("pp_train_sft");
   const std::string data = test::write_reverse_sft_data(dir, 3, 4, 12);
-  const std::string job = "--sft --data-path " + data + " --train-iters 5 --eval-interval 5 --eval-iters 1 ";
-  const auto ref = pp_run(job, dir + "/one");
-  const double val = last_val_loss(dir + "/one");
-  ASSERT_GT(val, 0);
-  for (const std::string layout :
-       {"--nproc-per-node 2 --pipeline-model-parallel-size 2",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"}) {
-    SCOPED_TRACE(layout);
-    const test::CliRun r = test::run_nibble(kPpJob + job + layout + " --save " + dir + "/pp");
-    ASSERT_EQ(r.code, 0) << r.out;
-    EXPECT_NE(r.out.find("packed"), std::string::npos) << r.out;
-    expect_same_run(read_metrics(dir + "/pp"), ref, layout);
-    EXPECT_NEAR(last_val_loss(dir + "/pp"), val, 1e-5 * val);
-    std::filesystem::remove_all(dir + "/pp");
-  }
+  expect_layouts_reproduce_one_rank(
+      "--sft --data-path " + data + " --train-iters 5 --eval-interval 5 --eval-iters 1 ",
+      {"--nproc-per-node 2 --pipeline-model-parallel-size 2",
+       "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"},
+      "packed", dir);
   std::filesystem::remove_all(dir);
 }
 
