@@ -6,6 +6,11 @@
 
 namespace nb {
 
+namespace {
+// --profile's phase of the compute stream's time in the messages or waiting for them: the measured bubble.
+constexpr const char* kBubblePhase = "pipeline: messages + waits (bubble)";
+}  // namespace
+
 int64_t PipelineSchedule::warmup_passes(int P, int V, int rank, int64_t M) {
   if (V == 1) return std::min<int64_t>(P - rank - 1, M);
   return std::min<int64_t>(int64_t(P - rank - 1) * 2 + int64_t(V - 1) * P, M * V);
@@ -65,9 +70,9 @@ Status PipelineSchedule::take_buffer(Message* out) {
 void PipelineSchedule::wait_for(const Message& m) {
   if (!async_ || m.group < 0) return;
   // --profile: the compute stream's wait for a message (with overlap the transfers themselves run beside the passes).
-  NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
+  NB_PROFILE_BEGIN(kBubblePhase);
   group_done_[size_t(m.group)].wait_in(nullptr);
-  NB_PROFILE_END("pipeline: messages + waits (bubble)");
+  NB_PROFILE_END(kBubblePhase);
 }
 
 Tensor PipelineSchedule::take_input(int c) {
@@ -105,14 +110,14 @@ Status PipelineSchedule::exchange(const Sends& s, int recv_forward_chunk, int re
   return post(ops);
 }
 
-Status PipelineSchedule::post(std::vector<dist::Communicator::P2POp>& ops) {
+Status PipelineSchedule::post(const std::vector<dist::Communicator::P2POp>& ops) {
   const int group = groups_++;
   if (!async_) {
     // --profile: on the GPU the message kernels hold the stream until the peer's side arrives, so this phase is the
     // transfers plus the time this rank waited: the measured bubble (with the transfers) of this rank.
-    NB_PROFILE_BEGIN("pipeline: messages + waits (bubble)");
+    NB_PROFILE_BEGIN(kBubblePhase);
     const Status st = comm_->p2p(ops, nullptr);
-    NB_PROFILE_END("pipeline: messages + waits (bubble)");
+    NB_PROFILE_END(kBubblePhase);
     return st;
   }
   compute_done_.record(nullptr);

@@ -68,7 +68,7 @@ class PipelineSchedule {
   Status take_buffer(Message* out);  // the free message buffer whose last send is oldest (made when none is free)
   Tensor take_input(int c);          // chunk c's oldest received input (empty on the first stage)
   void wait_for(const Message& m);   // the compute stream waits for m's group
-  Status post(std::vector<dist::Communicator::P2POp>& ops);  // one group, numbered groups_++
+  Status post(const std::vector<dist::Communicator::P2POp>& ops);  // one group, numbered groups_++
   Status finish_messages();  // the step's last group done (its errors reported) before the step goes on
 
   dist::Communicator* comm_ = nullptr;

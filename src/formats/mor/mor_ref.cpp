@@ -175,9 +175,8 @@ Status fp8_scales_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt
   scales->resize(amax.size());
   for (size_t g = 0; g < amax.size(); ++g) (*scales)[g] = fp8::scale_from_amax(amax[g], max, false);
   if (mode == ScaleMode::gam && scaling != Scaling::tensor) {
-    float tensor_amax = 0.0f;
-    for (float a : amax) tensor_amax = std::fmax(tensor_amax, a);
-    if (whole_amax >= 0.0f) tensor_amax = whole_amax;  // a shard: the whole tensor's
+    float tensor_amax = whole_amax;  // a shard: the whole tensor's
+    if (tensor_amax < 0.0f) tensor_amax = *std::max_element(amax.begin(), amax.end());
     const float m = gam_mantissa(fp8::scale_from_amax(tensor_amax, max, false));
     for (float& s : *scales) s = gam_group_scale(m, s);
   }
