@@ -32,7 +32,7 @@ def measured_bubble(out, name):
         return None
     where = f" (layers: {layers.group(1)})" if layers and len(layers.group(1)) < 120 else ""  # not V x P ranges
     what = ("waiting for pipeline messages (the measured bubble; the transfers run beside compute)"
-            if messages(out, [name]) == "messages overlapped with compute"
+            if message_modes(out, [name]) == {"overlapped"}
             else "in pipeline messages and waits (the measured bubble with the transfers)")
     return (f"- {name}{where}: the first stage spends {float(phase.group(1)):.0f} "
             f"ms of its {float(step.group(1)):.0f} ms step ({phase.group(2)}%) {what}; the formula (P - 1) / (V x M) "
@@ -40,15 +40,21 @@ def measured_bubble(out, name):
             f"{formula.group(1) if formula else '?'}%\n")
 
 
-def messages(out, names):
-    """How the runs' messages moved, from their logs' plan lines ("overlapped with compute ..." or "posted between
-    passes ..."; builds before the overlap printed "not yet overlapped")."""
+def message_modes(out, names):
+    """How the runs' messages moved, from their logs' plan lines: {"overlapped"} and/or {"posted"} ("overlapped with
+    compute ..." or "posted between passes ..."; builds before the overlap printed "not yet overlapped")."""
     modes = set()
     for name in names:
         m = re.search(r"pipeline bubble by formula .*; messages (overlapped with compute|posted between passes|not yet "
                       r"overlapped)", read(out, f"{name}.log"))
         if m:
             modes.add("overlapped" if m.group(1).startswith("overlapped") else "posted")
+    return modes
+
+
+def messages(out, names):
+    """The runs' message mode in words."""
+    modes = message_modes(out, names)
     if modes == {"overlapped", "posted"}:
         return "messages overlapped with compute, except in the rows named no-overlap (posted between passes)"
     if modes == {"overlapped"}:
