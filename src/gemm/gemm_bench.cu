@@ -223,6 +223,10 @@ void operand_sizes(const GemmOperandDesc& d, int64_t rows, int64_t k, int64_t* d
       *data = rows * ((k + 1) / 2);
       *scales = rows * ((k + 15) / 16);
       break;
+    case QFormat::bf16:
+      *data = rows * k * 2;
+      *scales = 4;
+      break;
   }
 }
 
@@ -240,7 +244,10 @@ Status make_operand(const GemmOperandDesc& d, int64_t rows, int64_t k, uint64_t 
   NB_TRY(Buffer::allocate(&out->scales, DType::u8, Device::cuda, {scale_bytes + 256}).context("GEMM replay"));
   NB_TRY(Buffer::allocate(&out->amax, DType::f32, Device::cuda, {1}).context("GEMM replay"));
   const bool e5m2 = d.format == QFormat::fp8_e5m2, nvfp4 = d.format == QFormat::nvfp4;
-  fill_bytes(out->data, seed, nvfp4 ? 0xFFu : e5m2 ? 0xBFu : 0xF7u, 0, s);  // E4M3 without 0x7F, E5M2 finite
+  if (d.format == QFormat::bf16)
+    fill_random(static_cast<bf16*>(out->data.data()), rows * k, seed, s);
+  else
+    fill_bytes(out->data, seed, nvfp4 ? 0xFFu : e5m2 ? 0xBFu : 0xF7u, 0, s);  // E4M3 without 0x7F, E5M2 finite
   const int scale_byte = nvfp4 ? 0x38 : d.format == QFormat::mxfp8 ? 122 : 0x3C;
   CUDA_CHECK(cudaMemsetAsync(out->scales.data(), scale_byte, size_t(scale_bytes + 256), s));
   CUDA_CHECK(cudaMemsetAsync(out->amax.data(), 0x43, sizeof(float), s));

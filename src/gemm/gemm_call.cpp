@@ -70,6 +70,7 @@ double operand_bytes_per_element(const GemmOperandDesc& d) {
     case QFormat::fp8_block128x128: return 1.0 + 4.0 / (128.0 * 128.0);
     case QFormat::mxfp8: return 1.0 + 1.0 / 32.0;
     case QFormat::nvfp4: return 0.5 + 1.0 / 16.0;
+    case QFormat::bf16: return 2.0;
   }
   return 1.0;
 }

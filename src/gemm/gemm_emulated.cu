@@ -13,6 +13,9 @@
 //          [K/32, rows]: dequantized in its stored layout (the GEMM transposes), value
 //          e4m3 x 2^(code-127) in FP32 (exact), then rounded to BF16 (exact in the range stated in
 //          gemm_quantized.h). alpha = 1.
+//   mixed  a BF16 operand (Mixture of Representations' fallback) with an FP8 per-tensor or BF16 one: the BF16
+//          operand is read as it is (never chunked, no scratch); FP8 codes are decoded to BF16 without their
+//          scale (exact), and alpha = the FP8 operands' scale_inv product, on the device.
 // Kernels: one thread per 16 consecutive stored elements (one NVFP4 block, half an MXFP8 block),
 // 16-byte loads and two 16-byte stores; memory bound. They read a window of each stored row (source
 // row pitch >= window width) and write it densely, so a block of an operand's rows is dequantized
@@ -100,6 +103,29 @@ __global__ void dequant_mxfp8_kernel(const uint8_t* __restrict__ data, const uin
   out[2 * i + 1] = make_uint4(w[4], w[5], w[6], w[7]);
 }
 
+// 16 per-tensor FP8 codes per thread, decoded to BF16 without the scale (every E4M3 and E5M2 value is a BF16 value).
+__global__ void decode_fp8_kernel(const uint4* __restrict__ data, uint4* __restrict__ out, int64_t chunks, bool e5m2) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= chunks) return;
+  const uint4 q = data[i];
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+  uint32_t w[8];
+  NB_UNROLL
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t lo = (qw[j / 2] >> (16 * (j & 1))) & 0xFFu, hi = (qw[j / 2] >> (16 * (j & 1) + 8)) & 0xFFu;
+    w[j] = e5m2 ? pack_bf16x2(e5m2_to_f32(uint8_t(lo)), e5m2_to_f32(uint8_t(hi)))
+                : pack_bf16x2(e4m3_to_f32(uint8_t(lo)), e4m3_to_f32(uint8_t(hi)));
+  }
+  out[2 * i] = make_uint4(w[0], w[1], w[2], w[3]);
+  out[2 * i + 1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// A mixed GEMM's alpha: the product of its FP8 operands' scale_inv (null for a BF16 operand: 1).
+__global__ void mixed_alpha_kernel(const float* scale_inv_a, const float* scale_inv_b, float beta, float* scalars) {
+  scalars[0] = (scale_inv_a ? *scale_inv_a : 1.f) * (scale_inv_b ? *scale_inv_b : 1.f);
+  scalars[1] = beta;
+}
+
 // The same FP32 expression as nvfp4_global_alpha() on the host.
 __global__ void nvfp4_alpha_kernel(const float* amax_a, const float* amax_b, float denom, float beta, float* scalars) {
   scalars[0] = (*amax_a * *amax_b) / denom;
@@ -160,11 +186,12 @@ void describe_bf16(const void* data, bool k_major, LtOperand* lt) {
 // only described (it is never chunked: r0 = 0, rows = all).
 Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, Stream stream, LtOperand* lt,
                        const char* name) {
-  if (q.dequantized) {
-    describe_bf16(q.dequantized, q.k_major, lt);
+  if (q.dequantized || q.format == QFormat::bf16) {
+    describe_bf16(q.dequantized ? q.dequantized : q.data, q.k_major, lt);
     return Status::ok();
   }
-  if (!aligned16(q.data) || !aligned16(q.scales))
+  const bool fp8_tensor = q.format == QFormat::fp8_e4m3 || q.format == QFormat::fp8_e5m2;
+  if (!aligned16(q.data) || (!fp8_tensor && !aligned16(q.scales)))
     return errorf("matmul_quantized: %s operand %s needs 16-byte aligned data and scales pointers",
                   qformat_name(q.format), name);
   cudaStream_t st = static_cast<cudaStream_t>(stream);
@@ -175,7 +202,11 @@ Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, S
   const int64_t first = q.k_major ? r0 * pitch : r0;  // element offset of the window's first element
   const int64_t chunks = outer * inner / 16;
   const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
-  if (q.format == QFormat::nvfp4) {
+  if (fp8_tensor) {
+    // K-major codes (K a multiple of 16): the window is whole rows, contiguous.
+    decode_fp8_kernel<<<grid, kThreads, 0, st>>>(reinterpret_cast<const uint4*>(data + first),
+                                                 reinterpret_cast<uint4*>(out), chunks, q.format == QFormat::fp8_e5m2);
+  } else if (q.format == QFormat::nvfp4) {
     dequant_nvfp4_kernel<<<grid, kThreads, 0, st>>>(reinterpret_cast<const uint2*>(data + first / 2),
                                                     scales + first / 16, reinterpret_cast<uint4*>(out), outer,
                                                     inner / 16, pitch / 16);
@@ -194,7 +225,9 @@ Status dequantize_rows(const QOperand& q, int64_t r0, int64_t rows, bf16* out, S
 
 Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c, int64_t m, int64_t n, int64_t k,
                             float beta, Stream stream) {
-  const EmulationPlan plan = plan_emulation(m, n, k, a.dequantized != nullptr, b.dequantized != nullptr);
+  const bool a_bf16 = a.format == QFormat::bf16, b_bf16 = b.format == QFormat::bf16;
+  const EmulationPlan plan =
+      plan_emulation(m, n, k, a.dequantized != nullptr || a_bf16, b.dequantized != nullptr || b_bf16);
   const QOperand& chunked = plan.chunk_b ? b : a;
   const QOperand& whole = plan.chunk_b ? a : b;
   char* scratch = nullptr;
@@ -205,7 +238,15 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
   NB_TRY(dequantize_rows(whole, 0, whole.rows, reinterpret_cast<bf16*>(scratch + plan.chunk_bytes), stream, &whole_lt,
                          plan.chunk_b ? "A" : "B"));
   (plan.chunk_b ? p.a : p.b) = whole_lt;
-  if (a.format == QFormat::nvfp4) {
+  if (a_bf16 || b_bf16) {
+    float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
+    mixed_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        a_bf16 ? nullptr : static_cast<const float*>(a.scales), b_bf16 ? nullptr : static_cast<const float*>(b.scales),
+        beta, scalars);
+    CUDA_CHECK_LAUNCH();
+    p.device_alpha_beta = scalars;
+    p.beta = beta;
+  } else if (a.format == QFormat::nvfp4) {
     float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
     nvfp4_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
         a.amax, b.amax, nvfp4_alpha_denominator(a.nvfp4_4over6, b.nvfp4_4over6), beta, scalars);

@@ -8,13 +8,14 @@
 #include <cmath>
 #include <string>
 #include <vector>
+#include "core/bf16.h"
 #include "formats/scalar_codecs.h"
 #include "gemm/gemm_call.h"
 
 namespace nb::gemm {
 namespace {
 
-enum class Family { fp8_tensor, fp8_block, mxfp8, nvfp4 };
+enum class Family { fp8_tensor, fp8_block, mxfp8, nvfp4, bf16 };
 
 Family family_of(QFormat f) {
   switch (f) {
@@ -24,6 +25,7 @@ Family family_of(QFormat f) {
     case QFormat::fp8_block128x128: return Family::fp8_block;
     case QFormat::mxfp8: return Family::mxfp8;
     case QFormat::nvfp4: return Family::nvfp4;
+    case QFormat::bf16: return Family::bf16;
   }
   return Family::fp8_tensor;
 }
@@ -36,11 +38,11 @@ Status check_operand(const QOperand& op, const char* name) {
   if (op.rows < 0 || op.k <= 0)
     return errorf("matmul_quantized: operand %s (%s) is [%lld, %lld]; need rows >= 0 and K >= 1", name, fmt,
                   (long long)op.rows, (long long)op.k);
-  if (op.rows > 0 && (op.data == nullptr || op.scales == nullptr))
+  if (op.rows > 0 && (op.data == nullptr || (op.scales == nullptr && op.format != QFormat::bf16)))
     return errorf("matmul_quantized: operand %s (%s) has no data or no scales pointer", name, fmt);
-  if (!op.k_major && op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4)
+  if (!op.k_major && op.format != QFormat::mxfp8 && op.format != QFormat::nvfp4 && op.format != QFormat::bf16)
     return errorf(
-        "matmul_quantized: operand %s (%s) is not K-major; only mxfp8 and nvfp4 accept an operand "
+        "matmul_quantized: operand %s (%s) is not K-major; only mxfp8, nvfp4 and bf16 accept an operand "
         "stored [K, rows] -- pass the transposed copy the quantizer writes",
         name, fmt);
   int64_t rows_mult = 1, k_mult = 1;
@@ -60,6 +62,7 @@ Status check_operand(const QOperand& op, const char* name) {
       rows_mult = 16;
       k_mult = 32;
       break;  // spec: the GEMM's K is a multiple of 32
+    case QFormat::bf16: break;
   }
   if (op.rows % rows_mult != 0 || op.k % k_mult != 0)
     return errorf(
@@ -127,6 +130,10 @@ struct RefDecoder {
         const uint8_t scale = static_cast<const uint8_t*>(op.scales)[o * (inner / 16) + i / 16];
         return double(e2m1_to_f32(code)) * double(e4m3_to_f32(scale));
       }
+      case QFormat::bf16: {
+        const auto* v = static_cast<const bf16*>(op.data);
+        return double(bf16_to_f32(op.k_major ? v[r * op.k + kk] : v[kk * op.rows + r]));
+      }
     }
     return 0.0;
   }
@@ -163,6 +170,7 @@ const char* qformat_name(QFormat f) {
     case QFormat::fp8_block128x128: return "fp8_block128x128";
     case QFormat::mxfp8: return "mxfp8";
     case QFormat::nvfp4: return "nvfp4";
+    case QFormat::bf16: return "bf16";
   }
   return "?";
 }
@@ -190,10 +198,13 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
     return errorf("matmul_quantized: A is [%lld, %lld] and B is [%lld, %lld]; both need the same K (A . B^T)",
                   (long long)a.rows, (long long)a.k, (long long)b.rows, (long long)b.k);
   const Family fa = family_of(a.format), fb = family_of(b.format);
-  if (fa != fb)
+  // A BF16 operand (Mixture of Representations' fallback) pairs with a per-tensor FP8 one or another BF16 one.
+  const bool mixed = fa == Family::bf16 || fb == Family::bf16;
+  const auto pairs_with_bf16 = [](Family f) { return f == Family::bf16 || f == Family::fp8_tensor; };
+  if (mixed ? !(pairs_with_bf16(fa) && pairs_with_bf16(fb)) : fa != fb)
     return errorf(
         "matmul_quantized: A is %s and B is %s; both operands must come from one recipe (fp8 per-tensor, "
-        "fp8 block, mxfp8 or nvfp4)",
+        "fp8 block, mxfp8 or nvfp4), or pair bf16 with fp8 per-tensor or bf16",
         qformat_name(a.format), qformat_name(b.format));
   if (fa == Family::fp8_tensor && a.format == QFormat::fp8_e5m2 && b.format == QFormat::fp8_e5m2)
     return errorf(
@@ -203,9 +214,11 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
     return errorf(
         "matmul_quantized: fp8_block128x128 x fp8_block128x128 is not supported by cuBLASLt (1D x 1D, "
         "1D x 2D and 2D x 1D only); quantize one operand with 1x128 blocks");
-  if (opt.fast_accum && fa != Family::fp8_tensor)
-    return errorf("matmul_quantized: fast_accum is only available for fp8 per-tensor operands (got %s); turn it off",
-                  qformat_name(a.format));
+  if (opt.fast_accum && (fa != Family::fp8_tensor || mixed))
+    return errorf(
+        "matmul_quantized: fast_accum is only available for fp8 per-tensor x fp8 per-tensor operands (got %s x %s); "
+        "turn it off",
+        qformat_name(a.format), qformat_name(b.format));
   detail::CView cv;
   NB_TRY(resolve_c(c, a.rows, b.rows, &cv));
   const int64_t m = a.rows, n = b.rows, k = a.k;
@@ -213,7 +226,7 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
   if (c.device == Device::cpu) return matmul_quantized_cpu(a, b, cv, opt.beta);
   const ProfiledGemm profiled(a, b, c.dtype, opt);  // a timed sub-interval while profiling
 
-  if (fa == Family::mxfp8 || fa == Family::nvfp4)
+  if (fa == Family::mxfp8 || fa == Family::nvfp4 || mixed)
     return detail::emulated_matmul_cuda(a, b, cv, m, n, k, opt.beta, stream);
   auto lt_operand = [](const QOperand& q) {
     detail::LtOperand o;

@@ -20,8 +20,11 @@
 //                       FP32 amax (global decode scale amax / (6*448), or amax / (6*256) for a copy
 //                       quantized with 4/6: QOperand::nvfp4_4over6); with k_major = false data
 //                       [K, rows/2] and scales [K, rows/16] (blocks of 16 consecutive stored elements)
+//   bf16                data [rows, K] BF16 values (or [K, rows] with k_major = false), scale 1; scales may
+//                       be null. Mixture of Representations (formats/mor/) keeps an operand in BF16 that its
+//                       rule did not let quantize, while the GEMM's other operand may be FP8.
 // Both operands must share the family (fp8 per-tensor x fp8 per-tensor, fp8 block x fp8 block,
-// mxfp8 x mxfp8, nvfp4 x nvfp4).
+// mxfp8 x mxfp8, nvfp4 x nvfp4), except that a bf16 operand pairs with fp8 per-tensor or bf16 ("mixed").
 //
 // Backends, chosen by C's device (operand pointers must live on the same side):
 //   cpu   the reference: every operand dequantized exactly in FP64 (code value x scale), products
@@ -48,6 +51,9 @@
 //         2^-116) may have elements rounded to nearest even in BF16.
 //         An operand with QOperand::dequantized set skips its dequantization (a weight dequantized
 //         once per step: --emulated-weight-cache); the GEMM then runs unchunked over that operand.
+//         mixed (a bf16 operand): the fp8 per-tensor operand's codes decoded to BF16 (exact: E4M3 and E5M2
+//         values are BF16 values), a BF16 cuBLASLt GEMM with FP32 accumulation, alpha = the product of the
+//         fp8 operands' scale_inv read on the device. No fast accumulation.
 //         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper). Native
 //         FP4 tensor cores need both operands K-major, so a native path would need the real
 //         column-wise copy of a 2D NVFP4 weight (not the k_major = false row copy).
@@ -63,7 +69,7 @@
 
 namespace nb::gemm {
 
-enum class QFormat : uint8_t { fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4 };
+enum class QFormat : uint8_t { fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4, bf16 };
 const char* qformat_name(QFormat f);
 
 struct QOperand {

@@ -30,8 +30,11 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
   *out = LinearMemory{};
   if (!recipe.quantized()) return Status::ok();
   recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
-  const bool emulated =             // on cuda (Hopper): the CPU backend computes its GEMMs from the dequantized values
-      dev == Device::cuda && (recipe.weight.fmt == recipe::Fmt::mxfp8 || recipe.weight.fmt == recipe::Fmt::nvfp4);
+  // On cuda (Hopper) the emulated GEMMs' scratch (the CPU backend computes its GEMMs from the dequantized values);
+  // MoR's GEMMs with a BF16 operand decode the FP8 one there too.
+  const bool emulated = dev == Device::cuda && (recipe.weight.fmt == recipe::Fmt::mxfp8 ||
+                                                recipe.weight.fmt == recipe::Fmt::nvfp4 || recipe.mor.on);
+  int64_t mor_linears = 0;
   size_t scratch = 0;
   bool any_quantized = false;
   const auto held = [stage_chunks](int64_t l) {
@@ -52,10 +55,13 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
                      : recipe::Linear::grad_gather_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.out, sp_ranks));
     if (sp.bf16_layer) continue;
     any_quantized = true;
+    mor_linears += recipe.mor.on ? 1 : 0;
     if (emulated)
       scratch =
           std::max(scratch, emulated_need(shape.tokens(), sp.in, sp.out, recipe.keep_dequantized_weights, frozen));
   }
+  // The MoR board: three 24-byte statistic cells per MoR Linear in one buffer (llama_mor.cpp).
+  if (mor_linears > 0) out->owned += (mor_linears * 3 * int64_t(sizeof(mor::StatCell)) + 255) / 256 * 256;
   out->workspace = int64_t(ws.planned_bytes());
   // gemm_emulated.cu grows its scratch to the need plus an eighth (headroom for the next shape).
   if (scratch > 0) out->emulated_scratch = int64_t((scratch + scratch / 8 + 255) / 256 * 256);

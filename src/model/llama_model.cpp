@@ -258,6 +258,7 @@ Status LlamaModel::build_linears() {
       for (int i : {0, 2}) layer[size_t(i)].set_input_gather(tp_byte_group());
       for (int i : {1, 3}) layer[size_t(i)].set_grad_gather(tp_byte_group());
     }
+  NB_TRY(init_mor_board());
   MemoryScope ws_scope(MemPart::linear_workspace);
   return linear_workspace_->allocate();
 }

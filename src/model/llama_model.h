@@ -130,6 +130,18 @@ class LlamaModel {
   Status scaling_states(std::vector<LinearScaling>* out) const;
   Status set_scaling_states(const std::vector<LinearScaling>& in);
   void step_amax_views(std::vector<Tensor>* out) const;  // delayed scaling: every step amax (llama_amax.cpp)
+  // ---- Mixture of Representations (recipe.mor; llama_mor.cpp) ----
+  // Every MoR Linear's three statistic cells (input, weight, grad) live in one board, in the order of mor_names(),
+  // so a decision reads them in one copy. mor_board / set_mor_board copy the board (synchronize); clear_mor_board
+  // zeroes it. mor_choices: 1 = the role's GEMM operands are FP8, 3 per Linear; set_mor_choices sets them.
+  // pause_mor_stats(true): quantizations add nothing (evaluation forwards). All empty without MoR.
+  std::vector<std::string> mor_names() const;
+  Status mor_board(std::vector<mor::StatCell>* cells) const;
+  Status set_mor_board(const std::vector<mor::StatCell>& cells);
+  Status clear_mor_board();
+  std::vector<uint8_t> mor_choices() const;
+  Status set_mor_choices(const std::vector<uint8_t>& choices);
+  void pause_mor_stats(bool paused);
   const recipe::Recipe& recipe() const { return recipe_; }
   // Parameter storage: FP32 master, gradient, m, v plus the compute copy.
   // (The linear weights of quantized layers keep no compute copy: they are quantized from the master.)
@@ -424,7 +436,10 @@ class LlamaModel {
   std::vector<char>
       weight_staged_;  // per (layer, linear): staged since the last begin_step  // shared transient quantized copies
   std::vector<std::vector<recipe::Linear>> linears_;  // per layer: qkv (fused), o, gate_up, down
-  Buffer ids_, targets_, loss_acc_;                   // staged tokens [n, T] i32; per-token loss sums [T] f32
+  Buffer mor_board_;                                  // MoR statistic cells, 3 per MoR Linear (llama_mor.cpp)
+  Status init_mor_board();
+  std::vector<recipe::Linear*> mor_linears();
+  Buffer ids_, targets_, loss_acc_;  // staged tokens [n, T] i32; per-token loss sums [T] f32
   // Packed rows: per staged micro-batch its segment starts (host; empty = not packed), their offset into
   // the device copy seg_starts_; positions_ [n, T] i32 restart at every segment.
   std::vector<std::vector<int32_t>> seg_host_;

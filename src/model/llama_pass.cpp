@@ -119,7 +119,10 @@ Tensor MicroBatchPass::weight(int64_t l, int i, const Tensor& compute, const Ten
   if (compute.data || m_.lora_enabled_) return compute;  // a frozen quantized base weight lives in its Linear
   const Tensor stage = Tensor::make(m_.weight_stage_.data(), dt_, m_.dev_, {master.shape[0], master.shape[1]});
   char& staged = m_.weight_staged_[size_t(l * 4 + i)];
-  if (!staged) {
+  // A quantized Linear reads its staged weight once per step (its quantization); one whose weight MoR keeps in BF16
+  // reads it at every GEMM, by which time another Linear may have staged its own: cast it again.
+  const recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
+  if (!staged || (lin.mor() && !lin.mor_fp8(1))) {
     ops::cast(master, stage, st_);
     staged = 1;
   }

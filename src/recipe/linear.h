@@ -44,6 +44,7 @@
 #include "core/status.h"
 #include "core/stream.h"
 #include "core/tensor.h"
+#include "formats/mor/mor_stat.h"
 #include "recipe/linear_workspace.h"
 #include "recipe/recipe.h"
 
@@ -287,6 +288,22 @@ class Linear {
   Status assemble_weight(const uint8_t* gathered, size_t rank_stride, uint8_t* window, Stream stream);
   // The assembled window the GEMMs read from now on; nullptr unbinds (forward/backward then refuse).
   void bind_weight(uint8_t* window);
+
+  // ---- Mixture of Representations (Recipe::mor; linear_mor.cpp) ----
+  // Each quantization of a role adds its E4M3 error statistic (formats/mor/mor_stat.h) into that role's cell:
+  // three cells (input, weight, grad; device memory on cuda), this Linear's own or, after set_mor_cells, a slice
+  // of a model-wide board that comes back to the host in one copy. mor_stats reads them (synchronizes);
+  // clear_mor_stats zeroes them on `stream`. set_mor_fp8(role, false) makes the role's GEMM operands its BF16
+  // values (backward then reads the x and w it is given) from the next GEMM on; true, its FP8 copies. An
+  // error for a Linear without MoR (a BF16 layer, another recipe) except mor_fp8, which then says false.
+  Status set_mor_cells(mor::StatCell* cells);
+  Status mor_stats(mor::ErrorStat out[3]) const;
+  Status clear_mor_stats(Stream stream);
+  Status set_mor_fp8(int role, bool fp8);
+  bool mor_fp8(int role) const;
+  bool mor() const;  // this Linear decides its operands by MoR
+  // Paused, quantizations add nothing to the cells (evaluation forwards must not move a training decision).
+  void pause_mor_stats(bool paused);
 
   struct Impl;  // linear.cpp
 

@@ -29,6 +29,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "formats/fp8/fp8.h"
+#include "formats/mor/mor_stat.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
@@ -217,6 +218,22 @@ struct Linear::Impl {
   Status fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream);
   // The weight's copies for this step's first forward.
   Status prepare_weight(const Tensor& w, Stream stream);
+  // ---- Mixture of Representations (recipe.mor; linear_mor.cpp) ----
+  // Per role: whether its GEMM operands are its FP8 copies (else its BF16 values), and the cell its
+  // quantizations' statistics add into (mor_cells: 3 cells of a model's board, or mor_own_cells).
+  bool mor_fp8[3] = {true, true, true};
+  bool mor_paused = false;
+  mor::StatCell* mor_cells = nullptr;
+  Buffer mor_own_cells;
+  std::vector<bf16> mor_bf16[3];  // CPU: a BF16 operand's values (the CUDA side reads its tensor)
+  Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
+  Status mor_init(bool dry);      // refusals
+  Status mor_cells_now(mor::StatCell** out);
+  // After role's quantization of src [rows, cols] (BF16, on dev): its statistic into the role's cell.
+  Status mor_add_stat(Role role, const bf16* src, int64_t rows, Stream stream);
+  // A BF16-decided role's operand over t (its [rows, K] values, or stored [K, rows] when !k_major) in place of
+  // *op; an FP8-decided role (or a recipe without MoR) leaves *op as it is.
+  Status mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op);
 };
 
 }  // namespace nb::recipe

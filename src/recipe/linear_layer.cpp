@@ -49,6 +49,7 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
     p = host_bf16.data();
   }
   NB_TRY(c.quantize(p, rows, args(role), stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
+  if (recipe.mor.on && !mor_paused && into == nullptr) NB_TRY(mor_add_stat(role, p, rows, stream));
   if (collect_stats) NB_TRY(stats.add(c, p, stream));
   return Status::ok();
 }
@@ -157,6 +158,7 @@ Status Linear::init_impl(const Recipe& r, bool bf16_layer, const std::string& na
   impl->out = out_features;
   impl->dev = dev;
   if (!impl->all_bf16) NB_TRY(init_copies(impl.get(), std::move(workspace), dry));
+  NB_TRY(impl->mor_init(dry));
   impl_ = std::move(impl);
   return Status::ok();
 }
@@ -213,9 +215,12 @@ Status Linear::Impl::prepare_weight(const Tensor& w, Stream stream) {
 Status Linear::Impl::fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream) {
   if (fprop_bf16) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);  // as a BF16 layer's
   const bool per_tensor = recipe.input.fmt == Fmt::fp8_e4m3 || recipe.input.fmt == Fmt::fp8_e5m2;
-  gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor};
-  return gemm::matmul_quantized(q[0].row_operand(), q[1].row_operand(), y, o, stream)
-      .context("linear '" + name + "' Fprop");
+  gemm::QOperand a = q[0].row_operand(), b = q[1].row_operand();
+  NB_TRY(mor_operand(Role::input, x, true, &a));
+  NB_TRY(mor_operand(Role::weight, w, true, &b));
+  const bool bf16_operand = a.format == gemm::QFormat::bf16 || b.format == gemm::QFormat::bf16;
+  gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor && !bf16_operand};
+  return gemm::matmul_quantized(a, b, y, o, stream).context("linear '" + name + "' Fprop");
 }
 
 bool Linear::input_copy_shared() const { return impl_ && !impl_->all_bf16 && impl_->input_col_slot >= 0; }
@@ -255,19 +260,23 @@ Status Linear::backward(const Tensor& dy, const Tensor& x, const Tensor& w, cons
     return errorf("linear '%s': backward with %lld tokens needs the forward of the same micro-batch first",
                   s.name.c_str(), (long long)m);
   NB_TRY(s.quantize(Role::grad, dy, stream));
+  s.mor_x = x;  // a BF16-decided input or weight operand reads these (linear_mor.cpp)
+  s.mor_w = w;
   return s.dgrad_wgrad(dy, dx, dx_beta, dw_f32, stream, after_dgrad);
 }
 
 Status Linear::Impl::dgrad_wgrad(const Tensor& dy, const Tensor& dx, float dx_beta, const Tensor& dw_f32, Stream stream,
                                  const std::function<Status()>& after_dgrad) {
-  gemm::QOperand wcol;
+  gemm::QOperand wcol, dy_row = q[2].row_operand(), dy_col = q[2].col_operand(), x_col = q[0].col_operand();
   NB_TRY(dgrad_weight_operand(stream, &wcol));
-  NB_TRY(gemm::matmul_quantized(q[2].row_operand(), wcol, dx, {dx_beta, false}, stream)
-             .context("linear '" + name + "' Dgrad"));
+  NB_TRY(mor_operand(Role::grad, dy, true, &dy_row));
+  NB_TRY(mor_operand(Role::weight, mor_w, false, &wcol));
+  NB_TRY(gemm::matmul_quantized(dy_row, wcol, dx, {dx_beta, false}, stream).context("linear '" + name + "' Dgrad"));
   if (after_dgrad) NB_TRY(after_dgrad());
   if (collect_stats) NB_TRY(stats.before_wgrad(*this, dw_f32, stream));
-  NB_TRY(gemm::matmul_quantized(q[2].col_operand(), q[0].col_operand(), dw_f32, {1.f, false}, stream)
-             .context("linear '" + name + "' Wgrad"));
+  NB_TRY(mor_operand(Role::grad, dy, false, &dy_col));
+  NB_TRY(mor_operand(Role::input, mor_x, false, &x_col));
+  NB_TRY(gemm::matmul_quantized(dy_col, x_col, dw_f32, {1.f, false}, stream).context("linear '" + name + "' Wgrad"));
   if (collect_stats) NB_TRY(stats.after_wgrad(*this, dy, dw_f32, stream));
   have_input = false;
   micro += micro_stride;

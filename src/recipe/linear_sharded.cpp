@@ -32,6 +32,11 @@ Status Linear::set_sharded_weight(int64_t rows_per_rank, int ranks) {
   Impl& s = *impl_;
   if (s.all_bf16)
     return errorf("linear '%s': only a quantized weight is gathered in its training format", s.name.c_str());
+  if (s.recipe.mor.on)
+    return errorf(
+        "linear '%s': Mixture of Representations decides the weight's format from the whole weight, which a "
+        "training-format gather of chunks does not do yet; gather this weight in BF16",
+        s.name.c_str());
   const RoleSpec& w = s.recipe.weight;
   if (w.sr || w.rht)
     return errorf(

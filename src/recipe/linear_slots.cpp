@@ -50,6 +50,7 @@ Status Linear::set_input_slots(int n) {
                     : in.col_is_row || in.row_only                  ? "its input has no column copy of its own"
                     : in.col_data.transient || in.col_data.external ? "its input column copy is not its own"
                     : s.recipe.fp8_scaling == Fp8Scaling::delayed   ? "FP8 delayed scaling keeps one history per role"
+                    : s.recipe.mor.on ? "Mixture of Representations keeps one statistic per role"
                     : s.collect_stats ? "quantization statistics keep one micro-batch's input"
                                       : nullptr;
   if (why) return errorf("linear '%s' cannot keep several micro-batches' inputs: %s", s.name.c_str(), why);

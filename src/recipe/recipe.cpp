@@ -1,6 +1,7 @@
 // Recipe presets (Megatron-Bridge names), knobs, GEMM descriptions and GPU support checks. Pure data:
 // no numerics here; linear.cpp applies a Recipe to one linear layer.
 #include "recipe/recipe.h"
+#include <cstdio>
 
 namespace nb::recipe {
 
@@ -40,7 +41,8 @@ std::vector<std::string> recipe_names() {
           "bf16_with_fp8_delayed_scaling_mixed",
           "bf16_with_fp8_subchannel_scaling_mixed",
           "bf16_with_mxfp8_mixed",
-          "bf16_with_nvfp4_mixed"};
+          "bf16_with_nvfp4_mixed",
+          "bf16_with_mor_fp8_mixed"};
 }
 
 Status recipe_preset(const std::string& name, Recipe* out) {
@@ -71,6 +73,12 @@ Status recipe_preset(const std::string& name, Recipe* out) {
     r.weight = {Fmt::nvfp4, false, false, /*two_d=*/true};
     r.grad = {Fmt::nvfp4, /*rht=*/true, /*sr=*/true, false};
     r.bf16_layers_at_end = 4;  // Llama 3.1 8B NVFP4 playbook (spec §5)
+  } else if (name == "bf16_with_mor_fp8_mixed") {
+    // MoR's tensor-level rule (docs/MOR.md): E4M3 for every role (the rule measures E4M3's error), per-tensor
+    // current scaling, BF16 where the data says so.
+    r.input.fmt = r.weight.fmt = r.grad.fmt = Fmt::fp8_e4m3;
+    r.fp8_scaling = Fp8Scaling::current;
+    r.mor.on = true;
   } else {
     std::string known;
     for (const std::string& n : recipe_names()) known += (known.empty() ? "" : ", ") + n;
@@ -110,7 +118,39 @@ static Status apply_4over6(const std::string& v, const std::string& err, Recipe*
   return Status::ok();
 }
 
+// The mor_* knobs: only on a MoR recipe, with a threshold in (0, 1) and an interval of at least one step.
+static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
+  const bool given = k.mor_threshold >= 0 || k.mor_interval >= 0 || k.mor_granularity != "tensor";
+  if (!given) return Status::ok();
+  if (!r->mor.on)
+    return errorf(
+        "recipe '%s' has no Mixture of Representations, so the mor-* settings would do nothing; drop them "
+        "or choose bf16_with_mor_fp8_mixed",
+        r->name.c_str());
+  if (k.mor_granularity == "block")
+    return errorf(
+        "recipe '%s': mor-granularity block (per 128x128 block) is not built yet: only the tensor-level rule runs "
+        "in training (docs/MOR.md); use mor-granularity tensor",
+        r->name.c_str());
+  if (k.mor_granularity != "tensor")
+    return errorf("recipe '%s': unknown mor-granularity '%s'; use tensor", r->name.c_str(), k.mor_granularity.c_str());
+  if (k.mor_threshold >= 0) {
+    if (!(k.mor_threshold > 0 && k.mor_threshold < 1))
+      return errorf("recipe '%s': mor-threshold %g is outside (0, 1); it is a mean relative error (0.045 = 4.5%%)",
+                    r->name.c_str(), k.mor_threshold);
+    r->mor.threshold = k.mor_threshold;
+  }
+  if (k.mor_interval >= 0) {
+    if (k.mor_interval < 1)
+      return errorf("recipe '%s': mor-interval %lld must be at least 1 (decide every N steps)", r->name.c_str(),
+                    (long long)k.mor_interval);
+    r->mor.interval = k.mor_interval;
+  }
+  return Status::ok();
+}
+
 Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
+  NB_TRY(apply_mor_knobs(k, r));
   const std::string& v46 = k.fp4_4over6;
   if (v46 != "none" && v46 != "weights" && v46 != "activations" && v46 != "all")
     return errorf("recipe '%s': unknown fp4-4over6 value '%s'; use none, weights, activations or all", r->name.c_str(),
@@ -176,7 +216,18 @@ static std::string gemm_engine(Fmt a, int cc_major) {
   return "";
 }
 
+// MoR: each operand FP8 or BF16 by its own data; a GEMM with a BF16 operand runs the mixed BF16 GEMM.
+static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.4g", r.mor.threshold * 100.0);
+  const std::string op = std::string("e4m3|bf16"), e = cc_major <= 0 ? " (cpu reference)" : " (cublaslt fp8 or bf16)";
+  return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
+         " fp32 accumulate; each operand E4M3 while its mean relative error < " + t + "%, decided every " +
+         std::to_string(r.mor.interval) + " step(s) from the last ones";
+}
+
 std::string describe_gemms(const Recipe& r, bool bf16_layer, int cc_major, int /*cc_minor*/) {
+  if (r.mor.on && !bf16_layer) return describe_mor_gemms(r, cc_major);
   RoleSpec in = r.input, w = r.weight, g = r.grad;
   if (bf16_layer || !r.quantized()) in = w = g = RoleSpec{};
   std::string e = gemm_engine(in.fmt, cc_major);

@@ -28,6 +28,18 @@ struct RoleSpec {
 
 enum class Fp8Scaling { none, current, delayed };
 
+// Mixture of Representations (docs/MOR.md, formats/mor/): every transformer Linear's input, weight and gradient
+// operand is decided on its own: its GEMMs read its per-tensor E4M3 copy while the copy's mean relative error
+// (over the non-zero elements) is below `threshold`, else its BF16 values. The decision reads the statistics of
+// the last `interval` steps' quantizations (on the GPU, read back with the loss once per interval); until the
+// first decision every operand is FP8. A GEMM whose operands are both FP8 runs on FP8 tensor cores; one with a
+// BF16 operand runs in BF16 with the other operand's FP8 values (gemm_quantized.h, "mixed").
+struct MorSpec {
+  bool on = false;
+  double threshold = 0.045;  // the paper's E4M3 default
+  int64_t interval = 1;
+};
+
 struct Recipe {
   std::string name = "bf16_mixed";
   RoleSpec input, weight, grad;  // Fprop: input x weight; Dgrad: grad x weight; Wgrad: grad x input
@@ -40,6 +52,7 @@ struct Recipe {
   // dequantized to BF16 once per step instead of dequantizing it in every micro-batch (linear.h). Costs
   // 2 bytes per weight element per kept copy (nvfp4 2D: one; mxfp8, 1D nvfp4: two).
   bool keep_dequantized_weights = false;
+  MorSpec mor;
 
   // True when transformer layer `layer` (0-based) of `num_layers` keeps its linears in BF16.
   bool layer_in_bf16(int64_t layer, int64_t num_layers) const;
@@ -50,7 +63,9 @@ struct Recipe {
 // HYBRID; first and last layer BF16 as [MB] sets), bf16_with_fp8_delayed_scaling_mixed (HYBRID, history
 // 1024), bf16_with_fp8_subchannel_scaling_mixed (1x128 input/grad, 128x128 weight),
 // bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed (input nvfp4; weight nvfp4 2D; grad nvfp4 + SR; RHT on
-// the Wgrad operands; last 4 layers BF16 as the Llama 3.1 8B playbook does).
+// the Wgrad operands; last 4 layers BF16 as the Llama 3.1 8B playbook does), bf16_with_mor_fp8_mixed (MoR's
+// tensor-level rule: every role E4M3 per tensor, current scaling, or BF16 by MorSpec; no layer BF16 by position,
+// the data decides).
 // Rows of one block of a weight format along the weight's rows (2D tiles, column-copy blocks): a row chunk of
 // a whole number of them quantizes alone exactly as inside the whole weight (Megatron-FSDP's row shards).
 int64_t weight_block_rows(Fmt f);
@@ -70,10 +85,15 @@ struct RecipeKnobs {
   std::string fp4_4over6 = "none";
   // Its block error metric: mae (TransformerEngine's default) | mse.
   std::string fp4_4over6_err_mode = "mae";
+  // Mixture of Representations (MorSpec): < 0 keeps the preset's. mor_granularity: tensor (block is not built).
+  double mor_threshold = -1;
+  int64_t mor_interval = -1;
+  std::string mor_granularity = "tensor";
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
 // the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so are
-// fp4_4over6 naming a role that is not NVFP4 and fp4_4over6_err_mode mse without fp4_4over6.
+// fp4_4over6 naming a role that is not NVFP4 and fp4_4over6_err_mode mse without fp4_4over6; the mor_* knobs
+// on a recipe without MoR, a threshold outside (0, 1) and an interval below 1 too.
 Status apply_knobs(const RecipeKnobs& knobs, Recipe* r);
 
 // One line per layer kind: "Fprop nvfp4 x nvfp4 (emulated) | Dgrad nvfp4+sr x nvfp4 (emulated) | Wgrad

@@ -33,7 +33,14 @@ std::string format_log_line(const StepMetrics& m) {
                 (long long)m.iteration, (long long)m.total_iters, (long long)m.consumed_samples, m.step_ms,
                 m.tokens_per_s, m.tflops, 100.0 * m.mfu, m.lr, (long long)m.global_batch, m.loss, m.grad_norm,
                 m.peak_mem_gib, (long long)m.skipped, (long long)m.nan_iters, hms(m.eta_s).c_str());
-  return buf;
+  std::string line = buf;
+  if (m.mor_fp8_operands >= 0) {
+    char mor[96];
+    std::snprintf(mor, sizeof mor, " MoR FP8 operands: %.1f%% | MoR FP8 GEMMs: %.1f%% |", 100.0 * m.mor_fp8_operands,
+                  100.0 * m.mor_fp8_gemms);
+    line += mor;
+  }
+  return line;
 }
 
 std::string format_jsonl(const StepMetrics& m) {
@@ -57,6 +64,8 @@ std::string format_jsonl(const StepMetrics& m) {
   if (m.fsdp_reduced_bytes >= 0) j["fsdp_reduced_bytes"] = m.fsdp_reduced_bytes;
   if (m.tp_gathered_bytes >= 0) j["tp_gathered_bytes"] = m.tp_gathered_bytes;
   if (m.tp_reduced_bytes >= 0) j["tp_reduced_bytes"] = m.tp_reduced_bytes;
+  if (m.mor_fp8_operands >= 0) j["mor_fp8_operands"] = m.mor_fp8_operands;
+  if (m.mor_fp8_gemms >= 0) j["mor_fp8_gemms"] = m.mor_fp8_gemms;
   return j.dump();
 }
 

@@ -26,7 +26,7 @@ double unix_seconds() {
 // Megatron's tags keep Megatron's units (seconds, TFLOP/s/GPU), so a nibble run and a Megatron run
 // share TensorBoard's charts; metrics.jsonl keeps milliseconds (docs/TENSORBOARD.md has the table).
 ScalarList step_scalars(const StepMetrics& m) {
-  return {
+  ScalarList out = {
       {"lm loss", m.loss},
       {"learning-rate", m.lr},
       {"grad-norm", m.grad_norm},
@@ -42,6 +42,11 @@ ScalarList step_scalars(const StepMetrics& m) {
       {"optimizer-time", m.optimizer_ms / 1000.0},
       {"data-wait-time", m.data_wait_ms / 1000.0},
   };
+  if (m.mor_fp8_operands >= 0) {
+    out.emplace_back("mor/fp8_operands", m.mor_fp8_operands);
+    out.emplace_back("mor/fp8_gemms", m.mor_fp8_gemms);
+  }
+  return out;
 }
 
 Status check_tensorboard_dir(const std::string& dir) {

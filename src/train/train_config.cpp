@@ -154,7 +154,7 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
       string_key("recipe",
                  "precision recipe: bf16_mixed, bf16_with_fp8_current_scaling_mixed, "
                  "bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed, bf16_with_mxfp8_mixed, "
-                 "bf16_with_nvfp4_mixed",
+                 "bf16_with_nvfp4_mixed, bf16_with_mor_fp8_mixed",
                  &c.recipe),
       bool_key("disable-fp4", "run the same job in bf16_mixed", &c.disable_fp4),
       bool_key("fp4-disable-rht", "NVFP4: no random Hadamard transform on the Wgrad operands", &c.fp4_disable_rht),
@@ -168,6 +168,14 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
                  "NVFP4 4/6: the block error that picks 4 or 6, mae (summed absolute error, TransformerEngine's "
                  "default) or mse (summed squared error)",
                  &c.fp4_4over6_err_mode, {"mae", "mse"}),
+      double_key("mor-threshold",
+                 "Mixture of Representations: an operand stays E4M3 while its mean relative error is below this, "
+                 "else BF16 (-1 = the recipe's 0.045)",
+                 &c.mor_threshold),
+      int_key("mor-interval", "Mixture of Representations: decide every N steps from the last N steps' statistics",
+              &c.mor_interval),
+      choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
+                 &c.mor_granularity, {"tensor", "block"}),
       bool_key("emulated-weight-cache",
                "MXFP8/NVFP4 on Hopper: dequantize each weight to BF16 once per step for the emulated GEMMs instead "
                "of in every micro-batch (faster; 2 bytes per weight element, 4 for MXFP8)",

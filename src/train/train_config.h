@@ -36,6 +36,10 @@ struct TrainConfig {
   bool emulated_weight_cache = false;       // keep MXFP8/NVFP4 weights dequantized once per step (Recipe)
   std::string fp4_4over6 = "none";          // none | weights | activations | all: NVFP4 4/6 adaptive block scaling
   std::string fp4_4over6_err_mode = "mae";  // mae | mse: 4/6's block error metric (TransformerEngine's default MAE)
+  // Mixture of Representations (bf16_with_mor_fp8_mixed; recipe.h MorSpec): -1 = the recipe's
+  double mor_threshold = -1;
+  int64_t mor_interval = -1;
+  std::string mor_granularity = "tensor";  // tensor (block is not built yet)
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;

@@ -100,6 +100,8 @@ Status Trainer::step(StepMetrics* m) {
   m->lr = lr;
   m->loss = f.loss;
   m->grad_norm = f.grad_norm;
+  m->mor_fp8_operands = f.mor_fp8_operands;
+  m->mor_fp8_gemms = f.mor_fp8_gemms;
   m->data_wait_ms = wait_ms;
   m->skipped = skipped_;
   m->nan_iters = nan_iters_;
@@ -192,7 +194,7 @@ Status Trainer::reduce_step_figures(double loss_sum, StepFigures* f) {
     if (jsonl_) jsonl_ << format_quant_stats(it + 1, health, linear_stats) << std::flush;
     if (tb_) tb_->log_scalars(it + 1, quant_stats_scalars(health, linear_stats));
   }
-  return Status::ok();
+  return mor_after_step(f);
 }
 
 // AdamW with the clipped gradient, or (non-finite loss, norm or quantizer input) --on-nan's choice.
@@ -297,6 +299,13 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   streamer_.wait_all();
   double sum = 0;
   int64_t n = 0;
+  // Evaluation forwards quantize too; MoR's statistics are the training steps' alone (a decision must not depend
+  // on the evaluation schedule).
+  model_.pause_mor_stats(true);
+  struct Resume {
+    LlamaModel& m;
+    ~Resume() { m.pause_mor_stats(false); }
+  } resume_mor{model_};
   for (int64_t i = 0; i < cfg_.eval_iters * accum_; ++i) {
     Batch b;
     NB_TRY(valid_src_->next(&b));

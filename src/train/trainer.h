@@ -142,7 +142,14 @@ class Trainer {
   struct StepFigures {
     double loss = 0, grad_norm = 0;
     std::string nonfinite_where;  // the first quantizer that saw a non-finite input, or empty
+    // Mixture of Representations: the shares of GEMM operands and of GEMMs that ran in FP8 this step (-1: no MoR).
+    double mor_fp8_operands = -1, mor_fp8_gemms = -1;
   };
+  // Mixture of Representations (trainer_mor.cpp): the step's shares, and at the end of each decision interval the
+  // statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a clear board.
+  Status mor_after_step(StepFigures* f);
+  nlohmann::json mor_state() const;                // for trainer_state.json (null without MoR)
+  Status load_mor_state(const nlohmann::json& s);  // resume: the decisions and the interval's statistics so far
   Status run_micro_batches(double* loss_sum, double* wait_ms);
   Status reduce_step_figures(double loss_sum, StepFigures* f);
   Status apply_update(double lr, const StepFigures& f);

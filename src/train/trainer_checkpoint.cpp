@@ -278,6 +278,7 @@ Status Trainer::restore_state(const nlohmann::json& s) {
           "the checkpoint's recipe %s and this run's %s keep different FP8 delayed-scaling state (%s); "
           "resume with --recipe %s, or pass --finetune",
           saved_recipe.c_str(), recipe_.name.c_str(), st.message().c_str(), saved_recipe.c_str());
+    NB_TRY(load_mor_state(s));
   } catch (const std::exception& e) {
     return errorf("trainer_state.json lacks a field this nibble needs, or has one of another type (%s)", e.what());
   }
@@ -317,6 +318,7 @@ nlohmann::json Trainer::trainer_state() const {
   }
   s["recipe"] = recipe_.name;
   if (anneal_configured()) s["anneal"] = anneal_state();
+  if (nlohmann::json mor = mor_state(); !mor.is_null()) s["mor"] = std::move(mor);
   // The run's configuration and model: the only copy of their fields here, compared whole on resume
   // (check_resume_compatible).
   TrainConfig c = cfg_;

@@ -150,6 +150,7 @@ Status Trainer::choose_param_gather() {
       std::printf("Megatron-FSDP gathers every weight in BF16 (%s)\n",
                   cfg_.fsdp_param_gather == "bf16" ? "--fsdp-param-gather bf16"
                   : cfg_.quant_stats               ? "--quant-stats reads the BF16 weights"
+                  : recipe_.mor.on                 ? "Mixture of Representations decides from the BF16 weights"
                                                    : "annealing runs BF16 steps");
     return Status::ok();
   }

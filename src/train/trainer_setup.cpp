@@ -65,7 +65,21 @@ Status Trainer::resolve_config() {
   knobs.first_last_layers_bf16 = cfg_.first_last_layers_bf16;
   knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
+  knobs.mor_threshold = cfg_.mor_threshold;
+  knobs.mor_interval = cfg_.mor_interval;
+  knobs.mor_granularity = cfg_.mor_granularity;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
+  if (recipe_.mor.on &&
+      (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1 || cfg_.pipeline_model_parallel_size > 1))
+    return errorf(
+        "--recipe %s decides each operand from the whole tensor on one rank, and tensor, context and pipeline "
+        "parallelism split those tensors: they are not supported with Mixture of Representations yet; scale it with "
+        "data parallelism (--nproc-per-node, --use-distributed-optimizer or --use-megatron-fsdp)",
+        recipe_.name.c_str());
+  if (recipe_.mor.on && cfg_.fsdp_param_gather == "training")
+    return errorf(
+        "--fsdp-param-gather training gathers weights already quantized, but Mixture of Representations decides "
+        "each weight's format from its BF16 values; pass --fsdp-param-gather bf16 or auto");
   recipe_.seed = uint64_t(cfg_.seed);
   if (cfg_.emulated_weight_cache) {
     if (recipe_.weight.fmt != recipe::Fmt::mxfp8 && recipe_.weight.fmt != recipe::Fmt::nvfp4)
@@ -193,7 +207,8 @@ void Trainer::print_plan() {
 // Megatron-FSDP gathers the quantized layers' weights as codes and scales (trainer_dist.cpp's choice).
 bool Trainer::training_format_gather() const {
   return model_.fsdp == LlamaModel::Fsdp::optim_grads_params && world_.size / tp_size() > 1 && recipe_.quantized() &&
-         !lora() && cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0);
+         !lora() && cfg_.fsdp_param_gather != "bf16" && !cfg_.quant_stats && !(cfg_.anneal_start_fraction > 0) &&
+         !recipe_.mor.on;
 }
 
 Status Trainer::build_model() {

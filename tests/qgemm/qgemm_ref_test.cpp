@@ -111,6 +111,24 @@ INSTANTIATE_TEST_SUITE_P(Formats, CpuQGemm,
                            return std::string(qformat_name(info.param.a)) + "_x_" + qformat_name(info.param.b);
                          });
 
+// Mixture of Representations' mixed GEMM: a BF16 operand, K-major or stored [K, rows], with a per-tensor E4M3 or
+// E5M2 one (each side), or two BF16 ones; the BF16 operand's x_hat is its own values. Fprop-like row copies
+// and a Wgrad-like pair (K = tokens, the BF16 operand stored [K, rows], beta = 1).
+TEST(CpuQGemm, Bf16PairsWithPerTensorFp8) {
+  HostQuant x(QFormat::fp8_e4m3, 128, 256, 31), w(QFormat::fp8_e5m2, 96, 256, 32);
+  const std::vector<bf16> xv = make_source(128, 256, 33), wv = make_source(96, 256, 34);
+  const QOperand xb = bf16_operand(xv.data(), 128, 256, true), wb = bf16_operand(wv.data(), 96, 256, true);
+  const std::vector<float> xbh = bf16_xhat(xv, 128, 256, true), wbh = bf16_xhat(wv, 96, 256, true);
+  check_cpu_ops(xb, xbh, w.op(false), w.xhat(false), 0.f);
+  check_cpu_ops(x.op(false), x.xhat(false), wb, wbh, 0.f);
+  check_cpu_ops(xb, xbh, wb, wbh, 0.f);
+  // Wgrad: dY^T [64, K = 384] from a BF16 dY [384 tokens, 64] (stored [K, rows]) x the E4M3 X's column copy.
+  const std::vector<bf16> dy = make_source(384, 64, 35);
+  HostQuant xt(QFormat::fp8_e4m3, 384, 160, 36);
+  check_cpu_ops(bf16_operand(dy.data(), 64, 384, false), bf16_xhat(dy, 64, 384, false), xt.op(true), xt.xhat(true),
+                1.f);
+}
+
 // The decoder of the GEMM reference agrees with the format's dequantizer (nvfp4: without the
 // global scale, which the GEMM applies as alpha).
 TEST(CpuQGemm, DequantizeOperandMatchesFormatDecoder) {
@@ -264,6 +282,10 @@ TEST(CpuQGemm, RejectsUnsupportedCombinations) {
   expect_error(blk2.op(false), blk2.op(false), {}, "fp8_block128x128 x fp8_block128x128");
   expect_error(e4.op(false), nv.op(false), {}, "one recipe");
   expect_error(nv.op(false), nv.op(false), {.fast_accum = true}, "fast_accum");
+  const std::vector<bf16> values = make_source(64, 128, 6);
+  const QOperand plain = bf16_operand(values.data(), 64, 128, true);
+  expect_error(plain, nv.op(false), {}, "pair bf16 with fp8 per-tensor");
+  expect_error(plain, e4.op(false), {.fast_accum = true}, "fast_accum");
   QOperand not_kmajor = e4.op(false);
   not_kmajor.k_major = false;
   expect_error(not_kmajor, e4.op(false), {}, "K-major");

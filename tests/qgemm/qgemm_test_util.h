@@ -69,6 +69,7 @@ inline void slot_bytes(QFormat f, int64_t r, int64_t c, size_t out[kSlots]) {
       out[kRowData] = out[kColData] = n / 2;
       out[kRowScales] = out[kColScales] = n / 16;
       break;
+    case QFormat::bf16: break;  // not a quantizer's output (bf16_operand below)
   }
 }
 
@@ -99,6 +100,7 @@ inline Status quantize_source(QFormat f, const bf16* x, int64_t r, int64_t c, vo
           r, c, u8(kRowData), u8(kRowScales), u8(kColData), u8(kColScales), f32(kRowAmax), f32(kColAmax), nullptr};
       return cuda ? nvfp4::quantize_cuda(x, {}, v, nullptr) : nvfp4::quantize_ref(x, {}, v);
     }
+    case QFormat::bf16: break;
   }
   return errorf("unknown format");
 }
@@ -150,6 +152,7 @@ inline std::vector<float> operand_xhat(QFormat f, int64_t r, int64_t c, void* co
       else
         nvfp4::dequantize_ref(u8(kColData), u8(kColScales), f32(kColAmax), c, r, out.data());
       break;
+    case QFormat::bf16: break;  // bf16_xhat below
   }
   return out;
 }
@@ -164,6 +167,25 @@ inline double ref_dot(const float* a_row, const float* b_row, int64_t k, double*
   }
   *abs_sum = s;
   return acc;
+}
+
+// A BF16 operand (Mixture of Representations' fallback) over `values`: [rows, k], or stored [k, rows] when
+// !k_major; and its values as [rows, k] floats (x_hat of a BF16 operand is the operand itself).
+inline QOperand bf16_operand(const bf16* values, int64_t rows, int64_t k, bool k_major) {
+  QOperand op;
+  op.format = QFormat::bf16;
+  op.rows = rows;
+  op.k = k;
+  op.data = values;
+  op.k_major = k_major;
+  return op;
+}
+inline std::vector<float> bf16_xhat(const std::vector<bf16>& v, int64_t rows, int64_t k, bool k_major) {
+  std::vector<float> out(size_t(rows * k));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t kk = 0; kk < k; ++kk)
+      out[size_t(r * k + kk)] = bf16_to_f32(k_major ? v[size_t(r * k + kk)] : v[size_t(kk * rows + r)]);
+  return out;
 }
 
 }  // namespace nb::gemm::testing

@@ -204,5 +204,50 @@ TEST(Supported, EachGpuGetsAClearAnswer) {
   EXPECT_FALSE(check_supported(r, 7, 5).is_ok());
 }
 
+// bf16_with_mor_fp8_mixed: every role E4M3 per tensor with current scaling and MoR on, no BF16 layers by position;
+// its knobs apply, and every bad value or misplaced knob is refused in one sentence.
+TEST(MorRecipe, PresetKnobsAndRefusals) {
+  Recipe r;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &r).is_ok());
+  EXPECT_TRUE(r.mor.on);
+  EXPECT_EQ(r.mor.threshold, 0.045);
+  EXPECT_EQ(r.mor.interval, 1);
+  EXPECT_EQ(r.input.fmt, Fmt::fp8_e4m3);
+  EXPECT_EQ(r.weight.fmt, Fmt::fp8_e4m3);
+  EXPECT_EQ(r.grad.fmt, Fmt::fp8_e4m3);
+  EXPECT_EQ(r.fp8_scaling, Fp8Scaling::current);
+  EXPECT_EQ(r.bf16_layers_at_start + r.bf16_layers_at_end, 0);
+  RecipeKnobs k;
+  k.mor_threshold = 0.08;
+  k.mor_interval = 10;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(r.mor.threshold, 0.08);
+  EXPECT_EQ(r.mor.interval, 10);
+  const std::string d = describe_gemms(r, false, 9, 0);
+  EXPECT_NE(d.find("e4m3|bf16"), std::string::npos) << d;
+  EXPECT_NE(d.find("8%"), std::string::npos) << d;
+  auto refused = [](const char* recipe, RecipeKnobs knobs, const char* needle) {
+    Recipe x;
+    ASSERT_TRUE(recipe_preset(recipe, &x).is_ok());
+    Status st = apply_knobs(knobs, &x);
+    ASSERT_FALSE(st.is_ok()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  for (double t : {0.0, 1.0, 1.5}) {
+    RecipeKnobs bad;
+    bad.mor_threshold = t;
+    refused("bf16_with_mor_fp8_mixed", bad, "outside (0, 1)");
+  }
+  RecipeKnobs zero_interval;
+  zero_interval.mor_interval = 0;
+  refused("bf16_with_mor_fp8_mixed", zero_interval, "at least 1");
+  RecipeKnobs block;
+  block.mor_granularity = "block";
+  refused("bf16_with_mor_fp8_mixed", block, "not built yet");
+  RecipeKnobs on_fp8;
+  on_fp8.mor_threshold = 0.05;
+  refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");
+}
+
 }  // namespace
 }  // namespace nb::recipe

@@ -6,6 +6,7 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -73,10 +74,16 @@ inline TrainConfig resume_job(const std::string& device, const std::string& reci
   return c;
 }
 
-// Runs the comparison; `dir` is a fresh folder holding the dataset.
+// Runs the comparison; `dir` is a fresh folder holding the dataset. tweak (optional) adjusts every run's job.
 inline void expect_bit_exact_resume(const std::string& device, const std::string& recipe, const std::string& dir,
-                                    const std::string& data_prefix) {
+                                    const std::string& data_prefix,
+                                    const std::function<void(TrainConfig*)>& tweak = {}) {
   const std::string a = dir + "/" + recipe + "_whole", b = dir + "/" + recipe + "_halves";
+  auto resume_job = [&](const std::string& d, const std::string& rc, const std::string& data) {
+    TrainConfig c = test::resume_job(d, rc, data);
+    if (tweak) tweak(&c);
+    return c;
+  };
   TrainConfig whole = resume_job(device, recipe, data_prefix);
   whole.save = a;
   whole.save_interval = 6;

@@ -23,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 #include "common/gpu.h"
@@ -394,6 +395,35 @@ TEST(QGemmGpu, Nvfp4TwoDRowCopyAsDgradOperand) {
   check_gpu_ops(dy.op(false), dy.xhat(false), row_kfirst, xcol, {}, &via_row);
   std::printf("   Dgrad via the row copy vs via the column copy: %lld of %lld elements differ in their bits\n",
               (long long)differing_elements(via_col, via_row, 2), (long long)(via_col.size() / 2));
+}
+
+// Mixture of Representations' mixed GEMM on the GPU: a BF16 operand (K-major or stored [K, rows]) with a per-tensor
+// FP8 one, or two BF16 ones, against the FP64 reference of the same values (BF16 operand's x_hat = its values).
+// One case forces the FP8 operand to be decoded in blocks of rows (the emulation's chunk plan).
+TEST(QGemmGpu, Bf16PairsWithPerTensorFp8) {
+  NB_REQUIRE_GPU();
+  auto upload = [](const std::vector<bf16>& v) {
+    auto d = std::make_unique<Dev>(v.size() * sizeof(bf16));
+    NB_CHECK(copy_bytes(d->p, Device::cuda, v.data(), Device::cpu, d->bytes).is_ok(), "upload");
+    return d;
+  };
+  DevQuant x(QFormat::fp8_e4m3, 1024, 512, 41), w(QFormat::fp8_e5m2, 768, 512, 42);
+  const std::vector<bf16> xv = make_source(1024, 512, 43), wv = make_source(768, 512, 44);
+  const auto xd = upload(xv), wd = upload(wv);
+  const QOperand xb = bf16_operand(static_cast<const bf16*>(xd->p), 1024, 512, true);
+  const QOperand wb = bf16_operand(static_cast<const bf16*>(wd->p), 768, 512, true);
+  const std::vector<float> xbh = bf16_xhat(xv, 1024, 512, true), wbh = bf16_xhat(wv, 768, 512, true);
+  check_gpu_ops(xb, xbh, w.op(false), w.xhat(false), {});
+  check_gpu_ops(x.op(false), x.xhat(false), wb, wbh, {.c_dtype = DType::f32});
+  check_gpu_ops(xb, xbh, wb, wbh, {});
+  const int64_t old_cap = detail::set_emulation_chunk_elements(128 * 512);
+  check_gpu_ops(x.op(false), x.xhat(false), wb, wbh, {.c_dtype = DType::f32, .beta = 1.f});
+  detail::set_emulation_chunk_elements(old_cap);
+  // Wgrad: dY^T [256, K = 1024 tokens] from a BF16 dY [1024, 256] (stored [K, rows]) x the E4M3 X's column copy.
+  const std::vector<bf16> dy = make_source(1024, 256, 45);
+  const auto dyd = upload(dy);
+  check_gpu_ops(bf16_operand(static_cast<const bf16*>(dyd->p), 256, 1024, false), bf16_xhat(dy, 256, 1024, false),
+                x.op(true), x.xhat(true), {.c_dtype = DType::f32, .beta = 1.f});
 }
 
 // A weight dequantized once per step (QOperand::dequantized): dequantize_operand_cuda writes exactly the

@@ -1,0 +1,32 @@
+// Mixture of Representations' statistic over a per-tensor FP8 quantization that already exists (recipe::Linear's
+// copies of an operand), on the host or the GPU, added into a cell that a step's quantizations of one operand share.
+// x_hat_i = decode(code_i) * scale_inv, the value the FP8 GEMM reads; e_i and the fixed-point sum are mor.h's, so
+// the GPU's atomics add the same integers as element_error_fixed in any order: both sides decide alike.
+#pragma once
+#include <cstdint>
+#include "core/bf16.h"
+#include "core/status.h"
+#include "core/stream.h"
+#include "formats/fp8/fp8.h"
+#include "formats/mor/mor.h"
+
+namespace nb::mor {
+
+// Plain integers, 24 bytes: what a GPU reduction adds atomically. An ErrorStat once read back (stat_of).
+struct StatCell {
+  uint64_t err_fixed = 0;
+  uint64_t nonzero = 0;
+  uint32_t nonfinite = 0;  // non-finite elements seen (any count > 0 keeps the operand BF16)
+  uint32_t unused = 0;
+};
+static_assert(sizeof(StatCell) == 24, "StatCell is read back as raw bytes");
+ErrorStat stat_of(const StatCell& c);
+
+// Adds the statistic of x [n] against its FP8 codes [n] (format fmt, one scale_inv) into *cell (host memory).
+void add_fp8_stat_host(const bf16* x, const uint8_t* codes, float scale_inv, int64_t n, fp8::Format fmt,
+                       StatCell* cell);
+// The same on the GPU (every pointer device memory; scale_inv read there), queued on `stream`.
+Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale_inv, int64_t n, fp8::Format fmt,
+                         StatCell* cell, Stream stream);
+
+}  // namespace nb::mor

@@ -1,0 +1,125 @@
+// Mixture of Representations inside one Linear (recipe.h MorSpec, docs/MOR.md): each quantization of a role adds
+// its statistic into the role's cell, and each GEMM reads a role's FP8 copy or its BF16 values by the role's
+// decision, which the model sets from the cells (model/llama_mor.cpp) once per decision interval.
+#include <cstring>
+#include "recipe/linear.h"
+#include "recipe/linear_device.h"
+#include "recipe/linear_internal.h"
+
+namespace nb::recipe {
+
+using namespace detail;
+
+Status Linear::Impl::mor_init(bool dry) {
+  if (!recipe.mor.on || all_bf16) return Status::ok();
+  if (frozen)
+    return errorf(
+        "linear '%s': recipe '%s' decides each operand's format by Mixture of Representations, which a frozen "
+        "(LoRA) base does not support yet; use another recipe for the base",
+        name.c_str(), recipe.name.c_str());
+  for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
+    if (r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
+      return errorf("internal: linear '%s': MoR needs per-tensor FP8 roles, got %s", name.c_str(), fmt_name(r->fmt));
+  (void)dry;  // the cells are allocated on first use, unless a model's board comes first (mor_cells_now)
+  return Status::ok();
+}
+
+// This Linear's cells: a model's board (set_mor_cells), else its own, allocated and zeroed the first time.
+Status Linear::Impl::mor_cells_now(mor::StatCell** out) {
+  if (!mor_cells) {
+    NB_TRY(Buffer::allocate(&mor_own_cells, DType::u8, dev, {int64_t(3 * sizeof(mor::StatCell))})
+               .context("linear '" + name + "' MoR statistics"));
+    mor_cells = static_cast<mor::StatCell*>(mor_own_cells.data());
+    if (dev == Device::cuda)
+      NB_TRY(memset_cuda(mor_cells, 0, 3 * sizeof(mor::StatCell), nullptr));
+    else
+      std::memset(static_cast<void*>(mor_cells), 0, 3 * sizeof(mor::StatCell));
+  }
+  *out = mor_cells;
+  return Status::ok();
+}
+
+Status Linear::Impl::mor_add_stat(Role role, const bf16* src, int64_t rows, Stream stream) {
+  QCopies& c = q[int(role)];
+  const fp8::Format f = c.spec.fmt == Fmt::fp8_e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+  const uint8_t* codes = c.ptr(c.row_data);  // per-tensor scale: the row copy holds every element's code
+  const float* scale_inv = c.state_f.ptr<float>() + kScaleInv;
+  mor::StatCell* cells = nullptr;
+  NB_TRY(mor_cells_now(&cells));
+  mor::StatCell* cell = cells + int(role);
+  if (dev == Device::cuda) return mor::add_fp8_stat_cuda(src, codes, scale_inv, rows * c.cols, f, cell, stream);
+  mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, cell);
+  return Status::ok();
+}
+
+Status Linear::Impl::mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op) {
+  if (!recipe.mor.on || mor_fp8[int(role)]) return Status::ok();
+  if (t.data == nullptr || t.ndim != 2)
+    return errorf("linear '%s': its %s is BF16 by MoR, but the GEMM was not given the tensor", name.c_str(),
+                  role == Role::input    ? "input"
+                  : role == Role::weight ? "weight"
+                                         : "gradient");
+  gemm::QOperand b;
+  b.format = gemm::QFormat::bf16;
+  b.rows = k_major ? t.shape[0] : t.shape[1];
+  b.k = k_major ? t.shape[1] : t.shape[0];
+  b.k_major = k_major;
+  if (dev == Device::cuda) {
+    b.data = t.data;
+  } else {  // the CPU's f32 tensor as the BF16 values the GPU would read
+    std::vector<bf16>& v = mor_bf16[int(role)];
+    v.resize(size_t(t.numel()));
+    const float* f = t.ptr<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) v[size_t(i)] = f32_to_bf16(f[i]);
+    b.data = v.data();
+  }
+  *op = b;
+  return Status::ok();
+}
+
+bool Linear::mor() const { return impl_ && impl_->recipe.mor.on && !impl_->all_bf16; }
+
+Status Linear::set_mor_cells(mor::StatCell* cells) {
+  if (!mor()) return errorf("Linear::set_mor_cells: this Linear does not decide by MoR");
+  impl_->mor_cells = cells ? cells : static_cast<mor::StatCell*>(impl_->mor_own_cells.data());  // null: own, lazily
+  return Status::ok();
+}
+
+Status Linear::mor_stats(mor::ErrorStat out[3]) const {
+  if (!mor()) return errorf("Linear::mor_stats: this Linear does not decide by MoR");
+  mor::StatCell cells[3];
+  if (!impl_->mor_cells) {  // nothing quantized yet
+    for (int i = 0; i < 3; ++i) out[i] = mor::ErrorStat{};
+    return Status::ok();
+  }
+  if (impl_->dev == Device::cuda)
+    NB_TRY(copy_to_host_cuda(cells, impl_->mor_cells, sizeof cells, nullptr));
+  else
+    std::memcpy(static_cast<void*>(cells), impl_->mor_cells, sizeof cells);
+  for (int i = 0; i < 3; ++i) out[i] = mor::stat_of(cells[i]);
+  return Status::ok();
+}
+
+Status Linear::clear_mor_stats(Stream stream) {
+  if (!mor()) return errorf("Linear::clear_mor_stats: this Linear does not decide by MoR");
+  if (!impl_->mor_cells) return Status::ok();
+  if (impl_->dev == Device::cuda) return memset_cuda(impl_->mor_cells, 0, 3 * sizeof(mor::StatCell), stream);
+  std::memset(static_cast<void*>(impl_->mor_cells), 0, 3 * sizeof(mor::StatCell));
+  return Status::ok();
+}
+
+Status Linear::set_mor_fp8(int role, bool fp8) {
+  if (!mor()) return errorf("Linear::set_mor_fp8: this Linear does not decide by MoR");
+  if (role < 0 || role > 2)
+    return errorf("Linear::set_mor_fp8: role %d is not 0 (input), 1 (weight) or 2 (grad)", role);
+  impl_->mor_fp8[role] = fp8;
+  return Status::ok();
+}
+
+void Linear::pause_mor_stats(bool paused) {
+  if (impl_) impl_->mor_paused = paused;
+}
+
+bool Linear::mor_fp8(int role) const { return mor() && role >= 0 && role < 3 && impl_->mor_fp8[role]; }
+
+}  // namespace nb::recipe

@@ -1,0 +1,197 @@
+// Mixture of Representations inside one Linear on the CPU backend: each role's statistic equals formats/mor's
+// reference (tensor_stat_ref: per-tensor E4M3 with amax scaling) exactly, summed over a step's micro-batches and
+// the weight counted once per step; a role decided BF16 makes its GEMM operands its BF16 values, checked against an
+// FP64 model of the three GEMMs on those mixed operands; a NaN is counted and decides BF16; and what MoR cannot
+// serve is refused in one sentence.
+#include <gtest/gtest.h>
+#include <string>
+#include <vector>
+#include "formats/mor/mor.h"
+#include "recipe_test_util.h"
+
+namespace nb::recipe {
+namespace {
+using namespace nb::recipe::testing;
+
+constexpr int64_t kMorM = 64, kMorK = 128, kMorN = 96;
+
+Recipe mor_recipe() {
+  Recipe r;
+  EXPECT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &r).is_ok());
+  return r;
+}
+
+std::vector<bf16> as_bf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = f32_to_bf16(v[i]);
+  return out;
+}
+
+mor::ErrorStat reference(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  const std::vector<bf16> b = as_bf16(v);
+  mor::ErrorStat s;
+  EXPECT_TRUE(mor::tensor_stat_ref(b.data(), rows, cols, mor::TensorRule{}, -1.0f, &s).is_ok());
+  return s;
+}
+
+void expect_equal(const mor::ErrorStat& got, const mor::ErrorStat& want, const char* what) {
+  EXPECT_EQ(got.err_fixed, want.err_fixed) << what;
+  EXPECT_EQ(got.nonzero, want.nonzero) << what;
+  EXPECT_EQ(got.nonfinite, want.nonfinite) << what;
+}
+
+// A Linear and its tensors on the CPU.
+struct Job {
+  Linear lin;
+  Buffer x, w, dy, y, dx, dw;
+  Job(const Recipe& r, const std::vector<float>& xv, const std::vector<float>& wv, const std::vector<float>& dyv) {
+    EXPECT_TRUE(lin.init(r, false, "mor", 3, kMorM, kMorK, kMorN, Device::cpu).is_ok());
+    fill(&x, xv, kMorM, kMorK);
+    fill(&w, wv, kMorN, kMorK);
+    fill(&dy, dyv, kMorM, kMorN);
+    EXPECT_TRUE(Buffer::allocate(&y, DType::f32, Device::cpu, {kMorM, kMorN}).is_ok());
+    EXPECT_TRUE(Buffer::allocate(&dx, DType::f32, Device::cpu, {kMorM, kMorK}).is_ok());
+    fill(&dw, std::vector<float>(size_t(kMorN * kMorK), 0.f), kMorN, kMorK);
+  }
+  static void fill(Buffer* b, const std::vector<float>& v, int64_t rows, int64_t cols) {
+    ASSERT_TRUE(Buffer::allocate(b, DType::f32, Device::cpu, {rows, cols}).is_ok());
+    std::copy(v.begin(), v.end(), b->ptr<float>());
+  }
+  Status pass() {
+    NB_TRY(lin.forward(x.tensor(), w.tensor(), y.tensor(), 0.f, nullptr));
+    return lin.backward(dy.tensor(), x.tensor(), w.tensor(), dx.tensor(), 0.f, dw.tensor(), nullptr);
+  }
+  std::vector<double> out(const Buffer& b) const {
+    const float* p = b.ptr<float>();
+    return {p, p + b.tensor().numel()};
+  }
+};
+
+TEST(LinearMor, StatisticsEqualTheReference) {
+  const auto x1 = random_bf16_values(kMorM * kMorK, 1.0, 1), x2 = random_bf16_values(kMorM * kMorK, 3.0, 2);
+  const auto w = random_bf16_values(kMorN * kMorK, 0.05, 3), dy1 = random_bf16_values(kMorM * kMorN, 1e-3, 4),
+             dy2 = random_bf16_values(kMorM * kMorN, 2e-3, 5);
+  Job j(mor_recipe(), x1, w, dy1);
+  ASSERT_TRUE(j.lin.mor());
+  j.lin.new_step(1);
+  ASSERT_TRUE(j.pass().is_ok());
+  mor::ErrorStat got[3];
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  expect_equal(got[0], reference(x1, kMorM, kMorK), "input");
+  expect_equal(got[1], reference(w, kMorN, kMorK), "weight");
+  expect_equal(got[2], reference(dy1, kMorM, kMorN), "grad");
+  EXPECT_GT(got[0].nonzero, 0);
+  // A second micro-batch of the step adds its input and gradient; the weight is quantized once per step.
+  std::copy(x2.begin(), x2.end(), j.x.ptr<float>());
+  std::copy(dy2.begin(), dy2.end(), j.dy.ptr<float>());
+  ASSERT_TRUE(j.pass().is_ok());
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  mor::ErrorStat in = reference(x1, kMorM, kMorK), g = reference(dy1, kMorM, kMorN);
+  in.add(reference(x2, kMorM, kMorK));
+  g.add(reference(dy2, kMorM, kMorN));
+  expect_equal(got[0], in, "input, two micro-batches");
+  expect_equal(got[1], reference(w, kMorN, kMorK), "weight, once per step");
+  expect_equal(got[2], g, "grad, two micro-batches");
+  // Paused (evaluation), nothing adds; cleared, nothing is left.
+  j.lin.pause_mor_stats(true);
+  ASSERT_TRUE(j.lin.forward(j.x.tensor(), j.w.tensor(), j.y.tensor(), 0.f, nullptr).is_ok());
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  expect_equal(got[0], in, "input, paused");
+  ASSERT_TRUE(j.lin.clear_mor_stats(nullptr).is_ok());
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  for (const mor::ErrorStat& s : got) expect_equal(s, mor::ErrorStat{}, "cleared");
+}
+
+// With role `bf16_role` decided BF16, each GEMM reads that role's BF16 values and the others' FP8 copies; the CPU
+// backend sums in FP64 and rounds once to FP32.
+void check_mixed(int bf16_role) {
+  const auto x = random_bf16_values(kMorM * kMorK, 1.0, 11), w = random_bf16_values(kMorN * kMorK, 0.05, 12),
+             dy = random_bf16_values(kMorM * kMorN, 1e-3, 13);
+  Job j(mor_recipe(), x, w, dy);
+  ASSERT_TRUE(j.lin.set_mor_fp8(bf16_role, false).is_ok());
+  EXPECT_FALSE(j.lin.mor_fp8(bf16_role));
+  j.lin.new_step(1);
+  ASSERT_TRUE(j.pass().is_ok());
+  QuantizedBytes q[3];
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(j.lin.debug_copies(i, &q[i]).is_ok());
+  const std::vector<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
+  // Row operands [rows, K] and column operands, as spec §6 assigns them; the BF16 role's are its values.
+  std::vector<double> a_y = dequant_copy(q[0], false), b_y = dequant_copy(q[1], false);
+  std::vector<double> a_dx = dequant_copy(q[2], false), b_dx = dequant_copy(q[1], true);
+  std::vector<double> a_dw = dequant_copy(q[2], true), b_dw = dequant_copy(q[0], true);
+  if (bf16_role == 0) {
+    a_y = xd;
+    b_dw = transpose(xd, kMorM, kMorK);
+  } else if (bf16_role == 1) {
+    b_y = wd;
+    b_dx = transpose(wd, kMorN, kMorK);
+  } else {
+    a_dx = dyd;
+    a_dw = transpose(dyd, kMorM, kMorN);
+  }
+  std::vector<double> ry, rdx, rdw, mag_y, mag_dx, mag_dw, ey, edx, edw, m2;
+  product_nt(a_y, b_y, kMorM, kMorN, kMorK, &ry, &mag_y);
+  product_nt(a_dx, b_dx, kMorM, kMorK, kMorN, &rdx, &mag_dx);
+  product_nt(a_dw, b_dw, kMorN, kMorK, kMorM, &rdw, &mag_dw);
+  product_nt(xd, wd, kMorM, kMorN, kMorK, &ey, &m2);
+  product_nt(dyd, transpose(wd, kMorN, kMorK), kMorM, kMorK, kMorN, &edx, &m2);
+  product_nt(transpose(dyd, kMorM, kMorN), transpose(xd, kMorM, kMorK), kMorN, kMorK, kMorM, &edw, &m2);
+  const Bound fp64{true};
+  const std::string role = std::to_string(bf16_role);
+  expect_close(("y, bf16 role " + role).c_str(), j.out(j.y), ry, mag_y, kMorK, fp64, ey);
+  expect_close(("dx, bf16 role " + role).c_str(), j.out(j.dx), rdx, mag_dx, kMorN, fp64, edx);
+  expect_close(("dw, bf16 role " + role).c_str(), j.out(j.dw), rdw, mag_dw, kMorM, fp64, edw);
+  // The statistic is still measured for a BF16 role: the next decision reads it.
+  mor::ErrorStat got[3];
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  EXPECT_GT(got[bf16_role].nonzero, 0);
+}
+
+TEST(LinearMor, ABf16RoleFeedsItsValuesToEachGemm) {
+  for (int role = 0; role < 3; ++role) check_mixed(role);
+}
+
+TEST(LinearMor, ANonFiniteInputIsCountedAndDecidesBf16) {
+  auto x = random_bf16_values(kMorM * kMorK, 1.0, 21);
+  x[77] = std::numeric_limits<float>::quiet_NaN();
+  Job j(mor_recipe(), x, random_bf16_values(kMorN * kMorK, 0.05, 22), random_bf16_values(kMorM * kMorN, 1e-3, 23));
+  j.lin.new_step(1);
+  ASSERT_TRUE(j.lin.forward(j.x.tensor(), j.w.tensor(), j.y.tensor(), 0.f, nullptr).is_ok());
+  mor::ErrorStat got[3];
+  ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
+  EXPECT_TRUE(got[0].nonfinite);
+  EXPECT_EQ(got[0].nonzero, reference(x, kMorM, kMorK).nonzero);  // the NaN is not in the mean
+  const mor::TensorDecision d = mor::decide_from_stat(got[0], mor::kDefaultE4M3Threshold);
+  EXPECT_EQ(d.choice, mor::Choice::bf16);
+  EXPECT_EQ(d.reason, mor::Reason::nonfinite);
+  EXPECT_FALSE(got[1].nonfinite);
+}
+
+TEST(LinearMor, WhatItCannotServeIsRefused) {
+  Linear frozen;
+  Status st = frozen.init(mor_recipe(), false, "base", 1, kMorM, kMorK, kMorN, Device::cpu, nullptr, /*frozen=*/true);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Mixture of Representations"), std::string::npos) << st.message();
+  Linear lin;
+  ASSERT_TRUE(lin.init(mor_recipe(), false, "l", 1, kMorM, kMorK, kMorN, Device::cpu).is_ok());
+  st = lin.set_input_slots(2);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Mixture of Representations"), std::string::npos) << st.message();
+  st = lin.set_sharded_weight(kMorN / 2, 2);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("Mixture of Representations"), std::string::npos) << st.message();
+  EXPECT_FALSE(lin.set_mor_fp8(3, false).is_ok());
+  // A BF16 layer of a MoR recipe, and another recipe, have no MoR.
+  Linear bf16_layer, fp8;
+  ASSERT_TRUE(bf16_layer.init(mor_recipe(), true, "b", 2, kMorM, kMorK, kMorN, Device::cpu).is_ok());
+  EXPECT_FALSE(bf16_layer.mor());
+  Recipe current;
+  ASSERT_TRUE(recipe_preset("bf16_with_fp8_current_scaling_mixed", &current).is_ok());
+  ASSERT_TRUE(fp8.init(current, false, "c", 3, kMorM, kMorK, kMorN, Device::cpu).is_ok());
+  EXPECT_FALSE(fp8.mor());
+  EXPECT_FALSE(fp8.mor_fp8(0));
+  EXPECT_FALSE(fp8.set_mor_fp8(0, false).is_ok());
+}
+
+}  // namespace
+}  // namespace nb::recipe

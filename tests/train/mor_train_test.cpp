@@ -1,0 +1,106 @@
+// Mixture of Representations in training (CPU): a run records its decisions and shares, resumes bit for bit
+// (decisions and an interval's statistics so far in the checkpoint), repeats itself exactly, and the threshold
+// really moves operands between E4M3 and BF16 (a threshold below every error gives BF16 everywhere from the first
+// decision on, one above every error FP8 everywhere); bad settings are refused before step 1.
+#include <gtest/gtest.h>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+#include "train/resume_util.h"
+
+using namespace nb;
+
+namespace {
+
+TrainConfig mor_job(double threshold, int64_t interval = 1) {
+  TrainConfig c = test::tiny_job("cpu", "bf16_with_mor_fp8_mixed");
+  c.mor_threshold = threshold;
+  c.mor_interval = interval;
+  return c;
+}
+
+std::vector<nlohmann::json> jsonl(const std::string& save, const char* key) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(save + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+}  // namespace
+
+// Decided every 2 steps, saved after step 3 (mid-interval: the statistics of step 3 travel in the checkpoint).
+TEST(MorTrainCpu, ResumesBitExactlyMidInterval) {
+  const std::string dir = test::temp_folder("mor_resume");
+  test::expect_bit_exact_resume("cpu", "bf16_with_mor_fp8_mixed", dir, test::write_random_dataset(dir, 256),
+                                [](TrainConfig* c) {
+                                  c->mor_threshold = 0.0226;  // inside the tiny model's spread of errors: both formats
+                                  c->mor_interval = 2;
+                                });
+}
+
+TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
+  const std::string dir = test::temp_folder("mor_threshold");
+  struct Case {
+    double threshold;
+    double share_after_first;  // the share of FP8 operands once the first decision applies
+  };
+  for (const Case& c : {Case{1e-9, 0.0}, Case{0.999, 1.0}}) {
+    TrainConfig job = mor_job(c.threshold);
+    job.save = dir + "/run";
+    job.save_interval = 100;
+    TrainSummary s;
+    ASSERT_TRUE(run_training(job, &s).is_ok());
+    const auto steps = jsonl(job.save, "mor_fp8_operands");
+    ASSERT_EQ(steps.size(), 6u);
+    EXPECT_EQ(steps[0]["mor_fp8_operands"], 1.0) << "before the first decision every operand is FP8";
+    for (size_t i = 1; i < steps.size(); ++i) {
+      EXPECT_EQ(steps[i]["mor_fp8_operands"], c.share_after_first) << c.threshold << " step " << i + 1;
+      EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.share_after_first) << c.threshold << " step " << i + 1;
+    }
+    const auto linears = jsonl(job.save, "mor_linear");
+    ASSERT_EQ(linears.size(), 6u * 4u * 2u);  // 6 decisions, 2 layers of 4 Linears
+    for (const auto& rec : linears)
+      for (const char* role : {"input", "weight", "grad"}) {
+        EXPECT_EQ(rec[role]["format"], c.share_after_first == 1.0 ? "e4m3" : "bf16") << rec.dump();
+        EXPECT_GT(rec[role]["error"].get<double>(), 0.0) << rec.dump();
+        EXPECT_FALSE(rec[role]["nonfinite"].get<bool>());
+      }
+    std::filesystem::remove_all(job.save);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(MorTrainCpu, RunsRepeatBitForBit) {
+  TrainSummary a, b;
+  ASSERT_TRUE(run_training(mor_job(0.0226), &a).is_ok());
+  ASSERT_TRUE(run_training(mor_job(0.0226), &b).is_ok());
+  EXPECT_EQ(a.losses, b.losses);
+  TrainSummary c;  // and the decisions change the run
+  ASSERT_TRUE(run_training(mor_job(1e-9), &c).is_ok());
+  EXPECT_NE(a.losses, c.losses);
+}
+
+TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
+  struct Case {
+    std::function<void(TrainConfig*)> set;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {[](TrainConfig* c) { c->mor_threshold = 1.5; }, "outside (0, 1)"},
+      {[](TrainConfig* c) { c->mor_interval = 0; }, "at least 1"},
+      {[](TrainConfig* c) { c->mor_granularity = "block"; }, "not built yet"},
+      {[](TrainConfig* c) { c->recipe = "bf16_with_nvfp4_mixed"; }, "no Mixture of Representations"},
+  };
+  for (const Case& k : cases) {
+    TrainConfig job = mor_job(0.05);
+    k.set(&job);
+    TrainSummary s;
+    Status st = run_training(job, &s);
+    ASSERT_FALSE(st.is_ok()) << k.needle;
+    EXPECT_NE(st.message().find(k.needle), std::string::npos) << st.message();
+  }
+}
