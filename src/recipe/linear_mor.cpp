@@ -2,6 +2,7 @@
 // its statistic into the role's cell, and each GEMM reads a role's FP8 copy or its BF16 values by the role's
 // decision, which the model sets from the cells (model/llama_mor.cpp) once per decision interval.
 #include <cstring>
+#include "core/gpu_profile.h"
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
 #include "recipe/linear_internal.h"
@@ -47,7 +48,14 @@ Status Linear::Impl::mor_add_stat(Role role, const bf16* src, int64_t rows, Stre
   mor::StatCell* cells = nullptr;
   NB_TRY(mor_cells_now(&cells));
   mor::StatCell* cell = cells + int(role);
-  if (dev == Device::cuda) return mor::add_fp8_stat_cuda(src, codes, scale_inv, rows * c.cols, f, cell, stream);
+  if (dev == Device::cuda) {
+    // --profile: its own interval, so the roofline shows what the statistic costs (it reads x and the codes).
+    const bool timed = profile::enabled();
+    if (timed) profile::begin_child("mor: E4M3 error statistic", 0.0, double(rows * c.cols) * 3.0);
+    const Status st = mor::add_fp8_stat_cuda(src, codes, scale_inv, rows * c.cols, f, cell, stream);
+    if (timed) profile::end_child();
+    return st;
+  }
   mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, cell);
   return Status::ok();
 }

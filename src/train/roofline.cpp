@@ -96,7 +96,10 @@ Report build(const std::vector<profile::Entry>& entries, double step_ms, const C
   rep.step_ms = step_ms;
   rep.ceilings = c;
   for (const auto& e : entries)
-    if (is_gemm(e)) rep.gemms.push_back(gemm_row(e, c));
+    if (is_gemm(e))
+      rep.gemms.push_back(gemm_row(e, c));
+    else if (!e.parent.empty())
+      rep.others.push_back(measured_row(e, e.parent));
   for (const auto& e : entries)
     if (e.parent.empty()) rep.phases.push_back(phase_row(e, rep.gemms, c));
   for (Row& g : rep.gemms) finish(g, step_ms);
@@ -104,6 +107,7 @@ Report build(const std::vector<profile::Entry>& entries, double step_ms, const C
   auto longest = [](const Row& a, const Row& b) { return a.ms > b.ms; };
   std::stable_sort(rep.phases.begin(), rep.phases.end(), longest);
   std::stable_sort(rep.gemms.begin(), rep.gemms.end(), longest);
+  std::stable_sort(rep.others.begin(), rep.others.end(), longest);
   Row rest;
   rest.name = kUnattributed;
   rest.ms = step_ms - rep.phases_ms();
@@ -156,6 +160,10 @@ std::string format_table(const Report& r) {
     append(s, "%-24s %-58s %6.0f %9.2f %8.1f %8.1f %6.2f %6.1f%%\n", g.parent.c_str(), g.name.substr(5).c_str(),
            g.calls, g.ms, g.tflops(), g.ceiling_tflops, g.ceiling_tflops > 0 ? g.tflops() / g.ceiling_tflops : 0.0,
            100.0 * g.lost_share);
+  if (!r.others.empty()) append(s, "\nOther measured work inside the phases (per step):\n");
+  for (const Row& o : r.others)
+    append(s, "%-24s %-58s %6.0f %9.2f %6.2f%% of the step\n", o.parent.c_str(), o.name.c_str(), o.calls, o.ms,
+           r.step_ms > 0 ? 100.0 * o.ms / r.step_ms : 0.0);
   return s;
 }
 
@@ -191,6 +199,10 @@ std::string to_json(const Report& r) {
   for (const Row& p : r.phases) j["phases"].push_back(row(p));
   j["gemms"] = json::array();
   for (const Row& g : r.gemms) j["gemms"].push_back(row(g));
+  j["others"] = json::array();
+  for (const Row& o : r.others)
+    j["others"].push_back(
+        {{"name", o.name}, {"parent", o.parent}, {"ms", o.ms}, {"calls", o.calls}, {"bytes", o.bytes}});
   return j.dump(1) + "\n";
 }
 

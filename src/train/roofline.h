@@ -41,6 +41,8 @@ struct Report {
   double step_ms = 0;       // mean wall time of those steps
   std::vector<Row> phases;  // by time, longest first; the last row is "unattributed"
   std::vector<Row> gemms;   // the GEMM calls inside the phases, by time
+  // Other measured sub-intervals of the phases (e.g. MoR's error statistic), by time: their cost, no ceiling.
+  std::vector<Row> others;
   Ceilings ceilings;
   double phases_ms() const;   // the phases without the unattributed row
   double ideal_ms() const;    // the step at its ceilings (phases' ideal times)

@@ -6,6 +6,7 @@
 // metrics.jsonl record per Linear, and a cleared board. The board comes back in one copy after the step's loss, so the
 // GEMMs never wait on the host: a decision lags the data it reads by one interval. Checkpoints carry the decisions and
 // the interval's statistics so far.
+#include <chrono>
 #include <cmath>
 #include "formats/mor/mor.h"
 #include "io/json_checked.h"
@@ -46,6 +47,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
   shares(model_.mor_choices(), &f->mor_fp8_operands, &f->mor_fp8_gemms);
   const int64_t done = iteration_ + 1;  // steps run once this one ends
   if (done % recipe_.mor.interval != 0) return Status::ok();
+  const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
   std::vector<mor::StatCell> cells;
   NB_TRY(model_.mor_board(&cells));
   std::vector<double> sums(cells.size() * 4);
@@ -75,13 +77,15 @@ Status Trainer::mor_after_step(StepFigures* f) {
   }
   NB_TRY(model_.set_mor_choices(choices));
   NB_TRY(model_.clear_mor_board());
+  const double decide_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!jsonl_) return Status::ok();
   double next_operands = 0, next_gemms = 0;
   shares(choices, &next_operands, &next_gemms);
   jsonl_ << nlohmann::json({{"iteration", done},
                             {"mor_threshold", recipe_.mor.threshold},
                             {"mor_next_fp8_operands", next_operands},
-                            {"mor_next_fp8_gemms", next_gemms}})
+                            {"mor_next_fp8_gemms", next_gemms},
+                            {"mor_decide_ms", decide_ms}})
                 .dump()
          << "\n";
   for (const auto& rec : records) jsonl_ << rec.dump() << "\n";

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Mixture of Representations' speed on one GPU (issue: each tensor picks its own precision): the Llama 3 8B proxy
+# (4 layers of the 8B's shape) and Llama 3.2 3B in bf16_with_mor_fp8_mixed at the default threshold against
+# bf16_with_fp8_current_scaling_mixed (its preset, first and last layers BF16, and with every layer FP8 as MoR's
+# preset has it) and bf16_mixed; a profiled MoR run of each measures the statistic's GPU time (roofline.json's
+# "others") and metrics.jsonl the decisions' host time. Mock data, a few steps each.
+#   bash scripts/benchmark_mor.sh BUILD OUT [PARTS]   PARTS: comma list of names (default: all)
+# then: python3 scripts/benchmark_mor_report.py OUT [--merge-into BENCHMARKS.md]
+# BENCH_GPUS picks the GPU, BENCH_TIMEOUT bounds each run (seconds, default 400).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=$1
+out=$2
+parts=${3:-all}
+# shellcheck source=scripts/bench_common.sh
+source scripts/bench_common.sh
+COMMON=(--mock-data true --micro-batch-size 1 --seq-length 8192)
+proxy="--model llama3-8b-proxy --train-iters 8 --global-batch-size 8"
+small="--model llama3.2-3b --train-iters 6 --global-batch-size 4 --recompute selective"
+fp8="--recipe bf16_with_fp8_current_scaling_mixed"
+all="--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0"
+mor="--recipe bf16_with_mor_fp8_mixed"
+# name | GPUs | flags
+configs=(
+  "proxy-bf16|1|$proxy"
+  "proxy-fp8|1|$proxy $fp8"
+  "proxy-fp8-all|1|$proxy $fp8 $all"
+  "proxy-mor|1|$proxy $mor"
+  "proxy-mor-profile|1|$proxy $mor --profile"
+  "3b-bf16|1|$small"
+  "3b-fp8|1|$small $fp8"
+  "3b-fp8-all|1|$small $fp8 $all"
+  "3b-mor|1|$small $mor"
+  "3b-mor-profile|1|$small $mor --profile"
+)
+run_configs "${configs[@]}"

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md's Mixture of Representations section from scripts/benchmark_mor.sh's logs: per configuration the
+step time, tokens/s/GPU, model TFLOP/s/GPU, MFU, peak memory and the estimate; for each MoR run the mean share of
+GEMM operands (and of GEMMs) in FP8 over its steps; MoR's tokens/s against FP8 current scaling's (the issue's goal:
+within 5% where >= 95% of operands pick FP8); and what the decision costs per step: the statistic's GPU time (the
+profiled run's roofline.json "others") and the decisions' host time (metrics.jsonl mor_decide_ms), as a share of
+the profiled step (the goal: <= 2%).
+
+Usage: benchmark_mor_report.py OUT [--merge-into BENCHMARKS.md]"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmark_cp_report import read, row  # noqa: E402
+from md_sections import write_report  # noqa: E402
+
+
+def tokens(s):
+    try:
+        return float(s["tokens/s/GPU"])
+    except (KeyError, ValueError):
+        return None
+
+
+def records(out, name):
+    try:
+        with open(os.path.join(out, name, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def shares(out, name):
+    """Mean FP8 operand and GEMM shares over the run's steps, and the mean decision host time (ms)."""
+    recs = records(out, name)
+    ops = [r["mor_fp8_operands"] for r in recs if "mor_fp8_operands" in r]
+    gemms = [r["mor_fp8_gemms"] for r in recs if "mor_fp8_gemms" in r]
+    decide = [r["mor_decide_ms"] for r in recs if "mor_decide_ms" in r]
+    mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
+    return mean(ops), mean(gemms), mean(decide)
+
+
+def statistic_cost(out, name):
+    """(statistic GPU ms per step, profiled step ms) from the profiled run's roofline.json."""
+    try:
+        with open(os.path.join(out, name, "roofline.json")) as f:
+            r = json.load(f)
+    except (OSError, ValueError):
+        return None, None
+    ms = sum(o["ms"] for o in r.get("others", []) if o["name"].startswith("mor:"))
+    return ms, r.get("step_ms")
+
+
+def lines(out, stats):
+    out_lines = []
+    for model in ("proxy", "3b"):
+        mor, fp8, fp8_all, bf16 = (stats.get(f"{model}-{k}") for k in ("mor", "fp8", "fp8-all", "bf16"))
+        ops, gemms, decide = shares(out, f"{model}-mor")
+        if ops is not None:
+            out_lines.append(f"- {model}: MoR kept {100 * ops:.2f}% of GEMM operands and {100 * gemms:.2f}% of GEMMs "
+                             "in FP8 (mean over the steps)")
+        for label, base in (("FP8 current scaling (preset)", fp8), ("FP8 current scaling, every layer", fp8_all),
+                            ("BF16", bf16)):
+            if mor and base:
+                out_lines.append(f"- {model}: MoR's tokens/s/GPU {mor / base:.3f}x {label}'s")
+        stat_ms, step_ms = statistic_cost(out, f"{model}-mor-profile")
+        _, _, decide_p = shares(out, f"{model}-mor-profile")
+        if stat_ms is not None and step_ms:
+            host = decide_p or 0.0
+            out_lines.append(f"- {model}: the decision costs {stat_ms:.2f} ms of GPU time (the E4M3 error statistic) "
+                             f"and {host:.2f} ms on the host per step: {100 * (stat_ms + host) / step_ms:.2f}% of the "
+                             f"profiled {step_ms:.0f} ms step")
+    return "\n".join(out_lines)
+
+
+def main():
+    out = sys.argv[1]
+    merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
+    names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
+    rows, stats, device = [], {}, "the GPU machine"
+    for name in names:
+        text, s = row(out, name)
+        rows.append(text)
+        stats[name] = tokens(s)
+        device = s.get("device", device)
+    commit = read(out, "commit.txt").strip() or "unknown"
+    text = (
+        "## Mixture of Representations: bf16_with_mor_fp8_mixed on one GPU (same run)\n\n"
+        f"`scripts/benchmark_mor.sh` on {device} (commit {commit}): mock data, sequence 8192, micro-batch 1; the 8B "
+        "proxy (global batch 8, 8 steps) and Llama 3.2 3B (global batch 4, 6 steps, selective recompute). `-all` rows "
+        "keep every layer FP8 as MoR's preset does (the FP8 preset keeps the first and last in BF16); `-profile` rows "
+        "add `--profile`. Step time is the mean after step 1; the estimate is the memory estimate's total.\n\n"
+        "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
+        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n" + lines(out, stats)
+        + "\n")
+    write_report([(text, bool(rows))], merge, out, commit)
+
+
+if __name__ == "__main__":
+    main()
