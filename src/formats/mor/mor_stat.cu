@@ -1,5 +1,6 @@
-// GPU side of mor_stat.h: one grid-stride pass over x and its FP8 codes; each warp sums its threads' integers and
-// adds them into the cell with one atomic per field. Integer sums do not depend on the order, so the result equals
+// GPU side of mor_stat.h: one grid-stride pass over x and its FP8 codes (8 elements per thread and iteration where
+// the sizes and pointers allow, 4 blocks per SM); each block sums its threads' integers and adds them into the cell
+// with one atomic per field. Integer sums do not depend on the order, so the result equals
 // add_fp8_stat_host's bit for bit (the per-element float expression is element_error_fixed's, IEEE division).
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -18,32 +19,95 @@ __device__ __forceinline__ unsigned long long element_term(float x, float x_hat)
   return (unsigned long long)(e * 4294967296.0f);
 }
 
-__global__ void fp8_stat_kernel(const bf16* __restrict__ x, const uint8_t* __restrict__ codes,
-                                const float* __restrict__ scale_inv, int64_t n, bool e5m2, StatCell* cell) {
-  const float s = *scale_inv;
+// One thread's running sums.
+struct Sums {
   unsigned long long err = 0, nonzero = 0;
   unsigned int nonfinite = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = bf16_to_f32(x[i]);
+  __device__ __forceinline__ void add(float v, uint32_t code, float s, bool e5m2) {
     if (!isfinite(v)) {
       ++nonfinite;
-      continue;
+      return;
     }
-    if (v == 0.0f) continue;
-    const float decoded = e5m2 ? e5m2_to_f32(codes[i]) : e4m3_to_f32(codes[i]);
+    if (v == 0.0f) return;
+    const float decoded = e5m2 ? e5m2_to_f32(code) : e4m3_to_f32(code);
     err += element_term(v, __fmul_rn(decoded, s));  // _rn: never contracted into the subtraction (an FMA)
     ++nonzero;
   }
+};
+
+// The block's sums (warp shuffles, then one warp over the warps' sums) added into the cell: one atomic per field
+// per block, so a few hundred blocks never queue on the cell.
+__device__ __forceinline__ void add_block(Sums t, StatCell* cell) {
+  __shared__ unsigned long long s_err[kThreads / 32], s_nz[kThreads / 32];
+  __shared__ unsigned int s_nf[kThreads / 32];
   for (int off = 16; off > 0; off >>= 1) {
-    err += __shfl_down_sync(0xffffffffu, err, off);
-    nonzero += __shfl_down_sync(0xffffffffu, nonzero, off);
-    nonfinite += __shfl_down_sync(0xffffffffu, nonfinite, off);
+    t.err += __shfl_down_sync(0xffffffffu, t.err, off);
+    t.nonzero += __shfl_down_sync(0xffffffffu, t.nonzero, off);
+    t.nonfinite += __shfl_down_sync(0xffffffffu, t.nonfinite, off);
   }
-  if ((threadIdx.x & 31) == 0) {
-    if (err) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->err_fixed), err);
-    if (nonzero) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->nonzero), nonzero);
-    if (nonfinite) atomicAdd(&cell->nonfinite, nonfinite);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_err[warp] = t.err;
+    s_nz[warp] = t.nonzero;
+    s_nf[warp] = t.nonfinite;
   }
+  __syncthreads();
+  if (warp != 0) return;
+  Sums b;
+  if (lane < kThreads / 32) {
+    b.err = s_err[lane];
+    b.nonzero = s_nz[lane];
+    b.nonfinite = s_nf[lane];
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    b.err += __shfl_down_sync(0xffffffffu, b.err, off);
+    b.nonzero += __shfl_down_sync(0xffffffffu, b.nonzero, off);
+    b.nonfinite += __shfl_down_sync(0xffffffffu, b.nonfinite, off);
+  }
+  if (lane == 0) {
+    if (b.err) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->err_fixed), b.err);
+    if (b.nonzero) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->nonzero), b.nonzero);
+    if (b.nonfinite) atomicAdd(&cell->nonfinite, b.nonfinite);
+  }
+}
+
+// 8 elements per thread and iteration: 16 bytes of BF16 and 8 bytes of codes (n a multiple of 8, pointers aligned).
+__global__ void fp8_stat_vec8_kernel(const uint4* __restrict__ x, const uint2* __restrict__ codes,
+                                     const float* __restrict__ scale_inv, int64_t n8, bool e5m2, StatCell* cell) {
+  const float s = *scale_inv;
+  Sums t;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = x[i];
+    const uint2 c = codes[i];
+    const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+    NB_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const float f = __uint_as_float((vw[j / 2] >> (16 * (j & 1))) << 16);
+      t.add(f, ((j < 4 ? c.x : c.y) >> (8 * (j & 3))) & 0xFFu, s, e5m2);
+    }
+  }
+  add_block(t, cell);
+}
+
+// Any n and alignment: one element per thread and iteration.
+__global__ void fp8_stat_kernel(const bf16* __restrict__ x, const uint8_t* __restrict__ codes,
+                                const float* __restrict__ scale_inv, int64_t n, bool e5m2, StatCell* cell) {
+  const float s = *scale_inv;
+  Sums t;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    t.add(bf16_to_f32(x[i]), codes[i], s, e5m2);
+  add_block(t, cell);
+}
+
+int max_blocks() {
+  static const int blocks = [] {
+    int device = 0, sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 528;
+    return 4 * sms;  // enough resident threads to saturate memory, few atomics
+  }();
+  return blocks;
 }
 
 }  // namespace
