@@ -30,10 +30,11 @@ enum class Fp8Scaling { none, current, delayed };
 
 // Mixture of Representations (docs/MOR.md, formats/mor/): every transformer Linear's input, weight and gradient
 // operand is decided on its own: its GEMMs read its per-tensor E4M3 copy while the copy's mean relative error
-// (over the non-zero elements) is below `threshold`, else its BF16 values. The decision reads the statistics of
-// the last `interval` steps' quantizations (on the GPU, read back with the loss once per interval); until the
-// first decision every operand is FP8. A GEMM whose operands are both FP8 runs on FP8 tensor cores; one with a
-// BF16 operand runs in BF16 with the other operand's FP8 values (gemm_quantized.h, "mixed").
+// (over the non-zero elements) is below `threshold`, else its BF16 values. Every `interval` steps the last step's
+// quantizations are measured (on the GPU, read back with the loss) and decide the next `interval` steps; the steps
+// between measure nothing. Until the first decision every operand is FP8. A GEMM whose operands are both FP8 runs on
+// FP8 tensor cores; one with a BF16 operand runs in BF16 with the other operand's FP8 values (gemm_quantized.h,
+// "mixed").
 struct MorSpec {
   bool on = false;
   double threshold = 0.045;  // the paper's E4M3 default

@@ -172,7 +172,9 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
                  "Mixture of Representations: an operand stays E4M3 while its mean relative error is below this, "
                  "else BF16 (-1 = the recipe's 0.045)",
                  &c.mor_threshold),
-      int_key("mor-interval", "Mixture of Representations: decide every N steps from the last N steps' statistics",
+      int_key("mor-interval",
+              "Mixture of Representations: decide every N steps from the statistics of the last of them (the others "
+              "measure nothing)",
               &c.mor_interval),
       choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
                  &c.mor_granularity, {"tensor", "block"}),

@@ -1,11 +1,11 @@
 // Mixture of Representations in the training loop (recipe.h MorSpec, docs/MOR.md). After each step: the shares of
 // the decisions that step ran with; at the end of each decision interval, the MoR board's statistics (every Linear
-// role's E4M3 error over the interval's quantizations) summed over the data-parallel ranks, exactly (integers carried
-// in doubles, mor::stat_to_sum), so every rank decides every operand alike and as one GPU with the whole global batch
-// would (a weight, the same on every rank, keeps its own statistic); then the next interval's decisions, one
-// metrics.jsonl record per Linear, and a cleared board. The board comes back in one copy after the step's loss, so the
-// GEMMs never wait on the host: a decision lags the data it reads by one interval. Checkpoints carry the decisions and
-// the interval's statistics so far.
+// role's E4M3 error over the quantizations of the interval's last step, the only one measured: run_micro_batches)
+// summed over the data-parallel ranks, exactly (integers carried in doubles, mor::stat_to_sum), so every rank decides
+// every operand alike and as one GPU with the whole global batch would (a weight, the same on every rank, keeps its own
+// statistic); then the next interval's decisions, one metrics.jsonl record per Linear, and a cleared board. The board
+// comes back in one copy after the step's loss, so the GEMMs never wait on the host: a decision lags the data it reads
+// by one interval. Checkpoints carry the decisions and the interval's statistics so far.
 #include <chrono>
 #include <cmath>
 #include "formats/mor/mor.h"

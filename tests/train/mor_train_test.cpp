@@ -32,7 +32,8 @@ std::vector<nlohmann::json> jsonl(const std::string& save, const char* key) {
 
 }  // namespace
 
-// Decided every 2 steps, saved after step 3 (mid-interval: the statistics of step 3 travel in the checkpoint).
+// Decided every 2 steps (after steps 2, 4 and 6), saved after step 3, between two decisions: the decisions travel in
+// the checkpoint.
 TEST(MorTrainCpu, ResumesBitExactlyMidInterval) {
   const std::string dir = test::temp_folder("mor_resume");
   test::expect_bit_exact_resume("cpu", "bf16_with_mor_fp8_mixed", dir, test::write_random_dataset(dir, 256),
@@ -103,4 +104,27 @@ TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
     ASSERT_FALSE(st.is_ok()) << k.needle;
     EXPECT_NE(st.message().find(k.needle), std::string::npos) << st.message();
   }
+}
+
+// --mor-interval 2: decisions after steps 2, 4 and 6, each from its own step's quantizations only (the counts of one
+// step, as an every-step run records them), and the steps between run the decision they inherited.
+TEST(MorTrainCpu, AnIntervalMeasuresItsLastStepOnly) {
+  const std::string dir = test::temp_folder("mor_interval");
+  std::vector<nlohmann::json> every, second;
+  for (int64_t interval : {1, 2}) {
+    TrainConfig job = mor_job(0.0226, interval);
+    job.save = dir + "/run" + std::to_string(interval);
+    job.save_interval = 100;
+    TrainSummary s;
+    ASSERT_TRUE(run_training(job, &s).is_ok());
+    (interval == 1 ? every : second) = jsonl(job.save, "mor_linear");
+  }
+  ASSERT_EQ(every.size(), 6u * 8u);
+  ASSERT_EQ(second.size(), 3u * 8u);
+  for (size_t i = 0; i < second.size(); ++i) {
+    EXPECT_EQ(second[i]["iteration"].get<int64_t>() % 2, 0) << second[i].dump();
+    for (const char* role : {"input", "weight", "grad"})
+      EXPECT_EQ(second[i][role]["nonzero"], every[i % 8][role]["nonzero"]) << "one step's count: " << second[i].dump();
+  }
+  std::filesystem::remove_all(dir);
 }
