@@ -64,13 +64,22 @@ def lines(out, stats):
                             ("BF16", bf16)):
             if mor and base:
                 out_lines.append(f"- {model}: MoR's tokens/s/GPU {mor / base:.3f}x {label}'s")
+        if mor and fp8 and ops is not None:
+            if ops >= 0.95:
+                verdict = "met" if mor / fp8 >= 0.95 else "not met"
+                out_lines.append(f"- {model}: goal, within 5% of FP8 current scaling's tokens/s with >= 95% of operands "
+                                 f"in FP8 ({100 * ops:.1f}%): {mor / fp8:.3f}x, {verdict}")
+            else:
+                out_lines.append(f"- {model}: only {100 * ops:.1f}% of operands pick FP8, under the goal's 95%; its "
+                                 "speed goal does not apply")
         stat_ms, step_ms = statistic_cost(out, f"{model}-mor-profile")
         _, _, decide_p = shares(out, f"{model}-mor-profile")
         if stat_ms is not None and step_ms:
             host = decide_p or 0.0
             out_lines.append(f"- {model}: the decision costs {stat_ms:.2f} ms of GPU time (the E4M3 error statistic) "
                              f"and {host:.2f} ms on the host per step: {100 * (stat_ms + host) / step_ms:.2f}% of the "
-                             f"profiled {step_ms:.0f} ms step")
+                             f"profiled {step_ms:.0f} ms step (goal <= 2%: "
+                             f"{'met' if (stat_ms + host) / step_ms <= 0.02 else 'not met'})")
     return "\n".join(out_lines)
 
 
