@@ -157,8 +157,8 @@ Status Linear::init_impl(const Recipe& r, bool bf16_layer, const std::string& na
   impl->in = in_features;
   impl->out = out_features;
   impl->dev = dev;
+  NB_TRY(impl->mor_init(dry));  // its refusals before anything is allocated
   if (!impl->all_bf16) NB_TRY(init_copies(impl.get(), std::move(workspace), dry));
-  NB_TRY(impl->mor_init(dry));
   impl_ = std::move(impl);
   return Status::ok();
 }

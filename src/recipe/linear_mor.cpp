@@ -3,6 +3,7 @@
 // decision, which the model sets from the cells (model/llama_mor.cpp) once per decision interval.
 #include <cstring>
 #include "core/gpu_profile.h"
+#include "formats/mor/mor.h"
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
 #include "recipe/linear_internal.h"
@@ -21,6 +22,11 @@ Status Linear::Impl::mor_init(bool dry) {
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
     if (r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
       return errorf("internal: linear '%s': MoR needs per-tensor FP8 roles, got %s", name.c_str(), fmt_name(r->fmt));
+  if (recipe.mor.decide_now && dev != Device::cpu)
+    return errorf(
+        "linear '%s': --mor-decide-now decides each quantization on the host from its own statistic, which only the "
+        "CPU reference does (a GPU would wait for every quantization); drop it or run with --device cpu",
+        name.c_str());
   (void)dry;  // the cells are allocated on first use, unless a model's board comes first (mor_cells_now)
   return Status::ok();
 }
@@ -57,6 +63,11 @@ Status Linear::Impl::mor_add_stat(Role role, const bf16* src, int64_t rows, Stre
     return st;
   }
   mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, cell);
+  if (recipe.mor.decide_now) {  // the CPU reference without lag: this quantization's own statistic decides it
+    mor::StatCell own;
+    mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, &own);
+    mor_fp8[int(role)] = mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
+  }
   return Status::ok();
 }
 

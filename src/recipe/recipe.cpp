@@ -120,7 +120,7 @@ static Status apply_4over6(const std::string& v, const std::string& err, Recipe*
 
 // The mor_* knobs: only on a MoR recipe, with a threshold in (0, 1) and an interval of at least one step.
 static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
-  const bool given = k.mor_threshold >= 0 || k.mor_interval >= 0 || k.mor_granularity != "tensor";
+  const bool given = k.mor_threshold >= 0 || k.mor_interval >= 0 || k.mor_granularity != "tensor" || k.mor_decide_now;
   if (!given) return Status::ok();
   if (!r->mor.on)
     return errorf(
@@ -146,6 +146,7 @@ static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
                     (long long)k.mor_interval);
     r->mor.interval = k.mor_interval;
   }
+  r->mor.decide_now = k.mor_decide_now;
   return Status::ok();
 }
 

@@ -39,6 +39,9 @@ struct MorSpec {
   bool on = false;
   double threshold = 0.045;  // the paper's E4M3 default
   int64_t interval = 1;
+  // CPU reference only: each quantization decides its own operands from its own statistic (no lag), to show what
+  // the lag of the GPU's schedule changes.
+  bool decide_now = false;
 };
 
 struct Recipe {
@@ -89,6 +92,7 @@ struct RecipeKnobs {
   // Mixture of Representations (MorSpec): < 0 keeps the preset's. mor_granularity: tensor (block is not built).
   double mor_threshold = -1;
   int64_t mor_interval = -1;
+  bool mor_decide_now = false;
   std::string mor_granularity = "tensor";
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);

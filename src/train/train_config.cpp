@@ -176,6 +176,10 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
               "Mixture of Representations: decide every N steps from the statistics of the last of them (the others "
               "measure nothing)",
               &c.mor_interval),
+      bool_key("mor-decide-now",
+               "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "
+               "(no lag), to measure what the GPU's one-step lag changes",
+               &c.mor_decide_now),
       choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
                  &c.mor_granularity, {"tensor", "block"}),
       bool_key("emulated-weight-cache",

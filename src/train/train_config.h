@@ -40,6 +40,7 @@ struct TrainConfig {
   double mor_threshold = -1;
   int64_t mor_interval = -1;
   std::string mor_granularity = "tensor";  // tensor (block is not built yet)
+  bool mor_decide_now = false;             // CPU reference: no decision lag
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;

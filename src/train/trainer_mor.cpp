@@ -50,6 +50,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
   const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
   std::vector<mor::StatCell> cells;
   NB_TRY(model_.mor_board(&cells));
+  if (recipe_.mor.decide_now) return model_.clear_mor_board();  // each quantization decided itself (CPU, no lag)
   std::vector<double> sums(cells.size() * 4);
   for (size_t i = 0; i < cells.size(); ++i) {
     const std::array<double, 4> s = mor::stat_to_sum(mor::stat_of(cells[i]));

@@ -68,6 +68,7 @@ Status Trainer::resolve_config() {
   knobs.mor_threshold = cfg_.mor_threshold;
   knobs.mor_interval = cfg_.mor_interval;
   knobs.mor_granularity = cfg_.mor_granularity;
+  knobs.mor_decide_now = cfg_.mor_decide_now;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
   if (recipe_.mor.on &&
       (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1 || cfg_.pipeline_model_parallel_size > 1))

@@ -45,7 +45,9 @@ TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
     const auto got = mor_records(dir + "/two");
     ASSERT_EQ(got.size(), ref.size()) << layout;
     for (size_t i = 0; i < ref.size(); ++i) {
-      if (ref[i]["iteration"] == 1) EXPECT_EQ(got[i], ref[i]) << layout;  // identical statistics and decisions
+      if (ref[i]["iteration"] == 1) {
+        EXPECT_EQ(got[i], ref[i]) << layout;  // identical statistics and decisions
+      }
       for (const char* role : {"input", "weight", "grad"})
         EXPECT_EQ(got[i][role]["format"], ref[i][role]["format"])
             << layout << " " << ref[i]["mor_linear"] << " " << role << " at " << ref[i]["iteration"];

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 #include "formats/mor/mor.h"
-#include "recipe_test_util.h"
+#include "recipe/mor_test_util.h"
 
 namespace nb::recipe {
 namespace {
@@ -114,33 +114,12 @@ void check_mixed(int bf16_role) {
   ASSERT_TRUE(j.pass().is_ok());
   QuantizedBytes q[3];
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(j.lin.debug_copies(i, &q[i]).is_ok());
-  const std::vector<double> xd = to_double(x), wd = to_double(w), dyd = to_double(dy);
-  // Row operands [rows, K] and column operands, as spec §6 assigns them; the BF16 role's are its values.
-  std::vector<double> a_y = dequant_copy(q[0], false), b_y = dequant_copy(q[1], false);
-  std::vector<double> a_dx = dequant_copy(q[2], false), b_dx = dequant_copy(q[1], true);
-  std::vector<double> a_dw = dequant_copy(q[2], true), b_dw = dequant_copy(q[0], true);
-  if (bf16_role == 0) {
-    a_y = xd;
-    b_dw = transpose(xd, kMorM, kMorK);
-  } else if (bf16_role == 1) {
-    b_y = wd;
-    b_dx = transpose(wd, kMorN, kMorK);
-  } else {
-    a_dx = dyd;
-    a_dw = transpose(dyd, kMorM, kMorN);
-  }
-  std::vector<double> ry, rdx, rdw, mag_y, mag_dx, mag_dw, ey, edx, edw, m2;
-  product_nt(a_y, b_y, kMorM, kMorN, kMorK, &ry, &mag_y);
-  product_nt(a_dx, b_dx, kMorM, kMorK, kMorN, &rdx, &mag_dx);
-  product_nt(a_dw, b_dw, kMorN, kMorK, kMorM, &rdw, &mag_dw);
-  product_nt(xd, wd, kMorM, kMorN, kMorK, &ey, &m2);
-  product_nt(dyd, transpose(wd, kMorN, kMorK), kMorM, kMorK, kMorN, &edx, &m2);
-  product_nt(transpose(dyd, kMorM, kMorN), transpose(xd, kMorM, kMorK), kMorN, kMorK, kMorM, &edw, &m2);
+  const MixedModel ref = mixed_model(bf16_role, x, w, dy, q, kMorM, kMorK, kMorN);
   const Bound fp64{true};
   const std::string role = std::to_string(bf16_role);
-  expect_close(("y, bf16 role " + role).c_str(), j.out(j.y), ry, mag_y, kMorK, fp64, ey);
-  expect_close(("dx, bf16 role " + role).c_str(), j.out(j.dx), rdx, mag_dx, kMorN, fp64, edx);
-  expect_close(("dw, bf16 role " + role).c_str(), j.out(j.dw), rdw, mag_dw, kMorM, fp64, edw);
+  expect_close(("y, bf16 role " + role).c_str(), j.out(j.y), ref.y, ref.mag_y, kMorK, fp64, ref.exact_y);
+  expect_close(("dx, bf16 role " + role).c_str(), j.out(j.dx), ref.dx, ref.mag_dx, kMorN, fp64, ref.exact_dx);
+  expect_close(("dw, bf16 role " + role).c_str(), j.out(j.dw), ref.dw, ref.mag_dw, kMorM, fp64, ref.exact_dw);
   // The statistic is still measured for a BF16 role: the next decision reads it.
   mor::ErrorStat got[3];
   ASSERT_TRUE(j.lin.mor_stats(got).is_ok());
@@ -165,6 +144,27 @@ TEST(LinearMor, ANonFiniteInputIsCountedAndDecidesBf16) {
   EXPECT_EQ(d.choice, mor::Choice::bf16);
   EXPECT_EQ(d.reason, mor::Reason::nonfinite);
   EXPECT_FALSE(got[1].nonfinite);
+}
+
+// --mor-decide-now (CPU reference): each quantization decides its own role at once, from its own statistic.
+TEST(LinearMor, DecideNowDecidesEachQuantizationFromItself) {
+  Recipe r = mor_recipe();
+  r.mor.decide_now = true;
+  r.mor.threshold = 1e-9;  // below every error: each measured role turns BF16 as soon as it is quantized
+  Job j(r, random_bf16_values(kMorM * kMorK, 1.0, 41), random_bf16_values(kMorN * kMorK, 0.05, 42),
+        random_bf16_values(kMorM * kMorN, 1e-3, 43));
+  j.lin.new_step(1);
+  ASSERT_TRUE(j.lin.forward(j.x.tensor(), j.w.tensor(), j.y.tensor(), 0.f, nullptr).is_ok());
+  EXPECT_FALSE(j.lin.mor_fp8(0));
+  EXPECT_FALSE(j.lin.mor_fp8(1));
+  EXPECT_TRUE(j.lin.mor_fp8(2)) << "the gradient is not quantized yet";
+  ASSERT_TRUE(
+      j.lin.backward(j.dy.tensor(), j.x.tensor(), j.w.tensor(), j.dx.tensor(), 0.f, j.dw.tensor(), nullptr).is_ok());
+  EXPECT_FALSE(j.lin.mor_fp8(2));
+  Linear gpu;  // the GPU would wait for every quantization: refused before anything is allocated
+  const Status st = gpu.init(r, false, "g", 1, kMorM, kMorK, kMorN, Device::cuda);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("mor-decide-now"), std::string::npos) << st.message();
 }
 
 TEST(LinearMor, WhatItCannotServeIsRefused) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 #include "core/bf16.h"
@@ -162,9 +163,12 @@ struct LinearRun {
 
 // One Linear on `dev`: forward(x) then backward(dy) with beta = 0, dw starting at zero. x [m,k], w [n,k],
 // dy [m,n] hold BF16-representable values (f32 on cpu, bf16 on cuda).
+// configure (optional) runs after init, before the step; inspect (optional) at the end.
 inline Status run_linear(const Recipe& r, Device dev, int64_t m, int64_t k, int64_t n, const std::vector<float>& x,
                          const std::vector<float>& w, const std::vector<float>& dy, LinearRun* out,
-                         uint32_t tensor_id = 7, uint32_t step = 3) {
+                         uint32_t tensor_id = 7, uint32_t step = 3,
+                         const std::function<Status(Linear&)>& configure = {},
+                         const std::function<Status(Linear&)>& inspect = {}) {
   const bool cuda = dev == Device::cuda;
   const DType act = cuda ? DType::bf16 : DType::f32;
   auto upload = [&](Buffer* b, const std::vector<float>& v, int64_t rows, int64_t cols) -> Status {
@@ -199,6 +203,7 @@ inline Status run_linear(const Recipe& r, Device dev, int64_t m, int64_t k, int6
   NB_TRY(copy_bytes(bdw.data(), dev, zeros.data(), Device::cpu, zeros.size() * 4));
   Linear lin;
   NB_TRY(lin.init(r, false, "test", tensor_id, m, k, n, dev));
+  if (configure) NB_TRY(configure(lin));
   lin.new_step(step);
   NB_TRY(lin.forward(bx.tensor(), bw.tensor(), by.tensor(), 0.f, nullptr));
   NB_TRY(lin.backward(bdy.tensor(), bx.tensor(), bw.tensor(), bdx.tensor(), 0.f, bdw.tensor(), nullptr));
@@ -208,6 +213,7 @@ inline Status run_linear(const Recipe& r, Device dev, int64_t m, int64_t k, int6
   NB_TRY(download(bdw, &out->dw));
   if (r.quantized())
     for (int i = 0; i < 3; ++i) NB_TRY(lin.debug_copies(i, &out->q[i]));
+  if (inspect) NB_TRY(inspect(lin));
   return lin.take_health(&out->health);
 }
 
