@@ -13,14 +13,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark_cp_report import read, row  # noqa: E402
+from benchmark_tp_report import tokens  # noqa: E402
 from md_sections import write_report  # noqa: E402
-
-
-def tokens(s):
-    try:
-        return float(s["tokens/s/GPU"])
-    except (KeyError, ValueError):
-        return None
 
 
 def records(out, name):
