@@ -168,20 +168,6 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
                  "NVFP4 4/6: the block error that picks 4 or 6, mae (summed absolute error, TransformerEngine's "
                  "default) or mse (summed squared error)",
                  &c.fp4_4over6_err_mode, {"mae", "mse"}),
-      double_key("mor-threshold",
-                 "Mixture of Representations: an operand stays E4M3 while its mean relative error is below this, "
-                 "else BF16 (-1 = the recipe's 0.045)",
-                 &c.mor_threshold),
-      int_key("mor-interval",
-              "Mixture of Representations: decide every N steps from the statistics of the last of them (the others "
-              "measure nothing)",
-              &c.mor_interval),
-      bool_key("mor-decide-now",
-               "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "
-               "(no lag), to measure what the GPU's one-step lag changes",
-               &c.mor_decide_now),
-      choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
-                 &c.mor_granularity, {"tensor", "block"}),
       bool_key("emulated-weight-cache",
                "MXFP8/NVFP4 on Hopper: dequantize each weight to BF16 once per step for the emulated GEMMs instead "
                "of in every micro-batch (faster; 2 bytes per weight element, 4 for MXFP8)",
@@ -213,6 +199,26 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
 }
 
 // Parameter-efficient fine-tuning: LoRA on a frozen base.
+// Mixture of Representations (bf16_with_mor_fp8_mixed; docs/MOR.md).
+std::vector<ConfigKey> mor_keys(TrainConfig& c) {
+  return {
+      double_key("mor-threshold",
+                 "Mixture of Representations: an operand stays E4M3 while its mean relative error is below this, "
+                 "else BF16 (-1 = the recipe's 0.045)",
+                 &c.mor_threshold),
+      int_key("mor-interval",
+              "Mixture of Representations: decide every N steps from the statistics of the last of them (the others "
+              "measure nothing)",
+              &c.mor_interval),
+      bool_key("mor-decide-now",
+               "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "
+               "(no lag), to measure what the GPU's one-step lag changes",
+               &c.mor_decide_now),
+      choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
+                 &c.mor_granularity, {"tensor", "block"}),
+  };
+}
+
 std::vector<ConfigKey> peft_keys(TrainConfig& c) {
   return {
       choice_key("peft", "none, or lora: train LoRA adapters on a frozen base", &c.peft, {"none", "lora"}),
@@ -409,7 +415,7 @@ std::vector<ConfigKey> profile_keys(TrainConfig& c) {
 
 std::vector<ConfigKey> config_keys(TrainConfig& c) {
   std::vector<ConfigKey> keys = model_keys(c);
-  for (auto* group : {peft_keys, data_keys, parallel_keys, pipeline_keys, run_keys, profile_keys}) {
+  for (auto* group : {mor_keys, peft_keys, data_keys, parallel_keys, pipeline_keys, run_keys, profile_keys}) {
     auto more = group(c);
     keys.insert(keys.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
   }
