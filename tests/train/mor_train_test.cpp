@@ -129,3 +129,25 @@ TEST(MorTrainCpu, AnIntervalMeasuresItsLastStepOnly) {
   }
   std::filesystem::remove_all(dir);
 }
+
+// A MoR run does not resume a checkpoint that carries no MoR decisions (here FP8 current scaling's): refused in one
+// sentence; --finetune starts MoR afresh from its weights.
+TEST(MorTrainCpu, AResumeWithoutMorStateIsRefusedUnlessFinetune) {
+  const std::string dir = test::temp_folder("mor_resume_other");
+  TrainConfig first = test::tiny_job("cpu", "bf16_with_fp8_current_scaling_mixed");
+  first.train_iters = 2;
+  first.save = dir + "/run";
+  first.save_interval = 2;
+  TrainSummary s;
+  ASSERT_TRUE(run_training(first, &s).is_ok());
+  TrainConfig resumed = mor_job(0.045);
+  resumed.load = first.save;
+  resumed.save = dir + "/mor";
+  Status st = run_training(resumed, &s);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("--finetune"), std::string::npos) << st.message();
+  resumed.finetune = true;
+  st = run_training(resumed, &s);
+  EXPECT_TRUE(st.is_ok()) << st.message();
+  std::filesystem::remove_all(dir);
+}
