@@ -136,6 +136,7 @@ class LlamaModel {
   // zeroes it. mor_choices: 1 = the role's GEMM operands are FP8, 3 per Linear; set_mor_choices sets them.
   // pause_mor_stats(true): quantizations add nothing (evaluation forwards). All empty without MoR.
   std::vector<std::string> mor_names() const;
+  static int64_t mor_board_bytes(int64_t mor_linears);  // the board's allocation; the memory estimate's too
   Status mor_board(std::vector<mor::StatCell>* cells) const;
   Status set_mor_board(const std::vector<mor::StatCell>& cells);
   Status clear_mor_board();

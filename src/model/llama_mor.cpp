@@ -11,6 +11,10 @@ namespace {
 constexpr size_t kCellsPerLinear = 3;  // input, weight, grad
 }
 
+int64_t LlamaModel::mor_board_bytes(int64_t mor_linears) {
+  return mor_linears * int64_t(kCellsPerLinear * sizeof(mor::StatCell));
+}
+
 std::vector<recipe::Linear*> LlamaModel::mor_linears() {
   std::vector<recipe::Linear*> out;
   for (auto& layer : linears_)
@@ -31,8 +35,8 @@ Status LlamaModel::init_mor_board() {
   const std::vector<recipe::Linear*> lins = mor_linears();
   if (lins.empty()) return Status::ok();
   MemoryScope scope(MemPart::quantized_copies);
-  const auto bytes = int64_t(lins.size() * kCellsPerLinear * sizeof(mor::StatCell));
-  NB_TRY(Buffer::allocate(&mor_board_, DType::u8, dev_, {bytes}).context("the MoR statistics board"));
+  NB_TRY(Buffer::allocate(&mor_board_, DType::u8, dev_, {mor_board_bytes(int64_t(lins.size()))})
+             .context("the MoR statistics board"));
   auto* cells = static_cast<mor::StatCell*>(mor_board_.data());
   for (size_t k = 0; k < lins.size(); ++k) NB_TRY(lins[k]->set_mor_cells(cells + k * kCellsPerLinear));
   return clear_mor_board();

@@ -31,16 +31,22 @@ Status Linear::Impl::mor_init(bool dry) {
   return Status::ok();
 }
 
+namespace {
+// A Linear's three cells zeroed (device memory on cuda, queued on `stream`).
+Status zero_cells(mor::StatCell* cells, Device dev, Stream stream) {
+  if (dev == Device::cuda) return memset_cuda(cells, 0, 3 * sizeof(mor::StatCell), stream);
+  std::memset(static_cast<void*>(cells), 0, 3 * sizeof(mor::StatCell));
+  return Status::ok();
+}
+}  // namespace
+
 // This Linear's cells: a model's board (set_mor_cells), else its own, allocated and zeroed the first time.
 Status Linear::Impl::mor_cells_now(mor::StatCell** out) {
   if (!mor_cells) {
     NB_TRY(Buffer::allocate(&mor_own_cells, DType::u8, dev, {int64_t(3 * sizeof(mor::StatCell))})
                .context("linear '" + name + "' MoR statistics"));
     mor_cells = static_cast<mor::StatCell*>(mor_own_cells.data());
-    if (dev == Device::cuda)
-      NB_TRY(memset_cuda(mor_cells, 0, 3 * sizeof(mor::StatCell), nullptr));
-    else
-      std::memset(static_cast<void*>(mor_cells), 0, 3 * sizeof(mor::StatCell));
+    NB_TRY(zero_cells(mor_cells, dev, nullptr));
   }
   *out = mor_cells;
   return Status::ok();
@@ -62,12 +68,13 @@ Status Linear::Impl::mor_add_stat(Role role, const bf16* src, int64_t rows, Stre
     if (timed) profile::end_child();
     return st;
   }
-  mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, cell);
-  if (recipe.mor.decide_now) {  // the CPU reference without lag: this quantization's own statistic decides it
-    mor::StatCell own;
-    mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, &own);
+  mor::StatCell own;  // this quantization's statistic, added to the role's cell
+  mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, &own);
+  cell->err_fixed += own.err_fixed;
+  cell->nonzero += own.nonzero;
+  cell->nonfinite += own.nonfinite;
+  if (recipe.mor.decide_now)  // the CPU reference without lag: this quantization's own statistic decides it
     mor_fp8[int(role)] = mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
-  }
   return Status::ok();
 }
 
@@ -121,10 +128,7 @@ Status Linear::mor_stats(mor::ErrorStat out[3]) const {
 
 Status Linear::clear_mor_stats(Stream stream) {
   if (!mor()) return errorf("Linear::clear_mor_stats: this Linear does not decide by MoR");
-  if (!impl_->mor_cells) return Status::ok();
-  if (impl_->dev == Device::cuda) return memset_cuda(impl_->mor_cells, 0, 3 * sizeof(mor::StatCell), stream);
-  std::memset(static_cast<void*>(impl_->mor_cells), 0, 3 * sizeof(mor::StatCell));
-  return Status::ok();
+  return impl_->mor_cells ? zero_cells(impl_->mor_cells, impl_->dev, stream) : Status::ok();
 }
 
 Status Linear::set_mor_fp8(int role, bool fp8) {

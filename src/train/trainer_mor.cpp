@@ -42,9 +42,9 @@ nlohmann::json role_json(const mor::TensorDecision& d) {
 }  // namespace
 
 Status Trainer::mor_after_step(StepFigures* f) {
-  const std::vector<std::string> names = model_.mor_names();
-  if (names.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
-  shares(model_.mor_choices(), &f->mor_fp8_operands, &f->mor_fp8_gemms);
+  const std::vector<uint8_t> in_effect = model_.mor_choices();
+  if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
+  shares(in_effect, &f->mor_fp8_operands, &f->mor_fp8_gemms);
   const int64_t done = iteration_ + 1;  // steps run once this one ends
   if (done % recipe_.mor.interval != 0) return Status::ok();
   const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
@@ -63,6 +63,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
     const std::array<double, 4> own = mor::stat_to_sum(mor::stat_of(cells[3 * k + 1]));
     std::copy(own.begin(), own.end(), sums.begin() + int64_t(4 * (3 * k + 1)));
   }
+  const std::vector<std::string> names = model_.mor_names();  // for the records, at a decision only
   std::vector<uint8_t> choices(cells.size());
   nlohmann::json records = nlohmann::json::array();
   for (size_t k = 0; k < names.size(); ++k) {
@@ -95,7 +96,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
 }
 
 nlohmann::json Trainer::mor_state() const {
-  if (model_.mor_names().empty()) return nullptr;
+  if (model_.mor_choices().empty()) return nullptr;
   std::vector<mor::StatCell> cells;
   Status st = model_.mor_board(&cells);
   NB_CHECK(st.is_ok(), "%s", st.message().c_str());
@@ -105,7 +106,7 @@ nlohmann::json Trainer::mor_state() const {
 }
 
 Status Trainer::load_mor_state(const nlohmann::json& s) {
-  if (model_.mor_names().empty()) return Status::ok();
+  if (model_.mor_choices().empty()) return Status::ok();
   if (!s.contains("mor") || s["mor"].is_null())
     return errorf(
         "the checkpoint was not written by a Mixture of Representations run, so it holds no MoR decisions to "
