@@ -2,8 +2,9 @@
 # Mixture of Representations' speed on one GPU (issue: each tensor picks its own precision): the Llama 3 8B proxy
 # (4 layers of the 8B's shape) and Llama 3.2 3B in bf16_with_mor_fp8_mixed at the default threshold against
 # bf16_with_fp8_current_scaling_mixed (its preset, first and last layers BF16, and with every layer FP8 as MoR's
-# preset has it) and bf16_mixed; a profiled MoR run of each measures the statistic's GPU time (roofline.json's
-# "others") and metrics.jsonl the decisions' host time. Mock data, a few steps each.
+# preset has it) and bf16_mixed. What deciding costs: MoR at threshold 0.999 keeps every operand FP8, so its GEMMs are
+# the every-layer FP8 run's; the difference in step time is the statistic, the board's read-back and the host's
+# decisions (metrics.jsonl has the decisions' host time). Mock data, a few steps each.
 #   bash scripts/benchmark_mor.sh BUILD OUT [PARTS]   PARTS: comma list of names (default: all)
 # then: python3 scripts/benchmark_mor_report.py OUT [--merge-into BENCHMARKS.md]
 # BENCH_GPUS picks the GPU, BENCH_TIMEOUT bounds each run (seconds, default 400).
@@ -26,11 +27,11 @@ configs=(
   "proxy-fp8|1|$proxy $fp8"
   "proxy-fp8-all|1|$proxy $fp8 $all"
   "proxy-mor|1|$proxy $mor"
-  "proxy-mor-profile|1|$proxy $mor --profile"
+  "proxy-mor-allfp8|1|$proxy $mor --mor-threshold 0.999"
   "3b-bf16|1|$small"
   "3b-fp8|1|$small $fp8"
   "3b-fp8-all|1|$small $fp8 $all"
   "3b-mor|1|$small $mor"
-  "3b-mor-profile|1|$small $mor --profile"
+  "3b-mor-allfp8|1|$small $mor --mor-threshold 0.999"
 )
 run_configs "${configs[@]}"

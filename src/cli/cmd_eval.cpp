@@ -79,14 +79,6 @@ Status read_tokens(const std::string& path, int64_t vocab, MicroBatchShape* shap
   return Status::ok();
 }
 
-Status pick_device(const std::string& want, Device* dev) {
-  std::string why;
-  const bool gpu = want != "cpu" && cuda_device_available(&why);
-  if (want == "cuda" && !gpu) return errorf("--device cuda was asked for but %s", why.c_str());
-  *dev = gpu ? Device::cuda : Device::cpu;
-  return Status::ok();
-}
-
 Status run_eval(const EvalArgs& a) {
   LlamaConfig cfg;
   HfCheckpointReader reader;

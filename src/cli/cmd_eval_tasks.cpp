@@ -42,7 +42,7 @@ struct EvalRun {
 };
 
 // --tokenizer, else the tokenizer.json of the --load-hf folder when there is one.
-Status load_tokenizer(const WeightsSource& src, const EvalTaskArgs& a, std::unique_ptr<BpeTokenizer>* tok) {
+Status load_task_tokenizer(const WeightsSource& src, const EvalTaskArgs& a, std::unique_ptr<BpeTokenizer>* tok) {
   std::string path = a.tokenizer;
   if (path.empty() && !src.load_hf.empty() && std::filesystem::exists(src.load_hf + "/tokenizer.json"))
     path = src.load_hf + "/tokenizer.json";
@@ -112,7 +112,7 @@ MicroBatchShape choose_shape(const EvalTaskArgs& a, const EvalRun& r) {
   return {batch, seq};
 }
 
-Status load_model(const std::string& adapter_dir, EvalRun& r, LlamaModel* model) {
+Status load_eval_model(const std::string& adapter_dir, EvalRun& r, LlamaModel* model) {
   LoraAdapter adapter;
   if (!adapter_dir.empty()) {
     NB_TRY(read_peft_adapter(adapter_dir, r.cfg, &adapter).context("--adapter"));
@@ -262,19 +262,11 @@ Status write_json(const std::string& out, const EvalTaskArgs& a, const EvalRun& 
   return replace_file_atomically(out, j.dump(2) + "\n").context("--out");
 }
 
-Status pick_device(const std::string& want, Device* dev) {
-  std::string why;
-  const bool gpu = want != "cpu" && cuda_device_available(&why);
-  if (want == "cuda" && !gpu) return errorf("--device cuda was asked for but %s", why.c_str());
-  *dev = gpu ? Device::cuda : Device::cpu;
-  return Status::ok();
-}
-
 // Tokenizes and checks every input, then sizes the model's micro-batch.
 Status plan(const WeightsSource& src, const EvalTaskArgs& a, EvalRun* r) {
   NB_TRY(open_weights_source(src, &r->cfg, &r->reader));
   r->max_length = a.max_length > 0 ? a.max_length : r->cfg.max_seq;
-  if (!a.tasks.empty() || !a.text.empty()) NB_TRY(load_tokenizer(src, a, &r->tok));
+  if (!a.tasks.empty() || !a.text.empty()) NB_TRY(load_task_tokenizer(src, a, &r->tok));
   NB_TRY(prepare_tasks(a, r));
   if (!a.text.empty()) {
     std::vector<std::string> docs;
@@ -306,7 +298,7 @@ Status run_eval_tasks(const WeightsSource& src, const std::string& adapter, cons
       (long long)r.data_samples, (long long)r.max_length, (long long)r.shape.batch, (long long)r.shape.seq);
   std::fflush(stdout);
   LlamaModel model;
-  NB_TRY(load_model(adapter, r, &model));
+  NB_TRY(load_eval_model(adapter, r, &model));
   eval::EvalModel m{&model, r.shape};
   for (TaskRun& t : r.tasks) {
     NB_TRY(eval::score_requests(m, t.reqs, &t.results));

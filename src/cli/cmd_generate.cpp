@@ -38,14 +38,6 @@ struct Loaded {
   infer::ModelWeights weights;
 };
 
-Status pick_device(const std::string& want, Device* dev) {
-  std::string why;
-  const bool gpu = want != "cpu" && cuda_device_available(&why);
-  if (want == "cuda" && !gpu) return errorf("--device cuda was asked for but %s", why.c_str());
-  *dev = gpu ? Device::cuda : Device::cpu;
-  return Status::ok();
-}
-
 // The weights in the compute dtype of the device. An adapter is kept apart and applied unmerged after each
 // base GEMM (PEFT's arithmetic, y = x W^T + scale (x A^T) B^T), or with --merge-adapter merged into the
 // weights as they stream (W + scale B A rounded once: base speed, but last bits differ from PEFT's).
@@ -67,7 +59,10 @@ std::string decode_text(const BpeTokenizer* tok, const std::vector<int32_t>& ids
 
 std::string ids_text(const std::vector<int32_t>& ids) {
   std::string s;
-  for (int32_t id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+  for (int32_t id : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(id);
+  }
   return s;
 }
 

@@ -122,7 +122,7 @@ struct PreprocessRun {
 using RoundIds = std::vector<std::vector<std::vector<int32_t>>>;
 
 // Loads the tokenizer and checks it has the tokens that --append-eod and --add-bos need; false once reported.
-bool load_tokenizer(PreprocessRun* r) {
+bool load_run_tokenizer(PreprocessRun* r) {
   const PreprocessArgs& a = r->a;
   if (Status st = BpeTokenizer::load(a.tokenizer, a.family, &r->tok); !st) {
     std::fprintf(stderr, "error: %s\n", st.message().c_str());
@@ -253,7 +253,7 @@ void print_summary(const PreprocessRun& r) {
 
 int run_preprocess(const PreprocessArgs& a) {
   PreprocessRun r{a};
-  if (!load_tokenizer(&r) || !create_writers(&r)) return 1;
+  if (!load_run_tokenizer(&r) || !create_writers(&r)) return 1;
   DocReader reader(a);
   r.t0 = r.last = std::chrono::steady_clock::now();
   r.workers = std::max(1, a.workers);

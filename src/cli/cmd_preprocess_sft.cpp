@@ -61,8 +61,8 @@ struct Result {
 };
 
 // Each worker parses and templates a contiguous slice of the round.
-void process_round(const SftFormatter& f, const LineReader& reader, const std::vector<Line>& lines, int workers,
-                   std::vector<Result>* out) {
+void process_sft_round(const SftFormatter& f, const LineReader& reader, const std::vector<Line>& lines, int workers,
+                       std::vector<Result>* out) {
   out->assign(lines.size(), Result{});
   std::vector<std::future<void>> futs;
   for (int w = 0; w < workers; ++w)
@@ -124,7 +124,7 @@ Status run_sft(const SftPreprocessArgs& a, const SftOptions& opt, IndexedDtype* 
   for (;;) {
     NB_TRY(reader.next_round(&lines));
     if (lines.empty()) break;
-    process_round(formatter, reader, lines, std::max(1, a.workers), &results);
+    process_sft_round(formatter, reader, lines, std::max(1, a.workers), &results);
     for (const Result& r : results) {
       NB_TRY(r.status);
       NB_TRY(output.add(r));

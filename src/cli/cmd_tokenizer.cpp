@@ -45,7 +45,7 @@ Status read_texts(const TokenizerArgs& a, std::vector<std::string>* texts) {
   return Status::ok();
 }
 
-int run_train(const TokenizerArgs& a) {
+int run_tokenizer_train(const TokenizerArgs& a) {
   std::vector<std::string> texts;
   if (Status st = read_texts(a, &texts); !st) return fail(st);
   BpeTrainOptions opt;
@@ -114,7 +114,7 @@ void add_tokenizer_command(CLI::App& app) {
   train->add_option("--min-frequency", a->min_frequency, "Stop when the best pair occurs fewer times")
       ->capture_default_str();
   train->add_option("--json-key", a->json_key, "JSONL field holding the text")->capture_default_str();
-  train->callback([a] { exit_code() = run_train(*a); });
+  train->callback([a] { exit_code() = run_tokenizer_train(*a); });
   auto* encode = cmd->add_subcommand("encode", "Print the token ids of a text");
   encode->add_option("--tokenizer,-t", a->tokenizer, "tokenizer.json or tiktoken rank file")->required();
   encode->add_option("--tokenizer-family", a->family, "For tiktoken files: gpt2, llama3 or auto")

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include "core/tensor.h"
 #include "io/hf_llama.h"
 #include "train/checkpoint.h"
 
@@ -28,6 +29,15 @@ inline Status open_weights_source(const WeightsSource& s, LlamaConfig* cfg, HfCh
   TrainConfig tc;
   NB_TRY(checkpoint_config(ref, &tc, cfg));
   return reader->open_file(checkpoint_model_file(ref));
+}
+
+// --device auto|cuda|cpu of the commands that load weights (export, eval, generate): cuda when a GPU answers.
+inline Status pick_device(const std::string& want, Device* dev) {
+  std::string why;
+  const bool gpu = want != "cpu" && cuda_device_available(&why);
+  if (want == "cuda" && !gpu) return errorf("--device cuda was asked for but %s", why.c_str());
+  *dev = gpu ? Device::cuda : Device::cpu;
+  return Status::ok();
 }
 
 }  // namespace nb::cli

@@ -153,7 +153,7 @@ Status QCopies::quantize_fp8_tensor(const bf16* src, const QuantizeArgs& a, cons
   const bool cuda = dev == Device::cuda;
   float* sf = state_f.ptr<float>();
   const auto f = spec.fmt == Fmt::fp8_e4m3 ? fp8::Format::e4m3 : fp8::Format::e5m2;
-  fp8::TensorView v{rows, cols, o.row_data, o.col_data, sf + kScaleInv, sf + kRowAmax, o.flag};
+  fp8::TensorView v{rows, cols, o.row_data, o.col_data, sf + kScaleInv, sf + kRowAmax, o.flag, a.mor_stat};
   // Delayed scaling needs a history: a role's first step (nothing recorded yet) scales by its current
   // amax. TE starts from scale 1 instead, which flushes the whole first step's gradients to zero
   // when they are below E5M2's 2^-16 (e.g. the loss gradient of 65,536 tokens, ~1.5e-5 per token).

@@ -60,8 +60,9 @@ struct QuantizeArgs {
   Fp8Scaling scaling = Fp8Scaling::none;
   bool pow2_scales = false;
   RngKey rng{};
-  AmaxGroup* amax_group = nullptr;  // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
-  nvfp4::SrOrigin sr_origin{};      // NVFP4 SR: this tensor's place in the whole one (tensor / sequence parallel)
+  AmaxGroup* amax_group = nullptr;    // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
+  nvfp4::SrOrigin sr_origin{};        // NVFP4 SR: this tensor's place in the whole one (tensor / sequence parallel)
+  mor::StatCell* mor_stat = nullptr;  // MoR: the quantization adds its error statistic here (fp8::TensorView)
 };
 
 struct QCopies {
@@ -229,8 +230,10 @@ struct Linear::Impl {
   Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
   Status mor_init(bool dry);      // refusals
   Status mor_cells_now(mor::StatCell** out);
-  // After role's quantization of src [rows, cols] (BF16, on dev): its statistic into the role's cell.
-  Status mor_add_stat(Role role, const bf16* src, int64_t rows, Stream stream);
+  // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it
+  // encodes); on the CPU *own, which mor_took_stat then adds into the cell (and decides from, with decide-now).
+  Status mor_stat_target(Role role, mor::StatCell* own, mor::StatCell** target);
+  void mor_took_stat(Role role, const mor::StatCell& own);
   // A BF16-decided role's operand over t (its [rows, K] values, or stored [K, rows] when !k_major) in place of
   // *op; an FP8-decided role (or a recipe without MoR) leaves *op as it is.
   Status mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op);

@@ -48,8 +48,12 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
     for (int64_t i = 0; i < src.numel(); ++i) host_bf16[size_t(i)] = f32_to_bf16(f[i]);
     p = host_bf16.data();
   }
-  NB_TRY(c.quantize(p, rows, args(role), stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
-  if (recipe.mor.on && !mor_paused && into == nullptr) NB_TRY(mor_add_stat(role, p, rows, stream));
+  QuantizeArgs qa = args(role);
+  mor::StatCell own;
+  const bool mor_stat = recipe.mor.on && !mor_paused && into == nullptr;
+  if (mor_stat) NB_TRY(mor_stat_target(role, &own, &qa.mor_stat));
+  NB_TRY(c.quantize(p, rows, qa, stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
+  if (mor_stat) mor_took_stat(role, own);
   if (collect_stats) NB_TRY(stats.add(c, p, stream));
   return Status::ok();
 }

@@ -2,7 +2,6 @@
 // its statistic into the role's cell, and each GEMM reads a role's FP8 copy or its BF16 values by the role's
 // decision, which the model sets from the cells (model/llama_mor.cpp) once per decision interval.
 #include <cstring>
-#include "core/gpu_profile.h"
 #include "formats/mor/mor.h"
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
@@ -52,30 +51,21 @@ Status Linear::Impl::mor_cells_now(mor::StatCell** out) {
   return Status::ok();
 }
 
-Status Linear::Impl::mor_add_stat(Role role, const bf16* src, int64_t rows, Stream stream) {
-  QCopies& c = q[int(role)];
-  const fp8::Format f = c.spec.fmt == Fmt::fp8_e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3;
-  const uint8_t* codes = c.ptr(c.row_data);  // per-tensor scale: the row copy holds every element's code
-  const float* scale_inv = c.state_f.ptr<float>() + kScaleInv;
+Status Linear::Impl::mor_stat_target(Role role, mor::StatCell* own, mor::StatCell** target) {
   mor::StatCell* cells = nullptr;
   NB_TRY(mor_cells_now(&cells));
-  mor::StatCell* cell = cells + int(role);
-  if (dev == Device::cuda) {
-    // --profile: its own interval, so the roofline shows what the statistic costs (it reads x and the codes).
-    const bool timed = profile::enabled();
-    if (timed) profile::begin_child("mor: E4M3 error statistic", 0.0, double(rows * c.cols) * 3.0);
-    const Status st = mor::add_fp8_stat_cuda(src, codes, scale_inv, rows * c.cols, f, cell, stream);
-    if (timed) profile::end_child();
-    return st;
-  }
-  mor::StatCell own;  // this quantization's statistic, added to the role's cell
-  mor::add_fp8_stat_host(src, codes, *scale_inv, rows * c.cols, f, &own);
+  *target = dev == Device::cuda ? cells + int(role) : own;
+  return Status::ok();
+}
+
+void Linear::Impl::mor_took_stat(Role role, const mor::StatCell& own) {
+  if (dev == Device::cuda) return;  // the quantizer added into the cell itself
+  mor::StatCell* cell = mor_cells + int(role);
   cell->err_fixed += own.err_fixed;
   cell->nonzero += own.nonzero;
   cell->nonfinite += own.nonfinite;
   if (recipe.mor.decide_now)  // the CPU reference without lag: this quantization's own statistic decides it
     mor_fp8[int(role)] = mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
-  return Status::ok();
 }
 
 Status Linear::Impl::mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op) {

@@ -40,7 +40,7 @@ class EvalCli : public ::testing::Test {
     test::write_text(dir_ / "doc.txt", "ab c ab bc abc a b c ab ab\nthe cat sat on the mat; the hat sat on the cat\n");
   }
   void TearDown() override { fs::remove_all(dir_); }
-  std::string p(const std::string& name) const { return "'" + (dir_ / name).string() + "'"; }
+  std::string p(const std::string& name) const { return std::string("'").append((dir_ / name).string()).append("'"); }
   static void expect_error(const test::CliRun& r, const std::string& part) {
     EXPECT_EQ(r.code, 1) << r.out;
     EXPECT_NE(r.out.find(part), std::string::npos) << r.out;

@@ -10,6 +10,7 @@
 #include "core/device_info.h"
 #include "formats/fp8/fp8.h"
 #include "formats/fp8/fp8_convert.cuh"
+#include "formats/mor/mor_stat.cuh"
 
 namespace nb::fp8 {
 namespace {
@@ -160,11 +161,13 @@ __device__ __noinline__ uint2 encode_chunk_exact(uint4 w, float scale) {
   return make_uint2(q[0], q[1]);
 }
 
-template <Format F, bool kRecordAmax>
+// kStat (MoR): each element's error against its code is added into *stat while the chunk is in registers, so the
+// statistic costs no second read of x and the codes (mor_stat.cuh; equal to add_fp8_stat_host bit for bit).
+template <Format F, bool kRecordAmax, bool kStat>
 __global__ void __launch_bounds__(kThreads, 4)
     quantize_tile_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, const float* scale_ptr, bool pow2,
                          float* amax, int32_t* nonfinite, uint8_t* __restrict__ data, uint8_t* __restrict__ data_t,
-                         float* scale_inv, bool wide_t) {
+                         float* scale_inv, bool wide_t, mor::StatCell* stat) {
   __shared__ uint32_t tile[kQT * kTileWords];
   const int64_t r0 = int64_t(blockIdx.y) * kQT, c0 = int64_t(blockIdx.x) * kQT;
   // Delayed scaling (kRecordAmax): the given scale, and this pass records amax. Current scaling:
@@ -173,6 +176,8 @@ __global__ void __launch_bounds__(kThreads, 4)
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && scale_inv) *scale_inv = 1.0f / scale;
   // A zero, infinite or NaN scale can turn a finite input into a NaN product: every chunk takes the exact path.
   const bool exact_all = !(fabsf(scale) <= FLT_MAX) || scale == 0.0f;
+  const float stat_scale_inv = 1.0f / scale;  // the value stored in *scale_inv, which the GEMM multiplies by
+  mor::device::Sums sums;
 
   // Chunk j of this thread: tile row r_first + 16 j, tile columns c .. c+7 (a warp reads two whole rows).
   const int r_first = threadIdx.x / (kQT / 8), c = 8 * (threadIdx.x % (kQT / 8));
@@ -204,6 +209,10 @@ __global__ void __launch_bounds__(kThreads, 4)
       q[0] = e.x;
       q[1] = e.y;
     }
+    if (kStat) {  // padding chunks (outside the tensor) are zeros, which add nothing
+      NB_UNROLL for (int i = 0; i < 8; ++i)
+          sums.add(v[i], (q[i / 4] >> (8 * (i % 4))) & 0xFFu, stat_scale_inv, F == Format::e5m2);
+    }
     if (kRecordAmax) {
       bad |= chunk_bad;
       NB_UNROLL for (int i = 0; i < 8; ++i) m = fmaxf(m, fabsf(v[i]));  // fmaxf drops NaN like the reference
@@ -216,6 +225,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     if (__syncthreads_or(bad != 0) && threadIdx.x == 0 && nonfinite) atomicOr(nonfinite, 1);
     block_amax_to_global(m, amax);
   }
+  if (kStat) mor::device::add_block<kThreads>(sums, stat);  // every thread of the block calls it
   if (!data_t) return;
   __syncthreads();
 
@@ -250,19 +260,21 @@ __global__ void __launch_bounds__(kThreads, 4)
   }
 }
 
-template <bool kRecordAmax>
+template <bool kRecordAmax, bool kStat>
 void launch_tile(dim3 grid, cudaStream_t s, const bf16* x, Format fmt, const float* scale, bool pow2,
                  const TensorView& out, bool wide_t) {
-  auto kernel = fmt == Format::e4m3 ? quantize_tile_kernel<Format::e4m3, kRecordAmax>
-                                    : quantize_tile_kernel<Format::e5m2, kRecordAmax>;
+  auto kernel = fmt == Format::e4m3 ? quantize_tile_kernel<Format::e4m3, kRecordAmax, kStat>
+                                    : quantize_tile_kernel<Format::e5m2, kRecordAmax, kStat>;
   kernel<<<grid, kThreads, 0, s>>>(x, out.rows, out.cols, scale, pow2, out.amax, out.nonfinite, out.data, out.data_t,
-                                   out.scale_inv, wide_t);
+                                   out.scale_inv, wide_t, out.mor_stat);
 }
 
 Status launch_quantize(const bf16* x, Format fmt, const float* scale, bool from_amax, bool pow2, const TensorView& out,
                        cudaStream_t s) {
   NB_TRY(check_shape(out.rows, out.cols));
   if (!out.amax) return errorf("FP8 quantize_cuda: the amax output pointer is required");
+  if (out.mor_stat && (!out.data || !out.scale_inv))
+    return errorf("FP8 quantize_cuda: the MoR statistic reads the row-wise codes and scale_inv; both are required");
   auto aligned = [](const void* p, unsigned a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
   const bool vec =
       out.rows % 8 == 0 && out.cols % 8 == 0 && aligned(x, 16) && aligned(out.data, 8) && aligned(out.data_t, 8);
@@ -273,10 +285,11 @@ Status launch_quantize(const bf16* x, Format fmt, const float* scale, bool from_
                     65535 * kQT);
     const bool wide_t = out.rows % 16 == 0 && aligned(out.data_t, 16);
     const dim3 grid{unsigned(grid_x), unsigned(grid_y)};
+    const bool stat = out.mor_stat != nullptr;
     if (from_amax)
-      launch_tile<false>(grid, s, x, fmt, nullptr, pow2, out, wide_t);
+      (stat ? launch_tile<false, true> : launch_tile<false, false>)(grid, s, x, fmt, nullptr, pow2, out, wide_t);
     else
-      launch_tile<true>(grid, s, x, fmt, scale, false, out, wide_t);
+      (stat ? launch_tile<true, true> : launch_tile<true, false>)(grid, s, x, fmt, scale, false, out, wide_t);
     CUDA_CHECK_LAUNCH();
     return Status::ok();
   }
@@ -288,6 +301,8 @@ Status launch_quantize(const bf16* x, Format fmt, const float* scale, bool from_
       x, out.rows, out.cols, fmt, scale, from_amax, pow2, out.amax, !from_amax, out.amax, out.nonfinite, out.data,
       out.data_t, out.scale_inv);
   CUDA_CHECK_LAUNCH();
+  if (out.mor_stat)  // shapes off the tiled path: the statistic's own pass over x and the codes
+    return mor::add_fp8_stat_cuda(x, out.data, out.scale_inv, out.rows * out.cols, fmt, out.mor_stat, s);
   return Status::ok();
 }
 

@@ -27,6 +27,10 @@
 #include "core/stream.h"
 #include "formats/scalar_codecs.h"
 
+namespace nb::mor {
+struct StatCell;  // formats/mor/mor_stat.h
+}
+
 namespace nb::fp8 {
 
 enum class Format : uint8_t { e4m3, e5m2 };
@@ -55,6 +59,10 @@ struct TensorView {
   float* scale_inv = nullptr;    // 1 value
   float* amax = nullptr;         // 1 value: amax of the input (written by every quantize_* call)
   int32_t* nonfinite = nullptr;  // optional: 1 if any input is NaN or Inf
+  // Optional (Mixture of Representations): the quantization's error statistic (mor_stat.h) is added into this
+  // cell, in the same memory as the other outputs; needs `data` (and on CUDA `scale_inv`). The CUDA quantizer computes
+  // it while it encodes (rows and cols multiples of 8), else in a pass of its own over x and data.
+  mor::StatCell* mor_stat = nullptr;
 };
 
 Status check_shape(int64_t rows, int64_t cols);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include "formats/fp8/fp8.h"
 #include "formats/fp8/fp8_bench.h"
+#include "formats/mor/mor_stat.h"
 
 namespace nb::fp8 {
 
@@ -36,6 +37,10 @@ Status quantize_with_scale_ref(const bf16* x, Format fmt, float scale, const Ten
       if (out.data) out.data[r * cols + c] = q;
       if (out.data_t) out.data_t[c * rows + r] = q;
     }
+  if (out.mor_stat) {
+    if (!out.data) return errorf("FP8 quantize: the MoR statistic reads the row-wise codes; `data` is required");
+    mor::add_fp8_stat_host(x, out.data, 1.0f / scale, rows * cols, fmt, out.mor_stat);
+  }
   return Status::ok();
 }
 

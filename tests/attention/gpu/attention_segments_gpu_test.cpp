@@ -79,7 +79,8 @@ std::vector<float> download_bf16(const Buf& b, size_t n) {
 }
 
 // Relative L2 error over tokens [t0, t0 + n) of [T, width] tensors.
-double rel_l2(const std::vector<float>& got, const std::vector<float>& want, int64_t t0, int64_t n, int64_t width) {
+double segment_rel_l2(const std::vector<float>& got, const std::vector<float>& want, int64_t t0, int64_t n,
+                      int64_t width) {
   double num = 0.0, den = 0.0;
   for (int64_t i = t0 * width; i < (t0 + n) * width; ++i) {
     const double d = double(got[size_t(i)]) - double(want[size_t(i)]);
@@ -152,12 +153,12 @@ void expect_close(const char* name, const std::vector<float>& got, const std::ve
                   const std::vector<int32_t>& starts, int64_t width, int64_t min_len) {
   const int64_t T = starts.back();
   const bool all_zero = std::all_of(want.begin(), want.end(), [](float x) { return x == 0.0f; });
-  if (!all_zero) { EXPECT_LE(rel_l2(got, want, 0, T, width), 1e-2) << name << " over all tokens"; }
+  if (!all_zero) { EXPECT_LE(segment_rel_l2(got, want, 0, T, width), 1e-2) << name << " over all tokens"; }
   int64_t bad = 0;
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     const int64_t t0 = starts[i], n = starts[i + 1] - starts[i];
     if (n < min_len) continue;
-    const double e = rel_l2(got, want, t0, n, width);
+    const double e = segment_rel_l2(got, want, t0, n, width);
     if (!(e <= 1e-2) && bad++ < 5)
       ADD_FAILURE() << name << " of segment " << i << " (" << n << " tokens): rel L2 " << e;
   }
@@ -217,8 +218,8 @@ void check_packed(const AttentionShape& sh, const std::vector<int32_t>& starts, 
   std::printf(
       "  B=%lld S=%lld Hq=%lld Hkv=%lld D=%lld, %zu segments: rel L2 out %.2e dq %.2e dk %.2e dv %.2e, lse %.2e\n",
       (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)D, starts.size() - 1,
-      rel_l2(g_out, r.out, 0, T, Hq * D), rel_l2(g_dq, r.dq, 0, T, Hq * D), rel_l2(g_dk, r.dk, 0, T, Hkv * D),
-      rel_l2(g_dv, r.dv, 0, T, Hkv * D), lse_err);
+      segment_rel_l2(g_out, r.out, 0, T, Hq * D), segment_rel_l2(g_dq, r.dq, 0, T, Hq * D),
+      segment_rel_l2(g_dk, r.dk, 0, T, Hkv * D), segment_rel_l2(g_dv, r.dv, 0, T, Hkv * D), lse_err);
   EXPECT_TRUE(out.tail_untouched()) << "out written past the last token";
   EXPECT_TRUE(lse.tail_untouched()) << "lse written past the last token";
   EXPECT_TRUE(dq.tail_untouched()) << "dq written past the last token";

@@ -15,18 +15,18 @@
 namespace nb {
 namespace {
 
-const std::string kGpuJob =
+const std::string kFsdpGpuJob =
     " train --model tiny --device cuda --seq-length 128 --micro-batch-size 2 --global-batch-size 16 --lr 3e-3 "
     "--lr-warmup-iters 1 --log-interval 1 --train-iters 4 --num-layers-at-start-in-bf16 0 "
     "--num-layers-at-end-in-bf16 0 ";
 
-int gpus() {
+int fsdp_gpus() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
-std::vector<StepLog> run(const std::string& dir, const std::string& name, const std::string& flags,
-                         const std::string& job = kGpuJob) {
+std::vector<StepLog> fsdp_run(const std::string& dir, const std::string& name, const std::string& flags,
+                              const std::string& job = kFsdpGpuJob) {
   const std::string save = dir + "/" + name;
   const test::CliRun r = test::run_nibble(job + "--save " + save + " " + flags);
   EXPECT_EQ(r.code, 0) << r.out;
@@ -37,13 +37,13 @@ class FsdpTwoGpus : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
   NB_REQUIRE_GPU();
-  if (gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << gpus();
+  if (fsdp_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << fsdp_gpus();
   const std::string recipe = GetParam();
   const std::string dir = test::temp_folder("fsdp_two_gpus_" + recipe);
-  const auto one = run(dir, "one_gpu", "--recipe " + recipe);
+  const auto one = fsdp_run(dir, "one_gpu", "--recipe " + recipe);
   const std::string two = "--recipe " + recipe + " --nproc-per-node 2 --use-megatron-fsdp ";
-  const auto grads = run(dir, "optim_grads", two + "--data-parallel-sharding-strategy optim_grads");
-  const auto params = run(dir, "optim_grads_params", two + "--data-parallel-sharding-strategy optim_grads_params");
+  const auto grads = fsdp_run(dir, "optim_grads", two + "--data-parallel-sharding-strategy optim_grads");
+  const auto params = fsdp_run(dir, "optim_grads_params", two + "--data-parallel-sharding-strategy optim_grads_params");
   ASSERT_EQ(one.size(), 4u);
   ASSERT_EQ(grads.size(), 4u);
   ASSERT_EQ(params.size(), 4u);
@@ -60,15 +60,15 @@ TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
 // mode makes repeatable (else nothing was reduced in BF16); later losses within 1e-2 of the FP32 run.
 TEST(FsdpTwoGpusBf16, ReductionMatchesTheDistributedOptimizers) {
   NB_REQUIRE_GPU();
-  if (gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << gpus();
+  if (fsdp_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << fsdp_gpus();
   const std::string dir = test::temp_folder("fsdp_two_gpus_bf16");
-  std::string job = kGpuJob;  // one micro-batch of 2 per GPU
+  std::string job = kFsdpGpuJob;  // one micro-batch of 2 per GPU
   job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 4");
   const std::string two = "--recipe bf16_mixed --deterministic-mode --nproc-per-node 2 ";
   const std::string fsdp = two + "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params ";
-  const auto distopt = run(dir, "distopt", two + "--use-distributed-optimizer --grad-reduce-in-bf16", job);
-  const auto f32 = run(dir, "f32", fsdp, job);
-  const auto b16 = run(dir, "bf16", fsdp + "--grad-reduce-in-bf16", job);
+  const auto distopt = fsdp_run(dir, "distopt", two + "--use-distributed-optimizer --grad-reduce-in-bf16", job);
+  const auto f32 = fsdp_run(dir, "f32", fsdp, job);
+  const auto b16 = fsdp_run(dir, "bf16", fsdp + "--grad-reduce-in-bf16", job);
   ASSERT_EQ(distopt.size(), 4u);
   ASSERT_EQ(f32.size(), 4u);
   ASSERT_EQ(b16.size(), 4u);

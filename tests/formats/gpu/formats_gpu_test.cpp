@@ -8,6 +8,7 @@
 #include "formats/fp8/fp8.h"
 #include "formats/fp8/fp8_block.h"
 #include "formats/fp8_test_inputs.h"
+#include "formats/mor/mor_stat.h"
 #include "formats/mxfp8/mxfp8.h"
 
 using namespace nb;
@@ -100,6 +101,28 @@ void check_fp8(int64_t rows, int64_t cols, Dist dist, fp8::Format fmt, bool pow2
   expect_same_bits(std::vector<float>{amax}, dam.host<float>(), "amax");
   EXPECT_EQ(dbad.host<int32_t>()[0], bad);
   EXPECT_EQ(bad, nonfinite ? 1 : 0);
+
+  // Mixture of Representations: the statistic the quantizer adds while it encodes (tiled path) or in its own pass
+  // (other shapes) equals the host sum over the reference's codes, which is what the CPU quantizer adds.
+  mor::StatCell want, ref_cell;
+  mor::add_fp8_stat_host(x.data(), d.data(), scale_inv, int64_t(n), fmt, &want);
+  hv.mor_stat = &ref_cell;
+  ASSERT_TRUE((delayed ? fp8::quantize_with_scale_ref(x.data(), fmt, scale, hv)
+                       : fp8::quantize_current_ref(x.data(), fmt, pow2, hv))
+                  .is_ok());
+  Dev dcell = upload(std::vector<mor::StatCell>(1));
+  v.mor_stat = dcell.as<mor::StatCell>();
+  ASSERT_TRUE((delayed ? fp8::quantize_with_scale_cuda(dx.as<bf16>(), fmt, dscale.as<float>(), v)
+                       : fp8::quantize_current_cuda(dx.as<bf16>(), fmt, pow2, v))
+                  .is_ok());
+  expect_same_bits(d, dd.host<uint8_t>(), "data, quantized with the MoR statistic");
+  const mor::StatCell got = dcell.host<mor::StatCell>()[0];
+  for (const mor::StatCell* c : {static_cast<const mor::StatCell*>(&ref_cell), &got}) {
+    EXPECT_EQ(c->err_fixed, want.err_fixed) << (c == &got ? "gpu" : "cpu quantizer");
+    EXPECT_EQ(c->nonzero, want.nonzero) << (c == &got ? "gpu" : "cpu quantizer");
+    EXPECT_EQ(c->nonfinite, want.nonfinite) << (c == &got ? "gpu" : "cpu quantizer");
+  }
+  EXPECT_EQ(want.nonfinite > 0, nonfinite);
 }
 
 void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, bool pow2, bool nonfinite) {
@@ -152,6 +175,7 @@ TEST(FormatsGpu, Fp8PerTensorMatchesReferenceSmall) {
   check_fp8(37, 53, Dist::lognormal, fp8::Format::e4m3, true, false, false);
   check_fp8(37, 53, Dist::normal, fp8::Format::e4m3, false, true, false);
   check_fp8(37, 53, Dist::normal, fp8::Format::e5m2, false, true, true);
+  check_fp8(72, 136, Dist::normal, fp8::Format::e4m3, false, true, false);  // non-finite on the tiled path
 }
 
 TEST(FormatsGpu, Fp8PerTensorMatchesReferenceLarge) {

@@ -13,7 +13,7 @@ using namespace nb;
 
 namespace {
 
-std::vector<float> to_host(const Tensor& t) {
+std::vector<float> packing_to_host(const Tensor& t) {
   std::vector<float> out(size_t(t.numel()));
   EXPECT_TRUE(copy_bytes(out.data(), Device::cpu, t.data, t.device, out.size() * 4).is_ok());
   return out;
@@ -34,7 +34,7 @@ double run(LlamaModel& m, const std::vector<int32_t>& tok, const std::vector<int
 double worst_grad_error(LlamaModel& a, LlamaModel& b) {
   double worst = 0;
   for (const auto& p : a.params().params()) {
-    std::vector<float> ga = to_host(a.params().grad(p.name)), gb = to_host(b.params().grad(p.name));
+    std::vector<float> ga = packing_to_host(a.params().grad(p.name)), gb = packing_to_host(b.params().grad(p.name));
     double num = 0, den = 0;
     for (size_t i = 0; i < ga.size(); ++i) {
       num += (ga[i] - gb[i]) * double(ga[i] - gb[i]);

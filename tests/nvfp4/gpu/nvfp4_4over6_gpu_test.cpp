@@ -19,8 +19,8 @@ using testing::HostQuantized;
 using testing::view_of;
 
 // quantize_cuda (or the amax pre-pass + quantize_cuda_with_amax) with every output copied back.
-HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols, const Options& opts,
-                              bool split_amax) {
+HostQuantized quantize_4over6_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t cols, const Options& opts,
+                                     bool split_amax) {
   HostQuantized h{rows, cols};
   DeviceBytes dx(x.size() * sizeof(bf16), x.data());
   DeviceBytes rd(h.row_data.size()), rs(h.row_scales.size()), cd(h.col_data.size()), cs(h.col_scales.size());
@@ -40,7 +40,7 @@ HostQuantized quantize_on_gpu(const std::vector<bf16>& x, int64_t rows, int64_t 
   return h;
 }
 
-size_t first_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+size_t first_diff_index(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   for (size_t i = 0; i < a.size(); ++i)
     if (a[i] != b[i]) return i;
   return a.size();
@@ -50,17 +50,19 @@ void expect_same(const std::vector<bf16>& x, int64_t rows, int64_t cols, const O
                  bool split_amax = false) {
   HostQuantized ref{rows, cols};
   ASSERT_TRUE(quantize_ref(x.data(), opts, ref.view()));
-  HostQuantized gpu = quantize_on_gpu(x, rows, cols, opts, split_amax);
+  HostQuantized gpu = quantize_4over6_on_gpu(x, rows, cols, opts, split_amax);
   SCOPED_TRACE(what + " " + std::to_string(rows) + "x" + std::to_string(cols));
   if (opts.rowwise) {
     EXPECT_EQ(f32_bits(gpu.row_amax), f32_bits(ref.row_amax));
-    EXPECT_TRUE(gpu.row_data == ref.row_data) << "row data, byte " << first_diff(gpu.row_data, ref.row_data);
-    EXPECT_TRUE(gpu.row_scales == ref.row_scales) << "row scales, byte " << first_diff(gpu.row_scales, ref.row_scales);
+    EXPECT_TRUE(gpu.row_data == ref.row_data) << "row data, byte " << first_diff_index(gpu.row_data, ref.row_data);
+    EXPECT_TRUE(gpu.row_scales == ref.row_scales)
+        << "row scales, byte " << first_diff_index(gpu.row_scales, ref.row_scales);
   }
   if (opts.colwise) {
     EXPECT_EQ(f32_bits(gpu.col_amax), f32_bits(ref.col_amax));
-    EXPECT_TRUE(gpu.col_data == ref.col_data) << "col data, byte " << first_diff(gpu.col_data, ref.col_data);
-    EXPECT_TRUE(gpu.col_scales == ref.col_scales) << "col scales, byte " << first_diff(gpu.col_scales, ref.col_scales);
+    EXPECT_TRUE(gpu.col_data == ref.col_data) << "col data, byte " << first_diff_index(gpu.col_data, ref.col_data);
+    EXPECT_TRUE(gpu.col_scales == ref.col_scales)
+        << "col scales, byte " << first_diff_index(gpu.col_scales, ref.col_scales);
   }
   EXPECT_EQ(gpu.nonfinite, ref.nonfinite);
 }
@@ -141,7 +143,7 @@ TEST(Nvfp4FourOverSixGpu, NonFiniteInputMatchesAndIsFlagged) {
     auto x = testing::random_normal_bf16(rows * cols, 3);
     x[size_t(37 * cols + 101)] = f32_to_bf16(bad);
     for (auto& [name, opts] : modes()) {
-      HostQuantized gpu = quantize_on_gpu(x, rows, cols, opts, false);
+      HostQuantized gpu = quantize_4over6_on_gpu(x, rows, cols, opts, false);
       EXPECT_EQ(gpu.nonfinite, std::isfinite(bad) ? 0 : 1) << name << " " << bad;
       expect_same(x, rows, cols, opts, name + " with " + std::to_string(bad));
     }

@@ -13,7 +13,7 @@ namespace {
 
 using namespace testing;
 
-constexpr int64_t kM = 512, kK = 384, kN = 256;
+constexpr int64_t kMorM = 512, kMorK = 384, kMorN = 256;
 
 struct MorRun {
   LinearRun run;
@@ -26,15 +26,15 @@ Status run_mor(Device dev, int bf16_role, const std::vector<float>& x, const std
   Recipe r;
   NB_TRY(recipe_preset("bf16_with_mor_fp8_mixed", &r));
   return run_linear(
-      r, dev, kM, kK, kN, x, w, dy, &out->run, 5, 2,
+      r, dev, kMorM, kMorK, kMorN, x, w, dy, &out->run, 5, 2,
       [bf16_role](Linear& lin) { return bf16_role >= 0 ? lin.set_mor_fp8(bf16_role, false) : Status::ok(); },
       [out](Linear& lin) { return lin.mor_stats(out->stats); });
 }
 
 TEST(LinearMorGpu, StatisticsEqualTheCpusAndMixedGemmsStayWithinTheBound) {
   NB_REQUIRE_GPU();
-  const auto x = random_bf16_values(kM * kK, 1.0, 31), w = random_bf16_values(kN * kK, 0.05, 32),
-             dy = random_bf16_values(kM * kN, 1e-3, 33);
+  const auto x = random_bf16_values(kMorM * kMorK, 1.0, 31), w = random_bf16_values(kMorN * kMorK, 0.05, 32),
+             dy = random_bf16_values(kMorM * kMorN, 1e-3, 33);
   for (int role = -1; role < 3; ++role) {
     MorRun cpu, gpu;
     Status st = run_mor(Device::cpu, role, x, w, dy, &cpu);
@@ -47,17 +47,17 @@ TEST(LinearMorGpu, StatisticsEqualTheCpusAndMixedGemmsStayWithinTheBound) {
       EXPECT_EQ(gpu.stats[i].nonfinite, cpu.stats[i].nonfinite) << "role " << i;
       EXPECT_GT(gpu.stats[i].nonzero, 0);
     }
-    const MixedModel ref = mixed_model(role, x, w, dy, gpu.run.q, kM, kK, kN);
+    const MixedModel ref = mixed_model(role, x, w, dy, gpu.run.q, kMorM, kMorK, kMorN);
     // Both operands FP8: tensor cores (fast accumulation in Fprop, split accumulation elsewhere); a BF16 operand:
     // the BF16 GEMM with FP32 accumulation.
     const bool fprop_fp8 = role != 0 && role != 1, dgrad_fp8 = role != 2 && role != 1,
                wgrad_fp8 = role != 2 && role != 0;
     const std::string what = " (bf16 role " + std::to_string(role) + ")";
-    expect_close(("y" + what).c_str(), gpu.run.y, ref.y, ref.mag_y, kK, Bound{false, fprop_fp8, true, false},
+    expect_close(("y" + what).c_str(), gpu.run.y, ref.y, ref.mag_y, kMorK, Bound{false, fprop_fp8, true, false},
                  ref.exact_y);
-    expect_close(("dx" + what).c_str(), gpu.run.dx, ref.dx, ref.mag_dx, kN, Bound{false, false, true, dgrad_fp8},
+    expect_close(("dx" + what).c_str(), gpu.run.dx, ref.dx, ref.mag_dx, kMorN, Bound{false, false, true, dgrad_fp8},
                  ref.exact_dx);
-    expect_close(("dw" + what).c_str(), gpu.run.dw, ref.dw, ref.mag_dw, kM, Bound{false, false, false, wgrad_fp8},
+    expect_close(("dw" + what).c_str(), gpu.run.dw, ref.dw, ref.mag_dw, kMorM, Bound{false, false, false, wgrad_fp8},
                  ref.exact_dw);
   }
 }

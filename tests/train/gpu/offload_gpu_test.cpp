@@ -11,7 +11,7 @@
 using namespace nb;
 
 namespace {
-int gpus() {
+int offload_gpus() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
@@ -27,14 +27,14 @@ TEST_P(OffloadCuda, HalfAndAllOfTheStateOnTheHostAreBitIdentical) {
 
 TEST_P(OffloadCuda, TwoRanksWithTheDistributedOptimizerAreBitIdentical) {
   NB_REQUIRE_GPU();
-  if (gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpus();
+  if (offload_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << offload_gpus();
   test::expect_offload_bit_exact_ranks("cuda", GetParam(), 2,
                                        test::temp_folder(std::string("offload_gpu_ranks_") + GetParam()));
 }
 
 TEST_P(OffloadCuda, TwoRanksWithMegatronFsdpAreBitIdentical) {
   NB_REQUIRE_GPU();
-  if (gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << gpus();
+  if (offload_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << offload_gpus();
   test::expect_offload_bit_exact_ranks(
       "cuda", GetParam(), 2, test::temp_folder(std::string("offload_gpu_fsdp_") + GetParam()),
       "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --deterministic-mode");
