@@ -18,6 +18,9 @@ source scripts/bench_common.sh
 COMMON=(--mock-data true --micro-batch-size 1 --seq-length 8192)
 proxy="--model llama3-8b-proxy --train-iters 8 --global-batch-size 8"
 small="--model llama3.2-3b --train-iters 6 --global-batch-size 4 --recompute selective"
+# --mor-interval 4 decides after steps 1, 5 and 9: of 9 steps, 2 of the 8 timed ones (after step 1) measure.
+proxy9="--model llama3-8b-proxy --train-iters 9 --global-batch-size 8"
+small9="--model llama3.2-3b --train-iters 9 --global-batch-size 4 --recompute selective"
 fp8="--recipe bf16_with_fp8_current_scaling_mixed"
 all="--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0"
 mor="--recipe bf16_with_mor_fp8_mixed"
@@ -33,5 +36,9 @@ configs=(
   "3b-fp8-all|1|$small $fp8 $all"
   "3b-mor|1|$small $mor"
   "3b-mor-allfp8|1|$small $mor --mor-threshold 0.999"
+  "proxy-mor-i4|1|$proxy9 $mor --mor-interval 4"
+  "proxy-mor-allfp8-i4|1|$proxy9 $mor --mor-threshold 0.999 --mor-interval 4"
+  "3b-mor-i4|1|$small9 $mor --mor-interval 4"
+  "3b-mor-allfp8-i4|1|$small9 $mor --mor-threshold 0.999 --mor-interval 4"
 )
 run_configs "${configs[@]}"

@@ -207,8 +207,8 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
                  "else BF16 (-1 = the recipe's 0.045)",
                  &c.mor_threshold),
       int_key("mor-interval",
-              "Mixture of Representations: decide every N steps from the statistics of the last of them (the others "
-              "measure nothing)",
+              "Mixture of Representations: decide after step 1 and then every N steps, each time from that step's "
+              "statistics (the steps between measure nothing)",
               &c.mor_interval),
       bool_key("mor-decide-now",
                "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "

@@ -1,6 +1,7 @@
 // Mixture of Representations in the training loop (recipe.h MorSpec, docs/MOR.md). After each step: the shares of
-// the decisions that step ran with; at the end of each decision interval, the MoR board's statistics (every Linear
-// role's E4M3 error over the quantizations of the interval's last step, the only one measured: run_micro_batches)
+// the decisions that step ran with; after the first step of each decision interval (steps 1, N + 1, 2N + 1, ...: the
+// first step decides, so a run never trains N steps on choices no data made), the MoR board's statistics (every Linear
+// role's E4M3 error over that step's quantizations, the only step of the interval measured: run_micro_batches)
 // summed over the data-parallel ranks, exactly (integers carried in doubles, mor::stat_to_sum), so every rank decides
 // every operand alike and as one GPU with the whole global batch would (a weight, the same on every rank, keeps its own
 // statistic); then the next interval's decisions, one metrics.jsonl record per Linear, and a cleared board. The board
@@ -46,7 +47,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
   if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
   shares(in_effect, &f->mor_fp8_operands, &f->mor_fp8_gemms);
   const int64_t done = iteration_ + 1;  // steps run once this one ends
-  if (done % recipe_.mor.interval != 0) return Status::ok();
+  if ((done - 1) % recipe_.mor.interval != 0) return Status::ok();
   const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
   std::vector<mor::StatCell> cells;
   NB_TRY(model_.mor_board(&cells));

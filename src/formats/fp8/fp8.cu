@@ -210,8 +210,13 @@ __global__ void __launch_bounds__(kThreads, 4)
       q[1] = e.y;
     }
     if (kStat) {  // padding chunks (outside the tensor) are zeros, which add nothing
-      NB_UNROLL for (int i = 0; i < 8; ++i)
-          sums.add(v[i], (q[i / 4] >> (8 * (i % 4))) & 0xFFu, stat_scale_inv, F == Format::e5m2);
+      if (chunk_bad) {
+        NB_UNROLL for (int i = 0; i < 8; ++i)
+            sums.add(v[i], (q[i / 4] >> (8 * (i % 4))) & 0xFFu, stat_scale_inv, F == Format::e5m2);
+      } else {
+        NB_UNROLL for (int i = 0; i < 8; ++i)
+            sums.add<false>(v[i], (q[i / 4] >> (8 * (i % 4))) & 0xFFu, stat_scale_inv, F == Format::e5m2);
+      }
     }
     if (kRecordAmax) {
       bad |= chunk_bad;

@@ -29,8 +29,10 @@ struct Sums {
   unsigned long long err = 0;
   unsigned int nonzero = 0, nonfinite = 0;  // a thread sees far fewer than 2^32 elements
   // v: the source value; code: its FP8 byte; scale_inv: the value the GEMM multiplies the decoded code by.
+  // kMayBeNonfinite false: the caller knows v is finite (the quantizer checks a chunk's exponent bits at once).
+  template <bool kMayBeNonfinite = true>
   __device__ __forceinline__ void add(float v, uint32_t code, float scale_inv, bool e5m2) {
-    if (!isfinite(v)) {
+    if (kMayBeNonfinite && !isfinite(v)) {
       ++nonfinite;
       return;
     }
