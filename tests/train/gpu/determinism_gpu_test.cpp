@@ -147,7 +147,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"nvfp4_packed_sft", "--recipe bf16_with_nvfp4_mixed --sft --split 90,10,0 --eval-iters 1", 1},
         Case{"bf16_packed_sft_selective",
              "--recipe bf16_mixed --sft --split 90,10,0 --eval-iters 1 --recompute selective", 1},
+        // Mixture of Representations at a threshold inside the tiny model's errors: operands of both formats, decided
+        // from statistics that GPU atomics add (integers: any order gives the same sums).
+        Case{"mor_fp8", "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226", 1},
         Case{"bf16_two_ranks", "--recipe bf16_mixed", 2},
+        Case{"mor_fp8_two_ranks", "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226", 2},
         Case{"fp8_delayed_two_ranks_distopt_overlap",
              "--recipe bf16_with_fp8_delayed_scaling_mixed --use-distributed-optimizer "
              "--overlap-grad-reduce --overlap-param-gather",
