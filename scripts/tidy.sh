@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${1:-$(nproc)}
 command -v run-clang-tidy-14 >/dev/null || { echo "tidy: clang-tidy-14 is missing; run: bash scripts/setup.sh --lint"; exit 1; }
-cmake --preset cpu >/dev/null  # the compile database; only the generated protobuf sources are built
+# The compile database, one entry per source file (a unity build would name only its batches); only the generated
+# protobuf sources are built.
+cmake --preset cpu -DNIBBLE_UNITY_BUILD=OFF >/dev/null
 cmake --build --preset cpu --target nibble_proto >/dev/null
 log=build-cpu/tidy.log
 run-clang-tidy-14 -p build-cpu -quiet -j "$jobs" "$PWD/src/" 2>&1 | sed 's/\x1b\[[0-9;]*m//g' > "$log" || true

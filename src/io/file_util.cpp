@@ -5,6 +5,7 @@
 #include <zlib.h>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 namespace nb {
@@ -55,6 +56,15 @@ Status DurableFile::finish() {
   const int rc = std::fclose(f_);
   f_ = nullptr;
   if (rc != 0) return sys_error("close", path_);
+  return Status::ok();
+}
+
+Status check_new_folder(const std::string& dir, const char* what) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) &&
+      !(std::filesystem::is_directory(dir, ec) && std::filesystem::is_empty(dir, ec)))
+    return errorf("%s already exists and is not an empty folder; choose a new %s folder or remove it", dir.c_str(),
+                  what);
   return Status::ok();
 }
 

@@ -32,6 +32,8 @@ class DurableFile {
 Status replace_file_atomically(const std::string& path, const std::string& text);
 // fsync of a folder, so that renames inside it survive a power loss.
 Status sync_folder(const std::string& dir);
+// A folder that a writer may create: absent or empty, else one sentence naming it (`what`: "output", "adapter").
+Status check_new_folder(const std::string& dir, const char* what);
 // CRC-32 and size of a whole file, read front to back in blocks; `visit`, when given, sees each block
 // and the file offset of its first byte (a checkpoint load copies tensors out as they pass).
 using FileBlockVisitor = std::function<void(const char* data, size_t bytes, uint64_t offset)>;

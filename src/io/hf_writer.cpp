@@ -11,6 +11,7 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 #include "core/bf16.h"
+#include "io/file_util.h"
 #include "io/hf_llama.h"
 
 namespace nb {
@@ -101,14 +102,6 @@ Status write_shard(const std::string& path, std::vector<const HfTensor*> ts, boo
   return Status::ok();
 }
 
-Status check_destination(const std::string& out_dir) {
-  std::error_code ec;
-  if (fs::exists(out_dir, ec) && !(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec)))
-    return errorf("%s already exists and is not an empty folder; choose a new output folder or remove it",
-                  out_dir.c_str());
-  return Status::ok();
-}
-
 Status write_files(const fs::path& stage, const LlamaConfig& c, const std::vector<HfTensor>& tensors,
                    const HfTensorSource& source, const HfExportOptions& opt) {
   const bool bf16_out = opt.dtype == "bf16";
@@ -156,7 +149,7 @@ Status write_hf_folder(const std::string& out_dir, const LlamaConfig& c, const s
   if (!opt.tokenizer_file.empty() && !fs::is_regular_file(opt.tokenizer_file))
     return errorf("the tokenizer file %s does not exist", opt.tokenizer_file.c_str());
   if (tensors.empty()) return errorf("nothing to export: the tensor list is empty");
-  NB_TRY(check_destination(out_dir));
+  NB_TRY(check_new_folder(out_dir, "output"));
   fs::path final_dir = fs::path(out_dir).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
   const fs::path stage = final_dir.string() + ".partial";

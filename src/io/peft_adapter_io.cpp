@@ -27,12 +27,6 @@ std::string peft_tensor_name(int64_t layer, const char* path, char a_or_b) {
   return "base_model.model.model.layers." + std::to_string(layer) + "." + path + ".lora_" + a_or_b + ".weight";
 }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 struct OutTensor {
   std::string name;
   std::vector<int64_t> shape;
@@ -91,14 +85,6 @@ Status write_text(const std::string& path, const std::string& text) {
   return f.finish();
 }
 
-Status check_destination(const std::string& dir) {
-  std::error_code ec;
-  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
-    return errorf("%s already exists and is not an empty folder; choose a new adapter folder or remove it",
-                  dir.c_str());
-  return Status::ok();
-}
-
 // DIR.partial's files renamed to DIR, with the folders synced so the rename survives a power loss.
 Status publish(const fs::path& stage, const fs::path& final_dir) {
   NB_TRY(sync_folder(stage.string()));
@@ -118,7 +104,7 @@ Status write_peft_adapter(const std::string& dir, const LlamaConfig& c, const Lo
   if (opt.dtype != "fp32" && opt.dtype != "bf16")
     return errorf("adapter dtype '%s' is not supported; choose fp32 (PEFT's default) or bf16", opt.dtype.c_str());
   NB_TRY(check_lora_adapter(ad, c));
-  NB_TRY(check_destination(dir));
+  NB_TRY(check_new_folder(dir, "adapter"));
   fs::path final_dir = fs::path(dir).lexically_normal();
   if (final_dir.filename().empty()) final_dir = final_dir.parent_path();
   const fs::path stage = final_dir.string() + ".partial";

@@ -241,4 +241,10 @@ Status write_safetensors(const std::string& path, const SafeTensorsFile& file) {
   return Status::ok();
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out.append(i ? ", " : "").append(std::to_string(shape[i]));
+  return out + "]";
+}
+
 }  // namespace nb

@@ -46,5 +46,7 @@ Status read_safetensors(const std::string& path, SafeTensorsFile* out);
 // Writes atomically (temporary file + rename): an existing file is never left half-written.
 // Adds __metadata__ {"format": "pt"} unless metadata already sets "format".
 Status write_safetensors(const std::string& path, const SafeTensorsFile& file);
+// "[a, b]": a tensor's shape in messages.
+std::string shape_text(const std::vector<int64_t>& shape);
 
 }  // namespace nb

@@ -61,7 +61,7 @@ std::string fmt_double(double d) {
 }
 // A TOML basic string in ASCII: quotes, backslashes and control characters escaped, and every non-ASCII
 // character as \\uXXXX / \\UXXXXXXXX (so the resolved config and checkpoints read back, see check_ascii).
-std::string quoted(const std::string& s) {
+std::string toml_quoted(const std::string& s) {
   std::string out = "\"";
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
@@ -116,12 +116,12 @@ ConfigKey string_key(const char* name, const char* help, std::string* p) {
             *p = v;
             return Status::ok();
           },
-          [=] { return quoted(*p); }};
+          [=] { return toml_quoted(*p); }};
 }
 ConfigKey choice_key(const char* name, const char* help, std::string* p, std::initializer_list<const char*> choices) {
   std::vector<const char*> cs(choices);
   return {name, help, [=](const std::string& v) { return parse_choice(std::string("--") + name, v, cs, p); },
-          [=] { return quoted(*p); }};
+          [=] { return toml_quoted(*p); }};
 }
 
 // The model, batch, schedule, optimizer and precision recipe.

@@ -3,7 +3,8 @@
 // rank with the whole global batch does: the first decision's records (format, error and counts of every Linear
 // role) are identical to one rank's, the later decisions pick the same formats, and the losses agree as a quantized
 // data-parallel run's do. Under the distributed optimizer too, whose BF16 compute copy is the weight a BF16-decided
-// weight operand reads (one rank reads its staged master).
+// weight operand reads (one rank reads its staged master), and under Megatron-FSDP, whose weights MoR gathers in BF16
+// (each rank then quantizes the whole weight as one rank does).
 #include <gtest/gtest.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -39,7 +40,9 @@ TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
     for (const char* role : {"input", "weight", "grad"}) (rec[role]["format"] == "bf16" ? bf16 : fp8)++;
   EXPECT_GT(bf16, 0) << "the threshold should send some operands to BF16";
   EXPECT_GT(fp8, 0) << "the threshold should keep some operands in FP8";
-  for (const char* layout : {"--nproc-per-node 2", "--nproc-per-node 2 --use-distributed-optimizer"}) {
+  for (const char* layout :
+       {"--nproc-per-node 2", "--nproc-per-node 2 --use-distributed-optimizer",
+        "--nproc-per-node 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"}) {
     r = test::run_nibble(job + layout + " --save " + dir + "/two");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto got = mor_records(dir + "/two");

@@ -109,7 +109,7 @@ TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
 
 // --mor-interval 2: decisions after steps 1 and 3, each from its own step's quantizations only (the counts of one
 // step, as an every-step run records them), and the steps between run the decision they inherited.
-TEST(MorTrainCpu, AnIntervalMeasuresItsLastStepOnly) {
+TEST(MorTrainCpu, AnIntervalMeasuresItsFirstStepOnly) {
   const std::string dir = test::temp_folder("mor_interval");
   std::vector<nlohmann::json> every, second;
   for (int64_t interval : {1, 2}) {
@@ -127,6 +127,34 @@ TEST(MorTrainCpu, AnIntervalMeasuresItsLastStepOnly) {
     for (const char* role : {"input", "weight", "grad"})
       EXPECT_EQ(second[i][role]["nonzero"], every[i % 8][role]["nonzero"]) << "one step's count: " << second[i].dump();
   }
+  std::filesystem::remove_all(dir);
+}
+
+// MoR composes with the optimizer state in host memory (the same run bit for bit: the state's place changes no
+// number) and with precision annealing: annealed to bf16_mixed at step 3, the steps after the switch carry no MoR
+// decisions (nothing is quantized), the steps before do, and decisions stop with them.
+TEST(MorTrainCpu, ComposesWithOffloadAndAnnealsToBf16) {
+  const std::string dir = test::temp_folder("mor_compose");
+  TrainSummary plain, offloaded;
+  ASSERT_TRUE(run_training(mor_job(0.0226), &plain).is_ok());
+  TrainConfig off = mor_job(0.0226);
+  off.optimizer_cpu_offload = true;
+  off.optimizer_offload_fraction = 0.5;
+  ASSERT_TRUE(run_training(off, &offloaded).is_ok());
+  EXPECT_EQ(offloaded.losses, plain.losses);
+  TrainConfig anneal = mor_job(0.0226);
+  anneal.anneal_start_fraction = 0.5;
+  anneal.anneal_recipe = "bf16_mixed";
+  anneal.save = dir + "/anneal";
+  anneal.save_interval = 100;
+  TrainSummary annealed;
+  ASSERT_TRUE(run_training(anneal, &annealed).is_ok());
+  ASSERT_EQ(annealed.losses.size(), 4u);
+  EXPECT_EQ(annealed.losses[0], plain.losses[0]);
+  EXPECT_EQ(annealed.losses[1], plain.losses[1]);
+  const auto shares = jsonl(anneal.save, "mor_fp8_operands");
+  ASSERT_EQ(shares.size(), 2u) << "steps 1 and 2 ran MoR";
+  for (const auto& rec : jsonl(anneal.save, "mor_linear")) EXPECT_LE(rec["iteration"].get<int64_t>(), 2) << rec.dump();
   std::filesystem::remove_all(dir);
 }
 
