@@ -70,6 +70,9 @@ struct RoleQuantStats {
   // blocks (16 tokens of one feature) of the source, and of the same blocks after the 16-point RHT.
   bool has_crest = false;
   double crest = 0, crest_rht = 0;
+  // Mixture of Representations: the format this role's GEMM operands had (1: its FP8 copy, 0: its BF16 values);
+  // -1 without MoR.
+  int mor_fp8 = -1;
 };
 
 // Weight-gradient error of the measured micro-batch (linear_stats.h): dW_ref = dY^T X from the BF16

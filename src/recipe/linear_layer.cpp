@@ -336,6 +336,8 @@ Status Linear::take_health(LinearHealth* out) {
     }
   }
   s.stats.take(out);
+  if (s.recipe.mor.on)
+    for (int r = 0; r < 3; ++r) out->roles[r].mor_fp8 = s.mor_fp8[r] ? 1 : 0;
   return Status::ok();
 }
 

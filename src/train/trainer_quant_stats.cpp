@@ -24,6 +24,7 @@ Json roles_json(const recipe::LinearHealth& h) {
     if (!s.seen) continue;
     Json j;
     j["fmt"] = recipe::fmt_name(s.fmt);
+    if (s.mor_fp8 >= 0) j["mor_format"] = s.mor_fp8 ? recipe::fmt_name(s.fmt) : "bf16";  // what its GEMMs read
     j["flushed"] = num(s.flushed);
     j["saturated"] = num(s.saturated);
     j["sqnr_db"] = num(s.sqnr_db);

@@ -52,6 +52,8 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
   };
   for (const Case& c : {Case{1e-9, 0.0}, Case{0.999, 1.0}}) {
     TrainConfig job = mor_job(c.threshold);
+    job.quant_stats = true;  // its per-Linear records name the format each role's GEMMs read, every step
+    job.quant_stats_interval = 1;
     job.save = dir + "/run";
     job.save_interval = 100;
     TrainSummary s;
@@ -63,6 +65,14 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
       EXPECT_EQ(steps[i]["mor_fp8_operands"], c.share_after_first) << c.threshold << " step " << i + 1;
       EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.share_after_first) << c.threshold << " step " << i + 1;
     }
+    const auto quant = jsonl(job.save, "quant_stats");
+    ASSERT_EQ(quant.size(), 4u * 4u * 2u);
+    for (const auto& rec : quant)
+      for (const char* role : {"input", "weight", "grad"}) {
+        const bool first = rec["iteration"] == 1;  // step 1 runs before any decision: E4M3 everywhere
+        EXPECT_EQ(rec["roles"][role]["mor_format"], first || c.share_after_first == 1.0 ? "fp8_e4m3" : "bf16")
+            << rec.dump();
+      }
     const auto linears = jsonl(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 4u * 4u * 2u);  // 4 decisions, 2 layers of 4 Linears
     for (const auto& rec : linears)
