@@ -129,7 +129,7 @@ Status Trainer::run_micro_batches(double* loss_sum, double* wait_ms) {
   }
   model_.begin_step(uint32_t(rng_step_), uint32_t(data_rank()), uint32_t(data_ranks()));
   // MoR measures the first step of each decision interval only (trainer_mor.cpp): the others pay nothing for it.
-  if (recipe_.mor.on) model_.pause_mor_stats(it % recipe_.mor.interval != 0);
+  if (recipe_.mor.on) model_.pause_mor_stats(!mor_decision_step(it));
   model_.set_collect_stats(quant_stats_step(cfg_, it));
   NB_TRY(model_.stage_batches(step_tokens_.data(), step_labels_.data(), accum_));
   NB_TRY(model_.stage_segments(step_segments_.data(), accum_));

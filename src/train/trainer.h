@@ -145,9 +145,12 @@ class Trainer {
     // Mixture of Representations: the shares of GEMM operands and of GEMMs that ran in FP8 this step (-1: no MoR).
     double mor_fp8_operands = -1, mor_fp8_gemms = -1;
   };
-  // Mixture of Representations (trainer_mor.cpp): the step's shares, and at the end of each decision interval the
-  // statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a clear board.
+  // Mixture of Representations (trainer_mor.cpp): the step's shares, and after the first step of each decision
+  // interval the statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a
+  // clear board.
   Status mor_after_step(StepFigures* f);
+  // Whether step `it` (0-based) is the first of its decision interval: the one step that measures and decides.
+  bool mor_decision_step(int64_t it) const { return it % recipe_.mor.interval == 0; }
   nlohmann::json mor_state() const;                // for trainer_state.json (null without MoR)
   Status load_mor_state(const nlohmann::json& s);  // resume: the decisions and the interval's statistics so far
   Status run_micro_batches(double* loss_sum, double* wait_ms);

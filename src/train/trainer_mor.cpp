@@ -46,8 +46,8 @@ Status Trainer::mor_after_step(StepFigures* f) {
   const std::vector<uint8_t> in_effect = model_.mor_choices();
   if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
   shares(in_effect, &f->mor_fp8_operands, &f->mor_fp8_gemms);
-  const int64_t done = iteration_ + 1;  // steps run once this one ends
-  if ((done - 1) % recipe_.mor.interval != 0) return Status::ok();
+  if (!mor_decision_step(iteration_)) return Status::ok();
+  const int64_t done = iteration_ + 1;               // steps run once this one ends
   const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
   std::vector<mor::StatCell> cells;
   NB_TRY(model_.mor_board(&cells));
