@@ -15,7 +15,9 @@
 //          gemm_quantized.h). alpha = 1.
 //   mixed  a BF16 operand (Mixture of Representations' fallback) with an FP8 per-tensor or BF16 one: the BF16
 //          operand is read as it is (never chunked, no scratch); FP8 codes are decoded to BF16 without their
-//          scale (exact), and alpha = the FP8 operands' scale_inv product, on the device.
+//          scale (exact), and alpha = the FP8 operands' scale_inv product, on the device. MoR's NVFP4 ladder
+//          pairs an NVFP4 operand (dequantized as above) with an FP8 per-tensor or BF16 one: alpha =
+//          (amax * the other's scale_inv, or 1) / (6*448), on the device.
 // Kernels: one thread per 16 consecutive stored elements (one NVFP4 block, half an MXFP8 block),
 // 16-byte loads and two 16-byte stores; memory bound. They read a window of each stored row (source
 // row pitch >= window width) and write it densely, so a block of an operand's rows is dequantized
@@ -123,6 +125,13 @@ __global__ void decode_fp8_kernel(const uint4* __restrict__ data, uint4* __restr
 // A mixed GEMM's alpha: the product of its FP8 operands' scale_inv (null for a BF16 operand: 1).
 __global__ void mixed_alpha_kernel(const float* scale_inv_a, const float* scale_inv_b, float beta, float* scalars) {
   scalars[0] = (scale_inv_a ? *scale_inv_a : 1.f) * (scale_inv_b ? *scale_inv_b : 1.f);
+  scalars[1] = beta;
+}
+
+// A mixed GEMM with one NVFP4 operand: its global decode scale times the other's scale_inv (null for BF16: 1).
+__global__ void nvfp4_mixed_alpha_kernel(const float* amax, const float* scale_inv, float denom, float beta,
+                                         float* scalars) {
+  scalars[0] = (*amax * (scale_inv ? *scale_inv : 1.f)) / denom;
   scalars[1] = beta;
 }
 
@@ -238,7 +247,18 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
   NB_TRY(dequantize_rows(whole, 0, whole.rows, reinterpret_cast<bf16*>(scratch + plan.chunk_bytes), stream, &whole_lt,
                          plan.chunk_b ? "A" : "B"));
   (plan.chunk_b ? p.a : p.b) = whole_lt;
-  if (a_bf16 || b_bf16) {
+  const bool a_nvfp4 = a.format == QFormat::nvfp4, b_nvfp4 = b.format == QFormat::nvfp4;
+  if (a_nvfp4 != b_nvfp4) {  // the ladder: NVFP4 with per-tensor FP8 or BF16
+    const QOperand& nv = a_nvfp4 ? a : b;
+    const QOperand& other = a_nvfp4 ? b : a;
+    float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
+    nvfp4_mixed_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
+        nv.amax, other.format == QFormat::bf16 ? nullptr : static_cast<const float*>(other.scales),
+        6.0f * (nv.nvfp4_4over6 ? 256.0f : 448.0f), beta, scalars);
+    CUDA_CHECK_LAUNCH();
+    p.device_alpha_beta = scalars;
+    p.beta = beta;
+  } else if (a_bf16 || b_bf16) {
     float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
     mixed_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
         a_bf16 ? nullptr : static_cast<const float*>(a.scales), b_bf16 ? nullptr : static_cast<const float*>(b.scales),

@@ -144,8 +144,14 @@ Status matmul_quantized_cpu(const QOperand& a, const QOperand& b, const detail::
   std::vector<double> da(size_t(m * k)), db(size_t(n * k));
   NB_TRY(dequantize_operand_ref(a, da.data()));
   NB_TRY(dequantize_operand_ref(b, db.data()));
+  // NVFP4's global scales (the decoder gives code x block scale); a mixed pair's NVFP4 operand alone, exactly.
   double alpha = 1.0;
-  if (a.format == QFormat::nvfp4) alpha = double(nvfp4_global_alpha(*a.amax, *b.amax, a.nvfp4_4over6, b.nvfp4_4over6));
+  if (a.format == QFormat::nvfp4 && b.format == QFormat::nvfp4)
+    alpha = double(nvfp4_global_alpha(*a.amax, *b.amax, a.nvfp4_4over6, b.nvfp4_4over6));
+  else if (a.format == QFormat::nvfp4 || b.format == QFormat::nvfp4) {
+    const QOperand& q = a.format == QFormat::nvfp4 ? a : b;
+    alpha = double(*q.amax) / (6.0 * (q.nvfp4_4over6 ? 256.0 : 448.0));
+  }
   float* cp = static_cast<float*>(c.data);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -198,13 +204,13 @@ Status matmul_quantized(const QOperand& a, const QOperand& b, const Tensor& c, c
     return errorf("matmul_quantized: A is [%lld, %lld] and B is [%lld, %lld]; both need the same K (A . B^T)",
                   (long long)a.rows, (long long)a.k, (long long)b.rows, (long long)b.k);
   const Family fa = family_of(a.format), fb = family_of(b.format);
-  // A BF16 operand (Mixture of Representations' fallback) pairs with a per-tensor FP8 one or another BF16 one.
-  const bool mixed = fa == Family::bf16 || fb == Family::bf16;
-  const auto pairs_with_bf16 = [](Family f) { return f == Family::bf16 || f == Family::fp8_tensor; };
-  if (mixed ? !(pairs_with_bf16(fa) && pairs_with_bf16(fb)) : fa != fb)
+  // Mixture of Representations' ladder: NVFP4, per-tensor FP8 and BF16 operands pair with each other ("mixed").
+  const auto ladder = [](Family f) { return f == Family::bf16 || f == Family::fp8_tensor || f == Family::nvfp4; };
+  const bool mixed = fa != fb || fa == Family::bf16;
+  if (mixed && !(ladder(fa) && ladder(fb)))
     return errorf(
         "matmul_quantized: A is %s and B is %s; both operands must come from one recipe (fp8 per-tensor, "
-        "fp8 block, mxfp8 or nvfp4), or pair bf16 with fp8 per-tensor or bf16",
+        "fp8 block, mxfp8 or nvfp4), or pair bf16, fp8 per-tensor and nvfp4 with each other",
         qformat_name(a.format), qformat_name(b.format));
   if (fa == Family::fp8_tensor && a.format == QFormat::fp8_e5m2 && b.format == QFormat::fp8_e5m2)
     return errorf(

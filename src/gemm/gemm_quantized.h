@@ -24,7 +24,9 @@
 //                       be null. Mixture of Representations (formats/mor/) keeps an operand in BF16 that its
 //                       rule did not let quantize, while the GEMM's other operand may be FP8.
 // Both operands must share the family (fp8 per-tensor x fp8 per-tensor, fp8 block x fp8 block,
-// mxfp8 x mxfp8, nvfp4 x nvfp4), except that a bf16 operand pairs with fp8 per-tensor or bf16 ("mixed").
+// mxfp8 x mxfp8, nvfp4 x nvfp4), except that bf16, fp8 per-tensor and nvfp4 operands pair with each other
+// ("mixed": Mixture of Representations' NVFP4 ladder decides each operand's rung on its own). A mixed pair with one
+// nvfp4 operand has alpha = that operand's global decode scale, amax / (6*448) (256 with 4/6).
 //
 // Backends, chosen by C's device (operand pointers must live on the same side):
 //   cpu   the reference: every operand dequantized exactly in FP64 (code value x scale), products
@@ -51,9 +53,10 @@
 //         2^-116) may have elements rounded to nearest even in BF16.
 //         An operand with QOperand::dequantized set skips its dequantization (a weight dequantized
 //         once per step: --emulated-weight-cache); the GEMM then runs unchunked over that operand.
-//         mixed (a bf16 operand): the fp8 per-tensor operand's codes decoded to BF16 (exact: E4M3 and E5M2
-//         values are BF16 values), a BF16 cuBLASLt GEMM with FP32 accumulation, alpha = the product of the
-//         fp8 operands' scale_inv read on the device. No fast accumulation.
+//         mixed: the fp8 per-tensor operand's codes decoded to BF16 (exact: E4M3 and E5M2 values are BF16
+//         values), an nvfp4 operand dequantized as above, a BF16 cuBLASLt GEMM with FP32 accumulation, alpha =
+//         the product of the fp8 operands' scale_inv and an nvfp4 operand's global decode scale, read on the
+//         device. No fast accumulation.
 //         On sm_100 these would be native block-scaled GEMMs; not implemented (use Hopper). Native
 //         FP4 tensor cores need both operands K-major, so a native path would need the real
 //         column-wise copy of a 2D NVFP4 weight (not the k_major = false row copy).

@@ -8,11 +8,18 @@
 namespace nb {
 
 namespace {
-constexpr size_t kCellsPerLinear = 3;  // input, weight, grad
+constexpr size_t kRoles = 3;  // input, weight, grad
 }
 
-int64_t LlamaModel::mor_board_bytes(int64_t mor_linears) {
-  return mor_linears * int64_t(kCellsPerLinear * sizeof(mor::StatCell));
+int64_t LlamaModel::mor_board_bytes(int64_t mor_linears, int cells_per_linear) {
+  return mor_linears * int64_t(size_t(cells_per_linear) * sizeof(mor::StatCell));
+}
+
+int LlamaModel::mor_cells_per_linear() const {
+  for (const auto& layer : linears_)
+    for (const auto& lin : layer)
+      if (lin.mor()) return lin.mor_cell_count();
+  return 0;
 }
 
 std::vector<recipe::Linear*> LlamaModel::mor_linears() {
@@ -35,10 +42,11 @@ Status LlamaModel::init_mor_board() {
   const std::vector<recipe::Linear*> lins = mor_linears();
   if (lins.empty()) return Status::ok();
   MemoryScope scope(MemPart::quantized_copies);
-  NB_TRY(Buffer::allocate(&mor_board_, DType::u8, dev_, {mor_board_bytes(int64_t(lins.size()))})
+  const int per = mor_cells_per_linear();
+  NB_TRY(Buffer::allocate(&mor_board_, DType::u8, dev_, {mor_board_bytes(int64_t(lins.size()), per)})
              .context("the MoR statistics board"));
   auto* cells = static_cast<mor::StatCell*>(mor_board_.data());
-  for (size_t k = 0; k < lins.size(); ++k) NB_TRY(lins[k]->set_mor_cells(cells + k * kCellsPerLinear));
+  for (size_t k = 0; k < lins.size(); ++k) NB_TRY(lins[k]->set_mor_cells(cells + k * size_t(per)));
   return clear_mor_board();
 }
 
@@ -75,17 +83,22 @@ std::vector<uint8_t> LlamaModel::mor_choices() const {
   for (const auto& layer : linears_)
     for (const auto& lin : layer)
       if (lin.mor())
-        for (int r = 0; r < 3; ++r) out.push_back(lin.mor_fp8(r) ? 1 : 0);
+        for (int r = 0; r < 3; ++r) out.push_back(uint8_t(lin.mor_rung(r)));
   return out;
 }
 
 Status LlamaModel::set_mor_choices(const std::vector<uint8_t>& choices) {
   const std::vector<recipe::Linear*> lins = mor_linears();
-  if (choices.size() != lins.size() * kCellsPerLinear)
+  if (choices.size() != lins.size() * kRoles)
     return errorf("%zu MoR choices given, but this model's %zu MoR Linears take %zu", choices.size(), lins.size(),
-                  lins.size() * kCellsPerLinear);
+                  lins.size() * kRoles);
   for (size_t k = 0; k < lins.size(); ++k)
-    for (int r = 0; r < 3; ++r) NB_TRY(lins[k]->set_mor_fp8(r, choices[k * kCellsPerLinear + size_t(r)] != 0));
+    for (int r = 0; r < 3; ++r) {
+      const uint8_t c = choices[k * kRoles + size_t(r)];
+      if (c > uint8_t(recipe::MorRung::nvfp4))
+        return errorf("MoR choice %u is not 0 (bf16), 1 (e4m3) or 2 (nvfp4)", unsigned(c));
+      NB_TRY(lins[k]->set_mor_rung(r, recipe::MorRung(c)));
+    }
   return Status::ok();
 }
 

@@ -122,7 +122,7 @@ Tensor MicroBatchPass::weight(int64_t l, int i, const Tensor& compute, const Ten
   // A quantized Linear reads its staged weight once per step (its quantization); one whose weight MoR keeps in BF16
   // reads it at every GEMM, by which time another Linear may have staged its own: cast it again.
   const recipe::Linear& lin = m_.linears_[size_t(l)][size_t(i)];
-  if (!staged || (lin.mor() && !lin.mor_fp8(1))) {
+  if (!staged || (lin.mor() && lin.mor_rung(1) == recipe::MorRung::bf16)) {
     ops::cast(master, stage, st_);
     staged = 1;
   }

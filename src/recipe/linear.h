@@ -70,9 +70,9 @@ struct RoleQuantStats {
   // blocks (16 tokens of one feature) of the source, and of the same blocks after the 16-point RHT.
   bool has_crest = false;
   double crest = 0, crest_rht = 0;
-  // Mixture of Representations: the format this role's GEMM operands had (1: its FP8 copy, 0: its BF16 values);
-  // -1 without MoR.
-  int mor_fp8 = -1;
+  // Mixture of Representations: the rung this role's GEMM operands had (a MorRung: 0 BF16, 1 E4M3, 2 NVFP4); -1
+  // without MoR.
+  int mor_rung = -1;
 };
 
 // Weight-gradient error of the measured micro-batch (linear_stats.h): dW_ref = dY^T X from the BF16
@@ -294,17 +294,22 @@ class Linear {
 
   // ---- Mixture of Representations (Recipe::mor; linear_mor.cpp) ----
   // Each quantization of a role adds its E4M3 error statistic (formats/mor/mor_stat.h) into that role's cell:
-  // three cells (input, weight, grad; device memory on cuda), this Linear's own or, after set_mor_cells, a slice
-  // of a model-wide board that comes back to the host in one copy. mor_stats reads them (synchronizes);
-  // clear_mor_stats zeroes them on `stream`. set_mor_fp8(role, false) makes the role's GEMM operands its BF16
-  // values (backward then reads the x and w it is given) from the next GEMM on; true, its FP8 copies. An
-  // error for a Linear without MoR (a BF16 layer, another recipe) except mor_fp8, which then says false.
+  // mor_cell_count() cells (input, weight, grad; the NVFP4 ladder adds the three roles' NVFP4 statistics after
+  // them; device memory on cuda), this Linear's own or, after set_mor_cells, a slice of a model-wide board that
+  // comes back to the host in one copy. mor_stats reads them all (synchronizes); clear_mor_stats zeroes them on
+  // `stream`. set_mor_rung(role, bf16) makes the role's GEMM operands its BF16 values (backward then reads the x and
+  // w it is given) from the next GEMM on; fp8, its E4M3 copies; nvfp4 (the ladder only), its NVFP4 copies.
+  // set_mor_fp8(role, fp8) is set_mor_rung with fp8 or bf16. An error for a Linear without MoR (a BF16 layer,
+  // another recipe) except the readers, which then say bf16 / false.
   Status set_mor_cells(mor::StatCell* cells);
-  Status mor_stats(mor::ErrorStat out[3]) const;
+  int mor_cell_count() const;
+  Status mor_stats(mor::ErrorStat* out) const;  // mor_cell_count() entries
   Status clear_mor_stats(Stream stream);
+  Status set_mor_rung(int role, MorRung rung);
+  MorRung mor_rung(int role) const;
   Status set_mor_fp8(int role, bool fp8);
-  bool mor_fp8(int role) const;
-  bool mor() const;  // this Linear decides its operands by MoR
+  bool mor_fp8(int role) const;  // mor_rung(role) == fp8
+  bool mor() const;              // this Linear decides its operands by MoR
   // Paused, quantizations add nothing to the cells (evaluation forwards must not move a training decision).
   void pause_mor_stats(bool paused);
 

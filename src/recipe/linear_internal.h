@@ -220,22 +220,35 @@ struct Linear::Impl {
   // The weight's copies for this step's first forward.
   Status prepare_weight(const Tensor& w, Stream stream);
   // ---- Mixture of Representations (recipe.mor; linear_mor.cpp) ----
-  // Per role: whether its GEMM operands are its FP8 copies (else its BF16 values), and the cell its
-  // quantizations' statistics add into (mor_cells: 3 cells of a model's board, or mor_own_cells).
-  bool mor_fp8[3] = {true, true, true};
+  // Per role: which copy its GEMM operands are (its q copy: E4M3, or NVFP4 on the ladder; the ladder's E4M3 copy q8;
+  // or its BF16 values), and the cells its quantizations' statistics add into (mor_cells: mor_cell_count() cells of
+  // a model's board, or mor_own_cells): cell role for the E4M3 copy, 3 + role for the ladder's NVFP4 copy.
+  MorRung mor_rung[3] = {MorRung::fp8, MorRung::fp8, MorRung::fp8};
   bool mor_paused = false;
   mor::StatCell* mor_cells = nullptr;
   Buffer mor_own_cells;
-  std::vector<bf16> mor_bf16[3];  // CPU: a BF16 operand's values (the CUDA side reads its tensor)
-  Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
-  Status mor_init(bool dry);      // refusals
+  QCopies q8[3];  // the ladder: each role's per-tensor E4M3 copies (owned), the rung below NVFP4
+  bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder; }
+  int mor_cell_count() const { return mor_ladder() ? 6 : 3; }
+  MorRung mor_top() const { return mor_ladder() ? MorRung::nvfp4 : MorRung::fp8; }
+  // Quantizes c (one of role's copies) from p, adding its statistic into cell `cell` (-1: none).
+  Status quantize_copies(QCopies& c, Role role, const bf16* p, int64_t rows, int cell, Stream stream,
+                         const QCopies::Outputs* into);
+  // The ladder: the NVFP4 copies always (their RHT on the Wgrad pair only while both its operands are NVFP4), the
+  // E4M3 copies when the role reads them or `measure`; with `measure` both statistics.
+  Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
+  Status mor_init_ladder(bool dry);  // the q8 copies
+  std::vector<bf16> mor_bf16[3];     // CPU: a BF16 operand's values (the CUDA side reads its tensor)
+  Tensor mor_x, mor_w;               // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
+  Status mor_init(bool dry);         // refusals
   Status mor_cells_now(mor::StatCell** out);
   // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it
   // encodes); on the CPU *own, which mor_took_stat then adds into the cell (and decides from, with decide-now).
-  Status mor_stat_target(Role role, mor::StatCell* own, mor::StatCell** target);
-  void mor_took_stat(Role role, const mor::StatCell& own);
+  Status mor_stat_target(int cell, mor::StatCell* own, mor::StatCell** target);
+  void mor_took_stat(int cell, const mor::StatCell& own);
   // A BF16-decided role's operand over t (its [rows, K] values, or stored [K, rows] when !k_major) in place of
-  // *op; an FP8-decided role (or a recipe without MoR) leaves *op as it is.
+  // *op; the ladder's E4M3-decided role its q8 copy (row copy when k_major, else the column copy); a role on the
+  // recipe's top rung (or a recipe without MoR) leaves *op as it is.
   Status mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op);
 };
 

@@ -5,6 +5,7 @@
 #include <vector>
 #include "core/bf16.h"
 #include "formats/fp8/fp8_block.h"
+#include "formats/mor/mor_stat.h"
 #include "gemm/gemm.h"
 #include "gemm/gemm_quantized.h"
 #include "recipe/linear.h"
@@ -48,13 +49,34 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
     for (int64_t i = 0; i < src.numel(); ++i) host_bf16[size_t(i)] = f32_to_bf16(f[i]);
     p = host_bf16.data();
   }
+  const bool mor_measure = recipe.mor.on && !mor_paused && into == nullptr;
+  if (mor_ladder())
+    NB_TRY(mor_ladder_quantize(role, p, rows, mor_measure, stream));
+  else
+    NB_TRY(quantize_copies(c, role, p, rows, mor_measure ? int(role) : -1, stream, into));
+  if (collect_stats) NB_TRY(stats.add(c, p, stream));
+  return Status::ok();
+}
+
+Status Linear::Impl::quantize_copies(QCopies& c, Role role, const bf16* p, int64_t rows, int cell, Stream stream,
+                                     const QCopies::Outputs* into) {
   QuantizeArgs qa = args(role);
   mor::StatCell own;
-  const bool mor_stat = recipe.mor.on && !mor_paused && into == nullptr;
-  if (mor_stat) NB_TRY(mor_stat_target(role, &own, &qa.mor_stat));
+  const bool fused = cell >= 0 && c.spec.fmt != Fmt::nvfp4;  // the FP8 quantizer adds the statistic as it encodes
+  mor::StatCell* target = nullptr;
+  if (cell >= 0) NB_TRY(mor_stat_target(cell, &own, &target));
+  if (fused) qa.mor_stat = target;
   NB_TRY(c.quantize(p, rows, qa, stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
-  if (mor_stat) mor_took_stat(role, own);
-  if (collect_stats) NB_TRY(stats.add(c, p, stream));
+  if (cell < 0) return Status::ok();
+  if (!fused) {  // the NVFP4 row copy's statistic, from the copy just written
+    const float* amax = c.state_f.ptr<float>() + kRowAmax;
+    const uint8_t *data = c.ptr(c.row_data), *scales = c.ptr(c.row_scales);
+    if (dev == Device::cuda)
+      NB_TRY(mor::add_nvfp4_stat_cuda(p, rows, c.cols, data, scales, amax, target, stream));
+    else
+      mor::add_nvfp4_stat_host(p, rows, c.cols, data, scales, *amax, target);
+  }
+  mor_took_stat(cell, own);
   return Status::ok();
 }
 
@@ -99,6 +121,7 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
                          dry));
   if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out, dry).context("linear '" + name + "' weight"));
   NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen, false, -1, dry));
+  if (impl->mor_ladder()) NB_TRY(impl->mor_init_ladder(dry));
   if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
   if (private_workspace && !dry) NB_TRY(ws->allocate().context("linear '" + name + "'"));
   for (QCopies& c : impl->q)
@@ -128,8 +151,10 @@ Status Linear::plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, 
                          input_col_slot, true));
   if (probe.impl_->all_bf16) return Status::ok();
   for (const QCopies& c : probe.impl_->q) *owned += c.allocated_bytes;
+  for (const QCopies& c : probe.impl_->q8) *owned += c.allocated_bytes;  // the NVFP4 ladder's E4M3 rung
   if (input_slots > 1) *owned += size_t(input_slots - 1) * input_slot_allocated_bytes(probe.impl_->q[0]);
-  if (weight) *weight = probe.impl_->q[int(Role::weight)].allocated_bytes;
+  if (weight)
+    *weight = probe.impl_->q[int(Role::weight)].allocated_bytes + probe.impl_->q8[int(Role::weight)].allocated_bytes;
   if (!shared && probe.impl_->workspace) *owned += probe.impl_->workspace->planned_bytes();  // init allocates it
   return Status::ok();
 }
@@ -218,12 +243,11 @@ Status Linear::Impl::prepare_weight(const Tensor& w, Stream stream) {
 
 Status Linear::Impl::fprop(const Tensor& x, const Tensor& w, const Tensor& y, float beta, Stream stream) {
   if (fprop_bf16) return gemm::matmul(x, w, y, {.trans_b = true, .beta = beta}, stream);  // as a BF16 layer's
-  const bool per_tensor = recipe.input.fmt == Fmt::fp8_e4m3 || recipe.input.fmt == Fmt::fp8_e5m2;
   gemm::QOperand a = q[0].row_operand(), b = q[1].row_operand();
   NB_TRY(mor_operand(Role::input, x, true, &a));
   NB_TRY(mor_operand(Role::weight, w, true, &b));
-  const bool bf16_operand = a.format == gemm::QFormat::bf16 || b.format == gemm::QFormat::bf16;
-  gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor && !bf16_operand};
+  const auto per_tensor = [](gemm::QFormat f) { return f == gemm::QFormat::fp8_e4m3 || f == gemm::QFormat::fp8_e5m2; };
+  gemm::QGemmOptions o{beta, /*fast_accum=*/per_tensor(a.format) && per_tensor(b.format)};
   return gemm::matmul_quantized(a, b, y, o, stream).context("linear '" + name + "' Fprop");
 }
 
@@ -337,7 +361,7 @@ Status Linear::take_health(LinearHealth* out) {
   }
   s.stats.take(out);
   if (s.recipe.mor.on)
-    for (int r = 0; r < 3; ++r) out->roles[r].mor_fp8 = s.mor_fp8[r] ? 1 : 0;
+    for (int r = 0; r < 3; ++r) out->roles[r].mor_rung = int(s.mor_rung[r]);
   return Status::ok();
 }
 

@@ -1,7 +1,9 @@
 // Mixture of Representations inside one Linear (recipe.h MorSpec, docs/MOR.md): each quantization of a role adds
-// its statistic into the role's cell, and each GEMM reads a role's FP8 copy or its BF16 values by the role's
-// decision, which the model sets from the cells (model/llama_mor.cpp) once per decision interval.
+// its statistic into the role's cell, and each GEMM reads a role's FP8 copy or its BF16 values (the NVFP4 ladder: its
+// NVFP4 copy, its E4M3 copy or its BF16 values) by the role's decision, which the model sets from the cells
+// (model/llama_mor.cpp) once per decision interval.
 #include <cstring>
+#include <vector>
 #include "formats/mor/mor.h"
 #include "recipe/linear.h"
 #include "recipe/linear_device.h"
@@ -19,8 +21,12 @@ Status Linear::Impl::mor_init(bool dry) {
         "(LoRA) base does not support yet; use another recipe for the base",
         name.c_str(), recipe.name.c_str());
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
-    if (r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
-      return errorf("internal: linear '%s': MoR needs per-tensor FP8 roles, got %s", name.c_str(), fmt_name(r->fmt));
+    if (mor_ladder() ? r->fmt != Fmt::nvfp4 || r->four_over_six : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
+      return errorf("internal: linear '%s': MoR needs per-tensor FP8 roles (the ladder: NVFP4 without 4/6), got %s",
+                    name.c_str(), fmt_name(r->fmt));
+  if (mor_ladder() && recipe.mor.decide_now)
+    return errorf("internal: linear '%s': the NVFP4 ladder has no --mor-decide-now", name.c_str());
+  for (MorRung& r : mor_rung) r = mor_top();  // until the first decision every operand is on the top rung
   if (recipe.mor.decide_now && dev != Device::cpu)
     return errorf(
         "linear '%s': --mor-decide-now decides each quantization on the host from its own statistic, which only the "
@@ -30,11 +36,34 @@ Status Linear::Impl::mor_init(bool dry) {
   return Status::ok();
 }
 
+// The ladder's E4M3 rung: each role's per-tensor E4M3 copies, owned (a workspace slot holds the NVFP4 copies of the
+// input and the gradient already), sized as the NVFP4 ones.
+Status Linear::Impl::mor_init_ladder(bool dry) {
+  const RoleSpec e4m3{Fmt::fp8_e4m3};
+  const int64_t mult = fmt_multiple(Fmt::nvfp4), tokens_cap = (max_tokens + mult - 1) / mult * mult;
+  NB_TRY(q8[0].init(Role::input, e4m3, tokens_cap, in, dev, nullptr, false, false, -1, dry));
+  NB_TRY(q8[1].init(Role::weight, e4m3, out, in, dev, nullptr, false, false, -1, dry));
+  NB_TRY(q8[2].init(Role::grad, e4m3, tokens_cap, out, dev, nullptr, false, false, -1, dry));
+  return Status::ok();
+}
+
+Status Linear::Impl::mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream) {
+  const int r = int(role);
+  if (role != Role::weight) {  // the RHT cancels in dY^T X only when both Wgrad operands take it
+    const bool pair_nvfp4 = mor_rung[0] == MorRung::nvfp4 && mor_rung[2] == MorRung::nvfp4;
+    q[r].spec.rht = (role == Role::input ? recipe.input.rht : recipe.grad.rht) && pair_nvfp4;
+  }
+  NB_TRY(quantize_copies(q[r], role, p, rows, measure ? 3 + r : -1, stream, nullptr));
+  if (mor_rung[r] == MorRung::fp8 || measure)
+    NB_TRY(quantize_copies(q8[r], role, p, rows, measure ? r : -1, stream, nullptr));
+  return Status::ok();
+}
+
 namespace {
-// A Linear's three cells zeroed (device memory on cuda, queued on `stream`).
-Status zero_cells(mor::StatCell* cells, Device dev, Stream stream) {
-  if (dev == Device::cuda) return memset_cuda(cells, 0, 3 * sizeof(mor::StatCell), stream);
-  std::memset(static_cast<void*>(cells), 0, 3 * sizeof(mor::StatCell));
+// A Linear's `n` cells zeroed (device memory on cuda, queued on `stream`).
+Status zero_cells(mor::StatCell* cells, int n, Device dev, Stream stream) {
+  if (dev == Device::cuda) return memset_cuda(cells, 0, size_t(n) * sizeof(mor::StatCell), stream);
+  std::memset(static_cast<void*>(cells), 0, size_t(n) * sizeof(mor::StatCell));
   return Status::ok();
 }
 }  // namespace
@@ -42,34 +71,41 @@ Status zero_cells(mor::StatCell* cells, Device dev, Stream stream) {
 // This Linear's cells: a model's board (set_mor_cells), else its own, allocated and zeroed the first time.
 Status Linear::Impl::mor_cells_now(mor::StatCell** out) {
   if (!mor_cells) {
-    NB_TRY(Buffer::allocate(&mor_own_cells, DType::u8, dev, {int64_t(3 * sizeof(mor::StatCell))})
+    NB_TRY(Buffer::allocate(&mor_own_cells, DType::u8, dev, {int64_t(size_t(mor_cell_count()) * sizeof(mor::StatCell))})
                .context("linear '" + name + "' MoR statistics"));
     mor_cells = static_cast<mor::StatCell*>(mor_own_cells.data());
-    NB_TRY(zero_cells(mor_cells, dev, nullptr));
+    NB_TRY(zero_cells(mor_cells, mor_cell_count(), dev, nullptr));
   }
   *out = mor_cells;
   return Status::ok();
 }
 
-Status Linear::Impl::mor_stat_target(Role role, mor::StatCell* own, mor::StatCell** target) {
+Status Linear::Impl::mor_stat_target(int cell, mor::StatCell* own, mor::StatCell** target) {
   mor::StatCell* cells = nullptr;
   NB_TRY(mor_cells_now(&cells));
-  *target = dev == Device::cuda ? cells + int(role) : own;
+  *target = dev == Device::cuda ? cells + cell : own;
   return Status::ok();
 }
 
-void Linear::Impl::mor_took_stat(Role role, const mor::StatCell& own) {
-  if (dev == Device::cuda) return;  // the quantizer added into the cell itself
-  mor::StatCell* cell = mor_cells + int(role);
+void Linear::Impl::mor_took_stat(int cell_index, const mor::StatCell& own) {
+  if (dev == Device::cuda) return;  // the quantizer (or the NVFP4 statistic's pass) added into the cell itself
+  mor::StatCell* cell = mor_cells + cell_index;
   cell->err_fixed += own.err_fixed;
   cell->nonzero += own.nonzero;
   cell->nonfinite += own.nonfinite;
-  if (recipe.mor.decide_now)  // the CPU reference without lag: this quantization's own statistic decides it
-    mor_fp8[int(role)] = mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
+  if (recipe.mor.decide_now)  // the CPU reference without lag (E4M3 recipe): this quantization's statistic decides it
+    mor_rung[cell_index] =
+        mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3 ? MorRung::fp8
+                                                                                                       : MorRung::bf16;
 }
 
 Status Linear::Impl::mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op) {
-  if (!recipe.mor.on || mor_fp8[int(role)]) return Status::ok();
+  if (!recipe.mor.on || mor_rung[int(role)] == mor_top()) return Status::ok();
+  if (mor_rung[int(role)] == MorRung::fp8) {  // the ladder's E4M3 rung
+    const QCopies& c = q8[int(role)];
+    *op = k_major ? c.row_operand() : c.col_operand();
+    return Status::ok();
+  }
   if (t.data == nullptr || t.ndim != 2)
     return errorf("linear '%s': its %s is BF16 by MoR, but the GEMM was not given the tensor", name.c_str(),
                   role == Role::input    ? "input"
@@ -101,38 +137,51 @@ Status Linear::set_mor_cells(mor::StatCell* cells) {
   return Status::ok();
 }
 
-Status Linear::mor_stats(mor::ErrorStat out[3]) const {
+int Linear::mor_cell_count() const { return mor() ? impl_->mor_cell_count() : 0; }
+
+Status Linear::mor_stats(mor::ErrorStat* out) const {
   if (!mor()) return errorf("Linear::mor_stats: this Linear does not decide by MoR");
-  mor::StatCell cells[3];
+  const int n = impl_->mor_cell_count();
+  std::vector<mor::StatCell> cells(static_cast<size_t>(n));
   if (!impl_->mor_cells) {  // nothing quantized yet
-    for (int i = 0; i < 3; ++i) out[i] = mor::ErrorStat{};
+    for (int i = 0; i < n; ++i) out[i] = mor::ErrorStat{};
     return Status::ok();
   }
+  const size_t bytes = cells.size() * sizeof(mor::StatCell);
   if (impl_->dev == Device::cuda)
-    NB_TRY(copy_to_host_cuda(cells, impl_->mor_cells, sizeof cells, nullptr));
+    NB_TRY(copy_to_host_cuda(cells.data(), impl_->mor_cells, bytes, nullptr));
   else
-    std::memcpy(static_cast<void*>(cells), impl_->mor_cells, sizeof cells);
-  for (int i = 0; i < 3; ++i) out[i] = mor::stat_of(cells[i]);
+    std::memcpy(static_cast<void*>(cells.data()), impl_->mor_cells, bytes);
+  for (int i = 0; i < n; ++i) out[i] = mor::stat_of(cells[size_t(i)]);
   return Status::ok();
 }
 
 Status Linear::clear_mor_stats(Stream stream) {
   if (!mor()) return errorf("Linear::clear_mor_stats: this Linear does not decide by MoR");
-  return impl_->mor_cells ? zero_cells(impl_->mor_cells, impl_->dev, stream) : Status::ok();
+  return impl_->mor_cells ? zero_cells(impl_->mor_cells, impl_->mor_cell_count(), impl_->dev, stream) : Status::ok();
 }
 
-Status Linear::set_mor_fp8(int role, bool fp8) {
-  if (!mor()) return errorf("Linear::set_mor_fp8: this Linear does not decide by MoR");
+Status Linear::set_mor_rung(int role, MorRung rung) {
+  if (!mor()) return errorf("Linear::set_mor_rung: this Linear does not decide by MoR");
   if (role < 0 || role > 2)
-    return errorf("Linear::set_mor_fp8: role %d is not 0 (input), 1 (weight) or 2 (grad)", role);
-  impl_->mor_fp8[role] = fp8;
+    return errorf("Linear::set_mor_rung: role %d is not 0 (input), 1 (weight) or 2 (grad)", role);
+  if (rung == MorRung::nvfp4 && !impl_->mor_ladder())
+    return errorf("Linear::set_mor_rung: linear '%s' has no NVFP4 rung (its recipe is %s)", impl_->name.c_str(),
+                  impl_->recipe.name.c_str());
+  impl_->mor_rung[role] = rung;
   return Status::ok();
 }
+
+MorRung Linear::mor_rung(int role) const {
+  return mor() && role >= 0 && role < 3 ? impl_->mor_rung[role] : MorRung::bf16;
+}
+
+Status Linear::set_mor_fp8(int role, bool fp8) { return set_mor_rung(role, fp8 ? MorRung::fp8 : MorRung::bf16); }
 
 void Linear::pause_mor_stats(bool paused) {
   if (impl_) impl_->mor_paused = paused;
 }
 
-bool Linear::mor_fp8(int role) const { return mor() && role >= 0 && role < 3 && impl_->mor_fp8[role]; }
+bool Linear::mor_fp8(int role) const { return mor_rung(role) == MorRung::fp8; }
 
 }  // namespace nb::recipe

@@ -33,6 +33,15 @@ int64_t weight_block_rows(Fmt f) {
   }
 }
 
+const char* mor_rung_name(MorRung r) {
+  switch (r) {
+    case MorRung::bf16: return "bf16";
+    case MorRung::fp8: return "e4m3";
+    case MorRung::nvfp4: return "nvfp4";
+  }
+  return "?";
+}
+
 bool Recipe::quantized() const { return input.fmt != Fmt::bf16 || weight.fmt != Fmt::bf16 || grad.fmt != Fmt::bf16; }
 
 std::vector<std::string> recipe_names() {
@@ -42,7 +51,8 @@ std::vector<std::string> recipe_names() {
           "bf16_with_fp8_subchannel_scaling_mixed",
           "bf16_with_mxfp8_mixed",
           "bf16_with_nvfp4_mixed",
-          "bf16_with_mor_fp8_mixed"};
+          "bf16_with_mor_fp8_mixed",
+          "bf16_with_mor_nvfp4_mixed"};
 }
 
 Status recipe_preset(const std::string& name, Recipe* out) {
@@ -79,6 +89,15 @@ Status recipe_preset(const std::string& name, Recipe* out) {
     r.input.fmt = r.weight.fmt = r.grad.fmt = Fmt::fp8_e4m3;
     r.fp8_scaling = Fp8Scaling::current;
     r.mor.on = true;
+  } else if (name == "bf16_with_mor_nvfp4_mixed") {
+    // The ladder: the NVFP4 recipe's roles (RHT on the Wgrad pair while both its operands are NVFP4, 2D weight tiles,
+    // SR on gradients), per-tensor current-scaled E4M3 below it, BF16 at the bottom; no layer BF16 by position.
+    r.input = {Fmt::nvfp4, /*rht=*/true, /*sr=*/false, /*two_d=*/false};
+    r.weight = {Fmt::nvfp4, false, false, /*two_d=*/true};
+    r.grad = {Fmt::nvfp4, /*rht=*/true, /*sr=*/true, false};
+    r.fp8_scaling = Fp8Scaling::current;
+    r.mor.on = true;
+    r.mor.ladder = true;
   } else {
     std::string known;
     for (const std::string& n : recipe_names()) known += (known.empty() ? "" : ", ") + n;
@@ -120,12 +139,29 @@ static Status apply_4over6(const std::string& v, const std::string& err, Recipe*
 
 // The mor_* knobs: only on a MoR recipe, with a threshold in (0, 1) and an interval of at least one step.
 static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
-  const bool given = k.mor_threshold >= 0 || k.mor_interval >= 0 || k.mor_granularity != "tensor" || k.mor_decide_now;
+  const bool given = k.mor_threshold >= 0 || k.mor_nvfp4_threshold >= 0 || k.mor_interval >= 0 ||
+                     k.mor_granularity != "tensor" || k.mor_decide_now;
   if (!given) return Status::ok();
   if (!r->mor.on)
     return errorf(
         "recipe '%s' has no Mixture of Representations, so the mor-* settings would do nothing; drop them "
-        "or choose bf16_with_mor_fp8_mixed",
+        "or choose bf16_with_mor_fp8_mixed or bf16_with_mor_nvfp4_mixed",
+        r->name.c_str());
+  if (k.mor_nvfp4_threshold >= 0) {
+    if (!r->mor.ladder)
+      return errorf(
+          "recipe '%s' has no NVFP4 rung, so mor-nvfp4-threshold would do nothing; use bf16_with_mor_nvfp4_mixed or "
+          "drop it",
+          r->name.c_str());
+    if (!(k.mor_nvfp4_threshold > 0 && k.mor_nvfp4_threshold < 1))
+      return errorf("recipe '%s': mor-nvfp4-threshold %g is outside (0, 1); it is a mean relative error (0.2 = 20%%)",
+                    r->name.c_str(), k.mor_nvfp4_threshold);
+    r->mor.nvfp4_threshold = k.mor_nvfp4_threshold;
+  }
+  if (k.mor_decide_now && r->mor.ladder)
+    return errorf(
+        "recipe '%s': mor-decide-now is built for bf16_with_mor_fp8_mixed only (the ladder picks the RHT of its Wgrad "
+        "pair before the step from both operands' rungs); drop it",
         r->name.c_str());
   if (k.mor_granularity == "block")
     return errorf(
@@ -182,6 +218,11 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
     if (k.fp4_disable_2d) role->two_d = false;
   }
   NB_TRY(apply_4over6(k.fp4_4over6, k.fp4_4over6_err_mode, r));
+  if (r->mor.ladder && k.fp4_4over6 != "none")
+    return errorf(
+        "recipe '%s': 4/6 block scaling is not measured by the NVFP4 ladder's statistic (it decodes with the E4M3 "
+        "bound 448); drop fp4-4over6",
+        r->name.c_str());
   // A given count always wins; first_last_layers_bf16 alone keeps one layer at each end that the
   // preset left quantized ([MB]'s defaults for num_layers_at_start/end_in_bf16 are 1).
   if (k.first_last_layers_bf16) {
@@ -217,14 +258,22 @@ static std::string gemm_engine(Fmt a, int cc_major) {
   return "";
 }
 
-// MoR: each operand FP8 or BF16 by its own data; a GEMM with a BF16 operand runs the mixed BF16 GEMM.
+// MoR: each operand FP8 or BF16 (the ladder: NVFP4, FP8 or BF16) by its own data; a GEMM with both operands FP8 runs
+// on FP8 tensor cores, any other pair as the emulated BF16 GEMM.
 static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
-  char t[32];
+  char t[32], t4[32];
   std::snprintf(t, sizeof t, "%.4g", r.mor.threshold * 100.0);
-  const std::string op = std::string("e4m3|bf16"), e = cc_major <= 0 ? " (cpu reference)" : " (cublaslt fp8 or bf16)";
+  std::snprintf(t4, sizeof t4, "%.4g", r.mor.nvfp4_threshold * 100.0);
+  const std::string op = r.mor.ladder ? "nvfp4|e4m3|bf16" : "e4m3|bf16";
+  const std::string e = cc_major <= 0  ? " (cpu reference)"
+                        : r.mor.ladder ? " (cublaslt fp8, or emulated)"
+                                       : " (cublaslt fp8 or bf16)";
+  std::string rule = r.mor.ladder ? std::string("each operand NVFP4 while its mean relative error < ") + t4 +
+                                        "%, else E4M3 while < " + t + "%, else BF16"
+                                  : std::string("each operand E4M3 while its mean relative error < ") + t + "%";
   return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
-         " fp32 accumulate; each operand E4M3 while its mean relative error < " + t + "%, decided every " +
-         std::to_string(r.mor.interval) + " step(s) from the last ones";
+         " fp32 accumulate; " + rule + ", decided every " + std::to_string(r.mor.interval) +
+         " step(s) from the last ones";
 }
 
 std::string describe_gemms(const Recipe& r, bool bf16_layer, int cc_major, int /*cc_minor*/) {

@@ -28,6 +28,9 @@ struct RoleSpec {
 
 enum class Fp8Scaling { none, current, delayed };
 
+// The NVFP4 ladder's default NVFP4 threshold (docs/MOR.md says how it was chosen).
+inline constexpr double kDefaultNvfp4Threshold = 0.2;
+
 // Mixture of Representations (docs/MOR.md, formats/mor/): every transformer Linear's input, weight and gradient
 // operand is decided on its own: its GEMMs read its per-tensor E4M3 copy while the copy's mean relative error
 // (over the non-zero elements) is below `threshold`, else its BF16 values. Every `interval` steps the last step's
@@ -39,10 +42,19 @@ struct MorSpec {
   bool on = false;
   double threshold = 0.045;  // the paper's E4M3 default
   int64_t interval = 1;
+  // The NVFP4 ladder (bf16_with_mor_nvfp4_mixed): the roles are NVFP4 (the top rung, the NVFP4 recipe's settings) and
+  // each operand takes NVFP4 while its NVFP4 copy's mean relative error is below nvfp4_threshold, else E4M3 while the
+  // E4M3 copy's is below `threshold`, else BF16.
+  bool ladder = false;
+  double nvfp4_threshold = kDefaultNvfp4Threshold;
   // CPU reference only: each quantization decides its own operands from its own statistic (no lag), to show what
   // the lag of the GPU's schedule changes.
   bool decide_now = false;
 };
+
+// The rung of one MoR operand: which copy its GEMMs read.
+enum class MorRung : uint8_t { bf16 = 0, fp8 = 1, nvfp4 = 2 };
+const char* mor_rung_name(MorRung r);  // "bf16", "e4m3", "nvfp4"
 
 struct Recipe {
   std::string name = "bf16_mixed";
@@ -69,7 +81,8 @@ struct Recipe {
 // bf16_with_mxfp8_mixed, bf16_with_nvfp4_mixed (input nvfp4; weight nvfp4 2D; grad nvfp4 + SR; RHT on
 // the Wgrad operands; last 4 layers BF16 as the Llama 3.1 8B playbook does), bf16_with_mor_fp8_mixed (MoR's
 // tensor-level rule: every role E4M3 per tensor, current scaling, or BF16 by MorSpec; no layer BF16 by position,
-// the data decides).
+// the data decides), bf16_with_mor_nvfp4_mixed (the ladder: bf16_with_nvfp4_mixed's roles, each operand NVFP4, else
+// E4M3 per tensor, else BF16 by MorSpec; no layer BF16 by position).
 // Rows of one block of a weight format along the weight's rows (2D tiles, column-copy blocks): a row chunk of
 // a whole number of them quantizes alone exactly as inside the whole weight (Megatron-FSDP's row shards).
 int64_t weight_block_rows(Fmt f);
@@ -91,6 +104,7 @@ struct RecipeKnobs {
   std::string fp4_4over6_err_mode = "mae";
   // Mixture of Representations (MorSpec): < 0 keeps the preset's. mor_granularity: tensor (block is not built).
   double mor_threshold = -1;
+  double mor_nvfp4_threshold = -1;  // the ladder's NVFP4 rung
   int64_t mor_interval = -1;
   bool mor_decide_now = false;
   std::string mor_granularity = "tensor";

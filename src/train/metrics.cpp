@@ -34,6 +34,12 @@ std::string format_log_line(const StepMetrics& m) {
                 m.tokens_per_s, m.tflops, 100.0 * m.mfu, m.lr, (long long)m.global_batch, m.loss, m.grad_norm,
                 m.peak_mem_gib, (long long)m.skipped, (long long)m.nan_iters, hms(m.eta_s).c_str());
   std::string line = buf;
+  if (m.mor_nvfp4_operands >= 0) {
+    char mor[96];
+    std::snprintf(mor, sizeof mor, " MoR NVFP4 operands: %.1f%% | MoR NVFP4 GEMMs: %.1f%% |",
+                  100.0 * m.mor_nvfp4_operands, 100.0 * m.mor_nvfp4_gemms);
+    line += mor;
+  }
   if (m.mor_fp8_operands >= 0) {
     char mor[96];
     std::snprintf(mor, sizeof mor, " MoR FP8 operands: %.1f%% | MoR FP8 GEMMs: %.1f%% |", 100.0 * m.mor_fp8_operands,
@@ -66,6 +72,8 @@ std::string format_jsonl(const StepMetrics& m) {
   if (m.tp_reduced_bytes >= 0) j["tp_reduced_bytes"] = m.tp_reduced_bytes;
   if (m.mor_fp8_operands >= 0) j["mor_fp8_operands"] = m.mor_fp8_operands;
   if (m.mor_fp8_gemms >= 0) j["mor_fp8_gemms"] = m.mor_fp8_gemms;
+  if (m.mor_nvfp4_operands >= 0) j["mor_nvfp4_operands"] = m.mor_nvfp4_operands;
+  if (m.mor_nvfp4_gemms >= 0) j["mor_nvfp4_gemms"] = m.mor_nvfp4_gemms;
   return j.dump();
 }
 

@@ -19,8 +19,10 @@ struct StepMetrics {
   // Tensor parallelism: bytes this rank's group collectives all-gathered (outputs) and reduced (all-reduce and
   // reduce-scatter inputs) in the step, as tp::collective_bytes counts them; -1 without it.
   double tp_gathered_bytes = -1, tp_reduced_bytes = -1;
-  // Mixture of Representations: the shares of GEMM operands and of GEMMs in FP8 this step; -1 without it.
+  // Mixture of Representations: the shares of GEMM operands and of GEMMs in FP8 (E4M3) this step, and on the NVFP4
+  // ladder in NVFP4; -1 without it.
   double mor_fp8_operands = -1, mor_fp8_gemms = -1;
+  double mor_nvfp4_operands = -1, mor_nvfp4_gemms = -1;
 };
 
 // Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.

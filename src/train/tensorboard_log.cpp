@@ -46,6 +46,10 @@ ScalarList step_scalars(const StepMetrics& m) {
     out.emplace_back("mor/fp8_operands", m.mor_fp8_operands);
     out.emplace_back("mor/fp8_gemms", m.mor_fp8_gemms);
   }
+  if (m.mor_nvfp4_operands >= 0) {
+    out.emplace_back("mor/nvfp4_operands", m.mor_nvfp4_operands);
+    out.emplace_back("mor/nvfp4_gemms", m.mor_nvfp4_gemms);
+  }
   return out;
 }
 

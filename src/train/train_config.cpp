@@ -199,13 +199,17 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
 }
 
 // Parameter-efficient fine-tuning: LoRA on a frozen base.
-// Mixture of Representations (bf16_with_mor_fp8_mixed; docs/MOR.md).
+// Mixture of Representations (bf16_with_mor_fp8_mixed, bf16_with_mor_nvfp4_mixed; docs/MOR.md).
 std::vector<ConfigKey> mor_keys(TrainConfig& c) {
   return {
       double_key("mor-threshold",
                  "Mixture of Representations: an operand stays E4M3 while its mean relative error is below this, "
                  "else BF16 (-1 = the recipe's 0.045)",
                  &c.mor_threshold),
+      double_key("mor-nvfp4-threshold",
+                 "Mixture of Representations' NVFP4 ladder: an operand stays NVFP4 while its mean relative error is "
+                 "below this, else it tries E4M3 (-1 = the recipe's 0.2)",
+                 &c.mor_nvfp4_threshold),
       int_key("mor-interval",
               "Mixture of Representations: decide after step 1 and then every N steps, each time from that step's "
               "statistics (the steps between measure nothing)",

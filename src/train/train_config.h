@@ -38,6 +38,7 @@ struct TrainConfig {
   std::string fp4_4over6_err_mode = "mae";  // mae | mse: 4/6's block error metric (TransformerEngine's default MAE)
   // Mixture of Representations (bf16_with_mor_fp8_mixed; recipe.h MorSpec): -1 = the recipe's
   double mor_threshold = -1;
+  double mor_nvfp4_threshold = -1;  // the NVFP4 ladder (bf16_with_mor_nvfp4_mixed)
   int64_t mor_interval = -1;
   std::string mor_granularity = "tensor";  // tensor (block is not built yet)
   bool mor_decide_now = false;             // CPU reference: no decision lag

@@ -102,6 +102,8 @@ Status Trainer::step(StepMetrics* m) {
   m->grad_norm = f.grad_norm;
   m->mor_fp8_operands = f.mor_fp8_operands;
   m->mor_fp8_gemms = f.mor_fp8_gemms;
+  m->mor_nvfp4_operands = f.mor_nvfp4_operands;
+  m->mor_nvfp4_gemms = f.mor_nvfp4_gemms;
   m->data_wait_ms = wait_ms;
   m->skipped = skipped_;
   m->nan_iters = nan_iters_;

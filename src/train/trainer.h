@@ -142,8 +142,10 @@ class Trainer {
   struct StepFigures {
     double loss = 0, grad_norm = 0;
     std::string nonfinite_where;  // the first quantizer that saw a non-finite input, or empty
-    // Mixture of Representations: the shares of GEMM operands and of GEMMs that ran in FP8 this step (-1: no MoR).
+    // Mixture of Representations: the shares of GEMM operands and of GEMMs that ran in FP8 (E4M3) this step, and on
+    // the NVFP4 ladder in NVFP4 (-1: no MoR, or no ladder).
     double mor_fp8_operands = -1, mor_fp8_gemms = -1;
+    double mor_nvfp4_operands = -1, mor_nvfp4_gemms = -1;
   };
   // Mixture of Representations (trainer_mor.cpp): the step's shares, and after the first step of each decision
   // interval the statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a

@@ -19,25 +19,43 @@ namespace {
 
 constexpr const char* kRoles[3] = {"input", "weight", "grad"};
 
-// Operands and GEMMs in FP8 over the MoR Linears (each role is an operand of two GEMMs: input Fprop and Wgrad,
-// weight Fprop and Dgrad, grad Dgrad and Wgrad; a GEMM runs FP8 when both operands are).
-void shares(const std::vector<uint8_t>& c, double* operands, double* gemms) {
+// Operands and GEMMs on `rung` over the MoR Linears (each role is an operand of two GEMMs: input Fprop and Wgrad,
+// weight Fprop and Dgrad, grad Dgrad and Wgrad; a GEMM runs on a rung when both its operands are).
+void shares(const std::vector<uint8_t>& c, recipe::MorRung rung, double* operands, double* gemms) {
   const size_t n = c.size() / 3;
-  double fp8_roles = 0, fp8_gemms = 0;
+  double roles = 0, both = 0;
   for (size_t k = 0; k < n; ++k) {
-    const bool in = c[3 * k] != 0, w = c[3 * k + 1] != 0, g = c[3 * k + 2] != 0;
-    fp8_roles += double(in) + double(w) + double(g);
-    fp8_gemms += double(in && w) + double(g && w) + double(g && in);
+    const auto on = [&](size_t r) { return c[3 * k + r] == uint8_t(rung); };
+    const bool in = on(0), w = on(1), g = on(2);
+    roles += double(in) + double(w) + double(g);
+    both += double(in && w) + double(g && w) + double(g && in);
   }
-  *operands = n ? fp8_roles / double(3 * n) : 0.0;
-  *gemms = n ? fp8_gemms / double(3 * n) : 0.0;
+  *operands = n ? roles / double(3 * n) : 0.0;
+  *gemms = n ? both / double(3 * n) : 0.0;
 }
 
-nlohmann::json role_json(const mor::TensorDecision& d) {
-  return {{"format", d.choice == mor::Choice::fp8_e4m3 ? "e4m3" : "bf16"},
-          {"error", d.stat.nonzero ? nlohmann::json(d.stat.mean()) : nlohmann::json(nullptr)},
-          {"nonzero", d.stat.nonzero},
-          {"nonfinite", d.stat.nonfinite}};
+nlohmann::json error_json(const mor::ErrorStat& s) {
+  return s.nonzero ? nlohmann::json(s.mean()) : nlohmann::json(nullptr);
+}
+
+// One role's record: the rung chosen and the statistics that chose it (E4M3's; the ladder's NVFP4 one too).
+nlohmann::json role_json(recipe::MorRung rung, const mor::ErrorStat& e4m3, const mor::ErrorStat* nvfp4) {
+  nlohmann::json j = {{"format", recipe::mor_rung_name(rung)},
+                      {"error", error_json(e4m3)},
+                      {"nonzero", e4m3.nonzero},
+                      {"nonfinite", e4m3.nonfinite || (nvfp4 && nvfp4->nonfinite)}};
+  if (nvfp4) j["nvfp4_error"] = error_json(*nvfp4);
+  return j;
+}
+
+// The rule: the ladder takes NVFP4 while its error is below its threshold, then E4M3 likewise, then BF16; a
+// non-finite element keeps the operand BF16 (decide_from_stat).
+recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e4m3, const mor::ErrorStat* nvfp4) {
+  const auto below = [](const mor::ErrorStat& s, double t) {
+    return mor::decide_from_stat(s, t).choice == mor::Choice::fp8_e4m3;
+  };
+  if (nvfp4 && below(*nvfp4, spec.nvfp4_threshold) && !e4m3.nonfinite) return recipe::MorRung::nvfp4;
+  return below(e4m3, spec.threshold) ? recipe::MorRung::fp8 : recipe::MorRung::bf16;
 }
 
 }  // namespace
@@ -45,7 +63,8 @@ nlohmann::json role_json(const mor::TensorDecision& d) {
 Status Trainer::mor_after_step(StepFigures* f) {
   const std::vector<uint8_t> in_effect = model_.mor_choices();
   if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
-  shares(in_effect, &f->mor_fp8_operands, &f->mor_fp8_gemms);
+  shares(in_effect, recipe::MorRung::fp8, &f->mor_fp8_operands, &f->mor_fp8_gemms);
+  if (recipe_.mor.ladder) shares(in_effect, recipe::MorRung::nvfp4, &f->mor_nvfp4_operands, &f->mor_nvfp4_gemms);
   if (!mor_decision_step(iteration_)) return Status::ok();
   const int64_t done = iteration_ + 1;               // steps run once this one ends
   const auto t0 = std::chrono::steady_clock::now();  // the decision's host time: copy, sum over ranks, rule
@@ -60,21 +79,27 @@ Status Trainer::mor_after_step(StepFigures* f) {
   NB_TRY(sum_over_ranks(sums.data(), int(sums.size())));
   // A weight is whole and the same on every data-parallel rank (DDP, the distributed optimizer's gathered copy,
   // Megatron-FSDP's BF16 gathers): its own statistic is one GPU's; summed it would count each element once per rank.
-  for (size_t k = 0; 3 * k + 1 < cells.size(); ++k) {
-    const std::array<double, 4> own = mor::stat_to_sum(mor::stat_of(cells[3 * k + 1]));
-    std::copy(own.begin(), own.end(), sums.begin() + int64_t(4 * (3 * k + 1)));
+  // Cells per Linear: E4M3's input, weight, grad, then (the ladder) NVFP4's.
+  const auto per = size_t(model_.mor_cells_per_linear());
+  for (size_t i = 1; i < cells.size(); i += 3) {
+    const std::array<double, 4> own = mor::stat_to_sum(mor::stat_of(cells[i]));
+    std::copy(own.begin(), own.end(), sums.begin() + int64_t(4 * i));
   }
+  const auto summed = [&](size_t i) {
+    return mor::stat_from_sum({sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3]});
+  };
   const std::vector<std::string> names = model_.mor_names();  // for the records, at a decision only
-  std::vector<uint8_t> choices(cells.size());
+  std::vector<uint8_t> choices(names.size() * 3);
   nlohmann::json records = nlohmann::json::array();
   for (size_t k = 0; k < names.size(); ++k) {
     nlohmann::json rec = {{"iteration", done}, {"mor_linear", names[k]}};
     for (size_t r = 0; r < 3; ++r) {
-      const size_t i = 3 * k + r;
-      const std::array<double, 4> s{sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3]};
-      const mor::TensorDecision d = mor::decide_from_stat(mor::stat_from_sum(s), recipe_.mor.threshold);
-      choices[i] = d.choice == mor::Choice::fp8_e4m3 ? 1 : 0;
-      rec[kRoles[r]] = role_json(d);
+      const mor::ErrorStat e4m3 = summed(per * k + r);
+      mor::ErrorStat nv;
+      if (per == 6) nv = summed(per * k + 3 + r);
+      const recipe::MorRung rung = decide_rung(recipe_.mor, e4m3, per == 6 ? &nv : nullptr);
+      choices[3 * k + r] = uint8_t(rung);
+      rec[kRoles[r]] = role_json(rung, e4m3, per == 6 ? &nv : nullptr);
     }
     records.push_back(std::move(rec));
   }
@@ -83,14 +108,19 @@ Status Trainer::mor_after_step(StepFigures* f) {
   const double decide_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!jsonl_) return Status::ok();
   double next_operands = 0, next_gemms = 0;
-  shares(choices, &next_operands, &next_gemms);
-  jsonl_ << nlohmann::json({{"iteration", done},
+  shares(choices, recipe::MorRung::fp8, &next_operands, &next_gemms);
+  nlohmann::json summary = {{"iteration", done},
                             {"mor_threshold", recipe_.mor.threshold},
                             {"mor_next_fp8_operands", next_operands},
                             {"mor_next_fp8_gemms", next_gemms},
-                            {"mor_decide_ms", decide_ms}})
-                .dump()
-         << "\n";
+                            {"mor_decide_ms", decide_ms}};
+  if (recipe_.mor.ladder) {
+    shares(choices, recipe::MorRung::nvfp4, &next_operands, &next_gemms);
+    summary["mor_nvfp4_threshold"] = recipe_.mor.nvfp4_threshold;
+    summary["mor_next_nvfp4_operands"] = next_operands;
+    summary["mor_next_nvfp4_gemms"] = next_gemms;
+  }
+  jsonl_ << summary.dump() << "\n";
   for (const auto& rec : records) jsonl_ << rec.dump() << "\n";
   jsonl_ << std::flush;
   return Status::ok();

@@ -24,7 +24,10 @@ Json roles_json(const recipe::LinearHealth& h) {
     if (!s.seen) continue;
     Json j;
     j["fmt"] = recipe::fmt_name(s.fmt);
-    if (s.mor_fp8 >= 0) j["mor_format"] = s.mor_fp8 ? recipe::fmt_name(s.fmt) : "bf16";  // what its GEMMs read
+    if (s.mor_rung >= 0)  // what its GEMMs read
+      j["mor_format"] = s.mor_rung == int(recipe::MorRung::nvfp4) ? "nvfp4"
+                        : s.mor_rung == int(recipe::MorRung::fp8) ? "fp8_e4m3"
+                                                                  : "bf16";
     j["flushed"] = num(s.flushed);
     j["saturated"] = num(s.saturated);
     j["sqnr_db"] = num(s.sqnr_db);

@@ -66,6 +66,7 @@ Status Trainer::resolve_config() {
   knobs.layers_at_start_bf16 = cfg_.num_layers_at_start_in_bf16;
   knobs.layers_at_end_bf16 = cfg_.num_layers_at_end_in_bf16;
   knobs.mor_threshold = cfg_.mor_threshold;
+  knobs.mor_nvfp4_threshold = cfg_.mor_nvfp4_threshold;
   knobs.mor_interval = cfg_.mor_interval;
   knobs.mor_granularity = cfg_.mor_granularity;
   knobs.mor_decide_now = cfg_.mor_decide_now;

@@ -9,6 +9,8 @@
 #include <vector>
 #include "core/bf16.h"
 #include "formats/mor/mor.h"
+#include "formats/mor/mor_stat.h"
+#include "formats/nvfp4/nvfp4.h"
 #include "formats/mor_reference.h"
 
 namespace nb::mor {
@@ -254,6 +256,70 @@ TEST(MorBlockRule, ShapesThatAreNotWholeBlocksAreRefused) {
   const Status s = decide_blocks_ref(x.data(), 128, 100, BlockRule{}, &out);
   ASSERT_FALSE(s.is_ok());
   EXPECT_NE(s.message().find("multiples of 128"), std::string::npos) << s.message();
+}
+
+// The NVFP4 ladder's statistic over an NVFP4 row copy (mor_stat.h) against a float64 mean written here: the test's
+// own E2M1 and E4M3 decoders, x_hat = e2m1 x scale x amax / (6 * 448). 1x16 blocks with RNE and with SR, 16x16
+// tiles, and a tensor with a NaN and an Inf (counted, never averaged).
+double nvfp4_value_ref(uint32_t code, uint8_t scale, float amax) {
+  static const double kE2M1[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  const double e = (code & 8u ? -1.0 : 1.0) * kE2M1[code & 7u];
+  const int exp = (scale >> 3) & 0xF, man = scale & 7;
+  const double s = exp == 0 ? std::ldexp(man / 8.0, -6) : std::ldexp(1.0 + man / 8.0, exp - 7);
+  return e * s * double(amax) / (6.0 * 448.0);
+}
+
+TEST(MorNvfp4Stat, EqualsTheFloat64MeanOverTheDequantizedRowCopy) {
+  const int64_t rows = 48, cols = 96;
+  std::mt19937_64 rng(5);
+  std::student_t_distribution<float> heavy(3.0f);
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE(variant);
+    std::vector<bf16> x(size_t(rows * cols));
+    for (auto& v : x) v = f32_to_bf16(heavy(rng));
+    x[7] = f32_to_bf16(0.0f);
+    if (variant == 3) {
+      x[11] = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+      x[200] = f32_to_bf16(std::numeric_limits<float>::infinity());
+    }
+    nvfp4::Options opt;
+    opt.colwise = false;
+    opt.sr = variant == 1;
+    opt.two_d = variant == 2;
+    opt.rng = RngKey{9, 1, 2};
+    std::vector<uint8_t> data(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
+    float amax = 0;
+    int bad = 0;
+    nvfp4::QuantizedView v{rows, cols, data.data(), scales.data(), nullptr, nullptr, &amax, nullptr, &bad};
+    ASSERT_TRUE(nvfp4::quantize_ref(x.data(), opt, v).is_ok());
+    StatCell cell;
+    add_nvfp4_stat_host(x.data(), rows, cols, data.data(), scales.data(), amax, &cell);
+    double sum = 0;
+    int64_t nonzero = 0, nonfinite = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const double xv = bf16_to_f32(x[size_t(r * cols + c)]);
+        if (!std::isfinite(xv)) {
+          ++nonfinite;
+          continue;
+        }
+        if (xv == 0.0) continue;
+        const uint32_t code = (data[size_t((r * cols + c) / 2)] >> (4 * (c & 1))) & 0xFu;
+        const double x_hat = nvfp4_value_ref(code, scales[size_t(r * (cols / 16) + c / 16)], amax);
+        sum += std::min(1.0, std::fabs(xv - x_hat) / std::fabs(xv));
+        ++nonzero;
+      }
+    EXPECT_EQ(int64_t(cell.nonzero), nonzero);
+    EXPECT_EQ(int64_t(cell.nonfinite), nonfinite);
+    if (variant == 3) {
+      EXPECT_EQ(nonfinite, 2);
+      EXPECT_TRUE(decide_from_stat(stat_of(cell), 0.999).choice == Choice::bf16);
+      continue;  // the quantizer's amax is NaN: the codes are defined but not a meaningful copy
+    }
+    const double mean = sum / double(nonzero), got = stat_of(cell).mean();
+    EXPECT_NEAR(got, mean, 1e-6) << "fixed-point mean " << got << " against the float64 mean " << mean;
+    EXPECT_GT(mean, 0.01);  // NVFP4 on heavy tails is far from exact: the statistic sees it
+  }
 }
 
 }  // namespace

@@ -129,6 +129,24 @@ TEST(CpuQGemm, Bf16PairsWithPerTensorFp8) {
                 1.f);
 }
 
+// Mixture of Representations' NVFP4 ladder: an NVFP4 operand with a per-tensor FP8 one or a BF16 one, either side;
+// Fprop-like row copies and a Wgrad-like pair of column copies (beta = 1), and a BF16 operand stored [K, rows].
+TEST(CpuQGemm, Nvfp4PairsWithPerTensorFp8AndBf16) {
+  HostQuant xn(QFormat::nvfp4, 128, 256, 51), wn(QFormat::nvfp4, 96, 256, 52);
+  HostQuant x8(QFormat::fp8_e4m3, 128, 256, 53), w8(QFormat::fp8_e4m3, 96, 256, 54);
+  check_cpu(xn, false, w8, false, 0.f);
+  check_cpu(x8, false, wn, false, 0.f);
+  const std::vector<bf16> wv = make_source(96, 256, 55);
+  check_cpu_ops(xn.op(false), xn.xhat(false), bf16_operand(wv.data(), 96, 256, true), bf16_xhat(wv, 96, 256, true),
+                0.f);
+  // Wgrad: dY^T (NVFP4 column copy, K = 384 tokens) x X^T (E4M3 column copy), and a BF16 dY stored [K, rows].
+  HostQuant dyn(QFormat::nvfp4, 384, 64, 56), xt(QFormat::fp8_e4m3, 384, 160, 57), xtn(QFormat::nvfp4, 384, 160, 58);
+  check_cpu(dyn, true, xt, true, 1.f);
+  const std::vector<bf16> dy = make_source(384, 64, 59);
+  check_cpu_ops(bf16_operand(dy.data(), 64, 384, false), bf16_xhat(dy, 64, 384, false), xtn.op(true), xtn.xhat(true),
+                1.f);
+}
+
 // The decoder of the GEMM reference agrees with the format's dequantizer (nvfp4: without the
 // global scale, which the GEMM applies as alpha).
 TEST(CpuQGemm, DequantizeOperandMatchesFormatDecoder) {
@@ -280,11 +298,13 @@ TEST(CpuQGemm, RejectsUnsupportedCombinations) {
   };
   expect_error(e5.op(false), e5.op(false), {}, "E5M2 x E5M2");
   expect_error(blk2.op(false), blk2.op(false), {}, "fp8_block128x128 x fp8_block128x128");
-  expect_error(e4.op(false), nv.op(false), {}, "one recipe");
+  HostQuant mx(QFormat::mxfp8, 128, 128, 5);
+  expect_error(mx.op(false), nv.op(false), {}, "one recipe");
+  expect_error(e4.op(false), nv.op(false), {.fast_accum = true}, "fast_accum");
   expect_error(nv.op(false), nv.op(false), {.fast_accum = true}, "fast_accum");
   const std::vector<bf16> values = make_source(64, 128, 6);
   const QOperand plain = bf16_operand(values.data(), 64, 128, true);
-  expect_error(plain, nv.op(false), {}, "pair bf16 with fp8 per-tensor");
+  expect_error(plain, mx.op(false), {}, "pair bf16, fp8 per-tensor and nvfp4");
   expect_error(plain, e4.op(false), {.fast_accum = true}, "fast_accum");
   QOperand not_kmajor = e4.op(false);
   not_kmajor.k_major = false;

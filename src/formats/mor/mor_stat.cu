@@ -7,6 +7,8 @@
 #include <algorithm>
 #include "core/cuda_check.h"
 #include "formats/mor/mor_stat.cuh"
+#include "formats/nvfp4/nvfp4.h"
+#include "formats/nvfp4/nvfp4_math.h"
 #include "formats/scalar_codecs.h"
 
 namespace nb::mor {
@@ -52,6 +54,34 @@ __global__ void fp8_stat_kernel(const bf16* __restrict__ x, const uint8_t* __res
   device::add_block<kThreads>(t, cell);
 }
 
+// One NVFP4 block (16 elements: 32 bytes of BF16, 8 bytes of codes, one scale byte) per thread and iteration; the
+// value is nvfp4::dequant_value's, as the host computes it (products only: nothing to contract into an FMA).
+__global__ void nvfp4_stat_kernel(const uint4* __restrict__ x, const uint2* __restrict__ data,
+                                  const uint8_t* __restrict__ scales, const float* __restrict__ amax, int64_t blocks,
+                                  StatCell* cell) {
+  const float a = *amax;
+  Sums t;
+  for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v0 = x[2 * b], v1 = x[2 * b + 1];
+    const uint2 d = data[b];
+    const uint32_t s = scales[b];
+    const uint32_t vw[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    NB_UNROLL
+    for (int j = 0; j < 16; ++j) {
+      const float v = __uint_as_float((vw[j / 2] >> (16 * (j & 1))) << 16);
+      if (!isfinite(v)) {
+        ++t.nonfinite;
+        continue;
+      }
+      if (v == 0.0f) continue;
+      const uint32_t code = ((j < 8 ? d.x : d.y) >> (4 * (j & 7))) & 0xFu;
+      t.err += device::element_term(v, nvfp4::dequant_value(code, s, a));
+      ++t.nonzero;
+    }
+  }
+  device::add_block<kThreads>(t, cell);
+}
+
 int max_blocks() {
   static const int blocks = [] {
     int device = 0, sms = 0;
@@ -79,6 +109,22 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
         reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint2*>(codes), scale_inv, work, e5m2, cell);
   else
     fp8_stat_kernel<<<blocks, kThreads, 0, st>>>(x, codes, scale_inv, n, e5m2, cell);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+Status add_nvfp4_stat_cuda(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           const float* amax, StatCell* cell, Stream stream) {
+  const int64_t n = rows * cols;
+  if (n <= 0) return Status::ok();
+  if (cols % nvfp4::kBlock != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(data) % 8 != 0)
+    return errorf("add_nvfp4_stat_cuda: [%lld, %lld] needs columns in whole 16-element blocks and aligned pointers",
+                  (long long)rows, (long long)cols);
+  const int64_t blocks = n / nvfp4::kBlock;
+  const auto grid = unsigned(std::min<int64_t>((blocks + kThreads - 1) / kThreads, max_blocks()));
+  nvfp4_stat_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint2*>(data), scales, amax, blocks, cell);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

@@ -1,7 +1,7 @@
-// Mixture of Representations' statistic over a per-tensor FP8 quantization that already exists (recipe::Linear's
-// copies of an operand), on the host or the GPU, added into a cell that a step's quantizations of one operand share.
-// x_hat_i = decode(code_i) * scale_inv, the value the FP8 GEMM reads; e_i and the fixed-point sum are mor.h's, so
-// the GPU's atomics add the same integers as element_error_fixed in any order: both sides decide alike.
+// Mixture of Representations' statistic over a per-tensor FP8 (or an NVFP4) quantization that already exists
+// (recipe::Linear's copies of an operand), on the host or the GPU, added into a cell that a step's quantizations of one
+// operand share. x_hat_i = decode(code_i) * scale_inv, the value the FP8 GEMM reads; e_i and the fixed-point sum are
+// mor.h's, so the GPU's atomics add the same integers as element_error_fixed in any order: both sides decide alike.
 #pragma once
 #include <cstdint>
 #include "core/bf16.h"
@@ -28,5 +28,14 @@ void add_fp8_stat_host(const bf16* x, const uint8_t* codes, float scale_inv, int
 // The same on the GPU (every pointer device memory; scale_inv read there), queued on `stream`.
 Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale_inv, int64_t n, fp8::Format fmt,
                          StatCell* cell, Stream stream);
+
+// The NVFP4 ladder's statistic over an NVFP4 row-wise copy that already exists: x [rows, cols] against data
+// [rows, cols/2] and scales [rows, cols/16] (formats/nvfp4/nvfp4.h's layout, 2D tiles included) and the copy's FP32
+// amax; x_hat_i = nvfp4::dequant_value (E4M3 bound 448: 4/6 copies are not measured). Host memory here, device
+// memory (amax read there) in the CUDA version.
+void add_nvfp4_stat_host(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                         float amax, StatCell* cell);
+Status add_nvfp4_stat_cuda(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
+                           const float* amax, StatCell* cell, Stream stream);
 
 }  // namespace nb::mor

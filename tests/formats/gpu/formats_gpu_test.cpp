@@ -10,6 +10,7 @@
 #include "formats/fp8_test_inputs.h"
 #include "formats/mor/mor_stat.h"
 #include "formats/mxfp8/mxfp8.h"
+#include "formats/nvfp4/nvfp4.h"
 
 using namespace nb;
 using fmt_test::Dist;
@@ -123,6 +124,48 @@ void check_fp8(int64_t rows, int64_t cols, Dist dist, fp8::Format fmt, bool pow2
     EXPECT_EQ(c->nonfinite, want.nonfinite) << (c == &got ? "gpu" : "cpu quantizer");
   }
   EXPECT_EQ(want.nonfinite > 0, nonfinite);
+}
+
+// The NVFP4 ladder's statistic on the GPU equals the host's bit for bit over the same reference row copy (1x16
+// with RNE and SR, 16x16 tiles; non-finite inputs counted).
+void check_nvfp4_stat(int64_t rows, int64_t cols, Dist dist, bool nonfinite, bool sr, bool two_d) {
+  SCOPED_TRACE(testing::Message() << "NVFP4 statistic " << rows << "x" << cols << " dist " << int(dist)
+                                  << (sr ? " sr" : "") << (two_d ? " 2D" : ""));
+  auto x = fmt_test::make_input(rows, cols, dist, 11 + rows + 3 * cols, nonfinite);
+  const size_t n = size_t(rows * cols);
+  std::vector<uint8_t> data(n / 2), scales(n / 16);
+  float amax = 0;
+  int bad = 0;
+  nvfp4::Options opt;
+  opt.colwise = false;
+  opt.sr = sr;
+  opt.two_d = two_d;
+  opt.rng = RngKey{3, 4, 5};
+  ASSERT_TRUE(nvfp4::quantize_ref(x.data(), opt,
+                                  {rows, cols, data.data(), scales.data(), nullptr, nullptr, &amax, nullptr, &bad})
+                  .is_ok());
+  mor::StatCell want;
+  mor::add_nvfp4_stat_host(x.data(), rows, cols, data.data(), scales.data(), amax, &want);
+  Dev dx = upload(x), dd = upload(data), ds = upload(scales), da = upload(std::vector<float>{amax});
+  Dev dcell = upload(std::vector<mor::StatCell>(1));
+  ASSERT_TRUE(mor::add_nvfp4_stat_cuda(dx.as<bf16>(), rows, cols, dd.as<uint8_t>(), ds.as<uint8_t>(), da.as<float>(),
+                                       dcell.as<mor::StatCell>(), nullptr)
+                  .is_ok());
+  const mor::StatCell got = dcell.host<mor::StatCell>()[0];
+  EXPECT_EQ(got.err_fixed, want.err_fixed);
+  EXPECT_EQ(got.nonzero, want.nonzero);
+  EXPECT_EQ(got.nonfinite, want.nonfinite);
+  EXPECT_EQ(want.nonfinite > 0, nonfinite);
+}
+
+TEST(FormatsGpu, Nvfp4MorStatisticMatchesTheHost) {
+  NB_REQUIRE_GPU();
+  for (Dist d : kDists) {
+    check_nvfp4_stat(32, 64, d, false, false, false);
+    check_nvfp4_stat(48, 160, d, d == Dist::outliers, true, false);
+    check_nvfp4_stat(64, 128, d, false, false, true);
+  }
+  check_nvfp4_stat(4096, 2048, Dist::normal, false, true, false);
 }
 
 void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, bool pow2, bool nonfinite) {

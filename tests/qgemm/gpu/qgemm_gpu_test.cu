@@ -426,6 +426,28 @@ TEST(QGemmGpu, Bf16PairsWithPerTensorFp8) {
                 x.op(true), x.xhat(true), {.c_dtype = DType::f32, .beta = 1.f});
 }
 
+// Mixture of Representations' NVFP4 ladder on the GPU: an NVFP4 operand with a per-tensor FP8 or a BF16 one (alpha =
+// the NVFP4 operand's global scale times the FP8 one's scale_inv, on the device), row copies and Wgrad-like column
+// copies, one case chunked, against the FP64 reference of the same values.
+TEST(QGemmGpu, Nvfp4PairsWithPerTensorFp8AndBf16) {
+  NB_REQUIRE_GPU();
+  DevQuant xn(QFormat::nvfp4, 1024, 512, 61), w8(QFormat::fp8_e4m3, 768, 512, 62);
+  DevQuant x8(QFormat::fp8_e4m3, 1024, 512, 63), wn(QFormat::nvfp4, 768, 512, 64);
+  check_gpu_ops(xn.op(false), xn.xhat(false), w8.op(false), w8.xhat(false), {});
+  check_gpu_ops(x8.op(false), x8.xhat(false), wn.op(false), wn.xhat(false), {.c_dtype = DType::f32});
+  const std::vector<bf16> wv = make_source(768, 512, 65);
+  auto wd = std::make_unique<Dev>(wv.size() * sizeof(bf16));
+  ASSERT_TRUE(copy_bytes(wd->p, Device::cuda, wv.data(), Device::cpu, wd->bytes).is_ok());
+  const QOperand wb = bf16_operand(static_cast<const bf16*>(wd->p), 768, 512, true);
+  check_gpu_ops(xn.op(false), xn.xhat(false), wb, bf16_xhat(wv, 768, 512, true), {});
+  const int64_t old_cap = detail::set_emulation_chunk_elements(128 * 512);
+  check_gpu_ops(wb, bf16_xhat(wv, 768, 512, true), xn.op(false), xn.xhat(false), {.c_dtype = DType::f32, .beta = 1.f});
+  detail::set_emulation_chunk_elements(old_cap);
+  // Wgrad: dY^T (NVFP4 column copy, K = 1024 tokens) x X^T (E4M3 column copy), beta = 1.
+  DevQuant dyn(QFormat::nvfp4, 1024, 256, 66);
+  check_gpu_ops(dyn.op(true), dyn.xhat(true), x8.op(true), x8.xhat(true), {.c_dtype = DType::f32, .beta = 1.f});
+}
+
 // A weight dequantized once per step (QOperand::dequantized): dequantize_operand_cuda writes exactly the
 // BF16 values of the reference decoder in the operand's stored layout, and a GEMM that reads them gives
 // the same bits as the one that dequantizes the operand itself (same problem, same cuBLASLt plan).
