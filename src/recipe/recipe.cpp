@@ -154,7 +154,7 @@ static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
           "drop it",
           r->name.c_str());
     if (!(k.mor_nvfp4_threshold > 0 && k.mor_nvfp4_threshold < 1))
-      return errorf("recipe '%s': mor-nvfp4-threshold %g is outside (0, 1); it is a mean relative error (0.2 = 20%%)",
+      return errorf("recipe '%s': mor-nvfp4-threshold %g is outside (0, 1); it is a mean relative error (0.3 = 30%%)",
                     r->name.c_str(), k.mor_nvfp4_threshold);
     r->mor.nvfp4_threshold = k.mor_nvfp4_threshold;
   }

@@ -29,7 +29,7 @@ struct RoleSpec {
 enum class Fp8Scaling { none, current, delayed };
 
 // The NVFP4 ladder's default NVFP4 threshold (docs/MOR.md says how it was chosen).
-inline constexpr double kDefaultNvfp4Threshold = 0.2;
+inline constexpr double kDefaultNvfp4Threshold = 0.3;
 
 // Mixture of Representations (docs/MOR.md, formats/mor/): every transformer Linear's input, weight and gradient
 // operand is decided on its own: its GEMMs read its per-tensor E4M3 copy while the copy's mean relative error

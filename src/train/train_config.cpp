@@ -208,7 +208,7 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
                  &c.mor_threshold),
       double_key("mor-nvfp4-threshold",
                  "Mixture of Representations' NVFP4 ladder: an operand stays NVFP4 while its mean relative error is "
-                 "below this, else it tries E4M3 (-1 = the recipe's 0.2)",
+                 "below this, else it tries E4M3 (-1 = the recipe's 0.3)",
                  &c.mor_nvfp4_threshold),
       int_key("mor-interval",
               "Mixture of Representations: decide after step 1 and then every N steps, each time from that step's "
