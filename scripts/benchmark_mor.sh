@@ -4,7 +4,10 @@
 # bf16_with_fp8_current_scaling_mixed (its preset, first and last layers BF16, and with every layer FP8 as MoR's
 # preset has it) and bf16_mixed. What deciding costs: MoR at threshold 0.999 keeps every operand FP8, so its GEMMs are
 # the every-layer FP8 run's; the difference in step time is the statistic, the board's read-back and the host's
-# decisions (metrics.jsonl has the decisions' host time). Mock data, a few steps each.
+# decisions (metrics.jsonl has the decisions' host time). The NVFP4 ladder (bf16_with_mor_nvfp4_mixed) likewise against
+# bf16_with_nvfp4_mixed (its preset keeps the last 4 layers BF16, which is every layer of the proxy: the proxy is
+# compared with every layer NVFP4 only); at NVFP4 threshold 0.999 every operand stays NVFP4 (what deciding costs).
+# Mock data, a few steps each.
 #   bash scripts/benchmark_mor.sh BUILD OUT [PARTS]   PARTS: comma list of names (default: all)
 # then: python3 scripts/benchmark_mor_report.py OUT [--merge-into BENCHMARKS.md]
 # BENCH_GPUS picks the GPU, BENCH_TIMEOUT bounds each run (seconds, default 400).
@@ -24,6 +27,8 @@ small9="--model llama3.2-3b --train-iters 9 --global-batch-size 4 --recompute se
 fp8="--recipe bf16_with_fp8_current_scaling_mixed"
 all="--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0"
 mor="--recipe bf16_with_mor_fp8_mixed"
+nvfp4="--recipe bf16_with_nvfp4_mixed"
+ladder="--recipe bf16_with_mor_nvfp4_mixed"
 # name | GPUs | flags
 configs=(
   "proxy-bf16|1|$proxy"
@@ -40,5 +45,14 @@ configs=(
   "proxy-mor-allfp8-i4|1|$proxy9 $mor --mor-threshold 0.999 --mor-interval 4"
   "3b-mor-i4|1|$small9 $mor --mor-interval 4"
   "3b-mor-allfp8-i4|1|$small9 $mor --mor-threshold 0.999 --mor-interval 4"
+  "proxy-nvfp4-all|1|$proxy $nvfp4 $all"
+  "proxy-ladder|1|$proxy $ladder"
+  "proxy-ladder-allnvfp4|1|$proxy $ladder --mor-nvfp4-threshold 0.999"
+  "proxy-ladder-i4|1|$proxy9 $ladder --mor-interval 4"
+  "3b-nvfp4|1|$small $nvfp4"
+  "3b-nvfp4-all|1|$small $nvfp4 $all"
+  "3b-ladder|1|$small $ladder"
+  "3b-ladder-allnvfp4|1|$small $ladder --mor-nvfp4-threshold 0.999"
+  "3b-ladder-i4|1|$small9 $ladder --mor-interval 4"
 )
 run_configs "${configs[@]}"

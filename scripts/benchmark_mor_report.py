@@ -5,6 +5,8 @@ GEMM operands (and of GEMMs) in FP8 over its steps; MoR's tokens/s against FP8 c
 within 5% where >= 95% of operands pick FP8); and what deciding costs per step (the goal: <= 2%): MoR at threshold
 0.999 keeps every operand FP8, so its GEMMs are FP8 current scaling's with every layer FP8, and the difference in
 tokens/s is the statistic, the board's read-back and the host's decisions (metrics.jsonl mor_decide_ms, shown too).
+A second section does the same for the NVFP4 ladder (bf16_with_mor_nvfp4_mixed) against bf16_with_nvfp4_mixed (the
+goal: no slower by more than 5%); each section is merged only when its runs are in OUT.
 
 Usage: benchmark_mor_report.py OUT [--merge-into BENCHMARKS.md]"""
 import json
@@ -25,11 +27,12 @@ def records(out, name):
         return []
 
 
-def shares(out, name):
-    """Mean FP8 operand and GEMM shares over the run's steps, and the mean decision host time (ms)."""
+def shares(out, name, rung="fp8"):
+    """Mean operand and GEMM shares on `rung` (fp8 or nvfp4) over the run's steps, and the mean decision host time
+    (ms)."""
     recs = records(out, name)
-    ops = [r["mor_fp8_operands"] for r in recs if "mor_fp8_operands" in r]
-    gemms = [r["mor_fp8_gemms"] for r in recs if "mor_fp8_gemms" in r]
+    ops = [r[f"mor_{rung}_operands"] for r in recs if f"mor_{rung}_operands" in r]
+    gemms = [r[f"mor_{rung}_gemms"] for r in recs if f"mor_{rung}_gemms" in r]
     decide = [r["mor_decide_ms"] for r in recs if "mor_decide_ms" in r]
     mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
     return mean(ops), mean(gemms), mean(decide)
@@ -71,7 +74,41 @@ def cost_lines(out, stats, model, run, what):
             f"{'met' if cost <= 0.02 else 'not met'}"]
 
 
-def lines(out, stats):
+def ladder_lines(out, stats, model, run, what):
+    """The NVFP4 ladder against bf16_with_nvfp4_mixed (its preset and every layer NVFP4); the goal: no slower than
+    the NVFP4 recipe by more than 5%."""
+    ladder = stats.get(f"{model}-{run}")
+    if not ladder:
+        return []
+    nv_ops, nv_gemms, _ = shares(out, f"{model}-{run}", "nvfp4")
+    e4_ops, _, _ = shares(out, f"{model}-{run}")
+    out_lines = []
+    if nv_ops is not None:
+        out_lines.append(f"- {model}, ladder, {what}: {100 * nv_ops:.2f}% of GEMM operands NVFP4, "
+                         f"{100 * (e4_ops or 0):.2f}% E4M3, the rest BF16; {100 * nv_gemms:.2f}% of GEMMs NVFP4 "
+                         "(mean over the steps)")
+    for key, label in (("nvfp4", "bf16_with_nvfp4_mixed (preset)"), ("nvfp4-all", "NVFP4 in every layer")):
+        base = stats.get(f"{model}-{key}")
+        if base:
+            verdict = "met" if ladder / base >= 0.95 else "not met"
+            out_lines.append(f"- {model}, ladder, {what}: tokens/s/GPU {ladder / base:.3f}x {label}'s; goal >= 0.95x: "
+                             f"{verdict}")
+    return out_lines
+
+
+def ladder_cost_lines(out, stats, model):
+    """What deciding adds to the ladder's step: threshold 0.999 keeps every operand NVFP4, against every-layer NVFP4."""
+    allnv, nv_all = stats.get(f"{model}-ladder-allnvfp4"), stats.get(f"{model}-nvfp4-all")
+    ops, _, decide_ms = shares(out, f"{model}-ladder-allnvfp4", "nvfp4")
+    if not (allnv and nv_all and ops is not None):
+        return []
+    cost = 1 - allnv / nv_all
+    return [f"- {model}, ladder, deciding every step: deciding costs {100 * cost:.2f}% of the step (NVFP4 threshold "
+            f"0.999 kept {100 * ops:.1f}% of operands NVFP4: {allnv / nv_all:.3f}x the every-layer NVFP4 run's "
+            f"tokens/s; the host's time {decide_ms or 0.0:.2f} ms per decision)"]
+
+
+def fp8_lines(out, stats):
     out_lines = []
     for model in ("proxy", "3b"):
         for suffix, what in (("", "deciding every step"), ("-i4", "--mor-interval 4")):
@@ -80,14 +117,31 @@ def lines(out, stats):
     return "\n".join(out_lines)
 
 
+def ladder_section_lines(out, stats):
+    out_lines = []
+    for model in ("proxy", "3b"):
+        for suffix, what in (("", "deciding every step"), ("-i4", "--mor-interval 4")):
+            out_lines += ladder_lines(out, stats, model, "ladder" + suffix, what)
+        out_lines += ladder_cost_lines(out, stats, model)
+    return "\n".join(out_lines)
+
+
+TABLE_HEAD = ("| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
+              "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+
+
+def is_ladder(name):
+    return "nvfp4" in name or "ladder" in name
+
+
 def main():
     out = sys.argv[1]
     merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
     names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
-    rows, stats, device = [], {}, "the GPU machine"
+    rows, ladder_rows, stats, device = [], [], {}, "the GPU machine"
     for name in names:
         text, s = row(out, name)
-        rows.append(text)
+        (ladder_rows if is_ladder(name) else rows).append(text)
         stats[name] = tokens(s)
         device = s.get("device", device)
     commit = read(out, "commit.txt").strip() or "unknown"
@@ -97,11 +151,19 @@ def main():
         "proxy (global batch 8, 8 steps) and Llama 3.2 3B (global batch 4, 6 steps, selective recompute). `-all` rows "
         "keep every layer FP8 as MoR's preset does (the FP8 preset keeps the first and last in BF16); `-allfp8` rows "
         "run MoR at threshold 0.999, which keeps every operand FP8 (what deciding costs); `-i4` rows decide "
-        "after steps 1, 5 and 9 of 9 (`--mor-interval 4`: 2 of the 8 timed steps measure). Step time is the mean after step 1; the estimate is the memory estimate's total.\n\n"
-        "| configuration | GPUs | step (s) | tokens/s/GPU | model TFLOP/s/GPU | MFU | peak memory (GiB) | "
-        "estimate (GiB) |\n|---|---:|---:|---:|---:|---:|---:|---:|\n" + "\n".join(rows) + "\n\n" + lines(out, stats)
-        + "\n")
-    write_report([(text, bool(rows))], merge, out, commit)
+        "after steps 1, 5 and 9 of 9 (`--mor-interval 4`: 2 of the 8 timed steps measure). Step time is the mean "
+        "after step 1; the estimate is the memory estimate's total.\n\n"
+        + TABLE_HEAD + "\n".join(rows) + "\n\n" + fp8_lines(out, stats) + "\n")
+    ladder_text = (
+        "## Mixture of Representations: the NVFP4 ladder (bf16_with_mor_nvfp4_mixed) on one GPU (same run)\n\n"
+        f"`scripts/benchmark_mor.sh` on {device} (commit {commit}), as the section above: `ladder` rows run "
+        "bf16_with_mor_nvfp4_mixed at its default thresholds (NVFP4 0.3, E4M3 0.045), `-allnvfp4` at NVFP4 threshold "
+        "0.999 (every operand NVFP4: its GEMMs are the every-layer NVFP4 run's, so the difference is what deciding "
+        "costs), `-i4` with `--mor-interval 4` (9 steps); `nvfp4` is bf16_with_nvfp4_mixed's preset (its last 4 layers "
+        "BF16, which on the 4-layer proxy is every layer: the proxy has only the every-layer row, `-all`). On Hopper "
+        "NVFP4 GEMMs are emulated (dequantized to BF16, then BF16 tensor cores).\n\n"
+        + TABLE_HEAD + "\n".join(ladder_rows) + "\n\n" + ladder_section_lines(out, stats) + "\n")
+    write_report([(text, bool(rows)), (ladder_text, bool(ladder_rows))], merge, out, commit)
 
 
 if __name__ == "__main__":
