@@ -51,7 +51,8 @@ static void piece_bytes(Fmt fmt, int64_t rows, int64_t cols, int64_t* data, int6
 }
 
 Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t cols_, Device dev_,
-                     LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot, bool dry) {
+                     LinearWorkspace* workspace_, bool row_only_, bool external, int input_col_slot, bool dry,
+                     size_t slot_base) {
   role = role_;
   spec = s;
   cols = cols_;
@@ -69,7 +70,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   workspace = (row_transient || col_transient) ? workspace_ : nullptr;
   slot = role == Role::grad ? LinearWorkspace::Slot::grad : LinearWorkspace::Slot::input_row;
   col_slot = col_shared ? LinearWorkspace::Slot(int(LinearWorkspace::Slot::input_col0) + input_col_slot) : slot;
-  slot_bytes = 0;
+  slot_bytes = slot_base;
   col_slot_bytes = 0;
   col_owned_bytes = 0;
   col_allocated_bytes = 0;

@@ -110,8 +110,11 @@ struct QCopies {
   // input_col_slot >= 0 (the input role, a workspace given): its column pieces go to slot input_col0 + that.
   // dry: lays the pieces out and registers the workspace needs (owned_bytes, allocated_bytes) without
   // allocating anything: the memory estimate's path (Linear::plan_bytes).
+  // slot_base: the transient pieces start this many bytes into the slot (after another copy's of the same role:
+  // the NVFP4 ladder's E4M3 copies follow the NVFP4 ones).
   Status init(Role role, const RoleSpec& s, int64_t rows_cap, int64_t cols, Device dev, LinearWorkspace* workspace,
-              bool row_only = false, bool external = false, int input_col_slot = -1, bool dry = false);
+              bool row_only = false, bool external = false, int input_col_slot = -1, bool dry = false,
+              size_t slot_base = 0);
   // Where a quantize writes: the copies' data and scales (column ones null unless colwise) and the non-finite flag.
   struct Outputs {
     bool colwise;
@@ -235,7 +238,8 @@ struct Linear::Impl {
   Status quantize_copies(QCopies& c, Role role, const bf16* p, int64_t rows, int cell, Stream stream,
                          const QCopies::Outputs* into);
   // The ladder: the NVFP4 copies always (their RHT on the Wgrad pair only while both its operands are NVFP4), the
-  // E4M3 copies when the role reads them or `measure`; with `measure` both statistics.
+  // E4M3 copies when the role reads them; with `measure` both statistics (E4M3's without copies when the role does
+  // not read them: mor::add_fp8_stat_from_amax_*).
   Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
   Status mor_init_ladder(bool dry);  // the q8 copies
   std::vector<bf16> mor_bf16[3];     // CPU: a BF16 operand's values (the CUDA side reads its tensor)

@@ -36,14 +36,16 @@ Status Linear::Impl::mor_init(bool dry) {
   return Status::ok();
 }
 
-// The ladder's E4M3 rung: each role's per-tensor E4M3 copies, owned (a workspace slot holds the NVFP4 copies of the
-// input and the gradient already), sized as the NVFP4 ones.
+// The ladder's E4M3 rung: each role's per-tensor E4M3 copies, placed as the NVFP4 ones are (the input's row copy and
+// the gradient's copies transient, in the same workspace slots right after the NVFP4 pieces; the input's column copy,
+// which backward reads, and the weight's owned), sized for the same tokens.
 Status Linear::Impl::mor_init_ladder(bool dry) {
   const RoleSpec e4m3{Fmt::fp8_e4m3};
   const int64_t mult = fmt_multiple(Fmt::nvfp4), tokens_cap = (max_tokens + mult - 1) / mult * mult;
-  NB_TRY(q8[0].init(Role::input, e4m3, tokens_cap, in, dev, nullptr, false, false, -1, dry));
+  LinearWorkspace* ws = workspace.get();
+  NB_TRY(q8[0].init(Role::input, e4m3, tokens_cap, in, dev, ws, false, false, -1, dry, q[0].slot_bytes));
   NB_TRY(q8[1].init(Role::weight, e4m3, out, in, dev, nullptr, false, false, -1, dry));
-  NB_TRY(q8[2].init(Role::grad, e4m3, tokens_cap, out, dev, nullptr, false, false, -1, dry));
+  NB_TRY(q8[2].init(Role::grad, e4m3, tokens_cap, out, dev, ws, false, false, -1, dry, q[2].slot_bytes));
   return Status::ok();
 }
 
@@ -54,8 +56,19 @@ Status Linear::Impl::mor_ladder_quantize(Role role, const bf16* p, int64_t rows,
     q[r].spec.rht = (role == Role::input ? recipe.input.rht : recipe.grad.rht) && pair_nvfp4;
   }
   NB_TRY(quantize_copies(q[r], role, p, rows, measure ? 3 + r : -1, stream, nullptr));
-  if (mor_rung[r] == MorRung::fp8 || measure)
-    NB_TRY(quantize_copies(q8[r], role, p, rows, measure ? r : -1, stream, nullptr));
+  if (mor_rung[r] == MorRung::fp8) return quantize_copies(q8[r], role, p, rows, measure ? r : -1, stream, nullptr);
+  if (!measure) return Status::ok();
+  // The E4M3 rung measured without its copies: the NVFP4 row copy's amax is max |x|, the E4M3 quantizer's amax too.
+  const int64_t n = rows * q[r].cols;
+  const float* amax = q[r].state_f.ptr<float>() + kRowAmax;
+  mor::StatCell own;
+  mor::StatCell* target = nullptr;
+  NB_TRY(mor_stat_target(r, &own, &target));
+  if (dev == Device::cuda)
+    NB_TRY(mor::add_fp8_stat_from_amax_cuda(p, n, amax, fp8::Format::e4m3, target, stream));
+  else
+    mor::add_fp8_stat_from_amax_host(p, n, *amax, fp8::Format::e4m3, target);
+  mor_took_stat(r, own);
   return Status::ok();
 }
 

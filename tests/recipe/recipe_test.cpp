@@ -249,5 +249,48 @@ TEST(MorRecipe, PresetKnobsAndRefusals) {
   refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");
 }
 
+// bf16_with_mor_nvfp4_mixed: the NVFP4 recipe's roles under the ladder, no BF16 layers by position; its NVFP4 threshold
+// applies, and what the ladder cannot take is refused.
+TEST(MorRecipe, LadderPresetKnobsAndRefusals) {
+  Recipe r, nv;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_nvfp4_mixed", &r).is_ok());
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &nv).is_ok());
+  EXPECT_TRUE(r.mor.on && r.mor.ladder);
+  EXPECT_EQ(r.mor.nvfp4_threshold, kDefaultNvfp4Threshold);
+  for (auto [a, b] : {std::pair{&r.input, &nv.input}, {&r.weight, &nv.weight}, {&r.grad, &nv.grad}}) {
+    EXPECT_EQ(a->fmt, b->fmt);
+    EXPECT_EQ(a->rht, b->rht);
+    EXPECT_EQ(a->sr, b->sr);
+    EXPECT_EQ(a->two_d, b->two_d);
+  }
+  EXPECT_EQ(r.bf16_layers_at_start + r.bf16_layers_at_end, 0);
+  RecipeKnobs k;
+  k.mor_nvfp4_threshold = 0.25;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_EQ(r.mor.nvfp4_threshold, 0.25);
+  const std::string d = describe_gemms(r, false, 9, 0);
+  EXPECT_NE(d.find("nvfp4|e4m3|bf16"), std::string::npos) << d;
+  EXPECT_NE(d.find("25%"), std::string::npos) << d;
+  auto refused = [](const char* recipe, RecipeKnobs knobs, const char* needle) {
+    Recipe x;
+    ASSERT_TRUE(recipe_preset(recipe, &x).is_ok());
+    Status st = apply_knobs(knobs, &x);
+    ASSERT_FALSE(st.is_ok()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  RecipeKnobs bad;
+  bad.mor_nvfp4_threshold = 0.0;
+  refused("bf16_with_mor_nvfp4_mixed", bad, "outside (0, 1)");
+  RecipeKnobs on_e4m3;
+  on_e4m3.mor_nvfp4_threshold = 0.3;
+  refused("bf16_with_mor_fp8_mixed", on_e4m3, "no NVFP4 rung");
+  RecipeKnobs now;
+  now.mor_decide_now = true;
+  refused("bf16_with_mor_nvfp4_mixed", now, "mor-decide-now");
+  RecipeKnobs four_six;
+  four_six.fp4_4over6 = "all";
+  refused("bf16_with_mor_nvfp4_mixed", four_six, "4/6");
+}
+
 }  // namespace
 }  // namespace nb::recipe

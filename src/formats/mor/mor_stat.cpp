@@ -28,6 +28,20 @@ void add_fp8_stat_host(const bf16* x, const uint8_t* codes, float scale_inv, int
   }
 }
 
+void add_fp8_stat_from_amax_host(const bf16* x, int64_t n, float amax, fp8::Format fmt, StatCell* cell) {
+  const float scale = fp8::scale_from_amax(amax, fp8::format_max(fmt), false), scale_inv = 1.0f / scale;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bf16_to_f32(x[i]);
+    if (!std::isfinite(v)) {
+      ++cell->nonfinite;
+      continue;
+    }
+    if (v == 0.0f) continue;
+    cell->err_fixed += element_error_fixed(v, fp8::decode(fp8::encode(v * scale, fmt), fmt) * scale_inv);
+    ++cell->nonzero;
+  }
+}
+
 void add_nvfp4_stat_host(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
                          float amax, StatCell* cell) {
   for (int64_t r = 0; r < rows; ++r)
@@ -46,6 +60,9 @@ void add_nvfp4_stat_host(const bf16* x, int64_t rows, int64_t cols, const uint8_
 }
 
 #if !defined(NIBBLE_HAVE_CUDA)
+Status add_fp8_stat_from_amax_cuda(const bf16*, int64_t, const float*, fp8::Format, StatCell*, Stream) {
+  return errorf("the MoR statistic on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
+}
 Status add_nvfp4_stat_cuda(const bf16*, int64_t, int64_t, const uint8_t*, const uint8_t*, const float*, StatCell*,
                            Stream) {
   return errorf("the MoR statistic on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <algorithm>
 #include "core/cuda_check.h"
+#include "formats/fp8/fp8_convert.cuh"
 #include "formats/mor/mor_stat.cuh"
 #include "formats/nvfp4/nvfp4.h"
 #include "formats/nvfp4/nvfp4_math.h"
@@ -51,6 +52,28 @@ __global__ void fp8_stat_kernel(const bf16* __restrict__ x, const uint8_t* __res
   Sums t;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     t.add(bf16_to_f32(x[i]), codes[i], s, e5m2);
+  device::add_block<kThreads>(t, cell);
+}
+
+// The E4M3 (or E5M2) statistic of a current-scaled quantization that is not written: 8 elements per thread and
+// iteration (n a multiple of 8, x 16-byte aligned), the codes by the hardware conversion the FP8 quantizer uses (a
+// NaN's code differs, but Sums counts a non-finite element without reading its code).
+template <fp8::Format F>
+__global__ void __launch_bounds__(kThreads, 6)
+    fp8_stat_from_amax_kernel(const uint4* __restrict__ x, const float* __restrict__ amax, int64_t n8, StatCell* cell) {
+  const float scale = fp8::scale_from_amax(*amax, fp8::format_max(F), false), scale_inv = 1.0f / scale;
+  Sums t;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = x[i];
+    const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+    NB_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const float lo = __uint_as_float(vw[j] << 16), hi = __uint_as_float(vw[j] & 0xFFFF0000u);
+      const uint32_t q = fp8::cvt_fp8x2<F>(__fmul_rn(lo, scale), __fmul_rn(hi, scale));
+      t.add(lo, q & 0xFFu, scale_inv, F == fp8::Format::e5m2);
+      t.add(hi, (q >> 8) & 0xFFu, scale_inv, F == fp8::Format::e5m2);
+    }
+  }
   device::add_block<kThreads>(t, cell);
 }
 
@@ -109,6 +132,24 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
         reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint2*>(codes), scale_inv, work, e5m2, cell);
   else
     fp8_stat_kernel<<<blocks, kThreads, 0, st>>>(x, codes, scale_inv, n, e5m2, cell);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+Status add_fp8_stat_from_amax_cuda(const bf16* x, int64_t n, const float* amax, fp8::Format fmt, StatCell* cell,
+                                   Stream stream) {
+  if (n <= 0) return Status::ok();
+  if (n % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return errorf("add_fp8_stat_from_amax_cuda: %lld elements need to be a multiple of 8 and 16-byte aligned",
+                  (long long)n);
+  const int64_t n8 = n / 8;
+  const auto grid = unsigned(std::min<int64_t>((n8 + kThreads - 1) / kThreads, max_blocks()));
+  const auto st = static_cast<cudaStream_t>(stream);
+  const auto* xv = reinterpret_cast<const uint4*>(x);
+  if (fmt == fp8::Format::e4m3)
+    fp8_stat_from_amax_kernel<fp8::Format::e4m3><<<grid, kThreads, 0, st>>>(xv, amax, n8, cell);
+  else
+    fp8_stat_from_amax_kernel<fp8::Format::e5m2><<<grid, kThreads, 0, st>>>(xv, amax, n8, cell);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

@@ -29,6 +29,14 @@ void add_fp8_stat_host(const bf16* x, const uint8_t* codes, float scale_inv, int
 Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale_inv, int64_t n, fp8::Format fmt,
                          StatCell* cell, Stream stream);
 
+// The statistic a per-tensor current-scaled FP8 quantization of x [n] with this amax would add (scale =
+// fp8::scale_from_amax(amax), the codes x * scale rounded as the FP8 quantizer rounds them), without writing a copy:
+// the NVFP4 ladder measures its E4M3 rung this way from the NVFP4 copy's amax (the same max |x|). Host memory here,
+// device memory (amax read there) in the CUDA version.
+void add_fp8_stat_from_amax_host(const bf16* x, int64_t n, float amax, fp8::Format fmt, StatCell* cell);
+Status add_fp8_stat_from_amax_cuda(const bf16* x, int64_t n, const float* amax, fp8::Format fmt, StatCell* cell,
+                                   Stream stream);
+
 // The NVFP4 ladder's statistic over an NVFP4 row-wise copy that already exists: x [rows, cols] against data
 // [rows, cols/2] and scales [rows, cols/16] (formats/nvfp4/nvfp4.h's layout, 2D tiles included) and the copy's FP32
 // amax; x_hat_i = nvfp4::dequant_value (E4M3 bound 448: 4/6 copies are not measured). Host memory here, device

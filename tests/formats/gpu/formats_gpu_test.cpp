@@ -124,6 +124,23 @@ void check_fp8(int64_t rows, int64_t cols, Dist dist, fp8::Format fmt, bool pow2
     EXPECT_EQ(c->nonfinite, want.nonfinite) << (c == &got ? "gpu" : "cpu quantizer");
   }
   EXPECT_EQ(want.nonfinite > 0, nonfinite);
+  // The NVFP4 ladder's E4M3 statistic without a copy, from the amax: on finite data with current, non-pow2 scaling it
+  // is the quantizer's statistic; the GPU's equals the host's always.
+  if (delayed || pow2 || n % 8 != 0) return;
+  mor::StatCell from_amax;
+  mor::add_fp8_stat_from_amax_host(x.data(), int64_t(n), amax, fmt, &from_amax);
+  if (!nonfinite) {
+    EXPECT_EQ(from_amax.err_fixed, want.err_fixed) << "from the amax";
+    EXPECT_EQ(from_amax.nonzero, want.nonzero) << "from the amax";
+  }
+  Dev dcell2 = upload(std::vector<mor::StatCell>(1)), damax = upload(std::vector<float>{amax});
+  ASSERT_TRUE(mor::add_fp8_stat_from_amax_cuda(dx.as<bf16>(), int64_t(n), damax.as<float>(), fmt,
+                                               dcell2.as<mor::StatCell>(), nullptr)
+                  .is_ok());
+  const mor::StatCell got2 = dcell2.host<mor::StatCell>()[0];
+  EXPECT_EQ(got2.err_fixed, from_amax.err_fixed) << "from the amax, gpu";
+  EXPECT_EQ(got2.nonzero, from_amax.nonzero) << "from the amax, gpu";
+  EXPECT_EQ(got2.nonfinite, from_amax.nonfinite) << "from the amax, gpu";
 }
 
 // The NVFP4 ladder's statistic on the GPU equals the host's bit for bit over the same reference row copy (1x16
