@@ -234,7 +234,7 @@ struct Linear::Impl {
   bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder; }
   int mor_cell_count() const { return mor_ladder() ? 6 : 3; }
   MorRung mor_top() const { return mor_ladder() ? MorRung::nvfp4 : MorRung::fp8; }
-  // Quantizes c (one of role's copies) from p, adding its statistic into cell `cell` (-1: none).
+  // Quantizes c (one of role's copies) from p; an FP8 copy adds its statistic into cell `cell` (-1: none).
   Status quantize_copies(QCopies& c, Role role, const bf16* p, int64_t rows, int cell, Stream stream,
                          const QCopies::Outputs* into);
   // The ladder: the NVFP4 copies always (their RHT on the Wgrad pair only while both its operands are NVFP4), the
@@ -242,9 +242,12 @@ struct Linear::Impl {
   // not read them: mor::add_fp8_stat_from_amax_*).
   Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
   Status mor_init_ladder(bool dry);  // the q8 copies
-  std::vector<bf16> mor_bf16[3];     // CPU: a BF16 operand's values (the CUDA side reads its tensor)
-  Tensor mor_x, mor_w;               // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
-  Status mor_init(bool dry);         // refusals
+  // The ladder's statistics of a measured step from role r's NVFP4 row copy just made: NVFP4's, and E4M3's from its
+  // amax unless the role's E4M3 copy measured it (e4m3_measured); on the GPU one pass over x for both.
+  Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);
+  std::vector<bf16> mor_bf16[3];  // CPU: a BF16 operand's values (the CUDA side reads its tensor)
+  Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
+  Status mor_init(bool dry);      // refusals
   Status mor_cells_now(mor::StatCell** out);
   // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it
   // encodes); on the CPU *own, which mor_took_stat then adds into the cell (and decides from, with decide-now).

@@ -62,21 +62,9 @@ Status Linear::Impl::quantize_copies(QCopies& c, Role role, const bf16* p, int64
                                      const QCopies::Outputs* into) {
   QuantizeArgs qa = args(role);
   mor::StatCell own;
-  const bool fused = cell >= 0 && c.spec.fmt != Fmt::nvfp4;  // the FP8 quantizer adds the statistic as it encodes
-  mor::StatCell* target = nullptr;
-  if (cell >= 0) NB_TRY(mor_stat_target(cell, &own, &target));
-  if (fused) qa.mor_stat = target;
+  if (cell >= 0) NB_TRY(mor_stat_target(cell, &own, &qa.mor_stat));  // the FP8 quantizer adds it as it encodes
   NB_TRY(c.quantize(p, rows, qa, stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
-  if (cell < 0) return Status::ok();
-  if (!fused) {  // the NVFP4 row copy's statistic, from the copy just written
-    const float* amax = c.state_f.ptr<float>() + kRowAmax;
-    const uint8_t *data = c.ptr(c.row_data), *scales = c.ptr(c.row_scales);
-    if (dev == Device::cuda)
-      NB_TRY(mor::add_nvfp4_stat_cuda(p, rows, c.cols, data, scales, amax, target, stream));
-    else
-      mor::add_nvfp4_stat_host(p, rows, c.cols, data, scales, *amax, target);
-  }
-  mor_took_stat(cell, own);
+  if (cell >= 0) mor_took_stat(cell, own);
   return Status::ok();
 }
 

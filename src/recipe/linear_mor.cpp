@@ -55,20 +55,29 @@ Status Linear::Impl::mor_ladder_quantize(Role role, const bf16* p, int64_t rows,
     const bool pair_nvfp4 = mor_rung[0] == MorRung::nvfp4 && mor_rung[2] == MorRung::nvfp4;
     q[r].spec.rht = (role == Role::input ? recipe.input.rht : recipe.grad.rht) && pair_nvfp4;
   }
-  NB_TRY(quantize_copies(q[r], role, p, rows, measure ? 3 + r : -1, stream, nullptr));
-  if (mor_rung[r] == MorRung::fp8) return quantize_copies(q8[r], role, p, rows, measure ? r : -1, stream, nullptr);
-  if (!measure) return Status::ok();
-  // The E4M3 rung measured without its copies: the NVFP4 row copy's amax is max |x|, the E4M3 quantizer's amax too.
-  const int64_t n = rows * q[r].cols;
-  const float* amax = q[r].state_f.ptr<float>() + kRowAmax;
-  mor::StatCell own;
-  mor::StatCell* target = nullptr;
-  NB_TRY(mor_stat_target(r, &own, &target));
-  if (dev == Device::cuda)
-    NB_TRY(mor::add_fp8_stat_from_amax_cuda(p, n, amax, fp8::Format::e4m3, target, stream));
-  else
-    mor::add_fp8_stat_from_amax_host(p, n, *amax, fp8::Format::e4m3, target);
-  mor_took_stat(r, own);
+  NB_TRY(quantize_copies(q[r], role, p, rows, -1, stream, nullptr));
+  const bool e4m3 = mor_rung[r] == MorRung::fp8;  // its E4M3 copy, with the statistic when measured
+  if (e4m3) NB_TRY(quantize_copies(q8[r], role, p, rows, measure ? r : -1, stream, nullptr));
+  return measure ? mor_ladder_measure(r, p, rows, e4m3, stream) : Status::ok();
+}
+
+// An E4M3 statistic without a copy reads the NVFP4 row copy's amax: max |x|, the E4M3 quantizer's amax too.
+Status Linear::Impl::mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream) {
+  const QCopies& c = q[r];
+  const float* amax = c.state_f.ptr<float>() + kRowAmax;
+  const uint8_t *data = c.ptr(c.row_data), *scales = c.ptr(c.row_scales);
+  mor::StatCell own_nvfp4, own_e4m3;
+  mor::StatCell *nvfp4_cell = nullptr, *e4m3_cell = nullptr;
+  NB_TRY(mor_stat_target(3 + r, &own_nvfp4, &nvfp4_cell));
+  if (!e4m3_measured) NB_TRY(mor_stat_target(r, &own_e4m3, &e4m3_cell));
+  if (dev == Device::cuda) {
+    NB_TRY(mor::add_nvfp4_stat_cuda(p, rows, c.cols, data, scales, amax, nvfp4_cell, e4m3_cell, stream));
+  } else {
+    mor::add_nvfp4_stat_host(p, rows, c.cols, data, scales, *amax, nvfp4_cell);
+    if (e4m3_cell) mor::add_fp8_stat_from_amax_host(p, rows * c.cols, *amax, fp8::Format::e4m3, e4m3_cell);
+  }
+  mor_took_stat(3 + r, own_nvfp4);
+  if (!e4m3_measured) mor_took_stat(r, own_e4m3);
   return Status::ok();
 }
 

@@ -204,6 +204,15 @@ TEST(Supported, EachGpuGetsAClearAnswer) {
   EXPECT_FALSE(check_supported(r, 7, 5).is_ok());
 }
 
+// Applying `knobs` to `recipe` is refused with a message that contains `needle`.
+void expect_knobs_refused(const char* recipe, const RecipeKnobs& knobs, const char* needle) {
+  Recipe x;
+  ASSERT_TRUE(recipe_preset(recipe, &x).is_ok());
+  Status st = apply_knobs(knobs, &x);
+  ASSERT_FALSE(st.is_ok()) << needle;
+  EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+}
+
 // bf16_with_mor_fp8_mixed: every role E4M3 per tensor with current scaling and MoR on, no BF16 layers by position;
 // its knobs apply, and every bad value or misplaced knob is refused in one sentence.
 TEST(MorRecipe, PresetKnobsAndRefusals) {
@@ -226,27 +235,20 @@ TEST(MorRecipe, PresetKnobsAndRefusals) {
   const std::string d = describe_gemms(r, false, 9, 0);
   EXPECT_NE(d.find("e4m3|bf16"), std::string::npos) << d;
   EXPECT_NE(d.find("8%"), std::string::npos) << d;
-  auto refused = [](const char* recipe, RecipeKnobs knobs, const char* needle) {
-    Recipe x;
-    ASSERT_TRUE(recipe_preset(recipe, &x).is_ok());
-    Status st = apply_knobs(knobs, &x);
-    ASSERT_FALSE(st.is_ok()) << needle;
-    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
-  };
   for (double t : {0.0, 1.0, 1.5}) {
     RecipeKnobs bad;
     bad.mor_threshold = t;
-    refused("bf16_with_mor_fp8_mixed", bad, "outside (0, 1)");
+    expect_knobs_refused("bf16_with_mor_fp8_mixed", bad, "outside (0, 1)");
   }
   RecipeKnobs zero_interval;
   zero_interval.mor_interval = 0;
-  refused("bf16_with_mor_fp8_mixed", zero_interval, "at least 1");
+  expect_knobs_refused("bf16_with_mor_fp8_mixed", zero_interval, "at least 1");
   RecipeKnobs block;
   block.mor_granularity = "block";
-  refused("bf16_with_mor_fp8_mixed", block, "not built yet");
+  expect_knobs_refused("bf16_with_mor_fp8_mixed", block, "not built yet");
   RecipeKnobs on_fp8;
   on_fp8.mor_threshold = 0.05;
-  refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");
+  expect_knobs_refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");
 }
 
 // bf16_with_mor_nvfp4_mixed: the NVFP4 recipe's roles under the ladder, no BF16 layers by position; its NVFP4 threshold
@@ -271,25 +273,18 @@ TEST(MorRecipe, LadderPresetKnobsAndRefusals) {
   const std::string d = describe_gemms(r, false, 9, 0);
   EXPECT_NE(d.find("nvfp4|e4m3|bf16"), std::string::npos) << d;
   EXPECT_NE(d.find("25%"), std::string::npos) << d;
-  auto refused = [](const char* recipe, RecipeKnobs knobs, const char* needle) {
-    Recipe x;
-    ASSERT_TRUE(recipe_preset(recipe, &x).is_ok());
-    Status st = apply_knobs(knobs, &x);
-    ASSERT_FALSE(st.is_ok()) << needle;
-    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
-  };
   RecipeKnobs bad;
   bad.mor_nvfp4_threshold = 0.0;
-  refused("bf16_with_mor_nvfp4_mixed", bad, "outside (0, 1)");
+  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", bad, "outside (0, 1)");
   RecipeKnobs on_e4m3;
   on_e4m3.mor_nvfp4_threshold = 0.3;
-  refused("bf16_with_mor_fp8_mixed", on_e4m3, "no NVFP4 rung");
+  expect_knobs_refused("bf16_with_mor_fp8_mixed", on_e4m3, "no NVFP4 rung");
   RecipeKnobs now;
   now.mor_decide_now = true;
-  refused("bf16_with_mor_nvfp4_mixed", now, "mor-decide-now");
+  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", now, "mor-decide-now");
   RecipeKnobs four_six;
   four_six.fp4_4over6 = "all";
-  refused("bf16_with_mor_nvfp4_mixed", four_six, "4/6");
+  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", four_six, "4/6");
 }
 
 }  // namespace

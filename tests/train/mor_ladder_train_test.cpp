@@ -3,11 +3,9 @@
 // errors, --quant-stats formats); a run on all three rungs resumes bit for bit; bad settings are refused before
 // step 1.
 #include <gtest/gtest.h>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include "train/resume_util.h"
+#include "train/mor_train_util.h"
 
 using namespace nb;
 
@@ -19,16 +17,6 @@ TrainConfig ladder_job(double nvfp4_threshold, double e4m3_threshold) {
   c.mor_threshold = e4m3_threshold;
   c.train_iters = 3;
   return c;
-}
-
-std::vector<nlohmann::json> ladder_records(const std::string& save, const char* key) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
-  }
-  return out;
 }
 
 }  // namespace
@@ -58,7 +46,7 @@ TEST(MorLadderTrainCpu, ThresholdsMoveOperandsDownTheLadder) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    const auto steps = ladder_records(job.save, "mor_nvfp4_operands");
+    const auto steps = test::metrics_with(job.save, "mor_nvfp4_operands");
     ASSERT_EQ(steps.size(), 3u);
     EXPECT_EQ(steps[0]["mor_nvfp4_operands"], 1.0) << "before the first decision every operand is NVFP4";
     EXPECT_EQ(steps[0]["mor_fp8_operands"], 0.0);
@@ -67,13 +55,13 @@ TEST(MorLadderTrainCpu, ThresholdsMoveOperandsDownTheLadder) {
       EXPECT_EQ(steps[i]["mor_fp8_operands"], c.fp8_share) << c.format << " step " << i + 1;
       EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.fp8_share) << c.format << " step " << i + 1;
     }
-    for (const auto& rec : ladder_records(job.save, "quant_stats"))
+    for (const auto& rec : test::metrics_with(job.save, "quant_stats"))
       for (const char* role : {"input", "weight", "grad"}) {
         const bool first = rec["iteration"] == 1;
         const std::string want = first ? "nvfp4" : std::string(c.format) == "e4m3" ? "fp8_e4m3" : "bf16";
         EXPECT_EQ(rec["roles"][role]["mor_format"], want) << rec.dump();
       }
-    const auto linears = ladder_records(job.save, "mor_linear");
+    const auto linears = test::metrics_with(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 3u * 8u);
     for (const auto& rec : linears)
       for (const char* role : {"input", "weight", "grad"}) {
@@ -97,22 +85,9 @@ TEST(MorLadderTrainCpu, ResumesBitExactlyOnThreeRungs) {
 }
 
 TEST(MorLadderTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
-  struct Case {
-    std::function<void(TrainConfig*)> set;
-    const char* needle;
-  };
-  const std::vector<Case> cases = {
-      {[](TrainConfig* c) { c->mor_nvfp4_threshold = 1.0; }, "outside (0, 1)"},
-      {[](TrainConfig* c) { c->mor_decide_now = true; }, "mor-decide-now"},
-      {[](TrainConfig* c) { c->fp4_4over6 = "weights"; }, "4/6"},
-      {[](TrainConfig* c) { c->recipe = "bf16_with_mor_fp8_mixed"; }, "no NVFP4 rung"},
-  };
-  for (const Case& k : cases) {
-    TrainConfig job = ladder_job(0.3, 0.045);
-    k.set(&job);
-    TrainSummary s;
-    Status st = run_training(job, &s);
-    ASSERT_FALSE(st.is_ok()) << k.needle;
-    EXPECT_NE(st.message().find(k.needle), std::string::npos) << st.message();
-  }
+  test::expect_refused_before_step_one(
+      ladder_job(0.3, 0.045), {{[](TrainConfig* c) { c->mor_nvfp4_threshold = 1.0; }, "outside (0, 1)"},
+                               {[](TrainConfig* c) { c->mor_decide_now = true; }, "mor-decide-now"},
+                               {[](TrainConfig* c) { c->fp4_4over6 = "weights"; }, "4/6"},
+                               {[](TrainConfig* c) { c->recipe = "bf16_with_mor_fp8_mixed"; }, "no NVFP4 rung"}});
 }

@@ -3,11 +3,9 @@
 // really moves operands between E4M3 and BF16 (a threshold below every error gives BF16 everywhere from the first
 // decision on, one above every error FP8 everywhere); bad settings are refused before step 1.
 #include <gtest/gtest.h>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include "train/resume_util.h"
+#include "train/mor_train_util.h"
 
 using namespace nb;
 
@@ -19,16 +17,6 @@ TrainConfig mor_job(double threshold, int64_t interval = 1) {
   c.mor_interval = interval;
   c.train_iters = 4;  // four decisions: enough to see them change and carry, short for CI
   return c;
-}
-
-std::vector<nlohmann::json> jsonl(const std::string& save, const char* key) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
-  }
-  return out;
 }
 
 }  // namespace
@@ -58,14 +46,14 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    const auto steps = jsonl(job.save, "mor_fp8_operands");
+    const auto steps = test::metrics_with(job.save, "mor_fp8_operands");
     ASSERT_EQ(steps.size(), 4u);
     EXPECT_EQ(steps[0]["mor_fp8_operands"], 1.0) << "before the first decision every operand is FP8";
     for (size_t i = 1; i < steps.size(); ++i) {
       EXPECT_EQ(steps[i]["mor_fp8_operands"], c.share_after_first) << c.threshold << " step " << i + 1;
       EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.share_after_first) << c.threshold << " step " << i + 1;
     }
-    const auto quant = jsonl(job.save, "quant_stats");
+    const auto quant = test::metrics_with(job.save, "quant_stats");
     ASSERT_EQ(quant.size(), 4u * 4u * 2u);
     for (const auto& rec : quant)
       for (const char* role : {"input", "weight", "grad"}) {
@@ -73,7 +61,7 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
         EXPECT_EQ(rec["roles"][role]["mor_format"], first || c.share_after_first == 1.0 ? "fp8_e4m3" : "bf16")
             << rec.dump();
       }
-    const auto linears = jsonl(job.save, "mor_linear");
+    const auto linears = test::metrics_with(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 4u * 4u * 2u);  // 4 decisions, 2 layers of 4 Linears
     for (const auto& rec : linears)
       for (const char* role : {"input", "weight", "grad"}) {
@@ -97,24 +85,11 @@ TEST(MorTrainCpu, RunsRepeatBitForBit) {
 }
 
 TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
-  struct Case {
-    std::function<void(TrainConfig*)> set;
-    const char* needle;
-  };
-  const std::vector<Case> cases = {
-      {[](TrainConfig* c) { c->mor_threshold = 1.5; }, "outside (0, 1)"},
-      {[](TrainConfig* c) { c->mor_interval = 0; }, "at least 1"},
-      {[](TrainConfig* c) { c->mor_granularity = "block"; }, "not built yet"},
-      {[](TrainConfig* c) { c->recipe = "bf16_with_nvfp4_mixed"; }, "no Mixture of Representations"},
-  };
-  for (const Case& k : cases) {
-    TrainConfig job = mor_job(0.05);
-    k.set(&job);
-    TrainSummary s;
-    Status st = run_training(job, &s);
-    ASSERT_FALSE(st.is_ok()) << k.needle;
-    EXPECT_NE(st.message().find(k.needle), std::string::npos) << st.message();
-  }
+  test::expect_refused_before_step_one(
+      mor_job(0.05), {{[](TrainConfig* c) { c->mor_threshold = 1.5; }, "outside (0, 1)"},
+                      {[](TrainConfig* c) { c->mor_interval = 0; }, "at least 1"},
+                      {[](TrainConfig* c) { c->mor_granularity = "block"; }, "not built yet"},
+                      {[](TrainConfig* c) { c->recipe = "bf16_with_nvfp4_mixed"; }, "no Mixture of Representations"}});
 }
 
 // --mor-interval 2: decisions after steps 1 and 3, each from its own step's quantizations only (the counts of one
@@ -128,7 +103,7 @@ TEST(MorTrainCpu, AnIntervalMeasuresItsFirstStepOnly) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    (interval == 1 ? every : second) = jsonl(job.save, "mor_linear");
+    (interval == 1 ? every : second) = test::metrics_with(job.save, "mor_linear");
   }
   ASSERT_EQ(every.size(), 4u * 8u);
   ASSERT_EQ(second.size(), 2u * 8u);
@@ -162,9 +137,10 @@ TEST(MorTrainCpu, ComposesWithOffloadAndAnnealsToBf16) {
   ASSERT_EQ(annealed.losses.size(), 4u);
   EXPECT_EQ(annealed.losses[0], plain.losses[0]);
   EXPECT_EQ(annealed.losses[1], plain.losses[1]);
-  const auto shares = jsonl(anneal.save, "mor_fp8_operands");
+  const auto shares = test::metrics_with(anneal.save, "mor_fp8_operands");
   ASSERT_EQ(shares.size(), 2u) << "steps 1 and 2 ran MoR";
-  for (const auto& rec : jsonl(anneal.save, "mor_linear")) EXPECT_LE(rec["iteration"].get<int64_t>(), 2) << rec.dump();
+  for (const auto& rec : test::metrics_with(anneal.save, "mor_linear"))
+    EXPECT_LE(rec["iteration"].get<int64_t>(), 2) << rec.dump();
   std::filesystem::remove_all(dir);
 }
 

@@ -55,35 +55,16 @@ __global__ void fp8_stat_kernel(const bf16* __restrict__ x, const uint8_t* __res
   device::add_block<kThreads>(t, cell);
 }
 
-// The E4M3 (or E5M2) statistic of a current-scaled quantization that is not written: 8 elements per thread and
-// iteration (n a multiple of 8, x 16-byte aligned), the codes by the hardware conversion the FP8 quantizer uses (a
-// NaN's code differs, but Sums counts a non-finite element without reading its code).
-template <fp8::Format F>
-__global__ void __launch_bounds__(kThreads, 6)
-    fp8_stat_from_amax_kernel(const uint4* __restrict__ x, const float* __restrict__ amax, int64_t n8, StatCell* cell) {
-  const float scale = fp8::scale_from_amax(*amax, fp8::format_max(F), false), scale_inv = 1.0f / scale;
-  Sums t;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = x[i];
-    const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-    NB_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const float lo = __uint_as_float(vw[j] << 16), hi = __uint_as_float(vw[j] & 0xFFFF0000u);
-      const uint32_t q = fp8::cvt_fp8x2<F>(__fmul_rn(lo, scale), __fmul_rn(hi, scale));
-      t.add(lo, q & 0xFFu, scale_inv, F == fp8::Format::e5m2);
-      t.add(hi, (q >> 8) & 0xFFu, scale_inv, F == fp8::Format::e5m2);
-    }
-  }
-  device::add_block<kThreads>(t, cell);
-}
-
 // One NVFP4 block (16 elements: 32 bytes of BF16, 8 bytes of codes, one scale byte) per thread and iteration; the
-// value is nvfp4::dequant_value's, as the host computes it (products only: nothing to contract into an FMA).
-__global__ void nvfp4_stat_kernel(const uint4* __restrict__ x, const uint2* __restrict__ data,
-                                  const uint8_t* __restrict__ scales, const float* __restrict__ amax, int64_t blocks,
-                                  StatCell* cell) {
+// value is nvfp4::dequant_value's, as the host computes it (products only: nothing to contract into an FMA). kE4m3:
+// also add_fp8_stat_from_amax_host's E4M3 statistic from the same amax, while x is in registers.
+template <bool kE4m3>
+__global__ void __launch_bounds__(kThreads, 6)
+    nvfp4_stat_kernel(const uint4* __restrict__ x, const uint2* __restrict__ data, const uint8_t* __restrict__ scales,
+                      const float* __restrict__ amax, int64_t blocks, StatCell* cell, StatCell* e4m3_cell) {
   const float a = *amax;
-  Sums t;
+  const float scale = fp8::scale_from_amax(a, fp8::format_max(fp8::Format::e4m3), false), scale_inv = 1.0f / scale;
+  Sums t, t8;
   for (int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; b < blocks; b += int64_t(gridDim.x) * blockDim.x) {
     const uint4 v0 = x[2 * b], v1 = x[2 * b + 1];
     const uint2 d = data[b];
@@ -92,6 +73,12 @@ __global__ void nvfp4_stat_kernel(const uint4* __restrict__ x, const uint2* __re
     NB_UNROLL
     for (int j = 0; j < 16; ++j) {
       const float v = __uint_as_float((vw[j / 2] >> (16 * (j & 1))) << 16);
+      if (kE4m3 && (j & 1) == 0) {  // two elements per hardware conversion
+        const float w = __uint_as_float(vw[j / 2] & 0xFFFF0000u);
+        const uint32_t q = fp8::cvt_fp8x2<fp8::Format::e4m3>(__fmul_rn(v, scale), __fmul_rn(w, scale));
+        t8.add(v, q & 0xFFu, scale_inv, false);
+        t8.add(w, (q >> 8) & 0xFFu, scale_inv, false);
+      }
       if (!isfinite(v)) {
         ++t.nonfinite;
         continue;
@@ -103,6 +90,9 @@ __global__ void nvfp4_stat_kernel(const uint4* __restrict__ x, const uint2* __re
     }
   }
   device::add_block<kThreads>(t, cell);
+  if (!kE4m3) return;
+  __syncthreads();  // add_block's shared sums are read by warp 0 before the second call writes them
+  device::add_block<kThreads>(t8, e4m3_cell);
 }
 
 int max_blocks() {
@@ -136,26 +126,8 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
   return Status::ok();
 }
 
-Status add_fp8_stat_from_amax_cuda(const bf16* x, int64_t n, const float* amax, fp8::Format fmt, StatCell* cell,
-                                   Stream stream) {
-  if (n <= 0) return Status::ok();
-  if (n % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
-    return errorf("add_fp8_stat_from_amax_cuda: %lld elements need to be a multiple of 8 and 16-byte aligned",
-                  (long long)n);
-  const int64_t n8 = n / 8;
-  const auto grid = unsigned(std::min<int64_t>((n8 + kThreads - 1) / kThreads, max_blocks()));
-  const auto st = static_cast<cudaStream_t>(stream);
-  const auto* xv = reinterpret_cast<const uint4*>(x);
-  if (fmt == fp8::Format::e4m3)
-    fp8_stat_from_amax_kernel<fp8::Format::e4m3><<<grid, kThreads, 0, st>>>(xv, amax, n8, cell);
-  else
-    fp8_stat_from_amax_kernel<fp8::Format::e5m2><<<grid, kThreads, 0, st>>>(xv, amax, n8, cell);
-  CUDA_CHECK_LAUNCH();
-  return Status::ok();
-}
-
 Status add_nvfp4_stat_cuda(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
-                           const float* amax, StatCell* cell, Stream stream) {
+                           const float* amax, StatCell* cell, StatCell* e4m3_cell, Stream stream) {
   const int64_t n = rows * cols;
   if (n <= 0) return Status::ok();
   if (cols % nvfp4::kBlock != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0 ||
@@ -164,8 +136,13 @@ Status add_nvfp4_stat_cuda(const bf16* x, int64_t rows, int64_t cols, const uint
                   (long long)rows, (long long)cols);
   const int64_t blocks = n / nvfp4::kBlock;
   const auto grid = unsigned(std::min<int64_t>((blocks + kThreads - 1) / kThreads, max_blocks()));
-  nvfp4_stat_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint2*>(data), scales, amax, blocks, cell);
+  const auto st = static_cast<cudaStream_t>(stream);
+  const auto* xv = reinterpret_cast<const uint4*>(x);
+  const auto* dv = reinterpret_cast<const uint2*>(data);
+  if (e4m3_cell)
+    nvfp4_stat_kernel<true><<<grid, kThreads, 0, st>>>(xv, dv, scales, amax, blocks, cell, e4m3_cell);
+  else
+    nvfp4_stat_kernel<false><<<grid, kThreads, 0, st>>>(xv, dv, scales, amax, blocks, cell, nullptr);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

@@ -31,19 +31,18 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
 
 // The statistic a per-tensor current-scaled FP8 quantization of x [n] with this amax would add (scale =
 // fp8::scale_from_amax(amax), the codes x * scale rounded as the FP8 quantizer rounds them), without writing a copy:
-// the NVFP4 ladder measures its E4M3 rung this way from the NVFP4 copy's amax (the same max |x|). Host memory here,
-// device memory (amax read there) in the CUDA version.
+// the NVFP4 ladder measures its E4M3 rung this way from the NVFP4 copy's amax (the same max |x|). Host memory; on
+// the GPU, add_nvfp4_stat_cuda computes it beside NVFP4's in one pass.
 void add_fp8_stat_from_amax_host(const bf16* x, int64_t n, float amax, fp8::Format fmt, StatCell* cell);
-Status add_fp8_stat_from_amax_cuda(const bf16* x, int64_t n, const float* amax, fp8::Format fmt, StatCell* cell,
-                                   Stream stream);
 
 // The NVFP4 ladder's statistic over an NVFP4 row-wise copy that already exists: x [rows, cols] against data
 // [rows, cols/2] and scales [rows, cols/16] (formats/nvfp4/nvfp4.h's layout, 2D tiles included) and the copy's FP32
 // amax; x_hat_i = nvfp4::dequant_value (E4M3 bound 448: 4/6 copies are not measured). Host memory here, device
-// memory (amax read there) in the CUDA version.
+// memory (amax read there) in the CUDA version, which with e4m3_cell also adds add_fp8_stat_from_amax's E4M3
+// statistic from the same amax there, in the same pass over x.
 void add_nvfp4_stat_host(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
                          float amax, StatCell* cell);
 Status add_nvfp4_stat_cuda(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
-                           const float* amax, StatCell* cell, Stream stream);
+                           const float* amax, StatCell* cell, StatCell* e4m3_cell, Stream stream);
 
 }  // namespace nb::mor

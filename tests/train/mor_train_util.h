@@ -1,0 +1,43 @@
+// Helpers of the Mixture of Representations training tests (mor_train_test.cpp, mor_ladder_train_test.cpp): a run's
+// metrics.jsonl records that carry one key, and settings that must be refused before step 1.
+#pragma once
+#include <gtest/gtest.h>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+#include "train/resume_util.h"
+
+namespace nb::test {
+
+// The records of SAVE/metrics.jsonl that have `key`, in file order.
+inline std::vector<nlohmann::json> metrics_with(const std::string& save, const char* key) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(save + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+struct RefusedSetting {
+  std::function<void(TrainConfig*)> set;
+  const char* needle;  // in the one-sentence error
+};
+
+// Each setting applied to `base` makes run_training fail with its needle (before any step runs).
+inline void expect_refused_before_step_one(const TrainConfig& base, const std::vector<RefusedSetting>& settings) {
+  for (const RefusedSetting& k : settings) {
+    TrainConfig job = base;
+    k.set(&job);
+    TrainSummary s;
+    Status st = run_training(job, &s);
+    ASSERT_FALSE(st.is_ok()) << k.needle;
+    EXPECT_NE(st.message().find(k.needle), std::string::npos) << st.message();
+    EXPECT_TRUE(s.losses.empty()) << k.needle;
+  }
+}
+
+}  // namespace nb::test
