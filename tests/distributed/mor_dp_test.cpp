@@ -7,6 +7,7 @@
 // (each rank then quantizes the whole weight as one rank does).
 #include <gtest/gtest.h>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -26,23 +27,20 @@ std::vector<nlohmann::json> mor_records(const std::string& save) {
   return out;
 }
 
-TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
-  const std::string dir = test::temp_folder("mor_dp");
-  // A threshold inside the tiny model's spread of E4M3 errors, so both formats are chosen.
-  const std::string job = kJob + "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --train-iters 3 ";
+// Runs `job` on one rank, then on each layout, and checks that the ranks decide as one rank does; every format in
+// `formats` must be chosen somewhere (the thresholds sit inside the tiny model's spread of errors).
+void expect_ranks_decide_as_one(const std::string& dir, const std::string& job, const std::vector<std::string>& layouts,
+                                const std::vector<std::string>& formats) {
   test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("MoR FP8 operands:"), std::string::npos) << r.out;
   const auto ref = mor_records(dir + "/one");
   ASSERT_FALSE(ref.empty());
-  int bf16 = 0, fp8 = 0;
+  std::map<std::string, int> chosen;
   for (const auto& rec : ref)
-    for (const char* role : {"input", "weight", "grad"}) (rec[role]["format"] == "bf16" ? bf16 : fp8)++;
-  EXPECT_GT(bf16, 0) << "the threshold should send some operands to BF16";
-  EXPECT_GT(fp8, 0) << "the threshold should keep some operands in FP8";
-  for (const char* layout :
-       {"--nproc-per-node 2", "--nproc-per-node 2 --use-distributed-optimizer",
-        "--nproc-per-node 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"}) {
+    for (const char* role : {"input", "weight", "grad"}) chosen[rec[role]["format"].get<std::string>()]++;
+  for (const std::string& f : formats) EXPECT_GT(chosen[f], 0) << "the thresholds should send some operands to " << f;
+  for (const std::string& layout : layouts) {
     r = test::run_nibble(job + layout + " --save " + dir + "/two");
     ASSERT_EQ(r.code, 0) << r.out;
     const auto got = mor_records(dir + "/two");
@@ -67,10 +65,31 @@ TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
     EXPECT_NEAR(a[2].loss, b[2].loss, 1e-2 * b[2].loss) << layout;
     std::filesystem::remove_all(dir + "/two");
   }
+}
+
+TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
+  const std::string dir = test::temp_folder("mor_dp");
+  const std::string job = kJob + "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --train-iters 3 ";
+  expect_ranks_decide_as_one(
+      dir, job,
+      {"--nproc-per-node 2", "--nproc-per-node 2 --use-distributed-optimizer",
+       "--nproc-per-node 2 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"},
+      {"e4m3", "bf16"});
   // Tensor parallelism splits the tensors MoR decides on whole: refused before step 1.
-  r = test::run_nibble(job + "--nproc-per-node 2 --tensor-model-parallel-size 2");
+  const test::CliRun r = test::run_nibble(job + "--nproc-per-node 2 --tensor-model-parallel-size 2");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.out.find("not supported with Mixture of Representations"), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// The NVFP4 ladder on all three rungs (thresholds inside the tiny model's spreads: inputs stay NVFP4, most weights
+// fall to E4M3, gradients on to BF16): both statistics of every role summed over the ranks, the weight's counted
+// once, so two ranks decide every rung as one rank does.
+TEST(MorDataParallelCpu, TwoRanksDecideTheLadderAsOneRank) {
+  const std::string dir = test::temp_folder("mor_dp_ladder");
+  const std::string ladder = "--recipe bf16_with_mor_nvfp4_mixed --mor-nvfp4-threshold 0.2 --mor-threshold 0.0226 ";
+  expect_ranks_decide_as_one(dir, kJob + ladder + "--train-iters 3 ",
+                             {"--nproc-per-node 2 --use-distributed-optimizer"}, {"nvfp4", "e4m3", "bf16"});
   std::filesystem::remove_all(dir);
 }
 
