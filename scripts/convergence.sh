@@ -61,10 +61,14 @@ config_flags() {
     # nvfp4_4over6_mae uses TransformerEngine's default, the absolute error.
     nvfp4_4over6) echo "$NVFP4 --fp4-4over6 all --fp4-4over6-err-mode mse" ;;
     nvfp4_4over6_mae) echo "$NVFP4 --fp4-4over6 all --fp4-4over6-err-mode mae" ;;
+    # Mixture of Representations (docs/MOR.md), tensor level, deciding every step: E4M3 or BF16; and the NVFP4 ladder
+    # (NVFP4, E4M3 or BF16), which keeps no block BF16 by position.
+    mor_fp8) echo "--recipe bf16_with_mor_fp8_mixed" ;;
+    mor_nvfp4) echo "--recipe bf16_with_mor_nvfp4_mixed" ;;
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4"
 
 prepare() {
   local tok="$1"
@@ -130,17 +134,21 @@ check_run_inputs() {
   return 0
 }
 
-# The report reads: training lines (iteration, lm_loss, grad_norm, step_ms), validation lines, quantization
-# statistics and annealing records; everything else of metrics.jsonl is dropped to keep the stored runs small.
+# The report reads: training lines (iteration, lm_loss, grad_norm, step_ms, MoR's format shares), validation lines,
+# quantization statistics and annealing records, and MoR's decisions (its per-Linear records of every 100th step,
+# where the fallbacks land); everything else of metrics.jsonl is dropped to keep the stored runs small.
 thin_metrics() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
-keep = ("iteration", "lm_loss", "grad_norm", "step_ms", "tokens_per_s_per_gpu")
+keep = ("iteration", "lm_loss", "grad_norm", "step_ms", "tokens_per_s_per_gpu", "mor_fp8_operands", "mor_fp8_gemms",
+        "mor_nvfp4_operands", "mor_nvfp4_gemms")
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
     for line in f:
         r = json.loads(line)
         if "lm_loss" in r:
             r = {k: r[k] for k in keep if k in r}
+        elif ("mor_linear" in r or "mor_decide_ms" in r) and r.get("iteration", 0) % 100 != 1:
+            continue
         out.write(json.dumps(r, separators=(",", ":")) + "\n")
 PY
 }
