@@ -63,7 +63,7 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
   // The MoR board: three 24-byte statistic cells per MoR Linear (six on the NVFP4 ladder) in one buffer
   // (llama_mor.cpp).
   if (mor_linears > 0)  // as the allocator holds it
-    out->owned += (mor_board_bytes(mor_linears, recipe.mor.ladder ? 6 : 3) + 255) / 256 * 256;
+    out->owned += (mor_board_bytes(mor_linears, recipe.mor.cells_per_linear()) + 255) / 256 * 256;
   out->workspace = int64_t(ws.planned_bytes());
   // gemm_emulated.cu grows its scratch to the need plus an eighth (headroom for the next shape).
   if (scratch > 0) out->emulated_scratch = int64_t((scratch + scratch / 8 + 255) / 256 * 256);

@@ -230,18 +230,17 @@ struct Linear::Impl {
   bool mor_paused = false;
   mor::StatCell* mor_cells = nullptr;
   Buffer mor_own_cells;
-  QCopies q8[3];  // the ladder: each role's per-tensor E4M3 copies (owned), the rung below NVFP4
+  QCopies q8[3];  // the ladder: each role's per-tensor E4M3 copies, the rung below NVFP4
   bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder; }
-  int mor_cell_count() const { return mor_ladder() ? 6 : 3; }
+  int mor_cell_count() const { return recipe.mor.cells_per_linear(); }
   MorRung mor_top() const { return mor_ladder() ? MorRung::nvfp4 : MorRung::fp8; }
   // Quantizes c (one of role's copies) from p; an FP8 copy adds its statistic into cell `cell` (-1: none).
   Status quantize_copies(QCopies& c, Role role, const bf16* p, int64_t rows, int cell, Stream stream,
                          const QCopies::Outputs* into);
   // The ladder: the NVFP4 copies always (their RHT on the Wgrad pair only while both its operands are NVFP4), the
-  // E4M3 copies when the role reads them; with `measure` both statistics (E4M3's without copies when the role does
-  // not read them: mor::add_fp8_stat_from_amax_*).
+  // E4M3 copies when the role reads them; with `measure` both statistics (mor_ladder_measure).
   Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
-  Status mor_init_ladder(bool dry);  // the q8 copies
+  Status mor_init_ladder(int64_t tokens_cap, bool dry);  // the q8 copies, for init_copies' token capacity
   // The ladder's statistics of a measured step from role r's NVFP4 row copy just made: NVFP4's, and E4M3's from its
   // amax unless the role's E4M3 copy measured it (e4m3_measured); on the GPU one pass over x for both.
   Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);

@@ -109,7 +109,7 @@ static Status init_copies(Linear::Impl* impl, std::shared_ptr<LinearWorkspace> w
                          dry));
   if (r.keep_dequantized_weights) NB_TRY(impl->q[1].keep_dequantized(out, dry).context("linear '" + name + "' weight"));
   NB_TRY(impl->q[2].init(Role::grad, r.grad, tokens_cap, out, impl->dev, ws, frozen, false, -1, dry));
-  if (impl->mor_ladder()) NB_TRY(impl->mor_init_ladder(dry));
+  if (impl->mor_ladder()) NB_TRY(impl->mor_init_ladder(tokens_cap, dry));
   if (impl->weight_transposed_on_use) ws->reserve(LinearWorkspace::Slot::weight_col, size_t(out * in));
   if (private_workspace && !dry) NB_TRY(ws->allocate().context("linear '" + name + "'"));
   for (QCopies& c : impl->q)

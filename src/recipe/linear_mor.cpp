@@ -39,9 +39,8 @@ Status Linear::Impl::mor_init(bool dry) {
 // The ladder's E4M3 rung: each role's per-tensor E4M3 copies, placed as the NVFP4 ones are (the input's row copy and
 // the gradient's copies transient, in the same workspace slots right after the NVFP4 pieces; the input's column copy,
 // which backward reads, and the weight's owned), sized for the same tokens.
-Status Linear::Impl::mor_init_ladder(bool dry) {
+Status Linear::Impl::mor_init_ladder(int64_t tokens_cap, bool dry) {
   const RoleSpec e4m3{Fmt::fp8_e4m3};
-  const int64_t mult = fmt_multiple(Fmt::nvfp4), tokens_cap = (max_tokens + mult - 1) / mult * mult;
   LinearWorkspace* ws = workspace.get();
   NB_TRY(q8[0].init(Role::input, e4m3, tokens_cap, in, dev, ws, false, false, -1, dry, q[0].slot_bytes));
   NB_TRY(q8[1].init(Role::weight, e4m3, out, in, dev, nullptr, false, false, -1, dry));

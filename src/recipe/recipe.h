@@ -47,6 +47,8 @@ struct MorSpec {
   // E4M3 copy's is below `threshold`, else BF16.
   bool ladder = false;
   double nvfp4_threshold = kDefaultNvfp4Threshold;
+  // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's.
+  int cells_per_linear() const { return ladder ? 6 : 3; }
   // CPU reference only: each quantization decides its own operands from its own statistic (no lag), to show what
   // the lag of the GPU's schedule changes.
   bool decide_now = false;

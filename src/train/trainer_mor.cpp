@@ -54,7 +54,7 @@ recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e
   const auto below = [](const mor::ErrorStat& s, double t) {
     return mor::decide_from_stat(s, t).choice == mor::Choice::fp8_e4m3;
   };
-  if (nvfp4 && below(*nvfp4, spec.nvfp4_threshold) && !e4m3.nonfinite) return recipe::MorRung::nvfp4;
+  if (nvfp4 && below(*nvfp4, spec.nvfp4_threshold)) return recipe::MorRung::nvfp4;
   return below(e4m3, spec.threshold) ? recipe::MorRung::fp8 : recipe::MorRung::bf16;
 }
 
@@ -96,10 +96,11 @@ Status Trainer::mor_after_step(StepFigures* f) {
     for (size_t r = 0; r < 3; ++r) {
       const mor::ErrorStat e4m3 = summed(per * k + r);
       mor::ErrorStat nv;
-      if (per == 6) nv = summed(per * k + 3 + r);
-      const recipe::MorRung rung = decide_rung(recipe_.mor, e4m3, per == 6 ? &nv : nullptr);
+      const mor::ErrorStat* nvfp4 = nullptr;
+      if (recipe_.mor.ladder) nvfp4 = &(nv = summed(per * k + 3 + r));
+      const recipe::MorRung rung = decide_rung(recipe_.mor, e4m3, nvfp4);
       choices[3 * k + r] = uint8_t(rung);
-      rec[kRoles[r]] = role_json(rung, e4m3, per == 6 ? &nv : nullptr);
+      rec[kRoles[r]] = role_json(rung, e4m3, nvfp4);
     }
     records.push_back(std::move(rec));
   }
