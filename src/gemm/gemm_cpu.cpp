@@ -2,14 +2,15 @@
 //
 // Cache blocking: op(A) and op(B) are copied ("packed") block by block into contiguous row-major
 // tiles (kMc x kKc of A, kKc x kNc of B), so the inner loop streams unit-stride rows whatever the
-// transposes and strides are. Four rows of C are updated per pass over a B row so each loaded B
-// value is used four times. Rows of C are split over std::threads in kMc-row blocks.
+// transposes and strides are. A 4 x 8 tile of C stays in registers over a block's depth, so each loaded
+// B value is used four times and each A value eight. Rows of C are split over std::threads in kMc-row blocks.
 //
 // Precision: every output element is accumulated in FP32 over k = 0..K-1 in order (k blocks are
 // visited in order), then alpha * acc + beta * C is formed in FP32. No FMA contraction (build flag),
 // so results do not depend on the compiler's choice of instructions.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 #include "gemm/gemm_problem.h"
@@ -39,25 +40,49 @@ void pack(const float* x, int64_t ld, bool trans, int64_t r0, int64_t rows, int6
   }
 }
 
-// acc[rows, nc] += ap[rows, kc] @ bp[kc, nc]; all row-major and contiguous.
+using F32x4 = float __attribute__((vector_size(16)));
+
+F32x4 load4(const float* p) {
+  F32x4 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+void store4(float* p, F32x4 v) { std::memcpy(p, &v, sizeof(v)); }
+
+// acc[4 rows, 8 columns at j] += ap[4 rows, kc] @ bp[kc, 8 columns at j], the tile held in registers over k
+// (the same sums in the same order as one element at a time).
+void tile_4x8(const float* ap, const float* bp, int64_t kc, int64_t nc, int64_t j, float* acc) {
+  F32x4 c[4][2];
+  for (int r = 0; r < 4; ++r) {
+    c[r][0] = load4(acc + r * nc + j);
+    c[r][1] = load4(acc + r * nc + j + 4);
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    const F32x4 b0 = load4(bp + k * nc + j), b1 = load4(bp + k * nc + j + 4);
+    for (int r = 0; r < 4; ++r) {
+      const float a = ap[r * kc + k];
+      const F32x4 av = {a, a, a, a};
+      c[r][0] += av * b0;
+      c[r][1] += av * b1;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    store4(acc + r * nc + j, c[r][0]);
+    store4(acc + r * nc + j + 4, c[r][1]);
+  }
+}
+
+// acc[rows, nc] += ap[rows, kc] @ bp[kc, nc]; all row-major and contiguous. Whole 4 x 8 tiles run in
+// registers; the edges one row (and one column) at a time, which sums each element in the same order.
 void block_multiply(const float* ap, const float* bp, int64_t rows, int64_t kc, int64_t nc, float* acc) {
+  const int64_t full_cols = nc / 8 * 8;
   int64_t i = 0;
   for (; i + 4 <= rows; i += 4) {
-    // Distinct rows of the accumulator tile: __restrict lets the compiler vectorize over j.
-    float* __restrict c0 = acc + i * nc;
-    float* __restrict c1 = c0 + nc;
-    float* __restrict c2 = c1 + nc;
-    float* __restrict c3 = c2 + nc;
-    for (int64_t k = 0; k < kc; ++k) {
-      const float a0 = ap[i * kc + k], a1 = ap[(i + 1) * kc + k], a2 = ap[(i + 2) * kc + k], a3 = ap[(i + 3) * kc + k];
-      const float* __restrict b = bp + k * nc;
-      for (int64_t j = 0; j < nc; ++j) {
-        const float bj = b[j];
-        c0[j] += a0 * bj;
-        c1[j] += a1 * bj;
-        c2[j] += a2 * bj;
-        c3[j] += a3 * bj;
-      }
+    for (int64_t j = 0; j < full_cols; j += 8) tile_4x8(ap + i * kc, bp, kc, nc, j, acc + i * nc);
+    for (int64_t r = i; r < i + 4; ++r) {
+      float* __restrict c = acc + r * nc;
+      for (int64_t k = 0; k < kc; ++k)
+        for (int64_t j = full_cols; j < nc; ++j) c[j] += ap[r * kc + k] * bp[k * nc + j];
     }
   }
   for (; i < rows; ++i) {

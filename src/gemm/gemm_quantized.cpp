@@ -4,8 +4,10 @@
 // the CUDA entry points answer with a Status.
 #include "gemm/gemm_quantized.h"
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 #include "core/bf16.h"
@@ -98,52 +100,157 @@ Status resolve_c(const Tensor& c, int64_t m, int64_t n, detail::CView* out) {
   return Status::ok();
 }
 
-// The value of element (r, kk) of an operand, exactly (FP64 holds every code x scale product).
-struct RefDecoder {
-  const QOperand& op;
-  const uint8_t* bytes() const { return static_cast<const uint8_t*>(op.data); }
-  double operator()(int64_t r, int64_t kk) const {
-    switch (op.format) {
+// Decodes an operand's rows exactly (FP64 holds every code x scale product). The element and scale codes go
+// through 256-entry tables and the format is chosen once per row, not per element: the CPU recipes' tests spend
+// most of their time here and in the product below.
+class RefDecoder {
+ public:
+  explicit RefDecoder(const QOperand& op) : op_(op) {
+    for (uint32_t code = 0; code < 256; ++code) {
+      switch (op.format) {
+        case QFormat::fp8_e5m2: elem_[code] = double(e5m2_to_f32(code)); break;
+        case QFormat::nvfp4: elem_[code] = double(e2m1_to_f32(code & 0xFu)); break;
+        default: elem_[code] = double(e4m3_to_f32(code)); break;
+      }
+      scale_[code] = op.format == QFormat::mxfp8 ? double(e8m0_to_f32(code)) : double(e4m3_to_f32(code));
+    }
+  }
+
+  // Elements (r, 0..K-1) into out[0..K-1].
+  void row(int64_t r, double* out) const {
+    const int64_t k = op_.k;
+    const auto* bytes = static_cast<const uint8_t*>(op_.data);
+    const auto* fscales = static_cast<const float*>(op_.scales);
+    const auto* bscales = static_cast<const uint8_t*>(op_.scales);
+    switch (op_.format) {
       case QFormat::fp8_e4m3:
-        return double(e4m3_to_f32(bytes()[r * op.k + kk])) * double(*static_cast<const float*>(op.scales));
-      case QFormat::fp8_e5m2:
-        return double(e5m2_to_f32(bytes()[r * op.k + kk])) * double(*static_cast<const float*>(op.scales));
-      case QFormat::fp8_block128: {
-        const float* s = static_cast<const float*>(op.scales);
-        return double(e4m3_to_f32(bytes()[r * op.k + kk])) * double(s[(kk / 128) * round4(op.rows) + r]);
+      case QFormat::fp8_e5m2: {
+        const double s = double(*fscales);
+        for (int64_t kk = 0; kk < k; ++kk) out[kk] = elem_[bytes[r * k + kk]] * s;
+        return;
       }
-      case QFormat::fp8_block128x128: {
-        const float* s = static_cast<const float*>(op.scales);
-        return double(e4m3_to_f32(bytes()[r * op.k + kk])) * double(s[(r / 128) * round4(op.k / 128) + kk / 128]);
-      }
-      case QFormat::mxfp8: {
-        const uint8_t* s = static_cast<const uint8_t*>(op.scales);
-        if (op.k_major)
-          return double(e4m3_to_f32(bytes()[r * op.k + kk])) * double(e8m0_to_f32(s[r * (op.k / 32) + kk / 32]));
-        return double(e4m3_to_f32(bytes()[kk * op.rows + r])) * double(e8m0_to_f32(s[(kk / 32) * op.rows + r]));
-      }
-      case QFormat::nvfp4: {
-        // Stored [outer, inner]: K-major [rows, K], else [K, rows]; 16-blocks along inner.
-        const int64_t o = op.k_major ? r : kk, i = op.k_major ? kk : r, inner = op.k_major ? op.k : op.rows;
-        const uint8_t byte = bytes()[o * (inner / 2) + i / 2];
-        const uint32_t code = (i & 1) ? (byte >> 4) : (byte & 0xFu);
-        const uint8_t scale = static_cast<const uint8_t*>(op.scales)[o * (inner / 16) + i / 16];
-        return double(e2m1_to_f32(code)) * double(e4m3_to_f32(scale));
-      }
+      case QFormat::fp8_block128:
+        for (int64_t kk = 0; kk < k; ++kk)
+          out[kk] = elem_[bytes[r * k + kk]] * double(fscales[(kk / 128) * round4(op_.rows) + r]);
+        return;
+      case QFormat::fp8_block128x128:
+        for (int64_t kk = 0; kk < k; ++kk)
+          out[kk] = elem_[bytes[r * k + kk]] * double(fscales[(r / 128) * round4(k / 128) + kk / 128]);
+        return;
+      case QFormat::mxfp8:
+        for (int64_t kk = 0; kk < k; ++kk)
+          out[kk] = op_.k_major ? elem_[bytes[r * k + kk]] * scale_[bscales[r * (k / 32) + kk / 32]]
+                                : elem_[bytes[kk * op_.rows + r]] * scale_[bscales[(kk / 32) * op_.rows + r]];
+        return;
+      case QFormat::nvfp4:
+        for (int64_t kk = 0; kk < k; ++kk) out[kk] = nvfp4_value(r, kk);
+        return;
       case QFormat::bf16: {
-        const auto* v = static_cast<const bf16*>(op.data);
-        return double(bf16_to_f32(op.k_major ? v[r * op.k + kk] : v[kk * op.rows + r]));
+        const auto* v = static_cast<const bf16*>(op_.data);
+        for (int64_t kk = 0; kk < k; ++kk)
+          out[kk] = double(bf16_to_f32(op_.k_major ? v[r * k + kk] : v[kk * op_.rows + r]));
+        return;
       }
     }
-    return 0.0;
+  }
+
+ private:
+  // Stored [outer, inner]: K-major [rows, K], else [K, rows]; 16-blocks along inner.
+  double nvfp4_value(int64_t r, int64_t kk) const {
+    const int64_t o = op_.k_major ? r : kk, i = op_.k_major ? kk : r, inner = op_.k_major ? op_.k : op_.rows;
+    const uint8_t byte = static_cast<const uint8_t*>(op_.data)[o * (inner / 2) + i / 2];
+    const uint8_t scale = static_cast<const uint8_t*>(op_.scales)[o * (inner / 16) + i / 16];
+    return elem_[(i & 1) ? (byte >> 4) : (byte & 0xFu)] * scale_[scale];
+  }
+
+  const QOperand& op_;
+  std::array<double, 256> elem_{}, scale_{};
+};
+
+// Every C element is alpha * (the FP64 sum over kk = 0..K-1, in order, of a(i, kk) * b(j, kk)), plus beta * C,
+// rounded once to FP32. A tile of 2 rows x 8 columns of C is summed side by side in two-lane vectors
+// (independent sums, none reassociated), reading B transposed, so the result is the plain loop's bit for bit
+// (test: CpuQGemm.TiledProductEqualsThePlainLoop).
+using F64x2 = double __attribute__((vector_size(16)));
+constexpr int64_t kTileCols = 8;
+
+F64x2 load2(const double* p) {
+  F64x2 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Sums the tile at rows (a0, a1) and columns [j0, j0 + 8) of bt [K, n_pad] into out[2][8].
+void sum_tile(const double* a0, const double* a1, const double* bt, int64_t n_pad, int64_t j0, int64_t k,
+              double out[2][kTileCols]) {
+  F64x2 c00{}, c01{}, c02{}, c03{}, c10{}, c11{}, c12{}, c13{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const double* b = bt + kk * n_pad + j0;
+    const F64x2 b0 = load2(b), b1 = load2(b + 2), b2 = load2(b + 4), b3 = load2(b + 6);
+    const F64x2 x0 = {a0[kk], a0[kk]}, x1 = {a1[kk], a1[kk]};
+    c00 += x0 * b0;
+    c01 += x0 * b1;
+    c02 += x0 * b2;
+    c03 += x0 * b3;
+    c10 += x1 * b0;
+    c11 += x1 * b1;
+    c12 += x1 * b2;
+    c13 += x1 * b3;
+  }
+  const F64x2 row0[4] = {c00, c01, c02, c03}, row1[4] = {c10, c11, c12, c13};
+  std::memcpy(out[0], row0, sizeof(row0));
+  std::memcpy(out[1], row1, sizeof(row1));
+}
+
+// The product's two operands dequantized: `rows` [p, K] as stored, `cols` transposed [K, q_pad] (columns past q are
+// zeros). Whichever of A and B has fewer rows is the transposed one (the copy costs its size; a weight beside a
+// few tokens stays in place); `swapped` says that B is `rows`, so element (p, q) is C's (q, p).
+struct DequantizedPair {
+  std::vector<double> rows, cols;
+  int64_t p = 0, q = 0, q_pad = 0, k = 0;
+  bool swapped = false;
+
+  DequantizedPair(const QOperand& a, const QOperand& b) : k(a.k), swapped(b.rows > a.rows) {
+    const QOperand& r_op = swapped ? b : a;
+    const QOperand& c_op = swapped ? a : b;
+    p = r_op.rows;
+    q = c_op.rows;
+    q_pad = (q + kTileCols - 1) / kTileCols * kTileCols;
+    rows.resize(size_t(p * k));
+    const RefDecoder dec_r(r_op), dec_c(c_op);
+    for (int64_t r = 0; r < p; ++r) dec_r.row(r, &rows[size_t(r * k)]);
+    cols.assign(size_t(k * q_pad), 0.0);
+    std::vector<double> one(size_t(k), 0.0);
+    for (int64_t j = 0; j < q; ++j) {
+      dec_c.row(j, one.data());
+      for (int64_t kk = 0; kk < k; ++kk) cols[size_t(kk * q_pad + j)] = one[size_t(kk)];
+    }
   }
 };
 
+// C = alpha * A . B^T + beta * C, tile by tile.
+void fp64_product(const DequantizedPair& d, double alpha, float beta, const detail::CView& c) {
+  float* cp = static_cast<float*>(c.data);
+  double tile[2][kTileCols];
+  for (int64_t i = 0; i < d.p; i += 2) {
+    const double* a0 = &d.rows[size_t(i * d.k)];
+    const double* a1 = i + 1 < d.p ? a0 + d.k : a0;  // an odd last row is summed twice and written once
+    for (int64_t j0 = 0; j0 < d.q; j0 += kTileCols) {
+      sum_tile(a0, a1, d.cols.data(), d.q_pad, j0, d.k, tile);
+      for (int64_t r = 0; r < std::min<int64_t>(2, d.p - i); ++r)
+        for (int64_t t = 0; t < std::min(kTileCols, d.q - j0); ++t) {
+          const int64_t row = d.swapped ? j0 + t : i + r, col = d.swapped ? i + r : j0 + t;
+          float& out = cp[row * c.ld + col];
+          double v = alpha * tile[r][t];
+          if (beta != 0.f) v += double(beta) * double(out);
+          out = float(v);
+        }
+    }
+  }
+}
+
 Status matmul_quantized_cpu(const QOperand& a, const QOperand& b, const detail::CView& c, float beta) {
-  const int64_t m = a.rows, n = b.rows, k = a.k;
-  std::vector<double> da(size_t(m * k)), db(size_t(n * k));
-  NB_TRY(dequantize_operand_ref(a, da.data()));
-  NB_TRY(dequantize_operand_ref(b, db.data()));
+  const DequantizedPair d(a, b);  // operands checked by matmul_quantized
   // NVFP4's global scales (the decoder gives code x block scale); a mixed pair's NVFP4 operand alone, exactly.
   double alpha = 1.0;
   if (a.format == QFormat::nvfp4 && b.format == QFormat::nvfp4)
@@ -152,17 +259,7 @@ Status matmul_quantized_cpu(const QOperand& a, const QOperand& b, const detail::
     const QOperand& q = a.format == QFormat::nvfp4 ? a : b;
     alpha = double(*q.amax) / (6.0 * (q.nvfp4_4over6 ? 256.0 : 448.0));
   }
-  float* cp = static_cast<float*>(c.data);
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      const double* ar = &da[size_t(i * k)];
-      const double* br = &db[size_t(j * k)];
-      double acc = 0.0;
-      for (int64_t kk = 0; kk < k; ++kk) acc += ar[kk] * br[kk];
-      double v = alpha * acc;
-      if (beta != 0.f) v += double(beta) * double(cp[i * c.ld + j]);
-      cp[i * c.ld + j] = float(v);
-    }
+  fp64_product(d, alpha, beta, c);
   return Status::ok();
 }
 
@@ -191,9 +288,8 @@ float nvfp4_global_alpha(float amax_a, float amax_b, bool four_over_six_a, bool 
 
 Status dequantize_operand_ref(const QOperand& op, double* out) {
   NB_TRY(check_operand(op, "operand"));
-  RefDecoder dec{op};
-  for (int64_t r = 0; r < op.rows; ++r)
-    for (int64_t kk = 0; kk < op.k; ++kk) out[r * op.k + kk] = dec(r, kk);
+  const RefDecoder dec(op);
+  for (int64_t r = 0; r < op.rows; ++r) dec.row(r, out + r * op.k);
   return Status::ok();
 }
 

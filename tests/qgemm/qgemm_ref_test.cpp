@@ -286,6 +286,36 @@ TEST(CpuQGemm, OddShapes) {
   check_cpu(na, false, nb4, false, 0.f);
 }
 
+// The reference's tiled FP64 product (two rows and eight columns of C side by side) against the plain loop,
+// one sum per element over k in order, written here: equal bit for bit, with beta = 1 and shapes that leave an
+// odd last row and a partial column tile.
+void expect_plain_loop(const HostQuant& qa, const HostQuant& qb, double alpha) {
+  const QOperand a = qa.op(false), b = qb.op(false);
+  const int64_t m = a.rows, n = b.rows, k = a.k;
+  std::vector<double> da(size_t(m * k)), db(size_t(n * k));
+  ASSERT_TRUE(dequantize_operand_ref(a, da.data()).is_ok());
+  ASSERT_TRUE(dequantize_operand_ref(b, db.data()).is_ok());
+  std::vector<float> c(size_t(m * n)), want(size_t(m * n));
+  Rng rng(5);
+  for (auto& v : c) v = rng.uniform() * 8.f;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) acc += da[size_t(i * k + kk)] * db[size_t(j * k + kk)];
+      want[size_t(i * n + j)] = float(alpha * acc + double(c[size_t(i * n + j)]));
+    }
+  Tensor ct = Tensor::make(c.data(), DType::f32, Device::cpu, {m, n});
+  ASSERT_TRUE(matmul_quantized(a, b, ct, {.beta = 1.f}, nullptr).is_ok());
+  EXPECT_EQ(std::memcmp(c.data(), want.data(), c.size() * sizeof(float)), 0) << qformat_name(a.format);
+}
+
+TEST(CpuQGemm, TiledProductEqualsThePlainLoop) {
+  HostQuant a(QFormat::fp8_e4m3, 33, 80, 11), b(QFormat::fp8_e4m3, 19, 80, 12);
+  expect_plain_loop(a, b, 1.0);
+  HostQuant na(QFormat::nvfp4, 48, 96, 13), nb4(QFormat::nvfp4, 80, 96, 14);
+  expect_plain_loop(na, nb4, double(nvfp4_global_alpha(*na.op(false).amax, *nb4.op(false).amax)));
+}
+
 TEST(CpuQGemm, RejectsUnsupportedCombinations) {
   HostQuant e5(QFormat::fp8_e5m2, 128, 128, 1), e4(QFormat::fp8_e4m3, 128, 128, 2);
   HostQuant blk2(QFormat::fp8_block128x128, 128, 128, 3), nv(QFormat::nvfp4, 128, 128, 4);
