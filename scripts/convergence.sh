@@ -193,13 +193,21 @@ run_one() {
   python3 - "$stage/meta.json" "$config" "$seed" "$ITERS" "$((ITERS * SEQ * GBS))" "$flags ${STUDY_TRAIN_FLAGS:-}" \
     "$train_s" "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" \
     "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" "$MODEL" "$SEQ" "$GBS" \
-    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" <<'PY' || return 1
-import json, sys
+    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" "$DATA/study_text_document.idx" <<'PY' || return 1
+import json, struct, sys
 a = sys.argv
+
+def corpus_tokens(idx):
+    """The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header)."""
+    with open(idx, "rb") as f:
+        head = f.read(34)
+        n = struct.unpack("<Q", head[18:26])[0]
+        return sum(struct.unpack(f"<{n}i", f.read(4 * n)))
+
 json.dump({"config": a[2], "seed": int(a[3]), "iterations": int(a[4]), "tokens": int(a[5]), "flags": a[6].strip(),
            "wall_s": int(a[7]), "device": a[8].strip(), "commit": a[9], "model": a[10],
            "seq_length": int(a[11]), "global_batch": int(a[12]), "deterministic": a[13] == "1",
-           "eval_s": int(a[14])}, open(a[1], "w"), indent=1)
+           "eval_s": int(a[14]), "corpus_tokens": corpus_tokens(a[15])}, open(a[1], "w"), indent=1)
 PY
   mkdir -p "$out" && rm -rf "${out:?}/$name" && mv "$stage" "$out/$name"
   echo "$name: done in $(($(date +%s) - t0)) s"

@@ -40,7 +40,7 @@ def load_runs(root, sub="runs"):
         if not os.path.isfile(os.path.join(d, "meta.json")):
             continue
         meta = json.load(open(os.path.join(d, "meta.json")))
-        train, valid, quant, anneal = {}, {}, [], []
+        train, valid, quant, anneal, mor = {}, {}, [], [], []
         for line in open(os.path.join(d, "metrics.jsonl")):
             r = json.loads(line)
             if isinstance(r.get("lm_loss"), (int, float)):
@@ -51,7 +51,9 @@ def load_runs(root, sub="runs"):
                 quant.append(r)
             elif "anneal" in r:
                 anneal.append(r)
-        meta.update(train=train, valid=sorted(valid.items()), quant=quant, anneal=anneal, eval={})
+            elif "mor_linear" in r:
+                mor.append(r)
+        meta.update(train=train, valid=sorted(valid.items()), quant=quant, anneal=anneal, mor=mor, eval={})
         meta.setdefault("deterministic", False)  # runs from before --deterministic-mode have no key
         for which in ("valid", "heldout"):
             path = os.path.join(d, f"eval_{which}.json")
