@@ -21,11 +21,18 @@ class LegacyRandomState {
   uint64_t next_u64();  // numpy: (hi32 << 32) | lo32 from two draws, hi first
   // Uniform integer in [0, max] by masked rejection (numpy random_interval).
   uint64_t interval(uint64_t max);
-  // In-place shuffle with numpy's legacy order.
+  // In-place shuffle with numpy's legacy order. The draws do not depend on the data, so they are made kAhead swaps
+  // early and each one's element prefetched: a shuffle of millions of samples (Megatron's sample order) is bound by
+  // those random reads. Same draws, same swaps, same order as numpy.
   template <typename T>
   void shuffle(T* data, int64_t n) {
-    for (int64_t i = n - 1; i >= 1; --i) {
-      uint64_t j = interval(static_cast<uint64_t>(i));
+    constexpr int64_t kAhead = 16;
+    uint64_t ahead[kAhead];
+    const int64_t first = n - 1;
+    for (int64_t i = first; i >= 1 && first - i < kAhead; --i) ahead[(first - i) % kAhead] = draw_into(data, i);
+    for (int64_t i = first; i >= 1; --i) {
+      const uint64_t j = ahead[(first - i) % kAhead];
+      if (i - kAhead >= 1) ahead[(first - i) % kAhead] = draw_into(data, i - kAhead);
       std::swap(data[i], data[j]);
     }
   }
@@ -37,6 +44,13 @@ class LegacyRandomState {
   int64_t randint(int64_t low, int64_t high) { return low + static_cast<int64_t>(interval(uint64_t(high - low - 1))); }
 
  private:
+  // The swap partner of position i, its element prefetched.
+  template <typename T>
+  uint64_t draw_into(const T* data, int64_t i) {
+    const uint64_t j = interval(static_cast<uint64_t>(i));
+    __builtin_prefetch(data + j);
+    return j;
+  }
   void twist();
   uint32_t key_[624];
   int pos_;

@@ -38,6 +38,20 @@ TEST(NumpyRandom, ShuffleAndPermutationOrder) {
   EXPECT_EQ(p, (std::vector<int32_t>{1, 17, 2, 5, 11, 0, 18, 6, 13, 19, 10, 14, 8, 16, 9, 12, 7, 3, 4, 15}));
 }
 
+// shuffle() draws its swap partners ahead of the swaps (to prefetch them): the same order as numpy's loop, one draw
+// per swap, written here plainly, at sizes around the look-ahead and far past it.
+TEST(NumpyRandom, ShuffleDrawingAheadEqualsThePlainLoop) {
+  for (const int64_t n : {int64_t{1}, int64_t{2}, int64_t{16}, int64_t{17}, int64_t{18}, int64_t{100003}}) {
+    std::vector<int64_t> mine(static_cast<size_t>(n)), plain(static_cast<size_t>(n));
+    std::iota(mine.begin(), mine.end(), 0);
+    std::iota(plain.begin(), plain.end(), 0);
+    LegacyRandomState(99).shuffle(mine);
+    LegacyRandomState rs(99);
+    for (int64_t i = n - 1; i >= 1; --i) std::swap(plain[size_t(i)], plain[rs.interval(uint64_t(i))]);
+    EXPECT_EQ(mine, plain) << "n = " << n;
+  }
+}
+
 TEST(NumpyRandom, DefaultRngIntegersMatchMockLengths) {
   auto v = Pcg64Generator(0).integers_int32(1, 4096, 100000);
   EXPECT_EQ(std::vector<int32_t>(v.begin(), v.begin() + 8),
