@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 #include "train/mor_train_util.h"
+#include "train/sft_reverse_data.h"
 
 using namespace nb;
 
@@ -29,6 +30,41 @@ TEST(MorLadderTrainCpu, EveryOperandNvfp4IsTheNvfp4Recipe) {
   plain.train_iters = 3;
   ASSERT_TRUE(run_training(plain, &nvfp4).is_ok());
   EXPECT_EQ(ladder.losses, nvfp4.losses);
+}
+
+// Packed SFT (rows of prompt/answer samples, padding, per-sample attention): the ladder measures and decides from
+// those rows, and with every operand kept NVFP4 it is still the NVFP4 recipe's SFT run bit for bit.
+TEST(MorLadderTrainCpu, PackedSftKeepsEveryOperandNvfp4AsTheNvfp4Recipe) {
+  const std::string dir = test::temp_folder("mor_ladder_sft");
+  const std::string prefix = test::write_reverse_sft_data(dir, 5, 3, 10);
+  const auto as_sft = [&](TrainConfig c, const std::string& save) {
+    c.sft = true;
+    c.mock_data = false;
+    c.data_path = prefix;
+    c.split = "90,10,0";
+    c.seq_length = 64;
+    c.micro_batch_size = 2;
+    c.global_batch_size = 4;
+    c.save = save;
+    c.save_interval = 100;
+    return c;
+  };
+  TrainSummary ladder, nvfp4;
+  ASSERT_TRUE(run_training(as_sft(ladder_job(0.999, 0.045), dir + "/ladder"), &ladder).is_ok());
+  TrainConfig plain = test::tiny_job("cpu", "bf16_with_nvfp4_mixed");
+  plain.num_layers_at_end_in_bf16 = 0;
+  plain.train_iters = 3;
+  ASSERT_TRUE(run_training(as_sft(plain, dir + "/nvfp4"), &nvfp4).is_ok());
+  ASSERT_EQ(ladder.losses.size(), 3u);
+  EXPECT_EQ(ladder.losses, nvfp4.losses);
+  const auto records = test::metrics_with(dir + "/ladder", "mor_linear");
+  ASSERT_FALSE(records.empty()) << "the SFT run decided";
+  for (const auto& rec : records)
+    for (const char* role : {"input", "weight", "grad"}) {
+      EXPECT_EQ(rec[role]["format"], "nvfp4") << rec.dump();
+      EXPECT_GT(rec[role]["nonzero"].get<double>(), 0.0) << rec.dump();
+    }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(MorLadderTrainCpu, ThresholdsMoveOperandsDownTheLadder) {
