@@ -48,7 +48,7 @@ def pct(n, d):
 
 
 def fallback_counts(records, key):
-    """{key(record, role): [records, fallbacks per rung below the top]} over every record and role."""
+    """{key(record, role): [the format each of those decisions chose]} over every record and role."""
     out = {}
     for r in records:
         for role in ROLES:
