@@ -70,10 +70,33 @@ config_flags() {
 }
 CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4"
 
+# The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
+idx_tokens() {
+  python3 - "$1" <<'PY'
+import struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(34)[18:26])[0]
+    print(sum(struct.unpack(f"<{n}i", f.read(4 * n))))
+PY
+}
+
+# Says so when the tokenized corpus is not the one the stored runs trained on (bench/convergence/corpus.json):
+# Debian revises packages, and new runs then pair with the stored ones only approximately (CONVERGENCE.md).
+check_corpus() {
+  local have want
+  have=$(idx_tokens "$DATA/study_text_document.idx")
+  want=$(python3 -c "import json; print(json.load(open('bench/convergence/corpus.json'))['tokens'])" 2>/dev/null || echo "")
+  if [ -n "$want" ] && [ "$have" != "$want" ]; then
+    echo "convergence.sh: warning: this corpus has $have tokens, the stored runs' $want (bench/convergence/corpus.json):" \
+      "new runs will pair with them only approximately; the report names such runs" >&2
+  fi
+  return 0
+}
+
 prepare() {
   local tok="$1"
   shift
-  if [ -s "$DATA/study_text_document.idx" ]; then return 0; fi
+  if [ -s "$DATA/study_text_document.idx" ]; then check_corpus; return 0; fi
   mkdir -p "$DATA"
   cp "$tok" "$DATA/tokenizer.tiktoken"
   cat "$@" > "$DATA/study.jsonl.xz"
@@ -84,6 +107,7 @@ prepare() {
   rm -f "$DATA/study.jsonl.xz"
   "$NIBBLE" preprocess -i "$DATA/study.jsonl" -o "$DATA/study" -t "$DATA/tokenizer.tiktoken" --append-eod -j "$(nproc)"
   rm -f "$DATA/study.jsonl"
+  check_corpus
 }
 
 # The held-out test set: another Debian package's text (scripts/setup_study_data.sh), the study's tokenizer.
@@ -193,21 +217,13 @@ run_one() {
   python3 - "$stage/meta.json" "$config" "$seed" "$ITERS" "$((ITERS * SEQ * GBS))" "$flags ${STUDY_TRAIN_FLAGS:-}" \
     "$train_s" "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" \
     "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" "$MODEL" "$SEQ" "$GBS" \
-    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" "$DATA/study_text_document.idx" <<'PY' || return 1
-import json, struct, sys
+    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" "$(idx_tokens "$DATA/study_text_document.idx")" <<'PY' || return 1
+import json, sys
 a = sys.argv
-
-def corpus_tokens(idx):
-    """The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header)."""
-    with open(idx, "rb") as f:
-        head = f.read(34)
-        n = struct.unpack("<Q", head[18:26])[0]
-        return sum(struct.unpack(f"<{n}i", f.read(4 * n)))
-
 json.dump({"config": a[2], "seed": int(a[3]), "iterations": int(a[4]), "tokens": int(a[5]), "flags": a[6].strip(),
            "wall_s": int(a[7]), "device": a[8].strip(), "commit": a[9], "model": a[10],
            "seq_length": int(a[11]), "global_batch": int(a[12]), "deterministic": a[13] == "1",
-           "eval_s": int(a[14]), "corpus_tokens": corpus_tokens(a[15])}, open(a[1], "w"), indent=1)
+           "eval_s": int(a[14]), "corpus_tokens": int(a[15])}, open(a[1], "w"), indent=1)
 PY
   mkdir -p "$out" && rm -rf "${out:?}/$name" && mv "$stage" "$out/$name"
   echo "$name: done in $(($(date +%s) - t0)) s"

@@ -180,6 +180,20 @@ PY
   xz -6 -f "$DIR/heldout.jsonl"
 fi
 
+# The stored runs' corpus (bench/convergence/corpus.json): Debian revises packages, and a corpus that differs from it
+# makes runs that pair with the stored ones only approximately (CONVERGENCE.md). Said here, before GPU time is spent.
+stored="$(dirname "$0")/../bench/convergence/corpus.json"
+if [ -s "$stored" ]; then
+  python3 - "$DIR/study_manifest.json" "$stored" <<'PY'
+import json, sys
+have, want = (json.load(open(p))["sources"] for p in sys.argv[1:3])
+diff = [f"{k}: {have.get(k)} here, {v} stored" for k, v in want.items() if have.get(k) != v]
+if diff:
+    print("setup_study_data.sh: warning: the corpus differs from the stored runs' (bench/convergence/corpus.json; "
+          "a later Debian revision?):\n  " + "\n  ".join(diff), file=sys.stderr)
+PY
+fi
+
 if [ "${1:-}" = "--tokenize" ]; then
   tok="${2:?--tokenize needs a tokenizer file (gpt2.tiktoken)}"
   nibble="${NIBBLE:-nibble}"
