@@ -62,14 +62,11 @@ def layer_of(name):
     return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else -1
 
 
-def fallback_table(title, counts, rungs, order=None):
+def fallback_table(title, counts, rungs):
     lower = rungs[1:]
     head = f"| {title} | decisions | " + " | ".join(f"{FORMAT_NAMES[f]}" for f in rungs) + " |"
     rows = [head, "|---|---:|" + "---:|" * len(rungs)]
-    for key in order or sorted(counts):
-        fmts = counts.get(key)
-        if not fmts:
-            continue
+    for key, fmts in sorted(counts.items()):
         cells = [pct(sum(f == fmt for f in fmts), len(fmts)) for fmt in rungs]
         # The top rung in bold only where nothing fell back: the eye finds the fallbacks.
         if not any(f in lower for f in fmts):

@@ -38,13 +38,7 @@ TEST(MorLadderTrainCpu, PackedSftKeepsEveryOperandNvfp4AsTheNvfp4Recipe) {
   const std::string dir = test::temp_folder("mor_ladder_sft");
   const std::string prefix = test::write_reverse_sft_data(dir, 5, 3, 10);
   const auto as_sft = [&](TrainConfig c, const std::string& save) {
-    c.sft = true;
-    c.mock_data = false;
-    c.data_path = prefix;
-    c.split = "90,10,0";
-    c.seq_length = 64;
-    c.micro_batch_size = 2;
-    c.global_batch_size = 4;
+    test::use_reverse_sft(&c, prefix);
     c.save = save;
     c.save_interval = 100;
     return c;

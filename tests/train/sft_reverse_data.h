@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 #include "data/indexed_dataset.h"
+#include "train/train_config.h"
 
 namespace nb::test {
 
@@ -34,6 +35,18 @@ inline std::string write_reverse_sft_data(const std::string& dir, uint32_t seed,
   EXPECT_TRUE(t->finalize().is_ok());
   EXPECT_TRUE(m->finalize().is_ok());
   return prefix;
+}
+
+// A training job on that dataset: packed SFT rows of 64 tokens, two per micro-batch, global batch 4, the samples
+// split 90/10 into training and validation.
+inline void use_reverse_sft(TrainConfig* c, const std::string& prefix) {
+  c->sft = true;
+  c->mock_data = false;
+  c->data_path = prefix;
+  c->split = "90,10,0";
+  c->seq_length = 64;
+  c->micro_batch_size = 2;
+  c->global_batch_size = 4;
 }
 
 }  // namespace nb::test

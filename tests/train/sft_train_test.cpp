@@ -18,12 +18,7 @@ TrainConfig sft_job(const std::string& prefix, const std::string& save) {
   TrainConfig c;
   c.device = "cpu";
   c.model = "tiny";
-  c.sft = true;
-  c.data_path = prefix;
-  c.split = "90,10,0";
-  c.seq_length = 64;
-  c.micro_batch_size = 2;
-  c.global_batch_size = 4;
+  test::use_reverse_sft(&c, prefix);
   c.train_iters = 40;
   c.lr = 3e-3;
   c.min_lr = 3e-4;
