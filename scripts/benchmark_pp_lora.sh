@@ -33,4 +33,12 @@ configs+=(
   "70b-lora-bf16-pp2-full|2|$lora --lora-base-precision bf16 --pipeline-model-parallel-size 2 --recompute full"
   "70b-lora-nvfp4-pp2-selective|2|$lora --lora-base-precision nvfp4 --pipeline-model-parallel-size 2 --recompute selective"
 )
+# What overlapping the messages buys, on two GPUs: PP2 VP20 runs as many passes per rank and step as PP4 VP20 (1,280,
+# each followed by its sends and receives), of two layers rather than one; a BF16 base with selective recompute
+# (132.4 GiB on the first stage by the memory estimate, for an H200).
+pp2vp="--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 20"
+configs+=(
+  "70b-lora-bf16-pp2vp20-selective-profile|2|$lora --lora-base-precision bf16 $pp2vp --recompute selective --profile"
+  "70b-lora-bf16-pp2vp20-selective-no-overlap-profile|2|$lora --lora-base-precision bf16 $pp2vp --recompute selective --profile --no-overlap-p2p-communication"
+)
 run_configs "${configs[@]}"
