@@ -5,6 +5,7 @@
 // (blocking, NCCL >= 2.18); send_recv is a grouped ncclSend/ncclRecv of bytes on the caller's stream.
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -77,11 +78,20 @@ class NcclCommunicator : public Communicator {
                        "broadcast");
   }
   Status wait(Stream stream) override { return wait_stream(cudaStream_t(stream)); }
-  // On the default stream, after the work queued before it; waits with a bounded poll (see the header).
+  // On the default stream, after the work queued before it; waits with a bounded poll (see the header). The device
+  // scratch grows to the longest array reduced so far (a step's few scalars; MoR's statistics, 96 bytes per Linear;
+  // the pipeline stages' delayed-scaling histories at a save), so it is allocated once per size, not per call.
   Status all_reduce_host(double* values, int n, ReduceOp op) override {
-    if (n > kScratch) return errorf("all_reduce_host: at most %d values at once", kScratch);
-    if (!scratch_ && cudaMalloc(&scratch_, sizeof(double) * kScratch) != cudaSuccess)
-      return errorf("rank %d: no device memory for the communicator's scratch", rank_);
+    if (n < 0) return errorf("all_reduce_host: %d values", n);
+    if (n == 0) return Status::ok();
+    if (n > scratch_values_) {
+      if (scratch_) cudaFree(scratch_);
+      scratch_ = nullptr;
+      scratch_values_ = 0;
+      if (cudaMalloc(&scratch_, sizeof(double) * size_t(std::max(n, kScratch))) != cudaSuccess)
+        return errorf("rank %d: no device memory for the communicator's scratch of %d values", rank_, n);
+      scratch_values_ = std::max(n, kScratch);
+    }
     cudaMemcpy(scratch_, values, sizeof(double) * size_t(n), cudaMemcpyHostToDevice);
     NB_TRY(nccl_status(ncclAllReduce(scratch_, scratch_, size_t(n), ncclFloat64,
                                      op == ReduceOp::sum ? ncclSum : ncclMax, comm_, nullptr),
@@ -157,7 +167,7 @@ class NcclCommunicator : public Communicator {
   }
 
  private:
-  static constexpr int kScratch = 64;
+  static constexpr int kScratch = 64;  // the least scratch allocated (a step's scalars)
   Status check(const Tensor& t, const char* op, ncclDataType_t* ty) const {
     if (t.device != Device::cuda) return errorf("%s: the NCCL communicator takes device tensors", op);
     if (!nccl_type(t.dtype, ty))
@@ -200,6 +210,7 @@ class NcclCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   std::chrono::milliseconds timeout_;
   void* scratch_ = nullptr;
+  int scratch_values_ = 0;  // doubles scratch_ holds
   bool aborted_ = false;
 };
 

@@ -31,10 +31,12 @@ Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int v
   rank_ = comm->rank();
   V_ = virtual_stages;
   M_ = micro_batches;
-  if (V_ > 1 && (M_ % P_ != 0 || P_ < 3))
+  // With two stages a rank's two neighbours are one rank: a group's messages to it go in the order its receives
+  // are posted (exchange: forward, then backward), which NCCL and Gloo match in order.
+  if (V_ > 1 && M_ % P_ != 0)
     return errorf(
-        "the interleaved pipeline schedule runs groups of %d micro-batches per chunk and needs more than 2 stages: "
-        "%lld micro-batches per rank at %d stages cannot run it",
+        "the interleaved pipeline schedule runs groups of %d micro-batches per chunk: %lld micro-batches per rank at "
+        "%d stages cannot run it",
         P_, (long long)M_, P_);
   inputs_.assign(size_t(V_), {});
   grads_.assign(size_t(V_), {});

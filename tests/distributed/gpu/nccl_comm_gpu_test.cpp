@@ -65,6 +65,15 @@ TEST(NcclOneRank, CollectivesTheTrainerUses) {
   EXPECT_EQ(scalars[0], 1.5);
   EXPECT_EQ(scalars[1], -2.0);
   EXPECT_EQ(scalars[2], 1e300);
+  // Longer host arrays than the first scratch (MoR's statistics: four doubles per Linear role; the stages' delayed
+  // scaling histories): the scratch grows, and a short array after a long one still reads its own values.
+  for (const int len : {65, 5000, 7}) {
+    std::vector<double> many(static_cast<size_t>(len));
+    for (int i = 0; i < len; ++i) many[size_t(i)] = double(i) * 0.25 - 3.0;
+    const std::vector<double> want = many;
+    ASSERT_TRUE(r.comm->all_reduce_host(many.data(), len, ReduceOp::sum).is_ok()) << len;
+    EXPECT_EQ(many, want) << len;
+  }
 }
 
 TEST(NcclOneRank, Bf16ComputeCopiesAreGathered) {
