@@ -123,12 +123,6 @@ Status validate_pipeline(const TrainConfig& c, const LlamaConfig& m) {
   int V = 1;
   NB_TRY(pp::resolve_virtual_stages(counted, int(P), c.num_layers_per_virtual_pipeline_stage,
                                     c.num_virtual_stages_per_pipeline_rank, &V));
-  // Megatron: without the overlap two chunks of one rank could send to the same neighbour in one batch.
-  if (V > 1 && !c.overlap_p2p_communication && P < 3)
-    return errorf(
-        "the interleaved schedule (%d virtual stages per pipeline rank) with --no-overlap-p2p-communication needs "
-        "--pipeline-model-parallel-size > 2; got %lld",
-        V, (long long)P);
   std::vector<pp::LayerRange> stages;
   NB_TRY(pp::split_layers(m.layers, c.pipeline_split_options(V), &stages));
   const int64_t micro_batches = c.global_batch_size / (c.micro_batch_size * c.data_parallel);

@@ -1,10 +1,10 @@
 // Pipeline parallelism over NCCL on two GPUs, through the real CLI: 1F1B at P2 and the interleaved schedule at
-// P2 V2, with the messages overlapped with compute on their own streams (the default) and posted on the compute
-// stream (--no-overlap-p2p-communication), against one GPU, in BF16 and NVFP4 (NVFP4 without recompute: each
-// Linear keeps a quantized input per pass in flight). The CPU tests (Gloo) run the same schedules, but there a
-// stream is the host's order, so only a GPU shows a pass reading a buffer before its receive finished or a send
-// reading a slot a later pass already took. Skipped with the reason on a machine with fewer GPUs; run with
-// NCCL_NVLS_ENABLE=0 on the shared machines.
+// P2 V2 (where a rank's two neighbours are one rank), each with the messages overlapped with compute on their own
+// streams (the default) and posted on the compute stream (--no-overlap-p2p-communication), against one GPU, in BF16 and
+// NVFP4 (NVFP4 without recompute: each Linear keeps a quantized input per pass in flight). The CPU tests (Gloo) run the
+// same schedules, but there a stream is the host's order, so only a GPU shows a pass reading a buffer before its
+// receive finished or a send reading a slot a later pass already took. Skipped with the reason on a machine with fewer
+// GPUs; run with NCCL_NVLS_ENABLE=0 on the shared machines.
 //
 // Tolerances as fsdp_two_gpu_test.cpp: step 1's loss to 1e-6 relative (the stages run one GPU's kernels on the
 // same values), step 1's gradient norm to 1e-4 (summed per stage, then over the stages; a gradient sent before
@@ -53,7 +53,8 @@ TEST_P(PipelineTwoGpus, SchedulesMatchOneGpu) {
   const std::string pp = job + "--nproc-per-node 2 --pipeline-model-parallel-size 2 ";
   for (const std::string layout :
        {std::string("--no-overlap-p2p-communication"), std::string(""),
-        std::string("--num-virtual-stages-per-pipeline-rank 2")}) {
+        std::string("--num-virtual-stages-per-pipeline-rank 2"),
+        std::string("--num-virtual-stages-per-pipeline-rank 2 --no-overlap-p2p-communication")}) {
     SCOPED_TRACE(layout.empty() ? "1F1B, overlapped" : layout);
     const auto r = pp_gpu_run(dir, "pp", pp + layout);
     ASSERT_EQ(r.size(), 4u);
