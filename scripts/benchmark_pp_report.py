@@ -3,7 +3,9 @@
 time, tokens/s/GPU, model TFLOP/s/GPU, MFU, peak memory (rank 0's) and the memory estimate's total, and each
 pipeline row's tokens/s/GPU against the Megatron-FSDP row of its recipe.
 
-Usage: benchmark_pp_report.py OUT [--merge-into BENCHMARKS.md]"""
+Usage: benchmark_pp_report.py OUT [--merge-into BENCHMARKS.md]
+       benchmark_pp_report.py --overlap OUT... [--merge-into BENCHMARKS.md]   (profiled pairs with and without
+       --no-overlap-p2p-communication, from one or more calls' folders)"""
 import os
 import re
 import sys
@@ -110,11 +112,52 @@ def quantized_section(out, names, rows, device, commit):
         + TABLE + "\n".join(four) + "\n\n" + "".join(b for b in (measured_bubble(out, n) for n in profiled) if b))
 
 
+def run_names(out):
+    """The configurations in OUT's runs.txt, in order; one run twice into one folder (runs.txt appends) is one row."""
+    return list(dict.fromkeys(line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()))
+
+
+def overlap_section(outs):
+    """The profiled pairs with and without --no-overlap-p2p-communication, from one or more result folders (each
+    its own call, so maybe its own machine of the same kind): each row names its commit; each pair's ratio."""
+    rows, bubbles, got, device = [], [], {}, "the GPU machine"
+    for out in outs:
+        commit = read(out, "commit.txt").strip() or "unknown"
+        for name in (n for n in run_names(out) if n.endswith("-profile")):
+            text, s = row(out, name)
+            rows.append(text.replace(f"| {name} |", f"| {name} ({commit}) |", 1))
+            bubbles.append(measured_bubble(out, name) or "")
+            got[name] = tokens(s)
+            device = s.get("device", device)
+    ratios = [f"- {name}: {t / got[posted]:.3f}x the tokens/s/GPU of its run with --no-overlap-p2p-communication\n"
+              for name, t in got.items()
+              if (posted := name.replace("-profile", "-no-overlap-profile")) != name and "-no-overlap" not in name
+              and t and got.get(posted)]
+    return (
+        "## Pipeline parallelism: messages overlapped with compute or posted between passes, on two GPUs\n\n"
+        f"`scripts/benchmark_pp.sh` and `scripts/benchmark_pp_lora.sh` on {device}s, their profiled pairs (`--profile`; "
+        "the roofline is the first stage's), each row from its own call, so possibly another machine of the same "
+        "kind (its commit in brackets: the commits between them change no code these runs use). The default overlaps "
+        "a pass's messages with the next pass on a stream of their own, and a pass waits only for its own input; "
+        "`--no-overlap-p2p-communication` posts them between passes on the compute stream. The 8B: PP2 1F1B, 17 + 15 "
+        "layers, sequence 8192, global batch 32, selective recompute (64 messages a step per rank). The 70B LoRA "
+        "(BF16 base, selective recompute, sequence 4096, global batch 32): PP2 VP20 (interleaved, 1,280 two-layer "
+        "passes a step per rank, each followed by its messages, as many as PP4 VP20's one-layer passes).\n\n"
+        + TABLE + "\n".join(rows) + "\n\n" + "".join(bubbles) + "".join(ratios))
+
+
 def main():
+    if sys.argv[1] == "--overlap":  # --overlap OUT... [--merge-into FILE]: the overlap pairs' section
+        args = sys.argv[2:]
+        merge = args[args.index("--merge-into") + 1] if "--merge-into" in args else None
+        outs = args[:args.index("--merge-into")] if merge else args
+        commits = ", ".join(dict.fromkeys(read(o, "commit.txt").strip() for o in outs))
+        write_report([(overlap_section(outs), True)], merge, "+".join(os.path.basename(o.rstrip("/")) for o in outs),
+                     commits)
+        return
     out = sys.argv[1]
     merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
-    # A configuration run twice into one folder (runs.txt appends) is one row: its last run's.
-    names = list(dict.fromkeys(line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()))
+    names = run_names(out)
     rows, stats, device = [], {}, "the GPU machine"
     for name in names:
         text, s = row(out, name)
