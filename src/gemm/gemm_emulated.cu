@@ -36,6 +36,7 @@
 #include "core/bf16.h"
 #include "core/cuda_check.h"
 #include "core/memory_ledger.h"
+#include "formats/nvfp4/nvfp4_math.h"
 #include "formats/scalar_codecs.h"
 #include "gemm/gemm_quantized.h"
 
@@ -254,7 +255,7 @@ Status emulated_matmul_cuda(const QOperand& a, const QOperand& b, const CView& c
     float* scalars = reinterpret_cast<float*>(scratch + plan.chunk_bytes + plan.whole_bytes);
     nvfp4_mixed_alpha_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(
         nv.amax, other.format == QFormat::bf16 ? nullptr : static_cast<const float*>(other.scales),
-        6.0f * (nv.nvfp4_4over6 ? 256.0f : 448.0f), beta, scalars);
+        nvfp4::decode_denominator(nv.nvfp4_4over6), beta, scalars);
     CUDA_CHECK_LAUNCH();
     p.device_alpha_beta = scalars;
     p.beta = beta;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 #include "core/bf16.h"
+#include "formats/nvfp4/nvfp4_math.h"
 #include "formats/scalar_codecs.h"
 #include "gemm/gemm_call.h"
 
@@ -279,7 +280,7 @@ const char* qformat_name(QFormat f) {
 }
 
 float nvfp4_alpha_denominator(bool four_over_six_a, bool four_over_six_b) {
-  return 6.0f * 6.0f * (four_over_six_a ? 256.0f : 448.0f) * (four_over_six_b ? 256.0f : 448.0f);  // exact
+  return nvfp4::decode_denominator(four_over_six_a) * nvfp4::decode_denominator(four_over_six_b);  // exact
 }
 
 float nvfp4_global_alpha(float amax_a, float amax_b, bool four_over_six_a, bool four_over_six_b) {

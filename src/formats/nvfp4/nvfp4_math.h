@@ -22,8 +22,14 @@ namespace nb::nvfp4 {
 NB_HD uint32_t abs_bits(float v) { return f32_bits(v) & 0x7FFFFFFFu; }
 NB_HD bool amax_is_finite(float amax) { return abs_bits(amax) < 0x7F800000u; }
 
+// The E4M3 bound of a copy's global scale (448, or 256 for a 4/6 copy), and the copy's decode denominator: an
+// element is e2m1(q) * float(s_b) * amax / (6 * bound), and a GEMM of two copies divides by both denominators. Every
+// encoder and decoder, host and CUDA, reads them here.
+NB_HD float e4m3_bound(bool four_over_six) { return four_over_six ? 256.0f : 448.0f; }
+NB_HD float decode_denominator(bool four_over_six) { return 6.0f * e4m3_bound(four_over_six); }
+
 NB_HD float global_encode_scale(float amax) {
-  float s = fminf((6.0f * 448.0f) / amax, FLT_MAX);
+  float s = fminf(decode_denominator(false) / amax, FLT_MAX);
   if (amax == 0.0f || s == 0.0f || !amax_is_finite(amax)) s = 1.0f;
   return s;
 }
@@ -117,11 +123,8 @@ NB_HD float dequant_value(uint32_t code, uint32_t scale_code, float amax, float 
 // error, each element decoded as the stored bytes will be: ((e2m1(q) * float(s)) * amax) / (6*256), FP32,
 // amax the true tensor amax. Operation orders are TE's (its kernel and its reference agree on them).
 
-// The E4M3 bound of a copy's global scale: decode with amax / (6 * bound).
-NB_HD float e4m3_bound(bool four_over_six) { return four_over_six ? 256.0f : 448.0f; }
-
 NB_HD float global_encode_scale_4over6(float amax) {
-  float s = fminf((6.0f * 256.0f) / amax, FLT_MAX);
+  float s = fminf(decode_denominator(true) / amax, FLT_MAX);
   if (amax == 0.0f || s == 0.0f || !amax_is_finite(amax)) s = 1.0f;
   return s;
 }
@@ -143,7 +146,7 @@ NB_HD float add_error16(const float* v, uint64_t packed, uint32_t scale_code, fl
   NB_UNROLL
   for (int i = 0; i < 16; ++i) {
     const uint32_t code = uint32_t(packed >> (4 * i)) & 0xFu;
-    const float d = e2m1_to_f32(code) * s * amax / (6.0f * 256.0f) - v[i];
+    const float d = e2m1_to_f32(code) * s * amax / decode_denominator(true) - v[i];
     err = err + (mode == ErrMode::mse ? d * d : fabsf(d));
   }
   return err;
