@@ -137,6 +137,7 @@ class LlamaModel {
   // sets them. The NVFP4 ladder's Linears have six cells (mor_cells_per_linear): E4M3's three, then NVFP4's.
   // pause_mor_stats(true): quantizations add nothing (evaluation forwards). All empty without MoR.
   std::vector<std::string> mor_names() const;
+  std::vector<int64_t> mor_slots() const;  // each MoR Linear as layer * 4 + index in the whole model (mor_names' order)
   static int64_t mor_board_bytes(int64_t mor_linears, int cells_per_linear);  // the allocation; the estimate's too
   int mor_cells_per_linear() const;                                           // 0 without MoR
   Status mor_board(std::vector<mor::StatCell>* cells) const;

@@ -38,6 +38,14 @@ std::vector<std::string> LlamaModel::mor_names() const {
   return out;
 }
 
+std::vector<int64_t> LlamaModel::mor_slots() const {
+  std::vector<int64_t> out;
+  for (size_t l = 0; l < linears_.size(); ++l)
+    for (size_t i = 0; i < linears_[l].size(); ++i)
+      if (linears_[l][i].mor()) out.push_back(int64_t(l) * 4 + int64_t(i));
+  return out;
+}
+
 Status LlamaModel::init_mor_board() {
   const std::vector<recipe::Linear*> lins = mor_linears();
   if (lins.empty()) return Status::ok();

@@ -220,6 +220,24 @@ class Trainer {
   // FP8 delayed scaling under pipeline parallelism (trainer_pp_scaling.cpp): every stage's Linears' scaling state in
   // the whole model's order, into pipeline_scaling_ (which trainer_state() saves), over pp_comm_.
   Status gather_pipeline_scaling();
+  // Mixture of Representations under pipeline parallelism (trainer_pp_mor.cpp): each stage decides its own Linears
+  // from the whole model's summed statistics; the log line, the records and checkpoints speak of the whole model.
+  std::vector<size_t> mor_positions() const;  // each own MoR Linear's index among the whole model's
+  size_t whole_mor_linears() const;
+  Status gather_mor_over_stages(std::vector<double>* values, size_t width);  // own -> whole model's, every stage
+  Status whole_mor_choices(std::vector<uint8_t>* choices);
+  std::vector<std::string> whole_mor_names() const;
+  // This stage's entries of a list laid out by the whole model's MoR Linears, `width` per Linear.
+  template <class T>
+  std::vector<T> own_mor_slice(const std::vector<T>& whole, size_t width) const {
+    if (pp_size() == 1) return whole;
+    std::vector<T> out;
+    for (size_t p : mor_positions())
+      out.insert(out.end(), whole.begin() + int64_t(p * width), whole.begin() + int64_t((p + 1) * width));
+    return out;
+  }
+  Status gather_pipeline_mor();  // the stages' decisions and statistics into pipeline_mor_ (a save)
+  nlohmann::json pipeline_mor_;
   std::vector<LlamaModel::LinearScaling> pipeline_scaling_;
   std::unique_ptr<GradSync> sync_;      // with a communicator: bucketed reductions and gathers
   Status choose_param_gather();         // trainer_dist.cpp: training-format or BF16 weight gathers

@@ -376,7 +376,10 @@ Status Trainer::save(TrainSummary* summary) {
       NB_TRY(gather_whole(arrays[a], whole_[a].data()));
       arrays[a] = whole_[a].data();
     }
-    if (layout_.tp == 0) NB_TRY(gather_pipeline_scaling());  // the stages' delayed-scaling states (pp_comm_)
+    if (layout_.tp == 0) {  // the stages' delayed-scaling states and MoR decisions (pp_comm_)
+      NB_TRY(gather_pipeline_scaling());
+      NB_TRY(gather_pipeline_mor());
+    }
     if (!logging_rank()) return Status::ok();
   }
   CheckpointData d{iteration_, std::move(layout), arrays[0], arrays[1], arrays[2], trainer_state()};

@@ -61,7 +61,8 @@ recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e
 }  // namespace
 
 Status Trainer::mor_after_step(StepFigures* f) {
-  const std::vector<uint8_t> in_effect = model_.mor_choices();
+  std::vector<uint8_t> in_effect;  // the whole model's (every stage's, trainer_pp_mor.cpp)
+  NB_TRY(whole_mor_choices(&in_effect));
   if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
   shares(in_effect, recipe::MorRung::fp8, &f->mor_fp8_operands, &f->mor_fp8_gemms);
   if (recipe_.mor.ladder) shares(in_effect, recipe::MorRung::nvfp4, &f->mor_nvfp4_operands, &f->mor_nvfp4_gemms);
@@ -85,10 +86,13 @@ Status Trainer::mor_after_step(StepFigures* f) {
     const std::array<double, 4> own = mor::stat_to_sum(mor::stat_of(cells[i]));
     std::copy(own.begin(), own.end(), sums.begin() + int64_t(4 * i));
   }
+  // Under pipeline parallelism every stage takes the whole model's sums and decides every Linear alike.
+  NB_TRY(gather_mor_over_stages(&sums, 4 * per));
   const auto summed = [&](size_t i) {
     return mor::stat_from_sum({sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3]});
   };
-  const std::vector<std::string> names = model_.mor_names();  // for the records, at a decision only
+  std::vector<std::string> names = model_.mor_names();  // for the records, at a decision only
+  if (pp_size() > 1) names = whole_mor_names();
   std::vector<uint8_t> choices(names.size() * 3);
   nlohmann::json records = nlohmann::json::array();
   for (size_t k = 0; k < names.size(); ++k) {
@@ -104,7 +108,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
     }
     records.push_back(std::move(rec));
   }
-  NB_TRY(model_.set_mor_choices(choices));
+  NB_TRY(model_.set_mor_choices(own_mor_slice(choices, 3)));
   NB_TRY(model_.clear_mor_board());
   const double decide_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!jsonl_) return Status::ok();
@@ -128,6 +132,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
 }
 
 nlohmann::json Trainer::mor_state() const {
+  if (pp_size() > 1) return pipeline_mor_;  // the stages' (a save gathers them)
   if (model_.mor_choices().empty()) return nullptr;
   std::vector<mor::StatCell> cells;
   Status st = model_.mor_board(&cells);
@@ -138,7 +143,7 @@ nlohmann::json Trainer::mor_state() const {
 }
 
 Status Trainer::load_mor_state(const nlohmann::json& s) {
-  if (model_.mor_choices().empty()) return Status::ok();
+  if (whole_mor_linears() == 0) return Status::ok();
   if (!s.contains("mor") || s["mor"].is_null())
     return errorf(
         "the checkpoint was not written by a Mixture of Representations run, so it holds no MoR decisions to "
@@ -150,8 +155,15 @@ Status Trainer::load_mor_state(const nlohmann::json& s) {
       return errorf("trainer_state.json: a MoR statistic is not [error, nonzero, nonfinite]");
     cells.push_back({c[0].get<uint64_t>(), c[1].get<uint64_t>(), c[2].get<uint32_t>(), 0});
   }
-  NB_TRY(model_.set_mor_choices(json_field(m, "choices").get<std::vector<uint8_t>>()).context("resuming MoR"));
-  return model_.set_mor_board(cells).context("resuming MoR");
+  const auto choices = json_field(m, "choices").get<std::vector<uint8_t>>();
+  const size_t whole = whole_mor_linears(), per = size_t(model_.recipe().mor.cells_per_linear());
+  if (choices.size() != 3 * whole || cells.size() != per * whole)
+    return errorf(
+        "trainer_state.json holds MoR decisions for %zu Linear roles and %zu statistics, but this model's %zu MoR "
+        "Linears take %zu and %zu; resume with the checkpoint's model and recipe, or pass --finetune",
+        choices.size(), cells.size(), whole, 3 * whole, per * whole);
+  NB_TRY(model_.set_mor_choices(own_mor_slice(choices, 3)).context("resuming MoR"));
+  return model_.set_mor_board(own_mor_slice(cells, per)).context("resuming MoR");
 }
 
 }  // namespace nb

@@ -71,12 +71,12 @@ Status Trainer::resolve_config() {
   knobs.mor_granularity = cfg_.mor_granularity;
   knobs.mor_decide_now = cfg_.mor_decide_now;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
-  if (recipe_.mor.on &&
-      (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1 || cfg_.pipeline_model_parallel_size > 1))
+  if (recipe_.mor.on && (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1))
     return errorf(
-        "--recipe %s decides each operand from the whole tensor on one rank, and tensor, context and pipeline "
-        "parallelism split those tensors: they are not supported with Mixture of Representations yet; scale it with "
-        "data parallelism (--nproc-per-node, --use-distributed-optimizer or --use-megatron-fsdp)",
+        "--recipe %s decides each operand from the whole tensor on one rank, and tensor and context parallelism "
+        "split those tensors: they are not supported with Mixture of Representations yet; scale it with data or "
+        "pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or --use-megatron-fsdp, "
+        "--pipeline-model-parallel-size)",
         recipe_.name.c_str());
   if (recipe_.mor.on && cfg_.fsdp_param_gather == "training")
     return errorf(
