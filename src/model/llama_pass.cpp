@@ -223,6 +223,15 @@ Status MicroBatchPass::head_and_loss(float grad_scale) {
   return Status::ok();
 }
 
+// A quantized layer keeps its Linears' inputs only as their quantized copies (its norms' and SwiGLU's outputs live in
+// scratch that later forwards overwrite); an input that MoR keeps in BF16 is read by its Wgrad, so the layer's
+// backward brings those outputs back first, as selective recompute does.
+bool MicroBatchPass::reads_bf16_input(int64_t l) const {
+  for (const recipe::Linear& lin : m_.linears_[size_t(l)])
+    if (lin.mor() && lin.mor_rung(0) == recipe::MorRung::bf16) return true;
+  return false;
+}
+
 // Brings back what the recompute mode did not keep for layer l's backward.
 Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
   auto& a = acts(l);
@@ -313,7 +322,7 @@ Status MicroBatchPass::backward_layers(Tensor* dx_io) {
     const Layer w = layer_weights(l, true);
     if (m_.recompute_ == Recompute::full)
       NB_TRY(forward_layer(l, false));
-    else if (m_.recompute_ == Recompute::selective)
+    else if (m_.recompute_ == Recompute::selective || reads_bf16_input(l))
       NB_TRY(recompute_layer(l, w));
     NB_TRY(mlp_backward(l, w, dx));
     NB_TRY(attention_backward(l, w, dx_next));

@@ -84,6 +84,25 @@ TEST(MorTrainCpu, RunsRepeatBitForBit) {
   EXPECT_NE(a.losses, c.losses);
 }
 
+// An input that MoR keeps in BF16 is read by its Wgrad. A quantized layer keeps its inputs only as their quantized
+// copies (the norms' and SwiGLU's outputs live in scratch that the next layers' forwards overwrite), so without
+// recompute its backward must bring them back first. Found under pipeline parallelism: the run without recompute
+// differed from selective and full recompute, whose losses it must equal bit for bit (the decisions are alike: full
+// recompute's second forward counts each element twice, which leaves the means unchanged).
+TEST(MorTrainCpu, Bf16InputsReadTheirOwnValuesUnderEveryRecompute) {
+  std::vector<std::vector<double>> losses;
+  for (const char* rc : {"none", "selective", "full"}) {
+    TrainConfig c = mor_job(0.0226);  // some inputs BF16 from the first decision on (ThresholdDecides...)
+    c.recompute = rc;
+    TrainSummary s;
+    ASSERT_TRUE(run_training(c, &s).is_ok()) << rc;
+    losses.push_back(s.losses);
+  }
+  ASSERT_EQ(losses[0].size(), 4u);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+}
+
 TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
   test::expect_refused_before_step_one(
       mor_job(0.05), {{[](TrainConfig* c) { c->mor_threshold = 1.5; }, "outside (0, 1)"},
