@@ -179,10 +179,13 @@ struct Linear::Impl {
     Buffer col_data, col_scales, state_f;
     int64_t rows = 0;
     bool have_input = false;
+    Buffer e4m3_col_data, e4m3_col_scales, e4m3_state_f;  // the NVFP4 ladder: its E4M3 rung's copy (q8[input])
+    int64_t e4m3_rows = 0;
   };
   std::vector<InputSlot> input_slots;
   int active_input_slot = 0;
   void swap_input_slot(InputSlot* slot);
+  size_t slot_bytes() const;  // what one extra input slot allocates (the ladder: its E4M3 rung's copy too)
   uint32_t step = 0, micro = 0, micro_stride = 1;
   bool collect_stats = false;
   StatsAccumulator stats;

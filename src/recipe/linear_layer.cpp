@@ -140,7 +140,7 @@ Status Linear::plan_bytes(const Recipe& r, bool bf16_layer, int64_t max_tokens, 
   if (probe.impl_->all_bf16) return Status::ok();
   for (const QCopies& c : probe.impl_->q) *owned += c.allocated_bytes;
   for (const QCopies& c : probe.impl_->q8) *owned += c.allocated_bytes;  // the NVFP4 ladder's E4M3 rung
-  if (input_slots > 1) *owned += size_t(input_slots - 1) * input_slot_allocated_bytes(probe.impl_->q[0]);
+  if (input_slots > 1) *owned += size_t(input_slots - 1) * probe.impl_->slot_bytes();
   if (weight)
     *weight = probe.impl_->q[int(Role::weight)].allocated_bytes + probe.impl_->q8[int(Role::weight)].allocated_bytes;
   if (!shared && probe.impl_->workspace) *owned += probe.impl_->workspace->planned_bytes();  // init allocates it
@@ -382,8 +382,11 @@ size_t Linear::bytes() const {
   size_t n = 0;
   for (const QCopies& c : impl_->q) n += c.owned_bytes;
   if (impl_->frozen && frozen_chunk()) n += weight_chunk_bytes();  // a sharded frozen weight's own chunk
-  if (!impl_->input_slots.empty())
+  if (!impl_->input_slots.empty()) {
     n += (impl_->input_slots.size() - 1) * (impl_->q[0].col_owned_bytes + kStateFloats * sizeof(float));
+    if (impl_->mor_ladder())
+      n += (impl_->input_slots.size() - 1) * (impl_->q8[0].col_owned_bytes + kStateFloats * sizeof(float));
+  }
   return n;
 }
 

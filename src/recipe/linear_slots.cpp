@@ -24,10 +24,20 @@ Status clone_buffer(const Buffer& like, Device dev, Buffer* out) {
   return copy_bytes(out->data(), dev, like.data(), dev, size_t(t.bytes()));
 }
 
+// A column copy the Linear holds itself (not the row copy read transposed, not a transient or borrowed piece).
+bool owns_column_copy(const QCopies& c) {
+  return !c.col_is_row && !c.row_only && !c.col_data.transient && !c.col_data.external;
+}
+
 }  // namespace
 
 size_t input_slot_allocated_bytes(const QCopies& input) {
   return input.col_allocated_bytes + align256(kStateFloats * sizeof(float));
+}
+
+size_t Linear::Impl::slot_bytes() const {
+  return input_slot_allocated_bytes(q[int(Role::input)]) +
+         (mor_ladder() ? input_slot_allocated_bytes(q8[int(Role::input)]) : 0);
 }
 
 void Linear::Impl::swap_input_slot(InputSlot* slot) {
@@ -37,6 +47,12 @@ void Linear::Impl::swap_input_slot(InputSlot* slot) {
   std::swap(c.state_f, slot->state_f);
   std::swap(c.rows, slot->rows);
   std::swap(have_input, slot->have_input);
+  if (!mor_ladder()) return;
+  QCopies& e = q8[int(Role::input)];
+  std::swap(e.col_data.owned, slot->e4m3_col_data);
+  std::swap(e.col_scales.owned, slot->e4m3_col_scales);
+  std::swap(e.state_f, slot->e4m3_state_f);
+  std::swap(e.rows, slot->e4m3_rows);
 }
 
 Status Linear::set_input_slots(int n) {
@@ -50,7 +66,8 @@ Status Linear::set_input_slots(int n) {
                     : in.col_is_row || in.row_only                  ? "its input has no column copy of its own"
                     : in.col_data.transient || in.col_data.external ? "its input column copy is not its own"
                     : s.recipe.fp8_scaling == Fp8Scaling::delayed   ? "FP8 delayed scaling keeps one history per role"
-                    : s.recipe.mor.on ? "Mixture of Representations keeps one statistic per role"
+                    : s.mor_ladder() && !owns_column_copy(s.q8[int(Role::input)])
+                        ? "its E4M3 rung's input column copy is not its own"
                     : s.collect_stats ? "quantization statistics keep one micro-batch's input"
                                       : nullptr;
   if (why) return errorf("linear '%s' cannot keep several micro-batches' inputs: %s", s.name.c_str(), why);
@@ -61,6 +78,11 @@ Status Linear::set_input_slots(int n) {
     NB_TRY(clone_buffer(in.col_data.owned, s.dev, &slot.col_data));
     NB_TRY(clone_buffer(in.col_scales.owned, s.dev, &slot.col_scales));
     NB_TRY(clone_buffer(in.state_f, s.dev, &slot.state_f));
+    if (!s.mor_ladder()) continue;
+    const QCopies& e = s.q8[int(Role::input)];
+    NB_TRY(clone_buffer(e.col_data.owned, s.dev, &slot.e4m3_col_data));
+    NB_TRY(clone_buffer(e.col_scales.owned, s.dev, &slot.e4m3_col_scales));
+    NB_TRY(clone_buffer(e.state_f, s.dev, &slot.e4m3_state_f));
   }
   s.active_input_slot = 0;
   return Status::ok();

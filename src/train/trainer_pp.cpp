@@ -20,13 +20,6 @@ Status Trainer::check_pipeline_job() const {
         "--pipeline-model-parallel-size %d would keep apart: pass --recompute full (each layer's forward runs again "
         "right before its backward)",
         pp_size());
-  // Input slots keep a role's quantized input copy per micro-batch in flight, but not the MoR rungs' other copies.
-  if (recipe_.mor.on && recompute_ != Recompute::full)
-    return errorf(
-        "--recipe %s keeps one quantized input per Linear and rung, which the micro-batches in flight under "
-        "--pipeline-model-parallel-size %d would overwrite: pass --recompute full (each layer's forward runs again "
-        "right before its backward)",
-        recipe_.name.c_str(), pp_size());
   if (cfg_.overlap_grad_reduce || cfg_.overlap_param_gather)
     return errorf(
         "--overlap-grad-reduce and --overlap-param-gather follow one micro-batch's backward; under pipeline "

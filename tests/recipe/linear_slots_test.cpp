@@ -44,24 +44,38 @@ std::vector<float> values(const Buffer& b) {
   return std::vector<float>(b.ptr<float>(), b.ptr<float>() + b.tensor().numel());
 }
 
-const std::vector<std::string> kRecipes = {"bf16_with_nvfp4_mixed", "bf16_with_fp8_current_scaling_mixed",
-                                           "bf16_with_mxfp8_mixed", "bf16_with_fp8_subchannel_scaling_mixed"};
+// A recipe and, for Mixture of Representations, the input's rung (-1: the preset's top rung): the NVFP4 ladder with
+// its input on E4M3 reads that rung's own column copy in Wgrad, which each slot must keep too.
+struct SlotCase {
+  std::string recipe;
+  int input_rung = -1;
+};
+const std::vector<SlotCase> kCases = {{"bf16_with_nvfp4_mixed"},
+                                      {"bf16_with_fp8_current_scaling_mixed"},
+                                      {"bf16_with_mxfp8_mixed"},
+                                      {"bf16_with_fp8_subchannel_scaling_mixed"},
+                                      {"bf16_with_mor_fp8_mixed"},
+                                      {"bf16_with_mor_nvfp4_mixed"},
+                                      {"bf16_with_mor_nvfp4_mixed", int(MorRung::fp8)},
+                                      {"bf16_with_mor_fp8_mixed", int(MorRung::bf16)}};
 
 TEST(LinearInputSlots, TwoMicroBatchesInFlightEqualThemOneAfterTheOther) {
-  for (const std::string& name : kRecipes) {
-    SCOPED_TRACE(name);
+  for (const SlotCase& k : kCases) {
+    SCOPED_TRACE(k.recipe + " input rung " + std::to_string(k.input_rung));
     Recipe r;
-    ASSERT_TRUE(recipe_preset(name, &r).is_ok());
+    ASSERT_TRUE(recipe_preset(k.recipe, &r).is_ok());
     Operands seq, slots, one_slot;
     for (Operands* o : {&seq, &slots, &one_slot}) ASSERT_TRUE(make_operands(o).is_ok());
     Linear a, b, c;
     for (Linear* l : {&a, &b, &c}) {
       ASSERT_TRUE(l->init(r, false, "l", 3, kM, kK, kN, Device::cpu).is_ok());
+      if (k.input_rung >= 0) ASSERT_TRUE(l->set_mor_rung(0, MorRung(k.input_rung)).is_ok());
       l->new_step(1);
     }
     // One after the other: forward A, backward A, forward B, backward B.
     ASSERT_TRUE(forward(a, seq, seq.a).is_ok());
     ASSERT_TRUE(backward(a, seq, seq.a).is_ok());
+    const std::vector<float> dw_of_a = values(seq.dw);
     ASSERT_TRUE(forward(a, seq, seq.b).is_ok());
     ASSERT_TRUE(backward(a, seq, seq.b).is_ok());
     // In flight, as 1F1B's warm-up runs them: forward A (slot 0), forward B (slot 1), backward A, backward B.
@@ -77,11 +91,15 @@ TEST(LinearInputSlots, TwoMicroBatchesInFlightEqualThemOneAfterTheOther) {
     EXPECT_EQ(values(slots.a.dx), values(seq.a.dx));
     EXPECT_EQ(values(slots.b.dx), values(seq.b.dx));
     EXPECT_EQ(values(slots.dw), values(seq.dw));
-    // The same order in one slot: A's backward reads B's input copy, so dW differs.
+    // The same order in one slot: A's backward reads B's input copy, so A's dW differs; unless MoR keeps the input in
+    // BF16, when Wgrad reads the x it is given.
     ASSERT_TRUE(forward(c, one_slot, one_slot.a).is_ok());
     ASSERT_TRUE(forward(c, one_slot, one_slot.b).is_ok());
     ASSERT_TRUE(backward(c, one_slot, one_slot.a).is_ok());
-    EXPECT_NE(values(one_slot.dw), values(seq.dw));
+    if (k.input_rung == int(MorRung::bf16))
+      EXPECT_EQ(values(one_slot.dw), dw_of_a);
+    else
+      EXPECT_NE(values(one_slot.dw), dw_of_a);
   }
 }
 
@@ -115,6 +133,24 @@ TEST(LinearInputSlots, RefusedWhereThereIsNoInputCopyOfItsOwn) {
   ASSERT_TRUE(bf16.init(r, /*bf16_layer=*/true, "b", 4, kM, kK, kN, Device::cpu).is_ok());
   EXPECT_TRUE(bf16.set_input_slots(4).is_ok());
   EXPECT_TRUE(bf16.use_input_slot(3).is_ok());
+}
+
+// The ladder's extra slot also holds its E4M3 rung's input column copy: K x M codes, a scale piece that per-tensor
+// scaling leaves empty (allocated as the smallest block, 256 bytes), and that copy's state floats.
+TEST(LinearInputSlots, PlanBytesCountTheLaddersE4m3Copy) {
+  Recipe nvfp4, ladder;
+  ASSERT_TRUE(recipe_preset("bf16_with_nvfp4_mixed", &nvfp4).is_ok());
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_nvfp4_mixed", &ladder).is_ok());
+  size_t extra[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    size_t one = 0, two = 0;
+    const Recipe& r = k ? ladder : nvfp4;
+    ASSERT_TRUE(Linear::plan_bytes(r, false, kM, kK, kN, Device::cpu, nullptr, false, -1, &one, nullptr, 1).is_ok());
+    ASSERT_TRUE(Linear::plan_bytes(r, false, kM, kK, kN, Device::cpu, nullptr, false, -1, &two, nullptr, 2).is_ok());
+    extra[k] = two - one;
+  }
+  const auto a256 = [](size_t n) { return (n + 255) / 256 * 256; };
+  EXPECT_EQ(extra[1] - extra[0], a256(kM * kK) + a256(1) + a256(5 * sizeof(float)));
 }
 
 // Each extra slot: the input's column copy (NVFP4: K x M / 2 codes and K x M / 16 E4M3 scales) and the state's floats,
