@@ -1,12 +1,13 @@
 // Mixture of Representations under pipeline parallelism through the CLI (Gloo, CPU). Each stage decides its own
 // Linears from the whole model's statistics, which the stages sum (train/trainer_pp_mor.cpp), so a pipeline must
-// decide as one rank does: every record (iteration, Linear, the three roles' formats) identical, the errors that chose
-// them equal, the log line's shares the whole model's, the losses one rank's (expect_same_run: step 1 to 1e-6, later
-// steps 1e-5, the gradient norm's summation order over the stages being the only difference). A checkpoint holds the
-// whole model's decisions and statistics: one rank's resumes at P2, P2's at one rank, each continuing one rank's run.
-// At threshold 0.0226 about a third of the E4M3 rule's operands go BF16, so a stage deciding from its own statistics
-// alone, or a resume that put one stage's decisions on another's Linears, changes the records. No recompute: each
-// Linear keeps its quantized inputs per micro-batch in flight (input slots; the ladder's E4M3 rung's copy too).
+// decide as one rank does (P2, P4 V2; P2 x D2 as D2 does): every record (iteration, Linear, the three roles' formats)
+// identical, the errors that chose them equal, the log line's shares the whole model's, the losses one rank's
+// (expect_same_run: step 1 to 1e-6, later steps 1e-5, the gradient norm's summation order over the stages being the
+// only difference). A checkpoint holds the whole model's decisions and statistics: one rank's resumes at P2, P2's at
+// one rank, each continuing one rank's run. At threshold 0.0226 about a third of the E4M3 rule's operands go BF16, so a
+// stage deciding from its own statistics alone, or a resume that put one stage's decisions on another's Linears,
+// changes the records. No recompute: each Linear keeps its quantized inputs per micro-batch in flight (input slots; the
+// ladder's E4M3 rung's copy too).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include <fstream>
@@ -91,6 +92,11 @@ TEST(PipelineParallelCpuMor, StagesDecideAndResumeAsOneRank) {
     if (layout.find("size 2") != std::string::npos) std::filesystem::rename(dir + "/pp", dir + "/p2");
     std::filesystem::remove_all(dir + "/pp");
   }
+  // P2 x D2: each stage sums over its data ranks first. Against D2 without stages, since data parallelism reduces the
+  // gradients in another order than one rank, which E4M3 carries past 1e-5 by step 2 (measured: 6e-5).
+  pp_mor_run(job + "--nproc-per-node 2 --use-distributed-optimizer", dir + "/d2");
+  pp_mor_run(job + "--nproc-per-node 4 --pipeline-model-parallel-size 2 --use-distributed-optimizer", dir + "/p2d2");
+  expect_same_decisions(dir + "/p2d2", dir + "/d2", "P2 x D2 against D2");
   // Steps 4 and 5 resumed from step 3: one rank's checkpoint at P2, P2's at one rank.
   const std::string rest = kMorFp8 + "--train-iters 5 --ckpt-step 3 ";
   pp_mor_run(rest + "--nproc-per-node 2 --pipeline-model-parallel-size 2 --load " + dir + "/one", dir + "/one_at_p2");
