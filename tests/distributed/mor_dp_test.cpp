@@ -1,7 +1,7 @@
 // Mixture of Representations over data-parallel ranks (CPU, Gloo). Each rank adds its statistics to the others'
 // (exactly: integers carried in doubles) before it decides, so every rank decides every operand alike, and as one
 // rank with the whole global batch does: the first decision's records (format, error and counts of every Linear
-// role) are identical to one rank's, the later decisions pick the same formats, and the losses agree as a quantized
+// role) are identical to one rank's, the second picks the same formats, and the losses agree as a quantized
 // data-parallel run's do. Under the distributed optimizer too, whose BF16 compute copy is the weight a BF16-decided
 // weight operand reads (one rank reads its staged master), and under Megatron-FSDP, whose weights MoR gathers in BF16
 // (each rank then quantizes the whole weight as one rank does).
@@ -49,6 +49,10 @@ void expect_ranks_decide_as_one(const std::string& dir, const std::string& job, 
       if (ref[i]["iteration"] == 1) {
         EXPECT_EQ(got[i], ref[i]) << layout;  // identical statistics and decisions
       }
+      // Step 2's decisions read statistics of weights that one update with the reduction's rounding moved (1e-7);
+      // from step 3 on an error within 0.1% of the threshold can land on either side (measured: layer 0's QKV input
+      // at 0.02261 on one rank, 0.02259 on two, around 0.0226), as step 3's loss differs at 1e-5.
+      if (ref[i]["iteration"] > 2) continue;
       for (const char* role : {"input", "weight", "grad"})
         EXPECT_EQ(got[i][role]["format"], ref[i][role]["format"])
             << layout << " " << ref[i]["mor_linear"] << " " << role << " at " << ref[i]["iteration"];
