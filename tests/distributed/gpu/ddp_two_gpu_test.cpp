@@ -21,11 +21,6 @@ const std::string kGpuJob =
     " train --model tiny --device cuda --seq-length 128 --micro-batch-size 2 --global-batch-size 16 --lr 3e-3 "
     "--lr-warmup-iters 1 --log-interval 1 --train-iters 4 ";
 
-int gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 std::vector<StepLog> run(const std::string& dir, const std::string& name, const std::string& flags) {
   const std::string save = dir + "/" + name;
   const test::CliRun r = test::run_nibble(kGpuJob + "--save " + save + " " + flags);
@@ -35,7 +30,7 @@ std::vector<StepLog> run(const std::string& dir, const std::string& name, const 
 
 TEST(DataParallelTwoGpus, OverlapAndBucketsKeepTheSteps) {
   NB_REQUIRE_GPU();
-  if (gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << test::visible_gpus();
   const std::string dir = test::temp_folder("ddp_two_gpus");
   const auto one = run(dir, "one_gpu", "");
   const std::string two = " --nproc-per-node 2 --use-distributed-optimizer --ddp-bucket-size 200000";

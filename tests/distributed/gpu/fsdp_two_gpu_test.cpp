@@ -20,11 +20,6 @@ const std::string kFsdpGpuJob =
     "--lr-warmup-iters 1 --log-interval 1 --train-iters 4 --num-layers-at-start-in-bf16 0 "
     "--num-layers-at-end-in-bf16 0 ";
 
-int fsdp_gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 std::vector<StepLog> fsdp_run(const std::string& dir, const std::string& name, const std::string& flags,
                               const std::string& job = kFsdpGpuJob) {
   const std::string save = dir + "/" + name;
@@ -37,7 +32,7 @@ class FsdpTwoGpus : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
   NB_REQUIRE_GPU();
-  if (fsdp_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << fsdp_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << test::visible_gpus();
   const std::string recipe = GetParam();
   const std::string dir = test::temp_folder("fsdp_two_gpus_" + recipe);
   const auto one = fsdp_run(dir, "one_gpu", "--recipe " + recipe);
@@ -60,7 +55,7 @@ TEST_P(FsdpTwoGpus, ShardedStepsMatchOneGpu) {
 // mode makes repeatable (else nothing was reduced in BF16); later losses within 1e-2 of the FP32 run.
 TEST(FsdpTwoGpusBf16, ReductionMatchesTheDistributedOptimizers) {
   NB_REQUIRE_GPU();
-  if (fsdp_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << fsdp_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << test::visible_gpus();
   const std::string dir = test::temp_folder("fsdp_two_gpus_bf16");
   std::string job = kFsdpGpuJob;  // one micro-batch of 2 per GPU
   job.replace(job.find("--global-batch-size 16"), 22, "--global-batch-size 4");

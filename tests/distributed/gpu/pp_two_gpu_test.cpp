@@ -24,11 +24,6 @@ const std::string kPpGpuJob =
     "--global-batch-size 16 --lr 3e-3 --lr-warmup-iters 1 --log-interval 1 --train-iters 4 "
     "--num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 0 --eval-interval 0 ";
 
-int pp_gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 std::vector<StepLog> pp_gpu_run(const std::string& dir, const std::string& name, const std::string& flags) {
   const std::string save = dir + "/" + name;
   const test::CliRun r = test::run_nibble(kPpGpuJob + "--save " + save + " " + flags);
@@ -45,7 +40,7 @@ class PipelineTwoGpus : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PipelineTwoGpus, SchedulesMatchOneGpu) {
   NB_REQUIRE_GPU();
-  if (pp_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << pp_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << test::visible_gpus();
   const std::string recipe = GetParam(), dir = test::temp_folder("pp_two_gpus_" + recipe);
   const std::string job = "--recipe " + recipe + " ";
   const auto one = pp_gpu_run(dir, "one_gpu", job);

@@ -21,16 +21,11 @@ const std::string kTpLoraGpuJob =
     "--lr-warmup-iters 1 --log-interval 1 --train-iters 4 --num-layers-at-start-in-bf16 0 "
     "--num-layers-at-end-in-bf16 0 --peft lora --lora-rank 8 --lora-alpha 16 --lora-dropout 0.1 --eval-interval 0 ";
 
-int visible_gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 class TpLoraTwoGpus : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TpLoraTwoGpus, StepsMatchOneGpu) {
   NB_REQUIRE_GPU();
-  if (visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << visible_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "skipped: needs two GPUs, found " << test::visible_gpus();
   const std::string base = GetParam(), dir = test::temp_folder("tp_lora_two_gpus_" + base);
   const std::string job = kTpLoraGpuJob + "--lora-base-precision " + base + " ";
   test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");

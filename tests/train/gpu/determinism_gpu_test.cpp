@@ -32,11 +32,6 @@ const std::string kJob =
     "--lr 3e-3 --lr-warmup-iters 1 --log-interval 1 --save-interval 3 --num-layers-at-start-in-bf16 0 "
     "--num-layers-at-end-in-bf16 0 ";
 
-int gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
 // Figures of a metrics.jsonl record that measure the machine, not the training: left out of the comparison.
 bool timing_field(const std::string& key) {
   static const char* kTiming[] = {"tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "peak_mem_gib", "eta_s"};
@@ -121,7 +116,8 @@ class DeterministicCuda : public ::testing::TestWithParam<Case> {};
 TEST_P(DeterministicCuda, TwoRunsAreBitIdentical) {
   NB_REQUIRE_GPU();
   const Case& c = GetParam();
-  if (gpus() < c.ranks) GTEST_SKIP() << "skipped: needs " << c.ranks << " GPUs, found " << gpus();
+  if (test::visible_gpus() < c.ranks)
+    GTEST_SKIP() << "skipped: needs " << c.ranks << " GPUs, found " << test::visible_gpus();
   const std::string dir = test::temp_folder(std::string("deterministic_gpu_") + c.name);
   std::string flags = c.flags;
   if (c.ranks > 1) flags += " --nproc-per-node " + std::to_string(c.ranks);

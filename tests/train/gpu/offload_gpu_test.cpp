@@ -10,13 +10,6 @@
 
 using namespace nb;
 
-namespace {
-int offload_gpus() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-}  // namespace
-
 class OffloadCuda : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(OffloadCuda, HalfAndAllOfTheStateOnTheHostAreBitIdentical) {
@@ -27,14 +20,14 @@ TEST_P(OffloadCuda, HalfAndAllOfTheStateOnTheHostAreBitIdentical) {
 
 TEST_P(OffloadCuda, TwoRanksWithTheDistributedOptimizerAreBitIdentical) {
   NB_REQUIRE_GPU();
-  if (offload_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << offload_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << test::visible_gpus();
   test::expect_offload_bit_exact_ranks("cuda", GetParam(), 2,
                                        test::temp_folder(std::string("offload_gpu_ranks_") + GetParam()));
 }
 
 TEST_P(OffloadCuda, TwoRanksWithMegatronFsdpAreBitIdentical) {
   NB_REQUIRE_GPU();
-  if (offload_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << offload_gpus();
+  if (test::visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs; this machine has " << test::visible_gpus();
   test::expect_offload_bit_exact_ranks(
       "cuda", GetParam(), 2, test::temp_folder(std::string("offload_gpu_fsdp_") + GetParam()),
       "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --deterministic-mode");
