@@ -262,8 +262,10 @@ class Trainer {
   int cc_major_ = 0, cc_minor_ = 0;
   int64_t accum_ = 1, tokens_per_step_ = 0;
   double flops_per_token_ = 0, peak_tflops_ = 0;
-  MemoryEstimate estimate_;  // before step 1, per rank (train/memory_estimate.h)
-  bool dry_run_ = false;     // --dry-run: nothing is written, no GPU touched
+  MemoryEstimate estimate_;      // before step 1, per rank (train/memory_estimate.h); the largest pipeline stage's
+  MemoryEstimate own_estimate_;  // this rank's own stage's (estimate_ without pipeline parallelism): the end-of-run
+                                 // check and an out-of-memory's parts compare it with this rank's allocations
+  bool dry_run_ = false;         // --dry-run: nothing is written, no GPU touched
   size_t free_bytes_ = 0, total_bytes_ = 0, base_used_ = 0;
   LlamaModel model_;
   LoraSpec lora_spec_;

@@ -63,6 +63,12 @@ MemoryJob Trainer::memory_job() const {
 Status Trainer::estimate_memory() {
   const MemoryJob job = memory_job();
   NB_TRY(nb::estimate_memory(job, &estimate_));
+  own_estimate_ = estimate_;
+  if (pp_size() > 1 && estimate_.pipeline_rank != layout_.pp) {
+    MemoryJob own = job;
+    own.pipeline_rank = layout_.pp;
+    NB_TRY(nb::estimate_memory(own, &own_estimate_));
+  }
   device_memory_info(&free_bytes_, &total_bytes_);
   base_used_ = total_bytes_ - free_bytes_;
   const double free = dev_ == Device::cuda ? double(free_bytes_) : 0.0;
@@ -138,7 +144,7 @@ Status Trainer::explain_out_of_memory(const Status& st) const {
   const LedgerSnapshot held = ledger_snapshot(Device::cuda);
   std::string parts;
   for (int p = 0; p < kMemParts; ++p) {
-    const double est = estimate_.part(MemPart(p)), now = double(held.parts[size_t(p)].current);
+    const double est = own_estimate_.part(MemPart(p)), now = double(held.parts[size_t(p)].current);
     if (est > 0 || now > 0)
       parts += strprintf("%s%s %.2f GiB held / %.2f estimated", parts.empty() ? "" : ", ", mem_part_name(MemPart(p)),
                          gib(now), gib(est));
@@ -147,7 +153,7 @@ Status Trainer::explain_out_of_memory(const Status& st) const {
       "%s. The memory estimate (%.2f GiB in all) said this job fits the %.2f GiB that was free, so the estimate "
       "is wrong: please report this line as a bug. By part: %s. Nothing was saved over: checkpoints already "
       "written are intact",
-      st.message().c_str(), gib(estimate_.device()), gib(double(free_bytes_)), parts.c_str());
+      st.message().c_str(), gib(own_estimate_.device()), gib(double(free_bytes_)), parts.c_str());
 }
 
 // After the run: each part's measured high-water mark beside its estimate (the ledger, core/memory_ledger.h).
@@ -159,16 +165,21 @@ void Trainer::report_memory() const {
     device_memory_info(&f, &t);
     device_peak = std::max(device_peak, double(t - f - base_used_));
   }
-  std::printf("memory by part: estimate vs allocator high-water mark (GiB)\n");
+  const MemoryEstimate& e = own_estimate_;  // this rank's stage, under pipeline parallelism
+  if (e.pipeline_rank >= 0)
+    std::printf(
+        "memory by part: estimate of pipeline rank %d's stage (this rank's) vs allocator high-water mark (GiB)\n",
+        e.pipeline_rank);
+  else
+    std::printf("memory by part: estimate vs allocator high-water mark (GiB)\n");
   for (int p = 0; p < kMemParts; ++p) {
-    const double est = estimate_.part(MemPart(p)), peak = double(s.parts[size_t(p)].peak);
+    const double est = e.part(MemPart(p)), peak = double(s.parts[size_t(p)].peak);
     if (est > 0 || peak > 0) std::printf("  %-42s %9.2f %9.2f\n", mem_part_name(MemPart(p)), gib(est), gib(peak));
   }
   std::printf(
       "memory check: estimate %.3f GiB (nibble %.3f + libraries %.3f), allocator peak %.3f GiB, device peak "
       "%.3f GiB\n",
-      gib(estimate_.device()), gib(estimate_.nibble()), gib(estimate_.libraries), gib(double(s.total.peak)),
-      gib(device_peak));
+      gib(e.device()), gib(e.nibble()), gib(e.libraries), gib(double(s.total.peak)), gib(device_peak));
 }
 
 // --dry-run: the phases of setup that need no GPU and read no weights or data, then the estimate for the

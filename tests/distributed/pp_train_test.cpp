@@ -271,3 +271,37 @@ TEST(PipelineParallelCpu, AKilledStageStopsTheJob) {
 
 }  // namespace
 }  // namespace nb
+
+namespace nb {
+namespace {
+
+// The estimate before step 1 is the largest stage's (here the last: 6 of 8 layers and the head), but the end-of-run
+// check compares rank 0's allocations with rank 0's own stage (2 layers and the embedding): within 10%, where the
+// largest stage's estimate is more than twice rank 0's peak.
+TEST(PipelineParallelCpu, TheEndOfRunCheckReadsThisRanksStage) {
+  const std::string dir = test::temp_folder("pp_memory_check");
+  const test::CliRun r = test::run_nibble(kPpJob +
+                                          "--train-iters 2 --nproc-per-node 2 --pipeline-model-parallel-size 2 "
+                                          "--decoder-first-pipeline-num-layers 2 --save " +
+                                          dir);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("for pipeline rank 1's stage, the largest"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("estimate of pipeline rank 0's stage (this rank's)"), std::string::npos) << r.out;
+  double largest = 0, estimate = 0, peak = 0;
+  const size_t total = r.out.find("  total ");
+  ASSERT_NE(total, std::string::npos);
+  ASSERT_EQ(std::sscanf(r.out.c_str() + total, " total %lf", &largest), 1);
+  const size_t check = r.out.find("memory check: estimate ");
+  ASSERT_NE(check, std::string::npos) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + check,
+                        "memory check: estimate %lf GiB (nibble %*f + libraries %*f), "
+                        "allocator peak %lf",
+                        &estimate, &peak),
+            2);
+  EXPECT_NEAR(estimate, peak, 0.1 * peak);
+  EXPECT_GT(largest, 2 * peak);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace nb
