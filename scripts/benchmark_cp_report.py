@@ -38,13 +38,16 @@ def row(out, name):
     stages = re.search(r"pipeline parallel: (\d+) stages", log)
     if stages and data:
         gpus *= int(stages.group(1))
-    est = re.search(r"total\s+([\d.]+) GiB of", log)
+    # The end-of-run check's estimate is the logging rank's own (pipeline parallelism: rank 0's stage, whose peak the
+    # row reports); the table before step 1 is the largest stage's (and all older logs print only that one).
+    est = re.search(r"memory check: estimate ([\d.]+) GiB", log) or re.search(r"total\s+([\d.]+) GiB of", log)
+    estimate = f"{float(est.group(1)):.2f}" if est else "?"
     if "tokens/s/GPU" not in s:
         err = [line for line in log.splitlines() if "error" in line.lower() or "does not" in line.lower()]
         return f"| {name} | {gpus} | did not run: {(err[-1] if err else 'see its log')[:140]} | | | | | |", s
     step = float(s["step time (ms, mean after step 1)"]) / 1000
     return (f"| {name} | {gpus} | {step:.2f} | {s['tokens/s/GPU']} | {s['model TFLOP/s/GPU']} | {s.get('MFU', '')} "
-            f"| {s['peak memory (GiB)']} | {est.group(1) if est else '?'} |"), s
+            f"| {s['peak memory (GiB)']} | {estimate} |"), s
 
 
 def main():
