@@ -131,13 +131,13 @@ class LlamaModel {
   Status set_scaling_states(const std::vector<LinearScaling>& in);
   void step_amax_views(std::vector<Tensor>* out) const;  // delayed scaling: every step amax (llama_amax.cpp)
   // ---- Mixture of Representations (recipe.mor; llama_mor.cpp) ----
-  // Every MoR Linear's three statistic cells (input, weight, grad) live in one board, in the order of mor_names(),
+  // Every MoR Linear's three statistic cells (input, weight, grad) live in one board, in the order of mor_slots(),
   // so a decision reads them in one copy. mor_board / set_mor_board copy the board (synchronize); clear_mor_board
   // zeroes it. mor_choices: each role's recipe::MorRung (0 BF16, 1 E4M3, 2 NVFP4), 3 per Linear; set_mor_choices
   // sets them. The NVFP4 ladder's Linears have six cells (mor_cells_per_linear): E4M3's three, then NVFP4's.
   // pause_mor_stats(true): quantizations add nothing (evaluation forwards). All empty without MoR.
-  std::vector<std::string> mor_names() const;
-  std::vector<int64_t> mor_slots() const;  // each MoR Linear as layer * 4 + index in the whole model (mor_names' order)
+  std::vector<int64_t> mor_slots()
+      const;  // each MoR Linear as layer * 4 + index in the whole model (the board's order)
   static int64_t mor_board_bytes(int64_t mor_linears, int cells_per_linear);  // the allocation; the estimate's too
   int mor_cells_per_linear() const;                                           // 0 without MoR
   Status mor_board(std::vector<mor::StatCell>* cells) const;

@@ -30,14 +30,6 @@ std::vector<recipe::Linear*> LlamaModel::mor_linears() {
   return out;
 }
 
-std::vector<std::string> LlamaModel::mor_names() const {
-  std::vector<std::string> out;
-  for (size_t l = 0; l < linears_.size(); ++l)
-    for (size_t i = 0; i < linears_[l].size(); ++i)
-      if (linears_[l][i].mor()) out.push_back(linear_name(int64_t(l), int(i)));
-  return out;
-}
-
 std::vector<int64_t> LlamaModel::mor_slots() const {
   std::vector<int64_t> out;
   for (size_t l = 0; l < linears_.size(); ++l)

@@ -225,7 +225,10 @@ class Trainer {
   std::vector<size_t> mor_positions() const;  // each own MoR Linear's index among the whole model's
   size_t whole_mor_linears() const;
   Status gather_mor_over_stages(std::vector<double>* values, size_t width);  // own -> whole model's, every stage
-  Status whole_mor_choices(std::vector<uint8_t>* choices);
+  // The whole model's decisions in effect: this model's own without stages; under pipeline parallelism the list every
+  // stage decided (or resumed) last, each operand on the top rung before the first decision.
+  std::vector<uint8_t> whole_mor_choices();
+  std::vector<uint8_t> mor_in_effect_;
   std::vector<std::string> whole_mor_names() const;
   // This stage's entries of a list laid out by the whole model's MoR Linears, `width` per Linear.
   template <class T>

@@ -61,9 +61,8 @@ recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e
 }  // namespace
 
 Status Trainer::mor_after_step(StepFigures* f) {
-  std::vector<uint8_t> in_effect;  // the whole model's (every stage's, trainer_pp_mor.cpp)
-  NB_TRY(whole_mor_choices(&in_effect));
-  if (in_effect.empty()) return Status::ok();  // no MoR, or annealed to a recipe without it
+  const std::vector<uint8_t> in_effect = whole_mor_choices();  // the whole model's (trainer_pp_mor.cpp)
+  if (in_effect.empty()) return Status::ok();                  // no MoR, or annealed to a recipe without it
   shares(in_effect, recipe::MorRung::fp8, &f->mor_fp8_operands, &f->mor_fp8_gemms);
   if (recipe_.mor.ladder) shares(in_effect, recipe::MorRung::nvfp4, &f->mor_nvfp4_operands, &f->mor_nvfp4_gemms);
   if (!mor_decision_step(iteration_)) return Status::ok();
@@ -91,8 +90,8 @@ Status Trainer::mor_after_step(StepFigures* f) {
   const auto summed = [&](size_t i) {
     return mor::stat_from_sum({sums[4 * i], sums[4 * i + 1], sums[4 * i + 2], sums[4 * i + 3]});
   };
-  std::vector<std::string> names = model_.mor_names();  // for the records, at a decision only
-  if (pp_size() > 1) names = whole_mor_names();
+  const std::vector<std::string> names = whole_mor_names();  // for the records, at a decision only
+  NB_CHECK(sums.size() == names.size() * per * 4, "internal: %zu MoR sums for %zu Linears", sums.size(), names.size());
   std::vector<uint8_t> choices(names.size() * 3);
   nlohmann::json records = nlohmann::json::array();
   for (size_t k = 0; k < names.size(); ++k) {
@@ -109,6 +108,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
     records.push_back(std::move(rec));
   }
   NB_TRY(model_.set_mor_choices(own_mor_slice(choices, 3)));
+  if (pp_size() > 1) mor_in_effect_ = choices;
   NB_TRY(model_.clear_mor_board());
   const double decide_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!jsonl_) return Status::ok();
@@ -163,6 +163,7 @@ Status Trainer::load_mor_state(const nlohmann::json& s) {
         "Linears take %zu and %zu; resume with the checkpoint's model and recipe, or pass --finetune",
         choices.size(), cells.size(), whole, 3 * whole, per * whole);
   NB_TRY(model_.set_mor_choices(own_mor_slice(choices, 3)).context("resuming MoR"));
+  if (pp_size() > 1) mor_in_effect_ = choices;
   return model_.set_mor_board(own_mor_slice(cells, per)).context("resuming MoR");
 }
 

@@ -3,8 +3,9 @@
 // layers), so values laid out per whole-model Linear are gathered by one sum over the stages: each stage fills its
 // own entries and leaves the rest zero, and the sum is exact (each value is a small integer or one of stat_to_sum's
 // exact parts, carried in doubles and added to zeros). Every stage then holds the whole model's statistics, decides
-// every Linear alike and keeps its own decisions; rank 0 (the first stage) logs the whole model's shares and records,
-// and a checkpoint holds the whole model's decisions and statistics, so any P resumes any other.
+// every Linear alike, keeps its own decisions and the whole list (the shares of every step, with no collective); rank 0
+// (the first stage) logs the whole model's shares and records, and a checkpoint holds the whole model's decisions and
+// statistics, so any P resumes any other.
 #include <algorithm>
 #include "train/trainer.h"
 
@@ -72,21 +73,19 @@ Status Trainer::gather_mor_over_stages(std::vector<double>* values, size_t width
   return Status::ok();
 }
 
-Status Trainer::whole_mor_choices(std::vector<uint8_t>* choices) {
-  *choices = model_.mor_choices();
-  if (pp_size() == 1) return Status::ok();
-  std::vector<double> v(choices->begin(), choices->end());
-  NB_TRY(gather_mor_over_stages(&v, 3));
-  choices->resize(v.size());
-  std::transform(v.begin(), v.end(), choices->begin(), [](double c) { return uint8_t(c); });
-  return Status::ok();
+std::vector<uint8_t> Trainer::whole_mor_choices() {
+  if (pp_size() == 1) return model_.mor_choices();
+  const size_t n = whole_mor_linears();
+  if (n == 0) return {};  // no MoR, or annealed to a recipe without it
+  if (mor_in_effect_.size() != 3 * n)
+    mor_in_effect_.assign(3 * n, uint8_t(model_.recipe().mor.ladder ? recipe::MorRung::nvfp4 : recipe::MorRung::fp8));
+  return mor_in_effect_;
 }
 
 Status Trainer::gather_pipeline_mor() {
   pipeline_mor_ = nullptr;
   if (pp_size() == 1 || whole_mor_linears() == 0) return Status::ok();
-  std::vector<uint8_t> choices;
-  NB_TRY(whole_mor_choices(&choices));
+  const std::vector<uint8_t> choices = whole_mor_choices();
   std::vector<mor::StatCell> cells;
   NB_TRY(model_.mor_board(&cells));
   std::vector<double> v;

@@ -78,6 +78,10 @@ Status Trainer::resolve_config() {
         "pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or --use-megatron-fsdp, "
         "--pipeline-model-parallel-size)",
         recipe_.name.c_str());
+  if (recipe_.mor.on && recipe_.mor.decide_now && cfg_.pipeline_model_parallel_size > 1)
+    return errorf(
+        "--mor-decide-now lets each quantization decide itself on one process, for the study of the decisions' lag; "
+        "run it without --pipeline-model-parallel-size");
   if (recipe_.mor.on && cfg_.fsdp_param_gather == "training")
     return errorf(
         "--fsdp-param-gather training gathers weights already quantized, but Mixture of Representations decides "

@@ -10,7 +10,6 @@
 // ladder's E4M3 rung's copy too).
 #include <gtest/gtest.h>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -30,10 +29,7 @@ struct MorRecord {
 
 std::vector<MorRecord> mor_records(const std::string& save) {
   std::vector<MorRecord> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("mor_linear")) continue;
+  for (const nlohmann::json& j : metrics_records(save, "mor_linear")) {
     std::string formats;
     for (const char* r : {"input", "weight", "grad"}) formats += j[r]["format"].get<std::string>() + " ";
     out.push_back({j["iteration"].get<int64_t>(), j["mor_linear"].get<std::string>(), formats,
@@ -45,12 +41,8 @@ std::vector<MorRecord> mor_records(const std::string& save) {
 // The E4M3 shares of each step's log record.
 std::vector<double> fp8_shares(const std::string& save) {
   std::vector<double> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("lm_loss") && j.contains("mor_fp8_operands"))
-      out.push_back(j["mor_fp8_operands"].get<double>());
-  }
+  for (const nlohmann::json& j : metrics_records(save, "mor_fp8_operands"))
+    if (j.contains("lm_loss")) out.push_back(j["mor_fp8_operands"].get<double>());
   return out;
 }
 
@@ -82,9 +74,9 @@ TEST(PipelineParallelCpuMor, StagesDecideAndResumeAsOneRank) {
   size_t bf16 = 0;
   for (const MorRecord& r : one) bf16 += r.formats.find("bf16") != std::string::npos;
   EXPECT_GT(bf16, one.size() / 4) << "the threshold should send many operands to BF16";
-  for (const std::string layout : {std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2"),
-                                   std::string("--nproc-per-node 4 --pipeline-model-parallel-size 4 "
-                                               "--num-virtual-stages-per-pipeline-rank 2")}) {
+  for (const std::string& layout : {std::string("--nproc-per-node 2 --pipeline-model-parallel-size 2"),
+                                    std::string("--nproc-per-node 4 --pipeline-model-parallel-size 4 "
+                                                "--num-virtual-stages-per-pipeline-rank 2")}) {
     SCOPED_TRACE(layout);
     const std::string out = pp_mor_run(job + layout, dir + "/pp");
     EXPECT_NE(out.find("pipeline parallel: "), std::string::npos) << out;
@@ -125,6 +117,15 @@ TEST(PipelineParallelCpuMor, TheNvfp4LadderDecidesAsOneRank) {
   pp_mor_run(job + "--nproc-per-node 2 --pipeline-model-parallel-size 2", dir + "/pp");
   expect_same_decisions(dir + "/pp", dir + "/one", "P2");
   std::filesystem::remove_all(dir);
+}
+
+// --mor-decide-now lets each quantization decide itself, which no stage could share: refused in one sentence.
+TEST(PipelineParallelCpuMor, DecidingEachQuantizationAloneIsRefused) {
+  const test::CliRun r = test::run_nibble(kPpMorJob + kMorFp8 +
+                                          "--mor-decide-now --train-iters 1 --nproc-per-node 2 "
+                                          "--pipeline-model-parallel-size 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.out.find("run it without --pipeline-model-parallel-size"), std::string::npos) << r.out;
 }
 
 }  // namespace

@@ -46,7 +46,7 @@ TEST_P(PipelineTwoGpus, SchedulesMatchOneGpu) {
   const auto one = pp_gpu_run(dir, "one_gpu", job);
   ASSERT_EQ(one.size(), 4u);
   const std::string pp = job + "--nproc-per-node 2 --pipeline-model-parallel-size 2 ";
-  for (const std::string layout :
+  for (const std::string& layout :
        {std::string("--no-overlap-p2p-communication"), std::string(""),
         std::string("--num-virtual-stages-per-pipeline-rank 2"),
         std::string("--num-virtual-stages-per-pipeline-rank 2 --no-overlap-p2p-communication")}) {
