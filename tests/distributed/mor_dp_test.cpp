@@ -6,7 +6,6 @@
 // weight operand reads (one rank reads its staged master), and under Megatron-FSDP, whose weights MoR gathers in BF16
 // (each rank then quantizes the whole weight as one rank does).
 #include <gtest/gtest.h>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -17,15 +16,7 @@ namespace nb {
 namespace {
 
 // metrics.jsonl's per-Linear MoR records.
-std::vector<nlohmann::json> mor_records(const std::string& save) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("mor_linear")) out.push_back(std::move(j));
-  }
-  return out;
-}
+std::vector<nlohmann::json> mor_records(const std::string& save) { return metrics_records(save, "mor_linear"); }
 
 // Runs `job` on one rank, then on each layout, and checks that the ranks decide as one rank does; every format in
 // `formats` must be chosen somewhere (the thresholds sit inside the tiny model's spread of errors).
