@@ -26,6 +26,7 @@ static gemm::QFormat qformat(Fmt f) {
     case Fmt::fp8_block128x128: return gemm::QFormat::fp8_block128x128;
     case Fmt::mxfp8: return gemm::QFormat::mxfp8;
     case Fmt::nvfp4: return gemm::QFormat::nvfp4;
+    case Fmt::mor_block: return gemm::QFormat::bf16;
     default: return gemm::QFormat::fp8_e4m3;
   }
 }
@@ -37,7 +38,7 @@ static Status alloc_bytes(Buffer* b, Device dev, int64_t bytes) {
 // The bytes of one copy's codes and of its row-wise and column-wise scales, for a [rows, cols] source.
 static void piece_bytes(Fmt fmt, int64_t rows, int64_t cols, int64_t* data, int64_t* row_scales, int64_t* col_scales) {
   const int64_t n = rows * cols;
-  *data = fmt == Fmt::nvfp4 ? n / 2 : n;
+  *data = fmt == Fmt::nvfp4 ? n / 2 : fmt == Fmt::mor_block ? 2 * n : n;
   *row_scales = *col_scales = 0;
   if (fmt == Fmt::fp8_block128 || fmt == Fmt::fp8_block128x128) {
     auto kind = fmt == Fmt::fp8_block128 ? fp8::BlockKind::vec128 : fp8::BlockKind::blk128x128;
@@ -58,7 +59,8 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   cols = cols_;
   dev = dev_;
   rows = 0;
-  col_is_row = s.fmt == Fmt::nvfp4 && s.two_d;
+  // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles.
+  col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || s.fmt == Fmt::mor_block;
   row_only = row_only_ && !col_is_row;
   if (s.fmt == Fmt::bf16) return Status::ok();
   int64_t data_bytes = 0, row_scale_bytes = 0, col_scale_bytes = 0;
@@ -200,6 +202,16 @@ Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream)
   return dev == Device::cuda ? mxfp8::quantize_cuda(src, opt, v, stream) : mxfp8::quantize_ref(src, opt, v);
 }
 
+// MoR's block rule (mor_block.h): the BF16 operand into the row data (col_is_row: the only copy), the blocks decided
+// and counted as they are quantized; GAM's tensor amax is taken into the row amax slot first.
+Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
+  auto* out = reinterpret_cast<bf16*>(o.row_data);
+  if (dev == Device::cuda)
+    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
+                                      state_f.ptr<float>() + kRowAmax, stream);
+  return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks);
+}
+
 // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
 // backends (col_operand() uses the row amax, which is the column one for 2D).
 Status QCopies::quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
@@ -257,6 +269,7 @@ Status QCopies::quantize(const bf16* src, int64_t rows_, const QuantizeArgs& a, 
     case Fmt::fp8_block128x128: NB_TRY(quantize_fp8_block(src, a, o, stream)); break;
     case Fmt::mxfp8: NB_TRY(quantize_mxfp8(src, o, stream)); break;
     case Fmt::nvfp4: NB_TRY(quantize_nvfp4(src, a, o, stream)); break;
+    case Fmt::mor_block: NB_TRY(quantize_mor_block(src, a, o, stream)); break;
   }
   NB_TRY(clear_block_amaxes(stream));
   used_in_step = true;
@@ -299,6 +312,7 @@ gemm::QOperand QCopies::row_operand() const {
   op.data = ptr(row_data);
   const float* sf = state_f.ptr<float>();
   op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
+              : spec.fmt == Fmt::mor_block                             ? nullptr
                                                                        : static_cast<const void*>(ptr(row_scales));
   op.amax = sf + kRowAmax;
   op.nvfp4_4over6 = spec.fmt == Fmt::nvfp4 && spec.four_over_six;  // decodes with amax / (6*256)

@@ -29,6 +29,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "formats/fp8/fp8.h"
+#include "formats/mor/mor_block.h"
 #include "formats/mor/mor_stat.h"
 #include "formats/nvfp4/nvfp4.h"
 #include "gemm/gemm_quantized.h"
@@ -63,6 +64,8 @@ struct QuantizeArgs {
   AmaxGroup* amax_group = nullptr;    // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
   nvfp4::SrOrigin sr_origin{};        // NVFP4 SR: this tensor's place in the whole one (tensor / sequence parallel)
   mor::StatCell* mor_stat = nullptr;  // MoR: the quantization adds its error statistic here (fp8::TensorView)
+  mor::BlockRule mor_rule{};           // Fmt::mor_block: the rule, and where its blocks per choice are counted
+  mor::BlockCounts* mor_blocks = nullptr;
 };
 
 struct QCopies {
@@ -141,6 +144,7 @@ struct QCopies {
   Status quantize_fp8_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
   Status quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream);
   Status quantize_nvfp4(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
+  Status quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream);
   Status clear_block_amaxes(Stream stream);
   // Whole state block to / from the host (synchronizes on cuda).
   Status read_state(float* floats, int* ints, Stream stream) const;
@@ -197,8 +201,9 @@ struct Linear::Impl {
     return RngKey{recipe.seed, step, stream};
   }
   QuantizeArgs args(Role role) const {
-    return QuantizeArgs{recipe.fp8_scaling, recipe.fp8_pow2_scales, rng_key(role), amax_groups[int(role)],
-                        sr_origin[int(role)]};
+    return QuantizeArgs{recipe.fp8_scaling,     recipe.fp8_pow2_scales, rng_key(role),
+                        amax_groups[int(role)], sr_origin[int(role)],   nullptr,
+                        mor::BlockRule{recipe.mor.three_way, recipe.mor.scaling, recipe.mor.threshold}};
   }
   // Per Role: the columns from set_grad_columns; the rows set around a gathered chunk's quantization.
   nvfp4::SrOrigin sr_origin[3] = {};
@@ -243,7 +248,9 @@ struct Linear::Impl {
   // The ladder: the NVFP4 copies always (their RHT on the Wgrad pair only while both its operands are NVFP4), the
   // E4M3 copies when the role reads them; with `measure` both statistics (mor_ladder_measure).
   Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
-  Status mor_init_ladder(int64_t tokens_cap, bool dry);  // the q8 copies, for init_copies' token capacity
+  Status mor_init_ladder(int64_t tokens_cap, bool dry);
+  // The block rule: role's operand from p, its blocks counted into the role's cells when `measure`.
+  Status mor_block_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);  // the q8 copies, for init_copies' token capacity
   // The ladder's statistics of a measured step from role r's NVFP4 row copy just made: NVFP4's, and E4M3's from its
   // amax unless the role's E4M3 copy measured it (e4m3_measured); on the GPU one pass over x for both.
   Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);

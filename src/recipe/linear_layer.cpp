@@ -52,6 +52,8 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
   const bool mor_measure = recipe.mor.on && !mor_paused && into == nullptr;
   if (mor_ladder())
     NB_TRY(mor_ladder_quantize(role, p, rows, mor_measure, stream));
+  else if (recipe.mor.blocks)
+    NB_TRY(mor_block_quantize(role, p, rows, mor_measure, stream));
   else
     NB_TRY(quantize_copies(c, role, p, rows, mor_measure ? int(role) : -1, stream, into));
   if (collect_stats) NB_TRY(stats.add(c, p, stream));
@@ -399,7 +401,8 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
   out->rows = c.rows;
   out->cols = c.cols;
   const int64_t n = c.rows * c.cols;
-  size_t data = size_t(c.spec.fmt == Fmt::nvfp4 ? n / 2 : n), row_sc = 0, col_sc = 0;
+  size_t data = size_t(c.spec.fmt == Fmt::nvfp4 ? n / 2 : c.spec.fmt == Fmt::mor_block ? 2 * n : n), row_sc = 0,
+         col_sc = 0;
   switch (c.spec.fmt) {
     case Fmt::fp8_block128:
     case Fmt::fp8_block128x128: {

@@ -21,9 +21,13 @@ Status Linear::Impl::mor_init(bool dry) {
         "(LoRA) base does not support yet; use another recipe for the base",
         name.c_str(), recipe.name.c_str());
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
-    if (mor_ladder() ? r->fmt != Fmt::nvfp4 || r->four_over_six : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
-      return errorf("internal: linear '%s': MoR needs per-tensor FP8 roles (the ladder: NVFP4 without 4/6), got %s",
-                    name.c_str(), fmt_name(r->fmt));
+    if (mor_ladder()            ? r->fmt != Fmt::nvfp4 || r->four_over_six
+        : recipe.mor.blocks ? r->fmt != Fmt::mor_block
+                            : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
+      return errorf(
+          "internal: linear '%s': MoR needs per-tensor FP8 roles (the ladder: NVFP4 without 4/6; the block rule: "
+          "mor_block), got %s",
+          name.c_str(), fmt_name(r->fmt));
   if (mor_ladder() && recipe.mor.decide_now)
     return errorf("internal: linear '%s': the NVFP4 ladder has no --mor-decide-now", name.c_str());
   for (MorRung& r : mor_rung) r = mor_top();  // until the first decision every operand is on the top rung
@@ -46,6 +50,18 @@ Status Linear::Impl::mor_init_ladder(int64_t tokens_cap, bool dry) {
   NB_TRY(q8[1].init(Role::weight, e4m3, out, in, dev, nullptr, false, false, -1, dry));
   NB_TRY(q8[2].init(Role::grad, e4m3, tokens_cap, out, dev, ws, false, false, -1, dry, q[2].slot_bytes));
   return Status::ok();
+}
+
+Status Linear::Impl::mor_block_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream) {
+  QuantizeArgs qa = args(role);
+  if (measure) {  // cells role (its E4M3 statistic) and 3 + role (its blocks per choice), on either device
+    mor::StatCell* cells = nullptr;
+    NB_TRY(mor_cells_now(&cells));
+    qa.mor_stat = cells + int(role);
+    qa.mor_blocks = reinterpret_cast<mor::BlockCounts*>(cells + 3 + int(role));
+  }
+  static const char* const kNames[3] = {"input", "weight", "grad"};
+  return q[int(role)].quantize(p, rows, qa, stream).context("linear '" + name + "' " + kNames[int(role)]);
 }
 
 Status Linear::Impl::mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream) {

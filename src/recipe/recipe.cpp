@@ -14,6 +14,7 @@ const char* fmt_name(Fmt f) {
     case Fmt::fp8_block128x128: return "fp8_block128x128";
     case Fmt::mxfp8: return "mxfp8";
     case Fmt::nvfp4: return "nvfp4";
+    case Fmt::mor_block: return "mor_block";
   }
   return "?";
 }
@@ -28,7 +29,8 @@ int64_t weight_block_rows(Fmt f) {
     case Fmt::nvfp4: return 16;
     case Fmt::mxfp8: return 32;
     case Fmt::fp8_block128:
-    case Fmt::fp8_block128x128: return 128;
+    case Fmt::fp8_block128x128:
+    case Fmt::mor_block: return 128;
     default: return 1;
   }
 }
@@ -137,10 +139,45 @@ static Status apply_4over6(const std::string& v, const std::string& err, Recipe*
   return Status::ok();
 }
 
+// mor-granularity block and its knobs (three-way, scaling): the E4M3 recipe only; decided inside each quantization.
+static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
+  const char* name = r->name.c_str();
+  if (k.mor_granularity != "tensor" && k.mor_granularity != "block")
+    return errorf("recipe '%s': unknown mor-granularity '%s'; use tensor or block", name, k.mor_granularity.c_str());
+  if (k.mor_granularity == "tensor") {
+    if (k.mor_three_way || !k.mor_scaling.empty())
+      return errorf(
+          "recipe '%s': mor-three-way and mor-scaling belong to the block rule (one tensor has one scale, where GAM "
+          "is amax scaling); add mor-granularity block or drop them",
+          name);
+    return Status::ok();
+  }
+  if (r->mor.ladder)
+    return errorf(
+        "recipe '%s': mor-granularity block is built for bf16_with_mor_fp8_mixed only: an NVFP4 block keeps its "
+        "tensor's global scale, which BF16 and FP8 blocks beside it in one operand cannot share; use "
+        "bf16_with_mor_fp8_mixed or mor-granularity tensor",
+        name);
+  if (k.mor_decide_now || k.mor_interval > 1)
+    return errorf(
+        "recipe '%s': the block rule decides every block inside its quantization, from the data it quantizes (no lag, "
+        "every step), so mor-decide-now and mor-interval do not apply; drop them",
+        name);
+  const std::string& sc = k.mor_scaling;
+  if (!sc.empty() && sc != "gam" && sc != "amax" && sc != "pow2")
+    return errorf("recipe '%s': unknown mor-scaling '%s'; use gam, amax or pow2", name, sc.c_str());
+  r->mor.blocks = true;
+  r->mor.three_way = k.mor_three_way;
+  if (!sc.empty()) r->mor.scaling = sc == "gam" ? mor::ScaleMode::gam : sc == "amax" ? mor::ScaleMode::amax : mor::ScaleMode::pow2;
+  r->input = r->weight = r->grad = RoleSpec{Fmt::mor_block};
+  r->fp8_scaling = Fp8Scaling::none;
+  return Status::ok();
+}
+
 // The mor_* knobs: only on a MoR recipe, with a threshold in (0, 1) and an interval of at least one step.
 static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
   const bool given = k.mor_threshold >= 0 || k.mor_nvfp4_threshold >= 0 || k.mor_interval >= 0 ||
-                     k.mor_granularity != "tensor" || k.mor_decide_now;
+                     k.mor_granularity != "tensor" || k.mor_decide_now || k.mor_three_way || !k.mor_scaling.empty();
   if (!given) return Status::ok();
   if (!r->mor.on)
     return errorf(
@@ -163,13 +200,7 @@ static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
         "recipe '%s': mor-decide-now is built for bf16_with_mor_fp8_mixed only (the ladder picks the RHT of its Wgrad "
         "pair before the step from both operands' rungs); drop it",
         r->name.c_str());
-  if (k.mor_granularity == "block")
-    return errorf(
-        "recipe '%s': mor-granularity block (per 128x128 block) is not built yet: only the tensor-level rule runs "
-        "in training (docs/MOR.md); use mor-granularity tensor",
-        r->name.c_str());
-  if (k.mor_granularity != "tensor")
-    return errorf("recipe '%s': unknown mor-granularity '%s'; use tensor", r->name.c_str(), k.mor_granularity.c_str());
+  NB_TRY(apply_mor_block_knobs(k, r));
   if (k.mor_threshold >= 0) {
     if (!(k.mor_threshold > 0 && k.mor_threshold < 1))
       return errorf("recipe '%s': mor-threshold %g is outside (0, 1); it is a mean relative error (0.045 = 4.5%%)",
@@ -247,7 +278,8 @@ static std::string role_str(const RoleSpec& s, bool wgrad_copy) {
 static std::string gemm_engine(Fmt a, int cc_major) {
   if (cc_major <= 0) return " (cpu reference)";
   switch (a) {
-    case Fmt::bf16: return " (cublaslt bf16)";
+    case Fmt::bf16:
+    case Fmt::mor_block: return " (cublaslt bf16)";
     case Fmt::fp8_e4m3:
     case Fmt::fp8_e5m2:
     case Fmt::fp8_block128:
@@ -263,6 +295,15 @@ static std::string gemm_engine(Fmt a, int cc_major) {
 static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
   char t[32], t4[32];
   std::snprintf(t, sizeof t, "%.4g", r.mor.threshold * 100.0);
+  if (r.mor.blocks) {
+    const std::string e = cc_major <= 0 ? " (cpu reference)" : " (cublaslt bf16)";
+    const std::string op = r.mor.three_way ? "blocks[e4m3|e5m2|bf16]" : "blocks[e4m3|bf16]";
+    const std::string rule = r.mor.three_way ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
+                                             : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
+    return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
+           " fp32 accumulate; each 128x128 block " + rule + ", " + mor::scale_mode_name(r.mor.scaling) +
+           " scales, decided in its quantization (no lag)";
+  }
   std::snprintf(t4, sizeof t4, "%.4g", r.mor.nvfp4_threshold * 100.0);
   const std::string op = r.mor.ladder ? "nvfp4|e4m3|bf16" : "e4m3|bf16";
   const std::string e = cc_major <= 0  ? " (cpu reference)"
@@ -299,7 +340,7 @@ Status check_supported(const Recipe& r, int cc_major, int cc_minor) {
         "newer GPU",
         r.name.c_str(), cc_major, cc_minor);
   for (Fmt f : fmts) {
-    if ((f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2) && cc < 89)
+    if ((f == Fmt::fp8_e4m3 || f == Fmt::fp8_e5m2 || f == Fmt::mor_block) && cc < 89)
       return errorf(
           "recipe '%s' needs FP8 tensor cores (sm_89 or newer) but this GPU is sm_%d%d; use "
           "bf16_mixed or an Ada/Hopper/Blackwell GPU",

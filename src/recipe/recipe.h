@@ -12,11 +12,14 @@
 #include <string>
 #include <vector>
 #include "core/status.h"
+#include "formats/mor/mor.h"
 #include "formats/nvfp4/nvfp4.h"
 
 namespace nb::recipe {
 
-enum class Fmt { bf16, fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4 };
+// mor_block: MoR's block rule in training (MorSpec::blocks): the role's BF16 values with every 128x128 block that the
+// rule lets quantize replaced by its FP8 values (formats/mor/mor_block.h); its GEMMs are BF16 GEMMs.
+enum class Fmt { bf16, fp8_e4m3, fp8_e5m2, fp8_block128, fp8_block128x128, mxfp8, nvfp4, mor_block };
 const char* fmt_name(Fmt f);
 
 struct RoleSpec {
@@ -47,8 +50,16 @@ struct MorSpec {
   // E4M3 copy's is below `threshold`, else BF16.
   bool ladder = false;
   double nvfp4_threshold = kDefaultNvfp4Threshold;
-  // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's.
-  int cells_per_linear() const { return ladder ? 6 : 3; }
+  // The block rule (--mor-granularity block; formats/mor/mor_block.h): every role is Fmt::mor_block, each 128x128
+  // block decided inside its quantization from its own numbers (no lag, every step), E4M3 while its error is below
+  // `threshold` (three_way: E4M3 if it beats E5M2, else E5M2 if the block's range fits, else BF16), scaled by
+  // `scaling`. Nothing is decided on the host; the cells count the blocks.
+  bool blocks = false;
+  bool three_way = false;
+  mor::ScaleMode scaling = mor::ScaleMode::gam;
+  // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's, or (blocks) each role's
+  // blocks per choice (mor::BlockCounts).
+  int cells_per_linear() const { return ladder || blocks ? 6 : 3; }
   // CPU reference only: each quantization decides its own operands from its own statistic (no lag), to show what
   // the lag of the GPU's schedule changes.
   bool decide_now = false;
@@ -110,6 +121,8 @@ struct RecipeKnobs {
   int64_t mor_interval = -1;
   bool mor_decide_now = false;
   std::string mor_granularity = "tensor";
+  bool mor_three_way = false;  // the block rule: E5M2 as a rung between E4M3 and BF16
+  std::string mor_scaling;     // the block rule's scales: gam (default), amax or pow2; empty keeps the default
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
 // the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so are

@@ -218,8 +218,19 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
                "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "
                "(no lag), to measure what the GPU's one-step lag changes",
                &c.mor_decide_now),
-      choice_key("mor-granularity", "Mixture of Representations: one decision per tensor (block: not built yet)",
+      choice_key("mor-granularity",
+                 "Mixture of Representations: one decision per tensor, from the last step's statistics (tensor), or "
+                 "one per 128x128 block inside each quantization (block; bf16_with_mor_fp8_mixed)",
                  &c.mor_granularity, {"tensor", "block"}),
+      bool_key("mor-three-way",
+               "Mixture of Representations' block rule: E4M3 where its error beats E5M2's, else E5M2 where the "
+               "block's range fits, else BF16 (without it: E4M3 below --mor-threshold, else BF16)",
+               &c.mor_three_way),
+      string_key("mor-scaling",
+                 "Mixture of Representations' block rule: each block's FP8 scale from its amax (amax), that rounded "
+                 "down to a power of two (pow2: exact BF16 operands), or GAM's shared mantissa with the block's "
+                 "exponent (gam, the default)",
+                 &c.mor_scaling),
   };
 }
 

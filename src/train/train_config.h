@@ -40,8 +40,10 @@ struct TrainConfig {
   double mor_threshold = -1;
   double mor_nvfp4_threshold = -1;  // the NVFP4 ladder (bf16_with_mor_nvfp4_mixed)
   int64_t mor_interval = -1;
-  std::string mor_granularity = "tensor";  // tensor (block is not built yet)
+  std::string mor_granularity = "tensor";  // tensor | block (each 128x128 block decided in its quantization)
   bool mor_decide_now = false;             // CPU reference: no decision lag
+  bool mor_three_way = false;              // the block rule: E5M2 between E4M3 and BF16
+  std::string mor_scaling;                 // the block rule's scales: gam | amax | pow2 (empty: gam)
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;

@@ -70,7 +70,13 @@ Status Trainer::resolve_config() {
   knobs.mor_interval = cfg_.mor_interval;
   knobs.mor_granularity = cfg_.mor_granularity;
   knobs.mor_decide_now = cfg_.mor_decide_now;
+  knobs.mor_three_way = cfg_.mor_three_way;
+  knobs.mor_scaling = cfg_.mor_scaling;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
+  if (recipe_.mor.blocks && cfg_.quant_stats)
+    return errorf(
+        "--quant-stats measures quantized copies that MoR's block rule does not make (its operands are BF16 with FP8 "
+        "blocks); its blocks per format and errors are in metrics.jsonl's mor_linear records: drop --quant-stats");
   if (recipe_.mor.on && (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1))
     return errorf(
         "--recipe %s decides each operand from the whole tensor on one rank, and tensor and context parallelism "

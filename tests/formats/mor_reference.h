@@ -60,4 +60,28 @@ inline float reference_gam(float tensor_scale, float block_scale) {
   return float(s);
 }
 
+// Six 128x128 blocks of different characters, each decided on its own (GAM scales, the tensor as the group).
+inline std::vector<bf16> six_blocks(int64_t cols) {
+  std::vector<bf16> x = normal_tensor(256 * cols, 21);
+  std::mt19937_64 rng(22);
+  std::normal_distribution<double> d(0.0, 1.0);
+  for (int64_t r = 0; r < 256; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t b = (r / 128) * 3 + c / 128;
+      float v = bf16_to_f32(x[r * cols + c]);
+      switch (b) {
+        case 1:  // two magnitudes 1e7 apart: E4M3 flushes the small half, E5M2 holds both
+          v = float((1.0 + std::fabs(d(rng)) / 8.0) * (c % 2 == 0 ? 1.0 : 1e-7));
+          break;
+        case 2: v = 0.0f; break;  // zeros
+        case 3: v = (r == 130 && c == 5) ? std::numeric_limits<float>::quiet_NaN() : v; break;
+        case 4: v = (r == 200 && c == 140) ? 1e30f : v * 1e-20f; break;  // beyond E5M2's range
+        case 5: v *= 1e-30f; break;                                      // tiny but narrow
+        default: break;
+      }
+      x[r * cols + c] = f32_to_bf16(v);
+    }
+  return x;
+}
+
 }  // namespace nb::mor

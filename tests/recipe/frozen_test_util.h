@@ -169,7 +169,8 @@ inline size_t col_copy_bytes(Fmt f, int64_t rows, int64_t cols) {
       return n + 4 * size_t(fp8::block_scale_count(fp8::BlockKind::blk128x128, rows, cols, true));
     case Fmt::mxfp8: return n + n / 32;
     case Fmt::nvfp4: return n / 2 + n / 16;
-    case Fmt::bf16: return 0;
+    case Fmt::bf16:
+    case Fmt::mor_block: return 0;  // its one BF16 copy serves both ways
   }
   return 0;
 }

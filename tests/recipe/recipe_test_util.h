@@ -48,6 +48,12 @@ inline std::vector<double> dequant_copy(const QuantizedBytes& q, bool col) {
       for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(fp8::decode(data[size_t(i)], ff)) * double(q.scale_inv);
       return out;
     }
+    case Fmt::mor_block: {  // BF16 values [r, c], the only copy (the column copy reads it transposed)
+      const auto* v = reinterpret_cast<const bf16*>(q.row_data.data());
+      for (int64_t i = 0; i < r; ++i)
+        for (int64_t j = 0; j < c; ++j) out[size_t(col ? j * r + i : i * c + j)] = bf16_to_f32(v[i * c + j]);
+      return out;
+    }
     case Fmt::fp8_block128:
     case Fmt::fp8_block128x128: {
       // Scale layouts of fp8_block.h; the copy is [outer, inner] = [r, c] (row) or [c, r] (col).

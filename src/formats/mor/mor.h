@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 #include "core/bf16.h"
+#include "core/macros.h"
 #include "core/status.h"
 #include "formats/fp8/fp8.h"
 
@@ -55,13 +56,20 @@ ErrorStat error_stat_ref(const bf16* x, const float* x_hat, int64_t n);
 bool below_threshold(const ErrorStat& s, double threshold);
 
 enum class Scaling : uint8_t { tensor, block, channel };  // one scale per tensor, per 128x128 block, per row
-enum class ScaleMode : uint8_t { amax, gam };
+// pow2: each group's amax scale rounded down to a power of two (TransformerEngine's blockwise FP8 default): a
+// group's FP8 values times 2^k are BF16 values, so the sub-tensor rule's operands train exactly (mor_block.h).
+enum class ScaleMode : uint8_t { amax, gam, pow2 };
 const char* scaling_name(Scaling s);
 const char* scale_mode_name(ScaleMode m);
 
 // GAM's parts: the shared mantissa of the tensor's scale (in [1, 2), as an FP32 value) and a group's scale.
-float gam_mantissa(float tensor_scale);
-float gam_group_scale(float mantissa, float group_scale);
+NB_HD float gam_mantissa(float tensor_scale) { return bits_f32((f32_bits(tensor_scale) & 0x007FFFFFu) | 0x3F800000u); }
+NB_HD float gam_group_scale(float mantissa, float group_scale) {
+  // The group's own exponent: its scale with the mantissa cleared (scales are normal, positive FP32).
+  const float pow2 = bits_f32(f32_bits(group_scale) & 0x7F800000u);
+  const float s = mantissa * pow2;
+  return s > group_scale ? mantissa * (pow2 * 0.5f) : s;
+}
 // The biased 8-bit exponent a GAM scale stores (its mantissa is the tensor's).
 uint8_t gam_exponent_byte(float gam_scale);
 

@@ -116,7 +116,14 @@ const char* scaling_name(Scaling s) {
   return "?";
 }
 
-const char* scale_mode_name(ScaleMode m) { return m == ScaleMode::gam ? "gam" : "amax"; }
+const char* scale_mode_name(ScaleMode m) {
+  switch (m) {
+    case ScaleMode::amax: return "amax";
+    case ScaleMode::gam: return "gam";
+    case ScaleMode::pow2: return "pow2";
+  }
+  return "?";
+}
 
 const char* choice_name(Choice c) {
   switch (c) {
@@ -154,15 +161,6 @@ bool below_threshold(const ErrorStat& s, double threshold) {
   return s.nonzero == 0 || double(s.err_fixed) < threshold * kFixedOne * double(s.nonzero);
 }
 
-float gam_mantissa(float tensor_scale) { return bits_f32((f32_bits(tensor_scale) & 0x007FFFFFu) | 0x3F800000u); }
-
-float gam_group_scale(float mantissa, float group_scale) {
-  // The group's own exponent: its scale with the mantissa cleared (scales are normal, positive FP32).
-  const float pow2 = bits_f32(f32_bits(group_scale) & 0x7F800000u);
-  const float s = mantissa * pow2;
-  return s > group_scale ? mantissa * (pow2 * 0.5f) : s;
-}
-
 uint8_t gam_exponent_byte(float gam_scale) { return uint8_t((f32_bits(gam_scale) >> 23) & 0xFFu); }
 
 Status fp8_scales_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, Scaling scaling, ScaleMode mode,
@@ -173,7 +171,7 @@ Status fp8_scales_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt
   std::vector<float> amax = group_amax(x, rows, cols, scaling);
   if (scaling == Scaling::tensor && whole_amax >= 0.0f) amax[0] = whole_amax;
   scales->resize(amax.size());
-  for (size_t g = 0; g < amax.size(); ++g) (*scales)[g] = fp8::scale_from_amax(amax[g], max, false);
+  for (size_t g = 0; g < amax.size(); ++g) (*scales)[g] = fp8::scale_from_amax(amax[g], max, mode == ScaleMode::pow2);
   if (mode == ScaleMode::gam && scaling != Scaling::tensor) {
     float tensor_amax = whole_amax;  // a shard: the whole tensor's
     if (tensor_amax < 0.0f) tensor_amax = *std::max_element(amax.begin(), amax.end());

@@ -8,6 +8,7 @@
 #include "formats/fp8/fp8.h"
 #include "formats/fp8/fp8_block.h"
 #include "formats/fp8_test_inputs.h"
+#include "formats/mor/mor_block.h"
 #include "formats/mor/mor_stat.h"
 #include "formats/mxfp8/mxfp8.h"
 #include "formats/nvfp4/nvfp4.h"
@@ -185,6 +186,35 @@ TEST(FormatsGpu, Nvfp4MorStatisticMatchesTheHost) {
   check_nvfp4_stat(4096, 2048, Dist::normal, false, true, false);
 }
 
+// MoR's block rule in training (mor_block.h): the BF16 operand, the E4M3 statistic and the block counts.
+void check_mor_block_rule(int64_t rows, int64_t cols, Dist dist, bool nonfinite, const mor::BlockRule& rule) {
+  SCOPED_TRACE(testing::Message() << "MoR block rule " << rows << "x" << cols << " dist " << int(dist) << " "
+                                  << mor::scale_mode_name(rule.mode) << (rule.three_way ? " three-way" : ""));
+  auto x = fmt_test::make_input(rows, cols, dist, 7 + rows + 13 * cols, nonfinite);
+  std::vector<bf16> want(x.size());
+  mor::StatCell want_stat;
+  mor::BlockCounts want_counts;
+  ASSERT_TRUE(mor::apply_block_rule_ref(x.data(), rows, cols, rule, want.data(), &want_stat, &want_counts).is_ok());
+  Dev dx = upload(x), dout(x.size() * 2), dcell = upload(std::vector<mor::StatCell>(1)),
+      dcounts = upload(std::vector<mor::BlockCounts>(1)), dscratch(4);
+  ASSERT_TRUE(mor::apply_block_rule_cuda(dx.as<bf16>(), rows, cols, rule, dout.as<bf16>(), dcell.as<mor::StatCell>(),
+                                         dcounts.as<mor::BlockCounts>(), dscratch.as<float>(), nullptr)
+                  .is_ok());
+  const std::vector<bf16> got = dout.host<bf16>();
+  int mismatches = 0;
+  for (size_t i = 0; i < x.size(); ++i) mismatches += got[i].bits != want[i].bits;
+  EXPECT_EQ(mismatches, 0);
+  const mor::StatCell stat = dcell.host<mor::StatCell>()[0];
+  const mor::BlockCounts counts = dcounts.host<mor::BlockCounts>()[0];
+  EXPECT_EQ(stat.err_fixed, want_stat.err_fixed);
+  EXPECT_EQ(stat.nonzero, want_stat.nonzero);
+  EXPECT_EQ(stat.nonfinite, want_stat.nonfinite);
+  EXPECT_EQ(counts.e4m3, want_counts.e4m3);
+  EXPECT_EQ(counts.e5m2, want_counts.e5m2);
+  EXPECT_EQ(counts.bf16, want_counts.bf16);
+  EXPECT_EQ(counts.nonfinite, want_counts.nonfinite);
+}
+
 void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, bool pow2, bool nonfinite) {
   SCOPED_TRACE(testing::Message() << "FP8 block " << (kind == fp8::BlockKind::vec128 ? "1x128 " : "128x128 ") << rows
                                   << "x" << cols << " dist " << int(dist) << (pow2 ? " pow2" : ""));
@@ -210,6 +240,18 @@ void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, boo
 }
 
 }  // namespace
+
+TEST(FormatsGpu, MorBlockRuleMatchesTheHost) {
+  NB_REQUIRE_GPU();
+  for (mor::ScaleMode mode : {mor::ScaleMode::amax, mor::ScaleMode::gam, mor::ScaleMode::pow2})
+    for (bool three : {false, true})
+      for (Dist d : kDists) {
+        const mor::BlockRule rule{three, mode, d == Dist::outliers ? 0.02 : 0.045};
+        check_mor_block_rule(256, 384, d, d == Dist::adversarial, rule);
+        check_mor_block_rule(200, 300, d, d == Dist::normal, rule);
+      }
+  check_mor_block_rule(4096, 2048, Dist::outliers, false, mor::BlockRule{false, mor::ScaleMode::gam, 0.045});
+}
 
 TEST(FormatsGpu, Mxfp8MatchesReferenceSmall) {
   NB_REQUIRE_GPU();

@@ -1,0 +1,74 @@
+// MoR's sub-tensor rule as training applies it (docs/MOR.md, "The block rule in training"): each 128x128 block of
+// x [rows, cols] (the blocks of the last rows and columns clipped to the tensor) is quantized to E4M3 (and, with the
+// three-way rule, to E5M2) with its own scale, measured, and decided as decide_blocks_ref decides a block (mor.h);
+// the output is x itself with every FP8-decided block replaced by its FP8 values. A GEMM over that BF16 operand is
+// the mixed-block GEMM of mixed.h up to FP32 accumulation order. With pow2 scales each FP8 value is a code times a
+// power of two, a BF16 value, so the operand is exact; with amax or GAM scales (not powers of two) the FP8 values are
+// rounded once to BF16 (what fake quantization does, as the paper's evaluation did).
+//
+// The decision needs nothing from the host, so it is made inside the quantization, on the data it quantizes: no lag.
+// Per call the E4M3 statistic of every block (the tensor's E4M3 error under block scaling) is added into a StatCell,
+// and the blocks per choice into BlockCounts; both integer sums, so the GPU adds exactly what the host does.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include "core/bf16.h"
+#include "core/macros.h"
+#include "core/status.h"
+#include "core/stream.h"
+#include "formats/fp8/fp8.h"
+#include "formats/mor/mor.h"
+#include "formats/mor/mor_stat.h"
+
+namespace nb::mor {
+
+// Blocks per choice, added by each call; 24 bytes, as a StatCell (a model's board holds both kinds of cell).
+struct BlockCounts {
+  uint64_t e4m3 = 0, e5m2 = 0;
+  uint32_t bf16 = 0;       // every block kept in BF16, the non-finite ones included
+  uint32_t nonfinite = 0;  // blocks with a NaN or Inf
+};
+static_assert(sizeof(BlockCounts) == sizeof(StatCell), "BlockCounts shares the board with StatCells");
+// A board cell that holds BlockCounts, read as them.
+inline BlockCounts block_counts_of(const StatCell& cell) {
+  BlockCounts b;
+  std::memcpy(static_cast<void*>(&b), static_cast<const void*>(&cell), sizeof b);
+  return b;
+}
+
+// The FP8 scale of a block under `mode` (gam_mantissa: the tensor's shared mantissa; unused otherwise).
+NB_HD float block_rule_scale(ScaleMode mode, float block_amax, float fmt_max, float gam_mantissa_) {
+  if (mode == ScaleMode::gam) return gam_group_scale(gam_mantissa_, fp8::scale_from_amax(block_amax, fmt_max, false));
+  return fp8::scale_from_amax(block_amax, fmt_max, mode == ScaleMode::pow2);
+}
+
+// below_threshold (mor.h) on the integers: one rounding of a double product, the same on both sides.
+NB_HD bool fixed_below_threshold(uint64_t err_fixed, uint64_t nonzero, double threshold) {
+  return nonzero == 0 || double(err_fixed) < threshold * kFixedOne * double(nonzero);
+}
+
+// fits_e5m2_range (mor.h): every non-zero |x| within E5M2's normal range once amax is scaled to 57344.
+NB_HD bool fits_e5m2_normal_range(float amax, float min_nonzero) {
+  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;
+  return double(amax) / double(min_nonzero) <= double(kE5M2Max) / 6.103515625e-05;  // 57344 / 2^-14
+}
+
+// decide_blocks_ref's choice of one block from its E4M3 and E5M2 sums over its `nonzero` finite non-zero elements,
+// its finite amax and smallest non-zero |x|.
+NB_HD Choice block_rule_choice(const BlockRule& rule, uint64_t err4, uint64_t err5, uint64_t nonzero, bool nonfinite,
+                               float finite_amax, float min_nonzero) {
+  if (nonfinite) return Choice::bf16;
+  if (!rule.three_way) return fixed_below_threshold(err4, nonzero, rule.threshold) ? Choice::fp8_e4m3 : Choice::bf16;
+  if (err4 < err5) return Choice::fp8_e4m3;  // a tie is no win for E4M3: the range test decides
+  return fits_e5m2_normal_range(finite_amax, min_nonzero) ? Choice::fp8_e5m2 : Choice::bf16;
+}
+
+// x [rows, cols] -> out [rows, cols] (may not alias x). e4m3_stat, counts: added into when not null. Host memory.
+Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
+                            StatCell* e4m3_stat, BlockCounts* counts);
+// The same on the GPU (device memory), queued on `stream`; bit for bit the host's. GAM reads the tensor's amax, which
+// a pass of its own writes into `scratch` (one device float) first.
+Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
+                             StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream);
+
+}  // namespace nb::mor
