@@ -40,6 +40,12 @@ std::string format_log_line(const StepMetrics& m) {
                   100.0 * m.mor_nvfp4_operands, 100.0 * m.mor_nvfp4_gemms);
     line += mor;
   }
+  if (m.mor_fp8_blocks >= 0) {
+    char mor[96];
+    std::snprintf(mor, sizeof mor, " MoR FP8 blocks: %.1f%% (E5M2 %.1f%%) |", 100.0 * m.mor_fp8_blocks,
+                  100.0 * m.mor_e5m2_blocks);
+    line += mor;
+  }
   if (m.mor_fp8_operands >= 0) {
     char mor[96];
     std::snprintf(mor, sizeof mor, " MoR FP8 operands: %.1f%% | MoR FP8 GEMMs: %.1f%% |", 100.0 * m.mor_fp8_operands,
@@ -71,6 +77,8 @@ std::string format_jsonl(const StepMetrics& m) {
   if (m.tp_gathered_bytes >= 0) j["tp_gathered_bytes"] = m.tp_gathered_bytes;
   if (m.tp_reduced_bytes >= 0) j["tp_reduced_bytes"] = m.tp_reduced_bytes;
   if (m.mor_fp8_operands >= 0) j["mor_fp8_operands"] = m.mor_fp8_operands;
+  if (m.mor_fp8_blocks >= 0) j["mor_fp8_blocks"] = m.mor_fp8_blocks;
+  if (m.mor_e5m2_blocks >= 0) j["mor_e5m2_blocks"] = m.mor_e5m2_blocks;
   if (m.mor_fp8_gemms >= 0) j["mor_fp8_gemms"] = m.mor_fp8_gemms;
   if (m.mor_nvfp4_operands >= 0) j["mor_nvfp4_operands"] = m.mor_nvfp4_operands;
   if (m.mor_nvfp4_gemms >= 0) j["mor_nvfp4_gemms"] = m.mor_nvfp4_gemms;

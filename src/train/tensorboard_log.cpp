@@ -42,6 +42,10 @@ ScalarList step_scalars(const StepMetrics& m) {
       {"optimizer-time", m.optimizer_ms / 1000.0},
       {"data-wait-time", m.data_wait_ms / 1000.0},
   };
+  if (m.mor_fp8_blocks >= 0) {
+    out.emplace_back("mor/fp8_blocks", m.mor_fp8_blocks);
+    out.emplace_back("mor/e5m2_blocks", m.mor_e5m2_blocks);
+  }
   if (m.mor_fp8_operands >= 0) {
     out.emplace_back("mor/fp8_operands", m.mor_fp8_operands);
     out.emplace_back("mor/fp8_gemms", m.mor_fp8_gemms);

@@ -146,6 +146,7 @@ class Trainer {
     // the NVFP4 ladder in NVFP4 (-1: no MoR, or no ladder).
     double mor_fp8_operands = -1, mor_fp8_gemms = -1;
     double mor_nvfp4_operands = -1, mor_nvfp4_gemms = -1;
+    double mor_fp8_blocks = -1, mor_e5m2_blocks = -1;
   };
   // Mixture of Representations (trainer_mor.cpp): the step's shares, and after the first step of each decision
   // interval the statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a
@@ -224,6 +225,7 @@ class Trainer {
   // from the whole model's summed statistics; the log line, the records and checkpoints speak of the whole model.
   std::vector<size_t> mor_positions() const;  // each own MoR Linear's index among the whole model's
   size_t whole_mor_linears() const;
+  Status mor_blocks_after_step(StepFigures* f);  // the block rule's counts and records (trainer_mor_block.cpp)
   Status gather_mor_over_stages(std::vector<double>* values, size_t width);  // own -> whole model's, every stage
   // The whole model's decisions in effect: this model's own without stages; under pipeline parallelism the list every
   // stage decided (or resumed) last, each operand on the top rung before the first decision.

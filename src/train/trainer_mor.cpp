@@ -63,6 +63,7 @@ recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e
 Status Trainer::mor_after_step(StepFigures* f) {
   const std::vector<uint8_t> in_effect = whole_mor_choices();  // the whole model's (trainer_pp_mor.cpp)
   if (in_effect.empty()) return Status::ok();                  // no MoR, or annealed to a recipe without it
+  if (recipe_.mor.blocks) return mor_blocks_after_step(f);     // decided inside the quantizations: counts only
   shares(in_effect, recipe::MorRung::fp8, &f->mor_fp8_operands, &f->mor_fp8_gemms);
   if (recipe_.mor.ladder) shares(in_effect, recipe::MorRung::nvfp4, &f->mor_nvfp4_operands, &f->mor_nvfp4_gemms);
   if (!mor_decision_step(iteration_)) return Status::ok();

@@ -1,0 +1,96 @@
+// MoR's block rule in training (CPU, --mor-granularity block): every step logs the share of 128x128 operand blocks in
+// FP8 and writes each Linear's blocks per format; the threshold moves blocks between E4M3 and BF16 from the first step
+// on (no lag); the three-way rule and each scaling train; a run resumes bit for bit; settings that do not apply to
+// the block rule are refused before step 1.
+#include <gtest/gtest.h>
+#include <string>
+#include <vector>
+#include "train/mor_train_util.h"
+
+using namespace nb;
+
+namespace {
+
+TrainConfig block_job(double threshold) {
+  TrainConfig c = test::tiny_job("cpu", "bf16_with_mor_fp8_mixed");
+  c.mor_granularity = "block";
+  c.mor_threshold = threshold;
+  c.train_iters = 4;
+  return c;
+}
+
+}  // namespace
+
+TEST(MorBlockTrainCpu, EveryStepRecordsItsBlocksAndTheThresholdMovesThem) {
+  const std::string dir = test::temp_folder("mor_block_threshold");
+  std::vector<double> losses[2];
+  int run = 0;
+  for (double threshold : {1e-9, 0.999}) {
+    TrainConfig job = block_job(threshold);
+    job.save = dir + "/run";
+    job.save_interval = 100;
+    job.log_interval = 2;  // the per-Linear records come every log interval
+    TrainSummary s;
+    ASSERT_TRUE(run_training(job, &s).is_ok());
+    losses[run++] = s.losses;
+    const auto steps = test::metrics_with(job.save, "mor_fp8_blocks");
+    ASSERT_EQ(steps.size(), 4u);
+    for (const auto& st : steps) {
+      if (threshold > 0.5)
+        EXPECT_EQ(st["mor_fp8_blocks"], 1.0) << st.dump();
+      else
+        EXPECT_LT(st["mor_fp8_blocks"].get<double>(), 0.1) << "no lag: step 1 already decides" << st.dump();
+      EXPECT_EQ(st["mor_e5m2_blocks"], 0.0);
+      EXPECT_FALSE(st.contains("mor_fp8_operands"));
+    }
+    const auto linears = test::metrics_with(job.save, "mor_linear");
+    ASSERT_EQ(linears.size(), 2u * 4u * 2u);  // steps 2 and 4, 2 layers of 4 Linears
+    EXPECT_EQ(linears.front()["iteration"], 2);
+    for (const auto& rec : linears)
+      for (const char* role : {"input", "weight", "grad"}) {
+        const auto& r = rec[role];
+        EXPECT_EQ(r["format"], "blocks");
+        const int64_t e4m3 = r["e4m3_blocks"], bf16 = r["bf16_blocks"];
+        EXPECT_GT(e4m3 + bf16, 0) << rec.dump();
+        if (threshold > 0.5) EXPECT_EQ(bf16, 0) << rec.dump();
+        EXPECT_GT(r["error"].get<double>(), 0.0) << rec.dump();
+      }
+    std::filesystem::remove_all(job.save);
+  }
+  EXPECT_NE(losses[0], losses[1]) << "the blocks' formats change the run";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(MorBlockTrainCpu, ThreeWayAndEachScalingTrain) {
+  std::vector<std::vector<double>> all;
+  for (const char* scaling : {"gam", "amax", "pow2"})
+    for (bool three : {false, true}) {
+      TrainConfig job = block_job(0.045);
+      job.mor_scaling = scaling;
+      job.mor_three_way = three;
+      TrainSummary s;
+      ASSERT_TRUE(run_training(job, &s).is_ok()) << scaling << three;
+      ASSERT_EQ(s.losses.size(), 4u);
+      for (double l : s.losses) EXPECT_TRUE(std::isfinite(l)) << scaling << three;
+      all.push_back(s.losses);
+    }
+  EXPECT_NE(all[0], all[4]) << "gam and pow2 scales quantize differently";
+}
+
+TEST(MorBlockTrainCpu, ResumesBitExactly) {
+  const std::string dir = test::temp_folder("mor_block_resume");
+  test::expect_bit_exact_resume("cpu", "bf16_with_mor_fp8_mixed", dir, test::write_random_dataset(dir, 256),
+                                [](TrainConfig* c) {
+                                  c->mor_granularity = "block";
+                                  c->mor_threshold = 0.0226;  // both formats among the tiny model's blocks
+                                });
+}
+
+TEST(MorBlockTrainCpu, SettingsThatDoNotApplyAreRefusedBeforeStepOne) {
+  test::expect_refused_before_step_one(
+      block_job(0.045),
+      {{[](TrainConfig* c) { c->quant_stats = true; }, "--quant-stats"},
+       {[](TrainConfig* c) { c->mor_interval = 4; }, "no lag"},
+       {[](TrainConfig* c) { c->recipe = "bf16_with_mor_nvfp4_mixed"; }, "global scale"},
+       {[](TrainConfig* c) { c->mor_scaling = "row"; }, "unknown mor-scaling"}});
+}
