@@ -54,5 +54,7 @@ configs=(
   "3b-ladder|1|$small $ladder"
   "3b-ladder-allnvfp4|1|$small $ladder --mor-nvfp4-threshold 0.999"
   "3b-ladder-i4|1|$small9 $ladder --mor-interval 4"
+  "proxy-mor-block|1|$proxy $mor --mor-granularity block"
+  "3b-mor-block|1|$small $mor --mor-granularity block"
 )
 run_configs "${configs[@]}"

@@ -108,12 +108,28 @@ def ladder_cost_lines(out, stats, model):
             f"tokens/s; the host's time {decide_ms or 0.0:.2f} ms per decision)"]
 
 
+def block_lines(out, stats, model):
+    """The block rule (BF16 GEMMs over operands with FP8 blocks): its FP8 block share and speed against BF16."""
+    run, bf16, fp8 = (stats.get(f"{model}-{k}") for k in ("mor-block", "bf16", "fp8"))
+    blocks = [r["mor_fp8_blocks"] for r in records(out, f"{model}-mor-block") if "mor_fp8_blocks" in r]
+    if not run or not blocks:
+        return []
+    line = (f"- {model}, --mor-granularity block: {100 * sum(blocks) / len(blocks):.2f}% of operand blocks in E4M3 "
+            "(mean over the steps)")
+    if bf16:
+        line += f"; tokens/s/GPU {run / bf16:.3f}x BF16's"
+    if fp8:
+        line += f", {run / fp8:.3f}x FP8 current scaling's"
+    return [line]
+
+
 def fp8_lines(out, stats):
     out_lines = []
     for model in ("proxy", "3b"):
         for suffix, what in (("", "deciding every step"), ("-i4", "--mor-interval 4")):
             out_lines += speed_lines(out, stats, model, "mor" + suffix, what)
             out_lines += cost_lines(out, stats, model, "mor-allfp8" + suffix, what)
+        out_lines += block_lines(out, stats, model)
     return "\n".join(out_lines)
 
 

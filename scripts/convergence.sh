@@ -65,10 +65,12 @@ config_flags() {
     # (NVFP4, E4M3 or BF16), which keeps no block BF16 by position.
     mor_fp8) echo "--recipe bf16_with_mor_fp8_mixed" ;;
     mor_nvfp4) echo "--recipe bf16_with_mor_nvfp4_mixed" ;;
+    # The block rule: each 128x128 block E4M3 or BF16 inside its quantization (GAM scales, no lag).
+    mor_fp8_block) echo "--recipe bf16_with_mor_fp8_mixed --mor-granularity block" ;;
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block"
 
 # The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
 idx_tokens() {
@@ -165,12 +167,14 @@ thin_metrics() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
 keep = ("iteration", "lm_loss", "grad_norm", "step_ms", "tokens_per_s_per_gpu", "mor_fp8_operands", "mor_fp8_gemms",
-        "mor_nvfp4_operands", "mor_nvfp4_gemms")
+        "mor_nvfp4_operands", "mor_nvfp4_gemms", "mor_fp8_blocks", "mor_e5m2_blocks")
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
     for line in f:
         r = json.loads(line)
         if "lm_loss" in r:
             r = {k: r[k] for k in keep if k in r}
+        elif r.get("input", {}).get("format") == "blocks":
+            pass  # the block rule's records come every --log-interval already
         elif ("mor_linear" in r or "mor_decide_ms" in r) and r.get("iteration", 0) % 100 != 1:
             continue
         out.write(json.dumps(r, separators=(",", ":")) + "\n")

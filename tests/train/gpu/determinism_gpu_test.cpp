@@ -149,6 +149,8 @@ INSTANTIATE_TEST_SUITE_P(
         // The NVFP4 ladder with all three rungs (the default NVFP4 threshold sends some operands to E4M3; 0.0226 some
         // of those on to BF16), SR on NVFP4 gradients.
         Case{"mor_nvfp4", "--recipe bf16_with_mor_nvfp4_mixed --mor-threshold 0.0226", 1},
+        // The block rule: each block decided inside its quantization on the GPU (GAM's amax pass, integer sums).
+        Case{"mor_fp8_block", "--recipe bf16_with_mor_fp8_mixed --mor-granularity block --mor-threshold 0.0226", 1},
         Case{"bf16_two_ranks", "--recipe bf16_mixed", 2},
         Case{"mor_fp8_two_ranks", "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226", 2},
         Case{"fp8_delayed_two_ranks_distopt_overlap",
