@@ -4,6 +4,7 @@
 #include "recipe/linear.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 #include "core/bf16.h"
 #include "formats/fp8/fp8.h"
@@ -59,8 +60,10 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   cols = cols_;
   dev = dev_;
   rows = 0;
-  // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles.
-  col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || s.fmt == Fmt::mor_block;
+  // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles; but the
+  // input's row copy is a workspace transient of Fprop, so its Wgrad reads a column copy kept as other formats keep
+  // theirs (the same bytes, [rows, cols], read K-first).
+  col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || (s.fmt == Fmt::mor_block && role != Role::input);
   row_only = row_only_ && !col_is_row;
   if (s.fmt == Fmt::bf16) return Status::ok();
   int64_t data_bytes = 0, row_scale_bytes = 0, col_scale_bytes = 0;
@@ -206,10 +209,15 @@ Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream)
 // and counted as they are quantized; GAM's tensor amax is taken into the row amax slot first.
 Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
   auto* out = reinterpret_cast<bf16*>(o.row_data);
-  if (dev == Device::cuda)
-    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
-                                      state_f.ptr<float>() + kRowAmax, stream);
-  return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks);
+  const size_t bytes = size_t(rows * cols) * sizeof(bf16);
+  if (dev == Device::cuda) {
+    NB_TRY(mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
+                                      state_f.ptr<float>() + kRowAmax, stream));
+    return o.colwise ? copy_device_to_device_cuda(o.col_data, out, bytes, stream) : Status::ok();
+  }
+  NB_TRY(mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks));
+  if (o.colwise) std::memcpy(o.col_data, out, bytes);
+  return Status::ok();
 }
 
 // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
@@ -342,7 +350,7 @@ gemm::QOperand QCopies::col_operand_at(const uint8_t* data) const {
   op.data = data;
   if (spec.fmt != Fmt::fp8_e4m3 && spec.fmt != Fmt::fp8_e5m2) op.scales = ptr(col_scales);
   op.amax = state_f.ptr<float>() + kColAmax;
-  op.k_major = spec.fmt != Fmt::mxfp8;  // MXFP8 keeps its column-wise copy un-transposed
+  op.k_major = spec.fmt != Fmt::mxfp8 && spec.fmt != Fmt::mor_block;  // these keep it un-transposed
   op.dequantized = dequantized_kept() && data == ptr(col_data) ? dequant_col.data() : nullptr;
   return op;
 }

@@ -53,6 +53,11 @@ Status copy_to_device_cuda(void* dst, const void* src, size_t bytes, Stream stre
   return Status::ok();
 }
 
+Status copy_device_to_device_cuda(void* dst, const void* src, size_t bytes, Stream stream) {
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)));
+  return Status::ok();
+}
+
 // One 64x64 byte tile per 256-thread block, staged in shared memory: tile[r][c] = src[r0 + r][c0 + c],
 // row pitch 68 bytes (a warp's column reads then touch at most 2 words per bank). Thread (hi, lo) of
 // 16 x 16 loads word lo (bytes 4 lo .. 4 lo + 3) of tile rows hi + 16 i, then stores the 4 bytes of tile

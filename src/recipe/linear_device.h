@@ -23,6 +23,8 @@ Status memset_cuda(void* p, int value, size_t bytes, Stream stream);
 // Synchronous host <-> device copies on `stream` (waits for the stream).
 Status copy_to_host_cuda(void* dst, const void* src, size_t bytes, Stream stream);
 Status copy_to_device_cuda(void* dst, const void* src, size_t bytes, Stream stream);
+// Queued on `stream`, no synchronization.
+Status copy_device_to_device_cuda(void* dst, const void* src, size_t bytes, Stream stream);
 // src [rows, cols] of 1-byte elements -> dst [cols, rows] (a frozen per-tensor FP8 weight's column-wise
 // copy from its row copy: same codes, same scale). rows and cols multiples of 4 (the Linear's are of 16),
 // pointers 4-byte aligned. The host loop is transpose_bytes_host in linear_frozen.cpp.

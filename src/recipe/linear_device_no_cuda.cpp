@@ -22,6 +22,7 @@ Status fold_role_state_cuda(float*, int*, Stream) { return no_cuda(); }
 Status memset_cuda(void*, int, size_t, Stream) { return no_cuda(); }
 Status copy_to_host_cuda(void*, const void*, size_t, Stream) { return no_cuda(); }
 Status copy_to_device_cuda(void*, const void*, size_t, Stream) { return no_cuda(); }
+Status copy_device_to_device_cuda(void*, const void*, size_t, Stream) { return no_cuda(); }
 Status transpose_bytes_cuda(const uint8_t*, int64_t, int64_t, uint8_t*, Stream) { return no_cuda(); }
 
 }  // namespace nb::recipe::detail

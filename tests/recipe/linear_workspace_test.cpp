@@ -16,7 +16,7 @@ class SharedWorkspaceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(SharedWorkspaceTest, ChainMatchesPrivateWorkspacesBitForBit) {
   Recipe r;
-  ASSERT_TRUE(recipe_preset(GetParam(), &r).is_ok());
+  ASSERT_TRUE(preset_or_block(GetParam(), &r).is_ok());
   r.seed = 0x5eed;
   for (bool call_allocate : {true, false}) {
     ChainRun priv, shared;

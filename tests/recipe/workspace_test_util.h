@@ -123,13 +123,24 @@ inline void expect_bit_identical(const char* what, const std::vector<std::vector
   }
 }
 
+// Every quantized preset, and MoR's block rule as "bf16_with_mor_fp8_mixed:block" (preset_or_block reads it).
 inline std::vector<std::string> quantized_recipe_names() {
   std::vector<std::string> names;
   for (const std::string& n : recipe_names()) {
     Recipe r;
     if (recipe_preset(n, &r).is_ok() && r.quantized()) names.push_back(n);
   }
+  names.push_back("bf16_with_mor_fp8_mixed:block");
   return names;
+}
+
+inline Status preset_or_block(const std::string& name, Recipe* r) {
+  const size_t colon = name.find(':');
+  NB_TRY(recipe_preset(name.substr(0, colon), r));
+  if (colon == std::string::npos) return Status::ok();
+  RecipeKnobs k;
+  k.mor_granularity = name.substr(colon + 1);
+  return apply_knobs(k, r);
 }
 
 }  // namespace nb::recipe::testing

@@ -18,7 +18,7 @@ class SharedWorkspaceGpuTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(SharedWorkspaceGpuTest, ChainMatchesPrivateWorkspacesBitForBit) {
   NB_REQUIRE_GPU();
   Recipe r;
-  ASSERT_TRUE(recipe_preset(GetParam(), &r).is_ok());
+  ASSERT_TRUE(preset_or_block(GetParam(), &r).is_ok());
   r.seed = 0x5eed;
   for (bool call_allocate : {true, false}) {
     ChainRun priv, shared;
