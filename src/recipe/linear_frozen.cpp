@@ -39,7 +39,12 @@ Status Linear::freeze_weight(const Tensor& w, Stream stream) {
   const DType act = s.dev == Device::cuda ? DType::bf16 : DType::f32;
   NB_TRY(check_2d(w, "w", s.name, s.out, s.in, act, s.dev));
   s.weight_valid = false;  // a failed quantization leaves no half-frozen weight behind
-  NB_TRY(s.quantize(Role::weight, w, stream));
+  const bool paused = s.mor_paused;
+  s.mor_paused = true;  // MoR measures the frozen weight once, into a cell of its own (mor_freeze)
+  const Status st = s.quantize(Role::weight, w, stream);
+  s.mor_paused = paused;
+  NB_TRY(st);
+  if (s.recipe.mor.on) NB_TRY(s.mor_freeze(w, stream));
   s.weight_valid = true;
   return Status::ok();
 }
@@ -76,10 +81,11 @@ Status Linear::Impl::frozen_backward(const Tensor& dy, const Tensor& w, const Te
   }
   if (!weight_valid) return errorf("linear '%s': backward before freeze_weight gave it its weight", name.c_str());
   NB_TRY(quantize(Role::grad, dy, stream));
-  gemm::QOperand wcol;
+  gemm::QOperand wcol, dy_row = q[int(Role::grad)].row_operand();
   NB_TRY(dgrad_weight_operand(stream, &wcol));
-  NB_TRY(gemm::matmul_quantized(q[int(Role::grad)].row_operand(), wcol, dx, {dx_beta, false}, stream)
-             .context("linear '" + name + "' Dgrad"));
+  NB_TRY(mor_operand(Role::grad, dy, true, &dy_row));  // MoR: either operand may be its BF16 values
+  NB_TRY(mor_operand(Role::weight, Tensor{}, false, &wcol));
+  NB_TRY(gemm::matmul_quantized(dy_row, wcol, dx, {dx_beta, false}, stream).context("linear '" + name + "' Dgrad"));
   have_input = false;
   micro += micro_stride;
   return Status::ok();

@@ -256,6 +256,13 @@ struct Linear::Impl {
   Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);
   std::vector<bf16> mor_bf16[3];  // CPU: a BF16 operand's values (the CUDA side reads its tensor)
   Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
+  // A frozen (LoRA base) weight, decided once by freeze_weight from all of it (mor_freeze): its statistic (a cell of
+  // its own, set into the board's weight cell on each measured step, so the trainer's decisions read it as a trained
+  // weight's), and its BF16 values when MoR keeps it BF16 (a frozen quantized Linear otherwise keeps no BF16 weight).
+  Buffer mor_frozen_cell, mor_frozen_w;
+  bool mor_frozen_set = false;  // this step's board holds the frozen weight's statistic
+  Status mor_freeze(const Tensor& w, Stream stream);
+  Status mor_frozen_weight_stat(Stream stream);  // the board's weight cell for this measured step
   Status mor_init(bool dry);      // refusals
   Status mor_cells_now(mor::StatCell** out);
   // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it

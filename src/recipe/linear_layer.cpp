@@ -222,6 +222,7 @@ Status Linear::forward(const Tensor& x, const Tensor& w, const Tensor& y, float 
 Status Linear::Impl::prepare_weight(const Tensor& w, Stream stream) {
   if (frozen && !weight_valid)
     return errorf("linear '%s' is frozen: call freeze_weight(w) once before its first forward", name.c_str());
+  if (frozen) return mor_frozen_weight_stat(stream);  // MoR: the frozen weight's statistic, once per measured step
   if (sharded && !weight_valid)
     return errorf("internal: linear '%s' is sharded and its weight window is not bound", name.c_str());
   if (!weight_valid) {
@@ -306,6 +307,7 @@ void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride
   Impl& s = *impl_;
   // A frozen weight never changes (freeze_weight quantized it once); a sharded one is valid while bound.
   if (!s.frozen && !s.sharded) s.weight_valid = false;
+  s.mor_frozen_set = false;
   s.step = step;
   s.micro = first_micro;
   s.micro_stride = micro_stride;

@@ -15,11 +15,11 @@ using namespace detail;
 
 Status Linear::Impl::mor_init(bool dry) {
   if (!recipe.mor.on || all_bf16) return Status::ok();
-  if (frozen)
+  if (frozen && (mor_ladder() || recipe.mor.blocks))
     return errorf(
-        "linear '%s': recipe '%s' decides each operand's format by Mixture of Representations, which a frozen "
-        "(LoRA) base does not support yet; use another recipe for the base",
-        name.c_str(), recipe.name.c_str());
+        "linear '%s': a frozen (LoRA) base decides by Mixture of Representations with the E4M3 tensor rule only "
+        "(--lora-base-precision mor_fp8); the NVFP4 ladder and the block rule are not built for frozen weights",
+        name.c_str());
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
     if (mor_ladder()            ? r->fmt != Fmt::nvfp4 || r->four_over_six
         : recipe.mor.blocks ? r->fmt != Fmt::mor_block
@@ -136,8 +136,47 @@ void Linear::Impl::mor_took_stat(int cell_index, const mor::StatCell& own) {
                                                                                                        : MorRung::bf16;
 }
 
-Status Linear::Impl::mor_operand(Role role, const Tensor& t, bool k_major, gemm::QOperand* op) {
+// freeze_weight of a MoR Linear: the FP8 copy was just made (unmeasured); its statistic, taken now into a cell of
+// its own, decides the weight once (a frozen weight never changes, so this is every step's decision, with no lag);
+// a weight kept BF16 keeps its values here.
+Status Linear::Impl::mor_freeze(const Tensor& w, Stream stream) {
+  const QCopies& c = q[int(Role::weight)];
+  const int64_t n = c.rows * c.cols;
+  const auto* codes = c.ptr(c.row_data);
+  const float* scale_inv = c.state_f.ptr<float>() + kScaleInv;
+  const fp8::Format fmt = c.spec.fmt == Fmt::fp8_e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+  mor::StatCell cell;
+  NB_TRY(Buffer::allocate(&mor_frozen_cell, DType::u8, dev, {int64_t(sizeof cell)}));
+  if (dev == Device::cuda) {
+    NB_TRY(memset_cuda(mor_frozen_cell.data(), 0, sizeof cell, stream));
+    NB_TRY(mor::add_fp8_stat_cuda(w.ptr<bf16>(), codes, scale_inv, n, fmt,
+                                  static_cast<mor::StatCell*>(mor_frozen_cell.data()), stream));
+    NB_TRY(copy_to_host_cuda(&cell, mor_frozen_cell.data(), sizeof cell, stream));
+  } else {
+    mor::add_fp8_stat_host(host_bf16.data(), codes, *scale_inv, n, fmt, &cell);  // quantize's BF16 of w
+    std::memcpy(mor_frozen_cell.data(), static_cast<const void*>(&cell), sizeof cell);
+  }
+  const bool fp8 = mor::decide_from_stat(mor::stat_of(cell), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
+  mor_rung[int(Role::weight)] = fp8 ? MorRung::fp8 : MorRung::bf16;
+  if (fp8) return Status::ok();
+  NB_TRY(Buffer::allocate(&mor_frozen_w, w.dtype, dev, {w.shape[0], w.shape[1]}).context("linear '" + name + "' BF16 weight"));
+  return copy_bytes(mor_frozen_w.data(), dev, w.data, dev, size_t(w.numel()) * dtype_bytes(w.dtype, 1));
+}
+
+Status Linear::Impl::mor_frozen_weight_stat(Stream stream) {
+  if (!frozen || !recipe.mor.on || mor_paused || mor_frozen_set || !mor_frozen_cell.data()) return Status::ok();
+  mor::StatCell* cells = nullptr;
+  NB_TRY(mor_cells_now(&cells));
+  mor_frozen_set = true;
+  if (dev == Device::cuda)
+    return copy_device_to_device_cuda(cells + int(Role::weight), mor_frozen_cell.data(), sizeof(mor::StatCell), stream);
+  std::memcpy(static_cast<void*>(cells + int(Role::weight)), mor_frozen_cell.data(), sizeof(mor::StatCell));
+  return Status::ok();
+}
+
+Status Linear::Impl::mor_operand(Role role, const Tensor& t_given, bool k_major, gemm::QOperand* op) {
   if (!recipe.mor.on || mor_rung[int(role)] == mor_top()) return Status::ok();
+  const Tensor& t = role == Role::weight && mor_frozen_w.data() ? mor_frozen_w.tensor() : t_given;
   if (mor_rung[int(role)] == MorRung::fp8) {  // the ladder's E4M3 rung
     const QCopies& c = q8[int(role)];
     *op = k_major ? c.row_operand() : c.col_operand();

@@ -244,9 +244,10 @@ std::vector<ConfigKey> peft_keys(TrainConfig& c) {
                  "adapted linears: linear_qkv,linear_proj,linear_fc1,linear_fc2 (any subset) or all-linear",
                  &c.lora_target),
       choice_key("lora-base-precision",
-                 "the frozen base's storage and GEMM format: bf16 (bf16_mixed), fp8 (per-tensor current scaling) or "
-                 "nvfp4 (16x16 weight blocks); it chooses the recipe",
-                 &c.lora_base_precision, {"bf16", "fp8", "nvfp4"}),
+                 "the frozen base's storage and GEMM format: bf16 (bf16_mixed), fp8 (per-tensor current scaling), "
+                 "nvfp4 (16x16 weight blocks) or mor_fp8 (Mixture of Representations: each operand E4M3 or BF16 by "
+                 "its data, a frozen weight decided once); it chooses the recipe",
+                 &c.lora_base_precision, {"bf16", "fp8", "nvfp4", "mor_fp8"}),
   };
 }
 

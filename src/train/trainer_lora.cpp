@@ -14,6 +14,7 @@ namespace {
 const char* base_recipe(const std::string& precision) {
   if (precision == "fp8") return "bf16_with_fp8_current_scaling_mixed";
   if (precision == "nvfp4") return "bf16_with_nvfp4_mixed";
+  if (precision == "mor_fp8") return "bf16_with_mor_fp8_mixed";  // each operand E4M3 or BF16 by its data
   return "bf16_mixed";
 }
 }  // namespace

@@ -167,9 +167,58 @@ TEST(LinearMor, DecideNowDecidesEachQuantizationFromItself) {
   EXPECT_NE(st.message().find("mor-decide-now"), std::string::npos) << st.message();
 }
 
+// A frozen (LoRA base) weight is decided once, from all of it, when it is frozen: a well-behaved weight E4M3, one with
+// outliers BF16 at a threshold below its error, whose Fprop and Dgrad then read its BF16 values. Each measured step
+// the board's weight cell holds its statistic (so the trainer decides it as it was frozen), once per step.
+TEST(LinearMor, AFrozenWeightIsDecidedOnceAndReadAsDecided) {
+  auto x = random_bf16_values(kMorM * kMorK, 1.0, 21), w = random_bf16_values(kMorN * kMorK, 0.05, 22),
+       dy = random_bf16_values(kMorM * kMorN, 1e-3, 23);
+  for (size_t i = 0; i < w.size(); i += 37) w[i] = bf16_to_f32(f32_to_bf16(w[i] * 400.0f));  // outliers
+  const mor::ErrorStat w_stat = reference(w, kMorN, kMorK);
+  for (bool keep_fp8 : {true, false}) {
+    Recipe r = mor_recipe();
+    r.mor.threshold = keep_fp8 ? 0.999 : w_stat.mean() * 0.5;
+    Linear lin;
+    ASSERT_TRUE(lin.init(r, false, "base", 1, kMorM, kMorK, kMorN, Device::cpu, nullptr, /*frozen=*/true).is_ok());
+    std::vector<mor::StatCell> cells(3);
+    ASSERT_TRUE(lin.set_mor_cells(cells.data()).is_ok());
+    Job j(r, x, w, dy);  // its tensors; its own Linear is not used
+    ASSERT_TRUE(lin.freeze_weight(j.w.tensor(), nullptr).is_ok());
+    EXPECT_EQ(lin.mor_fp8(1), keep_fp8);
+    EXPECT_EQ(cells[1].nonzero, 0u) << "freezing measures into the Linear's own cell";
+    for (int step = 1; step <= 2; ++step) {
+      lin.new_step(uint32_t(step));
+      ASSERT_TRUE(lin.forward(j.x.tensor(), Tensor{}, j.y.tensor(), 0.f, nullptr).is_ok());
+      ASSERT_TRUE(lin.forward(j.x.tensor(), Tensor{}, j.y.tensor(), 0.f, nullptr).is_ok());  // a second micro-batch
+      ASSERT_TRUE(lin.backward(j.dy.tensor(), Tensor{}, Tensor{}, j.dx.tensor(), 0.f, Tensor{}, nullptr).is_ok());
+      mor::ErrorStat got[3];
+      ASSERT_TRUE(lin.mor_stats(got).is_ok());
+      expect_equal(got[1], w_stat, "the frozen weight's statistic, once per step");
+      ASSERT_TRUE(lin.clear_mor_stats(nullptr).is_ok());
+    }
+    // A frozen Linear keeps row copies only (per-tensor FP8: the column copy is the row copy's bytes transposed).
+    QuantizedBytes q[3];
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(lin.debug_copies(i, &q[i]).is_ok());
+      q[i].col_data.resize(q[i].row_data.size());
+      for (int64_t rr = 0; rr < q[i].rows; ++rr)
+        for (int64_t cc = 0; cc < q[i].cols; ++cc)
+          q[i].col_data[size_t(cc * q[i].rows + rr)] = q[i].row_data[size_t(rr * q[i].cols + cc)];
+    }
+    const MixedModel ref = mixed_model(keep_fp8 ? -1 : 1, x, w, dy, q, kMorM, kMorK, kMorN);
+    const Bound fp64{true};
+    expect_close(keep_fp8 ? "y, frozen E4M3 weight" : "y, frozen BF16 weight", j.out(j.y), ref.y, ref.mag_y, kMorK,
+                 fp64, ref.exact_y);
+    expect_close(keep_fp8 ? "dx, frozen E4M3 weight" : "dx, frozen BF16 weight", j.out(j.dx), ref.dx, ref.mag_dx,
+                 kMorN, fp64, ref.exact_dx);
+  }
+}
+
 TEST(LinearMor, WhatItCannotServeIsRefused) {
+  Recipe ladder;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_nvfp4_mixed", &ladder).is_ok());
   Linear frozen;
-  Status st = frozen.init(mor_recipe(), false, "base", 1, kMorM, kMorK, kMorN, Device::cpu, nullptr, /*frozen=*/true);
+  Status st = frozen.init(ladder, false, "base", 1, kMorM, kMorK, kMorN, Device::cpu, nullptr, /*frozen=*/true);
   ASSERT_FALSE(st.is_ok());
   EXPECT_NE(st.message().find("Mixture of Representations"), std::string::npos) << st.message();
   Linear lin;

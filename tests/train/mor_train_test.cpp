@@ -3,6 +3,8 @@
 // really moves operands between E4M3 and BF16 (a threshold below every error gives BF16 everywhere from the first
 // decision on, one above every error FP8 everywhere); bad settings are refused before step 1.
 #include <gtest/gtest.h>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 #include "train/mor_train_util.h"
@@ -182,5 +184,52 @@ TEST(MorTrainCpu, AResumeWithoutMorStateIsRefusedUnlessFinetune) {
   resumed.finetune = true;
   st = run_training(resumed, &s);
   EXPECT_TRUE(st.is_ok()) << st.message();
+  std::filesystem::remove_all(dir);
+}
+
+// LoRA on a MoR base (--lora-base-precision mor_fp8): the frozen weights are decided once, from all of each, when the
+// base is frozen; inputs and gradients every decision. Every decision's records carry each frozen weight's statistic
+// and the same format throughout, and a run stopped and resumed equals the uninterrupted one bit for bit.
+TEST(MorTrainCpu, DecidesALoraBaseAndResumesBitExactly) {
+  const std::string dir = test::temp_folder("mor_lora");
+  const std::string prefix = test::write_random_dataset(dir, 256);
+  auto job = [&](const std::string& save) {
+    TrainConfig c = test::resume_job("cpu", "bf16_mixed", prefix);
+    c.peft = "lora";
+    c.lora_rank = 8;
+    c.lora_alpha = 16;
+    c.lora_base_precision = "mor_fp8";
+    c.mor_threshold = 0.0226;  // inside the spread of the tiny model's errors: both formats
+    c.mor_interval = 2;
+    c.lr = 1e-2;
+    c.save = save;
+    c.save_interval = 6;
+    return c;
+  };
+  TrainConfig whole = job(dir + "/whole"), first = job(dir + "/halves"), second = job(dir + "/halves");
+  first.exit_interval = 3;
+  second.load = second.save;
+  TrainSummary sw, s1, s2;
+  Status st = run_training(whole, &sw);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_TRUE((st = run_training(first, &s1)).is_ok()) << st.message();
+  ASSERT_TRUE((st = run_training(second, &s2)).is_ok()) << st.message();
+  std::vector<double> joined = s1.losses;
+  joined.insert(joined.end(), s2.losses.begin(), s2.losses.end());
+  EXPECT_EQ(joined, sw.losses);
+  const auto records = test::metrics_with(whole.save, "mor_linear");
+  ASSERT_FALSE(records.empty());
+  std::map<std::string, std::string> weight_format;
+  std::set<std::string> formats;
+  for (const auto& rec : records) {
+    const auto& w = rec["weight"];
+    EXPECT_GT(w["nonzero"].get<int64_t>(), 0) << rec.dump();  // the frozen weight's statistic, every decision
+    const std::string name = rec["mor_linear"], f = w["format"];
+    formats.insert(f);
+    if (weight_format.count(name)) EXPECT_EQ(weight_format[name], f) << "decided once: " << rec.dump();
+    weight_format[name] = f;
+    for (const char* role : {"input", "grad"}) formats.insert(rec[role]["format"].get<std::string>());
+  }
+  EXPECT_EQ(formats.size(), 2u) << "both formats among the base's operands";
   std::filesystem::remove_all(dir);
 }
