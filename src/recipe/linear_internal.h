@@ -64,7 +64,7 @@ struct QuantizeArgs {
   AmaxGroup* amax_group = nullptr;    // the tensor's amax is the MAX over these ranks' (Linear::set_amax_group)
   nvfp4::SrOrigin sr_origin{};        // NVFP4 SR: this tensor's place in the whole one (tensor / sequence parallel)
   mor::StatCell* mor_stat = nullptr;  // MoR: the quantization adds its error statistic here (fp8::TensorView)
-  mor::BlockRule mor_rule{};           // Fmt::mor_block: the rule, and where its blocks per choice are counted
+  mor::BlockRule mor_rule{};          // Fmt::mor_block: the rule, and where its blocks per choice are counted
   mor::BlockCounts* mor_blocks = nullptr;
 };
 
@@ -201,8 +201,12 @@ struct Linear::Impl {
     return RngKey{recipe.seed, step, stream};
   }
   QuantizeArgs args(Role role) const {
-    return QuantizeArgs{recipe.fp8_scaling,     recipe.fp8_pow2_scales, rng_key(role),
-                        amax_groups[int(role)], sr_origin[int(role)],   nullptr,
+    return QuantizeArgs{recipe.fp8_scaling,
+                        recipe.fp8_pow2_scales,
+                        rng_key(role),
+                        amax_groups[int(role)],
+                        sr_origin[int(role)],
+                        nullptr,
                         mor::BlockRule{recipe.mor.three_way, recipe.mor.scaling, recipe.mor.threshold}};
   }
   // Per Role: the columns from set_grad_columns; the rows set around a gathered chunk's quantization.
@@ -250,7 +254,8 @@ struct Linear::Impl {
   Status mor_ladder_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);
   Status mor_init_ladder(int64_t tokens_cap, bool dry);
   // The block rule: role's operand from p, its blocks counted into the role's cells when `measure`.
-  Status mor_block_quantize(Role role, const bf16* p, int64_t rows, bool measure, Stream stream);  // the q8 copies, for init_copies' token capacity
+  Status mor_block_quantize(Role role, const bf16* p, int64_t rows, bool measure,
+                            Stream stream);  // the q8 copies, for init_copies' token capacity
   // The ladder's statistics of a measured step from role r's NVFP4 row copy just made: NVFP4's, and E4M3's from its
   // amax unless the role's E4M3 copy measured it (e4m3_measured); on the GPU one pass over x for both.
   Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);
@@ -263,7 +268,7 @@ struct Linear::Impl {
   bool mor_frozen_set = false;  // this step's board holds the frozen weight's statistic
   Status mor_freeze(const Tensor& w, Stream stream);
   Status mor_frozen_weight_stat(Stream stream);  // the board's weight cell for this measured step
-  Status mor_init(bool dry);      // refusals
+  Status mor_init(bool dry);                     // refusals
   Status mor_cells_now(mor::StatCell** out);
   // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it
   // encodes); on the CPU *own, which mor_took_stat then adds into the cell (and decides from, with decide-now).

@@ -403,8 +403,10 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
   out->rows = c.rows;
   out->cols = c.cols;
   const int64_t n = c.rows * c.cols;
-  size_t data = size_t(c.spec.fmt == Fmt::nvfp4 ? n / 2 : c.spec.fmt == Fmt::mor_block ? 2 * n : n), row_sc = 0,
-         col_sc = 0;
+  size_t data = size_t(c.spec.fmt == Fmt::nvfp4       ? n / 2
+                       : c.spec.fmt == Fmt::mor_block ? 2 * n
+                                                      : n),
+         row_sc = 0, col_sc = 0;
   switch (c.spec.fmt) {
     case Fmt::fp8_block128:
     case Fmt::fp8_block128x128: {

@@ -21,7 +21,7 @@ Status Linear::Impl::mor_init(bool dry) {
         "(--lora-base-precision mor_fp8); the NVFP4 ladder and the block rule are not built for frozen weights",
         name.c_str());
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
-    if (mor_ladder()            ? r->fmt != Fmt::nvfp4 || r->four_over_six
+    if (mor_ladder()        ? r->fmt != Fmt::nvfp4 || r->four_over_six
         : recipe.mor.blocks ? r->fmt != Fmt::mor_block
                             : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
       return errorf(
@@ -159,7 +159,8 @@ Status Linear::Impl::mor_freeze(const Tensor& w, Stream stream) {
   const bool fp8 = mor::decide_from_stat(mor::stat_of(cell), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
   mor_rung[int(Role::weight)] = fp8 ? MorRung::fp8 : MorRung::bf16;
   if (fp8) return Status::ok();
-  NB_TRY(Buffer::allocate(&mor_frozen_w, w.dtype, dev, {w.shape[0], w.shape[1]}).context("linear '" + name + "' BF16 weight"));
+  NB_TRY(Buffer::allocate(&mor_frozen_w, w.dtype, dev, {w.shape[0], w.shape[1]})
+             .context("linear '" + name + "' BF16 weight"));
   return copy_bytes(mor_frozen_w.data(), dev, w.data, dev, size_t(w.numel()) * dtype_bytes(w.dtype, 1));
 }
 

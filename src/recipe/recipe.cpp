@@ -168,7 +168,8 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
     return errorf("recipe '%s': unknown mor-scaling '%s'; use gam, amax or pow2", name, sc.c_str());
   r->mor.blocks = true;
   r->mor.three_way = k.mor_three_way;
-  if (!sc.empty()) r->mor.scaling = sc == "gam" ? mor::ScaleMode::gam : sc == "amax" ? mor::ScaleMode::amax : mor::ScaleMode::pow2;
+  if (!sc.empty())
+    r->mor.scaling = sc == "gam" ? mor::ScaleMode::gam : sc == "amax" ? mor::ScaleMode::amax : mor::ScaleMode::pow2;
   r->input = r->weight = r->grad = RoleSpec{Fmt::mor_block};
   r->fp8_scaling = Fp8Scaling::none;
   return Status::ok();
@@ -298,8 +299,9 @@ static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
   if (r.mor.blocks) {
     const std::string e = cc_major <= 0 ? " (cpu reference)" : " (cublaslt bf16)";
     const std::string op = r.mor.three_way ? "blocks[e4m3|e5m2|bf16]" : "blocks[e4m3|bf16]";
-    const std::string rule = r.mor.three_way ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
-                                             : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
+    const std::string rule = r.mor.three_way
+                                 ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
+                                 : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
     return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
            " fp32 accumulate; each 128x128 block " + rule + ", " + mor::scale_mode_name(r.mor.scaling) +
            " scales, decided in its quantization (no lag)";

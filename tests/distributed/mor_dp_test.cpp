@@ -88,5 +88,36 @@ TEST(MorDataParallelCpu, TwoRanksDecideTheLadderAsOneRank) {
   std::filesystem::remove_all(dir);
 }
 
+// The block rule: every block is decided inside its quantization, from its micro-batch's rows (a 128-token block is
+// one micro-batch here), so two ranks quantize the same blocks as one rank; their counts and errors, summed over the
+// ranks (a weight's its own), give one rank's records at step 1 exactly, and the losses agree as a data-parallel
+// run's do.
+TEST(MorDataParallelCpu, TwoRanksCountTheBlockRulesBlocksAsOneRank) {
+  const std::string dir = test::temp_folder("mor_dp_block");
+  const std::string job =
+      kJob + "--recipe bf16_with_mor_fp8_mixed --mor-granularity block --mor-threshold 0.0226 --train-iters 3 ";
+  test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("MoR FP8 blocks:"), std::string::npos) << r.out;
+  r = test::run_nibble(job + "--nproc-per-node 2 --use-distributed-optimizer --save " + dir + "/two");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto one = mor_records(dir + "/one"), two = mor_records(dir + "/two");
+  ASSERT_EQ(one.size(), 3u * 8u);  // every step, 2 layers of 4 Linears
+  ASSERT_EQ(two.size(), one.size());
+  int64_t bf16_blocks = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    if (one[i]["iteration"] != 1) continue;
+    EXPECT_EQ(two[i], one[i]);
+    for (const char* role : {"input", "weight", "grad"}) bf16_blocks += one[i][role]["bf16_blocks"].get<int64_t>();
+  }
+  EXPECT_GT(bf16_blocks, 0) << "the threshold should keep some blocks BF16";
+  const auto a = read_metrics(dir + "/two"), b = read_metrics(dir + "/one");
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_NEAR(a[0].loss, b[0].loss, 1e-6 * b[0].loss);
+  EXPECT_NEAR(a[0].grad_norm, b[0].grad_norm, 1e-6 * b[0].grad_norm);
+  EXPECT_NEAR(a[1].loss, b[1].loss, 1e-5 * b[1].loss);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace nb

@@ -34,8 +34,8 @@ std::vector<float> with_outliers(int64_t rows, int64_t cols, double sigma, uint6
   return v;
 }
 
-std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t cols, const Recipe& r,
-                          mor::StatCell* stat, mor::BlockCounts* counts) {
+std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t cols, const Recipe& r, mor::StatCell* stat,
+                          mor::BlockCounts* counts) {
   std::vector<bf16> in(v.size()), out(v.size());
   for (size_t i = 0; i < v.size(); ++i) in[i] = f32_to_bf16(v[i]);
   const mor::BlockRule rule{r.mor.three_way, r.mor.scaling, r.mor.threshold};
@@ -70,7 +70,8 @@ void check_block_linear(bool three_way, const std::string& scaling) {
   ASSERT_TRUE(Buffer::allocate(&t.dx, DType::f32, Device::cpu, {kM, kK}).is_ok());
   lin.new_step(1);
   ASSERT_TRUE(lin.forward(t.x.tensor(), t.w.tensor(), t.y.tensor(), 0.f, nullptr).is_ok());
-  ASSERT_TRUE(lin.backward(t.dy.tensor(), t.x.tensor(), t.w.tensor(), t.dx.tensor(), 0.f, t.dw.tensor(), nullptr).is_ok());
+  ASSERT_TRUE(
+      lin.backward(t.dy.tensor(), t.x.tensor(), t.w.tensor(), t.dx.tensor(), 0.f, t.dw.tensor(), nullptr).is_ok());
   // Each role's one copy is the rule's operand, byte for byte, and its cells hold the rule's statistic and counts.
   const std::vector<float>* src[3] = {&x, &w, &dy};
   const int64_t rows[3] = {kM, kN, kM}, cols[3] = {kK, kK, kN};
@@ -95,9 +96,7 @@ void check_block_linear(bool three_way, const std::string& scaling) {
     EXPECT_EQ(cells[size_t(i)].nonzero, stat.nonzero) << i;
     bf16_blocks += got.bf16;
   }
-  if (!three_way) {
-    EXPECT_GT(bf16_blocks, 0u) << "the outliers keep some blocks BF16";
-  }
+  if (!three_way) { EXPECT_GT(bf16_blocks, 0u) << "the outliers keep some blocks BF16"; }
   const MixedModel ref = mixed_model(-1, x, w, dy, q, kM, kK, kN);
   const Bound fp64{true};
   auto out = [](const Buffer& b) { return std::vector<double>(b.ptr<float>(), b.ptr<float>() + b.tensor().numel()); };
@@ -109,7 +108,8 @@ void check_block_linear(bool three_way, const std::string& scaling) {
   mor::BlockCounts before[3];
   for (int i = 0; i < 3; ++i) before[i] = mor::block_counts_of(cells[size_t(3 + i)]);
   ASSERT_TRUE(lin.forward(t.x.tensor(), t.w.tensor(), t.y.tensor(), 0.f, nullptr).is_ok());
-  ASSERT_TRUE(lin.backward(t.dy.tensor(), t.x.tensor(), t.w.tensor(), t.dx.tensor(), 0.f, t.dw.tensor(), nullptr).is_ok());
+  ASSERT_TRUE(
+      lin.backward(t.dy.tensor(), t.x.tensor(), t.w.tensor(), t.dx.tensor(), 0.f, t.dw.tensor(), nullptr).is_ok());
   mor::BlockCounts after[3];
   for (int i = 0; i < 3; ++i) after[i] = mor::block_counts_of(cells[size_t(3 + i)]);
   EXPECT_EQ(after[0].e4m3 + after[0].bf16 + after[0].e5m2, 2 * (before[0].e4m3 + before[0].bf16 + before[0].e5m2));

@@ -209,8 +209,8 @@ TEST(LinearMor, AFrozenWeightIsDecidedOnceAndReadAsDecided) {
     const Bound fp64{true};
     expect_close(keep_fp8 ? "y, frozen E4M3 weight" : "y, frozen BF16 weight", j.out(j.y), ref.y, ref.mag_y, kMorK,
                  fp64, ref.exact_y);
-    expect_close(keep_fp8 ? "dx, frozen E4M3 weight" : "dx, frozen BF16 weight", j.out(j.dx), ref.dx, ref.mag_dx,
-                 kMorN, fp64, ref.exact_dx);
+    expect_close(keep_fp8 ? "dx, frozen E4M3 weight" : "dx, frozen BF16 weight", j.out(j.dx), ref.dx, ref.mag_dx, kMorN,
+                 fp64, ref.exact_dx);
   }
 }
 

@@ -245,7 +245,7 @@ TEST(MorRecipe, PresetKnobsAndRefusals) {
   expect_knobs_refused("bf16_with_mor_fp8_mixed", zero_interval, "at least 1");
   RecipeKnobs block;
   block.mor_granularity = "block";
-  expect_knobs_refused("bf16_with_mor_fp8_mixed", block, "not built yet");
+  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", block, "global scale");  // the block rule: E4M3 recipe only
   RecipeKnobs on_fp8;
   on_fp8.mor_threshold = 0.05;
   expect_knobs_refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");

@@ -105,9 +105,8 @@ TEST(MorBlockTrainCpu, ResumesBitExactly) {
 
 TEST(MorBlockTrainCpu, SettingsThatDoNotApplyAreRefusedBeforeStepOne) {
   test::expect_refused_before_step_one(
-      block_job(0.045),
-      {{[](TrainConfig* c) { c->quant_stats = true; }, "--quant-stats"},
-       {[](TrainConfig* c) { c->mor_interval = 4; }, "no lag"},
-       {[](TrainConfig* c) { c->recipe = "bf16_with_mor_nvfp4_mixed"; }, "global scale"},
-       {[](TrainConfig* c) { c->mor_scaling = "row"; }, "unknown mor-scaling"}});
+      block_job(0.045), {{[](TrainConfig* c) { c->quant_stats = true; }, "--quant-stats"},
+                         {[](TrainConfig* c) { c->mor_interval = 4; }, "no lag"},
+                         {[](TrainConfig* c) { c->recipe = "bf16_with_mor_nvfp4_mixed"; }, "global scale"},
+                         {[](TrainConfig* c) { c->mor_scaling = "row"; }, "unknown mor-scaling"}});
 }

@@ -109,7 +109,7 @@ TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {
   test::expect_refused_before_step_one(
       mor_job(0.05), {{[](TrainConfig* c) { c->mor_threshold = 1.5; }, "outside (0, 1)"},
                       {[](TrainConfig* c) { c->mor_interval = 0; }, "at least 1"},
-                      {[](TrainConfig* c) { c->mor_granularity = "block"; }, "not built yet"},
+                      {[](TrainConfig* c) { c->mor_granularity = "row"; }, "mor-granularity"},
                       {[](TrainConfig* c) { c->recipe = "bf16_with_nvfp4_mixed"; }, "no Mixture of Representations"}});
 }
 

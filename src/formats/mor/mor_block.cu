@@ -60,10 +60,10 @@ __device__ unsigned long long error_sum(const bf16* tile, int n, float scale, fl
   return err;
 }
 
-__global__ void __launch_bounds__(kThreads) block_rule_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols,
-                                                              BlockRule rule, const float* __restrict__ tensor_amax,
-                                                              bf16* __restrict__ out, StatCell* e4m3_stat,
-                                                              BlockCounts* counts) {
+__global__ void __launch_bounds__(kThreads)
+    block_rule_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, BlockRule rule,
+                      const float* __restrict__ tensor_amax, bf16* __restrict__ out, StatCell* e4m3_stat,
+                      BlockCounts* counts) {
   __shared__ bf16 tile[kBlock * kBlock];
   const int64_t r0 = int64_t(blockIdx.y) * kBlock, c0 = int64_t(blockIdx.x) * kBlock;
   const int h = int(rows - r0 < kBlock ? rows - r0 : kBlock), w = int(cols - c0 < kBlock ? cols - c0 : kBlock);
@@ -134,7 +134,7 @@ Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const Bl
   }
   const auto st = static_cast<cudaStream_t>(stream);
   block_rule_kernel<<<dim3(unsigned(bcols), unsigned(brows)), kThreads, 0, st>>>(x, rows, cols, rule, scratch, out,
-                                                                                  e4m3_stat, counts);
+                                                                                 e4m3_stat, counts);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

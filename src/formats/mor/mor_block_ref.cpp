@@ -34,7 +34,9 @@ BlockMeasure measure_block(const bf16* x, int64_t cols, const BlockSpan& b) {
   return m;
 }
 
-float fake_quantize(float v, float scale, fp8::Format fmt) { return fp8::decode(fp8::encode(v * scale, fmt), fmt) * (1.0f / scale); }
+float fake_quantize(float v, float scale, fp8::Format fmt) {
+  return fp8::decode(fp8::encode(v * scale, fmt), fmt) * (1.0f / scale);
+}
 
 // The block's statistic against its quantization to fmt with `scale` (finite non-zero elements only).
 ErrorStat block_error(const bf16* x, int64_t cols, const BlockSpan& b, float scale, fp8::Format fmt) {
@@ -91,9 +93,8 @@ Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const Blo
       const float s5 = block_rule_scale(rule.mode, m.amax, kE5M2Max, m5);
       const ErrorStat e4 = block_error(x, cols, b, s4, fp8::Format::e4m3);
       const ErrorStat e5 = rule.three_way ? block_error(x, cols, b, s5, fp8::Format::e5m2) : ErrorStat{};
-      const Choice choice =
-          block_rule_choice(rule, e4.err_fixed, e5.err_fixed, uint64_t(e4.nonzero), m.nonfinite > 0, m.finite_amax,
-                            m.min_nonzero);
+      const Choice choice = block_rule_choice(rule, e4.err_fixed, e5.err_fixed, uint64_t(e4.nonzero), m.nonfinite > 0,
+                                              m.finite_amax, m.min_nonzero);
       write_block(x, cols, b, choice, choice == Choice::fp8_e5m2 ? s5 : s4, out);
       count(choice, m.nonfinite > 0, counts);
       if (e4m3_stat) {
