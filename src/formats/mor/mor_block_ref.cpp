@@ -106,4 +106,11 @@ Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const Blo
   return Status::ok();
 }
 
+#if !defined(NIBBLE_HAVE_CUDA)
+Status apply_block_rule_cuda(const bf16*, int64_t, int64_t, const BlockRule&, bf16*, StatCell*, BlockCounts*, float*,
+                             Stream) {
+  return errorf("MoR's block rule on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
+}
+#endif
+
 }  // namespace nb::mor
