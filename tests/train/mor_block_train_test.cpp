@@ -80,19 +80,7 @@ TEST(MorBlockTrainCpu, ThreeWayAndEachScalingTrain) {
 // Each Linear's Wgrad reads its own input's blocks: without recompute the input's operand is kept from its forward
 // (the Fprop copy is a workspace transient that later layers overwrite), under full recompute it is made again just
 // before the backward. The three must agree bit for bit (a shared Fprop copy read by Wgrad made them differ).
-TEST(MorBlockTrainCpu, EveryRecomputeTrainsAlike) {
-  std::vector<std::vector<double>> losses;
-  for (const char* rc : {"none", "selective", "full"}) {
-    TrainConfig c = block_job(0.0226);
-    c.recompute = rc;
-    TrainSummary s;
-    ASSERT_TRUE(run_training(c, &s).is_ok()) << rc;
-    losses.push_back(s.losses);
-  }
-  ASSERT_EQ(losses[0].size(), 4u);
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(losses[0], losses[2]);
-}
+TEST(MorBlockTrainCpu, EveryRecomputeTrainsAlike) { test::expect_every_recompute_alike(block_job(0.0226)); }
 
 TEST(MorBlockTrainCpu, ResumesBitExactly) {
   const std::string dir = test::temp_folder("mor_block_resume");

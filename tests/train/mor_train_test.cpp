@@ -92,17 +92,7 @@ TEST(MorTrainCpu, RunsRepeatBitForBit) {
 // differed from selective and full recompute, whose losses it must equal bit for bit (the decisions are alike: full
 // recompute's second forward counts each element twice, which leaves the means unchanged).
 TEST(MorTrainCpu, Bf16InputsReadTheirOwnValuesUnderEveryRecompute) {
-  std::vector<std::vector<double>> losses;
-  for (const char* rc : {"none", "selective", "full"}) {
-    TrainConfig c = mor_job(0.0226);  // some inputs BF16 from the first decision on (ThresholdDecides...)
-    c.recompute = rc;
-    TrainSummary s;
-    ASSERT_TRUE(run_training(c, &s).is_ok()) << rc;
-    losses.push_back(s.losses);
-  }
-  ASSERT_EQ(losses[0].size(), 4u);
-  EXPECT_EQ(losses[0], losses[1]);
-  EXPECT_EQ(losses[0], losses[2]);
+  test::expect_every_recompute_alike(mor_job(0.0226));  // some inputs BF16 from the first decision on
 }
 
 TEST(MorTrainCpu, BadSettingsAreRefusedBeforeStepOne) {

@@ -22,6 +22,21 @@ inline std::vector<nlohmann::json> metrics_with(const std::string& save, const c
   return out;
 }
 
+// The run's losses under recompute none, selective and full, which must agree bit for bit.
+inline void expect_every_recompute_alike(const TrainConfig& base) {
+  std::vector<std::vector<double>> losses;
+  for (const char* rc : {"none", "selective", "full"}) {
+    TrainConfig c = base;
+    c.recompute = rc;
+    TrainSummary s;
+    ASSERT_TRUE(run_training(c, &s).is_ok()) << rc;
+    losses.push_back(s.losses);
+  }
+  ASSERT_EQ(losses[0].size(), size_t(base.train_iters));
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+}
+
 struct RefusedSetting {
   std::function<void(TrainConfig*)> set;
   const char* needle;  // in the one-sentence error
