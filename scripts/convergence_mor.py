@@ -75,6 +75,31 @@ def fallback_table(title, counts, rungs):
     return rows
 
 
+def lag_line(seeds, config, rungs):
+    """What the one-step lag changes, bounded from below: between consecutive decisions (step 2 on, the first decision
+    excluded), the operands whose format changed, net per format (the training lines carry every step's shares; two
+    opposite flips of one step cancel). Each such operand ran one step on the format its own step's data reversed."""
+    changed, operand_steps = [], []
+    for run in seeds.values():
+        rows = [row for it, row in sorted(run["train"].items()) if "mor_fp8_operands" in row and it >= 2]
+        n = run.get("mor_operands", 0)
+        if len(rows) < 2 or not n:
+            continue
+        moved = 0.0
+        for a, b in zip(rows, rows[1:]):
+            sa, sb = operand_shares(a, config), operand_shares(b, config)
+            moved += sum(max(0.0, sb[f] - sa[f]) for f in rungs) * n
+        changed.append(100 * moved / (n * (len(rows) - 1)))
+        operand_steps.append(len(rows) - 1)
+    if not changed:
+        return []
+    return [f"The lag (decisions read the step before theirs): between consecutive decisions at least "
+            f"{statistics.fmean(changed):.2f}% of the operands changed format (mean over {len(changed)} seeds, "
+            f"{min(changed):.2f}-{max(changed):.2f}%), so at least that share of operand-steps ran on the format their "
+            "own step's data reversed; such operands sit at the threshold, where either format's error is close to "
+            "it.", ""]
+
+
 def mor_section(runs):
     """The report's MoR section: operand shares per configuration and where the fallbacks land."""
     lines = []
@@ -94,6 +119,10 @@ def mor_section(runs):
                   f"Operands per format over the whole run (mean over the logged steps, then over {len(seeds)} seeds "
                   f"± s.d.): {shares}. The tables count the decisions of every 100th step (steps 1, 101, ...; "
                   f"{len(records)} Linear records over the seeds, each deciding X, W and dY).", ""]
+        for run in seeds.values():  # operands per step: three per MoR Linear of a decision's records
+            iters = [r["iteration"] for r in run.get("mor", [])]
+            run["mor_operands"] = 3 * sum(1 for r in run.get("mor", []) if iters and r["iteration"] == iters[0])
+        lines += lag_line(seeds, config, rungs)
         kinds = fallback_counts(records, lambda r, role: f"{r['mor_linear'].split('.', 3)[-1]}: {ROLE_NAMES[role]}")
         lines += fallback_table("Linear: operand", kinds, rungs) + [""]
         layers = fallback_counts(records, lambda r, role: layer_of(r["mor_linear"]))
