@@ -77,15 +77,20 @@ Status Trainer::mor_after_step(StepFigures* f) {
     const std::array<double, 4> s = mor::stat_to_sum(mor::stat_of(cells[i]));
     std::copy(s.begin(), s.end(), sums.begin() + int64_t(4 * i));
   }
+  // Tensor parallelism: each rank quantized its shard with the whole tensor's amax, so the shards' statistics sum to
+  // the whole tensor's. A tensor every rank holds whole (a column-parallel input, a row-parallel gradient) is counted
+  // once per rank, errors and non-zeros alike: its mean, and so its decision, is unchanged.
+  if (tp_size() > 1) {
+    settle_collectives();
+    NB_TRY(tp_comm_->all_reduce_host(sums.data(), int(sums.size()), dist::ReduceOp::sum));
+  }
+  const std::vector<double> own = sums;
   NB_TRY(sum_over_ranks(sums.data(), int(sums.size())));
   // A weight is whole and the same on every data-parallel rank (DDP, the distributed optimizer's gathered copy,
   // Megatron-FSDP's BF16 gathers): its own statistic is one GPU's; summed it would count each element once per rank.
   // Cells per Linear: E4M3's input, weight, grad, then (the ladder) NVFP4's.
   const auto per = size_t(model_.mor_cells_per_linear());
-  for (size_t i = 1; i < cells.size(); i += 3) {
-    const std::array<double, 4> own = mor::stat_to_sum(mor::stat_of(cells[i]));
-    std::copy(own.begin(), own.end(), sums.begin() + int64_t(4 * i));
-  }
+  for (size_t i = 1; i < cells.size(); i += 3) std::copy_n(own.begin() + int64_t(4 * i), 4, sums.begin() + int64_t(4 * i));
   // Under pipeline parallelism every stage takes the whole model's sums and decides every Linear alike.
   NB_TRY(gather_mor_over_stages(&sums, 4 * per));
   const auto summed = [&](size_t i) {

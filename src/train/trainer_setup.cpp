@@ -15,6 +15,29 @@
 
 namespace nb {
 
+// Mixture of Representations decides each operand from the whole tensor. Tensor parallelism keeps that: every shard is
+// scaled by the whole tensor's amax and the shards' statistics are summed (trainer_mor.cpp). What it cannot keep yet is
+// refused in one sentence.
+Status Trainer::refuse_mor_splits() const {
+  if (!recipe_.mor.on) return Status::ok();
+  const char* scale = "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
+                      "--use-megatron-fsdp, --pipeline-model-parallel-size)";
+  if (cfg_.context_parallel_size > 1)
+    return errorf("--recipe %s is not supported with context parallelism yet (its attention splits the tokens MoR "
+                  "decides on); %s",
+                  recipe_.name.c_str(), scale);
+  if (cfg_.tensor_model_parallel_size <= 1) return Status::ok();
+  const char* why = recipe_.mor.ladder ? "the NVFP4 ladder"
+                    : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                    : cfg_.sequence_parallel ? "--sequence-parallel (a BF16-decided input would need its gathered BF16 "
+                                               "values, which the quantized gathers do not make)"
+                    : cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
+                                          : nullptr;
+  if (!why) return Status::ok();
+  return errorf("--recipe %s with tensor parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
+                why, scale);
+}
+
 Status Trainer::setup(TrainConfig cfg) {
   cfg_ = std::move(cfg);
   NB_TRY(detect_ranks());
@@ -77,13 +100,7 @@ Status Trainer::resolve_config() {
     return errorf(
         "--quant-stats measures quantized copies that MoR's block rule does not make (its operands are BF16 with FP8 "
         "blocks); its blocks per format and errors are in metrics.jsonl's mor_linear records: drop --quant-stats");
-  if (recipe_.mor.on && (cfg_.tensor_model_parallel_size > 1 || cfg_.context_parallel_size > 1))
-    return errorf(
-        "--recipe %s decides each operand from the whole tensor on one rank, and tensor and context parallelism "
-        "split those tensors: they are not supported with Mixture of Representations yet; scale it with data or "
-        "pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or --use-megatron-fsdp, "
-        "--pipeline-model-parallel-size)",
-        recipe_.name.c_str());
+  NB_TRY(refuse_mor_splits());
   if (recipe_.mor.on && recipe_.mor.decide_now && cfg_.pipeline_model_parallel_size > 1)
     return errorf(
         "--mor-decide-now lets each quantization decide itself on one process, for the study of the decisions' lag; "
