@@ -90,7 +90,8 @@ Status Trainer::mor_after_step(StepFigures* f) {
   // Megatron-FSDP's BF16 gathers): its own statistic is one GPU's; summed it would count each element once per rank.
   // Cells per Linear: E4M3's input, weight, grad, then (the ladder) NVFP4's.
   const auto per = size_t(model_.mor_cells_per_linear());
-  for (size_t i = 1; i < cells.size(); i += 3) std::copy_n(own.begin() + int64_t(4 * i), 4, sums.begin() + int64_t(4 * i));
+  for (size_t i = 1; i < cells.size(); i += 3)
+    std::copy_n(own.begin() + int64_t(4 * i), 4, sums.begin() + int64_t(4 * i));
   // Under pipeline parallelism every stage takes the whole model's sums and decides every Linear alike.
   NB_TRY(gather_mor_over_stages(&sums, 4 * per));
   const auto summed = [&](size_t i) {

@@ -20,19 +20,21 @@ namespace nb {
 // refused in one sentence.
 Status Trainer::refuse_mor_splits() const {
   if (!recipe_.mor.on) return Status::ok();
-  const char* scale = "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
-                      "--use-megatron-fsdp, --pipeline-model-parallel-size)";
+  const char* scale =
+      "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
+      "--use-megatron-fsdp, --pipeline-model-parallel-size)";
   if (cfg_.context_parallel_size > 1)
-    return errorf("--recipe %s is not supported with context parallelism yet (its attention splits the tokens MoR "
-                  "decides on); %s",
-                  recipe_.name.c_str(), scale);
+    return errorf(
+        "--recipe %s is not supported with context parallelism yet (its attention splits the tokens MoR "
+        "decides on); %s",
+        recipe_.name.c_str(), scale);
   if (cfg_.tensor_model_parallel_size <= 1) return Status::ok();
-  const char* why = recipe_.mor.ladder ? "the NVFP4 ladder"
-                    : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+  const char* why = recipe_.mor.ladder       ? "the NVFP4 ladder"
+                    : recipe_.mor.blocks     ? "the block rule (GAM's shared mantissa is the whole tensor's)"
                     : cfg_.sequence_parallel ? "--sequence-parallel (a BF16-decided input would need its gathered BF16 "
                                                "values, which the quantized gathers do not make)"
-                    : cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
-                                          : nullptr;
+                    : cfg_.peft == "lora"    ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
+                                             : nullptr;
   if (!why) return Status::ok();
   return errorf("--recipe %s with tensor parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
                 why, scale);
