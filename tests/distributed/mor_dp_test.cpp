@@ -135,6 +135,31 @@ TEST(MorDataParallelCpu, TwoRanksDecideTheLadderAsOneRank) {
   std::filesystem::remove_all(dir);
 }
 
+// A tensor-parallel MoR run stopped after step 3 (between decisions: --mor-interval 2 decides after steps 1, 3, 5)
+// and resumed at the same layout equals the uninterrupted run: losses and every decision's records.
+TEST(MorDataParallelCpu, TensorParallelRunResumesAsTheWholeRun) {
+  const std::string dir = test::temp_folder("mor_tp_resume");
+  const std::string job = kJob +
+                          "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --mor-interval 2 --train-iters 5 "
+                          "--nproc-per-node 2 --tensor-model-parallel-size 2 ";
+  test::CliRun r = test::run_nibble(job + "--save " + dir + "/whole");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_nibble(job + "--exit-interval 3 --save-interval 3 --save " + dir + "/halves");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_nibble(job + "--load " + dir + "/halves --save " + dir + "/halves");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("resuming after iteration 3"), std::string::npos) << r.out;
+  const auto a = read_metrics(dir + "/whole"), b = read_metrics(dir + "/halves");
+  ASSERT_EQ(a.size(), 5u);
+  ASSERT_EQ(b.size(), 5u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].loss, b[i].loss) << "step " << i + 1;
+    EXPECT_EQ(a[i].grad_norm, b[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(mor_records(dir + "/whole"), mor_records(dir + "/halves"));
+  std::filesystem::remove_all(dir);
+}
+
 // The block rule: every block is decided inside its quantization, from its micro-batch's rows (a 128-token block is
 // one micro-batch here), so two ranks quantize the same blocks as one rank; their counts and errors, summed over the
 // ranks (a weight's its own), give one rank's records at step 1 exactly, and the losses agree as a data-parallel
