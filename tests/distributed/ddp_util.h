@@ -37,17 +37,6 @@ inline const std::string kModelParallelBase =
     " train --model tiny --device cpu --seq-length 64 --micro-batch-size 2 --global-batch-size 8 --lr 3e-3 "
     "--lr-warmup-iters 1 --log-interval 1 ";
 
-// The records of a run's metrics.jsonl that hold `key` (a step's "lm_loss", MoR's "mor_linear", ...), in order.
-inline std::vector<nlohmann::json> metrics_records(const std::string& save, const char* key) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
-  }
-  return out;
-}
-
 inline std::vector<StepLog> read_metrics(const std::string& save) {
   std::vector<StepLog> out;
   std::ifstream in(save + "/metrics.jsonl");

@@ -16,7 +16,7 @@ namespace nb {
 namespace {
 
 // metrics.jsonl's per-Linear MoR records.
-std::vector<nlohmann::json> mor_records(const std::string& save) { return metrics_records(save, "mor_linear"); }
+std::vector<nlohmann::json> mor_records(const std::string& save) { return test::metrics_records(save, "mor_linear"); }
 
 // Runs `job` on one rank, then on each layout, and checks that the ranks decide as one rank does; every format in
 // `formats` must be chosen somewhere (the thresholds sit inside the tiny model's spread of errors).

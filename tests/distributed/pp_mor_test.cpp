@@ -29,7 +29,7 @@ struct MorRecord {
 
 std::vector<MorRecord> mor_records(const std::string& save) {
   std::vector<MorRecord> out;
-  for (const nlohmann::json& j : metrics_records(save, "mor_linear")) {
+  for (const nlohmann::json& j : test::metrics_records(save, "mor_linear")) {
     std::string formats;
     for (const char* r : {"input", "weight", "grad"}) formats += j[r]["format"].get<std::string>() + " ";
     out.push_back({j["iteration"].get<int64_t>(), j["mor_linear"].get<std::string>(), formats,
@@ -41,7 +41,7 @@ std::vector<MorRecord> mor_records(const std::string& save) {
 // The E4M3 shares of each step's log record.
 std::vector<double> fp8_shares(const std::string& save) {
   std::vector<double> out;
-  for (const nlohmann::json& j : metrics_records(save, "mor_fp8_operands"))
+  for (const nlohmann::json& j : test::metrics_records(save, "mor_fp8_operands"))
     if (j.contains("lm_loss")) out.push_back(j["mor_fp8_operands"].get<double>());
   return out;
 }

@@ -33,7 +33,7 @@ TEST(MorBlockTrainCpu, EveryStepRecordsItsBlocksAndTheThresholdMovesThem) {
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
     losses[run++] = s.losses;
-    const auto steps = test::metrics_with(job.save, "mor_fp8_blocks");
+    const auto steps = test::metrics_records(job.save, "mor_fp8_blocks");
     ASSERT_EQ(steps.size(), 4u);
     for (const auto& st : steps) {
       if (threshold > 0.5)
@@ -43,7 +43,7 @@ TEST(MorBlockTrainCpu, EveryStepRecordsItsBlocksAndTheThresholdMovesThem) {
       EXPECT_EQ(st["mor_e5m2_blocks"], 0.0);
       EXPECT_FALSE(st.contains("mor_fp8_operands"));
     }
-    const auto linears = test::metrics_with(job.save, "mor_linear");
+    const auto linears = test::metrics_records(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 2u * 4u * 2u);  // steps 2 and 4, 2 layers of 4 Linears
     EXPECT_EQ(linears.front()["iteration"], 2);
     for (const auto& rec : linears)
@@ -52,7 +52,7 @@ TEST(MorBlockTrainCpu, EveryStepRecordsItsBlocksAndTheThresholdMovesThem) {
         EXPECT_EQ(r["format"], "blocks");
         const int64_t e4m3 = r["e4m3_blocks"], bf16 = r["bf16_blocks"];
         EXPECT_GT(e4m3 + bf16, 0) << rec.dump();
-        if (threshold > 0.5) EXPECT_EQ(bf16, 0) << rec.dump();
+        if (threshold > 0.5) { EXPECT_EQ(bf16, 0) << rec.dump(); }
         EXPECT_GT(r["error"].get<double>(), 0.0) << rec.dump();
       }
     std::filesystem::remove_all(job.save);

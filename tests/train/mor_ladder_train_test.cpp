@@ -51,7 +51,7 @@ TEST(MorLadderTrainCpu, PackedSftKeepsEveryOperandNvfp4AsTheNvfp4Recipe) {
   ASSERT_TRUE(run_training(as_sft(plain, dir + "/nvfp4"), &nvfp4).is_ok());
   ASSERT_EQ(ladder.losses.size(), 3u);
   EXPECT_EQ(ladder.losses, nvfp4.losses);
-  const auto records = test::metrics_with(dir + "/ladder", "mor_linear");
+  const auto records = test::metrics_records(dir + "/ladder", "mor_linear");
   ASSERT_FALSE(records.empty()) << "the SFT run decided";
   for (const auto& rec : records)
     for (const char* role : {"input", "weight", "grad"}) {
@@ -76,7 +76,7 @@ TEST(MorLadderTrainCpu, ThresholdsMoveOperandsDownTheLadder) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    const auto steps = test::metrics_with(job.save, "mor_nvfp4_operands");
+    const auto steps = test::metrics_records(job.save, "mor_nvfp4_operands");
     ASSERT_EQ(steps.size(), 3u);
     EXPECT_EQ(steps[0]["mor_nvfp4_operands"], 1.0) << "before the first decision every operand is NVFP4";
     EXPECT_EQ(steps[0]["mor_fp8_operands"], 0.0);
@@ -85,13 +85,13 @@ TEST(MorLadderTrainCpu, ThresholdsMoveOperandsDownTheLadder) {
       EXPECT_EQ(steps[i]["mor_fp8_operands"], c.fp8_share) << c.format << " step " << i + 1;
       EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.fp8_share) << c.format << " step " << i + 1;
     }
-    for (const auto& rec : test::metrics_with(job.save, "quant_stats"))
+    for (const auto& rec : test::metrics_records(job.save, "quant_stats"))
       for (const char* role : {"input", "weight", "grad"}) {
         const bool first = rec["iteration"] == 1;
         const std::string want = first ? "nvfp4" : std::string(c.format) == "e4m3" ? "fp8_e4m3" : "bf16";
         EXPECT_EQ(rec["roles"][role]["mor_format"], want) << rec.dump();
       }
-    const auto linears = test::metrics_with(job.save, "mor_linear");
+    const auto linears = test::metrics_records(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 3u * 8u);
     for (const auto& rec : linears)
       for (const char* role : {"input", "weight", "grad"}) {

@@ -48,14 +48,14 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    const auto steps = test::metrics_with(job.save, "mor_fp8_operands");
+    const auto steps = test::metrics_records(job.save, "mor_fp8_operands");
     ASSERT_EQ(steps.size(), 4u);
     EXPECT_EQ(steps[0]["mor_fp8_operands"], 1.0) << "before the first decision every operand is FP8";
     for (size_t i = 1; i < steps.size(); ++i) {
       EXPECT_EQ(steps[i]["mor_fp8_operands"], c.share_after_first) << c.threshold << " step " << i + 1;
       EXPECT_EQ(steps[i]["mor_fp8_gemms"], c.share_after_first) << c.threshold << " step " << i + 1;
     }
-    const auto quant = test::metrics_with(job.save, "quant_stats");
+    const auto quant = test::metrics_records(job.save, "quant_stats");
     ASSERT_EQ(quant.size(), 4u * 4u * 2u);
     for (const auto& rec : quant)
       for (const char* role : {"input", "weight", "grad"}) {
@@ -63,7 +63,7 @@ TEST(MorTrainCpu, ThresholdDecidesAndTheRunRecordsIt) {
         EXPECT_EQ(rec["roles"][role]["mor_format"], first || c.share_after_first == 1.0 ? "fp8_e4m3" : "bf16")
             << rec.dump();
       }
-    const auto linears = test::metrics_with(job.save, "mor_linear");
+    const auto linears = test::metrics_records(job.save, "mor_linear");
     ASSERT_EQ(linears.size(), 4u * 4u * 2u);  // 4 decisions, 2 layers of 4 Linears
     for (const auto& rec : linears)
       for (const char* role : {"input", "weight", "grad"}) {
@@ -114,7 +114,7 @@ TEST(MorTrainCpu, AnIntervalMeasuresItsFirstStepOnly) {
     job.save_interval = 100;
     TrainSummary s;
     ASSERT_TRUE(run_training(job, &s).is_ok());
-    (interval == 1 ? every : second) = test::metrics_with(job.save, "mor_linear");
+    (interval == 1 ? every : second) = test::metrics_records(job.save, "mor_linear");
   }
   ASSERT_EQ(every.size(), 4u * 8u);
   ASSERT_EQ(second.size(), 2u * 8u);
@@ -148,9 +148,9 @@ TEST(MorTrainCpu, ComposesWithOffloadAndAnnealsToBf16) {
   ASSERT_EQ(annealed.losses.size(), 4u);
   EXPECT_EQ(annealed.losses[0], plain.losses[0]);
   EXPECT_EQ(annealed.losses[1], plain.losses[1]);
-  const auto shares = test::metrics_with(anneal.save, "mor_fp8_operands");
+  const auto shares = test::metrics_records(anneal.save, "mor_fp8_operands");
   ASSERT_EQ(shares.size(), 2u) << "steps 1 and 2 ran MoR";
-  for (const auto& rec : test::metrics_with(anneal.save, "mor_linear"))
+  for (const auto& rec : test::metrics_records(anneal.save, "mor_linear"))
     EXPECT_LE(rec["iteration"].get<int64_t>(), 2) << rec.dump();
   std::filesystem::remove_all(dir);
 }
@@ -207,7 +207,7 @@ TEST(MorTrainCpu, DecidesALoraBaseAndResumesBitExactly) {
   std::vector<double> joined = s1.losses;
   joined.insert(joined.end(), s2.losses.begin(), s2.losses.end());
   EXPECT_EQ(joined, sw.losses);
-  const auto records = test::metrics_with(whole.save, "mor_linear");
+  const auto records = test::metrics_records(whole.save, "mor_linear");
   ASSERT_FALSE(records.empty());
   std::map<std::string, std::string> weight_format;
   std::set<std::string> formats;
@@ -216,7 +216,7 @@ TEST(MorTrainCpu, DecidesALoraBaseAndResumesBitExactly) {
     EXPECT_GT(w["nonzero"].get<int64_t>(), 0) << rec.dump();  // the frozen weight's statistic, every decision
     const std::string name = rec["mor_linear"], f = w["format"];
     formats.insert(f);
-    if (weight_format.count(name)) EXPECT_EQ(weight_format[name], f) << "decided once: " << rec.dump();
+    if (weight_format.count(name)) { EXPECT_EQ(weight_format[name], f) << "decided once: " << rec.dump(); }
     weight_format[name] = f;
     for (const char* role : {"input", "grad"}) formats.insert(rec[role]["format"].get<std::string>());
   }

@@ -1,5 +1,6 @@
 // Helpers of the Mixture of Representations training tests (mor_train_test.cpp, mor_ladder_train_test.cpp): a run's
-// metrics.jsonl records that carry one key, and settings that must be refused before step 1.
+// settings that must be refused before step 1 and the losses under every recompute (the records of a run that carry
+// one key: resume_util.h's metrics_records).
 #pragma once
 #include <gtest/gtest.h>
 #include <fstream>
@@ -10,17 +11,6 @@
 #include "train/resume_util.h"
 
 namespace nb::test {
-
-// The records of SAVE/metrics.jsonl that have `key`, in file order.
-inline std::vector<nlohmann::json> metrics_with(const std::string& save, const char* key) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(save + "/metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
-  }
-  return out;
-}
 
 // The run's losses under recompute none, selective and full, which must agree bit for bit.
 inline void expect_every_recompute_alike(const TrainConfig& base) {

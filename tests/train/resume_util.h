@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <nlohmann/json.hpp>
 #include <string>
 #include "data/indexed_dataset.h"
 #include "train/trainer.h"
@@ -37,6 +38,17 @@ inline std::string write_random_dataset(const std::string& dir, int64_t vocab) {
   }
   EXPECT_TRUE(w->finalize().is_ok());
   return prefix;
+}
+
+// The records of a run's metrics.jsonl that hold `key` (a step's "lm_loss", MoR's "mor_linear", ...), in order.
+inline std::vector<nlohmann::json> metrics_records(const std::string& save, const char* key) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(save + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains(key)) out.push_back(std::move(j));
+  }
+  return out;
 }
 
 inline std::string file_bytes(const std::string& path) {
