@@ -21,6 +21,7 @@
 //         per tensor and one byte per group.
 #pragma once
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 #include "core/bf16.h"
@@ -54,6 +55,10 @@ ErrorStat error_stat_ref(const bf16* x, const float* x_hat, int64_t n);
 // E < threshold, decided on integers and one double product (so both sides decide alike); never with a
 // non-finite input. threshold in (0, 1).
 bool below_threshold(const ErrorStat& s, double threshold);
+// The same on the sum's integers (host and device): one rounding of a double product, the same on both sides.
+NB_HD bool fixed_below_threshold(uint64_t err_fixed, uint64_t nonzero, double threshold) {
+  return nonzero == 0 || double(err_fixed) < threshold * kFixedOne * double(nonzero);
+}
 
 enum class Scaling : uint8_t { tensor, block, channel };  // one scale per tensor, per 128x128 block, per row
 // pow2: each group's amax scale rounded down to a power of two (TransformerEngine's blockwise FP8 default): a
@@ -127,6 +132,9 @@ struct BlockDecision {
 Status decide_blocks_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule,
                          std::vector<BlockDecision>* out);
 // True when every non-zero |x| of the block lies within E5M2's normal range once its amax is scaled to 57344.
-bool fits_e5m2_range(float amax, float min_nonzero);
+NB_HD bool fits_e5m2_range(float amax, float min_nonzero) {
+  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;  // no non-zero element: nothing to lose
+  return double(amax) / double(min_nonzero) <= double(kE5M2Max) / 6.103515625e-05;  // 57344 / 2^-14
+}
 
 }  // namespace nb::mor

@@ -42,17 +42,6 @@ NB_HD float block_rule_scale(ScaleMode mode, float block_amax, float fmt_max, fl
   return fp8::scale_from_amax(block_amax, fmt_max, mode == ScaleMode::pow2);
 }
 
-// below_threshold (mor.h) on the integers: one rounding of a double product, the same on both sides.
-NB_HD bool fixed_below_threshold(uint64_t err_fixed, uint64_t nonzero, double threshold) {
-  return nonzero == 0 || double(err_fixed) < threshold * kFixedOne * double(nonzero);
-}
-
-// fits_e5m2_range (mor.h): every non-zero |x| within E5M2's normal range once amax is scaled to 57344.
-NB_HD bool fits_e5m2_normal_range(float amax, float min_nonzero) {
-  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;
-  return double(amax) / double(min_nonzero) <= double(kE5M2Max) / 6.103515625e-05;  // 57344 / 2^-14
-}
-
 // decide_blocks_ref's choice of one block from its E4M3 and E5M2 sums over its `nonzero` finite non-zero elements,
 // its finite amax and smallest non-zero |x|.
 NB_HD Choice block_rule_choice(const BlockRule& rule, uint64_t err4, uint64_t err5, uint64_t nonzero, bool nonfinite,
@@ -60,7 +49,7 @@ NB_HD Choice block_rule_choice(const BlockRule& rule, uint64_t err4, uint64_t er
   if (nonfinite) return Choice::bf16;
   if (!rule.three_way) return fixed_below_threshold(err4, nonzero, rule.threshold) ? Choice::fp8_e4m3 : Choice::bf16;
   if (err4 < err5) return Choice::fp8_e4m3;  // a tie is no win for E4M3: the range test decides
-  return fits_e5m2_normal_range(finite_amax, min_nonzero) ? Choice::fp8_e5m2 : Choice::bf16;
+  return fits_e5m2_range(finite_amax, min_nonzero) ? Choice::fp8_e5m2 : Choice::bf16;
 }
 
 // x [rows, cols] -> out [rows, cols] (may not alias x). e4m3_stat, counts: added into when not null. Host memory.

@@ -1,5 +1,6 @@
 // CPU reference of MoR's statistics, scales and rules (formats/mor/mor.h).
 #include "formats/mor/mor.h"
+#include "formats/mor/mor_block.h"
 #include <algorithm>
 #include <cmath>
 
@@ -81,27 +82,13 @@ BlockDecision decide_one_block(const ErrorStat& e4m3, const ErrorStat& e5m2, flo
   BlockDecision d;
   d.e4m3 = e4m3;
   d.e5m2 = e5m2;
-  if (e4m3.nonfinite) {
-    d.reason = Reason::nonfinite;
-    return d;
-  }
-  if (!rule.three_way) {
-    const bool ok = below_threshold(e4m3, rule.threshold);
-    d.choice = ok ? Choice::fp8_e4m3 : Choice::bf16;
-    d.reason = ok ? Reason::below_threshold : Reason::above_threshold;
-    return d;
-  }
-  // Fixed-point sums over the same non-zero count compare as the means do. E4M3 must beat E5M2: on a tie
-  // (both exact, or both flushing the block) the range test decides.
-  if (e4m3.err_fixed < e5m2.err_fixed) {
-    d.choice = Choice::fp8_e4m3;
-    d.reason = Reason::below_threshold;
-  } else if (fits_e5m2_range(amax, min_nonzero)) {
-    d.choice = Choice::fp8_e5m2;
-    d.reason = Reason::below_threshold;
-  } else {
-    d.reason = Reason::range;
-  }
+  // The choice is the one training makes (mor_block.h); the reason says which test kept a block BF16.
+  d.choice = block_rule_choice(rule, e4m3.err_fixed, e5m2.err_fixed, uint64_t(e4m3.nonzero), e4m3.nonfinite, amax,
+                               min_nonzero);
+  d.reason = d.choice != Choice::bf16 ? Reason::below_threshold
+             : e4m3.nonfinite         ? Reason::nonfinite
+             : rule.three_way         ? Reason::range
+                                      : Reason::above_threshold;
   return d;
 }
 
@@ -157,8 +144,7 @@ ErrorStat error_stat_ref(const bf16* x, const float* x_hat, int64_t n) {
 }
 
 bool below_threshold(const ErrorStat& s, double threshold) {
-  if (s.nonfinite) return false;
-  return s.nonzero == 0 || double(s.err_fixed) < threshold * kFixedOne * double(s.nonzero);
+  return !s.nonfinite && fixed_below_threshold(s.err_fixed, uint64_t(s.nonzero), threshold);
 }
 
 uint8_t gam_exponent_byte(float gam_scale) { return uint8_t((f32_bits(gam_scale) >> 23) & 0xFFu); }
@@ -230,12 +216,6 @@ ErrorStat stat_from_sum(const std::array<double, 4>& sum) {
   s.nonzero = int64_t(sum[2]);
   s.nonfinite = sum[3] > 0.0;
   return s;
-}
-
-bool fits_e5m2_range(float amax, float min_nonzero) {
-  if (!(min_nonzero > 0.0f) || min_nonzero == INFINITY) return true;       // no non-zero element: nothing to lose
-  constexpr double kE5M2NormalRange = double(kE5M2Max) / 6.103515625e-05;  // 57344 / 2^-14
-  return double(amax) / double(min_nonzero) <= kE5M2NormalRange;
 }
 
 Status decide_blocks_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule,
