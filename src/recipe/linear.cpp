@@ -4,7 +4,6 @@
 #include "recipe/linear.h"
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 #include "core/bf16.h"
 #include "formats/fp8/fp8.h"
@@ -60,9 +59,9 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   cols = cols_;
   dev = dev_;
   rows = 0;
-  // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles; but the
-  // input's row copy is a workspace transient of Fprop, so its Wgrad reads a column copy kept as other formats keep
-  // theirs (the same bytes, [rows, cols], read K-first).
+  // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles. The input's
+  // must outlive Fprop for Wgrad, so it is kept where other formats keep their input's column copy (owned, or an
+  // input slot), and its row piece is empty: Fprop reads the same bytes (row_data_piece).
   col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || (s.fmt == Fmt::mor_block && role != Role::input);
   row_only = row_only_ && !col_is_row;
   if (s.fmt == Fmt::bf16) return Status::ok();
@@ -106,7 +105,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
     }
     return dry ? Status::ok() : alloc_bytes(&p->owned, dev, bytes);
   };
-  NB_TRY(place(&row_data, row_transient, data_bytes));
+  NB_TRY(place(&row_data, row_transient, s.fmt == Fmt::mor_block && !col_is_row ? 0 : data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
   if (!col_is_row && !row_only) {
     NB_TRY(place(&col_data, col_transient, data_bytes, true));
@@ -208,16 +207,11 @@ Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream)
 // MoR's block rule (mor_block.h): the BF16 operand into the row data (col_is_row: the only copy), the blocks decided
 // and counted as they are quantized; GAM's tensor amax is taken into the row amax slot first.
 Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
-  auto* out = reinterpret_cast<bf16*>(o.row_data);
-  const size_t bytes = size_t(rows * cols) * sizeof(bf16);
-  if (dev == Device::cuda) {
-    NB_TRY(mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
-                                      state_f.ptr<float>() + kRowAmax, stream));
-    return o.colwise ? copy_device_to_device_cuda(o.col_data, out, bytes, stream) : Status::ok();
-  }
-  NB_TRY(mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks));
-  if (o.colwise) std::memcpy(o.col_data, out, bytes);
-  return Status::ok();
+  auto* out = reinterpret_cast<bf16*>(o.colwise ? o.col_data : o.row_data);  // the input's one copy: its column piece
+  if (dev == Device::cuda)
+    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
+                                      state_f.ptr<float>() + kRowAmax, stream);
+  return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks);
 }
 
 // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both
@@ -317,7 +311,7 @@ gemm::QOperand QCopies::row_operand() const {
   op.format = qformat(spec.fmt);
   op.rows = rows;
   op.k = cols;
-  op.data = ptr(row_data);
+  op.data = ptr(row_data_piece());
   const float* sf = state_f.ptr<float>();
   op.scales = (spec.fmt == Fmt::fp8_e4m3 || spec.fmt == Fmt::fp8_e5m2) ? static_cast<const void*>(sf + kScaleInv)
               : spec.fmt == Fmt::mor_block                             ? nullptr

@@ -432,7 +432,7 @@ Status Linear::debug_copies(int role, QuantizedBytes* out) const {
     std::copy(src, src + bytes, v->data());
     return Status::ok();
   };
-  NB_TRY(fetch(&out->row_data, c.row_data, data));
+  NB_TRY(fetch(&out->row_data, c.row_data_piece(), data));
   NB_TRY(fetch(&out->col_data, c.col_data, col_data));
   NB_TRY(fetch(&out->row_scales, c.row_scales, row_sc));
   NB_TRY(fetch(&out->col_scales, c.col_scales, col_sc));

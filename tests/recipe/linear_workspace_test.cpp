@@ -50,7 +50,10 @@ TEST_P(SharedWorkspaceTest, ChainMatchesPrivateWorkspacesBitForBit) {
     EXPECT_EQ(max_in, priv.workspaces[2]->need(Slot::input_row));
     EXPECT_EQ(max_grad, priv.workspaces[1]->need(Slot::grad));
     EXPECT_GT(priv.workspaces[1]->need(Slot::grad), priv.workspaces[2]->need(Slot::grad));
-    EXPECT_GT(priv.workspaces[2]->need(Slot::input_row), priv.workspaces[1]->need(Slot::input_row));
+    if (r.mor.blocks)  // the block rule's input keeps one copy, its column piece: no transient row copy at all
+      EXPECT_EQ(max_in, 0u);
+    else
+      EXPECT_GT(priv.workspaces[2]->need(Slot::input_row), priv.workspaces[1]->need(Slot::input_row));
   }
 }
 
