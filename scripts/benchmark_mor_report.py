@@ -129,7 +129,6 @@ def fp8_lines(out, stats):
         for suffix, what in (("", "deciding every step"), ("-i4", "--mor-interval 4")):
             out_lines += speed_lines(out, stats, model, "mor" + suffix, what)
             out_lines += cost_lines(out, stats, model, "mor-allfp8" + suffix, what)
-        out_lines += block_lines(out, stats, model)
     return "\n".join(out_lines)
 
 
@@ -150,16 +149,34 @@ def is_ladder(name):
     return "nvfp4" in name or "ladder" in name
 
 
+def is_block(name):
+    return "mor-block" in name
+
+
+def is_peer(name):
+    """BF16 and FP8 current scaling's rows, which the tensor and the block sections both compare with."""
+    return name.endswith("-bf16") or name.endswith("-fp8") or name.endswith("-fp8-all")
+
+
 def main():
     out = sys.argv[1]
     merge = sys.argv[sys.argv.index("--merge-into") + 1] if "--merge-into" in sys.argv else None
     names = [line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()]
-    rows, ladder_rows, stats, device = [], [], {}, "the GPU machine"
+    rows, ladder_rows, block_rows, stats, device = [], [], [], {}, "the GPU machine"
     for name in names:
         text, s = row(out, name)
-        (ladder_rows if is_ladder(name) else rows).append(text)
+        if is_ladder(name):
+            ladder_rows.append(text)
+        else:
+            if not is_block(name):
+                rows.append(text)
+            if is_block(name) or is_peer(name):
+                block_rows.append(text)
         stats[name] = tokens(s)
         device = s.get("device", device)
+    # The tensor rule's section is merged only when a tensor-rule run is in OUT (a block-rule call measures its peers
+    # too, which alone would replace the tensor rule's rows).
+    tensor_runs = any("-mor" in n and not is_block(n) and not is_ladder(n) for n in names)
     commit = read(out, "commit.txt").strip() or "unknown"
     text = (
         "## Mixture of Representations: bf16_with_mor_fp8_mixed on one GPU (same run)\n\n"
@@ -179,7 +196,17 @@ def main():
         "BF16, which on the 4-layer proxy is every layer: the proxy has only the every-layer row, `-all`). On Hopper "
         "NVFP4 GEMMs are emulated (dequantized to BF16, then BF16 tensor cores).\n\n"
         + TABLE_HEAD + "\n".join(ladder_rows) + "\n\n" + ladder_section_lines(out, stats) + "\n")
-    write_report([(text, bool(rows)), (ladder_text, bool(ladder_rows))], merge, out, commit)
+    block_text = (
+        "## Mixture of Representations: the block rule (--mor-granularity block) on one GPU (same run)\n\n"
+        f"`scripts/benchmark_mor.sh` on {device} (commit {commit}), as the sections above: `mor-block` rows run "
+        "bf16_with_mor_fp8_mixed with `--mor-granularity block` (each 128x128 block of every operand E4M3 or BF16 by "
+        "its own error, every step, GAM scales), beside BF16 and FP8 current scaling (its preset). The block rule's "
+        "GEMMs are BF16 GEMMs over operands whose E4M3-decided blocks hold their FP8 values, so on Hopper it costs "
+        "its rule's pass over every operand and cannot run faster than BF16.\n\n"
+        + TABLE_HEAD + "\n".join(block_rows) + "\n\n"
+        + "\n".join(sum((block_lines(out, stats, m) for m in ("proxy", "3b")), [])) + "\n")
+    write_report([(text, tensor_runs and bool(rows)), (ladder_text, bool(ladder_rows)),
+                  (block_text, any(is_block(n) for n in names))], merge, out, commit)
 
 
 if __name__ == "__main__":
