@@ -2,6 +2,7 @@
 // Megatron-Core counts them, its refusals as one sentence each, and the stages' ranges in model order.
 #include "model/pipeline_split.h"
 #include <string>
+#include "model/pipeline_layout.h"
 #include <utility>
 
 namespace nb::pp {
@@ -114,7 +115,52 @@ Status uneven_stage_counts(int64_t layers, const SplitOptions& o, std::vector<in
   return Status::ok();
 }
 
+// --pipeline-model-parallel-layout: each virtual stage's decoder layers as the layout spells them; every layer
+// placed by it, so Megatron's other ways of evening out the stages are refused beside it.
+Status layout_stage_counts(int64_t layers, const SplitOptions& o, std::vector<int64_t>* counts) {
+  if (o.account_for_embedding || o.account_for_loss || o.first_stage_layers > 0 || o.last_stage_layers > 0)
+    return errorf(
+        "--pipeline-model-parallel-layout places every layer itself: leave out --account-for-embedding-in-pipeline-"
+        "split, --account-for-loss-in-pipeline-split and --decoder-first/last-pipeline-num-layers");
+  std::vector<LayoutStage> stages;
+  NB_TRY(parse_pipeline_layout(o.layout, &stages));
+  const int64_t want = int64_t(o.pipeline) * o.virtual_stages;
+  if (int64_t(stages.size()) != want)
+    return errorf("--pipeline-model-parallel-layout \"%s\" has %zu stages, but %d pipeline ranks x %d virtual stages "
+                  "need %lld",
+                  o.layout.c_str(), stages.size(), o.pipeline, o.virtual_stages, (long long)want);
+  counts->clear();
+  int64_t placed = 0;
+  for (const LayoutStage& s : stages) {
+    counts->push_back(s.decoder_layers);
+    placed += s.decoder_layers;
+  }
+  if (placed != layers)
+    return errorf("--pipeline-model-parallel-layout \"%s\" places %lld decoder layers ('t'); the model has %lld",
+                  o.layout.c_str(), (long long)placed, (long long)layers);
+  return Status::ok();
+}
+
 }  // namespace
+
+Status layout_virtual_stages(const std::string& layout, int pipeline, int* virtual_stages) {
+  std::vector<LayoutStage> stages;
+  NB_TRY(parse_pipeline_layout(layout, &stages));
+  const auto n = int64_t(stages.size());
+  if (pipeline < 1) return errorf("--pipeline-model-parallel-size must be at least 1; got %d", pipeline);
+  if (pipeline == 1 && n > 1)
+    return errorf(
+        "--pipeline-model-parallel-layout \"%s\" has %lld stages, which need --pipeline-model-parallel-size > 1 "
+        "to run on",
+        layout.c_str(), (long long)n);
+  if (n % pipeline != 0)
+    return errorf(
+        "--pipeline-model-parallel-layout \"%s\" has %lld stages, not a multiple of --pipeline-model-parallel-size "
+        "%d (every pipeline rank runs as many virtual stages); give %d x V stages",
+        layout.c_str(), (long long)n, pipeline, pipeline);
+  *virtual_stages = int(n / pipeline);
+  return Status::ok();
+}
 
 Status split_layers(int64_t layers, const SplitOptions& o, std::vector<LayerRange>* stages) {
   if (layers < 1) return errorf("a pipeline split needs decoder layers; the model has %lld", (long long)layers);
@@ -131,7 +177,9 @@ Status split_layers(int64_t layers, const SplitOptions& o, std::vector<LayerRang
     return errorf("%s and %s must be positive (0 = an even split); got %lld and %lld", kFirstFlag, kLastFlag,
                   (long long)o.first_stage_layers, (long long)o.last_stage_layers);
   std::vector<int64_t> counts;
-  if (o.first_stage_layers > 0 || o.last_stage_layers > 0)
+  if (!o.layout.empty())
+    NB_TRY(layout_stage_counts(layers, o, &counts));
+  else if (o.first_stage_layers > 0 || o.last_stage_layers > 0)
     NB_TRY(uneven_stage_counts(layers, o, &counts));
   else
     NB_TRY(even_stage_counts(layers, o, &counts));

@@ -4,10 +4,12 @@
 // megatron/training/arguments.py): an even split; or --account-for-{embedding,loss}-in-pipeline-split, where
 // the embedding (the loss) counts as one layer of the first (last) virtual stage; or
 // --decoder-{first,last}-pipeline-num-layers, the layers of the first (last) pipeline rank, the rest split
-// evenly over the middle ranks, and each rank's layers split evenly over its V chunks. Megatron's
+// evenly over the middle ranks, and each rank's layers split evenly over its V chunks; or
+// --pipeline-model-parallel-layout, every virtual stage's layers spelled out (model/pipeline_layout.h). Megatron's
 // refusals are refused here too, in one sentence naming the flags. Pure arithmetic, no devices.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 #include "core/status.h"
 
@@ -18,6 +20,7 @@ struct SplitOptions {
   int virtual_stages = 1;  // V: model chunks per pipeline rank (interleaved schedule)
   bool account_for_embedding = false, account_for_loss = false;  // --account-for-{embedding,loss}-in-pipeline-split
   int64_t first_stage_layers = 0, last_stage_layers = 0;  // --decoder-{first,last}-pipeline-num-layers (0 = even)
+  std::string layout;  // --pipeline-model-parallel-layout: every virtual stage's layers (model/pipeline_layout.h)
 };
 
 struct LayerRange {
@@ -29,7 +32,8 @@ struct LayerRange {
 // pipeline rank s % P as that rank's model chunk s / P (Megatron's placement: P 4, V 2, 16 layers -> rank 0 holds
 // layers 0-1 and 8-9). The embedding belongs to virtual stage 0, the final norm, LM head and loss to stage P*V-1.
 // Refused in one sentence (naming the flags and numbers, and what would work) when the split is impossible.
-// Only the accounted embedding or loss can leave a stage without decoder layers (stage 0 or P*V-1), as in Megatron.
+// Only the accounted embedding or loss can leave a stage without decoder layers (stage 0 or P*V-1), as in Megatron,
+// or a layout that gives a stage none (it passes the residual stream on unchanged).
 // V > 1 needs P > 1 (Megatron's interleaved schedule).
 Status split_layers(int64_t layers, const SplitOptions& o, std::vector<LayerRange>* stages);
 
@@ -43,6 +47,10 @@ std::vector<LayerRange> rank_chunks(const std::vector<LayerRange>& stages, int r
 // --num-layers-per-virtual-pipeline-stage with --decoder-{first,last}-pipeline-num-layers; the caller checks that.
 Status resolve_virtual_stages(int64_t layers, int pipeline, int64_t layers_per_virtual_stage,
                               int64_t virtual_stages_per_rank, int* virtual_stages);
+
+// V from --pipeline-model-parallel-layout: its stages over P pipeline ranks; refused when P does not divide them
+// or when a layout of several stages comes without --pipeline-model-parallel-size > 1.
+Status layout_virtual_stages(const std::string& layout, int pipeline, int* virtual_stages);
 
 // The pipeline bubble's share of the step by formula: (P - 1) / (V x M) for M micro-batches per rank.
 double bubble_fraction(int pipeline, int virtual_stages, int64_t micro_batches);

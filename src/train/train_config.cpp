@@ -365,6 +365,10 @@ std::vector<ConfigKey> pipeline_keys(TrainConfig& c) {
               &c.decoder_first_pipeline_num_layers),
       int_key("decoder-last-pipeline-num-layers", "decoder layers on the last stage (0 = an even split)",
               &c.decoder_last_pipeline_num_layers),
+      string_key("pipeline-model-parallel-layout",
+                 "every virtual stage's layers, Megatron's string: 'E' embedding, 't' decoder layer, 'L' loss, '|' "
+                 "between stages, x*n and (...)*n repeats; sets the virtual stages (empty = not given)",
+                 &c.pipeline_model_parallel_layout),
       bool_key("overlap-p2p-communication",
                "run the stages' sends and receives on a stream of their own, beside the passes (both schedules)",
                &c.overlap_p2p_communication),

@@ -112,8 +112,9 @@ struct TrainConfig {
   int64_t num_layers_per_virtual_pipeline_stage = 0, num_virtual_stages_per_pipeline_rank = 0;
   bool account_for_embedding_in_pipeline_split = false, account_for_loss_in_pipeline_split = false;
   int64_t decoder_first_pipeline_num_layers = 0, decoder_last_pipeline_num_layers = 0;
+  std::string pipeline_model_parallel_layout;  // every virtual stage's layers, Megatron's string (empty = not given)
   bool overlap_p2p_communication = true;
-  // The split's options for V virtual stages per rank (V from pp::resolve_virtual_stages).
+  // The split's options for V virtual stages per rank (V from pipeline_virtual_stages).
   pp::SplitOptions pipeline_split_options(int virtual_stages) const {
     pp::SplitOptions o;
     o.pipeline = int(pipeline_model_parallel_size);
@@ -122,8 +123,11 @@ struct TrainConfig {
     o.account_for_loss = account_for_loss_in_pipeline_split;
     o.first_stage_layers = decoder_first_pipeline_num_layers;
     o.last_stage_layers = decoder_last_pipeline_num_layers;
+    o.layout = pipeline_model_parallel_layout;
     return o;
   }
+  // V, the virtual stages per pipeline rank, from the layout's stages or from the two virtual-stage keys.
+  Status pipeline_virtual_stages(int64_t decoder_layers, int* virtual_stages) const;
   double distributed_timeout_minutes = 10;
   bool use_distributed_optimizer = false;  // shard master weights and AdamW state over the ranks
   // Megatron-FSDP (docs/DISTRIBUTED.md): no_shard (DDP) | optim (the distributed optimizer) | optim_grads

@@ -104,25 +104,45 @@ Status refuse_unsupported_with_pipeline(const TrainConfig& c, const LlamaConfig&
                 (long long)c.pipeline_model_parallel_size);
 }
 
-// Pipeline parallelism: the sizes, the virtual stages (Megatron's two flags), the layer split and the
+}  // namespace
+
+Status TrainConfig::pipeline_virtual_stages(int64_t decoder_layers, int* virtual_stages) const {
+  const bool uneven = decoder_first_pipeline_num_layers > 0 || decoder_last_pipeline_num_layers > 0;
+  if (!pipeline_model_parallel_layout.empty()) {
+    if (num_layers_per_virtual_pipeline_stage > 0 || num_virtual_stages_per_pipeline_rank > 0)
+      return errorf(
+          "--pipeline-model-parallel-layout sets the virtual stages (its stages over --pipeline-model-parallel-size); "
+          "leave out --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank");
+    return pp::layout_virtual_stages(pipeline_model_parallel_layout, int(pipeline_model_parallel_size),
+                                     virtual_stages);
+  }
+  if (num_layers_per_virtual_pipeline_stage > 0 && uneven)
+    return errorf(
+        "with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
+        "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
+  const int64_t counted = decoder_layers + int64_t(account_for_embedding_in_pipeline_split) +
+                          int64_t(account_for_loss_in_pipeline_split);
+  return pp::resolve_virtual_stages(counted, int(pipeline_model_parallel_size), num_layers_per_virtual_pipeline_stage,
+                                    num_virtual_stages_per_pipeline_rank, virtual_stages);
+}
+
+namespace {
+
+// Pipeline parallelism: the sizes, the virtual stages (Megatron's two flags or a layout), the layer split and the
 // interleaved schedule's demands (model/pipeline_split.h has the split's own refusals).
 Status validate_pipeline(const TrainConfig& c, const LlamaConfig& m) {
   const int64_t P = c.pipeline_model_parallel_size;
   if (P < 1) return errorf("--pipeline-model-parallel-size must be at least 1; got %lld", (long long)P);
   const int64_t counted =
       m.layers + int64_t(c.account_for_embedding_in_pipeline_split) + int64_t(c.account_for_loss_in_pipeline_split);
-  if (P > counted)  // no split fills more stages (an accounted embedding or loss fills one); keeps P an int
+  // No split fills more stages (an accounted embedding or loss fills one) but a layout, which may leave stages
+  // empty (and holds at most 2^20 of them); the bound keeps P an int.
+  if (P > counted && (c.pipeline_model_parallel_layout.empty() || P > (int64_t(1) << 20)))
     return errorf("--pipeline-model-parallel-size %lld is more stages than the model's %lld decoder layers can fill",
                   (long long)P, (long long)m.layers);
   if (P > 1) NB_TRY(refuse_unsupported_with_pipeline(c, m));
-  if (c.num_layers_per_virtual_pipeline_stage > 0 &&
-      (c.decoder_first_pipeline_num_layers > 0 || c.decoder_last_pipeline_num_layers > 0))
-    return errorf(
-        "with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
-        "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
   int V = 1;
-  NB_TRY(pp::resolve_virtual_stages(counted, int(P), c.num_layers_per_virtual_pipeline_stage,
-                                    c.num_virtual_stages_per_pipeline_rank, &V));
+  NB_TRY(c.pipeline_virtual_stages(m.layers, &V));
   std::vector<pp::LayerRange> stages;
   NB_TRY(pp::split_layers(m.layers, c.pipeline_split_options(V), &stages));
   const int64_t micro_batches = c.global_batch_size / (c.micro_batch_size * c.data_parallel);

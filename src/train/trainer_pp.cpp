@@ -37,10 +37,7 @@ LlamaModel::PipelineStage Trainer::pipeline_stage(int r) const {
 
 Status Trainer::plan_pipeline() {
   if (pp_size() == 1) return Status::ok();
-  const pp::SplitOptions probe = cfg_.pipeline_split_options(1);
-  const int64_t counted = model_cfg_.layers + (probe.account_for_embedding ? 1 : 0) + (probe.account_for_loss ? 1 : 0);
-  NB_TRY(pp::resolve_virtual_stages(counted, pp_size(), cfg_.num_layers_per_virtual_pipeline_stage,
-                                    cfg_.num_virtual_stages_per_pipeline_rank, &virtual_stages_));
+  NB_TRY(cfg_.pipeline_virtual_stages(model_cfg_.layers, &virtual_stages_));
   NB_TRY(pp::split_layers(model_cfg_.layers, cfg_.pipeline_split_options(virtual_stages_), &pp_stages_));
   LlamaModel::PipelineStage stage = pipeline_stage(layout_.pp);
   stage.slots = PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, layout_.pp, accum_);
@@ -56,7 +53,10 @@ void Trainer::print_pipeline_plan() const {
   for (int r = 0; r < pp_size(); ++r) {
     std::printf(" rank %d", r);
     for (const pp::LayerRange& c : pp::rank_chunks(pp_stages_, r, pp_size()))
-      std::printf(" [%lld-%lld]", (long long)c.begin, (long long)c.end - 1);
+      if (c.count() == 0)
+        std::printf(" [no layers]");  // a layout's empty stage passes the residual stream on
+      else
+        std::printf(" [%lld-%lld]", (long long)c.begin, (long long)c.end - 1);
     std::printf(r + 1 < pp_size() ? ";" : "\n");
   }
   std::printf(

@@ -5,7 +5,8 @@
 // log), and so does the validation loss. The messages overlap with compute (the default) in every layout but
 // P2 and P2 V2, which post them on the compute stream. Covered: 1F1B at P2 (and P2 x D2 with the distributed optimizer
 // and half its state offloaded to the host, P2 x T2 with sequence parallelism, P2 x C2), P4, the interleaved schedule
-// at P4 V2 and at P2 V2 (a rank's two neighbours one rank), NVFP4 (with full recompute at P2, with a quantized input
+// at P4 V2 and at P2 V2 (a rank's two neighbours one rank), a --pipeline-model-parallel-layout of uneven and empty
+// stages (P2 V2), NVFP4 (with full recompute at P2, with a quantized input
 // slot per pass in flight at P4 V2) and its anneal to BF16, FP8 delayed scaling's histories saved from every stage,
 // checkpoints saved at P4 and at T2 x P2 resuming at other layouts, LoRA at P4 V2 writing one rank's adapter (and at T2
 // x P2 T2's), packed SFT rows at P2 and P4 V2, and a killed stage stopping the job.
@@ -73,7 +74,8 @@ TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
        "--nproc-per-node 2 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
        "--no-overlap-p2p-communication",
        "--nproc-per-node 4 --pipeline-model-parallel-size 2 --tensor-model-parallel-size 2 --sequence-parallel",
-       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --context-parallel-size 2"},
+       "--nproc-per-node 4 --pipeline-model-parallel-size 2 --context-parallel-size 2",
+       "--nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Ett*2|t*3||ttL'"},
       "pipeline parallel: ", dir);
   std::filesystem::remove_all(dir);
 }

@@ -79,6 +79,33 @@ TEST(PipelineConfig, RefusesBadSizesAndSplits) {
       << pp_config_message(c);
 }
 
+// --pipeline-model-parallel-layout sets V (its stages over P) and may leave a stage empty, even with more stages
+// than decoder layers; Megatron's virtual-stage flags beside it are refused, and so are the split's own faults.
+TEST(PipelineConfig, LayoutSetsTheVirtualStages) {
+  TrainConfig c = pp_tiny(2);
+  c.pipeline_model_parallel_layout = "Ettt|tt||ttL";  // 7 layers over 4 stages: V 2, one stage empty
+  c.num_layers = 7;
+  c.global_batch_size = 2;
+  EXPECT_EQ(pp_config_message(c), "");
+  int V = 0;
+  ASSERT_TRUE(c.pipeline_virtual_stages(7, &V).is_ok());
+  EXPECT_EQ(V, 2);
+  c = pp_tiny(4, 2);
+  c.pipeline_model_parallel_layout = "Et|t||L";  // P 4 over a 2-layer model
+  EXPECT_EQ(pp_config_message(c), "");
+  c.num_virtual_stages_per_pipeline_rank = 1;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "sets the virtual stages")) << pp_config_message(c);
+  c = pp_tiny(2);
+  c.pipeline_model_parallel_layout = "Ettt|ttL";
+  EXPECT_TRUE(pp_has(pp_config_message(c), "places 5 decoder layers ('t'); the model has 8")) << pp_config_message(c);
+  c.pipeline_model_parallel_layout = "Etttt|tt|ttL";
+  EXPECT_TRUE(pp_has(pp_config_message(c), "has 3 stages, not a multiple of --pipeline-model-parallel-size 2"))
+      << pp_config_message(c);
+  c.pipeline_model_parallel_layout = "Etttt|ttttL";
+  c.decoder_first_pipeline_num_layers = 4;
+  EXPECT_TRUE(pp_has(pp_config_message(c), "places every layer itself")) << pp_config_message(c);
+}
+
 TEST(PipelineConfig, InterleavedScheduleNeedsMicroBatchesInGroupsOfP) {
   TrainConfig c = pp_tiny(2);
   c.num_virtual_stages_per_pipeline_rank = 2;
@@ -163,7 +190,8 @@ TEST(PipelineConfig, KeysReadFromTomlAndPrintOnce) {
   EXPECT_TRUE(c.overlap_p2p_communication);
   ASSERT_TRUE(apply_config_text("pipeline_model_parallel_size = 4\nnum-virtual-stages-per-pipeline-rank = 2\n"
                                 "account_for_loss_in_pipeline_split = true\ndecoder_first_pipeline_num_layers = 6\n"
-                                "no_overlap_p2p_communication = true\n",
+                                "no_overlap_p2p_communication = true\n"
+                                "pipeline-model-parallel-layout = \"Et*3|(tt|)*2,tL\"\n",
                                 "pp.toml", c)
                   .is_ok());
   EXPECT_EQ(c.pipeline_model_parallel_size, 4);
@@ -171,6 +199,7 @@ TEST(PipelineConfig, KeysReadFromTomlAndPrintOnce) {
   EXPECT_TRUE(c.account_for_loss_in_pipeline_split);
   EXPECT_EQ(c.decoder_first_pipeline_num_layers, 6);
   EXPECT_FALSE(c.overlap_p2p_communication);
+  EXPECT_EQ(c.pipeline_model_parallel_layout, "Et*3|(tt|)*2,tL");
   const std::string printed = format_config(c);
   EXPECT_TRUE(pp_has(printed, "\noverlap_p2p_communication = false\n")) << printed;
   EXPECT_FALSE(pp_has(printed, "no_overlap")) << printed;  // the negated spelling is not a second setting
@@ -184,6 +213,7 @@ TEST(PipelineConfig, KeysReadFromTomlAndPrintOnce) {
   EXPECT_FALSE(o.account_for_embedding);
   EXPECT_EQ(o.first_stage_layers, 6);
   EXPECT_EQ(o.last_stage_layers, 0);
+  EXPECT_EQ(o.layout, "Et*3|(tt|)*2,tL");
   for (auto& k : config_keys(back)) {
     if (k.name != "no-overlap-p2p-communication") continue;
     EXPECT_TRUE(k.is_flag);
