@@ -34,4 +34,14 @@ configs=(
   "8b-nvfp4-pp4-selective|4|$big $nvfp4 --recompute selective --pipeline-model-parallel-size 4"
   "8b-nvfp4-fsdp4|4|$big $nvfp4 --recompute selective $fsdp"
 )
+# The interleaved schedule's imbalance and what a layout does about it, on two GPUs: PP2 VP4 (8 stages of 4 layers)
+# leaves the LM head and loss (about two layers' GEMM work at the 8B's shape) on the last stage; the layout moves one
+# layer from it to the first (rank 0 then holds 17 layers, rank 1 15 and the head). Every slot of a rank's
+# activations is sized for its largest chunk, so the 5-layer chunk costs memory (the estimate says how much).
+pp2vp4="--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 4"
+layout="--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout Ettttt|tttt|tttt|tttt|tttt|tttt|tttt|tttL"
+configs+=(
+  "8b-bf16-pp2vp4-profile|2|$big --recompute selective $pp2vp4 --profile"
+  "8b-bf16-pp2vp4-layout-profile|2|$big --recompute selective $layout --profile"
+)
 run_configs "${configs[@]}"

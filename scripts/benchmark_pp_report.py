@@ -112,6 +112,37 @@ def quantized_section(out, names, rows, device, commit):
         + TABLE + "\n".join(four) + "\n\n" + "".join(b for b in (measured_bubble(out, n) for n in profiled) if b))
 
 
+def stage_peaks(out, name):
+    """"- NAME: peak memory by stage ..." from the run's summary rows "peak memory, stage N (GiB)" ('' if none)."""
+    peaks = re.findall(r"^\| peak memory, stage (\d+) \(GiB\)\s*\|\s*([\d.]+)", read(out, f"{name}.log"), re.M)
+    if not peaks:
+        return ""
+    return f"- {name}: peak memory by stage " + ", ".join(f"{p} GiB (stage {r})" for r, p in peaks) + "\n"
+
+
+def layout_section(out, names, rows, stats, device, commit):
+    """The 8B at PP2 VP4 with the even split and with a --pipeline-model-parallel-layout that moves one layer from
+    the LM head's stage to the first: the measured bubble of each, every stage's peak memory, the ratio."""
+    pair = [n for n in names if "-pp2vp4" in n]
+    even = next((n for n in pair if "-layout" not in n), None)
+    ratios = [f"- {n}: {stats[n] / stats[even]:.3f}x the even split's tokens/s/GPU\n"
+              for n in pair if n != even and even and stats.get(n) and stats.get(even)]
+    return (
+        "## Pipeline parallelism: a layout against the interleaved schedule's imbalance, the 8B at PP2 VP4 on two "
+        "GPUs (same run)\n\n"
+        f"`scripts/benchmark_pp.sh` on {device}s (commit {commit}), profiled (`--profile`; the roofline is the first "
+        "stage's): sequence 8192, micro-batch 1, global batch 32, selective recompute, interleaved 1F1B with 4 chunks "
+        "per rank (bubble 1 / (4 x 32) = 0.8% by formula). The even split leaves the LM head and loss, about two "
+        "layers' GEMM work, on the last stage; `--pipeline-model-parallel-layout "
+        "Ettttt|tttt|tttt|tttt|tttt|tttt|tttt|tttL` moves one layer from it to the first (rank 0 holds 17 layers, "
+        "rank 1 15 and the head). Under interleaving `--decoder-first-pipeline-num-layers` moves layers only in "
+        "multiples of V. Each slot of a rank's activations is sized for its largest chunk, so the 5-layer chunk raises "
+        "the first stage's memory.\n\n"
+        + TABLE + "\n".join(r for n, r in zip(names, rows) if n in pair) + "\n\n"
+        + "".join(b for b in (measured_bubble(out, n) for n in pair) if b)
+        + "".join(stage_peaks(out, n) for n in pair) + "".join(ratios))
+
+
 def run_names(out):
     """The configurations in OUT's runs.txt, in order; one run twice into one folder (runs.txt appends) is one row."""
     return list(dict.fromkeys(line.split(":")[0] for line in read(out, "runs.txt").splitlines() if line.strip()))
@@ -165,6 +196,9 @@ def main():
         stats[name] = tokens(s)
         device = s.get("device", device)
     commit = read(out, "commit.txt").strip() or "unknown"
+    if any("-pp2vp4" in n for n in names):
+        write_report([(layout_section(out, names, rows, stats, device, commit), True)], merge, out, commit)
+        return
     if any(n.startswith("70b-lora") for n in names):
         write_report(lora_sections(out, names, rows, device, commit), merge, out, commit)
         return

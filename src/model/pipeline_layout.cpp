@@ -20,8 +20,7 @@ Status read_count(const std::string& layout, const std::string& text, size_t at,
   int64_t v = 0;
   while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end])) && v <= kMaxUnrolled)
     v = v * 10 + (text[end++] - '0');
-  if (end == at + 1)
-    return errorf("%s \"%s\": '*' must be followed by a count, as \"t*3\"", kFlag, layout.c_str());
+  if (end == at + 1) return errorf("%s \"%s\": '*' must be followed by a count, as \"t*3\"", kFlag, layout.c_str());
   if (v < 1 || v > kMaxUnrolled)
     return errorf("%s \"%s\": a repeat's count must be from 1 to %lld; got %s", kFlag, layout.c_str(),
                   (long long)kMaxUnrolled, text.substr(at + 1, end - at - 1).c_str());
@@ -32,8 +31,8 @@ Status read_count(const std::string& layout, const std::string& text, size_t at,
 
 Status append_repeated(const std::string& layout, const std::string& part, int64_t n, std::string* out) {
   if (int64_t(out->size()) + int64_t(part.size()) * n > kMaxUnrolled)
-    return errorf("%s \"%s\" unrolls to more than %lld letters; no model has that many layers", kFlag,
-                  layout.c_str(), (long long)kMaxUnrolled);
+    return errorf("%s \"%s\" unrolls to more than %lld letters; no model has that many layers", kFlag, layout.c_str(),
+                  (long long)kMaxUnrolled);
   for (int64_t i = 0; i < n; ++i) *out += part;
   return Status::ok();
 }
@@ -41,19 +40,16 @@ Status append_repeated(const std::string& layout, const std::string& part, int64
 // "(ab|)*2" -> "ab|ab|" (Megatron's first substitution; groups do not nest).
 Status unroll_groups(const std::string& layout, const std::string& text, std::string* out) {
   for (size_t i = 0; i < text.size();) {
-    if (text[i] == ')')
-      return errorf("%s \"%s\": ')' without its '('", kFlag, layout.c_str());
+    if (text[i] == ')') return errorf("%s \"%s\": ')' without its '('", kFlag, layout.c_str());
     if (text[i] != '(') {
       *out += text[i++];
       continue;
     }
     const size_t close = text.find(')', i + 1);
-    if (close == std::string::npos)
-      return errorf("%s \"%s\": '(' without its ')'", kFlag, layout.c_str());
+    if (close == std::string::npos) return errorf("%s \"%s\": '(' without its ')'", kFlag, layout.c_str());
     const std::string group = text.substr(i + 1, close - i - 1);
     if (group.find('(') != std::string::npos)
-      return errorf("%s \"%s\": groups do not nest (as in Megatron); write the inner group out", kFlag,
-                    layout.c_str());
+      return errorf("%s \"%s\": groups do not nest (as in Megatron); write the inner group out", kFlag, layout.c_str());
     if (group.empty()) return errorf("%s \"%s\": an empty group \"()\"", kFlag, layout.c_str());
     int64_t n = 0;
     NB_TRY(read_count(layout, text, close + 1, &n, &i));
@@ -82,24 +78,21 @@ Status unroll_letters(const std::string& layout, const std::string& text, std::s
 
 Status count_stage_letter(const std::string& layout, char ch, bool at_stage_start, LayoutStage* stage) {
   switch (ch) {
-    case 't':
-      ++stage->decoder_layers;
-      return Status::ok();
+    case 't': ++stage->decoder_layers; return Status::ok();
     case 'E':
       if (!at_stage_start)
         return errorf("%s \"%s\": the embedding 'E' must open the first stage", kFlag, layout.c_str());
       stage->embedding = true;
       return Status::ok();
-    case 'L':
-      stage->loss = true;
-      return Status::ok();
+    case 'L': stage->loss = true; return Status::ok();
     case 'm':
       return errorf("%s \"%s\": 'm' is a multi-token-prediction layer, which nibble's Llama models do not have", kFlag,
                     layout.c_str());
     default:
-      return errorf("%s \"%s\": '%c' names no layer; use 'E' (embedding), 't' (decoder layer), 'L' (loss) and '|' "
-                    "between stages",
-                    kFlag, layout.c_str(), ch);
+      return errorf(
+          "%s \"%s\": '%c' names no layer; use 'E' (embedding), 't' (decoder layer), 'L' (loss) and '|' "
+          "between stages",
+          kFlag, layout.c_str(), ch);
   }
 }
 
@@ -132,8 +125,7 @@ Status parse_pipeline_layout(const std::string& layout, std::vector<LayoutStage>
       at_stage_start = true;
       continue;
     }
-    if (stages->back().loss)
-      return errorf("%s \"%s\": the loss 'L' must close the last stage", kFlag, layout.c_str());
+    if (stages->back().loss) return errorf("%s \"%s\": the loss 'L' must close the last stage", kFlag, layout.c_str());
     NB_TRY(count_stage_letter(layout, ch, at_stage_start && stages->size() == 1, &stages->back()));
     at_stage_start = false;
   }

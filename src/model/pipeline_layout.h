@@ -15,8 +15,8 @@ namespace nb::pp {
 
 struct LayoutStage {
   int64_t decoder_layers = 0;
-  bool embedding = false;   // 'E' opens this stage
-  bool loss = false;        // 'L' closes this stage
+  bool embedding = false;  // 'E' opens this stage
+  bool loss = false;       // 'L' closes this stage
 };
 
 // The stages of `layout` in virtual-stage order. Refused in one sentence naming the flag and what is wrong: a

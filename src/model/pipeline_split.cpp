@@ -126,9 +126,10 @@ Status layout_stage_counts(int64_t layers, const SplitOptions& o, std::vector<in
   NB_TRY(parse_pipeline_layout(o.layout, &stages));
   const int64_t want = int64_t(o.pipeline) * o.virtual_stages;
   if (int64_t(stages.size()) != want)
-    return errorf("--pipeline-model-parallel-layout \"%s\" has %zu stages, but %d pipeline ranks x %d virtual stages "
-                  "need %lld",
-                  o.layout.c_str(), stages.size(), o.pipeline, o.virtual_stages, (long long)want);
+    return errorf(
+        "--pipeline-model-parallel-layout \"%s\" has %zu stages, but %d pipeline ranks x %d virtual stages "
+        "need %lld",
+        o.layout.c_str(), stages.size(), o.pipeline, o.virtual_stages, (long long)want);
   counts->clear();
   int64_t placed = 0;
   for (const LayoutStage& s : stages) {

@@ -113,15 +113,14 @@ Status TrainConfig::pipeline_virtual_stages(int64_t decoder_layers, int* virtual
       return errorf(
           "--pipeline-model-parallel-layout sets the virtual stages (its stages over --pipeline-model-parallel-size); "
           "leave out --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank");
-    return pp::layout_virtual_stages(pipeline_model_parallel_layout, int(pipeline_model_parallel_size),
-                                     virtual_stages);
+    return pp::layout_virtual_stages(pipeline_model_parallel_layout, int(pipeline_model_parallel_size), virtual_stages);
   }
   if (num_layers_per_virtual_pipeline_stage > 0 && uneven)
     return errorf(
         "with --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers give the virtual stages as "
         "--num-virtual-stages-per-pipeline-rank instead of --num-layers-per-virtual-pipeline-stage");
-  const int64_t counted = decoder_layers + int64_t(account_for_embedding_in_pipeline_split) +
-                          int64_t(account_for_loss_in_pipeline_split);
+  const int64_t counted =
+      decoder_layers + int64_t(account_for_embedding_in_pipeline_split) + int64_t(account_for_loss_in_pipeline_split);
   return pp::resolve_virtual_stages(counted, int(pipeline_model_parallel_size), num_layers_per_virtual_pipeline_stage,
                                     num_virtual_stages_per_pipeline_rank, virtual_stages);
 }

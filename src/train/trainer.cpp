@@ -414,6 +414,7 @@ Status Trainer::train_loop(TrainSummary* summary) {
   NB_TRY(write_lora_adapter());
   fill_summary(m, timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms,
                timed_steps ? optimizer_sum_ms / double(timed_steps) : m.optimizer_ms, summary);
+  NB_TRY(gather_stage_peaks(summary));
   report(*summary);
   if (logging_rank()) report_memory();
   return Status::ok();
@@ -453,6 +454,8 @@ void Trainer::report(const TrainSummary& s) const {
   std::printf("| %-34s | %22.1f |\n", "model TFLOP/s/GPU", s.tflops);
   if (peak_tflops_ > 0) std::printf("| %-34s | %21.1f%% |\n", "MFU", 100.0 * s.mfu);
   std::printf("| %-34s | %22.2f |\n", "peak memory (GiB)", s.peak_mem_gib);
+  for (size_t r = 0; r < s.stage_peak_mem_gib.size(); ++r)
+    std::printf("| %-34s | %22.2f |\n", strprintf("peak memory, stage %zu (GiB)", r).c_str(), s.stage_peak_mem_gib[r]);
   // nibble's own allocations at their most over the whole run, the final evaluation and save included.
   std::printf("| %-34s | %22.2f |\n", "allocator peak (GiB)", gib(double(ledger_snapshot(dev_).total.peak)));
   std::printf("| %-34s | %22.1f |\n", "optimizer update (ms, mean)", s.optimizer_ms);

@@ -40,7 +40,8 @@ struct TrainSummary {
   int64_t start_iteration = 0, end_iteration = 0;  // resumed from / stopped at
   double first_loss = 0, final_loss = 0, final_val_loss = -1;
   double mean_step_ms = 0, tokens_per_s = 0, tflops = 0, mfu = 0, peak_mem_gib = 0;
-  double optimizer_ms = 0;  // mean AdamW update time on the compute stream after step 1
+  std::vector<double> stage_peak_mem_gib;  // under pipeline parallelism: each stage's peak (its first rank's)
+  double optimizer_ms = 0;                 // mean AdamW update time on the compute stream after step 1
   int64_t saves = 0;
   double save_stall_ms_max = 0, save_write_s_max = 0, checkpoint_gib = 0;  // async save figures
   std::string device, stopped_by;  // stopped_by: "", "exit-interval" or "SIGTERM"
@@ -217,6 +218,7 @@ class Trainer {
   Status check_pipeline_job() const;
   void print_pipeline_plan() const;
   Status reduce_over_pipeline(double* values, int n);  // sums host scalars over the stages
+  Status gather_stage_peaks(TrainSummary* summary);    // every stage's peak memory, for rank 0's summary
   Status gather_pipeline(const float* local, float* whole);
   // FP8 delayed scaling under pipeline parallelism (trainer_pp_scaling.cpp): every stage's Linears' scaling state in
   // the whole model's order, into pipeline_scaling_ (which trainer_state() saves), over pp_comm_.

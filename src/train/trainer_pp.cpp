@@ -90,6 +90,17 @@ Status Trainer::reduce_over_pipeline(double* values, int n) {
   return pp_comm_->all_reduce_host(values, n, dist::ReduceOp::sum);
 }
 
+// Each stage holds other layers and other passes in flight (the first the most), so one rank's peak is not the job's:
+// every stage's goes into the summary. Called on every rank.
+Status Trainer::gather_stage_peaks(TrainSummary* summary) {
+  if (!pp_comm_) return Status::ok();
+  std::vector<double> peaks(size_t(pp_size()), 0.0);
+  peaks[size_t(layout_.pp)] = summary->peak_mem_gib;
+  NB_TRY(reduce_over_pipeline(peaks.data(), pp_size()));
+  summary->stage_peak_mem_gib = std::move(peaks);
+  return Status::ok();
+}
+
 // Under both tensor and pipeline parallelism each stage's tensor-parallel ranks gather its whole arrays on their
 // rank 0 first; those ranks then gather the stages'.
 Status Trainer::gather_whole(const float* local, float* whole) {
