@@ -183,6 +183,9 @@ FINDINGS = [
      [(1, "mor_fp8", "bf16")], 0.5, -1),
     ("MoR's NVFP4 ladder closes at least half of NVFP4's gap: ladder's gap minus half of NVFP4's, to BF16",
      "issue 46's goal", [(1, "mor_nvfp4", "bf16"), (-0.5, "nvfp4", "bf16")], 0.0, -1),
+    # Added with the block rule's runs, after their validation losses were seen: the tensor rule's bound, by analogy.
+    ("MoR's block rule (E4M3 or BF16 per 128x128 block) is within 0.5% of BF16",
+     "MoR paper (sub-tensor MoR); " + BOUND_8BIT.split("; ")[1], [(1, "mor_fp8_block", "bf16")], 0.5, -1),
 ]
 
 
