@@ -26,7 +26,7 @@ size_t emulated_need(int64_t tokens, int64_t in, int64_t out, bool keep, bool fr
 Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                       const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
                                       LinearMemory* out, int sp_ranks, const std::vector<pp::LayerRange>* stage_chunks,
-                                      int64_t input_slots) {
+                                      const std::vector<int64_t>& chunk_input_slots) {
   *out = LinearMemory{};
   if (!recipe.quantized()) return Status::ok();
   recipe::LinearWorkspace ws(dev);  // registers the needs only; never allocated here
@@ -37,12 +37,17 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
   int64_t mor_linears = 0;
   size_t scratch = 0;
   bool any_quantized = false;
-  const auto held = [stage_chunks](int64_t l) {
-    return !stage_chunks || std::any_of(stage_chunks->begin(), stage_chunks->end(),
-                                        [l](const pp::LayerRange& c) { return l >= c.begin && l < c.end; });
+  // The chunk of the stage holding layer l (-1: another stage's; 0: every layer without a stage).
+  const auto chunk_of = [stage_chunks](int64_t l) {
+    if (!stage_chunks) return 0;
+    for (size_t c = 0; c < stage_chunks->size(); ++c)
+      if (l >= (*stage_chunks)[c].begin && l < (*stage_chunks)[c].end) return int(c);
+    return -1;
   };
   for (const LinearSpec& sp : linear_specs(cfg, recipe, rc)) {
-    if (!held(sp.layer)) continue;  // another pipeline stage's (as build_linears)
+    const int chunk = chunk_of(sp.layer);
+    if (chunk < 0) continue;  // another pipeline stage's (as build_linears)
+    const int64_t input_slots = size_t(chunk) < chunk_input_slots.size() ? chunk_input_slots[size_t(chunk)] : 1;
     size_t owned = 0, weight = 0;
     NB_TRY(recipe::Linear::plan_bytes(recipe, sp.bf16_layer, shape.tokens(), sp.in, sp.out, dev, &ws, frozen,
                                       sp.input_col_slot, &owned, &weight, int(input_slots)));

@@ -218,7 +218,8 @@ Status LlamaModel::build_linears() {
                     linear_workspace_, /*frozen=*/lora_enabled_, sp.input_col_slot));
     // Pipeline parallelism: the micro-batches between their forward and their backward each keep their own
     // quantized inputs (the passes pick theirs: use_input_slot).
-    if (const int64_t n = pipeline ? pipeline_input_slots(recipe_, recompute_, lora_enabled_, pipeline->slots) : 1;
+    if (const int64_t n =
+            pipeline ? pipeline_input_slots(recipe_, recompute_, lora_enabled_, stage_slots_for_layer(l)) : 1;
         n > 1)
       NB_TRY(lin.set_input_slots(int(n)));
     // Context and tensor parallelism: activations, gradients and weights scaled as one GPU's. Column-parallel
@@ -317,6 +318,11 @@ Status LlamaModel::init_parts(uint64_t seed) {
       if (holds_layer(l)) first = std::min(first, l), last = l;
     qb = first <= last ? first : qb;
     qe = first <= last ? last + 1 : qb;
+  }
+  // The stage's activation plan and each chunk's most passes in flight (its Linears' input slots, build_linears).
+  if (pipeline) {
+    stage_acts_ = stage_activations();
+    chunk_in_flight_ = chunk_in_flight(int(pipeline->chunks.size()), pipeline->order);
   }
   // Every allocation below is recorded under its part of the memory estimate (core/memory_ledger.h).
   NB_TRY(allocate_stores(qb, &qe));

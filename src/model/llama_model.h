@@ -57,10 +57,25 @@ class LlamaModel {
   // counts them: per in-flight pass, the largest of its chunks' residual streams and kept layer tensors (kept); one
   // scratch they all share, the largest chunk's (scratch). cfg: the rank's model (layer count unused); quantized: the
   // whole model's per-layer rule (llama::scratch_input_layers); the last stage's last chunk ends with the LM head.
-  struct StageActivations {
-    int64_t kept = 0, scratch = 0;
-    int64_t bytes(int64_t slots) const { return kept * slots + scratch; }
+  // One pass of a pipeline stage's schedule, in the order the schedule runs them (PipelineSchedule::pass_order).
+  struct PipelinePass {
+    int64_t micro = 0;
+    int chunk = 0;
+    bool forward = true;
   };
+  // Each pass in flight keeps its chunk's kept bytes in a slot of its own; the slots are sized by replaying the
+  // schedule's passes with take_slot's rule (the smallest free slot that holds the chunk, else a new one of the
+  // chunk's size: plan_slot_bytes), so a chunk larger than the others (a layout's, or the LM head's) costs only
+  // where its passes are in flight. scratch: the one scratch every pass shares, the largest chunk's.
+  struct StageActivations {
+    int64_t kept = 0, scratch = 0;    // kept: the largest chunk's bytes per pass
+    std::vector<int64_t> chunk_kept;  // each chunk's kept bytes per pass
+    int64_t bytes(const std::vector<PipelinePass>& order) const;
+  };
+  static std::vector<int64_t> plan_slot_bytes(const std::vector<int64_t>& chunk_kept,
+                                              const std::vector<PipelinePass>& order);
+  // Each chunk's most passes in flight under `order`: the input slots its quantized Linears keep.
+  static std::vector<int64_t> chunk_in_flight(int chunks, const std::vector<PipelinePass>& order);
   static StageActivations plan_stage_activations(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
                                                  Recompute rc, const std::vector<bool>& quantized, const LoraSpec* lora,
                                                  int sp, const std::vector<pp::LayerRange>& chunks, bool last_stage);
@@ -89,12 +104,13 @@ class LlamaModel {
     int64_t emulated_scratch = 0;  // the emulated MXFP8/NVFP4 GEMMs' BF16 scratch at its largest
   };
   // sp_ranks: the tensor-parallel size under sequence parallelism (the quantized input gathers' workspace).
-  // stage_chunks: a pipeline stage's layers (nullptr: every layer); input_slots: its Linears' input slots
-  // (pipeline_input_slots).
+  // stage_chunks: a pipeline stage's layers (nullptr: every layer); chunk_input_slots: the input slots of each
+  // chunk's Linears (pipeline_input_slots; empty: one).
   static Status plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                    const recipe::Recipe& recipe, bool frozen, bool master_only, bool sharded_weights,
                                    LinearMemory* out, int sp_ranks = 1,
-                                   const std::vector<pp::LayerRange>* stage_chunks = nullptr, int64_t input_slots = 1);
+                                   const std::vector<pp::LayerRange>* stage_chunks = nullptr,
+                                   const std::vector<int64_t>& chunk_input_slots = {});
   // How many micro-batches' quantized inputs each Linear of a pipeline stage keeps (recipe::Linear::
   // set_input_slots): the stage's passes in flight, unless full recompute remakes them right before each
   // backward or the Linears are frozen (LoRA: no Wgrad, nothing kept); 1 otherwise.
@@ -303,7 +319,8 @@ class LlamaModel {
   struct PipelineStage {
     std::vector<pp::LayerRange> chunks;  // in model order
     bool first = true, last = true;
-    int64_t slots = 1;
+    int64_t slots = 1;                // the most passes in flight (PipelineSchedule::max_in_flight)
+    std::vector<PipelinePass> order;  // the step's passes in order (PipelineSchedule::pass_order)
   };
   std::optional<PipelineStage> pipeline;
   bool holds_layer(int64_t l) const;
@@ -372,9 +389,17 @@ class LlamaModel {
     std::shared_ptr<Acts> acts;
     int64_t micro = -1;  // in flight: staged micro-batch and chunk (-1: free)
     int chunk = -1;
+    int64_t bytes = 0;       // its arena's size
+    int64_t input_slot = 0;  // in flight: the input slot its chunk's Linears use (chunk_inputs_)
   };
   std::vector<PipelineSlot> slots_;
-  Status take_slot(PipelineSlot** out);
+  Status take_slot(int chunk, PipelineSlot** out);
+  // The input slots each Linear of layer l keeps: its chunk's most passes in flight.
+  int64_t stage_slots_for_layer(int64_t l) const;
+  StageActivations stage_activations() const;    // this stage's, as plan_stage_activations sizes them
+  StageActivations stage_acts_;                  // set before the Linears are built (init_parts)
+  std::vector<int64_t> chunk_in_flight_;         // chunk_in_flight of the stage's order
+  std::vector<std::vector<bool>> chunk_inputs_;  // per chunk, which of its Linears' input slots a pass holds
   // The Linears of pass range r read and write input slot `slot` (a no-op with one slot per Linear).
   Status use_input_slot(const PassRange& r, int64_t slot);
   Arena pipeline_scratch_;  // the slots' shared scratch (llama::plan_acts)

@@ -126,6 +126,21 @@ void add_parameter_rows(const MemoryJob& j, MemoryEstimate* e) {
   e->rows.push_back({MemPart::params, bytes, how});
 }
 
+// A pipeline stage's activation plan, as LlamaModel::stage_activations makes it for this rank's chunks.
+LlamaModel::StageActivations stage_activations(const MemoryJob& j, const LlamaConfig& m, MicroBatchShape shape,
+                                               const std::vector<pp::LayerRange>& chunks) {
+  const LoraSpec* lora = j.lora ? &j.lora_spec : nullptr;
+  const int sp = j.sequence_parallel ? j.tensor_parallel : 1;
+  return LlamaModel::plan_stage_activations(m, j.dev, shape, j.recompute,
+                                            llama::scratch_input_layers(j.model, j.acts_plan, lora), lora, sp, chunks,
+                                            j.pipeline_rank == j.pipeline - 1);
+}
+
+// The step's passes on this rank, in the schedule's order.
+std::vector<LlamaModel::PipelinePass> stage_order(const MemoryJob& j) {
+  return PipelineSchedule::pass_order(j.pipeline, j.virtual_stages, std::max(0, j.pipeline_rank), j.accumulation());
+}
+
 // The Linears' copies, their workspace, the weight stage and the emulated GEMMs' scratch. An annealed run
 // releases the first recipe's Linears before the second's are made: the larger set counts.
 Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
@@ -142,12 +157,13 @@ Status add_linear_rows(const MemoryJob& j, MemoryEstimate* e) {
     chunks = pp::rank_chunks(j.pipeline_stages, std::max(0, j.pipeline_rank), j.pipeline);
   const std::vector<pp::LayerRange>* stage = chunks.empty() ? nullptr : &chunks;
   const LlamaConfig linears_of = stage ? tp::local_config(j.model, j.tensor_parallel) : m;
-  const int64_t in_flight = j.pipeline > 1
-                                ? PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages,
-                                                                  std::max(0, j.pipeline_rank), j.accumulation())
-                                : 1;
+  // Each chunk's quantized Linears keep an input slot per pass of it in flight (LlamaModel::stage_slots_for_layer).
+  const std::vector<int64_t> in_flight =
+      stage ? LlamaModel::chunk_in_flight(int(chunks.size()), stage_order(j)) : std::vector<int64_t>{};
   const auto slots = [&](const recipe::Recipe& r) {
-    return LlamaModel::pipeline_input_slots(r, j.recompute, j.lora, in_flight);
+    std::vector<int64_t> n;
+    for (const int64_t f : in_flight) n.push_back(LlamaModel::pipeline_input_slots(r, j.recompute, j.lora, f));
+    return n;
   };
   NB_TRY(LlamaModel::plan_linear_memory(linears_of, j.dev, shape, j.recompute, j.recipe, j.lora, master_only, sharded,
                                         &lm, sp_ranks, stage, slots(j.recipe)));
@@ -268,10 +284,7 @@ int64_t activation_bytes(const MemoryJob& j, const LlamaConfig& m, MicroBatchSha
   if (j.pipeline == 1) return LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora, sp);
   std::vector<pp::LayerRange> chunks = pp::rank_chunks(j.pipeline_stages, j.pipeline_rank, j.pipeline);
   if (chunks.empty()) chunks = {{0, m.layers}};  // no split given: an even share of the first layers
-  return LlamaModel::plan_stage_activations(m, j.dev, shape, j.recompute,
-                                            llama::scratch_input_layers(j.model, j.acts_plan, lora), lora, sp, chunks,
-                                            j.pipeline_rank == j.pipeline - 1)
-      .bytes(PipelineSchedule::max_in_flight(j.pipeline, j.virtual_stages, j.pipeline_rank, j.accumulation()));
+  return stage_activations(j, m, shape, chunks).bytes(stage_order(j));
 }
 
 }  // namespace

@@ -45,14 +45,30 @@ Status PipelineSchedule::init(dist::Communicator* comm, LlamaModel* model, int v
   return compute_done_.create(dev_);
 }
 
+std::vector<LlamaModel::PipelinePass> PipelineSchedule::pass_order(int P, int V, int rank, int64_t M) {
+  const int64_t total = M * V, warmup = warmup_passes(P, V, rank, M);
+  std::vector<LlamaModel::PipelinePass> order;
+  const auto pass = [&](int64_t k, bool forward) {
+    order.push_back({k / (int64_t(P) * V) * P + k % P, chunk_of_pass(P, V, k, forward), forward});
+  };
+  for (int64_t k = 0; k < warmup; ++k) pass(k, true);
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    pass(warmup + k, true);
+    pass(k, false);
+  }
+  for (int64_t k = total - warmup; k < total; ++k) pass(k, false);
+  return order;
+}
+
 // Megatron's numbering of passes: groups of P micro-batches, each group through every chunk in turn; backward
 // passes take the chunks in reverse.
-int PipelineSchedule::chunk_of(int64_t k, bool forward) const {
-  const int64_t group = int64_t(P_) * V_;
-  const int c = int((k % group + group) % group / P_);  // Python's modulo: the steady state asks about k < 0
-  return forward ? c : V_ - 1 - c;
+int PipelineSchedule::chunk_of_pass(int P, int V, int64_t k, bool forward) {
+  const int64_t group = int64_t(P) * V;
+  const int c = int((k % group + group) % group / P);  // Python's modulo: the steady state asks about k < 0
+  return forward ? c : V - 1 - c;
 }
-int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }
+int PipelineSchedule::chunk_of(int64_t k, bool forward) const { return chunk_of_pass(P_, V_, k, forward); }
+int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }  // as pass_order
 
 // The oldest pending send's buffer (or one with none) is the likeliest to be free already on the message stream.
 Status PipelineSchedule::take_buffer(Message* out) {

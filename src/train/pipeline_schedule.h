@@ -43,6 +43,12 @@ class PipelineSchedule {
   static int64_t max_in_flight(int pipeline, int virtual_stages, int rank, int64_t micro_batches);
   // Warm-up passes of `rank` (Megatron's counts; the whole step when they exceed it).
   static int64_t warmup_passes(int pipeline, int virtual_stages, int rank, int64_t micro_batches);
+  // The step's passes on `rank` in the order the schedule runs them: warm-up forwards, then a forward and a backward
+  // in turn, then the cool-down backwards (LlamaModel sizes its slots by replaying them).
+  static std::vector<LlamaModel::PipelinePass> pass_order(int pipeline, int virtual_stages, int rank,
+                                                          int64_t micro_batches);
+  // Pass k's chunk (Megatron's numbering: groups of P micro-batches through every chunk; backwards in reverse).
+  static int chunk_of_pass(int pipeline, int virtual_stages, int64_t k, bool forward);
 
  private:
   struct Sends {  // the tensors a pass leaves to send (empty: nothing)

@@ -85,7 +85,8 @@ TEST(PipelineParallelCpuLayouts, ReproduceOneRankInBf16) {
 // layers' Linears; measured: identical digits). Both ways a Linear keeps its quantized input until the backward
 // under pipeline parallelism: with full recompute (P2: the forward runs again right before the backward, into a
 // shared slot) and without it (P4 V2: up to eight passes in flight on rank 0, each with its own input slot,
-// recipe::Linear::set_input_slots).
+// recipe::Linear::set_input_slots); and at P2 V2 under a layout of unequal chunks, whose slots differ in size and
+// whose Linears keep only their own chunk's most passes in flight.
 TEST(PipelineParallelCpuQuantized, Nvfp4AndItsAnnealToBf16EqualOneRank) {
   const std::string dir = test::temp_folder("pp_train_nvfp4");
   const std::string job =
@@ -95,7 +96,8 @@ TEST(PipelineParallelCpuQuantized, Nvfp4AndItsAnnealToBf16EqualOneRank) {
   ASSERT_EQ(a.size(), 4u);
   for (const std::string layout :
        {"--nproc-per-node 2 --pipeline-model-parallel-size 2 --recompute full",
-        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2"}) {
+        "--nproc-per-node 4 --pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2",
+        "--nproc-per-node 2 --pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Etttt|ttt||tL'"}) {
     SCOPED_TRACE(layout);
     const auto b = pp_run(job + layout, dir + "/pp", kPpBase);
     ASSERT_EQ(b.size(), 4u);

@@ -8,6 +8,7 @@
 #include <string>
 #include "common/nibble_binary.h"
 #include "model/llama_config.h"
+#include "train/pipeline_schedule.h"
 #include "train/train_config.h"
 
 using namespace nb;
@@ -238,4 +239,61 @@ TEST(PipelineConfig, BareNoOverlapFlagTurnsTheOverlapOff) {
     if (line.rfind("overlap_p2p_communication = ", 0) == 0) found = line;
   EXPECT_EQ(found, "overlap_p2p_communication = false");
   std::filesystem::remove_all(dir);
+}
+
+// The schedule's order of passes (Megatron's 1F1B and interleaved numbering), written out by hand for small cases.
+TEST(PipelineSlots, PassOrderFollowsTheSchedules) {
+  using Pass = LlamaModel::PipelinePass;
+  const auto same = [](const std::vector<Pass>& a, const std::vector<Pass>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].micro != b[i].micro || a[i].chunk != b[i].chunk || a[i].forward != b[i].forward) return false;
+    return true;
+  };
+  // 1F1B, P 2, M 3, rank 0: one warm-up forward, then F1 B0, F2 B1, then B2.
+  EXPECT_TRUE(same(PipelineSchedule::pass_order(2, 1, 0, 3),
+                   {{0, 0, true}, {1, 0, true}, {0, 0, false}, {2, 0, true}, {1, 0, false}, {2, 0, false}}));
+  // Interleaved, P 2, V 2, M 2, rank 1: warm-up (2-1-1) x 2 + (2-1) x 2 = 2 forwards (micro-batches 0, 1 of chunk 0),
+  // then forwards of chunk 1 beside backwards of chunk 1 (backwards take the chunks in reverse), then chunk 0's.
+  EXPECT_TRUE(same(PipelineSchedule::pass_order(2, 2, 1, 2), {{0, 0, true},
+                                                              {1, 0, true},
+                                                              {0, 1, true},
+                                                              {0, 1, false},
+                                                              {1, 1, true},
+                                                              {1, 1, false},
+                                                              {0, 0, false},
+                                                              {1, 0, false}}));
+}
+
+// Slots sized by replaying the passes: equal chunks need the most passes in flight, each of the chunk's size (what
+// one shared size gave before); a larger chunk costs only where its passes are in flight; the plan never holds more
+// than the most passes in flight each in a slot of the largest chunk's size.
+TEST(PipelineSlots, SlotsAreSizedByReplayingThePasses) {
+  for (const auto& [P, V, M] : std::vector<std::tuple<int, int, int64_t>>{{2, 1, 8}, {4, 1, 8}, {4, 2, 8}, {4, 20, 32}})
+    for (int rank = 0; rank < P; ++rank) {
+      const auto order = PipelineSchedule::pass_order(P, V, rank, M);
+      const int64_t in_flight = PipelineSchedule::max_in_flight(P, V, rank, M);
+      EXPECT_EQ(LlamaModel::plan_slot_bytes(std::vector<int64_t>(size_t(V), 1000), order),
+                std::vector<int64_t>(size_t(in_flight), 1000))
+          << P << " " << V << " " << rank;
+      std::vector<int64_t> kept(size_t(V), 1000);
+      kept[0] = 2000;  // a layout's two-layer first chunk
+      int64_t sum = 0;
+      for (const int64_t b : LlamaModel::plan_slot_bytes(kept, order)) sum += b;
+      EXPECT_LE(sum, 2000 * in_flight);
+      EXPECT_GE(sum, 1000 * in_flight);
+      const std::vector<int64_t> per_chunk = LlamaModel::chunk_in_flight(V, order);
+      EXPECT_LE(*std::max_element(per_chunk.begin(), per_chunk.end()), in_flight);
+      if (V == 1) EXPECT_EQ(per_chunk[0], in_flight);
+    }
+  // NeMo's 70B at PP4 VP20, rank 0 (83 passes in flight, 8 of chunks 0-9 and 4 of chunks 10-19 at most): with chunk
+  // 0 twice the others, 92 one-layer slots' worth rather than 166.
+  std::vector<int64_t> kept(20, 1);
+  kept[0] = 2;
+  int64_t sum = 0;
+  for (const int64_t b : LlamaModel::plan_slot_bytes(kept, PipelineSchedule::pass_order(4, 20, 0, 32))) sum += b;
+  EXPECT_EQ(sum, 92);
+  const std::vector<int64_t> per_chunk = LlamaModel::chunk_in_flight(20, PipelineSchedule::pass_order(4, 20, 0, 32));
+  EXPECT_EQ(per_chunk[0], 8);
+  EXPECT_EQ(per_chunk[19], 4);
 }
