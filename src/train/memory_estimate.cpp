@@ -355,16 +355,19 @@ Status estimate_memory(const MemoryJob& j, MemoryEstimate* e) {
     e->pipeline_rank = j.pipeline > 1 ? j.pipeline_rank : -1;
     return Status::ok();
   }
+  std::vector<double> totals;
   for (int r = 0; r < j.pipeline; ++r) {
     MemoryJob stage = j;
     stage.pipeline_rank = r;
     MemoryEstimate mine;
     NB_TRY(estimate_stage(stage, &mine));
+    totals.push_back(mine.device());
     if (r == 0 || mine.device() > e->device()) {
       *e = std::move(mine);
       e->pipeline_rank = r;
     }
   }
+  e->stage_totals = std::move(totals);
   return Status::ok();
 }
 
@@ -383,6 +386,12 @@ std::string format_memory_table(const MemoryEstimate& e, double free_bytes) {
   if (free_bytes > 0)
     s += strprintf(" of %.2f GiB free: %s", gib(free_bytes), e.device() <= free_bytes ? "fits" : "does NOT fit");
   s += "\n";
+  if (e.stage_totals.size() > 1) {  // the first stage holds the most passes in flight, the last the LM head
+    s += "  total by pipeline stage:";
+    for (size_t r = 0; r < e.stage_totals.size(); ++r)
+      s += strprintf("%s rank %zu %.2f GiB", r ? "," : "", r, gib(e.stage_totals[r]));
+    s += "\n";
+  }
   if (e.host > 0)
     s += strprintf("  host memory on one machine: %.2f GiB (offloaded state, checkpoint copies)\n", gib(e.host));
   return s;

@@ -447,6 +447,13 @@ TEST(MemoryEstimatePipeline, EachStageHoldsItsOwnLayersAndTheLargestIsTheJobs) {
   EXPECT_GT(first.part(MemPart::activations), last.part(MemPart::activations));
   EXPECT_EQ(job.pipeline_rank, first.device() >= last.device() ? 0 : 1);
   EXPECT_DOUBLE_EQ(job.device(), std::max(first.device(), last.device()));
+  // Every stage's total, printed under the table (the estimate per stage).
+  EXPECT_EQ(job.stage_totals, (std::vector<double>{first.device(), last.device()}));
+  const std::string table = format_memory_table(job, 0);
+  EXPECT_NE(table.find(strprintf("  total by pipeline stage: rank 0 %.2f GiB, rank 1 %.2f GiB\n",
+                                 first.device() / 1073741824.0, last.device() / 1073741824.0)),
+            std::string::npos)
+      << table;
   // 17 + 15 layers: the first stage one layer's worth more.
   o.first_stage_layers = 17;
   ASSERT_TRUE(pp::split_layers(j.model.layers, o, &r0.pipeline_stages).is_ok());
