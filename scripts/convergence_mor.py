@@ -2,7 +2,9 @@
 """Mixture of Representations in the numerics study (docs/MOR.md): the share of GEMM operands in each format over
 training (the training lines' mor_* fields) and where the fallbacks from the top rung land, by Linear, operand,
 layer and decision step (the per-Linear `mor_linear` records of every 100th step that scripts/convergence.sh keeps).
-A record's format is the one its decision chose for the steps that follow it."""
+A record's format is the one its decision chose for the steps that follow it. The block rule (mor_fp8_block) decides
+each 128x128 block inside its quantization: its records count the blocks per format, and its section counts blocks.
+"""
 import os
 import statistics
 
@@ -129,4 +131,77 @@ def mor_section(runs):
         lines += fallback_table("layer", layers, rungs) + [""]
         steps = fallback_counts(records, lambda r, role: r["iteration"])
         lines += fallback_table("decision at step", steps, rungs)
+    return lines
+
+
+BLOCK_FORMATS = ("e4m3", "e5m2", "bf16")
+BLOCK_NAMES = {"e4m3": "E4M3", "e5m2": "E5M2", "bf16": "BF16"}
+
+
+def block_counts(records, key):
+    """{key(record, role): {format: blocks}} over the block rule's records (each role's blocks per format)."""
+    out = {}
+    for r in records:
+        for role in ROLES:
+            if role in r and r[role].get("format") == "blocks":
+                c = out.setdefault(key(r, role), dict.fromkeys(BLOCK_FORMATS, 0))
+                for f in BLOCK_FORMATS:
+                    c[f] += r[role].get(f"{f}_blocks", 0)
+    return out
+
+
+def block_table(title, counts):
+    rows = [f"| {title} | blocks | " + " | ".join(BLOCK_NAMES[f] for f in BLOCK_FORMATS) + " |",
+            "|---|---:|" + "---:|" * len(BLOCK_FORMATS)]
+    for key, c in sorted(counts.items()):
+        n = sum(c.values())
+        cells = [pct(c[f], n) for f in BLOCK_FORMATS]
+        if c["e4m3"] == n:
+            cells[0] = f"**{cells[0]}**"
+        rows.append(f"| {key} | {n:,} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def block_share_plot(runs, root):
+    """The block rule's blocks that stayed BF16 (and any E5M2), as a share of every operand's blocks over training,
+    mean over seeds: the E4M3 share is the rest, near 100%, so the fallbacks are what the chart shows."""
+    seeds = runs.get("mor_fp8_block", {})
+    if not seeds:
+        return []
+    k = tokens_per_step(next(iter(seeds.values()))) / 1e6
+    steps = [it for it in sorted(set.intersection(*(set(r["train"]) for r in seeds.values())))
+             if all("mor_fp8_blocks" in r["train"][it] for r in seeds.values())]
+    shares = {"BF16": lambda row: 1.0 - row["mor_fp8_blocks"] - row.get("mor_e5m2_blocks", 0.0),
+              "E5M2": lambda row: row.get("mor_e5m2_blocks", 0.0)}
+    series = []
+    for i, (name, share) in enumerate(shares.items()):
+        pts = [(it * k, 100 * statistics.fmean(share(r["train"][it]) for r in seeds.values())) for it in steps]
+        if name == "BF16" or any(v > 0 for _, v in pts):
+            series.append((name, COLOURS[i + 1], pts, False))
+    svg = "mor_fp8_block_shares.svg"
+    if chart(series, f"mor_fp8_block: blocks not in E4M3 (mean over {len(seeds)} seeds)", "tokens (millions)",
+             "% of blocks", os.path.join(root, svg)):
+        return [(f"{TITLES['mor_fp8_block']}: the blocks that fell back, over training", svg)]
+    return []
+
+
+def block_section(runs):
+    """The block rule's part of the MoR section: its block shares, and where the BF16 blocks land."""
+    seeds = runs.get("mor_fp8_block", {})
+    records = [r for run in seeds.values() for r in run.get("mor", [])]
+    if not records:
+        return []
+    means = [100 * statistics.fmean(row["mor_fp8_blocks"] for row in run["train"].values() if "mor_fp8_blocks" in row)
+             for run in seeds.values()]
+    share = f"{statistics.fmean(means):.1f}%" + (f" ± {statistics.stdev(means):.1f}" if len(means) > 1 else "")
+    lines = ["", f"### {TITLES['mor_fp8_block']}", "",
+             "Unlike the tensor rule, each 128x128 block of every operand is decided inside its own step's "
+             "quantization (no lag); E5M2 is a rung only with `--mor-three-way`. "
+             f"E4M3 blocks over the whole run (every operand's blocks, mean over the steps, then over "
+             f"{len(seeds)} seeds ± s.d.): {share}. The tables count the blocks of the operands of every 100th step "
+             f"(steps 100, 200, ...: the `mor_linear` records; {len(records)} over the seeds).", ""]
+    kinds = block_counts(records, lambda r, role: f"{r['mor_linear'].split('.', 3)[-1]}: {ROLE_NAMES[role]}")
+    lines += block_table("Linear: operand", kinds) + [""]
+    lines += block_table("layer", block_counts(records, lambda r, role: layer_of(r["mor_linear"]))) + [""]
+    lines += block_table("blocks at step", block_counts(records, lambda r, role: r["iteration"]))
     return lines
