@@ -23,11 +23,14 @@ Status Trainer::refuse_mor_splits() const {
   const char* scale =
       "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
       "--use-megatron-fsdp, --pipeline-model-parallel-size)";
-  if (cfg_.context_parallel_size > 1)
-    return errorf(
-        "--recipe %s is not supported with context parallelism yet (its attention splits the tokens MoR "
-        "decides on); %s",
-        recipe_.name.c_str(), scale);
+  // Context parallelism: each rank's tokens are quantized with the context-parallel group's amax, so the tensor
+  // rule's statistics summed over the data x context ranks are the whole sequences' (a weight's stays its own).
+  const char* cp_why = recipe_.mor.ladder   ? "the NVFP4 ladder"
+                       : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                                            : nullptr;
+  if (cfg_.context_parallel_size > 1 && cp_why)
+    return errorf("--recipe %s with context parallelism does not support %s yet; drop it, or %s",
+                  recipe_.name.c_str(), cp_why, scale);
   if (cfg_.tensor_model_parallel_size <= 1) return Status::ok();
   const char* why = recipe_.mor.ladder       ? "the NVFP4 ladder"
                     : recipe_.mor.blocks     ? "the block rule (GAM's shared mantissa is the whole tensor's)"
