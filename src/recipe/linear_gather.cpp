@@ -137,11 +137,19 @@ void Linear::set_grad_gather(ByteGroup* group) {
   if (impl_) impl_->grad_gather = attach(impl_.get(), Role::grad, group);
 }
 
-// A step that collects statistics gathers BF16: their Wgrad error reads the whole BF16 X and dY.
+// A step that collects statistics gathers BF16: their Wgrad error reads the whole BF16 X and dY. So does an operand
+// that Mixture of Representations decided BF16: its GEMMs read its BF16 values, which the quantized gather does not
+// carry. The gradient's gathered backward is given neither X nor W, so a BF16-decided input or weight (which Wgrad
+// and Dgrad read in BF16) gathers the gradient in BF16 too, for the backward that takes them.
 bool Linear::gathers_quantized_input() const {
-  return impl_ && impl_->input_gather && !impl_->collect_stats && !impl_->fprop_bf16;
+  return impl_ && impl_->input_gather && !impl_->collect_stats && !impl_->fprop_bf16 &&
+         !(impl_->recipe.mor.on && impl_->mor_rung[int(Role::input)] == MorRung::bf16);
 }
-bool Linear::gathers_quantized_grad() const { return impl_ && impl_->grad_gather && !impl_->collect_stats; }
+bool Linear::gathers_quantized_grad() const {
+  if (!impl_ || !impl_->grad_gather || impl_->collect_stats) return false;
+  const MorRung* rung = impl_->mor_rung;
+  return !impl_->recipe.mor.on || (rung[0] != MorRung::bf16 && rung[1] != MorRung::bf16 && rung[2] != MorRung::bf16);
+}
 
 Status Linear::forward_gathered(const Tensor& x_local, const Tensor& w, const Tensor& y, float beta, Stream stream) {
   if (!gathers_quantized_input())

@@ -49,7 +49,9 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
     for (int64_t i = 0; i < src.numel(); ++i) host_bf16[size_t(i)] = f32_to_bf16(f[i]);
     p = host_bf16.data();
   }
-  const bool mor_measure = recipe.mor.on && !mor_paused && into == nullptr;
+  // A sequence-parallel gather quantizes this rank's rows with the group's amax (into its chunk): their statistic,
+  // summed over the tensor-parallel ranks, is the whole tensor's.
+  const bool mor_measure = recipe.mor.on && !mor_paused;
   if (mor_ladder())
     NB_TRY(mor_ladder_quantize(role, p, rows, mor_measure, stream));
   else if (recipe.mor.blocks)

@@ -81,12 +81,12 @@ struct MemoryEstimate {
     double bytes;
     std::string how;  // where the figure comes from, in a few words
   };
-  std::vector<Row> rows;   // nibble's device allocations per rank, by part
-  double libraries = 0;    // the CUDA libraries' own device memory (not nibble's allocator)
-  int pipeline_rank = -1;  // under pipeline parallelism: the rank whose stage this is (the largest)
+  std::vector<Row> rows;             // nibble's device allocations per rank, by part
+  double libraries = 0;              // the CUDA libraries' own device memory (not nibble's allocator)
+  int pipeline_rank = -1;            // under pipeline parallelism: the rank whose stage this is (the largest)
   std::vector<double> stage_totals;  // under pipeline parallelism: every rank's stage's device() total, by rank
-  double host = 0;         // host memory on one machine: offloaded state of its ranks, checkpoint copies
-  double nibble() const;   // sum of rows
+  double host = 0;                   // host memory on one machine: offloaded state of its ranks, checkpoint copies
+  double nibble() const;             // sum of rows
   double device() const { return nibble() + libraries; }
   double part(MemPart p) const;
 };

@@ -29,15 +29,13 @@ Status Trainer::refuse_mor_splits() const {
                        : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
                                             : nullptr;
   if (cfg_.context_parallel_size > 1 && cp_why)
-    return errorf("--recipe %s with context parallelism does not support %s yet; drop it, or %s",
-                  recipe_.name.c_str(), cp_why, scale);
+    return errorf("--recipe %s with context parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
+                  cp_why, scale);
   if (cfg_.tensor_model_parallel_size <= 1) return Status::ok();
-  const char* why = recipe_.mor.ladder       ? "the NVFP4 ladder"
-                    : recipe_.mor.blocks     ? "the block rule (GAM's shared mantissa is the whole tensor's)"
-                    : cfg_.sequence_parallel ? "--sequence-parallel (a BF16-decided input would need its gathered BF16 "
-                                               "values, which the quantized gathers do not make)"
-                    : cfg_.peft == "lora"    ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
-                                             : nullptr;
+  const char* why = recipe_.mor.ladder    ? "the NVFP4 ladder"
+                    : recipe_.mor.blocks  ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                    : cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
+                                          : nullptr;
   if (!why) return Status::ok();
   return errorf("--recipe %s with tensor parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
                 why, scale);
