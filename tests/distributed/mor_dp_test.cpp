@@ -62,6 +62,38 @@ void expect_ranks_decide_as_one(const std::string& dir, const std::string& job, 
   }
 }
 
+// Step 1 of a one-rank run (`job` saved to DIR/one) against the same job over `layout` (DIR/split): MoR's records
+// choose the same formats from the same non-zero counts, the weights' errors equal exactly, the activations' and
+// gradients' within 1e-3 relative, both formats occur; the loss within 1e-6 and the gradient norm within 5e-5 (every
+// operand is E4M3 at step 1, gradients too: see the tensor-parallel test below).
+void expect_step_one_as_one_rank(const std::string& dir, const std::string& job, const std::string& layout) {
+  test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");
+  ASSERT_EQ(r.code, 0) << r.out;
+  r = test::run_nibble(job + layout + " --save " + dir + "/split");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto one = mor_records(dir + "/one"), split = mor_records(dir + "/split");
+  ASSERT_EQ(one.size(), 8u);
+  ASSERT_EQ(split.size(), one.size());
+  std::map<std::string, int> chosen;
+  for (size_t i = 0; i < one.size(); ++i)
+    for (const char* role : {"input", "weight", "grad"}) {
+      EXPECT_EQ(split[i][role]["format"], one[i][role]["format"]) << one[i].dump() << "\n" << split[i].dump();
+      EXPECT_EQ(split[i][role]["nonzero"], one[i][role]["nonzero"]) << one[i].dump() << "\n" << split[i].dump();
+      const double want = one[i][role]["error"], got = split[i][role]["error"];
+      if (std::string(role) == "weight")
+        EXPECT_EQ(got, want) << one[i].dump();
+      else
+        EXPECT_NEAR(got, want, 1e-3 * want) << one[i].dump();
+      chosen[one[i][role]["format"].get<std::string>()]++;
+    }
+  EXPECT_GT(chosen["e4m3"], 0);
+  EXPECT_GT(chosen["bf16"], 0);
+  const auto a = read_metrics(dir + "/split"), b = read_metrics(dir + "/one");
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_NEAR(a[0].loss, b[0].loss, 1e-6 * b[0].loss);
+  EXPECT_NEAR(a[0].grad_norm, b[0].grad_norm, 5e-5 * b[0].grad_norm);
+}
+
 TEST(MorDataParallelCpu, TwoRanksDecideAsOneRank) {
   const std::string dir = test::temp_folder("mor_dp");
   const std::string job = kJob + "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --train-iters 3 ";
@@ -133,32 +165,7 @@ TEST(MorDataParallelCpu, TensorParallelRanksDecideAsOneRank) {
 TEST(MorDataParallelCpu, SequenceParallelRanksDecideAsOneRank) {
   const std::string dir = test::temp_folder("mor_sp");
   const std::string job = kJob + "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --train-iters 1 ";
-  test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");
-  ASSERT_EQ(r.code, 0) << r.out;
-  r = test::run_nibble(job + "--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel --save " + dir +
-                       "/sp");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto one = mor_records(dir + "/one"), sp = mor_records(dir + "/sp");
-  ASSERT_EQ(one.size(), 8u);
-  ASSERT_EQ(sp.size(), one.size());
-  std::map<std::string, int> chosen;
-  for (size_t i = 0; i < one.size(); ++i)
-    for (const char* role : {"input", "weight", "grad"}) {
-      EXPECT_EQ(sp[i][role]["format"], one[i][role]["format"]) << one[i].dump() << "\n" << sp[i].dump();
-      EXPECT_EQ(sp[i][role]["nonzero"], one[i][role]["nonzero"]) << one[i].dump() << "\n" << sp[i].dump();
-      const double want = one[i][role]["error"], got = sp[i][role]["error"];
-      if (std::string(role) == "weight")
-        EXPECT_EQ(got, want) << one[i].dump();
-      else
-        EXPECT_NEAR(got, want, 1e-3 * want) << one[i].dump();
-      chosen[one[i][role]["format"].get<std::string>()]++;
-    }
-  EXPECT_GT(chosen["e4m3"], 0);
-  EXPECT_GT(chosen["bf16"], 0);
-  const auto a = read_metrics(dir + "/sp"), b = read_metrics(dir + "/one");
-  ASSERT_EQ(a.size(), 1u);
-  EXPECT_NEAR(a[0].loss, b[0].loss, 1e-6 * b[0].loss);
-  EXPECT_NEAR(a[0].grad_norm, b[0].grad_norm, 5e-5 * b[0].grad_norm);
+  expect_step_one_as_one_rank(dir, job, "--nproc-per-node 2 --tensor-model-parallel-size 2 --sequence-parallel");
   // Four steps, both formats decided from step 2: with sequence parallelism (quantized gathers of the E4M3 operands,
   // BF16 gathers of the others) every decision and loss is the tensor-parallel run's without it (measured: equal
   // to the last digit; 96 decisions alike).
@@ -194,35 +201,12 @@ TEST(MorDataParallelCpu, SequenceParallelRanksDecideAsOneRank) {
 TEST(MorDataParallelCpu, ContextParallelRanksDecideAsOneRank) {
   const std::string dir = test::temp_folder("mor_cp");
   const std::string job = kJob + "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226 --train-iters 1 ";
-  test::CliRun r = test::run_nibble(job + "--save " + dir + "/one");
-  ASSERT_EQ(r.code, 0) << r.out;
-  r = test::run_nibble(job + "--nproc-per-node 2 --context-parallel-size 2 --save " + dir + "/cp");
-  ASSERT_EQ(r.code, 0) << r.out;
-  const auto one = mor_records(dir + "/one"), cp = mor_records(dir + "/cp");
-  ASSERT_EQ(one.size(), 8u);
-  ASSERT_EQ(cp.size(), one.size());
-  std::map<std::string, int> chosen;
-  for (size_t i = 0; i < one.size(); ++i)
-    for (const char* role : {"input", "weight", "grad"}) {
-      EXPECT_EQ(cp[i][role]["format"], one[i][role]["format"]) << one[i].dump() << "\n" << cp[i].dump();
-      EXPECT_EQ(cp[i][role]["nonzero"], one[i][role]["nonzero"]) << one[i].dump();
-      const double want = one[i][role]["error"], got = cp[i][role]["error"];
-      if (std::string(role) == "weight")
-        EXPECT_EQ(got, want) << one[i].dump();
-      else
-        EXPECT_NEAR(got, want, 1e-3 * want) << one[i].dump();
-      chosen[one[i][role]["format"].get<std::string>()]++;
-    }
-  EXPECT_GT(chosen["e4m3"], 0);
-  EXPECT_GT(chosen["bf16"], 0);
-  const auto a = read_metrics(dir + "/cp"), b = read_metrics(dir + "/one");
-  ASSERT_EQ(a.size(), 1u);
-  EXPECT_NEAR(a[0].loss, b[0].loss, 1e-6 * b[0].loss);
-  EXPECT_NEAR(a[0].grad_norm, b[0].grad_norm, 5e-5 * b[0].grad_norm);
+  expect_step_one_as_one_rank(dir, job, "--nproc-per-node 2 --context-parallel-size 2");
   for (const auto& [extra, says] : std::vector<std::pair<std::string, std::string>>{
            {"--recipe bf16_with_mor_fp8_mixed --mor-granularity block", "does not support the block rule"},
            {"--recipe bf16_with_mor_nvfp4_mixed", "does not support the NVFP4 ladder"}}) {
-    r = test::run_nibble(kJob + extra + " --train-iters 1 --nproc-per-node 2 --context-parallel-size 2");
+    const test::CliRun r =
+        test::run_nibble(kJob + extra + " --train-iters 1 --nproc-per-node 2 --context-parallel-size 2");
     EXPECT_NE(r.code, 0) << extra;
     EXPECT_NE(r.out.find(says), std::string::npos) << r.out;
   }
