@@ -37,15 +37,9 @@ Status LlamaModel::plan_linear_memory(const LlamaConfig& cfg, Device dev, MicroB
   int64_t mor_linears = 0;
   size_t scratch = 0;
   bool any_quantized = false;
-  // The chunk of the stage holding layer l (-1: another stage's; 0: every layer without a stage).
-  const auto chunk_of = [stage_chunks](int64_t l) {
-    if (!stage_chunks) return 0;
-    for (size_t c = 0; c < stage_chunks->size(); ++c)
-      if (l >= (*stage_chunks)[c].begin && l < (*stage_chunks)[c].end) return int(c);
-    return -1;
-  };
   for (const LinearSpec& sp : linear_specs(cfg, recipe, rc)) {
-    const int chunk = chunk_of(sp.layer);
+    // The chunk of the stage holding the layer (-1: another stage's; 0: every layer without a stage).
+    const int chunk = stage_chunks ? pp::chunk_holding(*stage_chunks, sp.layer) : 0;
     if (chunk < 0) continue;  // another pipeline stage's (as build_linears)
     const int64_t input_slots = size_t(chunk) < chunk_input_slots.size() ? chunk_input_slots[size_t(chunk)] : 1;
     size_t owned = 0, weight = 0;

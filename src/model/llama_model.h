@@ -53,10 +53,6 @@ class LlamaModel {
   static int64_t plan_activation_bytes(const LlamaConfig& cfg, Device dev, MicroBatchShape shape, Recompute rc,
                                        const recipe::Recipe& recipe = recipe::Recipe{}, const LoraSpec* lora = nullptr,
                                        int sequence_parallel = 1);
-  // A pipeline stage's activations (llama_pipeline.cpp), as init_pipeline allocates them and the memory estimate
-  // counts them: per in-flight pass, the largest of its chunks' residual streams and kept layer tensors (kept); one
-  // scratch they all share, the largest chunk's (scratch). cfg: the rank's model (layer count unused); quantized: the
-  // whole model's per-layer rule (llama::scratch_input_layers); the last stage's last chunk ends with the LM head.
   // One pass of a pipeline stage's schedule, in the order the schedule runs them (PipelineSchedule::pass_order).
   struct PipelinePass {
     int64_t micro = 0;
@@ -68,14 +64,18 @@ class LlamaModel {
   // chunk's size: plan_slot_bytes), so a chunk larger than the others (a layout's, or the LM head's) costs only
   // where its passes are in flight. scratch: the one scratch every pass shares, the largest chunk's.
   struct StageActivations {
-    int64_t kept = 0, scratch = 0;    // kept: the largest chunk's bytes per pass
-    std::vector<int64_t> chunk_kept;  // each chunk's kept bytes per pass
-    int64_t bytes(const std::vector<PipelinePass>& order) const;
+    int64_t scratch = 0;
+    std::vector<int64_t> chunk_kept;                              // each chunk's kept bytes per pass
+    int64_t bytes(const std::vector<int64_t>& slot_bytes) const;  // the slots (plan_slot_bytes) and the scratch
   };
   static std::vector<int64_t> plan_slot_bytes(const std::vector<int64_t>& chunk_kept,
                                               const std::vector<PipelinePass>& order);
   // Each chunk's most passes in flight under `order`: the input slots its quantized Linears keep.
   static std::vector<int64_t> chunk_in_flight(int chunks, const std::vector<PipelinePass>& order);
+  // A pipeline stage's activations (llama_pipeline.cpp), as init_pipeline allocates them and the memory estimate
+  // counts them: each chunk's residual stream and kept layer tensors per pass (chunk_kept); one scratch they all
+  // share, the largest chunk's (scratch). cfg: the rank's model (layer count unused); quantized: the whole model's
+  // per-layer rule (llama::scratch_input_layers); the last stage's last chunk ends with the LM head.
   static StageActivations plan_stage_activations(const LlamaConfig& cfg, Device dev, MicroBatchShape shape,
                                                  Recompute rc, const std::vector<bool>& quantized, const LoraSpec* lora,
                                                  int sp, const std::vector<pp::LayerRange>& chunks, bool last_stage);
@@ -319,7 +319,6 @@ class LlamaModel {
   struct PipelineStage {
     std::vector<pp::LayerRange> chunks;  // in model order
     bool first = true, last = true;
-    int64_t slots = 1;                // the most passes in flight (PipelineSchedule::max_in_flight)
     std::vector<PipelinePass> order;  // the step's passes in order (PipelineSchedule::pass_order)
   };
   std::optional<PipelineStage> pipeline;

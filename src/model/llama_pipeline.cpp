@@ -9,10 +9,7 @@
 
 namespace nb {
 
-bool LlamaModel::stage_holds_layer(const PipelineStage& s, int64_t l) {
-  return std::any_of(s.chunks.begin(), s.chunks.end(),
-                     [l](const pp::LayerRange& r) { return l >= r.begin && l < r.end; });
-}
+bool LlamaModel::stage_holds_layer(const PipelineStage& s, int64_t l) { return pp::chunk_holding(s.chunks, l) >= 0; }
 
 bool LlamaModel::stage_holds(const PipelineStage& s, const std::string& name) {
   static const std::string kLayer = "model.layers.";
@@ -60,7 +57,6 @@ LlamaModel::StageActivations LlamaModel::plan_stage_activations(
     llama::plan_acts(&probe, kept, chunk, shape, rc, dev == Device::cuda ? DType::bf16 : DType::f32,
                      llama::lm_chunk_tokens(cfg, shape), mine, lora, sp, last_stage && c + 1 == chunks.size(),
                      &scratch);
-    out.kept = std::max(out.kept, kept.bytes);
     out.chunk_kept.push_back(kept.bytes);
     out.scratch = std::max(out.scratch, scratch.bytes);
   }
@@ -75,17 +71,15 @@ LlamaModel::StageActivations LlamaModel::stage_activations() const {
 
 namespace {
 
-// take_slot's rule: the free slot of the fewest bytes that holds `need` (the lowest index among equals); -1: none.
-int64_t smallest_fitting(const std::vector<int64_t>& bytes, const std::vector<bool>& busy, int64_t need) {
+// take_slot's rule over n slots: the free one of the fewest bytes that holds `need` (the lowest index among equals);
+// -1: none. bytes(s) and busy(s) read slot s, so the planner's vectors and the model's slots share it.
+template <class Bytes, class Busy>
+int64_t smallest_fitting(size_t n, const Bytes& bytes, const Busy& busy, int64_t need) {
   int64_t best = -1;
-  for (size_t s = 0; s < bytes.size(); ++s)
-    if (!busy[s] && bytes[s] >= need && (best < 0 || bytes[s] < bytes[size_t(best)])) best = int64_t(s);
+  for (size_t s = 0; s < n; ++s)
+    if (!busy(s) && bytes(s) >= need && (best < 0 || bytes(s) < bytes(size_t(best)))) best = int64_t(s);
   return best;
 }
-
-}  // namespace
-
-namespace {
 
 int64_t most_in_flight(const std::vector<LlamaModel::PipelinePass>& order) {
   int64_t now = 0, most = 0;
@@ -107,7 +101,8 @@ std::vector<int64_t> LlamaModel::plan_slot_bytes(const std::vector<int64_t>& chu
       continue;
     }
     const int64_t need = chunk_kept[size_t(p.chunk)];
-    int64_t s = smallest_fitting(bytes, busy, need);
+    int64_t s = smallest_fitting(
+        bytes.size(), [&](size_t i) { return bytes[i]; }, [&](size_t i) { return bool(busy[i]); }, need);
     if (s < 0) {
       bytes.push_back(need);
       busy.push_back(false);
@@ -138,26 +133,26 @@ std::vector<int64_t> LlamaModel::chunk_in_flight(int chunks, const std::vector<P
   return most;
 }
 
-int64_t LlamaModel::StageActivations::bytes(const std::vector<PipelinePass>& order) const {
+int64_t LlamaModel::StageActivations::bytes(const std::vector<int64_t>& slot_bytes) const {
   int64_t n = scratch;
-  for (const int64_t b : plan_slot_bytes(chunk_kept, order)) n += b;
+  for (const int64_t b : slot_bytes) n += b;
   return n;
 }
 
 int64_t LlamaModel::stage_slots_for_layer(int64_t l) const {
-  for (size_t c = 0; c < pipeline->chunks.size(); ++c)
-    if (l >= pipeline->chunks[c].begin && l < pipeline->chunks[c].end) return chunk_in_flight_[c];
-  return 1;
+  const int c = pp::chunk_holding(pipeline->chunks, l);
+  return c >= 0 ? chunk_in_flight_[size_t(c)] : 1;
 }
 
 Status LlamaModel::init_pipeline() {
   NB_CHECK(!pipeline->order.empty() && !pipeline->chunks.empty(),
            "internal: a pipeline stage without chunks or passes");
   const StageActivations& acts = stage_acts_;
-  activation_bytes_ = acts.bytes(pipeline->order);
+  const std::vector<int64_t> slot_bytes = plan_slot_bytes(acts.chunk_kept, pipeline->order);
+  activation_bytes_ = acts.bytes(slot_bytes);
   NB_TRY(pipeline_scratch_.reserve(dev_, size_t(std::max<int64_t>(acts.scratch, 256))));
   slots_.clear();
-  for (const int64_t bytes : plan_slot_bytes(acts.chunk_kept, pipeline->order)) {
+  for (const int64_t bytes : slot_bytes) {
     PipelineSlot slot;
     slot.arena = std::make_unique<Arena>();
     NB_TRY(slot.arena->reserve(dev_, size_t(std::max<int64_t>(bytes, 256))));
@@ -172,13 +167,9 @@ Status LlamaModel::init_pipeline() {
 
 // A free slot for chunk c by plan_slot_bytes' rule, its arena and the shared scratch emptied for the next forward.
 Status LlamaModel::take_slot(int chunk, PipelineSlot** out) {
-  std::vector<int64_t> bytes;
-  std::vector<bool> busy;
-  for (const PipelineSlot& s : slots_) {
-    bytes.push_back(s.bytes);
-    busy.push_back(s.micro >= 0);
-  }
-  const int64_t s = smallest_fitting(bytes, busy, stage_acts_.chunk_kept[size_t(chunk)]);
+  const int64_t s = smallest_fitting(
+      slots_.size(), [&](size_t i) { return slots_[i].bytes; }, [&](size_t i) { return slots_[i].micro >= 0; },
+      stage_acts_.chunk_kept[size_t(chunk)]);
   if (s < 0)
     return errorf("internal: the pipeline schedule keeps more passes of chunk %d in flight than its slots planned",
                   chunk);

@@ -195,6 +195,12 @@ Status split_layers(int64_t layers, const SplitOptions& o, std::vector<LayerRang
   return Status::ok();
 }
 
+int chunk_holding(const std::vector<LayerRange>& chunks, int64_t l) {
+  for (size_t c = 0; c < chunks.size(); ++c)
+    if (l >= chunks[c].begin && l < chunks[c].end) return int(c);
+  return -1;
+}
+
 std::vector<LayerRange> rank_chunks(const std::vector<LayerRange>& stages, int rank, int pipeline) {
   NB_CHECK(pipeline >= 1 && rank >= 0 && rank < pipeline && stages.size() % size_t(pipeline) == 0,
            "rank %d of %d pipeline ranks over %zu virtual stages", rank, pipeline, stages.size());

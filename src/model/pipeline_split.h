@@ -37,6 +37,9 @@ struct LayerRange {
 // V > 1 needs P > 1 (Megatron's interleaved schedule).
 Status split_layers(int64_t layers, const SplitOptions& o, std::vector<LayerRange>* stages);
 
+// The index among `chunks` of the one holding decoder layer l; -1 when none does.
+int chunk_holding(const std::vector<LayerRange>& chunks, int64_t l);
+
 // The chunks of pipeline rank `rank`: stages rank, rank + P, rank + 2P, ...
 std::vector<LayerRange> rank_chunks(const std::vector<LayerRange>& stages, int rank, int pipeline);
 

@@ -284,7 +284,8 @@ int64_t activation_bytes(const MemoryJob& j, const LlamaConfig& m, MicroBatchSha
   if (j.pipeline == 1) return LlamaModel::plan_activation_bytes(m, j.dev, shape, j.recompute, j.acts_plan, lora, sp);
   std::vector<pp::LayerRange> chunks = pp::rank_chunks(j.pipeline_stages, j.pipeline_rank, j.pipeline);
   if (chunks.empty()) chunks = {{0, m.layers}};  // no split given: an even share of the first layers
-  return stage_activations(j, m, shape, chunks).bytes(stage_order(j));
+  const LlamaModel::StageActivations acts = stage_activations(j, m, shape, chunks);
+  return acts.bytes(LlamaModel::plan_slot_bytes(acts.chunk_kept, stage_order(j)));
 }
 
 }  // namespace

@@ -49,7 +49,7 @@ std::vector<LlamaModel::PipelinePass> PipelineSchedule::pass_order(int P, int V,
   const int64_t total = M * V, warmup = warmup_passes(P, V, rank, M);
   std::vector<LlamaModel::PipelinePass> order;
   const auto pass = [&](int64_t k, bool forward) {
-    order.push_back({k / (int64_t(P) * V) * P + k % P, chunk_of_pass(P, V, k, forward), forward});
+    order.push_back({micro_of_pass(P, V, k), chunk_of_pass(P, V, k, forward), forward});
   };
   for (int64_t k = 0; k < warmup; ++k) pass(k, true);
   for (int64_t k = 0; k < total - warmup; ++k) {
@@ -68,7 +68,8 @@ int PipelineSchedule::chunk_of_pass(int P, int V, int64_t k, bool forward) {
   return forward ? c : V - 1 - c;
 }
 int PipelineSchedule::chunk_of(int64_t k, bool forward) const { return chunk_of_pass(P_, V_, k, forward); }
-int64_t PipelineSchedule::micro_of(int64_t k) const { return k / (int64_t(P_) * V_) * P_ + k % P_; }  // as pass_order
+int64_t PipelineSchedule::micro_of_pass(int P, int V, int64_t k) { return k / (int64_t(P) * V) * P + k % P; }
+int64_t PipelineSchedule::micro_of(int64_t k) const { return micro_of_pass(P_, V_, k); }
 
 // The oldest pending send's buffer (or one with none) is the likeliest to be free already on the message stream.
 Status PipelineSchedule::take_buffer(Message* out) {

@@ -47,8 +47,10 @@ class PipelineSchedule {
   // in turn, then the cool-down backwards (LlamaModel sizes its slots by replaying them).
   static std::vector<LlamaModel::PipelinePass> pass_order(int pipeline, int virtual_stages, int rank,
                                                           int64_t micro_batches);
-  // Pass k's chunk (Megatron's numbering: groups of P micro-batches through every chunk; backwards in reverse).
+  // Pass k's chunk and micro-batch (Megatron's numbering: groups of P micro-batches through every chunk; backwards
+  // take the chunks in reverse).
   static int chunk_of_pass(int pipeline, int virtual_stages, int64_t k, bool forward);
+  static int64_t micro_of_pass(int pipeline, int virtual_stages, int64_t k);
 
  private:
   struct Sends {  // the tensors a pass leaves to send (empty: nothing)

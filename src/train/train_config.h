@@ -57,8 +57,7 @@ struct TrainConfig {
   int64_t lora_rank = 32;
   double lora_alpha = 32, lora_dropout = 0;
   std::string lora_target = "linear_qkv,linear_proj,linear_fc1,linear_fc2";
-  std::string lora_base_precision = "bf16";  // bf16 | fp8 | nvfp4 | mor_fp8: the frozen base's storage and GEMMs  //
-                                             // per-layer quantization statistics in the JSONL each log interval
+  std::string lora_base_precision = "bf16";  // bf16 | fp8 | nvfp4 | mor_fp8: the frozen base's storage and GEMMs
   // data
   bool mock_data = true;
   std::string data_path;  // Megatron blend: "prefix" or "w1 p1 w2 p2 ..."

@@ -227,9 +227,8 @@ class Trainer {
   // from the whole model's summed statistics; the log line, the records and checkpoints speak of the whole model.
   std::vector<size_t> mor_positions() const;  // each own MoR Linear's index among the whole model's
   size_t whole_mor_linears() const;
-  Status mor_blocks_after_step(StepFigures* f);
-  Status refuse_mor_splits() const;  // what MoR does not run beside yet (trainer_setup.cpp)  // the block rule's counts
-                                     // and records (trainer_mor_block.cpp)
+  Status mor_blocks_after_step(StepFigures* f);  // the block rule's counts and records (trainer_mor_block.cpp)
+  Status refuse_mor_splits() const;              // what MoR does not run beside yet (trainer_setup.cpp)
   Status gather_mor_over_stages(std::vector<double>* values, size_t width);  // own -> whole model's, every stage
   // The whole model's decisions in effect: this model's own without stages; under pipeline parallelism the list every
   // stage decided (or resumed) last, each operand on the top rung before the first decision.

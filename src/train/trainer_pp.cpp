@@ -40,7 +40,6 @@ Status Trainer::plan_pipeline() {
   NB_TRY(cfg_.pipeline_virtual_stages(model_cfg_.layers, &virtual_stages_));
   NB_TRY(pp::split_layers(model_cfg_.layers, cfg_.pipeline_split_options(virtual_stages_), &pp_stages_));
   LlamaModel::PipelineStage stage = pipeline_stage(layout_.pp);
-  stage.slots = PipelineSchedule::max_in_flight(pp_size(), virtual_stages_, layout_.pp, accum_);
   stage.order = PipelineSchedule::pass_order(pp_size(), virtual_stages_, layout_.pp, accum_);
   model_.pipeline = stage;
   return check_pipeline_job();

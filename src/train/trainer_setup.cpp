@@ -15,30 +15,27 @@
 
 namespace nb {
 
-// Mixture of Representations decides each operand from the whole tensor. Tensor parallelism keeps that: every shard is
-// scaled by the whole tensor's amax and the shards' statistics are summed (trainer_mor.cpp). What it cannot keep yet is
-// refused in one sentence.
+// Mixture of Representations decides each operand from the whole tensor. Tensor, sequence and context parallelism keep
+// that for the tensor rule: every shard is scaled by the group's amax and the shards' statistics are summed
+// (trainer_mor.cpp). What they cannot keep yet is refused in one sentence.
 Status Trainer::refuse_mor_splits() const {
   if (!recipe_.mor.on) return Status::ok();
   const char* scale =
       "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
       "--use-megatron-fsdp, --pipeline-model-parallel-size)";
-  // Context parallelism: each rank's tokens are quantized with the context-parallel group's amax, so the tensor
-  // rule's statistics summed over the data x context ranks are the whole sequences' (a weight's stays its own).
-  const char* cp_why = recipe_.mor.ladder   ? "the NVFP4 ladder"
-                       : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
-                                            : nullptr;
-  if (cfg_.context_parallel_size > 1 && cp_why)
-    return errorf("--recipe %s with context parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
-                  cp_why, scale);
-  if (cfg_.tensor_model_parallel_size <= 1) return Status::ok();
-  const char* why = recipe_.mor.ladder    ? "the NVFP4 ladder"
-                    : recipe_.mor.blocks  ? "the block rule (GAM's shared mantissa is the whole tensor's)"
-                    : cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
+  const char* rule = recipe_.mor.ladder   ? "the NVFP4 ladder"
+                     : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
                                           : nullptr;
+  const char* split = cfg_.tensor_model_parallel_size > 1 ? "tensor parallelism"
+                      : cfg_.context_parallel_size > 1    ? "context parallelism"
+                                                          : nullptr;
+  if (!split) return Status::ok();
+  const bool tp = cfg_.tensor_model_parallel_size > 1;
+  const char* why = rule                        ? rule
+                    : tp && cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
+                                                : nullptr;
   if (!why) return Status::ok();
-  return errorf("--recipe %s with tensor parallelism does not support %s yet; drop it, or %s", recipe_.name.c_str(),
-                why, scale);
+  return errorf("--recipe %s with %s does not support %s yet; drop it, or %s", recipe_.name.c_str(), split, why, scale);
 }
 
 Status Trainer::setup(TrainConfig cfg) {
