@@ -284,9 +284,7 @@ TEST(PipelineSlots, SlotsAreSizedByReplayingThePasses) {
       EXPECT_GE(sum, 1000 * in_flight);
       const std::vector<int64_t> per_chunk = LlamaModel::chunk_in_flight(V, order);
       EXPECT_LE(*std::max_element(per_chunk.begin(), per_chunk.end()), in_flight);
-      if (V == 1) {
-        EXPECT_EQ(per_chunk[0], in_flight);
-      }
+      if (V == 1) { EXPECT_EQ(per_chunk[0], in_flight); }
     }
   // NeMo's 70B at PP4 VP20, rank 0 (83 passes in flight, 8 of chunks 0-9 and 4 of chunks 10-19 at most): with chunk
   // 0 twice the others, 92 one-layer slots' worth rather than 166.
