@@ -67,10 +67,13 @@ config_flags() {
     mor_nvfp4) echo "--recipe bf16_with_mor_nvfp4_mixed" ;;
     # The block rule: each 128x128 block E4M3 or BF16 inside its quantization (GAM scales, no lag).
     mor_fp8_block) echo "--recipe bf16_with_mor_fp8_mixed --mor-granularity block" ;;
+    # The tensor rule without its one-step lag: the host reads each quantization's statistic back (slower; a study's
+    # control for what the lag changes).
+    mor_fp8_now) echo "--recipe bf16_with_mor_fp8_mixed --mor-decide-now" ;;
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now"
 
 # The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
 idx_tokens() {

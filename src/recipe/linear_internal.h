@@ -273,9 +273,11 @@ struct Linear::Impl {
   Status mor_init(bool dry);                     // refusals
   Status mor_cells_now(mor::StatCell** out);
   // Where role's next quantization adds its statistic: on cuda the role's cell (the quantizer computes it while it
-  // encodes); on the CPU *own, which mor_took_stat then adds into the cell (and decides from, with decide-now).
+  // encodes); on the CPU *own, which mor_took_stat then adds into the cell. With decide-now, mor_took_stat also
+  // decides the role from this quantization's statistic (on cuda read back from the cell, zeroed just before).
   Status mor_stat_target(int cell, mor::StatCell* own, mor::StatCell** target);
-  void mor_took_stat(int cell, const mor::StatCell& own);
+  Status mor_took_stat(int cell, const mor::StatCell& own, Stream stream);
+  Status mor_cell_before_quantize(mor::StatCell* cell, Stream stream);
   // A BF16-decided role's operand over t (its [rows, K] values, or stored [K, rows] when !k_major) in place of
   // *op; the ladder's E4M3-decided role its q8 copy (row copy when k_major, else the column copy); a role on the
   // recipe's top rung (or a recipe without MoR) leaves *op as it is.

@@ -66,10 +66,12 @@ Status Linear::Impl::quantize_copies(QCopies& c, Role role, const bf16* p, int64
                                      const QCopies::Outputs* into) {
   QuantizeArgs qa = args(role);
   mor::StatCell own;
-  if (cell >= 0) NB_TRY(mor_stat_target(cell, &own, &qa.mor_stat));  // the FP8 quantizer adds it as it encodes
+  if (cell >= 0) {  // the FP8 quantizer adds it as it encodes
+    NB_TRY(mor_stat_target(cell, &own, &qa.mor_stat));
+    NB_TRY(mor_cell_before_quantize(qa.mor_stat, stream));
+  }
   NB_TRY(c.quantize(p, rows, qa, stream, into).context("linear '" + name + "' " + kRoleNames[int(role)]));
-  if (cell >= 0) mor_took_stat(cell, own);
-  return Status::ok();
+  return cell >= 0 ? mor_took_stat(cell, own, stream) : Status::ok();
 }
 
 // The quantized copies of a quantized layer, placed per linear.h (frozen: no column-wise input or grad

@@ -31,11 +31,6 @@ Status Linear::Impl::mor_init(bool dry) {
   if (mor_ladder() && recipe.mor.decide_now)
     return errorf("internal: linear '%s': the NVFP4 ladder has no --mor-decide-now", name.c_str());
   for (MorRung& r : mor_rung) r = mor_top();  // until the first decision every operand is on the top rung
-  if (recipe.mor.decide_now && dev != Device::cpu)
-    return errorf(
-        "linear '%s': --mor-decide-now decides each quantization on the host from its own statistic, which only the "
-        "CPU reference does (a GPU would wait for every quantization); drop it or run with --device cpu",
-        name.c_str());
   (void)dry;  // the cells are allocated on first use, unless a model's board comes first (mor_cells_now)
   return Status::ok();
 }
@@ -91,9 +86,8 @@ Status Linear::Impl::mor_ladder_measure(int r, const bf16* p, int64_t rows, bool
     mor::add_nvfp4_stat_host(p, rows, c.cols, data, scales, *amax, nvfp4_cell);
     if (e4m3_cell) mor::add_fp8_stat_from_amax_host(p, rows * c.cols, *amax, fp8::Format::e4m3, e4m3_cell);
   }
-  mor_took_stat(3 + r, own_nvfp4);
-  if (!e4m3_measured) mor_took_stat(r, own_e4m3);
-  return Status::ok();
+  NB_TRY(mor_took_stat(3 + r, own_nvfp4, stream));
+  return e4m3_measured ? Status::ok() : mor_took_stat(r, own_e4m3, stream);
 }
 
 namespace {
@@ -124,16 +118,30 @@ Status Linear::Impl::mor_stat_target(int cell, mor::StatCell* own, mor::StatCell
   return Status::ok();
 }
 
-void Linear::Impl::mor_took_stat(int cell_index, const mor::StatCell& own) {
-  if (dev == Device::cuda) return;  // the quantizer (or the NVFP4 statistic's pass) added into the cell itself
-  mor::StatCell* cell = mor_cells + cell_index;
-  cell->err_fixed += own.err_fixed;
-  cell->nonzero += own.nonzero;
-  cell->nonfinite += own.nonfinite;
-  if (recipe.mor.decide_now)  // the CPU reference without lag (E4M3 recipe): this quantization's statistic decides it
-    mor_rung[cell_index] =
-        mor::decide_from_stat(mor::stat_of(own), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3 ? MorRung::fp8
-                                                                                                       : MorRung::bf16;
+// Without lag (--mor-decide-now, E4M3 recipe) the GPU's cell was zeroed before this quantization added into it
+// (mor_cell_before_quantize), so it holds this quantization's statistic alone: read back, the stream waits for it.
+Status Linear::Impl::mor_took_stat(int cell_index, const mor::StatCell& own, Stream stream) {
+  mor::StatCell mine = own;
+  if (dev == Device::cuda) {  // the quantizer (or the NVFP4 statistic's pass) added into the cell itself
+    if (!recipe.mor.decide_now) return Status::ok();
+    NB_TRY(copy_to_host_cuda(&mine, mor_cells + cell_index, sizeof mine, stream));
+  } else {
+    mor::StatCell* cell = mor_cells + cell_index;
+    cell->err_fixed += own.err_fixed;
+    cell->nonzero += own.nonzero;
+    cell->nonfinite += own.nonfinite;
+    if (!recipe.mor.decide_now) return Status::ok();
+  }
+  // Lag 0: this quantization's statistic decides its own role's GEMMs.
+  const bool fp8 = mor::decide_from_stat(mor::stat_of(mine), recipe.mor.threshold).choice == mor::Choice::fp8_e4m3;
+  mor_rung[cell_index] = fp8 ? MorRung::fp8 : MorRung::bf16;
+  return Status::ok();
+}
+
+// On the GPU without lag, a cell holds one quantization's statistic at a time (the trainer reads no board then).
+Status Linear::Impl::mor_cell_before_quantize(mor::StatCell* cell, Stream stream) {
+  if (dev != Device::cuda || !recipe.mor.decide_now) return Status::ok();
+  return memset_cuda(cell, 0, sizeof(mor::StatCell), stream);
 }
 
 // freeze_weight of a MoR Linear: the FP8 copy was just made (unmeasured); its statistic, taken now into a cell of

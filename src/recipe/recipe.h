@@ -60,8 +60,8 @@ struct MorSpec {
   // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's, or (blocks) each role's
   // blocks per choice (mor::BlockCounts).
   int cells_per_linear() const { return ladder || blocks ? 6 : 3; }
-  // CPU reference only: each quantization decides its own operands from its own statistic (no lag), to show what
-  // the lag of the GPU's schedule changes.
+  // Each quantization decides its own operands from its own statistic (no lag), to show what the lag of the
+  // training schedule changes; on a GPU the host waits for every measured quantization (a study's setting).
   bool decide_now = false;
 };
 

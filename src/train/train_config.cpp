@@ -215,8 +215,8 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
               "statistics (the steps between measure nothing)",
               &c.mor_interval),
       bool_key("mor-decide-now",
-               "Mixture of Representations, CPU reference only: each quantization decides from its own statistic "
-               "(no lag), to measure what the GPU's one-step lag changes",
+               "Mixture of Representations (E4M3 tensor rule): each quantization decides from its own statistic "
+               "(no lag), to measure what the one-step lag changes; on a GPU the host waits for every quantization",
                &c.mor_decide_now),
       choice_key("mor-granularity",
                  "Mixture of Representations: one decision per tensor, from the last step's statistics (tensor), or "

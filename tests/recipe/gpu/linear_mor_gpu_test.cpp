@@ -62,5 +62,42 @@ TEST(LinearMorGpu, StatisticsEqualTheCpusAndMixedGemmsStayWithinTheBound) {
   }
 }
 
+// --mor-decide-now on the GPU: each quantization's statistic comes back at once and decides its own role's GEMMs
+// (lag 0). An input with one outlier 1e5 times its typical size (its other elements E4M3 subnormals or zero) goes
+// BF16 in the step that measured it, as on the CPU; the GEMMs that read it are then the mixed model's, with the
+// input BF16. Without decide-now the same step still runs every operand E4M3 (the decision lags one step).
+TEST(LinearMorGpu, DecideNowDecidesEachQuantizationInItsOwnStep) {
+  NB_REQUIRE_GPU();
+  std::vector<float> x = random_bf16_values(kMorM * kMorK, 1.0, 51);
+  x[77] = bf16_to_f32(f32_to_bf16(1e5f));  // the amax: the others land near or below E4M3's smallest subnormal
+  const auto w = random_bf16_values(kMorN * kMorK, 0.05, 52), dy = random_bf16_values(kMorM * kMorN, 1e-3, 53);
+  bool fp8[2][2][3] = {};  // [lag 0?][cuda?][role] after the step
+  for (int now = 0; now < 2; ++now)
+    for (int cuda = 0; cuda < 2; ++cuda) {
+      Recipe r;
+      ASSERT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &r).is_ok());
+      r.mor.decide_now = now == 1;
+      LinearRun run;
+      const Status st = run_linear(r, cuda ? Device::cuda : Device::cpu, kMorM, kMorK, kMorN, x, w, dy, &run, 5, 2, {},
+                                   [&](Linear& lin) {
+                                     for (int i = 0; i < 3; ++i) fp8[now][cuda][i] = lin.mor_fp8(i);
+                                     return Status::ok();
+                                   });
+      ASSERT_TRUE(st.is_ok()) << st.message();
+      if (!(now && cuda)) continue;
+      const MixedModel ref = mixed_model(0, x, w, dy, run.q, kMorM, kMorK, kMorN);
+      expect_close("y (decided now)", run.y, ref.y, ref.mag_y, kMorK, Bound{false, false, true, false}, ref.exact_y);
+      expect_close("dw (decided now)", run.dw, ref.dw, ref.mag_dw, kMorM, Bound{false, false, false, false},
+                   ref.exact_dw);
+    }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(fp8[1][1][i], fp8[1][0][i]) << "role " << i << ": the GPU decided unlike the CPU";
+    EXPECT_TRUE(fp8[0][1][i]) << "role " << i << ": with the lag, no role changes within its first step";
+  }
+  EXPECT_FALSE(fp8[1][1][0]) << "the outlier's input stays E4M3 within its own step";
+  EXPECT_TRUE(fp8[1][1][1]);
+  EXPECT_TRUE(fp8[1][1][2]);
+}
+
 }  // namespace
 }  // namespace nb::recipe
