@@ -70,10 +70,13 @@ config_flags() {
     # The tensor rule without its one-step lag: the host reads each quantization's statistic back (slower; a study's
     # control for what the lag changes).
     mor_fp8_now) echo "--recipe bf16_with_mor_fp8_mixed --mor-decide-now" ;;
+    # The tensor rule as mor_fp8, also measuring each operand's error with per-row (per-channel) E4M3 scales: the
+    # paper's per-channel share at this scale, decisions unchanged.
+    mor_fp8_channel) echo "--recipe bf16_with_mor_fp8_mixed --mor-channel-statistic" ;;
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now mor_fp8_channel"
 
 # The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
 idx_tokens() {

@@ -23,7 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convergence_common import (COLOURS, ORDER, SMOOTH, TITLES, chart, final_train, final_val,  # noqa: E402
                                 heldout_loss, load_runs, mean_sd, smoothed, tokens_per_step, valid_eval_loss)
-from convergence_mor import block_section, block_share_plot, mor_section, share_plots  # noqa: E402
+from convergence_mor import block_section, block_share_plot, channel_section, mor_section, share_plots  # noqa: E402
 from convergence_quant import crest_vote, per_linear, quant_plots, rht_table  # noqa: E402
 
 
@@ -391,7 +391,7 @@ def main():
     pred = rht_prediction(runs)
     if pred:
         lines += [""] + pred
-    mor = mor_section(runs) + block_section(runs)
+    mor = mor_section(runs) + block_section(runs) + channel_section(runs)
     if mor:
         lines += ["", "## Mixture of Representations: which operands fall back, where and when (docs/MOR.md)", "",
                   "Each MoR run decides every Linear's X, W and dY each step from the previous step's statistics: the "

@@ -239,7 +239,8 @@ struct Linear::Impl {
   // ---- Mixture of Representations (recipe.mor; linear_mor.cpp) ----
   // Per role: which copy its GEMM operands are (its q copy: E4M3, or NVFP4 on the ladder; the ladder's E4M3 copy q8;
   // or its BF16 values), and the cells its quantizations' statistics add into (mor_cells: mor_cell_count() cells of
-  // a model's board, or mor_own_cells): cell role for the E4M3 copy, 3 + role for the ladder's NVFP4 copy.
+  // a model's board, or mor_own_cells): cell role for the E4M3 copy, 3 + role for the ladder's NVFP4 copy (or, with
+  // MorSpec::channel_stat, the per-row scaled E4M3 statistic of the same quantization's source).
   MorRung mor_rung[3] = {MorRung::fp8, MorRung::fp8, MorRung::fp8};
   bool mor_paused = false;
   mor::StatCell* mor_cells = nullptr;
@@ -261,6 +262,9 @@ struct Linear::Impl {
   // The ladder's statistics of a measured step from role r's NVFP4 row copy just made: NVFP4's, and E4M3's from its
   // amax unless the role's E4M3 copy measured it (e4m3_measured); on the GPU one pass over x for both.
   Status mor_ladder_measure(int r, const bf16* p, int64_t rows, bool e4m3_measured, Stream stream);
+  // The tensor rule with channel_stat, on a measured quantization: cell 3 + role += the statistic per-row scaling of
+  // p [rows, role's cols] would give (the study's measurement; it decides nothing and never touches mor_rung).
+  Status mor_channel_measure(Role role, const bf16* p, int64_t rows, Stream stream);
   std::vector<bf16> mor_bf16[3];  // CPU: a BF16 operand's values (the CUDA side reads its tensor)
   Tensor mor_x, mor_w;            // backward's x and w: a BF16 Wgrad input or Dgrad weight operand reads them
   // A frozen (LoRA base) weight, decided once by freeze_weight from all of it (mor_freeze): its statistic (a cell of

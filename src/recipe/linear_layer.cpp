@@ -58,6 +58,7 @@ Status Linear::Impl::quantize(Role role, const Tensor& src, Stream stream, const
     NB_TRY(mor_block_quantize(role, p, rows, mor_measure, stream));
   else
     NB_TRY(quantize_copies(c, role, p, rows, mor_measure ? int(role) : -1, stream, into));
+  if (mor_measure && recipe.mor.channel_stat) NB_TRY(mor_channel_measure(role, p, rows, stream));
   if (collect_stats) NB_TRY(stats.add(c, p, stream));
   return Status::ok();
 }

@@ -28,6 +28,10 @@ Status Linear::Impl::mor_init(bool dry) {
           "internal: linear '%s': MoR needs per-tensor FP8 roles (the ladder: NVFP4 without 4/6; the block rule: "
           "mor_block), got %s",
           name.c_str(), fmt_name(r->fmt));
+  if (recipe.mor.channel_stat && (mor_ladder() || recipe.mor.blocks || recipe.mor.decide_now || frozen))
+    return errorf(
+        "internal: linear '%s': the per-channel statistic is built for the lagged E4M3 tensor rule of trained weights",
+        name.c_str());
   if (mor_ladder() && recipe.mor.decide_now)
     return errorf("internal: linear '%s': the NVFP4 ladder has no --mor-decide-now", name.c_str());
   for (MorRung& r : mor_rung) r = mor_top();  // until the first decision every operand is on the top rung
@@ -88,6 +92,19 @@ Status Linear::Impl::mor_ladder_measure(int r, const bf16* p, int64_t rows, bool
   }
   NB_TRY(mor_took_stat(3 + r, own_nvfp4, stream));
   return e4m3_measured ? Status::ok() : mor_took_stat(r, own_e4m3, stream);
+}
+
+// Straight into the cell on either device (the CPU's cells are host memory): no decide-now path, since this cell
+// decides nothing.
+Status Linear::Impl::mor_channel_measure(Role role, const bf16* p, int64_t rows, Stream stream) {
+  const QCopies& c = q[int(role)];
+  const fp8::Format fmt = c.spec.fmt == Fmt::fp8_e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+  mor::StatCell* cells = nullptr;
+  NB_TRY(mor_cells_now(&cells));
+  mor::StatCell* cell = cells + 3 + int(role);
+  if (dev == Device::cuda) return mor::add_fp8_rowwise_stat_cuda(p, rows, c.cols, fmt, cell, stream);
+  mor::add_fp8_rowwise_stat_host(p, rows, c.cols, fmt, cell);
+  return Status::ok();
 }
 
 namespace {

@@ -175,10 +175,30 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
   return Status::ok();
 }
 
+// mor-channel-statistic: the per-row scaled E4M3 statistic beside the tensor rule's own, reported in the decision
+// records (so not with mor-decide-now, which writes none); the ladder and the block rule use those cells for theirs.
+static Status apply_mor_channel_knob(const RecipeKnobs& k, Recipe* r) {
+  if (!k.mor_channel_stat) return Status::ok();
+  if (r->mor.ladder || r->mor.blocks)
+    return errorf(
+        "recipe '%s': mor-channel-statistic measures the E4M3 tensor rule's operands with per-row scaling, which is "
+        "built for bf16_with_mor_fp8_mixed with mor-granularity tensor only (the %s keeps its own statistics in those "
+        "cells); drop it",
+        r->name.c_str(), r->mor.ladder ? "NVFP4 ladder" : "block rule");
+  if (k.mor_decide_now)
+    return errorf(
+        "recipe '%s': mor-channel-statistic is reported in the decision records, which mor-decide-now does not "
+        "write; drop one of them",
+        r->name.c_str());
+  r->mor.channel_stat = true;
+  return Status::ok();
+}
+
 // The mor_* knobs: only on a MoR recipe, with a threshold in (0, 1) and an interval of at least one step.
 static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
   const bool given = k.mor_threshold >= 0 || k.mor_nvfp4_threshold >= 0 || k.mor_interval >= 0 ||
-                     k.mor_granularity != "tensor" || k.mor_decide_now || k.mor_three_way || !k.mor_scaling.empty();
+                     k.mor_granularity != "tensor" || k.mor_decide_now || k.mor_three_way || !k.mor_scaling.empty() ||
+                     k.mor_channel_stat;
   if (!given) return Status::ok();
   if (!r->mor.on)
     return errorf(
@@ -215,7 +235,7 @@ static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
     r->mor.interval = k.mor_interval;
   }
   r->mor.decide_now = k.mor_decide_now;
-  return Status::ok();
+  return apply_mor_channel_knob(k, r);
 }
 
 Status apply_knobs(const RecipeKnobs& k, Recipe* r) {

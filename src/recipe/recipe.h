@@ -57,9 +57,13 @@ struct MorSpec {
   bool blocks = false;
   bool three_way = false;
   mor::ScaleMode scaling = mor::ScaleMode::gam;
-  // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's, or (blocks) each role's
-  // blocks per choice (mor::BlockCounts).
-  int cells_per_linear() const { return ladder || blocks ? 6 : 3; }
+  // The E4M3 tensor rule only (--mor-channel-statistic): each measured quantization also adds the statistic that
+  // per-row (per-channel) scaling of the role's row-wise operand would give (mor::add_fp8_rowwise_stat_*), for the
+  // study; decisions still read the per-tensor statistic.
+  bool channel_stat = false;
+  // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's, (blocks) each role's
+  // blocks per choice (mor::BlockCounts), or (channel_stat) the per-row scaled E4M3 statistic.
+  int cells_per_linear() const { return ladder || blocks || channel_stat ? 6 : 3; }
   // Each quantization decides its own operands from its own statistic (no lag), to show what the lag of the
   // training schedule changes; on a GPU the host waits for every measured quantization (a study's setting).
   bool decide_now = false;
@@ -121,8 +125,9 @@ struct RecipeKnobs {
   int64_t mor_interval = -1;
   bool mor_decide_now = false;
   std::string mor_granularity = "tensor";
-  bool mor_three_way = false;  // the block rule: E5M2 as a rung between E4M3 and BF16
-  std::string mor_scaling;     // the block rule's scales: gam (default), amax or pow2; empty keeps the default
+  bool mor_three_way = false;     // the block rule: E5M2 as a rung between E4M3 and BF16
+  std::string mor_scaling;        // the block rule's scales: gam (default), amax or pow2; empty keeps the default
+  bool mor_channel_stat = false;  // the E4M3 tensor rule: also measure per-row scaling (MorSpec::channel_stat)
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
 // the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so are

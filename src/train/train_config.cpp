@@ -231,6 +231,10 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
                  "down to a power of two (pow2: exact BF16 operands), or GAM's shared mantissa with the block's "
                  "exponent (gam, the default)",
                  &c.mor_scaling),
+      bool_key("mor-channel-statistic",
+               "Mixture of Representations (E4M3 tensor rule): also measure each operand's error with per-row "
+               "(per-channel) E4M3 scaling, for the study; decisions still use the per-tensor statistic",
+               &c.mor_channel_stat),
   };
 }
 

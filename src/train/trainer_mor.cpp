@@ -48,6 +48,35 @@ nlohmann::json role_json(recipe::MorRung rung, const mor::ErrorStat& e4m3, const
   return j;
 }
 
+// --mor-channel-statistic's fields of one role's record (the per-row scaled E4M3 statistic, which decides nothing);
+// true when that statistic would have chosen E4M3 at the rule's threshold.
+bool add_channel_fields(const mor::ErrorStat& channel, double threshold, nlohmann::json* role) {
+  (*role)["channel_error"] = error_json(channel);
+  (*role)["channel_nonfinite"] = channel.nonfinite;
+  return mor::decide_from_stat(channel, threshold).choice == mor::Choice::fp8_e4m3;
+}
+
+// A decision's summary record: the next steps' shares; channel_share >= 0: the share of operands per-row scaling would
+// have kept E4M3 (--mor-channel-statistic).
+nlohmann::json decision_summary(int64_t done, const recipe::MorSpec& spec, const std::vector<uint8_t>& choices,
+                                double decide_ms, double channel_share) {
+  double next_operands = 0, next_gemms = 0;
+  shares(choices, recipe::MorRung::fp8, &next_operands, &next_gemms);
+  nlohmann::json summary = {{"iteration", done},
+                            {"mor_threshold", spec.threshold},
+                            {"mor_next_fp8_operands", next_operands},
+                            {"mor_next_fp8_gemms", next_gemms},
+                            {"mor_decide_ms", decide_ms}};
+  if (spec.ladder) {
+    shares(choices, recipe::MorRung::nvfp4, &next_operands, &next_gemms);
+    summary["mor_nvfp4_threshold"] = spec.nvfp4_threshold;
+    summary["mor_next_nvfp4_operands"] = next_operands;
+    summary["mor_next_nvfp4_gemms"] = next_gemms;
+  }
+  if (channel_share >= 0) summary["mor_channel_fp8_operands"] = channel_share;
+  return summary;
+}
+
 // The rule: the ladder takes NVFP4 while its error is below its threshold, then E4M3 likewise, then BF16; a
 // non-finite element keeps the operand BF16 (decide_from_stat).
 recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e4m3, const mor::ErrorStat* nvfp4) {
@@ -56,6 +85,16 @@ recipe::MorRung decide_rung(const recipe::MorSpec& spec, const mor::ErrorStat& e
   };
   if (nvfp4 && below(*nvfp4, spec.nvfp4_threshold)) return recipe::MorRung::nvfp4;
   return below(e4m3, spec.threshold) ? recipe::MorRung::fp8 : recipe::MorRung::bf16;
+}
+
+// The E4M3 tensor rule's cells from `from` to `to` per Linear (3 or 6: without or with --mor-channel-statistic), so
+// a checkpoint written either way resumes either way: the per-row cells only measure (and a step boundary's board is
+// empty, since only a decision step measures and its decision clears it), so they start at zero or are dropped.
+std::vector<mor::StatCell> with_cells_per_linear(const std::vector<mor::StatCell>& cells, size_t from, size_t to) {
+  std::vector<mor::StatCell> out;
+  for (size_t k = 0; k < cells.size() / from; ++k)
+    for (size_t i = 0; i < to; ++i) out.push_back(i < from ? cells[k * from + i] : mor::StatCell{});
+  return out;
 }
 
 }  // namespace
@@ -88,7 +127,8 @@ Status Trainer::mor_after_step(StepFigures* f) {
   NB_TRY(sum_over_ranks(sums.data(), int(sums.size())));
   // A weight is whole and the same on every data-parallel rank (DDP, the distributed optimizer's gathered copy,
   // Megatron-FSDP's BF16 gathers): its own statistic is one GPU's; summed it would count each element once per rank.
-  // Cells per Linear: E4M3's input, weight, grad, then (the ladder) NVFP4's.
+  // Cells per Linear: E4M3's input, weight, grad, then (the ladder) NVFP4's or (--mor-channel-statistic) the per-row
+  // scaled E4M3 statistic's; i = 1, 4, 7, ... is every weight cell either way.
   const auto per = size_t(model_.mor_cells_per_linear());
   for (size_t i = 1; i < cells.size(); i += 3)
     std::copy_n(own.begin() + int64_t(4 * i), 4, sums.begin() + int64_t(4 * i));
@@ -101,6 +141,7 @@ Status Trainer::mor_after_step(StepFigures* f) {
   NB_CHECK(sums.size() == names.size() * per * 4, "internal: %zu MoR sums for %zu Linears", sums.size(), names.size());
   std::vector<uint8_t> choices(names.size() * 3);
   nlohmann::json records = nlohmann::json::array();
+  size_t channel_fp8 = 0;  // operands per-row scaling would have kept E4M3
   for (size_t k = 0; k < names.size(); ++k) {
     nlohmann::json rec = {{"iteration", done}, {"mor_linear", names[k]}};
     for (size_t r = 0; r < 3; ++r) {
@@ -111,6 +152,8 @@ Status Trainer::mor_after_step(StepFigures* f) {
       const recipe::MorRung rung = decide_rung(recipe_.mor, e4m3, nvfp4);
       choices[3 * k + r] = uint8_t(rung);
       rec[kRoles[r]] = role_json(rung, e4m3, nvfp4);
+      if (recipe_.mor.channel_stat)
+        channel_fp8 += add_channel_fields(summed(per * k + 3 + r), recipe_.mor.threshold, &rec[kRoles[r]]);
     }
     records.push_back(std::move(rec));
   }
@@ -119,20 +162,10 @@ Status Trainer::mor_after_step(StepFigures* f) {
   NB_TRY(model_.clear_mor_board());
   const double decide_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!jsonl_) return Status::ok();
-  double next_operands = 0, next_gemms = 0;
-  shares(choices, recipe::MorRung::fp8, &next_operands, &next_gemms);
-  nlohmann::json summary = {{"iteration", done},
-                            {"mor_threshold", recipe_.mor.threshold},
-                            {"mor_next_fp8_operands", next_operands},
-                            {"mor_next_fp8_gemms", next_gemms},
-                            {"mor_decide_ms", decide_ms}};
-  if (recipe_.mor.ladder) {
-    shares(choices, recipe::MorRung::nvfp4, &next_operands, &next_gemms);
-    summary["mor_nvfp4_threshold"] = recipe_.mor.nvfp4_threshold;
-    summary["mor_next_nvfp4_operands"] = next_operands;
-    summary["mor_next_nvfp4_gemms"] = next_gemms;
-  }
-  jsonl_ << summary.dump() << "\n";
+  const double channel_share = !recipe_.mor.channel_stat ? -1.0
+                               : names.empty()           ? 0.0
+                                                         : double(channel_fp8) / double(3 * names.size());
+  jsonl_ << decision_summary(done, recipe_.mor, choices, decide_ms, channel_share).dump() << "\n";
   for (const auto& rec : records) jsonl_ << rec.dump() << "\n";
   jsonl_ << std::flush;
   return Status::ok();
@@ -164,6 +197,10 @@ Status Trainer::load_mor_state(const nlohmann::json& s) {
   }
   const auto choices = json_field(m, "choices").get<std::vector<uint8_t>>();
   const size_t whole = whole_mor_linears(), per = size_t(model_.recipe().mor.cells_per_linear());
+  const recipe::MorSpec& spec = model_.recipe().mor;
+  const size_t other_per = per == 3 ? 6 : 3;  // the tensor rule without or with --mor-channel-statistic
+  if (!spec.ladder && !spec.blocks && cells.size() == other_per * whole)
+    cells = with_cells_per_linear(cells, other_per, per);
   if (choices.size() != 3 * whole || cells.size() != per * whole)
     return errorf(
         "trainer_state.json holds MoR decisions for %zu Linear roles and %zu statistics, but this model's %zu MoR "

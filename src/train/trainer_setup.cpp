@@ -38,6 +38,22 @@ Status Trainer::refuse_mor_splits() const {
   return errorf("--recipe %s with %s does not support %s yet; drop it, or %s", recipe_.name.c_str(), split, why, scale);
 }
 
+// --mor-channel-statistic scales each whole row on its own: a token's row is whole on every rank of data and context
+// parallelism, but a row-parallel weight's shard holds part of each of its rows; a frozen LoRA base's weight is
+// measured once, when frozen, not each step.
+Status Trainer::refuse_mor_channel_stat() const {
+  if (!recipe_.mor.channel_stat) return Status::ok();
+  if (cfg_.tensor_model_parallel_size > 1)
+    return errorf(
+        "--mor-channel-statistic scales each row of an operand on its own, but with tensor parallelism a row-parallel "
+        "weight's shard holds only part of each row; drop it or --tensor-model-parallel-size");
+  if (cfg_.peft == "lora")
+    return errorf(
+        "--mor-channel-statistic measures every trained operand each measured step, but a LoRA base's frozen weight "
+        "is measured once when frozen; drop it or --peft lora");
+  return Status::ok();
+}
+
 Status Trainer::setup(TrainConfig cfg) {
   cfg_ = std::move(cfg);
   NB_TRY(detect_ranks());
@@ -95,12 +111,14 @@ Status Trainer::resolve_config() {
   knobs.mor_decide_now = cfg_.mor_decide_now;
   knobs.mor_three_way = cfg_.mor_three_way;
   knobs.mor_scaling = cfg_.mor_scaling;
+  knobs.mor_channel_stat = cfg_.mor_channel_stat;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
   if (recipe_.mor.blocks && cfg_.quant_stats)
     return errorf(
         "--quant-stats measures quantized copies that MoR's block rule does not make (its operands are BF16 with FP8 "
         "blocks); its blocks per format and errors are in metrics.jsonl's mor_linear records: drop --quant-stats");
   NB_TRY(refuse_mor_splits());
+  NB_TRY(refuse_mor_channel_stat());
   if (recipe_.mor.on && recipe_.mor.decide_now && cfg_.pipeline_model_parallel_size > 1)
     return errorf(
         "--mor-decide-now lets each quantization decide itself on one process, for the study of the decisions' lag; "

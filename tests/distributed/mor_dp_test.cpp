@@ -147,6 +147,7 @@ TEST(MorDataParallelCpu, TensorParallelRanksDecideAsOneRank) {
   const std::string t2 = " --nproc-per-node 2 --tensor-model-parallel-size 2 ";
   for (const auto& [extra, says] : std::vector<std::pair<std::string, std::string>>{
            {t2 + "--mor-granularity block", "does not support the block rule"},
+           {t2 + "--mor-channel-statistic", "holds only part of each row"},
            {" --nproc-per-node 2 --context-parallel-size 2 --mor-granularity block",
             "with context parallelism does not support the block rule"}}) {
     r = test::run_nibble(job + extra);

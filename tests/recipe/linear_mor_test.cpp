@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 #include "formats/mor/mor.h"
+#include "formats/mor/mor_stat.h"
 #include "recipe/mor_test_util.h"
 
 namespace nb::recipe {
@@ -66,6 +67,40 @@ struct Job {
     return {p, p + b.tensor().numel()};
   }
 };
+
+// --mor-channel-statistic: cells 3 + role hold each role's per-row scaled statistic of the same quantizations (the
+// step's one input, weight and gradient), and the outputs, the per-tensor cells and the decisions are the run's
+// without.
+TEST(LinearMor, ChannelStatisticMeasuresEachRoleAndChangesNothing) {
+  const auto x = random_bf16_values(kMorM * kMorK, 1.0, 11), w = random_bf16_values(kMorN * kMorK, 0.05, 12),
+             dy = random_bf16_values(kMorM * kMorN, 1e-3, 13);
+  Recipe channel = mor_recipe();
+  channel.mor.channel_stat = true;
+  Job plain(mor_recipe(), x, w, dy), measured(channel, x, w, dy);
+  ASSERT_EQ(measured.lin.mor_cell_count(), 6);
+  for (Job* j : {&plain, &measured}) {
+    j->lin.new_step(1);
+    ASSERT_TRUE(j->pass().is_ok());
+  }
+  EXPECT_EQ(measured.out(measured.y), plain.out(plain.y));
+  EXPECT_EQ(measured.out(measured.dx), plain.out(plain.dx));
+  EXPECT_EQ(measured.out(measured.dw), plain.out(plain.dw));
+  mor::ErrorStat a[3], b[6];
+  ASSERT_TRUE(plain.lin.mor_stats(a).is_ok());
+  ASSERT_TRUE(measured.lin.mor_stats(b).is_ok());
+  const std::vector<float>* src[3] = {&x, &w, &dy};
+  const int64_t rows[3] = {kMorM, kMorN, kMorM}, cols[3] = {kMorK, kMorK, kMorN};
+  for (int r = 0; r < 3; ++r) {
+    expect_equal(b[r], a[r], "per-tensor cell");
+    EXPECT_EQ(measured.lin.mor_rung(r), plain.lin.mor_rung(r));
+    const std::vector<bf16> v = as_bf16(*src[r]);
+    mor::StatCell want;
+    mor::add_fp8_rowwise_stat_host(v.data(), rows[r], cols[r], fp8::Format::e4m3, &want);
+    expect_equal(b[3 + r], mor::stat_of(want), "per-row cell");
+    EXPECT_GT(b[3 + r].nonzero, 0);
+    EXPECT_LE(b[3 + r].mean(), a[r].mean() * 1.05) << r;
+  }
+}
 
 TEST(LinearMor, StatisticsEqualTheReference) {
   const auto x1 = random_bf16_values(kMorM * kMorK, 1.0, 1), x2 = random_bf16_values(kMorM * kMorK, 3.0, 2);

@@ -287,5 +287,31 @@ TEST(MorRecipe, LadderPresetKnobsAndRefusals) {
   expect_knobs_refused("bf16_with_mor_nvfp4_mixed", four_six, "4/6");
 }
 
+// --mor-channel-statistic: on the E4M3 tensor rule it adds three cells per Linear (the per-row scaled statistic) and
+// changes nothing else; the ladder, the block rule, mor-decide-now and a recipe without MoR refuse it.
+TEST(MorRecipe, ChannelStatisticKnobAndRefusals) {
+  Recipe r, plain;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &r).is_ok());
+  plain = r;
+  EXPECT_FALSE(r.mor.channel_stat);
+  EXPECT_EQ(r.mor.cells_per_linear(), 3);
+  RecipeKnobs k;
+  k.mor_channel_stat = true;
+  ASSERT_TRUE(apply_knobs(k, &r).is_ok());
+  EXPECT_TRUE(r.mor.channel_stat);
+  EXPECT_EQ(r.mor.cells_per_linear(), 6);
+  EXPECT_EQ(r.mor.threshold, plain.mor.threshold);
+  EXPECT_EQ(r.input.fmt, plain.input.fmt);
+  EXPECT_EQ(describe_gemms(r, false, 9, 0), describe_gemms(plain, false, 9, 0));
+  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", k, "NVFP4 ladder");
+  RecipeKnobs block = k;
+  block.mor_granularity = "block";
+  expect_knobs_refused("bf16_with_mor_fp8_mixed", block, "block rule");
+  RecipeKnobs now = k;
+  now.mor_decide_now = true;
+  expect_knobs_refused("bf16_with_mor_fp8_mixed", now, "mor-decide-now");
+  expect_knobs_refused("bf16_with_fp8_current_scaling_mixed", k, "no Mixture of Representations");
+}
+
 }  // namespace
 }  // namespace nb::recipe

@@ -41,6 +41,13 @@ void add_fp8_stat_from_amax_host(const bf16* x, int64_t n, float amax, fp8::Form
   add_terms(x, n, cell, [&](int64_t, float v) { return fp8::decode(fp8::encode(v * scale, fmt), fmt) * scale_inv; });
 }
 
+void add_fp8_rowwise_stat_host(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, StatCell* cell) {
+  for (int64_t r = 0; r < rows; ++r) {  // each row its own per-tensor quantization
+    const bf16* row = x + r * cols;
+    add_fp8_stat_from_amax_host(row, cols, fp8::amax_ref(row, cols, nullptr), fmt, cell);
+  }
+}
+
 void add_nvfp4_stat_host(const bf16* x, int64_t rows, int64_t cols, const uint8_t* data, const uint8_t* scales,
                          float amax, StatCell* cell) {
   add_terms(x, rows * cols, cell, [&](int64_t i, float) {
@@ -55,6 +62,9 @@ Status add_nvfp4_stat_cuda(const bf16*, int64_t, int64_t, const uint8_t*, const 
   return errorf("the MoR statistic on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
 }
 Status add_fp8_stat_cuda(const bf16*, const uint8_t*, const float*, int64_t, fp8::Format, StatCell*, Stream) {
+  return errorf("the MoR statistic on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
+}
+Status add_fp8_rowwise_stat_cuda(const bf16*, int64_t, int64_t, fp8::Format, StatCell*, Stream) {
   return errorf("the MoR statistic on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
 }
 #endif

@@ -3,6 +3,8 @@
 // (fp8::TensorView::mor_stat does, on the quantizer's tiled path); each block sums its threads' integers and adds them
 // into the cell with one atomic per field. Integer sums do not depend on the order, so the result equals
 // add_fp8_stat_host's bit for bit (the per-element float expression is element_error_fixed's, IEEE division).
+// Also the per-row ("per-channel") statistic, a row per warp or per block: its amax, then its terms (the study's
+// measurement beside the per-tensor rule, add_fp8_rowwise_stat_host's bit for bit).
 #include <cuda_runtime.h>
 #include <algorithm>
 #include "core/cuda_check.h"
@@ -95,6 +97,83 @@ __global__ void __launch_bounds__(kThreads, 6)
   device::add_block<kThreads>(t8, e4m3_cell);
 }
 
+// ---- The per-row ("per-channel") statistic (add_fp8_rowwise_stat_cuda) ----
+// One unit: 8 elements (one 16-byte load) when kVec, else one element.
+template <bool kVec>
+__device__ __forceinline__ float unit_amax(const bf16* __restrict__ row, int64_t u) {
+  if (!kVec) return fabsf(bf16_to_f32(row[u]));
+  const uint4 v = reinterpret_cast<const uint4*>(row)[u];
+  float m = 0.0f;
+  NB_UNROLL
+  for (uint32_t w : {v.x, v.y, v.z, v.w}) {
+    m = fmaxf(m, fabsf(__uint_as_float(w << 16)));  // fmaxf skips a NaN, as fp8::amax_ref's std::fmax
+    m = fmaxf(m, fabsf(__uint_as_float(w & 0xFFFF0000u)));
+  }
+  return m;
+}
+
+// The unit's terms: each element encoded as the FP8 quantizer encodes x * scale (satfinite RNE, two per conversion).
+template <bool kVec, fp8::Format F>
+__device__ __forceinline__ void add_unit(const bf16* __restrict__ row, int64_t u, float scale, float scale_inv,
+                                         Sums* t) {
+  constexpr bool kE5m2 = F == fp8::Format::e5m2;
+  if (!kVec) {
+    const float v = bf16_to_f32(row[u]);
+    t->add(v, fp8::cvt_fp8x2<F>(__fmul_rn(v, scale), 0.0f) & 0xFFu, scale_inv, kE5m2);
+    return;
+  }
+  const uint4 v = reinterpret_cast<const uint4*>(row)[u];
+  NB_UNROLL
+  for (uint32_t w : {v.x, v.y, v.z, v.w}) {
+    const float lo = __uint_as_float(w << 16), hi = __uint_as_float(w & 0xFFFF0000u);
+    const uint32_t q = fp8::cvt_fp8x2<F>(__fmul_rn(lo, scale), __fmul_rn(hi, scale));
+    t->add(lo, q & 0xFFu, scale_inv, kE5m2);
+    t->add(hi, (q >> 8) & 0xFFu, scale_inv, kE5m2);
+  }
+}
+
+// The max over a row's kRowThreads threads (one warp, or every warp of the block). Every thread of the block calls it.
+template <int kRowThreads>
+__device__ __forceinline__ float row_max(float m, float* s_amax) {
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  if (kRowThreads == 32) return m;
+  constexpr int kWarpsPerRow = kRowThreads / 32;
+  __syncthreads();  // the previous row's reads of s_amax are done
+  if (threadIdx.x % 32 == 0) s_amax[threadIdx.x / 32] = m;
+  __syncthreads();
+  const int first = threadIdx.x / kRowThreads * kWarpsPerRow;
+  m = s_amax[first];
+  for (int w = 1; w < kWarpsPerRow; ++w) m = fmaxf(m, s_amax[first + w]);
+  return m;
+}
+
+// kRowThreads threads per row (a warp for short rows, the block for long ones), kThreads / kRowThreads rows per block
+// and iteration: the row's amax, its scale as the quantizer derives it, then its terms (the row read a second time,
+// mostly from L1). kVec: cols % 8 == 0 and x 16-byte aligned, so every row starts on a 16-byte boundary.
+template <int kRowThreads, bool kVec, fp8::Format F>
+__global__ void __launch_bounds__(kThreads, 6)
+    rowwise_stat_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, StatCell* cell) {
+  constexpr int kRowsPerBlock = kThreads / kRowThreads;
+  __shared__ float s_amax[kThreads / 32];
+  const int group = threadIdx.x / kRowThreads, lane = threadIdx.x % kRowThreads;
+  const int64_t units = kVec ? cols / 8 : cols;
+  Sums t;
+  // `first` is the same for every thread of the block, so all of them reach row_max's barriers alike.
+  for (int64_t first = int64_t(blockIdx.x) * kRowsPerBlock; first < rows; first += int64_t(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = first + group;
+    const bool live = r < rows;
+    const bf16* row = x + (live ? r : 0) * cols;
+    float m = 0.0f;
+    if (live)
+      for (int64_t u = lane; u < units; u += kRowThreads) m = fmaxf(m, unit_amax<kVec>(row, u));
+    m = row_max<kRowThreads>(m, s_amax);
+    if (!live) continue;
+    const float scale = fp8::scale_from_amax(m, fp8::format_max(F), false), scale_inv = 1.0f / scale;
+    for (int64_t u = lane; u < units; u += kRowThreads) add_unit<kVec, F>(row, u, scale, scale_inv, &t);
+  }
+  device::add_block<kThreads>(t, cell);
+}
+
 int max_blocks() {
   static const int blocks = [] {
     int device = 0, sms = 0;
@@ -122,6 +201,35 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
         reinterpret_cast<const uint4*>(x), reinterpret_cast<const uint2*>(codes), scale_inv, work, e5m2, cell);
   else
     fp8_stat_kernel<<<blocks, kThreads, 0, st>>>(x, codes, scale_inv, n, e5m2, cell);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
+}
+
+namespace {
+template <int kRowThreads, bool kVec>
+void launch_rowwise(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, StatCell* cell, cudaStream_t st) {
+  constexpr int kRowsPerBlock = kThreads / kRowThreads;
+  const auto grid = unsigned(std::min<int64_t>((rows + kRowsPerBlock - 1) / kRowsPerBlock, max_blocks()));
+  if (fmt == fp8::Format::e5m2)
+    rowwise_stat_kernel<kRowThreads, kVec, fp8::Format::e5m2><<<grid, kThreads, 0, st>>>(x, rows, cols, cell);
+  else
+    rowwise_stat_kernel<kRowThreads, kVec, fp8::Format::e4m3><<<grid, kThreads, 0, st>>>(x, rows, cols, cell);
+}
+}  // namespace
+
+Status add_fp8_rowwise_stat_cuda(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, StatCell* cell,
+                                 Stream stream) {
+  if (rows <= 0 || cols <= 0) return Status::ok();
+  const auto st = static_cast<cudaStream_t>(stream);
+  const bool vec = cols % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  const int64_t units = vec ? cols / 8 : cols;
+  const bool warp_per_row = units <= 256;  // at most 8 loads per lane: a block per row would idle most of its threads
+  if (warp_per_row)
+    vec ? launch_rowwise<32, true>(x, rows, cols, fmt, cell, st)
+        : launch_rowwise<32, false>(x, rows, cols, fmt, cell, st);
+  else
+    vec ? launch_rowwise<kThreads, true>(x, rows, cols, fmt, cell, st)
+        : launch_rowwise<kThreads, false>(x, rows, cols, fmt, cell, st);
   CUDA_CHECK_LAUNCH();
   return Status::ok();
 }

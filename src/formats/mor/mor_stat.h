@@ -35,6 +35,21 @@ Status add_fp8_stat_cuda(const bf16* x, const uint8_t* codes, const float* scale
 // the GPU, add_nvfp4_stat_cuda computes it beside NVFP4's in one pass.
 void add_fp8_stat_from_amax_host(const bf16* x, int64_t n, float amax, fp8::Format fmt, StatCell* cell);
 
+// The statistic per-row ("per-channel") scaling would give, measured beside the per-tensor one for the study (the
+// paper scales per channel; nibble's tensor rule decides per tensor). x [rows, cols] is an operand as the Linear
+// quantizes it row-wise: X [tokens, K] and dY [tokens, N] (a row is a token), W [out, K] (a row is an output
+// channel). Each row r is quantized on its own, as the per-tensor current-scaling FP8 quantizer quantizes a tensor:
+//   amax_r    = max |x| over the row, fmax-folded as fp8::amax_ref (a NaN is skipped, an Inf makes it Inf)
+//   scale_r   = fp8::scale_from_amax(amax_r, format max, pow2 = false) (amax 0, Inf or NaN: 1)
+//   x_hat     = decode(encode(x * scale_r)) * (1 / scale_r), encoded as the FP8 quantizer encodes (satfinite RNE)
+// and each element's term, the non-zero and the non-finite counts are mor.h's (add_fp8_stat_from_amax_host per row).
+// All rows add into the one *cell. An all-zero row adds nothing; a NaN or Inf is counted non-finite (and, being a
+// non-finite cell, keeps what it would decide BF16). Host memory here; device memory in the CUDA version, which
+// equals the host bit for bit (integer sums), for any cols (no alignment needed; faster with cols % 8 == 0).
+void add_fp8_rowwise_stat_host(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, StatCell* cell);
+Status add_fp8_rowwise_stat_cuda(const bf16* x, int64_t rows, int64_t cols, fp8::Format fmt, StatCell* cell,
+                                 Stream stream);
+
 // The NVFP4 ladder's statistic over an NVFP4 row-wise copy that already exists: x [rows, cols] against data
 // [rows, cols/2] and scales [rows, cols/16] (formats/nvfp4/nvfp4.h's layout, 2D tiles included) and the copy's FP32
 // amax; x_hat_i = nvfp4::dequant_value (E4M3 bound 448: 4/6 copies are not measured). Host memory here, device

@@ -186,6 +186,43 @@ TEST(FormatsGpu, Nvfp4MorStatisticMatchesTheHost) {
   check_nvfp4_stat(4096, 2048, Dist::normal, false, true, false);
 }
 
+// MoR's per-row ("per-channel") FP8 statistic: the GPU pass equals add_fp8_rowwise_stat_host bit for bit. offset: x
+// starts that many elements into its buffer (1: not 16-byte aligned, so the scalar path).
+void check_rowwise_stat(int64_t rows, int64_t cols, Dist dist, bool nonfinite, size_t offset = 0,
+                        fp8::Format fmt = fp8::Format::e4m3) {
+  SCOPED_TRACE(testing::Message() << "per-row statistic " << fp8::format_name(fmt) << " " << rows << "x" << cols
+                                  << " dist " << int(dist) << " offset " << offset);
+  const auto x = fmt_test::make_input(rows, cols, dist, 13 + rows + 5 * cols, nonfinite);
+  mor::StatCell want;
+  mor::add_fp8_rowwise_stat_host(x.data(), rows, cols, fmt, &want);
+  std::vector<bf16> placed(offset, f32_to_bf16(0.0f));
+  placed.insert(placed.end(), x.begin(), x.end());
+  Dev dx = upload(placed), dcell = upload(std::vector<mor::StatCell>(1));
+  ASSERT_TRUE(
+      mor::add_fp8_rowwise_stat_cuda(dx.as<bf16>() + offset, rows, cols, fmt, dcell.as<mor::StatCell>(), nullptr)
+          .is_ok());
+  const mor::StatCell got = dcell.host<mor::StatCell>()[0];
+  EXPECT_EQ(got.err_fixed, want.err_fixed);
+  EXPECT_EQ(got.nonzero, want.nonzero);
+  EXPECT_EQ(got.nonfinite, want.nonfinite);
+  EXPECT_EQ(want.nonfinite > 0, nonfinite);
+  EXPECT_GT(want.nonzero, 0u);
+}
+
+TEST(FormatsGpu, MorRowwiseStatisticMatchesTheHost) {
+  NB_REQUIRE_GPU();
+  for (Dist d : kDists) {
+    check_rowwise_stat(7, 40, d, false);                 // a warp per row, 16-byte loads
+    check_rowwise_stat(33, 45, d, d == Dist::outliers);  // odd columns: one element per load
+    check_rowwise_stat(16, 4104, d, true);               // long rows: a block per row
+    check_rowwise_stat(9, 2051, d, false);               // long odd rows
+  }
+  check_rowwise_stat(65536, 64, Dist::normal, false);    // many rows: the grid strides over them
+  check_rowwise_stat(64, 28672, Dist::lognormal, true);  // the longest rows an 8B MLP's gradient has
+  check_rowwise_stat(40, 48, Dist::outliers, false, 1);  // misaligned
+  check_rowwise_stat(24, 200, Dist::lognormal, false, 0, fp8::Format::e5m2);
+}
+
 // MoR's block rule in training (mor_block.h): the BF16 operand, the E4M3 statistic and the block counts.
 void check_mor_block_rule(int64_t rows, int64_t cols, Dist dist, bool nonfinite, const mor::BlockRule& rule) {
   SCOPED_TRACE(testing::Message() << "MoR block rule " << rows << "x" << cols << " dist " << int(dist) << " "

@@ -31,6 +31,37 @@ Status run_mor(Device dev, int bf16_role, const std::vector<float>& x, const std
       [out](Linear& lin) { return lin.mor_stats(out->stats); });
 }
 
+// --mor-channel-statistic on the GPU: all six cells equal the CPU Linear's bit for bit (the per-row pass,
+// add_fp8_rowwise_stat_cuda, from the source pointer), and the outputs are the GPU run's without it, bit for bit.
+TEST(LinearMorGpu, ChannelStatisticEqualsTheCpusAndChangesNoOutput) {
+  NB_REQUIRE_GPU();
+  const auto x = random_bf16_values(kMorM * kMorK, 1.0, 41), w = random_bf16_values(kMorN * kMorK, 0.05, 42),
+             dy = random_bf16_values(kMorM * kMorN, 1e-3, 43);
+  Recipe plain, channel;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &plain).is_ok());
+  channel = plain;
+  channel.mor.channel_stat = true;
+  mor::ErrorStat cpu[6], gpu[6], gpu_plain[3];
+  LinearRun run_cpu, run_gpu, run_plain;
+  const auto read = [](mor::ErrorStat* into) { return [into](Linear& lin) { return lin.mor_stats(into); }; };
+  Status st = run_linear(channel, Device::cpu, kMorM, kMorK, kMorN, x, w, dy, &run_cpu, 5, 2, {}, read(cpu));
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  st = run_linear(channel, Device::cuda, kMorM, kMorK, kMorN, x, w, dy, &run_gpu, 5, 2, {}, read(gpu));
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  st = run_linear(plain, Device::cuda, kMorM, kMorK, kMorN, x, w, dy, &run_plain, 5, 2, {}, read(gpu_plain));
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(gpu[i].err_fixed, cpu[i].err_fixed) << "cell " << i;
+    EXPECT_EQ(gpu[i].nonzero, cpu[i].nonzero) << "cell " << i;
+    EXPECT_EQ(gpu[i].nonfinite, cpu[i].nonfinite) << "cell " << i;
+    EXPECT_GT(gpu[i].nonzero, 0) << "cell " << i;
+    if (i < 3) EXPECT_EQ(gpu[i].err_fixed, gpu_plain[i].err_fixed) << "cell " << i;
+  }
+  EXPECT_EQ(run_gpu.y, run_plain.y);
+  EXPECT_EQ(run_gpu.dx, run_plain.dx);
+  EXPECT_EQ(run_gpu.dw, run_plain.dw);
+}
+
 TEST(LinearMorGpu, StatisticsEqualTheCpusAndMixedGemmsStayWithinTheBound) {
   NB_REQUIRE_GPU();
   const auto x = random_bf16_values(kMorM * kMorK, 1.0, 31), w = random_bf16_values(kMorN * kMorK, 0.05, 32),
