@@ -23,14 +23,16 @@ Status Trainer::refuse_mor_splits() const {
   const char* scale =
       "scale it with data or pipeline parallelism (--nproc-per-node, --use-distributed-optimizer or "
       "--use-megatron-fsdp, --pipeline-model-parallel-size)";
-  const char* rule = recipe_.mor.ladder   ? "the NVFP4 ladder"
-                     : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
-                                          : nullptr;
   const char* split = cfg_.tensor_model_parallel_size > 1 ? "tensor parallelism"
                       : cfg_.context_parallel_size > 1    ? "context parallelism"
                                                           : nullptr;
   if (!split) return Status::ok();
   const bool tp = cfg_.tensor_model_parallel_size > 1;
+  // The ladder beside context parallelism keeps the whole sequences' statistics (its NVFP4 blocks lie inside a
+  // token's row, its scales come from the group's amax); beside tensor parallelism it is not built.
+  const char* rule = recipe_.mor.ladder && tp ? "the NVFP4 ladder"
+                     : recipe_.mor.blocks     ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                                              : nullptr;
   const char* why = rule                        ? rule
                     : tp && cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
                                                 : nullptr;
