@@ -28,11 +28,12 @@ Status Trainer::refuse_mor_splits() const {
                                                           : nullptr;
   if (!split) return Status::ok();
   const bool tp = cfg_.tensor_model_parallel_size > 1;
-  // The ladder beside context parallelism keeps the whole sequences' statistics (its NVFP4 blocks lie inside a
-  // token's row, its scales come from the group's amax); beside tensor parallelism it is not built.
-  const char* rule = recipe_.mor.ladder && tp ? "the NVFP4 ladder"
-                     : recipe_.mor.blocks     ? "the block rule (GAM's shared mantissa is the whole tensor's)"
-                                              : nullptr;
+  // The ladder keeps the whole tensor's statistics beside context and tensor parallelism (its scales come from the
+  // group's amax, its NVFP4 blocks stay whole in every shard); sequence parallelism's gathers of an E4M3-rung operand
+  // are not built.
+  const char* rule = recipe_.mor.ladder && tp && cfg_.sequence_parallel ? "the NVFP4 ladder"
+                     : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                                          : nullptr;
   const char* why = rule                        ? rule
                     : tp && cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
                                                 : nullptr;
