@@ -205,12 +205,20 @@ Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream)
 }
 
 // MoR's block rule (mor_block.h): the BF16 operand into the row data (col_is_row: the only copy), the blocks decided
-// and counted as they are quantized; GAM's tensor amax is taken into the row amax slot first.
+// and counted as they are quantized; GAM's tensor amax is taken into the row amax slot first (the ladder's NVFP4 amax
+// into the column one).
 Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
   auto* out = reinterpret_cast<bf16*>(o.colwise ? o.col_data : o.row_data);  // the input's one copy: its column piece
+  float* scratch = state_f.ptr<float>() + kRowAmax;  // GAM's amax, then (the ladder) NVFP4's in kColAmax
+  static_assert(kColAmax == kRowAmax + 1, "the block ladder's two amaxes are adjacent");
+  if (a.mor_top.threshold > 0) {
+    const mor::BlockTallies t{a.mor_stat, a.mor_nvfp4, a.mor_blocks};
+    if (dev == Device::cuda)
+      return mor::apply_block_ladder_cuda(src, rows, cols, a.mor_rule, a.mor_top, out, t, scratch, stream);
+    return mor::apply_block_ladder_ref(src, rows, cols, a.mor_rule, a.mor_top, out, t);
+  }
   if (dev == Device::cuda)
-    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks,
-                                      state_f.ptr<float>() + kRowAmax, stream);
+    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks, scratch, stream);
   return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks);
 }
 

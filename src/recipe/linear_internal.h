@@ -66,6 +66,8 @@ struct QuantizeArgs {
   mor::StatCell* mor_stat = nullptr;  // MoR: the quantization adds its error statistic here (fp8::TensorView)
   mor::BlockRule mor_rule{};          // Fmt::mor_block: the rule, and where its blocks per choice are counted
   mor::BlockCounts* mor_blocks = nullptr;
+  mor::BlockLadder mor_top{};          // Fmt::mor_block on the NVFP4 ladder: its NVFP4 rung (threshold 0: none)
+  mor::StatCell* mor_nvfp4 = nullptr;  // and where its NVFP4 statistic is added
 };
 
 struct QCopies {
@@ -209,7 +211,14 @@ struct Linear::Impl {
                         amax_groups[int(role)],
                         sr_origin[int(role)],
                         nullptr,
-                        mor::BlockRule{recipe.mor.three_way, recipe.mor.scaling, recipe.mor.threshold}};
+                        mor::BlockRule{recipe.mor.three_way, recipe.mor.scaling, recipe.mor.threshold},
+                        nullptr,
+                        mor_block_ladder(role)};
+  }
+  // The block ladder's NVFP4 rung for role (SR as the role's spec says, with its key); none without the ladder.
+  mor::BlockLadder mor_block_ladder(Role role) const {
+    if (!recipe.mor.on || !recipe.mor.ladder || !recipe.mor.blocks) return {};
+    return {recipe.mor.nvfp4_threshold, q[int(role)].spec.sr, rng_key(role)};
   }
   // Per Role: the columns from set_grad_columns; the rows set around a gathered chunk's quantization.
   nvfp4::SrOrigin sr_origin[3] = {};
@@ -246,7 +255,8 @@ struct Linear::Impl {
   mor::StatCell* mor_cells = nullptr;
   Buffer mor_own_cells;
   QCopies q8[3];  // the ladder: each role's per-tensor E4M3 copies, the rung below NVFP4
-  bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder; }
+  // The tensor ladder (the ladder per block keeps one Fmt::mor_block copy per role, as the block rule).
+  bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder && !recipe.mor.blocks; }
   int mor_cell_count() const { return recipe.mor.cells_per_linear(); }
   MorRung mor_top() const { return mor_ladder() ? MorRung::nvfp4 : MorRung::fp8; }
   // Quantizes c (one of role's copies) from p; an FP8 copy adds its statistic into cell `cell` (-1: none).

@@ -21,9 +21,9 @@ Status Linear::Impl::mor_init(bool dry) {
         "(--lora-base-precision mor_fp8); the NVFP4 ladder and the block rule are not built for frozen weights",
         name.c_str());
   for (const RoleSpec* r : {&recipe.input, &recipe.weight, &recipe.grad})
-    if (mor_ladder()        ? r->fmt != Fmt::nvfp4 || r->four_over_six
-        : recipe.mor.blocks ? r->fmt != Fmt::mor_block
-                            : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
+    if (recipe.mor.blocks ? r->fmt != Fmt::mor_block
+        : mor_ladder()    ? r->fmt != Fmt::nvfp4 || r->four_over_six
+                          : r->fmt != Fmt::fp8_e4m3 && r->fmt != Fmt::fp8_e5m2)
       return errorf(
           "internal: linear '%s': MoR needs per-tensor FP8 roles (the ladder: NVFP4 without 4/6; the block rule: "
           "mor_block), got %s",
@@ -58,6 +58,7 @@ Status Linear::Impl::mor_block_quantize(Role role, const bf16* p, int64_t rows, 
     NB_TRY(mor_cells_now(&cells));
     qa.mor_stat = cells + int(role);
     qa.mor_blocks = reinterpret_cast<mor::BlockCounts*>(cells + 3 + int(role));
+    if (qa.mor_top.threshold > 0) qa.mor_nvfp4 = cells + 6 + int(role);  // the ladder's NVFP4 statistic
   }
   static const char* const kNames[3] = {"input", "weight", "grad"};
   return q[int(role)].quantize(p, rows, qa, stream).context("linear '" + name + "' " + kNames[int(role)]);

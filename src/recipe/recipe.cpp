@@ -110,7 +110,7 @@ Status recipe_preset(const std::string& name, Recipe* out) {
 }
 
 static bool uses_nvfp4(const Recipe& r) {
-  return r.input.fmt == Fmt::nvfp4 || r.weight.fmt == Fmt::nvfp4 || r.grad.fmt == Fmt::nvfp4;
+  return r.input.fmt == Fmt::nvfp4 || r.weight.fmt == Fmt::nvfp4 || r.grad.fmt == Fmt::nvfp4 || r.mor.ladder;
 }
 
 // fp4_4over6 and fp4_4over6_err_mode (known values): which roles get 4/6 scaling, with which error
@@ -152,12 +152,6 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
           name);
     return Status::ok();
   }
-  if (r->mor.ladder)
-    return errorf(
-        "recipe '%s': mor-granularity block is built for bf16_with_mor_fp8_mixed only: an NVFP4 block keeps its "
-        "tensor's global scale, which BF16 and FP8 blocks beside it in one operand cannot share; use "
-        "bf16_with_mor_fp8_mixed or mor-granularity tensor",
-        name);
   if (k.mor_decide_now || k.mor_interval > 1)
     return errorf(
         "recipe '%s': the block rule decides every block inside its quantization, from the data it quantizes (no lag, "
@@ -170,7 +164,11 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
   r->mor.three_way = k.mor_three_way;
   if (!sc.empty())
     r->mor.scaling = sc == "gam" ? mor::ScaleMode::gam : sc == "amax" ? mor::ScaleMode::amax : mor::ScaleMode::pow2;
-  r->input = r->weight = r->grad = RoleSpec{Fmt::mor_block};
+  // The ladder per block: NVFP4 blocks of 16x16 tiles in every role (one copy reads the same in all three GEMMs, so
+  // no RHT), the gradient's stochastically rounded as the NVFP4 recipe's are.
+  const bool grad_sr = r->mor.ladder && r->grad.sr;
+  r->input = r->weight = RoleSpec{Fmt::mor_block};
+  r->grad = RoleSpec{Fmt::mor_block, /*rht=*/false, grad_sr, /*two_d=*/false};
   r->fp8_scaling = Fp8Scaling::none;
   return Status::ok();
 }
@@ -263,6 +261,12 @@ Status apply_knobs(const RecipeKnobs& k, Recipe* r) {
         "recipe '%s' has no NVFP4 operands, so the fp4 RHT/SR/2D switches would do nothing; drop them "
         "or choose bf16_with_nvfp4_mixed",
         r->name.c_str());
+  if (r->mor.ladder && r->mor.blocks && (k.fp4_disable_rht || k.fp4_disable_2d))
+    return errorf(
+        "recipe '%s': the NVFP4 ladder per block has no RHT and always uses 16x16 tiles (one copy per role serves all "
+        "three GEMMs), so fp4-disable-rht and fp4-disable-2d do not apply; drop them",
+        r->name.c_str());
+  if (r->mor.ladder && r->mor.blocks && k.fp4_disable_sr) r->grad.sr = false;
   for (RoleSpec* role : {&r->input, &r->weight, &r->grad}) {
     if (role->fmt != Fmt::nvfp4) continue;
     if (k.fp4_disable_rht) role->rht = false;
@@ -316,17 +320,20 @@ static std::string gemm_engine(Fmt a, int cc_major) {
 static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
   char t[32], t4[32];
   std::snprintf(t, sizeof t, "%.4g", r.mor.threshold * 100.0);
+  std::snprintf(t4, sizeof t4, "%.4g", r.mor.nvfp4_threshold * 100.0);
   if (r.mor.blocks) {
     const std::string e = cc_major <= 0 ? " (cpu reference)" : " (cublaslt bf16)";
-    const std::string op = r.mor.three_way ? "blocks[e4m3|e5m2|bf16]" : "blocks[e4m3|bf16]";
-    const std::string rule = r.mor.three_way
-                                 ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
-                                 : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
+    const std::string top = r.mor.ladder ? "nvfp4|" : "";
+    const std::string op = "blocks[" + top + (r.mor.three_way ? "e4m3|e5m2|bf16]" : "e4m3|bf16]");
+    std::string rule = r.mor.three_way ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
+                                       : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
+    if (r.mor.ladder)
+      rule = std::string("NVFP4 (16x16 tiles") + (r.grad.sr ? ", SR on gradients" : "") +
+             ") while its mean relative error < " + t4 + "%, else " + rule;
     return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
            " fp32 accumulate; each 128x128 block " + rule + ", " + mor::scale_mode_name(r.mor.scaling) +
            " scales, decided in its quantization (no lag)";
   }
-  std::snprintf(t4, sizeof t4, "%.4g", r.mor.nvfp4_threshold * 100.0);
   const std::string op = r.mor.ladder ? "nvfp4|e4m3|bf16" : "e4m3|bf16";
   const std::string e = cc_major <= 0  ? " (cpu reference)"
                         : r.mor.ladder ? " (cublaslt fp8, or emulated)"

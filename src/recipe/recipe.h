@@ -53,7 +53,8 @@ struct MorSpec {
   // The block rule (--mor-granularity block; formats/mor/mor_block.h): every role is Fmt::mor_block, each 128x128
   // block decided inside its quantization from its own numbers (no lag, every step), E4M3 while its error is below
   // `threshold` (three_way: E4M3 if it beats E5M2, else E5M2 if the block's range fits, else BF16), scaled by
-  // `scaling`. Nothing is decided on the host; the cells count the blocks.
+  // `scaling`. Nothing is decided on the host; the cells count the blocks. With `ladder` too, NVFP4 (16x16 tiles, SR
+  // where the role's spec has sr) is the rung above, kept while the block's NVFP4 error is below nvfp4_threshold.
   bool blocks = false;
   bool three_way = false;
   mor::ScaleMode scaling = mor::ScaleMode::gam;
@@ -62,8 +63,9 @@ struct MorSpec {
   // study; decisions still read the per-tensor statistic.
   bool channel_stat = false;
   // Statistic cells per MoR Linear: E4M3's input, weight and grad, then (the ladder) NVFP4's, (blocks) each role's
-  // blocks per choice (mor::BlockCounts), or (channel_stat) the per-row scaled E4M3 statistic.
-  int cells_per_linear() const { return ladder || blocks || channel_stat ? 6 : 3; }
+  // blocks per choice (mor::BlockCounts), or (channel_stat) the per-row scaled E4M3 statistic; the ladder per block
+  // (ladder and blocks) has the block rule's six, then NVFP4's three.
+  int cells_per_linear() const { return ladder && blocks ? 9 : ladder || blocks || channel_stat ? 6 : 3; }
   // Each quantization decides its own operands from its own statistic (no lag), to show what the lag of the
   // training schedule changes; on a GPU the host waits for every measured quantization (a study's setting).
   bool decide_now = false;

@@ -40,6 +40,11 @@ std::string format_log_line(const StepMetrics& m) {
                   100.0 * m.mor_nvfp4_operands, 100.0 * m.mor_nvfp4_gemms);
     line += mor;
   }
+  if (m.mor_nvfp4_blocks >= 0) {
+    char mor[64];
+    std::snprintf(mor, sizeof mor, " MoR NVFP4 blocks: %.1f%% |", 100.0 * m.mor_nvfp4_blocks);
+    line += mor;
+  }
   if (m.mor_fp8_blocks >= 0) {
     char mor[96];
     std::snprintf(mor, sizeof mor, " MoR FP8 blocks: %.1f%% (E5M2 %.1f%%) |", 100.0 * m.mor_fp8_blocks,
@@ -79,6 +84,7 @@ std::string format_jsonl(const StepMetrics& m) {
   if (m.mor_fp8_operands >= 0) j["mor_fp8_operands"] = m.mor_fp8_operands;
   if (m.mor_fp8_blocks >= 0) j["mor_fp8_blocks"] = m.mor_fp8_blocks;
   if (m.mor_e5m2_blocks >= 0) j["mor_e5m2_blocks"] = m.mor_e5m2_blocks;
+  if (m.mor_nvfp4_blocks >= 0) j["mor_nvfp4_blocks"] = m.mor_nvfp4_blocks;
   if (m.mor_fp8_gemms >= 0) j["mor_fp8_gemms"] = m.mor_fp8_gemms;
   if (m.mor_nvfp4_operands >= 0) j["mor_nvfp4_operands"] = m.mor_nvfp4_operands;
   if (m.mor_nvfp4_gemms >= 0) j["mor_nvfp4_gemms"] = m.mor_nvfp4_gemms;

@@ -23,8 +23,9 @@ struct StepMetrics {
   // ladder in NVFP4; -1 without it.
   double mor_fp8_operands = -1, mor_fp8_gemms = -1;
   double mor_nvfp4_operands = -1, mor_nvfp4_gemms = -1;
-  // MoR's block rule: the share of the step's 128x128 operand blocks in FP8 (E4M3 or E5M2) and in E5M2; -1 without it.
-  double mor_fp8_blocks = -1, mor_e5m2_blocks = -1;
+  // MoR's block rule: the share of the step's 128x128 operand blocks in FP8 (E4M3 or E5M2) and in E5M2, and (the
+  // ladder per block) in NVFP4; -1 without it.
+  double mor_fp8_blocks = -1, mor_e5m2_blocks = -1, mor_nvfp4_blocks = -1;
 };
 
 // Dense BF16 datasheet peak for a device name (H100/H200 SXM 989.4), 0 if unknown.

@@ -46,6 +46,7 @@ ScalarList step_scalars(const StepMetrics& m) {
     out.emplace_back("mor/fp8_blocks", m.mor_fp8_blocks);
     out.emplace_back("mor/e5m2_blocks", m.mor_e5m2_blocks);
   }
+  if (m.mor_nvfp4_blocks >= 0) out.emplace_back("mor/nvfp4_blocks", m.mor_nvfp4_blocks);
   if (m.mor_fp8_operands >= 0) {
     out.emplace_back("mor/fp8_operands", m.mor_fp8_operands);
     out.emplace_back("mor/fp8_gemms", m.mor_fp8_gemms);

@@ -106,6 +106,7 @@ Status Trainer::step(StepMetrics* m) {
   m->mor_nvfp4_gemms = f.mor_nvfp4_gemms;
   m->mor_fp8_blocks = f.mor_fp8_blocks;
   m->mor_e5m2_blocks = f.mor_e5m2_blocks;
+  m->mor_nvfp4_blocks = f.mor_nvfp4_blocks;
   m->data_wait_ms = wait_ms;
   m->skipped = skipped_;
   m->nan_iters = nan_iters_;

@@ -147,7 +147,7 @@ class Trainer {
     // the NVFP4 ladder in NVFP4 (-1: no MoR, or no ladder).
     double mor_fp8_operands = -1, mor_fp8_gemms = -1;
     double mor_nvfp4_operands = -1, mor_nvfp4_gemms = -1;
-    double mor_fp8_blocks = -1, mor_e5m2_blocks = -1;
+    double mor_fp8_blocks = -1, mor_e5m2_blocks = -1, mor_nvfp4_blocks = -1;
   };
   // Mixture of Representations (trainer_mor.cpp): the step's shares, and after the first step of each decision
   // interval the statistics summed over the data-parallel ranks, the next decisions, a metrics.jsonl record and a

@@ -89,7 +89,8 @@ void fp8_fake_quantize_ref(const bf16* x, int64_t rows, int64_t cols, fp8::Forma
                            const std::vector<float>& scales, std::vector<float>* x_hat);
 
 // ---- Tensor-level rule: E4M3 when its error is below the threshold, else the whole tensor stays BF16 ----
-enum class Choice : uint8_t { fp8_e4m3, fp8_e5m2, bf16 };  // the NVFP4 ladder adds its rung with its rule
+// nvfp4: the NVFP4 ladder per block only (mor_block.h); the tensor ladder decides its rungs in recipe::MorRung.
+enum class Choice : uint8_t { fp8_e4m3, fp8_e5m2, bf16, nvfp4 };
 const char* choice_name(Choice c);
 enum class Reason : uint8_t { below_threshold, above_threshold, nonfinite, range };
 struct TensorDecision {

@@ -1,5 +1,7 @@
 // GPU side of MoR's block rule in training (mor_block.h): one thread block per 128x128 block (clipped), which it
 // stages in shared memory and passes over three times: its ranges, its E4M3 (and E5M2) statistics, then the output.
+// The ladder adds its NVFP4 rung: the tiles' amaxes (shared atomics on the bit patterns), their scale codes, and the
+// NVFP4 statistic, each a pass over the block's 16-element rows of a tile (one Philox block each under SR).
 // Every reduction is of integers or of fmax/fmin, so any order gives apply_block_rule_ref's bits; the per-element
 // float expressions are the host's (IEEE products and divisions, never contracted).
 #include <cuda_runtime.h>
@@ -7,6 +9,8 @@
 #include "formats/fp8/fp8_convert.cuh"
 #include "formats/mor/mor_block.h"
 #include "formats/mor/mor_stat.cuh"
+#include "formats/nvfp4/nvfp4.h"
+#include "formats/nvfp4/nvfp4_math.h"
 
 namespace nb::mor {
 namespace {
@@ -60,11 +64,77 @@ __device__ unsigned long long error_sum(const bf16* tile, int n, float scale, fl
   return err;
 }
 
+// The NVFP4 rung of one block, staged in `tile` (h x w, multiples of 16): the scale code and encode scale of each
+// 16x16 tile (tile t at row t / 8, column t % 8 of the block's tiles).
+struct Nvfp4Tiles {
+  uint32_t bits[64];  // each tile's amax by bit pattern, then its scale code
+  float enc[64];
+};
+
+__device__ void nvfp4_tile_scales(const bf16* tile, int h, int w, float s_enc, Nvfp4Tiles* t) {
+  const int segs = h * w / 16, seg_cols = w / 16;
+  for (int i = threadIdx.x; i < 64; i += kThreads) t->bits[i] = 0;
+  __syncthreads();
+  for (int g = threadIdx.x; g < segs; g += kThreads) {  // one 16-element row of a tile
+    const int r = g / seg_cols, c16 = g % seg_cols;
+    uint32_t m = 0;
+    for (int j = 0; j < 16; ++j) m = max(m, nvfp4::abs_bits(bf16_to_f32(tile[r * w + c16 * 16 + j])));
+    atomicMax(&t->bits[(r / 16) * 8 + c16], m);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < (h / 16) * 8; i += kThreads) {
+    const uint32_t code = nvfp4::block_scale_code(__uint_as_float(t->bits[i]), s_enc);
+    t->bits[i] = code;
+    t->enc[i] = nvfp4::block_encode_scale(code, s_enc);
+  }
+  __syncthreads();
+}
+
+// The NVFP4 value of the 16 elements of segment g (row r, tile column c16 of the block at (r0, c0)) into v[16].
+__device__ __forceinline__ void nvfp4_segment(const bf16* tile, int w, int g, int64_t r0, int64_t c0, int64_t cols,
+                                              float amax, const BlockLadder& top, const Nvfp4Tiles& t, float* v) {
+  const int seg_cols = w / 16, r = g / seg_cols, c16 = g % seg_cols, ti = (r / 16) * 8 + c16;
+  const uint32_t sc = t.bits[ti];
+  const float enc = t.enc[ti];
+  const int64_t e0 = (r0 + r) * cols + c0 + c16 * 16;
+  const Philox4x32 rand = top.sr ? philox_block(top.rng, uint64_t(e0) / 16) : Philox4x32{};
+  NB_UNROLL
+  for (int j = 0; j < 16; ++j) {
+    const float q = __fmul_rn(bf16_to_f32(tile[r * w + c16 * 16 + j]), enc);
+    const uint32_t code = top.sr ? nvfp4::e2m1_code_sr(q, philox_byte(rand, j)) : nvfp4::e2m1_code_rne(q);
+    v[j] = nvfp4::dequant_value(code, sc, amax);
+  }
+}
+
+__device__ unsigned long long nvfp4_error_sum(const bf16* tile, int h, int w, int64_t r0, int64_t c0, int64_t cols,
+                                              float amax, const BlockLadder& top, const Nvfp4Tiles& t) {
+  unsigned long long err = 0;
+  for (int g = threadIdx.x; g < h * w / 16; g += kThreads) {
+    float v[16];
+    nvfp4_segment(tile, w, g, r0, c0, cols, amax, top, t, v);
+    const int r = g / (w / 16), c = (g % (w / 16)) * 16;
+    for (int j = 0; j < 16; ++j) {
+      const float x = bf16_to_f32(tile[r * w + c + j]);
+      if (isfinite(x) && x != 0.0f) err += device::element_term(x, v[j]);
+    }
+  }
+  return err;
+}
+
+__device__ void add_stat(StatCell* cell, unsigned long long err, unsigned long long nonzero, unsigned nonfinite) {
+  if (!cell) return;
+  if (err) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->err_fixed), err);
+  if (nonzero) atomicAdd(reinterpret_cast<unsigned long long*>(&cell->nonzero), nonzero);
+  if (nonfinite) atomicAdd(&cell->nonfinite, nonfinite);
+}
+
+// kLadder: the NVFP4 rung above the rule (tensor_amax[1]: NVFP4's amax); else top is unused.
+template <bool kLadder>
 __global__ void __launch_bounds__(kThreads)
-    block_rule_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, BlockRule rule,
-                      const float* __restrict__ tensor_amax, bf16* __restrict__ out, StatCell* e4m3_stat,
-                      BlockCounts* counts) {
+    block_rule_kernel(const bf16* __restrict__ x, int64_t rows, int64_t cols, BlockRule rule, BlockLadder top,
+                      const float* __restrict__ tensor_amax, bf16* __restrict__ out, BlockTallies tallies) {
   __shared__ bf16 tile[kBlock * kBlock];
+  __shared__ Nvfp4Tiles nv_tiles;
   const int64_t r0 = int64_t(blockIdx.y) * kBlock, c0 = int64_t(blockIdx.x) * kBlock;
   const int h = int(rows - r0 < kBlock ? rows - r0 : kBlock), w = int(cols - c0 < kBlock ? cols - c0 : kBlock);
   const int n = h * w;
@@ -98,26 +168,59 @@ __global__ void __launch_bounds__(kThreads)
   const unsigned long long nonzero = block_all((unsigned long long)nz, Add{});
   unsigned long long err5 = 0;
   if (rule.three_way) err5 = block_all(error_sum<fp8::Format::e5m2>(tile, n, s5, s5_inv, &nz5), Add{});
-  const Choice choice = block_rule_choice(rule, err4, err5, nonzero, nonfinite > 0, finite_amax, min_nonzero);
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float v = bf16_to_f32(tile[i]);
-    bf16 o = tile[i];
-    if (choice == Choice::fp8_e4m3) o = f32_to_bf16(fake_quantize<fp8::Format::e4m3>(v, s4, s4_inv));
-    if (choice == Choice::fp8_e5m2) o = f32_to_bf16(fake_quantize<fp8::Format::e5m2>(v, s5, s5_inv));
-    out[(r0 + i / w) * cols + c0 + i % w] = o;
+  Choice choice = block_rule_choice(rule, err4, err5, nonzero, nonfinite > 0, finite_amax, min_nonzero);
+  unsigned long long err_nv = 0;
+  const float nv_amax = kLadder ? tensor_amax[1] : 0.0f;
+  if (kLadder) {
+    nvfp4_tile_scales(tile, h, w, nvfp4::global_encode_scale(nv_amax), &nv_tiles);
+    err_nv = block_all(nvfp4_error_sum(tile, h, w, r0, c0, cols, nv_amax, top, nv_tiles), Add{});
+    if (ladder_keeps_nvfp4(top, err_nv, nonzero, nonfinite > 0)) choice = Choice::nvfp4;
+  }
+  if (kLadder && choice == Choice::nvfp4) {
+    for (int g = threadIdx.x; g < n / 16; g += kThreads) {
+      float v[16];
+      nvfp4_segment(tile, w, g, r0, c0, cols, nv_amax, top, nv_tiles, v);
+      const int r = g / (w / 16), c = (g % (w / 16)) * 16;
+      for (int j = 0; j < 16; ++j) out[(r0 + r) * cols + c0 + c + j] = f32_to_bf16(v[j]);
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float v = bf16_to_f32(tile[i]);
+      bf16 o = tile[i];
+      if (choice == Choice::fp8_e4m3) o = f32_to_bf16(fake_quantize<fp8::Format::e4m3>(v, s4, s4_inv));
+      if (choice == Choice::fp8_e5m2) o = f32_to_bf16(fake_quantize<fp8::Format::e5m2>(v, s5, s5_inv));
+      out[(r0 + i / w) * cols + c0 + i % w] = o;
+    }
   }
   if (threadIdx.x != 0) return;
-  if (e4m3_stat) {
-    if (err4) atomicAdd(reinterpret_cast<unsigned long long*>(&e4m3_stat->err_fixed), err4);
-    if (nonzero) atomicAdd(reinterpret_cast<unsigned long long*>(&e4m3_stat->nonzero), nonzero);
-    if (nonfinite) atomicAdd(&e4m3_stat->nonfinite, nonfinite);
-  }
-  if (counts) {
-    if (choice == Choice::fp8_e4m3) atomicAdd(reinterpret_cast<unsigned long long*>(&counts->e4m3), 1ull);
-    if (choice == Choice::fp8_e5m2) atomicAdd(reinterpret_cast<unsigned long long*>(&counts->e5m2), 1ull);
+  add_stat(tallies.e4m3_stat, err4, nonzero, nonfinite);
+  if (kLadder) add_stat(tallies.nvfp4_stat, err_nv, nonzero, nonfinite);
+  if (BlockCounts* counts = tallies.counts) {
+    if (choice == Choice::fp8_e4m3) atomicAdd(&counts->e4m3, 1u);
+    if (choice == Choice::fp8_e5m2) atomicAdd(&counts->e5m2, 1u);
+    if (choice == Choice::nvfp4) atomicAdd(&counts->nvfp4, 1u);
     if (choice == Choice::bf16) atomicAdd(&counts->bf16, 1u);
     if (nonfinite) atomicAdd(&counts->nonfinite, 1u);
   }
+}
+
+// Both entry points: top null, the FP8 rule alone. scratch: GAM's amax, then (the ladder) NVFP4's.
+Status launch(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder* top, bf16* out,
+              const BlockTallies& tallies, float* scratch, Stream stream) {
+  const int64_t brows = (rows + kBlock - 1) / kBlock, bcols = (cols + kBlock - 1) / kBlock;
+  if (brows > 65535) return errorf("mor: the block rule takes at most %lld rows", (long long)(65535 * kBlock));
+  if ((rule.mode == ScaleMode::gam || top) && !scratch)
+    return errorf("internal: the block rule needs device floats for the tensor's amaxes (GAM's, NVFP4's)");
+  if (rule.mode == ScaleMode::gam) NB_TRY(fp8::amax_cuda(x, rows * cols, scratch, nullptr, stream));
+  if (top) NB_TRY(nvfp4::compute_amax_cuda(x, rows, cols, false, scratch + 1, nullptr, stream));
+  const auto st = static_cast<cudaStream_t>(stream);
+  const dim3 grid{unsigned(bcols), unsigned(brows)};
+  if (top)
+    block_rule_kernel<true><<<grid, kThreads, 0, st>>>(x, rows, cols, rule, *top, scratch, out, tallies);
+  else
+    block_rule_kernel<false><<<grid, kThreads, 0, st>>>(x, rows, cols, rule, BlockLadder{}, scratch, out, tallies);
+  CUDA_CHECK_LAUNCH();
+  return Status::ok();
 }
 
 }  // namespace
@@ -126,17 +229,13 @@ Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const Bl
                              StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream) {
   if (rows < 1 || cols < 1)
     return errorf("mor: the block rule needs a non-empty tensor; got [%lld, %lld]", (long long)rows, (long long)cols);
-  const int64_t brows = (rows + kBlock - 1) / kBlock, bcols = (cols + kBlock - 1) / kBlock;
-  if (brows > 65535) return errorf("mor: the block rule takes at most %lld rows", (long long)(65535 * kBlock));
-  if (rule.mode == ScaleMode::gam) {
-    if (!scratch) return errorf("internal: the block rule's GAM scaling needs a device float for the tensor's amax");
-    NB_TRY(fp8::amax_cuda(x, rows * cols, scratch, nullptr, stream));
-  }
-  const auto st = static_cast<cudaStream_t>(stream);
-  block_rule_kernel<<<dim3(unsigned(bcols), unsigned(brows)), kThreads, 0, st>>>(x, rows, cols, rule, scratch, out,
-                                                                                 e4m3_stat, counts);
-  CUDA_CHECK_LAUNCH();
-  return Status::ok();
+  return launch(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts}, scratch, stream);
+}
+
+Status apply_block_ladder_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
+                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream) {
+  NB_TRY(check_block_ladder(rows, cols, top));
+  return launch(x, rows, cols, rule, &top, out, tallies, scratch, stream);
 }
 
 }  // namespace nb::mor

@@ -6,14 +6,23 @@
 // power of two, a BF16 value, so the operand is exact; with amax or GAM scales (not powers of two) the FP8 values are
 // rounded once to BF16 (what fake quantization does, as the paper's evaluation did).
 //
+// The NVFP4 ladder per block (BlockLadder, docs/MOR.md "The NVFP4 ladder per block"): an NVFP4 rung above E4M3. The
+// block is quantized to NVFP4 as a 2D NVFP4 weight is (nvfp4.h two_d: each 16x16 tile one E4M3 scale from its amax and
+// the tensor's S_enc, elements E2M1 by RNE or, for gradients, SR with nvfp4.h's random byte of the element's flat
+// index), measured, and kept while its error is below the ladder's threshold; else the FP8 rule above decides. NVFP4
+// values are written as nvfp4::dequant_value's FP32 value rounded to BF16 (fake quantization again: the tensor's
+// global scale is not a power of two). rows and cols must be multiples of 16 (whole tiles).
+//
 // The decision needs nothing from the host, so it is made inside the quantization, on the data it quantizes: no lag.
-// Per call the E4M3 statistic of every block (the tensor's E4M3 error under block scaling) is added into a StatCell,
-// and the blocks per choice into BlockCounts; both integer sums, so the GPU adds exactly what the host does.
+// Per call the E4M3 statistic of every block (the tensor's E4M3 error under block scaling), with the ladder the NVFP4
+// statistic of every block, are added into StatCells, and the blocks per choice into BlockCounts; all integer sums, so
+// the GPU adds exactly what the host does.
 #pragma once
 #include <cstdint>
 #include <cstring>
 #include "core/bf16.h"
 #include "core/macros.h"
+#include "core/philox.h"
 #include "core/status.h"
 #include "core/stream.h"
 #include "formats/fp8/fp8.h"
@@ -22,11 +31,13 @@
 
 namespace nb::mor {
 
-// Blocks per choice, added by each call; 24 bytes, as a StatCell (a model's board holds both kinds of cell).
+// Blocks per choice, added by each call; 24 bytes, as a StatCell (a model's board holds both kinds of cell). A step's
+// operand has far fewer than 2^32 blocks.
 struct BlockCounts {
-  uint64_t e4m3 = 0, e5m2 = 0;
+  uint32_t e4m3 = 0, e5m2 = 0, nvfp4 = 0;
   uint32_t bf16 = 0;       // every block kept in BF16, the non-finite ones included
   uint32_t nonfinite = 0;  // blocks with a NaN or Inf
+  uint32_t unused = 0;
 };
 static_assert(sizeof(BlockCounts) == sizeof(StatCell), "BlockCounts shares the board with StatCells");
 // A board cell that holds BlockCounts, read as them.
@@ -52,6 +63,37 @@ NB_HD Choice block_rule_choice(const BlockRule& rule, uint64_t err4, uint64_t er
   return fits_e5m2_range(finite_amax, min_nonzero) ? Choice::fp8_e5m2 : Choice::bf16;
 }
 
+// The ladder's NVFP4 rung; threshold 0: none (the FP8 block rule alone).
+struct BlockLadder {
+  double threshold = 0.0;  // NVFP4 while the block's NVFP4 error is below it, in (0, 1)
+  bool sr = false;         // stochastic rounding of the elements (the gradient's rung)
+  RngKey rng{};            // SR's key: element e of x [rows, cols] reads philox_byte(philox_block(rng, e / 16), e % 16)
+};
+
+// The ladder keeps a block NVFP4 while its NVFP4 error over its `nonzero` finite non-zero elements is below the
+// threshold; a non-finite block never (it stays BF16).
+NB_HD bool ladder_keeps_nvfp4(const BlockLadder& top, uint64_t err, uint64_t nonzero, bool nonfinite) {
+  return !nonfinite && fixed_below_threshold(err, nonzero, top.threshold);
+}
+// The ladder's arguments: a threshold in (0, 1) and whole 16x16 tiles.
+inline Status check_block_ladder(int64_t rows, int64_t cols, const BlockLadder& top) {
+  if (rows < 16 || cols < 16 || rows % 16 != 0 || cols % 16 != 0)
+    return errorf(
+        "mor: the NVFP4 ladder per block needs rows and columns that are positive multiples of 16 (its 16x16 "
+        "tiles); got [%lld, %lld]",
+        (long long)rows, (long long)cols);
+  if (!(top.threshold > 0.0 && top.threshold < 1.0))
+    return errorf("mor: the NVFP4 ladder's threshold %g is outside (0, 1)", top.threshold);
+  return Status::ok();
+}
+
+// Where a call adds what it measured; each may be null.
+struct BlockTallies {
+  StatCell* e4m3_stat = nullptr;   // every block's E4M3 statistic
+  StatCell* nvfp4_stat = nullptr;  // every block's NVFP4 statistic (the ladder)
+  BlockCounts* counts = nullptr;
+};
+
 // x [rows, cols] -> out [rows, cols] (may not alias x). e4m3_stat, counts: added into when not null. Host memory.
 Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
                             StatCell* e4m3_stat, BlockCounts* counts);
@@ -59,5 +101,11 @@ Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const Blo
 // a pass of its own writes into `scratch` (one device float) first.
 Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
                              StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream);
+// The rule with the ladder's NVFP4 rung above it (top.threshold > 0; rows and cols multiples of 16). The GPU's scratch
+// is two device floats: GAM's amax and NVFP4's (by bit pattern, nvfp4.h), each from a pass of its own.
+Status apply_block_ladder_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
+                              bf16* out, const BlockTallies& tallies);
+Status apply_block_ladder_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
+                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream);
 
 }  // namespace nb::mor

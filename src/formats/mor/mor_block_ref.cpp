@@ -1,7 +1,10 @@
-// CPU reference of MoR's block rule in training (mor_block.h): one 128x128 block (clipped) at a time.
+// CPU reference of MoR's block rule in training (mor_block.h): one 128x128 block (clipped) at a time, with the
+// NVFP4 ladder's rung above it when asked.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 #include "formats/mor/mor_block.h"
+#include "formats/nvfp4/nvfp4_math.h"
 
 namespace nb::mor {
 
@@ -55,29 +58,73 @@ ErrorStat block_error(const bf16* x, int64_t cols, const BlockSpan& b, float sca
   return s;
 }
 
-void write_block(const bf16* x, int64_t cols, const BlockSpan& b, Choice choice, float scale, bf16* out) {
+// nv: the block's NVFP4 values (row-major over the block), read when choice is nvfp4.
+void write_block(const bf16* x, int64_t cols, const BlockSpan& b, Choice choice, float scale,
+                 const std::vector<float>& nv, bf16* out) {
   const fp8::Format fmt = choice == Choice::fp8_e5m2 ? fp8::Format::e5m2 : fp8::Format::e4m3;
+  const int64_t w = b.c1 - b.c0;
   for (int64_t r = b.r0; r < b.r1; ++r)
     for (int64_t c = b.c0; c < b.c1; ++c) {
       const int64_t i = r * cols + c;
-      out[i] = choice == Choice::bf16 ? x[i] : f32_to_bf16(fake_quantize(bf16_to_f32(x[i]), scale, fmt));
+      if (choice == Choice::nvfp4)
+        out[i] = f32_to_bf16(nv[size_t((r - b.r0) * w + c - b.c0)]);
+      else
+        out[i] = choice == Choice::bf16 ? x[i] : f32_to_bf16(fake_quantize(bf16_to_f32(x[i]), scale, fmt));
     }
+}
+
+// The block's NVFP4 values (row-major over the block) as a 2D NVFP4 copy holds them: each 16x16 tile's scale code from
+// its amax (by bit pattern) and the tensor's S_enc, each element's E2M1 code by RNE or SR, decoded with the tensor's
+// amax. The block's sides are multiples of 16.
+std::vector<float> nvfp4_block_values(const bf16* x, int64_t cols, const BlockSpan& b, float amax,
+                                      const BlockLadder& top) {
+  const float s_enc = nvfp4::global_encode_scale(amax);
+  const int64_t w = b.c1 - b.c0;
+  std::vector<float> nv(size_t((b.r1 - b.r0) * w));
+  for (int64_t tr = b.r0; tr < b.r1; tr += 16)
+    for (int64_t tc = b.c0; tc < b.c1; tc += 16) {
+      uint32_t m = 0;
+      for (int64_t r = tr; r < tr + 16; ++r)
+        for (int64_t c = tc; c < tc + 16; ++c) m = std::max(m, nvfp4::abs_bits(bf16_to_f32(x[r * cols + c])));
+      const uint32_t sc = nvfp4::block_scale_code(bits_f32(m), s_enc);
+      const float enc = nvfp4::block_encode_scale(sc, s_enc);
+      for (int64_t r = tr; r < tr + 16; ++r) {
+        const int64_t e0 = r * cols + tc;  // a multiple of 16: one Philox block per 16 elements of a row
+        const Philox4x32 rand = top.sr ? philox_block(top.rng, uint64_t(e0) / 16) : Philox4x32{};
+        for (int j = 0; j < 16; ++j) {
+          const float v = bf16_to_f32(x[e0 + j]) * enc;
+          const uint32_t code = top.sr ? nvfp4::e2m1_code_sr(v, philox_byte(rand, j)) : nvfp4::e2m1_code_rne(v);
+          nv[size_t((r - b.r0) * w + tc - b.c0 + j)] = nvfp4::dequant_value(code, sc, amax);
+        }
+      }
+    }
+  return nv;
+}
+
+// The block's statistic against its NVFP4 values (finite non-zero elements only).
+uint64_t nvfp4_block_error(const bf16* x, int64_t cols, const BlockSpan& b, const std::vector<float>& nv) {
+  uint64_t err = 0;
+  const int64_t w = b.c1 - b.c0;
+  for (int64_t r = b.r0; r < b.r1; ++r)
+    for (int64_t c = b.c0; c < b.c1; ++c) {
+      const float v = bf16_to_f32(x[r * cols + c]);
+      if (std::isfinite(v) && v != 0.0f) err += element_error_fixed(v, nv[size_t((r - b.r0) * w + c - b.c0)]);
+    }
+  return err;
 }
 
 void count(Choice choice, bool nonfinite, BlockCounts* counts) {
   if (!counts) return;
   if (choice == Choice::fp8_e4m3) ++counts->e4m3;
   if (choice == Choice::fp8_e5m2) ++counts->e5m2;
+  if (choice == Choice::nvfp4) ++counts->nvfp4;
   if (choice == Choice::bf16) ++counts->bf16;
   if (nonfinite) ++counts->nonfinite;
 }
 
-}  // namespace
-
-Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
-                            StatCell* e4m3_stat, BlockCounts* counts) {
-  if (rows < 1 || cols < 1)
-    return errorf("mor: the block rule needs a non-empty tensor; got [%lld, %lld]", (long long)rows, (long long)cols);
+// Both entry points: top null, the FP8 rule alone.
+Status apply_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder* top, bf16* out,
+                 const BlockTallies& t) {
   float m4 = 1.0f, m5 = 1.0f;  // GAM's shared mantissas, from the tensor's amax
   if (rule.mode == ScaleMode::gam) {
     float amax = 0.0f;
@@ -85,6 +132,10 @@ Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const Blo
     m4 = gam_mantissa(fp8::scale_from_amax(amax, kE4M3Max, false));
     m5 = gam_mantissa(fp8::scale_from_amax(amax, kE5M2Max, false));
   }
+  uint32_t nv_bits = 0;  // NVFP4's tensor amax, by bit pattern as nvfp4.h takes it
+  if (top)
+    for (int64_t i = 0; i < rows * cols; ++i) nv_bits = std::max(nv_bits, nvfp4::abs_bits(bf16_to_f32(x[i])));
+  const float nv_amax = nvfp4::amax_from_abs_bits(nv_bits);
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
     for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
       const BlockSpan b{r0, std::min(rows, r0 + kBlock), c0, std::min(cols, c0 + kBlock)};
@@ -93,23 +144,54 @@ Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const Blo
       const float s5 = block_rule_scale(rule.mode, m.amax, kE5M2Max, m5);
       const ErrorStat e4 = block_error(x, cols, b, s4, fp8::Format::e4m3);
       const ErrorStat e5 = rule.three_way ? block_error(x, cols, b, s5, fp8::Format::e5m2) : ErrorStat{};
-      const Choice choice = block_rule_choice(rule, e4.err_fixed, e5.err_fixed, uint64_t(e4.nonzero), m.nonfinite > 0,
-                                              m.finite_amax, m.min_nonzero);
-      write_block(x, cols, b, choice, choice == Choice::fp8_e5m2 ? s5 : s4, out);
-      count(choice, m.nonfinite > 0, counts);
-      if (e4m3_stat) {
-        e4m3_stat->err_fixed += e4.err_fixed;
-        e4m3_stat->nonzero += uint64_t(e4.nonzero);
-        e4m3_stat->nonfinite += m.nonfinite;
+      std::vector<float> nv;
+      uint64_t nv_err = 0;
+      if (top) {
+        nv = nvfp4_block_values(x, cols, b, nv_amax, *top);
+        nv_err = nvfp4_block_error(x, cols, b, nv);
+      }
+      Choice choice = block_rule_choice(rule, e4.err_fixed, e5.err_fixed, uint64_t(e4.nonzero), m.nonfinite > 0,
+                                        m.finite_amax, m.min_nonzero);
+      if (top && ladder_keeps_nvfp4(*top, nv_err, uint64_t(e4.nonzero), m.nonfinite > 0)) choice = Choice::nvfp4;
+      write_block(x, cols, b, choice, choice == Choice::fp8_e5m2 ? s5 : s4, nv, out);
+      count(choice, m.nonfinite > 0, t.counts);
+      if (t.e4m3_stat) {
+        t.e4m3_stat->err_fixed += e4.err_fixed;
+        t.e4m3_stat->nonzero += uint64_t(e4.nonzero);
+        t.e4m3_stat->nonfinite += m.nonfinite;
+      }
+      if (top && t.nvfp4_stat) {
+        t.nvfp4_stat->err_fixed += nv_err;
+        t.nvfp4_stat->nonzero += uint64_t(e4.nonzero);
+        t.nvfp4_stat->nonfinite += m.nonfinite;
       }
     }
   return Status::ok();
+}
+
+}  // namespace
+
+Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
+                            StatCell* e4m3_stat, BlockCounts* counts) {
+  if (rows < 1 || cols < 1)
+    return errorf("mor: the block rule needs a non-empty tensor; got [%lld, %lld]", (long long)rows, (long long)cols);
+  return apply_ref(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts});
+}
+
+Status apply_block_ladder_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
+                              bf16* out, const BlockTallies& tallies) {
+  NB_TRY(check_block_ladder(rows, cols, top));
+  return apply_ref(x, rows, cols, rule, &top, out, tallies);
 }
 
 #if !defined(NIBBLE_HAVE_CUDA)
 Status apply_block_rule_cuda(const bf16*, int64_t, int64_t, const BlockRule&, bf16*, StatCell*, BlockCounts*, float*,
                              Stream) {
   return errorf("MoR's block rule on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
+}
+Status apply_block_ladder_cuda(const bf16*, int64_t, int64_t, const BlockRule&, const BlockLadder&, bf16*,
+                               const BlockTallies&, float*, Stream) {
+  return errorf("MoR's block ladder on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
 }
 #endif
 

@@ -117,6 +117,7 @@ const char* choice_name(Choice c) {
     case Choice::fp8_e4m3: return "e4m3";
     case Choice::fp8_e5m2: return "e5m2";
     case Choice::bf16: return "bf16";
+    case Choice::nvfp4: return "nvfp4";
   }
   return "?";
 }
