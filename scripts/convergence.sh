@@ -67,6 +67,8 @@ config_flags() {
     mor_nvfp4) echo "--recipe bf16_with_mor_nvfp4_mixed" ;;
     # The block rule: each 128x128 block E4M3 or BF16 inside its quantization (GAM scales, no lag).
     mor_fp8_block) echo "--recipe bf16_with_mor_fp8_mixed --mor-granularity block" ;;
+    # The NVFP4 ladder per 128x128 block: NVFP4 (16x16 tiles, SR on gradients, no RHT), else E4M3, else BF16.
+    mor_nvfp4_block) echo "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block" ;;
     # The tensor rule without its one-step lag: the host reads each quantization's statistic back (slower; a study's
     # control for what the lag changes).
     mor_fp8_now) echo "--recipe bf16_with_mor_fp8_mixed --mor-decide-now" ;;
@@ -76,7 +78,7 @@ config_flags() {
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now mor_fp8_channel"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now mor_fp8_channel mor_nvfp4_block"
 
 # The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
 idx_tokens() {
@@ -173,7 +175,7 @@ thin_metrics() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
 keep = ("iteration", "lm_loss", "grad_norm", "step_ms", "tokens_per_s_per_gpu", "mor_fp8_operands", "mor_fp8_gemms",
-        "mor_nvfp4_operands", "mor_nvfp4_gemms", "mor_fp8_blocks", "mor_e5m2_blocks")
+        "mor_nvfp4_operands", "mor_nvfp4_gemms", "mor_fp8_blocks", "mor_e5m2_blocks", "mor_nvfp4_blocks")
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
     for line in f:
         r = json.loads(line)

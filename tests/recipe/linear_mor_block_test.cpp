@@ -1,7 +1,8 @@
 // MoR's block rule inside one Linear on the CPU backend (--mor-granularity block): each role's operand is
-// formats/mor's apply_block_rule_ref of its values byte for byte, the three GEMMs equal an FP64 model over those
-// operands, each quantization adds the role's E4M3 statistic and blocks per choice into its cells (the weight once per
-// step, nothing while paused), and the knobs that do not apply to the block rule are refused in one sentence.
+// formats/mor's apply_block_rule_ref of its values byte for byte (the NVFP4 ladder per block: apply_block_ladder_ref,
+// the gradient's SR with the Linear's key), the three GEMMs equal an FP64 model over those operands, each quantization
+// adds the role's E4M3 statistic (the ladder: and its NVFP4 one) and blocks per choice into its cells (the weight once
+// per step, nothing while paused), and the knobs that do not apply to the block rule are refused in one sentence.
 #include <gtest/gtest.h>
 #include <cstring>
 #include <string>
@@ -15,13 +16,18 @@ using namespace nb::recipe::testing;
 
 constexpr int64_t kM = 192, kK = 256, kN = 160;  // clipped blocks in every dimension
 
-Recipe block_recipe(bool three_way, const std::string& scaling) {
+constexpr uint32_t kTensorId = 3;
+// Between the inputs' and weights' NVFP4 errors (about 0.23) and the SR gradient's (about 0.27): GEMMs of both rungs.
+constexpr double kLadderThreshold = 0.25;
+
+Recipe block_recipe(bool three_way, const std::string& scaling, bool ladder = false) {
   Recipe r;
-  EXPECT_TRUE(recipe_preset("bf16_with_mor_fp8_mixed", &r).is_ok());
+  EXPECT_TRUE(recipe_preset(ladder ? "bf16_with_mor_nvfp4_mixed" : "bf16_with_mor_fp8_mixed", &r).is_ok());
   RecipeKnobs k;
   k.mor_granularity = "block";
   k.mor_three_way = three_way;
   k.mor_scaling = scaling;
+  if (ladder) k.mor_nvfp4_threshold = kLadderThreshold;
   EXPECT_TRUE(apply_knobs(k, &r).is_ok());
   return r;
 }
@@ -34,12 +40,19 @@ std::vector<float> with_outliers(int64_t rows, int64_t cols, double sigma, uint6
   return v;
 }
 
-std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t cols, const Recipe& r, mor::StatCell* stat,
-                          mor::BlockCounts* counts) {
+// role 2 (the gradient) draws SR with the Linear's key for step 1, micro-batch 0 (linear_internal.h rng_key).
+std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t cols, const Recipe& r, int role,
+                          mor::StatCell* stat, mor::StatCell* nvfp4, mor::BlockCounts* counts) {
   std::vector<bf16> in(v.size()), out(v.size());
   for (size_t i = 0; i < v.size(); ++i) in[i] = f32_to_bf16(v[i]);
   const mor::BlockRule rule{r.mor.three_way, r.mor.scaling, r.mor.threshold};
-  EXPECT_TRUE(mor::apply_block_rule_ref(in.data(), rows, cols, rule, out.data(), stat, counts).is_ok());
+  if (!r.mor.ladder) {
+    EXPECT_TRUE(mor::apply_block_rule_ref(in.data(), rows, cols, rule, out.data(), stat, counts).is_ok());
+    return out;
+  }
+  const bool sr = role == 2 && r.grad.sr;
+  const mor::BlockLadder top{r.mor.nvfp4_threshold, sr, RngKey{r.seed, 1, (kTensorId << 8) | (role == 2 ? 2u : 0u)}};
+  EXPECT_TRUE(mor::apply_block_ladder_ref(in.data(), rows, cols, rule, top, out.data(), {stat, nvfp4, counts}).is_ok());
   return out;
 }
 
@@ -51,15 +64,16 @@ struct Tensors {
   }
 };
 
-void check_block_linear(bool three_way, const std::string& scaling) {
-  SCOPED_TRACE(::testing::Message() << scaling << (three_way ? " three-way" : " two-way"));
-  const Recipe r = block_recipe(three_way, scaling);
+void check_block_linear(bool three_way, const std::string& scaling, bool ladder = false) {
+  SCOPED_TRACE(::testing::Message() << scaling << (three_way ? " three-way" : " two-way") << (ladder ? " ladder" : ""));
+  const Recipe r = block_recipe(three_way, scaling, ladder);
   const auto x = with_outliers(kM, kK, 1.0, 1), w = with_outliers(kN, kK, 0.05, 2), dy = with_outliers(kM, kN, 1e-3, 3);
   Linear lin;
-  ASSERT_TRUE(lin.init(r, false, "mor_block", 3, kM, kK, kN, Device::cpu).is_ok());
+  ASSERT_TRUE(lin.init(r, false, "mor_block", kTensorId, kM, kK, kN, Device::cpu).is_ok());
   ASSERT_TRUE(lin.mor());
-  ASSERT_EQ(lin.mor_cell_count(), 6);
-  std::vector<mor::StatCell> cells(6);
+  const int n_cells = ladder ? 9 : 6;
+  ASSERT_EQ(lin.mor_cell_count(), n_cells);
+  std::vector<mor::StatCell> cells(static_cast<size_t>(n_cells), mor::StatCell{});
   ASSERT_TRUE(lin.set_mor_cells(cells.data()).is_ok());
   Tensors t;
   Tensors::fill(&t.x, x, kM, kK);
@@ -76,11 +90,11 @@ void check_block_linear(bool three_way, const std::string& scaling) {
   const std::vector<float>* src[3] = {&x, &w, &dy};
   const int64_t rows[3] = {kM, kN, kM}, cols[3] = {kK, kK, kN};
   QuantizedBytes q[3];
-  uint64_t bf16_blocks = 0;
+  uint64_t bf16_blocks = 0, nvfp4_blocks = 0, below_nvfp4 = 0;
   for (int i = 0; i < 3; ++i) {
-    mor::StatCell stat;
+    mor::StatCell stat, nvfp4;
     mor::BlockCounts counts;
-    const std::vector<bf16> want = applied(*src[i], rows[i], cols[i], r, &stat, &counts);
+    const std::vector<bf16> want = applied(*src[i], rows[i], cols[i], r, i, &stat, &nvfp4, &counts);
     ASSERT_TRUE(lin.debug_copies(i, &q[i]).is_ok());
     ASSERT_EQ(q[i].row_data.size(), want.size() * 2);
     EXPECT_EQ(std::memcmp(q[i].row_data.data(), want.data(), q[i].row_data.size()), 0) << "role " << i;
@@ -92,11 +106,24 @@ void check_block_linear(bool three_way, const std::string& scaling) {
     EXPECT_EQ(got.e4m3, counts.e4m3) << i;
     EXPECT_EQ(got.e5m2, counts.e5m2) << i;
     EXPECT_EQ(got.bf16, counts.bf16) << i;
+    EXPECT_EQ(got.nvfp4, counts.nvfp4) << i;
     EXPECT_EQ(cells[size_t(i)].err_fixed, stat.err_fixed) << i;
     EXPECT_EQ(cells[size_t(i)].nonzero, stat.nonzero) << i;
+    if (ladder) {
+      EXPECT_EQ(cells[size_t(6 + i)].err_fixed, nvfp4.err_fixed) << i;
+      EXPECT_EQ(cells[size_t(6 + i)].nonzero, nvfp4.nonzero) << i;
+    }
     bf16_blocks += got.bf16;
+    nvfp4_blocks += got.nvfp4;
+    below_nvfp4 += got.e4m3 + got.bf16;
   }
-  if (!three_way) { EXPECT_GT(bf16_blocks, 0u) << "the outliers keep some blocks BF16"; }
+  // The FP8 rule keeps the outliers' blocks BF16; the ladder's 16x16 tiles hold an outlier in its own tile, while the
+  // outlier's S_enc leaves other tensors' small tiles too coarse, so some blocks leave NVFP4 and some keep it.
+  if (!three_way && !ladder) { EXPECT_GT(bf16_blocks, 0u) << "the outliers keep some blocks BF16"; }
+  if (ladder) {
+    EXPECT_GT(nvfp4_blocks, 0u);
+    EXPECT_GT(below_nvfp4, 0u);
+  }
   const MixedModel ref = mixed_model(-1, x, w, dy, q, kM, kK, kN);
   const Bound fp64{true};
   auto out = [](const Buffer& b) { return std::vector<double>(b.ptr<float>(), b.ptr<float>() + b.tensor().numel()); };
@@ -112,7 +139,8 @@ void check_block_linear(bool three_way, const std::string& scaling) {
       lin.backward(t.dy.tensor(), t.x.tensor(), t.w.tensor(), t.dx.tensor(), 0.f, t.dw.tensor(), nullptr).is_ok());
   mor::BlockCounts after[3];
   for (int i = 0; i < 3; ++i) after[i] = mor::block_counts_of(cells[size_t(3 + i)]);
-  EXPECT_EQ(after[0].e4m3 + after[0].bf16 + after[0].e5m2, 2 * (before[0].e4m3 + before[0].bf16 + before[0].e5m2));
+  const auto all = [](const mor::BlockCounts& b) { return b.e4m3 + b.bf16 + b.e5m2 + b.nvfp4; };
+  EXPECT_EQ(all(after[0]), 2 * all(before[0]));
   EXPECT_EQ(after[1].e4m3, before[1].e4m3);
   EXPECT_EQ(after[2].bf16, 2 * before[2].bf16);
   lin.pause_mor_stats(true);
@@ -126,6 +154,8 @@ TEST(LinearMorBlock, OperandsAreTheRulesAndTheGemmsReadThem) {
   check_block_linear(false, "");
   check_block_linear(false, "pow2");
   check_block_linear(true, "amax");
+  check_block_linear(false, "", /*ladder=*/true);
+  check_block_linear(false, "pow2", /*ladder=*/true);
 }
 
 TEST(LinearMorBlock, KnobsThatDoNotApplyAreRefused) {
@@ -143,8 +173,12 @@ TEST(LinearMorBlock, KnobsThatDoNotApplyAreRefused) {
   three_alone.mor_three_way = true;
   scaling_alone.mor_scaling = "pow2";
   unknown.mor_granularity = "row";
+  RecipeKnobs rht = block, two_d = block;
+  rht.fp4_disable_rht = true;
+  two_d.fp4_disable_2d = true;
   const Case cases[] = {
-      {"bf16_with_mor_nvfp4_mixed", block, "global scale"},
+      {"bf16_with_mor_nvfp4_mixed", rht, "has no RHT"},
+      {"bf16_with_mor_nvfp4_mixed", two_d, "16x16 tiles"},
       {"bf16_with_mor_fp8_mixed", interval, "no lag"},
       {"bf16_with_mor_fp8_mixed", now, "no lag"},
       {"bf16_with_mor_fp8_mixed", bad_scaling, "unknown mor-scaling"},

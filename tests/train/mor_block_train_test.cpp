@@ -1,7 +1,8 @@
 // MoR's block rule in training (CPU, --mor-granularity block): every step logs the share of 128x128 operand blocks in
 // FP8 and writes each Linear's blocks per format; the threshold moves blocks between E4M3 and BF16 from the first step
 // on (no lag); the three-way rule and each scaling train; a run resumes bit for bit; settings that do not apply to
-// the block rule are refused before step 1.
+// the block rule are refused before step 1. The NVFP4 ladder per block: its records and shares name all three rungs,
+// an NVFP4 threshold below every error is the E4M3 block rule bit for bit, and it resumes bit for bit.
 #include <gtest/gtest.h>
 #include <string>
 #include <vector>
@@ -92,9 +93,71 @@ TEST(MorBlockTrainCpu, ResumesBitExactly) {
 }
 
 TEST(MorBlockTrainCpu, SettingsThatDoNotApplyAreRefusedBeforeStepOne) {
-  test::expect_refused_before_step_one(
-      block_job(0.045), {{[](TrainConfig* c) { c->quant_stats = true; }, "--quant-stats"},
-                         {[](TrainConfig* c) { c->mor_interval = 4; }, "no lag"},
-                         {[](TrainConfig* c) { c->recipe = "bf16_with_mor_nvfp4_mixed"; }, "global scale"},
-                         {[](TrainConfig* c) { c->mor_scaling = "row"; }, "unknown mor-scaling"}});
+  test::expect_refused_before_step_one(block_job(0.045),
+                                       {{[](TrainConfig* c) { c->quant_stats = true; }, "--quant-stats"},
+                                        {[](TrainConfig* c) { c->mor_interval = 4; }, "no lag"},
+                                        {[](TrainConfig* c) {
+                                           c->recipe = "bf16_with_mor_nvfp4_mixed";
+                                           c->fp4_disable_2d = true;
+                                         },
+                                         "16x16 tiles"},
+                                        {[](TrainConfig* c) { c->mor_scaling = "row"; }, "unknown mor-scaling"}});
+}
+
+namespace {
+
+TrainConfig ladder_block_job(double nvfp4_threshold) {
+  TrainConfig c = block_job(0.0226);
+  c.recipe = "bf16_with_mor_nvfp4_mixed";
+  c.mor_nvfp4_threshold = nvfp4_threshold;
+  return c;
+}
+
+}  // namespace
+
+TEST(MorBlockLadderTrainCpu, RecordsEveryRungAndWithoutNvfp4IsTheFp8BlockRule) {
+  const std::string dir = test::temp_folder("mor_block_ladder");
+  TrainConfig ladder = ladder_block_job(0.25);  // between the tiny model's inputs' and gradients' NVFP4 errors
+  ladder.save = dir + "/ladder";
+  ladder.log_interval = 2;
+  TrainSummary s;
+  ASSERT_TRUE(run_training(ladder, &s).is_ok());
+  const auto steps = test::metrics_records(ladder.save, "mor_nvfp4_blocks");
+  ASSERT_EQ(steps.size(), 4u);
+  for (const auto& st : steps) {
+    const double nv = st["mor_nvfp4_blocks"], fp8 = st["mor_fp8_blocks"];
+    EXPECT_GT(nv, 0.0) << st.dump();
+    EXPECT_GT(fp8, 0.0) << st.dump();
+    EXPECT_LE(nv + fp8, 1.0) << st.dump();
+  }
+  int64_t rungs[3] = {0, 0, 0};  // NVFP4, E4M3, BF16 blocks over every record
+  for (const auto& rec : test::metrics_records(ladder.save, "mor_linear"))
+    for (const char* role : {"input", "weight", "grad"}) {
+      const auto& r = rec[role];
+      rungs[0] += r["nvfp4_blocks"].get<int64_t>();
+      rungs[1] += r["e4m3_blocks"].get<int64_t>();
+      rungs[2] += r["bf16_blocks"].get<int64_t>();
+      EXPECT_GT(r["nvfp4_error"].get<double>(), r["error"].get<double>()) << rec.dump();
+    }
+  EXPECT_GT(rungs[0], 0);
+  EXPECT_GT(rungs[1], 0);
+  EXPECT_GT(rungs[2], 0);
+  // Below every NVFP4 error no block keeps NVFP4 (an all-zero block would, with the same zeros): the E4M3 block rule.
+  TrainConfig none = ladder_block_job(1e-9), fp8 = block_job(0.0226);
+  TrainSummary a, b;
+  ASSERT_TRUE(run_training(none, &a).is_ok());
+  ASSERT_TRUE(run_training(fp8, &b).is_ok());
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_NE(a.losses, s.losses) << "NVFP4 blocks change the run";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(MorBlockLadderTrainCpu, ResumesBitExactly) {
+  const std::string dir = test::temp_folder("mor_block_ladder_resume");
+  test::expect_bit_exact_resume("cpu", "bf16_with_mor_nvfp4_mixed", dir, test::write_random_dataset(dir, 256),
+                                [](TrainConfig* c) {
+                                  c->mor_granularity = "block";
+                                  c->mor_threshold = 0.0226;
+                                  c->mor_nvfp4_threshold = 0.25;  // all three rungs among the tiny model's blocks
+                                });
 }

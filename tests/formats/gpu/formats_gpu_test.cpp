@@ -252,6 +252,45 @@ void check_mor_block_rule(int64_t rows, int64_t cols, Dist dist, bool nonfinite,
   EXPECT_EQ(counts.nonfinite, want_counts.nonfinite);
 }
 
+// The NVFP4 ladder per block (apply_block_ladder_*): the operand, both statistics and the counts.
+void check_mor_block_ladder(int64_t rows, int64_t cols, Dist dist, bool nonfinite, const mor::BlockRule& rule,
+                            const mor::BlockLadder& top) {
+  SCOPED_TRACE(testing::Message() << "MoR block ladder " << rows << "x" << cols << " dist " << int(dist) << " "
+                                  << mor::scale_mode_name(rule.mode) << (top.sr ? " sr" : "") << " t "
+                                  << top.threshold);
+  auto x = fmt_test::make_input(rows, cols, dist, 3 + rows + 11 * cols, nonfinite);
+  std::vector<bf16> want(x.size());
+  mor::StatCell want_e4m3, want_nvfp4;
+  mor::BlockCounts want_counts;
+  ASSERT_TRUE(
+      mor::apply_block_ladder_ref(x.data(), rows, cols, rule, top, want.data(), {&want_e4m3, &want_nvfp4, &want_counts})
+          .is_ok());
+  Dev dx = upload(x), dout(x.size() * 2), dcells = upload(std::vector<mor::StatCell>(2)),
+      dcounts = upload(std::vector<mor::BlockCounts>(1)), dscratch(8);
+  mor::StatCell* cells = dcells.as<mor::StatCell>();
+  ASSERT_TRUE(mor::apply_block_ladder_cuda(dx.as<bf16>(), rows, cols, rule, top, dout.as<bf16>(),
+                                           {cells, cells + 1, dcounts.as<mor::BlockCounts>()}, dscratch.as<float>(),
+                                           nullptr)
+                  .is_ok());
+  const std::vector<bf16> got = dout.host<bf16>();
+  int mismatches = 0;
+  for (size_t i = 0; i < x.size(); ++i) mismatches += got[i].bits != want[i].bits;
+  EXPECT_EQ(mismatches, 0);
+  const std::vector<mor::StatCell> stats = dcells.host<mor::StatCell>();
+  for (int k = 0; k < 2; ++k) {
+    const mor::StatCell& w = k == 0 ? want_e4m3 : want_nvfp4;
+    EXPECT_EQ(stats[size_t(k)].err_fixed, w.err_fixed) << k;
+    EXPECT_EQ(stats[size_t(k)].nonzero, w.nonzero) << k;
+    EXPECT_EQ(stats[size_t(k)].nonfinite, w.nonfinite) << k;
+  }
+  const mor::BlockCounts counts = dcounts.host<mor::BlockCounts>()[0];
+  EXPECT_EQ(counts.nvfp4, want_counts.nvfp4);
+  EXPECT_EQ(counts.e4m3, want_counts.e4m3);
+  EXPECT_EQ(counts.e5m2, want_counts.e5m2);
+  EXPECT_EQ(counts.bf16, want_counts.bf16);
+  EXPECT_EQ(counts.nonfinite, want_counts.nonfinite);
+}
+
 void check_block(int64_t rows, int64_t cols, Dist dist, fp8::BlockKind kind, bool pow2, bool nonfinite) {
   SCOPED_TRACE(testing::Message() << "FP8 block " << (kind == fp8::BlockKind::vec128 ? "1x128 " : "128x128 ") << rows
                                   << "x" << cols << " dist " << int(dist) << (pow2 ? " pow2" : ""));
@@ -288,6 +327,23 @@ TEST(FormatsGpu, MorBlockRuleMatchesTheHost) {
         check_mor_block_rule(200, 300, d, d == Dist::normal, rule);
       }
   check_mor_block_rule(4096, 2048, Dist::outliers, false, mor::BlockRule{false, mor::ScaleMode::gam, 0.045});
+}
+
+TEST(FormatsGpu, MorBlockLadderMatchesTheHost) {
+  NB_REQUIRE_GPU();
+  const RngKey key{21, 4, 0x1302};
+  for (mor::ScaleMode mode : {mor::ScaleMode::amax, mor::ScaleMode::gam, mor::ScaleMode::pow2})
+    for (bool sr : {false, true})
+      for (Dist d : kDists) {
+        const mor::BlockRule rule{false, mode, 0.045};
+        const mor::BlockLadder top{d == Dist::normal ? 0.2 : 0.3, sr, key};  // 0.2: inside the normal blocks' errors
+        check_mor_block_ladder(256, 384, d, d == Dist::adversarial, rule, top);
+        check_mor_block_ladder(208, 304, d, d == Dist::normal && sr, rule, top);  // clipped blocks
+      }
+  check_mor_block_ladder(128, 256, Dist::lognormal, false, mor::BlockRule{true, mor::ScaleMode::gam, 0.045},
+                         mor::BlockLadder{0.3, false, key});  // three-way below the NVFP4 rung
+  check_mor_block_ladder(4096, 2048, Dist::outliers, false, mor::BlockRule{false, mor::ScaleMode::gam, 0.045},
+                         mor::BlockLadder{0.3, true, key});
 }
 
 TEST(FormatsGpu, Mxfp8MatchesReferenceSmall) {

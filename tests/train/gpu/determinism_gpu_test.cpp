@@ -151,6 +151,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"mor_nvfp4", "--recipe bf16_with_mor_nvfp4_mixed --mor-threshold 0.0226", 1},
         // The block rule: each block decided inside its quantization on the GPU (GAM's amax pass, integer sums).
         Case{"mor_fp8_block", "--recipe bf16_with_mor_fp8_mixed --mor-granularity block --mor-threshold 0.0226", 1},
+        // The NVFP4 ladder per block: all three rungs (0.25 between the tiny model's NVFP4 errors), SR on gradients.
+        Case{"mor_nvfp4_block",
+             "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block --mor-threshold 0.0226 "
+             "--mor-nvfp4-threshold 0.25",
+             1},
         Case{"bf16_two_ranks", "--recipe bf16_mixed", 2},
         Case{"mor_fp8_two_ranks", "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226", 2},
         Case{"fp8_delayed_two_ranks_distopt_overlap",
