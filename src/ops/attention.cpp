@@ -125,8 +125,8 @@ std::vector<char> keys_read(const std::vector<Seq>& seqs, int64_t Tkv) {
 int64_t keys_seen(const AttentionShape& sh, const Seq& sq, int64_t i) { return sh.causal ? i + 1 : sq.kv_len; }
 
 // Forward of query head h over one sequence; s and acc are scratch of at least len and D entries.
-void forward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h, float* O, float* LSE,
-                      std::vector<double>& s, std::vector<double>& acc) {
+void forward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h, float* O, float* LSE, double* O64,
+                      double* LSE64, std::vector<double>& s, std::vector<double>& acc) {
   const int64_t g = h / r.group, D = r.D;
   for (int64_t i = 0; i < sq.len; ++i) {
     const int64_t t = sq.t0 + i, n = keys_seen(sh, sq, i);
@@ -146,6 +146,10 @@ void forward_sequence(const AttentionShape& sh, const Ref& r, Seq sq, int64_t h,
     }
     for (int64_t d = 0; d < D; ++d) O[r.q(t, h) + d] = float(acc[d]);
     LSE[r.stat(t, h)] = float(log_sum);
+    if (O64) {
+      std::copy(acc.begin(), acc.begin() + D, O64 + r.q(t, h));
+      LSE64[r.stat(t, h)] = log_sum;
+    }
   }
 }
 
@@ -287,6 +291,12 @@ Status attention_check_args(const AttentionShape& sh, const Tensor& q, const Ten
 
 Status attention_forward_ref(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, const AttentionSegments* segments) {
+  return attention_forward_ref(sh, q, k, v, out, lse, segments, nullptr, nullptr);
+}
+
+Status attention_forward_ref(const AttentionShape& sh, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const AttentionSegments* segments, double* out64,
+                             double* lse64) {
   NB_TRY(attention_check_args(sh, q, k, v, out, lse, nullptr, nullptr, nullptr, nullptr, segments));
   if (q.device != Device::cpu) return errorf("attention_forward_ref: tensors must be on the cpu");
   const Ref r = make_ref(sh, q, k, v, segments != nullptr);
@@ -295,7 +305,7 @@ Status attention_forward_ref(const AttentionShape& sh, const Tensor& q, const Te
   parallel_for(int64_t(seqs.size()) * sh.heads, [&](int64_t item) {
     const Seq sq = seqs[size_t(item / sh.heads)];
     std::vector<double> s(size_t(std::max(sq.len, sq.kv_len))), acc(size_t(sh.head_dim));
-    forward_sequence(sh, r, sq, item % sh.heads, O, LSE, s, acc);
+    forward_sequence(sh, r, sq, item % sh.heads, O, LSE, out64, lse64, s, acc);
   });
   return Status::ok();
 }

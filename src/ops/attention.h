@@ -96,6 +96,11 @@ Status attention_check_args(const AttentionShape& shape, const Tensor& q, const 
 // The two backends behind the dispatchers above (tests call them directly).
 Status attention_forward_ref(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& out, const Tensor& lse, const AttentionSegments* segments = nullptr);
+// The same, with the FP64 values it rounds to out and lse also written to out64 and lse64 (their layouts): context
+// parallelism's ring on the CPU merges its blocks from these, so its output is rounded once, as one rank's.
+Status attention_forward_ref(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse, const AttentionSegments* segments, double* out64,
+                             double* lse64);
 Status attention_backward_ref(const AttentionShape& shape, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq,
                               const Tensor& dk, const Tensor& dv, const AttentionSegments* segments = nullptr);

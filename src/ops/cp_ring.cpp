@@ -60,7 +60,43 @@ Tensor first_rows(const Tensor& t, int64_t n) {
 // and the half-row copies a block reads.
 struct Ring::Views {
   Tensor kv[2], dkv[2], acc, part, part_lse, part_dkv, q_half, o_half, do_half, lse_half, kv_half;
+  // CPU forward (f64_): the running out [B, Sl, H, D] and lse (lse's layout), a block's out and lse (part's and
+  // part_lse's layouts); null on CUDA.
+  double *acc64 = nullptr, *lse64 = nullptr, *part64 = nullptr, *part_lse64 = nullptr;
 };
+
+namespace {
+
+// merge_partial's rule in FP64 (the CPU ring's forward).
+void merge_partial64(double* out_a, double* lse_a, const double* out_b, double lse_b, int64_t D) {
+  const double none = -std::numeric_limits<double>::infinity();
+  if (lse_b == none) return;
+  if (*lse_a == none) {
+    std::copy(out_b, out_b + D, out_a);
+    *lse_a = lse_b;
+    return;
+  }
+  const double hi = std::max(*lse_a, lse_b), lo = std::min(*lse_a, lse_b);
+  const double lse = hi + std::log1p(std::exp(lo - hi));
+  const double wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
+  for (int64_t d = 0; d < D; ++d) out_a[d] = out_a[d] * wa + out_b[d] * wb;
+  *lse_a = lse;
+}
+
+// merge_cpu in FP64: the block's Sp queries from `offset` of each of the B rows of S local tokens.
+void merge64(double* acc64, double* lse64, const double* part64, const double* part_lse64, int64_t B, int64_t S,
+             int64_t H, int64_t D, int64_t Sp, int64_t offset, bool token_major) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < Sp; ++i)
+      for (int64_t hd = 0; hd < H; ++hd) {
+        const int64_t acc_stat = token_major ? (b * S + offset + i) * H + hd : (b * H + hd) * S + offset + i;
+        const int64_t part_stat = token_major ? (b * Sp + i) * H + hd : (b * H + hd) * Sp + i;
+        merge_partial64(acc64 + ((b * S + offset + i) * H + hd) * D, lse64 + acc_stat,
+                        part64 + ((b * Sp + i) * H + hd) * D, part_lse64[part_stat], D);
+      }
+}
+
+}  // namespace
 
 RingTraffic ring_traffic(const AttentionShape& sh, DType act, int ranks) {
   const int64_t kv = 2 * elems(sh, sh.kv_heads);
@@ -85,19 +121,22 @@ Status Ring::init(const AttentionShape& local, Device dev, DType act, RingLink* 
   act_ = act;
   link_ = link;
   if (link->size() == 1) return Status::ok();
+  if (dev == Device::cpu)
+    f64_.assign(size_t(2 * (elems(local, local.heads) + local.batch * local.seq * local.heads)), 0.0);
   MemoryScope scope(MemPart::attention_workspace);
   return Buffer::allocate(&scratch_, DType::u8, dev, {scratch_bytes(local, act)}).context("context-parallel ring");
 }
 
 Status Ring::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse,
                      Stream stream, const AttentionSegments* segments) {
-  NB_TRY(attention_forward(sh_, q, k, v, out, lse, stream, segments));
   const int C = link_->size(), r = link_->rank();
+  if (C == 1 || dev_ != Device::cpu) NB_TRY(attention_forward(sh_, q, k, v, out, lse, stream, segments));
   if (C == 1) return Status::ok();
   const Views w = views();
+  if (w.acc64) NB_TRY(attention_forward_ref(sh_, q, k, v, out, lse, segments, w.acc64, w.lse64));
   NB_TRY(copy_into(half_of(w.kv[0], 0), k, stream));
   NB_TRY(copy_into(half_of(w.kv[0], 1), v, stream));
-  cast(out, w.acc, stream);
+  if (!w.acc64) cast(out, w.acc, stream);
   for (int s = 1; s < C; ++s) {
     NB_TRY(link_->pass(w.kv[(s - 1) % 2], w.kv[s % 2], stream));
     Views step = w;
@@ -107,7 +146,13 @@ Status Ring::forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     else
       NB_TRY(block_forward((r - s + C) % C, step, q, lse, stream));
   }
-  cast(w.acc, out, stream);
+  if (!w.acc64) {
+    cast(w.acc, out, stream);
+    return Status::ok();
+  }
+  float *o = out.ptr<float>(), *l = lse.ptr<float>();
+  for (int64_t i = 0; i < out.numel(); ++i) o[i] = float(w.acc64[i]);
+  for (int64_t i = 0; i < lse.numel(); ++i) l[i] = float(w.lse64[i]);
   return Status::ok();
 }
 
@@ -122,6 +167,11 @@ Status Ring::block_forward(int src, const Views& w, const Tensor& q, const Tenso
     const Tensor Kh = half_of(w.kv_half, 0), Vh = half_of(w.kv_half, 1);
     NB_TRY(halves(K, Kh, false, stream));
     NB_TRY(halves(V, Vh, false, stream));
+    if (w.acc64) {
+      NB_TRY(attention_forward_ref(b, q, Kh, Vh, w.part, w.part_lse, nullptr, w.part64, w.part_lse64));
+      merge64(w.acc64, w.lse64, w.part64, w.part_lse64, sh_.batch, sh_.seq, sh_.heads, sh_.head_dim, sh_.seq, 0, false);
+      return Status::ok();
+    }
     NB_TRY(attention_forward(b, q, Kh, Vh, w.part, w.part_lse, stream));
     merge_rows(w.acc, lse, w.part, w.part_lse, 0, stream);
     return Status::ok();
@@ -131,6 +181,11 @@ Status Ring::block_forward(int src, const Views& w, const Tensor& q, const Tenso
   NB_TRY(halves(q, w.q_half, true, stream));
   const Tensor part = first_rows(w.part, h);
   const Tensor part_lse = Tensor::make(w.part_lse.data, DType::f32, dev_, {sh_.batch, sh_.heads, h});
+  if (w.acc64) {
+    NB_TRY(attention_forward_ref(b, w.q_half, K, V, part, part_lse, nullptr, w.part64, w.part_lse64));
+    merge64(w.acc64, w.lse64, w.part64, w.part_lse64, sh_.batch, sh_.seq, sh_.heads, sh_.head_dim, h, h, false);
+    return Status::ok();
+  }
   NB_TRY(attention_forward(b, w.q_half, K, V, part, part_lse, stream));
   merge_rows(w.acc, lse, part, part_lse, h, stream);
   return Status::ok();
@@ -220,6 +275,13 @@ Status Ring::packed_block_forward(int src, const Views& w, const Tensor& q, cons
   AttentionShape b = sh_;
   b.causal = false;
   const AttentionSegments seg = block_segments(src, local);
+  if (w.acc64) {
+    std::fill(w.part_lse64, w.part_lse64 + w.part_lse.numel(), -std::numeric_limits<double>::infinity());
+    NB_TRY(attention_forward_ref(b, q, half_of(w.kv[0], 0), half_of(w.kv[0], 1), w.part, w.part_lse, &seg, w.part64,
+                                 w.part_lse64));
+    merge64(w.acc64, w.lse64, w.part64, w.part_lse64, sh_.batch, sh_.seq, sh_.heads, sh_.head_dim, sh_.seq, 0, true);
+    return Status::ok();
+  }
   if (seg.q_part != SegmentPart::whole) fill(w.part_lse, -std::numeric_limits<float>::infinity(), stream);
   NB_TRY(attention_forward(b, q, half_of(w.kv[0], 0), half_of(w.kv[0], 1), w.part, w.part_lse, stream, &seg));
   merge_tokens(w.acc, lse, w.part, w.part_lse, stream);
@@ -259,6 +321,13 @@ Ring::Views Ring::views() const {
   w.do_half = carve(&at, act_, dev_, {B, h, Hq, D});
   w.lse_half = carve(&at, DType::f32, dev_, {B, Hq, h});
   w.kv_half = carve(&at, act_, dev_, {2 * B, h, Hkv, D});
+  if (!f64_.empty()) {
+    double* p = f64_.data();
+    w.acc64 = p;
+    w.lse64 = p + B * S * Hq * D;
+    w.part64 = w.lse64 + B * S * Hq;
+    w.part_lse64 = w.part64 + B * S * Hq * D;
+  }
   return w;
 }
 

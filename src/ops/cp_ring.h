@@ -9,8 +9,10 @@
 //                 query sees src's first chunk whole (its second chunk lies after all of ours); src > r:
 //                 only our second chunk's queries see anything, and they see both of src's chunks whole.
 // Each block's partial output and lse merge into the running ones in FP32 (cp::merge_partial's rule),
-// and the output is rounded to the activation dtype once. The backward replays the steps with the merged
-// out and lse (each block's dQ then sums to the whole row's); dK/dV accumulate in FP32 in a buffer that
+// and the output is rounded to the activation dtype once. On the CPU the forward keeps the reference's FP64
+// values and merges in FP64, so its FP32 out and lse are one rank's bit for bit (an FP32 merge moved their
+// last bits, which flipped a quantized code of the next Linear's input now and then). The backward replays the steps
+// with the merged out and lse (each block's dQ then sums to the whole row's); dK/dV accumulate in FP32 in a buffer that
 // travels round the ring with the K/V it belongs to and takes one more hop home at the end.
 // Shapes as ops/attention.h with S = Sl: q/out [B, Sl, Hq, D], k/v [B, Sl, Hkv, D], lse [B, Hq, Sl].
 //
@@ -23,6 +25,7 @@
 // lse is token-major ([B * Sl, Hq], ops/attention.h) and queries a block does not reach merge nothing.
 #pragma once
 #include <cstdint>
+#include <vector>
 #include "core/tensor.h"
 #include "ops/attention.h"
 
@@ -82,6 +85,9 @@ class Ring {
   DType act_ = DType::f32;
   RingLink* link_ = nullptr;
   Buffer scratch_;
+  // CPU: the forward's running out and lse and one block's, in FP64 (the reference's values before it rounds), so
+  // the merged output is rounded to FP32 once, as one rank's attention rounds it.
+  mutable std::vector<double> f64_;
 };
 
 // Kernels of the ring (CPU here, CUDA in cp_ring.cu), over B rows:

@@ -39,6 +39,11 @@ void run_rank(const AttentionTensors& ref, int r, int C, RingMailbox* box, doubl
   cp::Ring ring;
   ASSERT_TRUE(ring.init(local, Device::cpu, DType::f32, &link).is_ok());
   ASSERT_TRUE(ring.forward(mine.q.t, mine.k.t, mine.v.t, mine.out.t, mine.lse.t, nullptr).is_ok());
+  // The CPU forward merges its blocks in FP64 and rounds once, as the reference does: out and lse are the whole
+  // sequence's bit for bit (an FP32 merge flipped their last bits, and with them, now and then, a quantized code of the
+  // next Linear's input: NVFP4 at C2 then differed from one rank for one mock sample).
+  EXPECT_EQ(mine.out.data, cp_rows(ref.out.data, B, S, qw, r, C)) << "out, rank " << r;
+  EXPECT_EQ(mine.lse.data, cp_lse(ref.lse.data, B, sh.heads, S, r, C)) << "lse, rank " << r;
   // The bytes passed, counted at the link, are the formula's (docs/DISTRIBUTED.md's traffic per layer).
   const cp::RingTraffic want = cp::ring_traffic(local, DType::f32, C);
   EXPECT_EQ(link.sent, want.forward) << "forward, rank " << r;

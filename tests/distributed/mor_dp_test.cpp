@@ -221,9 +221,9 @@ TEST(MorDataParallelCpu, ContextParallelRanksDecideAsOneRank) {
 // 16-element blocks run along K, inside one token's row; so both statistics summed over the ranks are the whole
 // sequences', and two context-parallel ranks decide every rung at step 1 as one rank (the same formats and non-zero
 // counts, the weights' errors exact, the others' within 1e-3 relative; measured 5.6e-6). Four micro-batches, as the
-// NVFP4 context-parallel tests: with eight (kJob's global batch) NVFP4 itself, without MoR, moves the step-1 loss by
-// 2.4e-6 under C2 (one sample's forward, only with 16x16 weight tiles: not explained yet; BF16 and FP8 stay bit for
-// bit), and the ladder's gradient statistics by up to 1.8e-3.
+// NVFP4 context-parallel tests: with eight (kJob's global batch), while the CPU ring merged its forward in FP32, one
+// sample's attention output flipped an NVFP4 code (ContextParallelCpuQuantized.Nvfp4LossIsOneRanksBitForBit), which
+// moved the ladder's gradient statistics by up to 1.8e-3.
 TEST(MorDataParallelCpu, ContextParallelRanksDecideTheLadderAsOneRank) {
   const std::string dir = test::temp_folder("mor_cp_ladder");
   const std::string job = kModelParallelBase +
