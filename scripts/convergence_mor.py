@@ -2,8 +2,9 @@
 """Mixture of Representations in the numerics study (docs/MOR.md): the share of GEMM operands in each format over
 training (the training lines' mor_* fields) and where the fallbacks from the top rung land, by Linear, operand,
 layer and decision step (the per-Linear `mor_linear` records of every 100th step that scripts/convergence.sh keeps).
-A record's format is the one its decision chose for the steps that follow it. The block rule (mor_fp8_block) decides
-each 128x128 block inside its quantization: its records count the blocks per format, and its section counts blocks.
+A record's format is the one its decision chose for the steps that follow it. The block rule (mor_fp8_block) and the
+NVFP4 ladder per block (mor_nvfp4_block) decide each 128x128 block inside its quantization: their records count the
+blocks per format, and their sections count blocks.
 """
 import os
 import statistics
@@ -134,76 +135,103 @@ def mor_section(runs):
     return lines
 
 
-BLOCK_FORMATS = ("e4m3", "e5m2", "bf16")
-BLOCK_NAMES = {"e4m3": "E4M3", "e5m2": "E5M2", "bf16": "BF16"}
+# The block configurations' formats, the top rung first: the E4M3 block rule (E5M2 with --mor-three-way) and the
+# NVFP4 ladder per block.
+BLOCK_FORMATS = {"mor_fp8_block": ("e4m3", "e5m2", "bf16"), "mor_nvfp4_block": ("nvfp4", "e4m3", "bf16")}
+BLOCK_NAMES = {"nvfp4": "NVFP4", "e4m3": "E4M3", "e5m2": "E5M2", "bf16": "BF16"}
 
 
-def block_counts(records, key):
-    """{key(record, role): {format: blocks}} over the block rule's records (each role's blocks per format)."""
+def block_counts(records, key, formats):
+    """{key(record, role): {format: blocks}} over a block configuration's records (each role's blocks per format)."""
     out = {}
     for r in records:
         for role in ROLES:
             if role in r and r[role].get("format") == "blocks":
-                c = out.setdefault(key(r, role), dict.fromkeys(BLOCK_FORMATS, 0))
-                for f in BLOCK_FORMATS:
+                c = out.setdefault(key(r, role), dict.fromkeys(formats, 0))
+                for f in formats:
                     c[f] += r[role].get(f"{f}_blocks", 0)
     return out
 
 
-def block_table(title, counts):
-    rows = [f"| {title} | blocks | " + " | ".join(BLOCK_NAMES[f] for f in BLOCK_FORMATS) + " |",
-            "|---|---:|" + "---:|" * len(BLOCK_FORMATS)]
+def block_table(title, counts, formats):
+    rows = [f"| {title} | blocks | " + " | ".join(BLOCK_NAMES[f] for f in formats) + " |",
+            "|---|---:|" + "---:|" * len(formats)]
     for key, c in sorted(counts.items()):
         n = sum(c.values())
-        cells = [pct(c[f], n) for f in BLOCK_FORMATS]
-        if c["e4m3"] == n:
+        cells = [pct(c[f], n) for f in formats]
+        if c[formats[0]] == n:
             cells[0] = f"**{cells[0]}**"
         rows.append(f"| {key} | {n:,} | " + " | ".join(cells) + " |")
     return rows
 
 
+def block_shares(row, config):
+    """{format: share of the step's blocks} from one training line of a block configuration."""
+    fp8, e5m2 = row.get("mor_fp8_blocks", 0.0), row.get("mor_e5m2_blocks", 0.0)
+    nv = row.get("mor_nvfp4_blocks", 0.0) if config == "mor_nvfp4_block" else 0.0
+    return {"nvfp4": nv, "e4m3": fp8 - e5m2, "e5m2": e5m2, "bf16": max(0.0, 1.0 - nv - fp8)}
+
+
 def block_share_plot(runs, root):
-    """The block rule's blocks that stayed BF16 (and any E5M2), as a share of every operand's blocks over training,
-    mean over seeds: the E4M3 share is the rest, near 100%, so the fallbacks are what the chart shows."""
-    seeds = runs.get("mor_fp8_block", {})
-    if not seeds:
-        return []
-    k = tokens_per_step(next(iter(seeds.values()))) / 1e6
-    steps = [it for it in sorted(set.intersection(*(set(r["train"]) for r in seeds.values())))
-             if all("mor_fp8_blocks" in r["train"][it] for r in seeds.values())]
-    shares = {"BF16": lambda row: 1.0 - row["mor_fp8_blocks"] - row.get("mor_e5m2_blocks", 0.0),
-              "E5M2": lambda row: row.get("mor_e5m2_blocks", 0.0)}
-    series = []
-    for i, (name, share) in enumerate(shares.items()):
-        pts = [(it * k, 100 * statistics.fmean(share(r["train"][it]) for r in seeds.values())) for it in steps]
-        if name == "BF16" or any(v > 0 for _, v in pts):
-            series.append((name, COLOURS[i + 1], pts, False))
-    svg = "mor_fp8_block_shares.svg"
-    if chart(series, f"mor_fp8_block: blocks not in E4M3 (mean over {len(seeds)} seeds)", "tokens (millions)",
-             "% of blocks", os.path.join(root, svg)):
-        return [(f"{TITLES['mor_fp8_block']}: the blocks that fell back, over training", svg)]
-    return []
+    """Each block configuration's blocks below its top rung, as a share of every operand's blocks over training, mean
+    over seeds (the E4M3 rule's E4M3 share is the rest, near 100%, so the fallbacks are what the chart shows)."""
+    made = []
+    for config, formats in BLOCK_FORMATS.items():
+        seeds = runs.get(config, {})
+        if not seeds:
+            continue
+        k = tokens_per_step(next(iter(seeds.values()))) / 1e6
+        steps = [it for it in sorted(set.intersection(*(set(r["train"]) for r in seeds.values())))
+                 if all("mor_fp8_blocks" in r["train"][it] for r in seeds.values())]
+        series = []
+        for i, fmt in enumerate(formats[1:]):
+            pts = [(it * k, 100 * statistics.fmean(block_shares(r["train"][it], config)[fmt] for r in seeds.values()))
+                   for it in steps]
+            if fmt == "bf16" or any(v > 0 for _, v in pts):
+                series.append((BLOCK_NAMES[fmt], COLOURS[i + 1], pts, False))
+        svg = f"{config}_shares.svg"
+        top = BLOCK_NAMES[formats[0]]
+        if chart(series, f"{config}: blocks not in {top} (mean over {len(seeds)} seeds)", "tokens (millions)",
+                 "% of blocks", os.path.join(root, svg)):
+            made.append((f"{TITLES[config]}: the blocks that fell back, over training", svg))
+    return made
+
+
+BLOCK_INTROS = {
+    "mor_fp8_block": "Unlike the tensor rule, each 128x128 block of every operand is decided inside its own step's "
+                     "quantization (no lag); E5M2 is a rung only with `--mor-three-way`.",
+    "mor_nvfp4_block": "Each 128x128 block of every operand is decided inside its own step's quantization (no lag): "
+                       "NVFP4 (16x16 tiles with the tensor's global scale, SR on gradients, no RHT) while its NVFP4 "
+                       "error is below 0.3, else E4M3 while its error is below 4.5%, else BF16.",
+}
 
 
 def block_section(runs):
-    """The block rule's part of the MoR section: its block shares, and where the BF16 blocks land."""
-    seeds = runs.get("mor_fp8_block", {})
-    records = [r for run in seeds.values() for r in run.get("mor", [])]
-    if not records:
-        return []
-    means = [100 * statistics.fmean(row["mor_fp8_blocks"] for row in run["train"].values() if "mor_fp8_blocks" in row)
-             for run in seeds.values()]
-    share = f"{statistics.fmean(means):.1f}%" + (f" ± {statistics.stdev(means):.1f}" if len(means) > 1 else "")
-    lines = ["", f"### {TITLES['mor_fp8_block']}", "",
-             "Unlike the tensor rule, each 128x128 block of every operand is decided inside its own step's "
-             "quantization (no lag); E5M2 is a rung only with `--mor-three-way`. "
-             f"E4M3 blocks over the whole run (every operand's blocks, mean over the steps, then over "
-             f"{len(seeds)} seeds ± s.d.): {share}. The tables count the blocks of the operands of every 100th step "
-             f"(steps 100, 200, ...: the `mor_linear` records; {len(records)} over the seeds).", ""]
-    kinds = block_counts(records, lambda r, role: f"{r['mor_linear'].split('.', 3)[-1]}: {ROLE_NAMES[role]}")
-    lines += block_table("Linear: operand", kinds) + [""]
-    lines += block_table("layer", block_counts(records, lambda r, role: layer_of(r["mor_linear"]))) + [""]
-    lines += block_table("blocks at step", block_counts(records, lambda r, role: r["iteration"]))
+    """The block configurations' part of the MoR section: their block shares, and where the fallbacks land."""
+    lines = []
+    for config, formats in BLOCK_FORMATS.items():
+        seeds = runs.get(config, {})
+        records = [r for run in seeds.values() for r in run.get("mor", [])]
+        if not records:
+            continue
+        means = {f: [] for f in formats if f != "e5m2" or config == "mor_fp8_block"}
+        for run in seeds.values():
+            rows = [row for row in run["train"].values() if "mor_fp8_blocks" in row]
+            for f in means:
+                means[f].append(100 * statistics.fmean(block_shares(row, config)[f] for row in rows))
+        shares = ", ".join(f"{BLOCK_NAMES[f]} {statistics.fmean(v):.1f}%" + (
+            f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else "") for f, v in means.items())
+        lines += ["", f"### {TITLES[config]}", "",
+                  f"{BLOCK_INTROS[config]} Blocks per format over the whole run (every operand's blocks, mean over the "
+                  f"steps, then over {len(seeds)} seeds ± s.d.): {shares}. The tables count the blocks of the operands "
+                  f"of every 100th step (steps 100, 200, ...: the `mor_linear` records; {len(records)} over the "
+                  "seeds).", ""]
+        kinds = block_counts(records, lambda r, role: f"{r['mor_linear'].split('.', 3)[-1]}: {ROLE_NAMES[role]}",
+                             formats)
+        lines += block_table("Linear: operand", kinds, formats) + [""]
+        lines += block_table("layer", block_counts(records, lambda r, role: layer_of(r["mor_linear"]), formats),
+                             formats) + [""]
+        lines += block_table("blocks at step", block_counts(records, lambda r, role: r["iteration"], formats), formats)
     return lines
 
 

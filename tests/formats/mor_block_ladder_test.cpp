@@ -201,11 +201,11 @@ TEST(MorBlockLadder, ANonFiniteBlockStaysBf16AndIsCounted) {
 
 TEST(MorBlockLadder, PartialTilesAndThresholdsOutsideTheRangeAreRefused) {
   std::vector<bf16> x(size_t(24 * 32)), out(x.size());
-  const Status tiles = apply_block_ladder_ref(x.data(), 24, 32, BlockRule{}, BlockLadder{0.3, false, {}}, out.data(),
-                                              BlockTallies{});
+  const Status tiles =
+      apply_block_ladder_ref(x.data(), 24, 32, BlockRule{}, BlockLadder{0.3, false, {}}, out.data(), BlockTallies{});
   EXPECT_NE(tiles.message().find("multiples of 16"), std::string::npos) << tiles.message();
-  const Status t = apply_block_ladder_ref(x.data(), 16, 32, BlockRule{}, BlockLadder{1.5, false, {}}, out.data(),
-                                          BlockTallies{});
+  const Status t =
+      apply_block_ladder_ref(x.data(), 16, 32, BlockRule{}, BlockLadder{1.5, false, {}}, out.data(), BlockTallies{});
   EXPECT_NE(t.message().find("outside (0, 1)"), std::string::npos) << t.message();
 }
 
