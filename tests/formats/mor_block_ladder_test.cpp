@@ -1,7 +1,7 @@
 // MoR's NVFP4 ladder per 128x128 block (formats/mor/mor_block.h, apply_block_ladder_ref) against references written
 // apart from it: an NVFP4 block's values are the NVFP4 quantizer's own (nvfp4::quantize_ref with 16x16 tiles, or with
-// SR on a tensor whose 1x16 blocks share their tile's amax, so the 1D SR quantizer's codes are the tiles'), dequantized
-// and rounded to BF16; its statistic is the float64 mean of those values' relative errors; each block's rung follows
+// SR on a tensor whose 1x16 blocks share their tile's amax, so the 1D SR quantizer's codes are the tiles'; 1x16 and
+// 16x1 blocks: its row-wise and column-wise copies), dequantized and rounded to BF16; its statistic is the float64 mean of those values' relative errors; each block's rung follows
 // from that mean and from the E4M3 block rule's own decision (decide_blocks_ref); a non-finite block stays BF16.
 #include <gtest/gtest.h>
 #include <cmath>
@@ -197,6 +197,46 @@ TEST(MorBlockLadder, ANonFiniteBlockStaysBf16AndIsCounted) {
   for (int64_t r = 128; r < 256; ++r)
     for (int64_t c = 0; c < 128; ++c)
       ASSERT_EQ(got.out[size_t(r * cols + c)].bits, x[size_t(r * cols + c)].bits) << "the NaN block is BF16";
+}
+
+// 1x16 and 16x1 blocks: the NVFP4 quantizer's row-wise and column-wise copies (1D blocks), RNE and SR (the column
+// copy's key is the row copy's with the stream's low bit flipped, as nvfp4.h keys them).
+TEST(MorBlockLadder, RowAndColumnBlocksAreTheQuantizersCopies) {
+  const int64_t rows = 272, cols = 400;
+  std::vector<bf16> x(size_t(rows * cols));
+  std::mt19937_64 rng(12);
+  std::normal_distribution<double> z(0.0, 1.0);
+  for (auto& v : x) v = f32_to_bf16(float(std::exp(z(rng)) * (z(rng) < 0 ? -1.0 : 1.0)));
+  const RngKey key{13, 2, 0x704};
+  for (bool sr : {false, true}) {
+    SCOPED_TRACE(sr ? "sr" : "rne");
+    nvfp4::Options o;
+    o.sr = sr;
+    o.rng = key;
+    std::vector<uint8_t> rd(x.size() / 2), rs(x.size() / 16), cd(x.size() / 2), cs(x.size() / 16);
+    float ra = 0.0f, ca = 0.0f;
+    nvfp4::QuantizedView v{rows, cols, rd.data(), rs.data(), cd.data(), cs.data(), &ra, &ca, nullptr};
+    ASSERT_TRUE(nvfp4::quantize_ref(x.data(), o, v).is_ok());
+    std::vector<float> row(x.size()), colt(x.size());
+    nvfp4::dequantize_ref(rd.data(), rs.data(), ra, rows, cols, row.data());
+    nvfp4::dequantize_ref(cd.data(), cs.data(), ca, cols, rows, colt.data());  // [cols, rows]
+    const Ladder by_row = apply_ladder(x, rows, cols, BlockLadder{0.999, sr, key, Nvfp4Blocks::rows});
+    const RngKey col_key{key.seed, key.step, key.stream ^ 1u};
+    const Ladder by_col = apply_ladder(x, rows, cols, BlockLadder{0.999, sr, col_key, Nvfp4Blocks::cols});
+    EXPECT_EQ(by_row.counts.nvfp4, 3u * 4u);
+    EXPECT_EQ(by_col.counts.nvfp4, 3u * 4u);
+    int row_mismatches = 0, col_mismatches = 0, copies_differ = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        const size_t i = size_t(r * cols + c);
+        row_mismatches += by_row.out[i].bits != f32_to_bf16(row[i]).bits;
+        col_mismatches += by_col.out[i].bits != f32_to_bf16(colt[size_t(c * rows + r)]).bits;
+        copies_differ += by_row.out[i].bits != by_col.out[i].bits;
+      }
+    EXPECT_EQ(row_mismatches, 0);
+    EXPECT_EQ(col_mismatches, 0);
+    EXPECT_GT(copies_differ, int(x.size() / 4)) << "the two directions are two quantizations";
+  }
 }
 
 TEST(MorBlockLadder, PartialTilesAndThresholdsOutsideTheRangeAreRefused) {

@@ -1,7 +1,8 @@
 // GPU side of MoR's block rule in training (mor_block.h): one thread block per 128x128 block (clipped), which it
 // stages in shared memory and passes over three times: its ranges, its E4M3 (and E5M2) statistics, then the output.
-// The ladder adds its NVFP4 rung: the tiles' amaxes (shared atomics on the bit patterns), their scale codes, and the
-// NVFP4 statistic, each a pass over the block's 16-element rows of a tile (one Philox block each under SR).
+// The ladder adds its NVFP4 rung: the tiles' amaxes (shared atomics on the bit patterns) and scale codes (16x16
+// tiles; 1x16 and 16x1 blocks take theirs from their own 16 elements), and the NVFP4 statistic, each a pass over the
+// block's runs of 16 elements (one Philox block each under SR).
 // Every reduction is of integers or of fmax/fmin, so any order gives apply_block_rule_ref's bits; the per-element
 // float expressions are the host's (IEEE products and divisions, never contracted).
 #include <cuda_runtime.h>
@@ -90,31 +91,61 @@ __device__ void nvfp4_tile_scales(const bf16* tile, int h, int w, float s_enc, N
   __syncthreads();
 }
 
-// The NVFP4 value of the 16 elements of segment g (row r, tile column c16 of the block at (r0, c0)) into v[16].
-__device__ __forceinline__ void nvfp4_segment(const bf16* tile, int w, int g, int64_t r0, int64_t c0, int64_t cols,
-                                              float amax, const BlockLadder& top, const Nvfp4Tiles& t, float* v) {
-  const int seg_cols = w / 16, r = g / seg_cols, c16 = g % seg_cols, ti = (r / 16) * 8 + c16;
-  const uint32_t sc = t.bits[ti];
-  const float enc = t.enc[ti];
-  const int64_t e0 = (r0 + r) * cols + c0 + c16 * 16;
+// Segment g of the block's n / 16 runs of 16 elements, each one block of the rung's (or one row of a 16x16 tile):
+// along a row for tiles and rows (row g / (w / 16), columns from 16 (g % (w / 16))), down a column for cols
+// (rows from 16 (g / w), column g % w). Element j is at tile[at + j * step] in the staged block.
+struct Segment {
+  int r, c, at, step;
+  bool down;
+};
+__device__ __forceinline__ Segment segment(int g, int w, Nvfp4Blocks blocks) {
+  Segment s;
+  s.down = blocks == Nvfp4Blocks::cols;
+  s.r = s.down ? (g / w) * 16 : g / (w / 16);
+  s.c = s.down ? g % w : (g % (w / 16)) * 16;
+  s.at = s.r * w + s.c;
+  s.step = s.down ? w : 1;
+  return s;
+}
+
+// The NVFP4 values of segment g of the block at (r0, c0) of x [rows, cols] into v[16]: its scale code the tile's
+// (tiles) or its own.
+__device__ __forceinline__ void nvfp4_segment(const bf16* tile, int w, int g, int64_t r0, int64_t c0, int64_t rows,
+                                              int64_t cols, float amax, float s_enc, const BlockLadder& top,
+                                              const Nvfp4Tiles& t, float* v) {
+  const Segment sg = segment(g, w, top.blocks);
+  uint32_t sc = 0;
+  float enc = 0.0f;
+  if (top.blocks == Nvfp4Blocks::tiles) {
+    const int ti = (sg.r / 16) * 8 + sg.c / 16;
+    sc = t.bits[ti];
+    enc = t.enc[ti];
+  } else {
+    uint32_t m = 0;
+    for (int j = 0; j < 16; ++j) m = max(m, nvfp4::abs_bits(bf16_to_f32(tile[sg.at + j * sg.step])));
+    sc = nvfp4::block_scale_code(__uint_as_float(m), s_enc);
+    enc = nvfp4::block_encode_scale(sc, s_enc);
+  }
+  const int64_t e0 = sg.down ? (c0 + sg.c) * rows + r0 + sg.r : (r0 + sg.r) * cols + c0 + sg.c;
   const Philox4x32 rand = top.sr ? philox_block(top.rng, uint64_t(e0) / 16) : Philox4x32{};
   NB_UNROLL
   for (int j = 0; j < 16; ++j) {
-    const float q = __fmul_rn(bf16_to_f32(tile[r * w + c16 * 16 + j]), enc);
+    const float q = __fmul_rn(bf16_to_f32(tile[sg.at + j * sg.step]), enc);
     const uint32_t code = top.sr ? nvfp4::e2m1_code_sr(q, philox_byte(rand, j)) : nvfp4::e2m1_code_rne(q);
     v[j] = nvfp4::dequant_value(code, sc, amax);
   }
 }
 
-__device__ unsigned long long nvfp4_error_sum(const bf16* tile, int h, int w, int64_t r0, int64_t c0, int64_t cols,
-                                              float amax, const BlockLadder& top, const Nvfp4Tiles& t) {
+__device__ unsigned long long nvfp4_error_sum(const bf16* tile, int h, int w, int64_t r0, int64_t c0, int64_t rows,
+                                              int64_t cols, float amax, float s_enc, const BlockLadder& top,
+                                              const Nvfp4Tiles& t) {
   unsigned long long err = 0;
   for (int g = threadIdx.x; g < h * w / 16; g += kThreads) {
     float v[16];
-    nvfp4_segment(tile, w, g, r0, c0, cols, amax, top, t, v);
-    const int r = g / (w / 16), c = (g % (w / 16)) * 16;
+    nvfp4_segment(tile, w, g, r0, c0, rows, cols, amax, s_enc, top, t, v);
+    const Segment sg = segment(g, w, top.blocks);
     for (int j = 0; j < 16; ++j) {
-      const float x = bf16_to_f32(tile[r * w + c + j]);
+      const float x = bf16_to_f32(tile[sg.at + j * sg.step]);
       if (isfinite(x) && x != 0.0f) err += device::element_term(x, v[j]);
     }
   }
@@ -171,17 +202,21 @@ __global__ void __launch_bounds__(kThreads)
   Choice choice = block_rule_choice(rule, err4, err5, nonzero, nonfinite > 0, finite_amax, min_nonzero);
   unsigned long long err_nv = 0;
   const float nv_amax = kLadder ? tensor_amax[1] : 0.0f;
+  const float s_enc = nvfp4::global_encode_scale(nv_amax);
   if (kLadder) {
-    nvfp4_tile_scales(tile, h, w, nvfp4::global_encode_scale(nv_amax), &nv_tiles);
-    err_nv = block_all(nvfp4_error_sum(tile, h, w, r0, c0, cols, nv_amax, top, nv_tiles), Add{});
+    if (top.blocks == Nvfp4Blocks::tiles) nvfp4_tile_scales(tile, h, w, s_enc, &nv_tiles);
+    err_nv = block_all(nvfp4_error_sum(tile, h, w, r0, c0, rows, cols, nv_amax, s_enc, top, nv_tiles), Add{});
     if (ladder_keeps_nvfp4(top, err_nv, nonzero, nonfinite > 0)) choice = Choice::nvfp4;
   }
   if (kLadder && choice == Choice::nvfp4) {
     for (int g = threadIdx.x; g < n / 16; g += kThreads) {
       float v[16];
-      nvfp4_segment(tile, w, g, r0, c0, cols, nv_amax, top, nv_tiles, v);
-      const int r = g / (w / 16), c = (g % (w / 16)) * 16;
-      for (int j = 0; j < 16; ++j) out[(r0 + r) * cols + c0 + c + j] = f32_to_bf16(v[j]);
+      nvfp4_segment(tile, w, g, r0, c0, rows, cols, nv_amax, s_enc, top, nv_tiles, v);
+      const Segment sg = segment(g, w, top.blocks);
+      for (int j = 0; j < 16; ++j) {
+        const int at = sg.at + j * sg.step;
+        out[(r0 + at / w) * cols + c0 + at % w] = f32_to_bf16(v[j]);
+      }
     }
   } else {
     for (int i = threadIdx.x; i < n; i += kThreads) {

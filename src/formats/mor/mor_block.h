@@ -7,9 +7,10 @@
 // rounded once to BF16 (what fake quantization does, as the paper's evaluation did).
 //
 // The NVFP4 ladder per block (BlockLadder, docs/MOR.md "The NVFP4 ladder per block"): an NVFP4 rung above E4M3. The
-// block is quantized to NVFP4 as a 2D NVFP4 weight is (nvfp4.h two_d: each 16x16 tile one E4M3 scale from its amax and
-// the tensor's S_enc, elements E2M1 by RNE or, for gradients, SR with nvfp4.h's random byte of the element's flat
-// index), measured, and kept while its error is below the ladder's threshold; else the FP8 rule above decides. NVFP4
+// block is quantized to NVFP4 as an NVFP4 copy is (nvfp4.h: each 16x16 tile, or 1x16 or 16x1 block, one E4M3 scale
+// from its amax and the tensor's S_enc, elements E2M1 by RNE or, for gradients, SR with nvfp4.h's random byte of the
+// element's index in the copy), measured, and kept while its error is below the ladder's threshold; else the FP8 rule
+// above decides. NVFP4
 // values are written as nvfp4::dequant_value's FP32 value rounded to BF16 (fake quantization again: the tensor's
 // global scale is not a power of two). rows and cols must be multiples of 16 (whole tiles).
 //
@@ -64,10 +65,19 @@ NB_HD Choice block_rule_choice(const BlockRule& rule, uint64_t err4, uint64_t er
 }
 
 // The ladder's NVFP4 rung; threshold 0: none (the FP8 block rule alone).
+// The NVFP4 rung's blocks, each with one E4M3 scale: 16x16 tiles (a 2D weight's, one copy reads the same in every
+// GEMM), 1x16 along a row (an NVFP4 row-wise copy's: the Fprop or Dgrad operand) or 16x1 down a column (a column-wise
+// copy's, in x's own layout: the Wgrad operand).
+enum class Nvfp4Blocks : uint8_t { tiles, rows, cols };
+
 struct BlockLadder {
   double threshold = 0.0;  // NVFP4 while the block's NVFP4 error is below it, in (0, 1)
   bool sr = false;         // stochastic rounding of the elements (the gradient's rung)
-  RngKey rng{};            // SR's key: element e of x [rows, cols] reads philox_byte(philox_block(rng, e / 16), e % 16)
+  // SR's key. Element e reads philox_byte(philox_block(rng, e / 16), e % 16), e its index in the copy's layout as
+  // nvfp4.h numbers it: r * cols + c for tiles and rows, c * rows + r for cols (the column-wise copy [cols, rows];
+  // its caller flips the stream's low bit, as nvfp4.h keys a column-wise copy).
+  RngKey rng{};
+  Nvfp4Blocks blocks = Nvfp4Blocks::tiles;
 };
 
 // The ladder keeps a block NVFP4 while its NVFP4 error over its `nonzero` finite non-zero elements is below the

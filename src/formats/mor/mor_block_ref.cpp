@@ -73,29 +73,42 @@ void write_block(const bf16* x, int64_t cols, const BlockSpan& b, Choice choice,
     }
 }
 
-// The block's NVFP4 values (row-major over the block) as a 2D NVFP4 copy holds them: each 16x16 tile's scale code from
-// its amax (by bit pattern) and the tensor's S_enc, each element's E2M1 code by RNE or SR, decoded with the tensor's
-// amax. The block's sides are multiples of 16.
-std::vector<float> nvfp4_block_values(const bf16* x, int64_t cols, const BlockSpan& b, float amax,
+// The block's NVFP4 values (row-major over the block) as an NVFP4 copy holds them: each 16x16 tile's, or each 1x16 or
+// 16x1 block's, scale code from its amax (by bit pattern) and the tensor's S_enc, each element's E2M1 code by RNE or
+// SR, decoded with the tensor's amax. The block's sides are multiples of 16.
+std::vector<float> nvfp4_block_values(const bf16* x, int64_t rows, int64_t cols, const BlockSpan& b, float amax,
                                       const BlockLadder& top) {
   const float s_enc = nvfp4::global_encode_scale(amax);
   const int64_t w = b.c1 - b.c0;
   std::vector<float> nv(size_t((b.r1 - b.r0) * w));
+  const auto val = [&](int64_t r, int64_t c) { return bf16_to_f32(x[r * cols + c]); };
+  // 16 elements from (r, c), to the right or (down) below, with scale code sc.
+  const auto encode = [&](int64_t r, int64_t c, bool down, uint32_t sc) {
+    const float enc = nvfp4::block_encode_scale(sc, s_enc);
+    const int64_t e0 = down ? c * rows + r : r * cols + c;  // a multiple of 16: one Philox block per 16 elements
+    const Philox4x32 rand = top.sr ? philox_block(top.rng, uint64_t(e0) / 16) : Philox4x32{};
+    for (int j = 0; j < 16; ++j) {
+      const int64_t rj = down ? r + j : r, cj = down ? c : c + j;
+      const float v = val(rj, cj) * enc;
+      const uint32_t code = top.sr ? nvfp4::e2m1_code_sr(v, philox_byte(rand, j)) : nvfp4::e2m1_code_rne(v);
+      nv[size_t((rj - b.r0) * w + cj - b.c0)] = nvfp4::dequant_value(code, sc, amax);
+    }
+  };
+  const auto amax_of = [&](int64_t r, int64_t c, int64_t h, int64_t wd) {
+    uint32_t m = 0;
+    for (int64_t i = r; i < r + h; ++i)
+      for (int64_t j = c; j < c + wd; ++j) m = std::max(m, nvfp4::abs_bits(val(i, j)));
+    return nvfp4::block_scale_code(bits_f32(m), s_enc);
+  };
   for (int64_t tr = b.r0; tr < b.r1; tr += 16)
     for (int64_t tc = b.c0; tc < b.c1; tc += 16) {
-      uint32_t m = 0;
-      for (int64_t r = tr; r < tr + 16; ++r)
-        for (int64_t c = tc; c < tc + 16; ++c) m = std::max(m, nvfp4::abs_bits(bf16_to_f32(x[r * cols + c])));
-      const uint32_t sc = nvfp4::block_scale_code(bits_f32(m), s_enc);
-      const float enc = nvfp4::block_encode_scale(sc, s_enc);
-      for (int64_t r = tr; r < tr + 16; ++r) {
-        const int64_t e0 = r * cols + tc;  // a multiple of 16: one Philox block per 16 elements of a row
-        const Philox4x32 rand = top.sr ? philox_block(top.rng, uint64_t(e0) / 16) : Philox4x32{};
-        for (int j = 0; j < 16; ++j) {
-          const float v = bf16_to_f32(x[e0 + j]) * enc;
-          const uint32_t code = top.sr ? nvfp4::e2m1_code_sr(v, philox_byte(rand, j)) : nvfp4::e2m1_code_rne(v);
-          nv[size_t((r - b.r0) * w + tc - b.c0 + j)] = nvfp4::dequant_value(code, sc, amax);
-        }
+      if (top.blocks == Nvfp4Blocks::tiles) {
+        const uint32_t sc = amax_of(tr, tc, 16, 16);
+        for (int64_t r = tr; r < tr + 16; ++r) encode(r, tc, false, sc);
+      } else if (top.blocks == Nvfp4Blocks::rows) {
+        for (int64_t r = tr; r < tr + 16; ++r) encode(r, tc, false, amax_of(r, tc, 1, 16));
+      } else {
+        for (int64_t c = tc; c < tc + 16; ++c) encode(tr, c, true, amax_of(tr, c, 16, 1));
       }
     }
   return nv;
@@ -147,7 +160,7 @@ Status apply_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rul
       std::vector<float> nv;
       uint64_t nv_err = 0;
       if (top) {
-        nv = nvfp4_block_values(x, cols, b, nv_amax, *top);
+        nv = nvfp4_block_values(x, rows, cols, b, nv_amax, *top);
         nv_err = nvfp4_block_error(x, cols, b, nv);
       }
       Choice choice = block_rule_choice(rule, e4.err_fixed, e5.err_fixed, uint64_t(e4.nonzero), m.nonfinite > 0,

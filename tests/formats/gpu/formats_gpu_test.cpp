@@ -336,14 +336,19 @@ TEST(FormatsGpu, MorBlockLadderMatchesTheHost) {
     for (bool sr : {false, true})
       for (Dist d : kDists) {
         const mor::BlockRule rule{false, mode, 0.045};
-        const mor::BlockLadder top{d == Dist::normal ? 0.2 : 0.3, sr, key};  // 0.2: inside the normal blocks' errors
-        check_mor_block_ladder(256, 384, d, d == Dist::adversarial, rule, top);
-        check_mor_block_ladder(208, 304, d, d == Dist::normal && sr, rule, top);  // clipped blocks
+        for (mor::Nvfp4Blocks b : {mor::Nvfp4Blocks::tiles, mor::Nvfp4Blocks::rows, mor::Nvfp4Blocks::cols}) {
+          // 0.2: inside the normal blocks' errors
+          const mor::BlockLadder top{d == Dist::normal ? 0.2 : 0.3, sr, key, b};
+          check_mor_block_ladder(256, 384, d, d == Dist::adversarial, rule, top);
+          check_mor_block_ladder(208, 304, d, d == Dist::normal && sr, rule, top);  // clipped blocks
+        }
       }
   check_mor_block_ladder(128, 256, Dist::lognormal, false, mor::BlockRule{true, mor::ScaleMode::gam, 0.045},
                          mor::BlockLadder{0.3, false, key});  // three-way below the NVFP4 rung
   check_mor_block_ladder(4096, 2048, Dist::outliers, false, mor::BlockRule{false, mor::ScaleMode::gam, 0.045},
                          mor::BlockLadder{0.3, true, key});
+  check_mor_block_ladder(4096, 2048, Dist::outliers, false, mor::BlockRule{false, mor::ScaleMode::gam, 0.045},
+                         mor::BlockLadder{0.3, true, key, mor::Nvfp4Blocks::cols});
 }
 
 TEST(FormatsGpu, Mxfp8MatchesReferenceSmall) {
