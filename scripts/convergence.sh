@@ -69,6 +69,8 @@ config_flags() {
     mor_fp8_block) echo "--recipe bf16_with_mor_fp8_mixed --mor-granularity block" ;;
     # The NVFP4 ladder per 128x128 block: NVFP4 (16x16 tiles, SR on gradients, no RHT), else E4M3, else BF16.
     mor_nvfp4_block) echo "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block" ;;
+    # The same with the NVFP4 recipe's 1x16 blocks on X and dY (a row and a column copy each, decided per block).
+    mor_nvfp4_block_rows) echo "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block --mor-nvfp4-rows" ;;
     # The tensor rule without its one-step lag: the host reads each quantization's statistic back (slower; a study's
     # control for what the lag changes).
     mor_fp8_now) echo "--recipe bf16_with_mor_fp8_mixed --mor-decide-now" ;;
@@ -78,7 +80,7 @@ config_flags() {
     *) echo "unknown configuration '$1'; see: bash scripts/convergence.sh list" >&2; return 1 ;;
   esac
 }
-CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now mor_fp8_channel mor_nvfp4_block"
+CONFIGS="bf16 fp8 mxfp8 nvfp4 nvfp4_all nvfp4_no_rht nvfp4_no_sr nvfp4_no_2d nvfp4_none nvfp4_anneal nvfp4_4over6 nvfp4_4over6_mae mor_fp8 mor_nvfp4 mor_fp8_block mor_fp8_now mor_fp8_channel mor_nvfp4_block mor_nvfp4_block_rows"
 
 # The token count of a Megatron .idx: the sum of its sequence lengths (int32, after a 34-byte header).
 idx_tokens() {

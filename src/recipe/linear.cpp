@@ -61,8 +61,10 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
   rows = 0;
   // MoR's block rule: one BF16 operand whose 128x128 blocks read the same either way, as 2D NVFP4's tiles. The input's
   // must outlive Fprop for Wgrad, so it is kept where other formats keep their input's column copy (owned, or an
-  // input slot), and its row piece is empty: Fprop reads the same bytes (row_data_piece).
-  col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || (s.fmt == Fmt::mor_block && role != Role::input);
+  // input slot), and its row piece is empty: Fprop reads the same bytes (row_data_piece). The ladder's 1x16 NVFP4
+  // blocks (nvfp4_rows) make two copies, a row copy and a column copy, as NVFP4's.
+  const bool one_block_copy = s.fmt == Fmt::mor_block && !s.nvfp4_rows;
+  col_is_row = (s.fmt == Fmt::nvfp4 && s.two_d) || (one_block_copy && role != Role::input);
   row_only = row_only_ && !col_is_row;
   if (s.fmt == Fmt::bf16) return Status::ok();
   int64_t data_bytes = 0, row_scale_bytes = 0, col_scale_bytes = 0;
@@ -105,7 +107,7 @@ Status QCopies::init(Role role_, const RoleSpec& s, int64_t rows_cap, int64_t co
     }
     return dry ? Status::ok() : alloc_bytes(&p->owned, dev, bytes);
   };
-  NB_TRY(place(&row_data, row_transient, s.fmt == Fmt::mor_block && !col_is_row ? 0 : data_bytes));
+  NB_TRY(place(&row_data, row_transient, one_block_copy && !col_is_row ? 0 : data_bytes));
   NB_TRY(place(&row_scales, row_transient, row_scale_bytes));
   if (!col_is_row && !row_only) {
     NB_TRY(place(&col_data, col_transient, data_bytes, true));
@@ -213,9 +215,21 @@ Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const
   static_assert(kColAmax == kRowAmax + 1, "the block ladder's two amaxes are adjacent");
   if (a.mor_top.threshold > 0) {
     const mor::BlockTallies t{a.mor_stat, a.mor_nvfp4, a.mor_blocks};
-    if (dev == Device::cuda)
-      return mor::apply_block_ladder_cuda(src, rows, cols, a.mor_rule, a.mor_top, out, t, scratch, stream);
-    return mor::apply_block_ladder_ref(src, rows, cols, a.mor_rule, a.mor_top, out, t);
+    const auto ladder = [&](const mor::BlockLadder& top, bf16* to) {
+      if (dev == Device::cuda)
+        return mor::apply_block_ladder_cuda(src, rows, cols, a.mor_rule, top, to, t, scratch, stream);
+      return mor::apply_block_ladder_ref(src, rows, cols, a.mor_rule, top, to, t);
+    };
+    if (!spec.nvfp4_rows) return ladder(a.mor_top, out);
+    // A copy per direction, as NVFP4's: the row copy's blocks along K, the column copy's down the tokens (its SR key
+    // the row copy's with the stream's low bit flipped, as nvfp4.h keys a column-wise copy). Both are counted.
+    mor::BlockLadder top = a.mor_top;
+    top.blocks = mor::Nvfp4Blocks::rows;
+    NB_TRY(ladder(top, reinterpret_cast<bf16*>(o.row_data)));
+    if (!o.colwise) return Status::ok();
+    top.blocks = mor::Nvfp4Blocks::cols;
+    top.rng.stream ^= 1u;
+    return ladder(top, reinterpret_cast<bf16*>(o.col_data));
   }
   if (dev == Device::cuda)
     return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks, scratch, stream);

@@ -140,7 +140,9 @@ struct QCopies {
   gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
   // The piece the row operand reads: the row data, or the block rule's input, whose one copy is its column piece.
-  const Piece& row_data_piece() const { return spec.fmt == Fmt::mor_block && !col_is_row ? col_data : row_data; }
+  const Piece& row_data_piece() const {
+    return spec.fmt == Fmt::mor_block && !spec.nvfp4_rows && !col_is_row ? col_data : row_data;
+  }
   // quantize()'s steps: the slot and the cleared flag, one per format family, then the block formats' amaxes.
   Outputs outputs() const;
   Status begin_quantize(Stream stream);

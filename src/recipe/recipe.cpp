@@ -145,6 +145,11 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
   if (k.mor_granularity != "tensor" && k.mor_granularity != "block")
     return errorf("recipe '%s': unknown mor-granularity '%s'; use tensor or block", name, k.mor_granularity.c_str());
   if (k.mor_granularity == "tensor") {
+    if (k.mor_nvfp4_rows)
+      return errorf(
+          "recipe '%s': mor-nvfp4-rows shapes the NVFP4 ladder per block's blocks (the tensor ladder already uses "
+          "1x16 blocks); add mor-granularity block or drop it",
+          name);
     if (k.mor_three_way || !k.mor_scaling.empty())
       return errorf(
           "recipe '%s': mor-three-way and mor-scaling belong to the block rule (one tensor has one scale, where GAM "
@@ -169,6 +174,14 @@ static Status apply_mor_block_knobs(const RecipeKnobs& k, Recipe* r) {
   const bool grad_sr = r->mor.ladder && r->grad.sr;
   r->input = r->weight = RoleSpec{Fmt::mor_block};
   r->grad = RoleSpec{Fmt::mor_block, /*rht=*/false, grad_sr, /*two_d=*/false};
+  if (k.mor_nvfp4_rows) {
+    if (!r->mor.ladder)
+      return errorf(
+          "recipe '%s': mor-nvfp4-rows shapes the NVFP4 ladder's blocks, and this recipe has no NVFP4 rung; use "
+          "bf16_with_mor_nvfp4_mixed or drop it",
+          name);
+    r->input.nvfp4_rows = r->grad.nvfp4_rows = true;
+  }
   r->fp8_scaling = Fp8Scaling::none;
   return Status::ok();
 }
@@ -196,7 +209,7 @@ static Status apply_mor_channel_knob(const RecipeKnobs& k, Recipe* r) {
 static Status apply_mor_knobs(const RecipeKnobs& k, Recipe* r) {
   const bool given = k.mor_threshold >= 0 || k.mor_nvfp4_threshold >= 0 || k.mor_interval >= 0 ||
                      k.mor_granularity != "tensor" || k.mor_decide_now || k.mor_three_way || !k.mor_scaling.empty() ||
-                     k.mor_channel_stat;
+                     k.mor_channel_stat || k.mor_nvfp4_rows;
   if (!given) return Status::ok();
   if (!r->mor.on)
     return errorf(
@@ -328,8 +341,9 @@ static std::string describe_mor_gemms(const Recipe& r, int cc_major) {
     std::string rule = r.mor.three_way ? "E4M3 where its error beats E5M2's, else E5M2 where the range fits, else BF16"
                                        : std::string("E4M3 while its mean relative error < ") + t + "%, else BF16";
     if (r.mor.ladder)
-      rule = std::string("NVFP4 (16x16 tiles") + (r.grad.sr ? ", SR on gradients" : "") +
-             ") while its mean relative error < " + t4 + "%, else " + rule;
+      rule = std::string(r.input.nvfp4_rows ? "NVFP4 (1x16 blocks on X and dY, a copy per direction; 16x16 weight tiles"
+                                            : "NVFP4 (16x16 tiles") +
+             (r.grad.sr ? ", SR on gradients" : "") + ") while its mean relative error < " + t4 + "%, else " + rule;
     return "Fprop " + op + " x " + op + e + " | Dgrad " + op + " x " + op + e + " | Wgrad " + op + " x " + op + e +
            " fp32 accumulate; each 128x128 block " + rule + ", " + mor::scale_mode_name(r.mor.scaling) +
            " scales, decided in its quantization (no lag)";

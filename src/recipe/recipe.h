@@ -27,6 +27,10 @@ struct RoleSpec {
   bool rht = false, sr = false, two_d = false;
   bool four_over_six = false;  // NVFP4 4/6 adaptive block scaling of every copy (nvfp4::Options)
   nvfp4::ErrMode four_over_six_err = nvfp4::ErrMode::mae;  // its error metric (TE's default, MAE)
+  // Fmt::mor_block on the NVFP4 ladder: the NVFP4 blocks of a copy per direction, 1x16 along each GEMM's K as
+  // bf16_with_nvfp4_mixed's (the Fprop or Dgrad copy's along the row, the Wgrad copy's down the column), each copy's
+  // blocks decided on their own; else 16x16 tiles in one copy that every GEMM reads.
+  bool nvfp4_rows = false;
 };
 
 enum class Fp8Scaling { none, current, delayed };
@@ -130,6 +134,7 @@ struct RecipeKnobs {
   bool mor_three_way = false;     // the block rule: E5M2 as a rung between E4M3 and BF16
   std::string mor_scaling;        // the block rule's scales: gam (default), amax or pow2; empty keeps the default
   bool mor_channel_stat = false;  // the E4M3 tensor rule: also measure per-row scaling (MorSpec::channel_stat)
+  bool mor_nvfp4_rows = false;    // the ladder per block: X's and dY's NVFP4 blocks 1x16 along K (RoleSpec::nvfp4_rows)
 };
 // --disable-fp4 turns an NVFP4 job into bf16_mixed (the other knobs then have nothing to act on);
 // the fp4_* knobs on a recipe without NVFP4 are an error (they would silently do nothing), and so are

@@ -231,6 +231,11 @@ std::vector<ConfigKey> mor_keys(TrainConfig& c) {
                  "down to a power of two (pow2: exact BF16 operands), or GAM's shared mantissa with the block's "
                  "exponent (gam, the default)",
                  &c.mor_scaling),
+      bool_key("mor-nvfp4-rows",
+               "Mixture of Representations' NVFP4 ladder per block: the input's and gradient's NVFP4 blocks are 1x16 "
+               "along each GEMM's K, as bf16_with_nvfp4_mixed's (a copy per direction, each block decided in each), "
+               "not 16x16 tiles in one copy",
+               &c.mor_nvfp4_rows),
       bool_key("mor-channel-statistic",
                "Mixture of Representations (E4M3 tensor rule): also measure each operand's error with per-row "
                "(per-channel) E4M3 scaling, for the study; decisions still use the per-tensor statistic",

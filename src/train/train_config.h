@@ -45,6 +45,7 @@ struct TrainConfig {
   bool mor_three_way = false;              // the block rule: E5M2 between E4M3 and BF16
   std::string mor_scaling;                 // the block rule's scales: gam | amax | pow2 (empty: gam)
   bool mor_channel_stat = false;           // the E4M3 tensor rule: also measure per-row (per-channel) scaling
+  bool mor_nvfp4_rows = false;             // the ladder per block: X's and dY's NVFP4 blocks 1x16, a copy per way
   bool first_last_layers_bf16 = false;
   int64_t num_layers_at_start_in_bf16 = -1, num_layers_at_end_in_bf16 = -1;  // -1 = the recipe's
   bool quant_stats = false;

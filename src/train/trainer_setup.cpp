@@ -115,6 +115,7 @@ Status Trainer::resolve_config() {
   knobs.mor_three_way = cfg_.mor_three_way;
   knobs.mor_scaling = cfg_.mor_scaling;
   knobs.mor_channel_stat = cfg_.mor_channel_stat;
+  knobs.mor_nvfp4_rows = cfg_.mor_nvfp4_rows;
   NB_TRY(recipe::apply_knobs(knobs, &recipe_));
   if (recipe_.mor.blocks && cfg_.quant_stats)
     return errorf(

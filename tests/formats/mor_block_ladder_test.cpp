@@ -1,8 +1,9 @@
 // MoR's NVFP4 ladder per 128x128 block (formats/mor/mor_block.h, apply_block_ladder_ref) against references written
 // apart from it: an NVFP4 block's values are the NVFP4 quantizer's own (nvfp4::quantize_ref with 16x16 tiles, or with
 // SR on a tensor whose 1x16 blocks share their tile's amax, so the 1D SR quantizer's codes are the tiles'; 1x16 and
-// 16x1 blocks: its row-wise and column-wise copies), dequantized and rounded to BF16; its statistic is the float64 mean of those values' relative errors; each block's rung follows
-// from that mean and from the E4M3 block rule's own decision (decide_blocks_ref); a non-finite block stays BF16.
+// 16x1 blocks: its row-wise and column-wise copies), dequantized and rounded to BF16; its statistic is the float64 mean
+// of those values' relative errors; each block's rung follows from that mean and from the E4M3 block rule's own
+// decision (decide_blocks_ref); a non-finite block stays BF16.
 #include <gtest/gtest.h>
 #include <cmath>
 #include <random>

@@ -19,15 +19,18 @@ constexpr int64_t kM = 192, kK = 256, kN = 160;  // clipped blocks in every dime
 constexpr uint32_t kTensorId = 3;
 // Between the inputs' and weights' NVFP4 errors (about 0.23) and the SR gradient's (about 0.27): GEMMs of both rungs.
 constexpr double kLadderThreshold = 0.25;
+// With 1x16 blocks on X and dY: between the input's (about 0.18) and the SR gradient's (about 0.22) NVFP4 errors.
+constexpr double kLadderRowsThreshold = 0.2;
 
-Recipe block_recipe(bool three_way, const std::string& scaling, bool ladder = false) {
+Recipe block_recipe(bool three_way, const std::string& scaling, bool ladder = false, bool rows = false) {
   Recipe r;
   EXPECT_TRUE(recipe_preset(ladder ? "bf16_with_mor_nvfp4_mixed" : "bf16_with_mor_fp8_mixed", &r).is_ok());
   RecipeKnobs k;
   k.mor_granularity = "block";
   k.mor_three_way = three_way;
   k.mor_scaling = scaling;
-  if (ladder) k.mor_nvfp4_threshold = kLadderThreshold;
+  if (ladder) k.mor_nvfp4_threshold = rows ? kLadderRowsThreshold : kLadderThreshold;
+  k.mor_nvfp4_rows = rows;
   EXPECT_TRUE(apply_knobs(k, &r).is_ok());
   return r;
 }
@@ -40,9 +43,11 @@ std::vector<float> with_outliers(int64_t rows, int64_t cols, double sigma, uint6
   return v;
 }
 
-// role 2 (the gradient) draws SR with the Linear's key for step 1, micro-batch 0 (linear_internal.h rng_key).
+// role 2 (the gradient) draws SR with the Linear's key for step 1, micro-batch 0 (linear_internal.h rng_key). With
+// 1x16 NVFP4 blocks (nvfp4_rows) the input and gradient have a second copy, the column copy, into *col (its blocks
+// 16x1, its key's stream low bit flipped); both add to the cells.
 std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t cols, const Recipe& r, int role,
-                          mor::StatCell* stat, mor::StatCell* nvfp4, mor::BlockCounts* counts) {
+                          mor::StatCell* stat, mor::StatCell* nvfp4, mor::BlockCounts* counts, std::vector<bf16>* col) {
   std::vector<bf16> in(v.size()), out(v.size());
   for (size_t i = 0; i < v.size(); ++i) in[i] = f32_to_bf16(v[i]);
   const mor::BlockRule rule{r.mor.three_way, r.mor.scaling, r.mor.threshold};
@@ -51,8 +56,17 @@ std::vector<bf16> applied(const std::vector<float>& v, int64_t rows, int64_t col
     return out;
   }
   const bool sr = role == 2 && r.grad.sr;
-  const mor::BlockLadder top{r.mor.nvfp4_threshold, sr, RngKey{r.seed, 1, (kTensorId << 8) | (role == 2 ? 2u : 0u)}};
+  mor::BlockLadder top{r.mor.nvfp4_threshold, sr, RngKey{r.seed, 1, (kTensorId << 8) | (role == 2 ? 2u : 0u)}};
+  const bool two = role != 1 && (role == 0 ? r.input : r.grad).nvfp4_rows;
+  if (two) top.blocks = mor::Nvfp4Blocks::rows;
   EXPECT_TRUE(mor::apply_block_ladder_ref(in.data(), rows, cols, rule, top, out.data(), {stat, nvfp4, counts}).is_ok());
+  if (two) {
+    col->resize(v.size());
+    top.blocks = mor::Nvfp4Blocks::cols;
+    top.rng.stream ^= 1u;
+    EXPECT_TRUE(
+        mor::apply_block_ladder_ref(in.data(), rows, cols, rule, top, col->data(), {stat, nvfp4, counts}).is_ok());
+  }
   return out;
 }
 
@@ -64,9 +78,10 @@ struct Tensors {
   }
 };
 
-void check_block_linear(bool three_way, const std::string& scaling, bool ladder = false) {
-  SCOPED_TRACE(::testing::Message() << scaling << (three_way ? " three-way" : " two-way") << (ladder ? " ladder" : ""));
-  const Recipe r = block_recipe(three_way, scaling, ladder);
+void check_block_linear(bool three_way, const std::string& scaling, bool ladder = false, bool nvfp4_rows = false) {
+  SCOPED_TRACE(::testing::Message() << scaling << (three_way ? " three-way" : " two-way") << (ladder ? " ladder" : "")
+                                    << (nvfp4_rows ? " 1x16" : ""));
+  const Recipe r = block_recipe(three_way, scaling, ladder, nvfp4_rows);
   const auto x = with_outliers(kM, kK, 1.0, 1), w = with_outliers(kN, kK, 0.05, 2), dy = with_outliers(kM, kN, 1e-3, 3);
   Linear lin;
   ASSERT_TRUE(lin.init(r, false, "mor_block", kTensorId, kM, kK, kN, Device::cpu).is_ok());
@@ -94,14 +109,19 @@ void check_block_linear(bool three_way, const std::string& scaling, bool ladder 
   for (int i = 0; i < 3; ++i) {
     mor::StatCell stat, nvfp4;
     mor::BlockCounts counts;
-    const std::vector<bf16> want = applied(*src[i], rows[i], cols[i], r, i, &stat, &nvfp4, &counts);
+    std::vector<bf16> col;
+    const std::vector<bf16> want = applied(*src[i], rows[i], cols[i], r, i, &stat, &nvfp4, &counts, &col);
     ASSERT_TRUE(lin.debug_copies(i, &q[i]).is_ok());
     ASSERT_EQ(q[i].row_data.size(), want.size() * 2);
     EXPECT_EQ(std::memcmp(q[i].row_data.data(), want.data(), q[i].row_data.size()), 0) << "role " << i;
-    if (i == 0)  // the input's Fprop copy is transient: Wgrad reads its own copy of the same bytes
+    if (!col.empty()) {  // 1x16 NVFP4 blocks: the Wgrad copy is a quantization of its own
+      ASSERT_EQ(q[i].col_data.size(), col.size() * 2);
+      EXPECT_EQ(std::memcmp(q[i].col_data.data(), col.data(), q[i].col_data.size()), 0) << "role " << i;
+    } else if (i == 0) {  // the input's Fprop copy is transient: Wgrad reads its own copy of the same bytes
       EXPECT_EQ(q[i].col_data, q[i].row_data);
-    else
+    } else {
       EXPECT_TRUE(q[i].col_data.empty()) << "one copy serves both ways";
+    }
     const mor::BlockCounts got = mor::block_counts_of(cells[size_t(3 + i)]);
     EXPECT_EQ(got.e4m3, counts.e4m3) << i;
     EXPECT_EQ(got.e5m2, counts.e5m2) << i;
@@ -156,6 +176,7 @@ TEST(LinearMorBlock, OperandsAreTheRulesAndTheGemmsReadThem) {
   check_block_linear(true, "amax");
   check_block_linear(false, "", /*ladder=*/true);
   check_block_linear(false, "pow2", /*ladder=*/true);
+  check_block_linear(false, "", /*ladder=*/true, /*nvfp4_rows=*/true);
 }
 
 TEST(LinearMorBlock, KnobsThatDoNotApplyAreRefused) {
@@ -173,12 +194,15 @@ TEST(LinearMorBlock, KnobsThatDoNotApplyAreRefused) {
   three_alone.mor_three_way = true;
   scaling_alone.mor_scaling = "pow2";
   unknown.mor_granularity = "row";
-  RecipeKnobs rht = block, two_d = block;
+  RecipeKnobs rht = block, two_d = block, rows_fp8 = block, rows_tensor;
+  rows_fp8.mor_nvfp4_rows = rows_tensor.mor_nvfp4_rows = true;
   rht.fp4_disable_rht = true;
   two_d.fp4_disable_2d = true;
   const Case cases[] = {
       {"bf16_with_mor_nvfp4_mixed", rht, "has no RHT"},
       {"bf16_with_mor_nvfp4_mixed", two_d, "16x16 tiles"},
+      {"bf16_with_mor_fp8_mixed", rows_fp8, "has no NVFP4 rung"},
+      {"bf16_with_mor_nvfp4_mixed", rows_tensor, "add mor-granularity block"},
       {"bf16_with_mor_fp8_mixed", interval, "no lag"},
       {"bf16_with_mor_fp8_mixed", now, "no lag"},
       {"bf16_with_mor_fp8_mixed", bad_scaling, "unknown mor-scaling"},

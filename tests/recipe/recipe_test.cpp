@@ -243,9 +243,25 @@ TEST(MorRecipe, PresetKnobsAndRefusals) {
   RecipeKnobs zero_interval;
   zero_interval.mor_interval = 0;
   expect_knobs_refused("bf16_with_mor_fp8_mixed", zero_interval, "at least 1");
+  // The ladder per block: every role one BF16 operand of decided blocks, the gradient's NVFP4 blocks with SR, nine
+  // cells per Linear; with mor-nvfp4-rows the input and gradient take a copy per direction.
   RecipeKnobs block;
   block.mor_granularity = "block";
-  expect_knobs_refused("bf16_with_mor_nvfp4_mixed", block, "global scale");  // the block rule: E4M3 recipe only
+  Recipe ladder;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_nvfp4_mixed", &ladder).is_ok());
+  ASSERT_TRUE(apply_knobs(block, &ladder).is_ok());
+  EXPECT_TRUE(ladder.mor.ladder && ladder.mor.blocks);
+  EXPECT_EQ(ladder.mor.cells_per_linear(), 9);
+  for (const RoleSpec* role : {&ladder.input, &ladder.weight, &ladder.grad}) {
+    EXPECT_EQ(role->fmt, Fmt::mor_block);
+    EXPECT_FALSE(role->rht || role->nvfp4_rows);
+  }
+  EXPECT_TRUE(ladder.grad.sr);
+  EXPECT_FALSE(ladder.input.sr || ladder.weight.sr);
+  block.mor_nvfp4_rows = true;
+  ASSERT_TRUE(recipe_preset("bf16_with_mor_nvfp4_mixed", &ladder).is_ok());
+  ASSERT_TRUE(apply_knobs(block, &ladder).is_ok());
+  EXPECT_TRUE(ladder.input.nvfp4_rows && ladder.grad.nvfp4_rows && !ladder.weight.nvfp4_rows);
   RecipeKnobs on_fp8;
   on_fp8.mor_threshold = 0.05;
   expect_knobs_refused("bf16_with_fp8_current_scaling_mixed", on_fp8, "no Mixture of Representations");

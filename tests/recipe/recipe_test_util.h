@@ -48,8 +48,8 @@ inline std::vector<double> dequant_copy(const QuantizedBytes& q, bool col) {
       for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(fp8::decode(data[size_t(i)], ff)) * double(q.scale_inv);
       return out;
     }
-    case Fmt::mor_block: {  // BF16 values [r, c], the only copy (the column copy reads it transposed)
-      const auto* v = reinterpret_cast<const bf16*>(q.row_data.data());
+    case Fmt::mor_block: {  // BF16 values [r, c]; the column operand reads its copy (or the only one) transposed
+      const auto* v = reinterpret_cast<const bf16*>((col && !q.col_data.empty() ? q.col_data : q.row_data).data());
       for (int64_t i = 0; i < r; ++i)
         for (int64_t j = 0; j < c; ++j) out[size_t(col ? j * r + i : i * c + j)] = bf16_to_f32(v[i * c + j]);
       return out;

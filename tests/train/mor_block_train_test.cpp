@@ -161,3 +161,41 @@ TEST(MorBlockLadderTrainCpu, ResumesBitExactly) {
                                   c->mor_nvfp4_threshold = 0.25;  // all three rungs among the tiny model's blocks
                                 });
 }
+
+// 1x16 NVFP4 blocks on X and dY (--mor-nvfp4-rows): a row and a column copy per role, each block decided in each; the
+// input's column copy kept for Wgrad where every recompute mode keeps it; resume.
+TEST(MorBlockLadderTrainCpu, RowBlocksRecordAllRungsRecomputeAlikeAndResume) {
+  const std::string dir = test::temp_folder("mor_block_ladder_rows");
+  TrainConfig job = ladder_block_job(0.2);  // between the tiny model's 1x16 inputs' and gradients' NVFP4 errors
+  job.mor_nvfp4_rows = true;
+  job.save = dir + "/rows";
+  job.log_interval = 2;
+  TrainSummary s;
+  ASSERT_TRUE(run_training(job, &s).is_ok());
+  int64_t rungs[3] = {0, 0, 0};
+  for (const auto& rec : test::metrics_records(job.save, "mor_linear"))
+    for (const char* role : {"input", "weight", "grad"}) {
+      rungs[0] += rec[role]["nvfp4_blocks"].get<int64_t>();
+      rungs[1] += rec[role]["e4m3_blocks"].get<int64_t>();
+      rungs[2] += rec[role]["bf16_blocks"].get<int64_t>();
+    }
+  EXPECT_GT(rungs[0], 0);
+  EXPECT_GT(rungs[1], 0);
+  EXPECT_GT(rungs[2], 0);
+  TrainConfig tiles = ladder_block_job(0.2);
+  TrainSummary t;
+  ASSERT_TRUE(run_training(tiles, &t).is_ok());
+  EXPECT_NE(s.losses, t.losses) << "1x16 blocks are another quantization than 16x16 tiles";
+  std::filesystem::remove_all(dir);
+  TrainConfig alike = ladder_block_job(0.2);
+  alike.mor_nvfp4_rows = true;
+  test::expect_every_recompute_alike(alike);
+  const std::string rdir = test::temp_folder("mor_block_ladder_rows_resume");
+  test::expect_bit_exact_resume("cpu", "bf16_with_mor_nvfp4_mixed", rdir, test::write_random_dataset(rdir, 256),
+                                [](TrainConfig* c) {
+                                  c->mor_granularity = "block";
+                                  c->mor_threshold = 0.0226;
+                                  c->mor_nvfp4_threshold = 0.2;
+                                  c->mor_nvfp4_rows = true;
+                                });
+}

@@ -156,6 +156,11 @@ INSTANTIATE_TEST_SUITE_P(
              "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block --mor-threshold 0.0226 "
              "--mor-nvfp4-threshold 0.25",
              1},
+        // With 1x16 NVFP4 blocks on X and dY: a row and a column copy each (0.2 between their NVFP4 errors).
+        Case{"mor_nvfp4_block_rows",
+             "--recipe bf16_with_mor_nvfp4_mixed --mor-granularity block --mor-nvfp4-rows --mor-threshold 0.0226 "
+             "--mor-nvfp4-threshold 0.2",
+             1},
         Case{"bf16_two_ranks", "--recipe bf16_mixed", 2},
         Case{"mor_fp8_two_ranks", "--recipe bf16_with_mor_fp8_mixed --mor-threshold 0.0226", 2},
         Case{"fp8_delayed_two_ranks_distopt_overlap",
