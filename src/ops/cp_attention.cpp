@@ -103,20 +103,6 @@ Status shard_tokens(const AttentionShape& sh, const AttentionSegments* seg, int 
   return Status::ok();
 }
 
-void merge_partial(float* out_a, float* lse_a, const float* out_b, float lse_b, int64_t D) {
-  if (lse_b == kNoKey) return;
-  if (*lse_a == kNoKey) {
-    std::copy(out_b, out_b + D, out_a);
-    *lse_a = lse_b;
-    return;
-  }
-  const float hi = std::max(*lse_a, lse_b), lo = std::min(*lse_a, lse_b);
-  const float lse = hi + std::log1p(std::exp(lo - hi));
-  const float wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
-  for (int64_t d = 0; d < D; ++d) out_a[d] = out_a[d] * wa + out_b[d] * wb;
-  *lse_a = lse;
-}
-
 Status ring_forward(const AttentionShape& sh, const AttentionSegments* seg, int ranks, const Tensor& q, const Tensor& k,
                     const Tensor& v, const Tensor& out, const Tensor& lse) {
   NB_TRY(attention_check_args(sh, q, k, v, out, lse, nullptr, nullptr, nullptr, nullptr, seg));

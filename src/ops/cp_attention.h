@@ -9,7 +9,10 @@
 // whole [B*S] sequence, so one process runs the algorithm for every rank, in the ring's order.
 // Layouts as ops/attention.h (f32, CPU): q/out [B, S, Hq, D], k/v [B, S, Hkv, D], lse [B, Hq, S].
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 #include "ops/attention.h"
 
@@ -32,7 +35,21 @@ Status ring_backward(const AttentionShape& sh, const AttentionSegments* segments
 
 // Merges a partial (out_b, lse_b) into a running (out_a, lse_a) for one query row of one head (D values),
 // in FP32: the rule every CP implementation must follow so results agree across backends. lse = -inf
-// stands for "no key seen yet".
-void merge_partial(float* out_a, float* lse_a, const float* out_b, float lse_b, int64_t D);
+// stands for "no key seen yet". The CPU ring's forward runs the same rule in FP64 (ops/cp_ring.h).
+template <typename T>
+void merge_partial(T* out_a, T* lse_a, const T* out_b, T lse_b, int64_t D) {
+  const T none = -std::numeric_limits<T>::infinity();
+  if (lse_b == none) return;
+  if (*lse_a == none) {
+    std::copy(out_b, out_b + D, out_a);
+    *lse_a = lse_b;
+    return;
+  }
+  const T hi = std::max(*lse_a, lse_b), lo = std::min(*lse_a, lse_b);
+  const T lse = hi + std::log1p(std::exp(lo - hi));
+  const T wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
+  for (int64_t d = 0; d < D; ++d) out_a[d] = out_a[d] * wa + out_b[d] * wb;
+  *lse_a = lse;
+}
 
 }  // namespace nb::ops::cp

@@ -67,22 +67,6 @@ struct Ring::Views {
 
 namespace {
 
-// merge_partial's rule in FP64 (the CPU ring's forward).
-void merge_partial64(double* out_a, double* lse_a, const double* out_b, double lse_b, int64_t D) {
-  const double none = -std::numeric_limits<double>::infinity();
-  if (lse_b == none) return;
-  if (*lse_a == none) {
-    std::copy(out_b, out_b + D, out_a);
-    *lse_a = lse_b;
-    return;
-  }
-  const double hi = std::max(*lse_a, lse_b), lo = std::min(*lse_a, lse_b);
-  const double lse = hi + std::log1p(std::exp(lo - hi));
-  const double wa = std::exp(*lse_a - lse), wb = std::exp(lse_b - lse);
-  for (int64_t d = 0; d < D; ++d) out_a[d] = out_a[d] * wa + out_b[d] * wb;
-  *lse_a = lse;
-}
-
 // merge_cpu in FP64: the block's Sp queries from `offset` of each of the B rows of S local tokens.
 void merge64(double* acc64, double* lse64, const double* part64, const double* part_lse64, int64_t B, int64_t S,
              int64_t H, int64_t D, int64_t Sp, int64_t offset, bool token_major) {
@@ -91,8 +75,8 @@ void merge64(double* acc64, double* lse64, const double* part64, const double* p
       for (int64_t hd = 0; hd < H; ++hd) {
         const int64_t acc_stat = token_major ? (b * S + offset + i) * H + hd : (b * H + hd) * S + offset + i;
         const int64_t part_stat = token_major ? (b * Sp + i) * H + hd : (b * H + hd) * Sp + i;
-        merge_partial64(acc64 + ((b * S + offset + i) * H + hd) * D, lse64 + acc_stat,
-                        part64 + ((b * Sp + i) * H + hd) * D, part_lse64[part_stat], D);
+        merge_partial<double>(acc64 + ((b * S + offset + i) * H + hd) * D, lse64 + acc_stat,
+                              part64 + ((b * Sp + i) * H + hd) * D, part_lse64[part_stat], D);
       }
 }
 
