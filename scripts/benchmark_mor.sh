@@ -56,5 +56,9 @@ configs=(
   "3b-ladder-i4|1|$small9 $ladder --mor-interval 4"
   "proxy-mor-block|1|$proxy $mor --mor-granularity block"
   "3b-mor-block|1|$small $mor --mor-granularity block"
+  "proxy-ladder-block|1|$proxy $ladder --mor-granularity block"
+  "proxy-ladder-block-rows|1|$proxy $ladder --mor-granularity block --mor-nvfp4-rows"
+  "3b-ladder-block|1|$small $ladder --mor-granularity block"
+  "3b-ladder-block-rows|1|$small $ladder --mor-granularity block --mor-nvfp4-rows"
 )
 run_configs "${configs[@]}"

@@ -123,6 +123,25 @@ def block_lines(out, stats, model):
     return [line]
 
 
+def ladder_block_lines(out, stats, model):
+    """The NVFP4 ladder per block (16x16 tiles, or 1x16 blocks on X and dY): its block shares and its speed against
+    every-layer NVFP4 and the E4M3 block rule."""
+    lines = []
+    for name, what in (("ladder-block", "16x16 tiles"), ("ladder-block-rows", "--mor-nvfp4-rows")):
+        run = stats.get(f"{model}-{name}")
+        rows = [r for r in records(out, f"{model}-{name}") if "mor_nvfp4_blocks" in r]
+        if not run or not rows:
+            continue
+        nv = 100 * sum(r["mor_nvfp4_blocks"] for r in rows) / len(rows)
+        fp8 = 100 * sum(r["mor_fp8_blocks"] for r in rows) / len(rows)
+        line = f"- {model}, ladder per block ({what}): {nv:.2f}% of operand blocks NVFP4, {fp8:.2f}% E4M3"
+        for peer, label in (("nvfp4-all", "every-layer NVFP4's"), ("mor-block", "the E4M3 block rule's")):
+            if stats.get(f"{model}-{peer}"):
+                line += f"; tokens/s/GPU {run / stats[f'{model}-{peer}']:.3f}x {label}"
+        lines.append(line)
+    return lines
+
+
 def fp8_lines(out, stats):
     out_lines = []
     for model in ("proxy", "3b"):
@@ -138,6 +157,7 @@ def ladder_section_lines(out, stats):
         for suffix, what in (("", "deciding every step"), ("-i4", "--mor-interval 4")):
             out_lines += ladder_lines(out, stats, model, "ladder" + suffix, what)
         out_lines += ladder_cost_lines(out, stats, model)
+        out_lines += ladder_block_lines(out, stats, model)
     return "\n".join(out_lines)
 
 
@@ -193,7 +213,9 @@ def main():
         "bf16_with_mor_nvfp4_mixed at its default thresholds (NVFP4 0.3, E4M3 0.045), `-allnvfp4` at NVFP4 threshold "
         "0.999 (every operand NVFP4: its GEMMs are the every-layer NVFP4 run's, so the difference is what deciding "
         "costs), `-i4` with `--mor-interval 4` (9 steps); `nvfp4` is bf16_with_nvfp4_mixed's preset (its last 4 layers "
-        "BF16, which on the 4-layer proxy is every layer: the proxy has only the every-layer row, `-all`). On Hopper "
+        "BF16, which on the 4-layer proxy is every layer: the proxy has only the every-layer row, `-all`); `ladder-block` "
+        "rows run the ladder per 128x128 block (`--mor-granularity block`, 16x16 NVFP4 tiles; `-rows` with "
+        "`--mor-nvfp4-rows`: 1x16 blocks on X and dY, a copy per direction), whose GEMMs are BF16 GEMMs. On Hopper "
         "NVFP4 GEMMs are emulated (dequantized to BF16, then BF16 tensor cores).\n\n"
         + TABLE_HEAD + "\n".join(ladder_rows) + "\n\n" + ladder_section_lines(out, stats) + "\n")
     block_text = (
