@@ -134,11 +134,11 @@ def ladder_block_lines(out, stats, model):
             continue
         nv = 100 * sum(r["mor_nvfp4_blocks"] for r in rows) / len(rows)
         fp8 = 100 * sum(r["mor_fp8_blocks"] for r in rows) / len(rows)
-        line = f"- {model}, ladder per block ({what}): {nv:.2f}% of operand blocks NVFP4, {fp8:.2f}% E4M3"
-        for peer, label in (("nvfp4-all", "every-layer NVFP4's"), ("mor-block", "the E4M3 block rule's")):
-            if stats.get(f"{model}-{peer}"):
-                line += f"; tokens/s/GPU {run / stats[f'{model}-{peer}']:.3f}x {label}"
-        lines.append(line)
+        ratios = [f"{run / stats[f'{model}-{peer}']:.3f}x {label}"
+                  for peer, label in (("nvfp4-all", "every-layer NVFP4's"), ("mor-block", "the E4M3 block rule's"))
+                  if stats.get(f"{model}-{peer}")]
+        lines.append(f"- {model}, ladder per block ({what}): {nv:.2f}% of operand blocks NVFP4, {fp8:.2f}% E4M3"
+                     + (f"; tokens/s/GPU {', '.join(ratios)}" if ratios else ""))
     return lines
 
 
