@@ -91,7 +91,7 @@ Status llama_preset(const std::string& name, LlamaConfig* out) {
     c.vocab = 256;
     c.rope_theta = 10000.0;
     c.rope_factor = 1.0;
-    c.max_seq = 256;
+    c.max_seq = 512;  // MoR's block rule at C2 needs 128-token chunks: sequences of 512
   } else {
     std::string list;
     for (const auto& n : preset_names()) list += (list.empty() ? "" : ", ") + n;

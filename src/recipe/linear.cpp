@@ -211,29 +211,44 @@ Status QCopies::quantize_mxfp8(const bf16* src, const Outputs& o, Stream stream)
 // into the column one).
 Status QCopies::quantize_mor_block(const bf16* src, const QuantizeArgs& a, const Outputs& o, Stream stream) {
   auto* out = reinterpret_cast<bf16*>(o.colwise ? o.col_data : o.row_data);  // the input's one copy: its column piece
-  float* scratch = state_f.ptr<float>() + kRowAmax;  // GAM's amax, then (the ladder) NVFP4's in kColAmax
-  static_assert(kColAmax == kRowAmax + 1, "the block ladder's two amaxes are adjacent");
-  if (a.mor_top.threshold > 0) {
-    const mor::BlockTallies t{a.mor_stat, a.mor_nvfp4, a.mor_blocks};
-    const auto ladder = [&](const mor::BlockLadder& top, bf16* to) {
-      if (dev == Device::cuda)
-        return mor::apply_block_ladder_cuda(src, rows, cols, a.mor_rule, top, to, t, scratch, stream);
-      return mor::apply_block_ladder_ref(src, rows, cols, a.mor_rule, top, to, t);
-    };
-    if (!spec.nvfp4_rows) return ladder(a.mor_top, out);
-    // A copy per direction, as NVFP4's: the row copy's blocks along K, the column copy's down the tokens (its SR key
-    // the row copy's with the stream's low bit flipped, as nvfp4.h keys a column-wise copy). Both are counted.
-    mor::BlockLadder top = a.mor_top;
-    top.blocks = mor::Nvfp4Blocks::rows;
-    NB_TRY(ladder(top, reinterpret_cast<bf16*>(o.row_data)));
-    if (!o.colwise) return Status::ok();
-    top.blocks = mor::Nvfp4Blocks::cols;
-    top.rng.stream ^= 1u;
-    return ladder(top, reinterpret_cast<bf16*>(o.col_data));
+  float* scratch = state_f.ptr<float>() + kRowAmax;                          // GAM's amax, then NVFP4's in kColAmax
+  static_assert(kColAmax == kRowAmax + 1, "the block rule's two amaxes are adjacent");
+  const bool cuda = dev == Device::cuda, ladder = a.mor_top.threshold > 0;
+  // Context parallelism: the whole sequences' amaxes (the MAX over the ranks that hold their tokens), so each rank's
+  // blocks are scaled as one GPU scales them. On the CPU the state block is host memory.
+  bool given = false;
+  if (a.amax_group) {
+    if (cuda)
+      NB_TRY(mor::block_rule_amaxes_cuda(src, rows, cols, ladder, scratch, stream));
+    else
+      mor::block_rule_amaxes_ref(src, rows * cols, scratch);
+    NB_TRY(a.amax_group->max(scratch, 2, stream));
+    given = true;
   }
-  if (dev == Device::cuda)
-    return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks, scratch, stream);
-  return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks);
+  const float* host_amaxes = given && !cuda ? scratch : nullptr;
+  if (!ladder) {
+    if (cuda)
+      return mor::apply_block_rule_cuda(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks, scratch, stream,
+                                        given);
+    return mor::apply_block_rule_ref(src, rows, cols, a.mor_rule, out, a.mor_stat, a.mor_blocks, host_amaxes);
+  }
+  const mor::BlockTallies t{a.mor_stat, a.mor_nvfp4, a.mor_blocks};
+  const auto apply = [&](const mor::BlockLadder& top, bf16* to, bool amaxes_given) {
+    if (cuda)
+      return mor::apply_block_ladder_cuda(src, rows, cols, a.mor_rule, top, to, t, scratch, stream, amaxes_given);
+    return mor::apply_block_ladder_ref(src, rows, cols, a.mor_rule, top, to, t, host_amaxes);
+  };
+  if (!spec.nvfp4_rows) return apply(a.mor_top, out, given);
+  // A copy per direction, as NVFP4's: the row copy's blocks along K, the column copy's down the tokens (its SR key
+  // the row copy's with the stream's low bit flipped, as nvfp4.h keys a column-wise copy; the amaxes the row copy's
+  // pass left). Both are counted.
+  mor::BlockLadder top = a.mor_top;
+  top.blocks = mor::Nvfp4Blocks::rows;
+  NB_TRY(apply(top, reinterpret_cast<bf16*>(o.row_data), given));
+  if (!o.colwise) return Status::ok();
+  top.blocks = mor::Nvfp4Blocks::cols;
+  top.rng.stream ^= 1u;
+  return apply(top, reinterpret_cast<bf16*>(o.col_data), /*amaxes_given=*/true);
 }
 
 // col_is_row or row_only: row copy only; the column amax slot is left as init set it (0) on both

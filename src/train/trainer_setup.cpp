@@ -9,6 +9,7 @@
 #include "core/device_info.h"
 #include "core/log.h"
 #include "data/token_check.h"
+#include "formats/mor/mor.h"
 #include "io/hf_llama.h"
 #include "tokenizer/bpe_tokenizer.h"
 #include "train/trainer.h"
@@ -31,14 +32,39 @@ Status Trainer::refuse_mor_splits() const {
   // The ladder keeps the whole tensor's statistics beside context and tensor parallelism (its scales come from the
   // group's amax, its NVFP4 blocks stay whole in every shard); sequence parallelism's gathers of an E4M3-rung operand
   // are not built.
+  if (recipe_.mor.blocks && !tp) return refuse_mor_blocks_cp();
   const char* rule = recipe_.mor.ladder && tp && cfg_.sequence_parallel ? "the NVFP4 ladder"
-                     : recipe_.mor.blocks ? "the block rule (GAM's shared mantissa is the whole tensor's)"
+                     : recipe_.mor.blocks ? "the block rule (its 128x128 blocks would span the shards' columns)"
                                           : nullptr;
   const char* why = rule                        ? rule
                     : tp && cfg_.peft == "lora" ? "a LoRA base (a frozen weight is decided from all of it when frozen)"
                                                 : nullptr;
   if (!why) return Status::ok();
   return errorf("--recipe %s with %s does not support %s yet; drop it, or %s", recipe_.name.c_str(), split, why, scale);
+}
+
+// The block rule beside context parallelism: a rank's rows are two chunks of every sequence, so its 128-row blocks are
+// whole blocks of the whole sequences when a chunk is a multiple of 128 tokens (and rows are not packed SFT samples,
+// whose chunks cut each sample); the quantizations then take the group's amaxes (recipe::Linear's amax group), and the
+// blocks' counts and statistics sum over the ranks to one GPU's. The ladder's SR draws by each rank's own rows.
+Status Trainer::refuse_mor_blocks_cp() const {
+  const int64_t cp = cfg_.context_parallel_size, chunk = cfg_.seq_length / (2 * cp);
+  if (cfg_.sft && cfg_.packed_sequence)
+    return errorf(
+        "--mor-granularity block with context parallelism needs whole 128-token blocks of each sequence, but packed "
+        "SFT rows cut each sample into chunks; drop --context-parallel-size or pass --packed-sequence false");
+  if (chunk % mor::kBlock != 0)
+    return errorf(
+        "--mor-granularity block with --context-parallel-size %lld cuts each sequence into chunks of %lld tokens, "
+        "which are not whole 128-token blocks; use a --seq-length that is a multiple of %lld",
+        (long long)cp, (long long)chunk, (long long)(2 * cp * mor::kBlock));
+  if (recipe_.mor.ladder && recipe_.grad.sr)
+    return errorf(
+        "--recipe %s with --mor-granularity block and context parallelism draws the gradients' stochastic rounding "
+        "by each rank's own rows (the whole sequences' row map is not built for its kernel); add --fp4-disable-sr or "
+        "drop --context-parallel-size",
+        recipe_.name.c_str());
+  return Status::ok();
 }
 
 // --mor-channel-statistic scales each whole row on its own: a token's row is whole on every rank of data and context

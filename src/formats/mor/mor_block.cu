@@ -241,13 +241,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // Both entry points: top null, the FP8 rule alone. scratch: GAM's amax, then (the ladder) NVFP4's.
 Status launch(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder* top, bf16* out,
-              const BlockTallies& tallies, float* scratch, Stream stream) {
+              const BlockTallies& tallies, float* scratch, Stream stream, bool amaxes_given) {
   const int64_t brows = (rows + kBlock - 1) / kBlock, bcols = (cols + kBlock - 1) / kBlock;
   if (brows > 65535) return errorf("mor: the block rule takes at most %lld rows", (long long)(65535 * kBlock));
   if ((rule.mode == ScaleMode::gam || top) && !scratch)
     return errorf("internal: the block rule needs device floats for the tensor's amaxes (GAM's, NVFP4's)");
-  if (rule.mode == ScaleMode::gam) NB_TRY(fp8::amax_cuda(x, rows * cols, scratch, nullptr, stream));
-  if (top) NB_TRY(nvfp4::compute_amax_cuda(x, rows, cols, false, scratch + 1, nullptr, stream));
+  if (!amaxes_given && rule.mode == ScaleMode::gam) NB_TRY(fp8::amax_cuda(x, rows * cols, scratch, nullptr, stream));
+  if (!amaxes_given && top) NB_TRY(nvfp4::compute_amax_cuda(x, rows, cols, false, scratch + 1, nullptr, stream));
   const auto st = static_cast<cudaStream_t>(stream);
   const dim3 grid{unsigned(bcols), unsigned(brows)};
   if (top)
@@ -260,17 +260,25 @@ Status launch(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, 
 
 }  // namespace
 
+Status block_rule_amaxes_cuda(const bf16* x, int64_t rows, int64_t cols, bool nvfp4, float* amaxes, Stream stream) {
+  NB_TRY(fp8::amax_cuda(x, rows * cols, amaxes, nullptr, stream));
+  return nvfp4 ? nvfp4::compute_amax_cuda(x, rows, cols, false, amaxes + 1, nullptr, stream) : Status::ok();
+}
+
 Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
-                             StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream) {
+                             StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream,
+                             bool amaxes_given) {
   if (rows < 1 || cols < 1)
     return errorf("mor: the block rule needs a non-empty tensor; got [%lld, %lld]", (long long)rows, (long long)cols);
-  return launch(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts}, scratch, stream);
+  return launch(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts}, scratch, stream,
+                amaxes_given);
 }
 
 Status apply_block_ladder_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
-                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream) {
+                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream,
+                               bool amaxes_given) {
   NB_TRY(check_block_ladder(rows, cols, top));
-  return launch(x, rows, cols, rule, &top, out, tallies, scratch, stream);
+  return launch(x, rows, cols, rule, &top, out, tallies, scratch, stream, amaxes_given);
 }
 
 }  // namespace nb::mor

@@ -104,18 +104,28 @@ struct BlockTallies {
   BlockCounts* counts = nullptr;
 };
 
+// The tensor's two amaxes the rule reads (GAM's shared mantissa, the ladder's S_enc): [0] max |x| with NaN skipped
+// (fp8::amax_ref's), [1] NVFP4's by bit pattern (nvfp4.h's, a NaN kept). Each call takes them from x itself unless
+// they are given: context parallelism gives the whole sequences' (each rank's, then a MAX over the group), so that
+// a rank's blocks, whole blocks of the whole tensor, are quantized as one GPU quantizes them.
+void block_rule_amaxes_ref(const bf16* x, int64_t n, float* amaxes);
+// The same into two device floats; NVFP4's only when `nvfp4` (it needs rows and cols multiples of 16).
+Status block_rule_amaxes_cuda(const bf16* x, int64_t rows, int64_t cols, bool nvfp4, float* amaxes, Stream stream);
+
 // x [rows, cols] -> out [rows, cols] (may not alias x). e4m3_stat, counts: added into when not null. Host memory.
+// amaxes: the two amaxes above, or null to take them from x.
 Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
-                            StatCell* e4m3_stat, BlockCounts* counts);
-// The same on the GPU (device memory), queued on `stream`; bit for bit the host's. GAM reads the tensor's amax, which
-// a pass of its own writes into `scratch` (one device float) first.
+                            StatCell* e4m3_stat, BlockCounts* counts, const float* amaxes = nullptr);
+// The same on the GPU (device memory), queued on `stream`; bit for bit the host's. `scratch` is two device floats,
+// the amaxes: passes of their own write them first, unless amaxes_given (then they are read as they are).
 Status apply_block_rule_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
-                             StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream);
-// The rule with the ladder's NVFP4 rung above it (top.threshold > 0; rows and cols multiples of 16). The GPU's scratch
-// is two device floats: GAM's amax and NVFP4's (by bit pattern, nvfp4.h), each from a pass of its own.
+                             StatCell* e4m3_stat, BlockCounts* counts, float* scratch, Stream stream,
+                             bool amaxes_given = false);
+// The rule with the ladder's NVFP4 rung above it (top.threshold > 0; rows and cols multiples of 16).
 Status apply_block_ladder_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
-                              bf16* out, const BlockTallies& tallies);
+                              bf16* out, const BlockTallies& tallies, const float* amaxes = nullptr);
 Status apply_block_ladder_cuda(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
-                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream);
+                               bf16* out, const BlockTallies& tallies, float* scratch, Stream stream,
+                               bool amaxes_given = false);
 
 }  // namespace nb::mor

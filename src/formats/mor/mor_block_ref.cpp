@@ -135,20 +135,36 @@ void count(Choice choice, bool nonfinite, BlockCounts* counts) {
   if (nonfinite) ++counts->nonfinite;
 }
 
+}  // namespace
+
+void block_rule_amaxes_ref(const bf16* x, int64_t n, float* amaxes) {
+  float amax = 0.0f;
+  uint32_t nv_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bf16_to_f32(x[i]);
+    amax = std::fmax(amax, std::fabs(v));
+    nv_bits = std::max(nv_bits, nvfp4::abs_bits(v));
+  }
+  amaxes[0] = amax;
+  amaxes[1] = nvfp4::amax_from_abs_bits(nv_bits);
+}
+
+namespace {
+
 // Both entry points: top null, the FP8 rule alone.
 Status apply_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder* top, bf16* out,
-                 const BlockTallies& t) {
+                 const BlockTallies& t, const float* given) {
+  float amaxes[2];
+  if (given)
+    std::copy(given, given + 2, amaxes);
+  else
+    block_rule_amaxes_ref(x, rows * cols, amaxes);
   float m4 = 1.0f, m5 = 1.0f;  // GAM's shared mantissas, from the tensor's amax
   if (rule.mode == ScaleMode::gam) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < rows * cols; ++i) amax = std::fmax(amax, std::fabs(bf16_to_f32(x[i])));
-    m4 = gam_mantissa(fp8::scale_from_amax(amax, kE4M3Max, false));
-    m5 = gam_mantissa(fp8::scale_from_amax(amax, kE5M2Max, false));
+    m4 = gam_mantissa(fp8::scale_from_amax(amaxes[0], kE4M3Max, false));
+    m5 = gam_mantissa(fp8::scale_from_amax(amaxes[0], kE5M2Max, false));
   }
-  uint32_t nv_bits = 0;  // NVFP4's tensor amax, by bit pattern as nvfp4.h takes it
-  if (top)
-    for (int64_t i = 0; i < rows * cols; ++i) nv_bits = std::max(nv_bits, nvfp4::abs_bits(bf16_to_f32(x[i])));
-  const float nv_amax = nvfp4::amax_from_abs_bits(nv_bits);
+  const float nv_amax = amaxes[1];
   for (int64_t r0 = 0; r0 < rows; r0 += kBlock)
     for (int64_t c0 = 0; c0 < cols; c0 += kBlock) {
       const BlockSpan b{r0, std::min(rows, r0 + kBlock), c0, std::min(cols, c0 + kBlock)};
@@ -185,25 +201,28 @@ Status apply_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rul
 }  // namespace
 
 Status apply_block_rule_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, bf16* out,
-                            StatCell* e4m3_stat, BlockCounts* counts) {
+                            StatCell* e4m3_stat, BlockCounts* counts, const float* amaxes) {
   if (rows < 1 || cols < 1)
     return errorf("mor: the block rule needs a non-empty tensor; got [%lld, %lld]", (long long)rows, (long long)cols);
-  return apply_ref(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts});
+  return apply_ref(x, rows, cols, rule, nullptr, out, BlockTallies{e4m3_stat, nullptr, counts}, amaxes);
 }
 
 Status apply_block_ladder_ref(const bf16* x, int64_t rows, int64_t cols, const BlockRule& rule, const BlockLadder& top,
-                              bf16* out, const BlockTallies& tallies) {
+                              bf16* out, const BlockTallies& tallies, const float* amaxes) {
   NB_TRY(check_block_ladder(rows, cols, top));
-  return apply_ref(x, rows, cols, rule, &top, out, tallies);
+  return apply_ref(x, rows, cols, rule, &top, out, tallies, amaxes);
 }
 
 #if !defined(NIBBLE_HAVE_CUDA)
+Status block_rule_amaxes_cuda(const bf16*, int64_t, int64_t, bool, float*, Stream) {
+  return errorf("MoR's block rule on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
+}
 Status apply_block_rule_cuda(const bf16*, int64_t, int64_t, const BlockRule&, bf16*, StatCell*, BlockCounts*, float*,
-                             Stream) {
+                             Stream, bool) {
   return errorf("MoR's block rule on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
 }
 Status apply_block_ladder_cuda(const bf16*, int64_t, int64_t, const BlockRule&, const BlockLadder&, bf16*,
-                               const BlockTallies&, float*, Stream) {
+                               const BlockTallies&, float*, Stream, bool) {
   return errorf("MoR's block ladder on the GPU needs the CUDA backend; rebuild nibble with the CUDA toolkit");
 }
 #endif
