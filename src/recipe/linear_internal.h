@@ -139,7 +139,8 @@ struct QCopies {
   // role's. Per-tensor FP8 row_only: `data` = the row copy transposed.
   gemm::QOperand col_operand_at(const uint8_t* data) const;
   uint8_t* ptr(const Piece& p) const;  // the piece's memory now
-  // The piece the row operand reads: the row data, or the block rule's input, whose one copy is its column piece.
+  // The piece the row operand reads: the row data, or the block rule's input, whose one copy is its column piece
+  // (with the ladder's 1x16 blocks, nvfp4_rows, the input has a row copy of its own).
   const Piece& row_data_piece() const {
     return spec.fmt == Fmt::mor_block && !spec.nvfp4_rows && !col_is_row ? col_data : row_data;
   }
@@ -257,7 +258,7 @@ struct Linear::Impl {
   mor::StatCell* mor_cells = nullptr;
   Buffer mor_own_cells;
   QCopies q8[3];  // the ladder: each role's per-tensor E4M3 copies, the rung below NVFP4
-  // The tensor ladder (the ladder per block keeps one Fmt::mor_block copy per role, as the block rule).
+  // The tensor ladder (the ladder per block keeps Fmt::mor_block copies, as the block rule: none of these).
   bool mor_ladder() const { return recipe.mor.on && recipe.mor.ladder && !recipe.mor.blocks; }
   int mor_cell_count() const { return recipe.mor.cells_per_linear(); }
   MorRung mor_top() const { return mor_ladder() ? MorRung::nvfp4 : MorRung::fp8; }
