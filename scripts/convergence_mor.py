@@ -103,6 +103,18 @@ def lag_line(seeds, config, rungs):
             "it.", ""]
 
 
+def mean_shares(seeds, formats, names, share_of, key):
+    """'NAME x% ± s.d., ...': each format's share over a run's training lines that have `key`, mean over those steps,
+    then over the seeds."""
+    means = {f: [] for f in formats}
+    for run in seeds.values():
+        rows = [row for _, row in sorted(run["train"].items()) if key in row]
+        for f in formats:
+            means[f].append(100 * statistics.fmean(share_of(row)[f] for row in rows))
+    return ", ".join(f"{names[f]} {statistics.fmean(v):.1f}%" + (f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else "")
+                     for f, v in means.items())
+
+
 def mor_section(runs):
     """The report's MoR section: operand shares per configuration and where the fallbacks land."""
     lines = []
@@ -111,13 +123,7 @@ def mor_section(runs):
         records = [r for run in seeds.values() for r in run.get("mor", [])]
         if not records:
             continue
-        mean_share = {fmt: [] for fmt in rungs}
-        for run in seeds.values():
-            rows = [row for it, row in sorted(run["train"].items()) if "mor_fp8_operands" in row]
-            for fmt in rungs:
-                mean_share[fmt].append(100 * statistics.fmean(operand_shares(row, config)[fmt] for row in rows))
-        shares = ", ".join(f"{FORMAT_NAMES[f]} {statistics.fmean(v):.1f}%" + (
-            f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else "") for f, v in mean_share.items())
+        shares = mean_shares(seeds, rungs, FORMAT_NAMES, lambda row: operand_shares(row, config), "mor_fp8_operands")
         lines += ["", f"### {TITLES[config]}", "",
                   f"Operands per format over the whole run (mean over the logged steps, then over {len(seeds)} seeds "
                   f"± s.d.): {shares}. The tables count the decisions of every 100th step (steps 1, 101, ...; "
@@ -214,13 +220,7 @@ def block_section(runs):
         records = [r for run in seeds.values() for r in run.get("mor", [])]
         if not records:
             continue
-        means = {f: [] for f in formats if f != "e5m2" or config == "mor_fp8_block"}
-        for run in seeds.values():
-            rows = [row for row in run["train"].values() if "mor_fp8_blocks" in row]
-            for f in means:
-                means[f].append(100 * statistics.fmean(block_shares(row, config)[f] for row in rows))
-        shares = ", ".join(f"{BLOCK_NAMES[f]} {statistics.fmean(v):.1f}%" + (
-            f" ± {statistics.stdev(v):.1f}" if len(v) > 1 else "") for f, v in means.items())
+        shares = mean_shares(seeds, formats, BLOCK_NAMES, lambda row: block_shares(row, config), "mor_fp8_blocks")
         lines += ["", f"### {TITLES[config]}", "",
                   f"{BLOCK_INTROS[config]} Blocks per format over the whole run (every operand's blocks, mean over the "
                   f"steps, then over {len(seeds)} seeds ± s.d.): {shares}. The tables count the blocks of the operands "
