@@ -232,6 +232,20 @@ bool MicroBatchPass::reads_bf16_input(int64_t l) const {
   return false;
 }
 
+// Full recompute: layer l's forward again. Its quantizations repeat the first forward's on the same values, which
+// MoR's statistics and block counts already took, so they are paused for it: each operand is counted once per pass.
+Status MicroBatchPass::recompute_forward(int64_t l) {
+  auto& lins = m_.linears_[size_t(l)];
+  std::vector<bool> paused(lins.size());
+  for (size_t i = 0; i < lins.size(); ++i) {
+    paused[i] = lins[i].mor_stats_paused();
+    lins[i].pause_mor_stats(true);
+  }
+  const Status s = forward_layer(l, false);
+  for (size_t i = 0; i < lins.size(); ++i) lins[i].pause_mor_stats(paused[i]);
+  return s;
+}
+
 // Brings back what the recompute mode did not keep for layer l's backward.
 Status MicroBatchPass::recompute_layer(int64_t l, const Layer& w) {
   auto& a = acts(l);
@@ -321,7 +335,7 @@ Status MicroBatchPass::backward_layers(Tensor* dx_io) {
     }
     const Layer w = layer_weights(l, true);
     if (m_.recompute_ == Recompute::full)
-      NB_TRY(forward_layer(l, false));
+      NB_TRY(recompute_forward(l));
     else if (m_.recompute_ == Recompute::selective || reads_bf16_input(l))
       NB_TRY(recompute_layer(l, w));
     NB_TRY(mlp_backward(l, w, dx));

@@ -82,6 +82,7 @@ class MicroBatchPass {
   Status forward_layer(int64_t l, bool write_output);
   Status head_and_loss(float grad_scale);
   Status recompute_layer(int64_t l, const Layer& w);
+  Status recompute_forward(int64_t l);     // full recompute: the layer's forward again, MoR's statistics paused
   bool reads_bf16_input(int64_t l) const;  // a Linear of layer l whose input MoR keeps in BF16
   Status mlp_backward(int64_t l, const Layer& w, const Tensor& dx);
   Status attention_backward(int64_t l, const Layer& w, const Tensor& dx_next);

@@ -312,6 +312,7 @@ class Linear {
   bool mor() const;              // this Linear decides its operands by MoR
   // Paused, quantizations add nothing to the cells (evaluation forwards must not move a training decision).
   void pause_mor_stats(bool paused);
+  bool mor_stats_paused() const;
 
   struct Impl;  // linear.cpp
 

@@ -285,6 +285,8 @@ void Linear::pause_mor_stats(bool paused) {
   if (impl_) impl_->mor_paused = paused;
 }
 
+bool Linear::mor_stats_paused() const { return impl_ && impl_->mor_paused; }
+
 bool Linear::mor_fp8(int role) const { return mor_rung(role) == MorRung::fp8; }
 
 }  // namespace nb::recipe
