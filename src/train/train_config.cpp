@@ -154,7 +154,7 @@ std::vector<ConfigKey> model_keys(TrainConfig& c) {
       string_key("recipe",
                  "precision recipe: bf16_mixed, bf16_with_fp8_current_scaling_mixed, "
                  "bf16_with_fp8_delayed_scaling_mixed, bf16_with_fp8_subchannel_scaling_mixed, bf16_with_mxfp8_mixed, "
-                 "bf16_with_nvfp4_mixed, bf16_with_mor_fp8_mixed",
+                 "bf16_with_nvfp4_mixed, bf16_with_mor_fp8_mixed, bf16_with_mor_nvfp4_mixed",
                  &c.recipe),
       bool_key("disable-fp4", "run the same job in bf16_mixed", &c.disable_fp4),
       bool_key("fp4-disable-rht", "NVFP4: no random Hadamard transform on the Wgrad operands", &c.fp4_disable_rht),
