@@ -4,6 +4,7 @@
 //   q [T,qd] = [B,S,heads,hd]; k, v [T,kvd]; gate_up [T,2F]; logits chunk [C,V].
 // Activations use the compute dtype (BF16 on CUDA, FP32 on CPU); norm statistics, attention
 // softmax statistics, losses and all weight gradients are FP32.
+#include <array>
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -236,7 +237,8 @@ bool MicroBatchPass::reads_bf16_input(int64_t l) const {
 // MoR's statistics and block counts already took, so they are paused for it: each operand is counted once per pass.
 Status MicroBatchPass::recompute_forward(int64_t l) {
   auto& lins = m_.linears_[size_t(l)];
-  std::vector<bool> paused(lins.size());
+  std::array<bool, 4> paused{};  // a layer's four Linears (qkv, o, gate_up, down); no allocation per pass
+  NB_CHECK(lins.size() == paused.size(), "internal: layer %lld has %zu Linears", (long long)l, lins.size());
   for (size_t i = 0; i < lins.size(); ++i) {
     paused[i] = lins[i].mor_stats_paused();
     lins[i].pause_mor_stats(true);

@@ -35,6 +35,10 @@
 
 namespace nb {
 
+// A MoR statistic's mean relative error for a metrics.jsonl record, null when it saw no non-zero element (the tensor
+// rule's records, trainer_mor.cpp, and the block rule's, trainer_mor_block.cpp).
+nlohmann::json mor_error_json(const mor::ErrorStat& s);
+
 struct TrainSummary {
   int64_t steps = 0, skipped = 0;
   int64_t start_iteration = 0, end_iteration = 0;  // resumed from / stopped at

@@ -34,24 +34,20 @@ void shares(const std::vector<uint8_t>& c, recipe::MorRung rung, double* operand
   *gemms = n ? both / double(3 * n) : 0.0;
 }
 
-nlohmann::json error_json(const mor::ErrorStat& s) {
-  return s.nonzero ? nlohmann::json(s.mean()) : nlohmann::json(nullptr);
-}
-
 // One role's record: the rung chosen and the statistics that chose it (E4M3's; the ladder's NVFP4 one too).
 nlohmann::json role_json(recipe::MorRung rung, const mor::ErrorStat& e4m3, const mor::ErrorStat* nvfp4) {
   nlohmann::json j = {{"format", recipe::mor_rung_name(rung)},
-                      {"error", error_json(e4m3)},
+                      {"error", mor_error_json(e4m3)},
                       {"nonzero", e4m3.nonzero},
                       {"nonfinite", e4m3.nonfinite || (nvfp4 && nvfp4->nonfinite)}};
-  if (nvfp4) j["nvfp4_error"] = error_json(*nvfp4);
+  if (nvfp4) j["nvfp4_error"] = mor_error_json(*nvfp4);
   return j;
 }
 
 // --mor-channel-statistic's fields of one role's record (the per-row scaled E4M3 statistic, which decides nothing);
 // true when that statistic would have chosen E4M3 at the rule's threshold.
 bool add_channel_fields(const mor::ErrorStat& channel, double threshold, nlohmann::json* role) {
-  (*role)["channel_error"] = error_json(channel);
+  (*role)["channel_error"] = mor_error_json(channel);
   (*role)["channel_nonfinite"] = channel.nonfinite;
   return mor::decide_from_stat(channel, threshold).choice == mor::Choice::fp8_e4m3;
 }
@@ -98,6 +94,10 @@ std::vector<mor::StatCell> with_cells_per_linear(const std::vector<mor::StatCell
 }
 
 }  // namespace
+
+nlohmann::json mor_error_json(const mor::ErrorStat& s) {
+  return s.nonzero ? nlohmann::json(s.mean()) : nlohmann::json(nullptr);
+}
 
 Status Trainer::mor_after_step(StepFigures* f) {
   const std::vector<uint8_t> in_effect = whole_mor_choices();  // the whole model's (trainer_pp_mor.cpp)

@@ -30,24 +30,21 @@ std::array<double, kWidth> cell_to_sum(const mor::StatCell& c, bool counts) {
   return {double(b.e4m3), double(b.e5m2), double(b.nvfp4), double(b.bf16), double(b.nonfinite)};
 }
 
-nlohmann::json error_json(const double* stat) {
-  const mor::ErrorStat e = mor::stat_from_sum({stat[0], stat[1], stat[2], stat[3]});
-  return e.nonzero ? nlohmann::json(e.mean()) : nlohmann::json(nullptr);
-}
+mor::ErrorStat stat_at(const double* sum) { return mor::stat_from_sum({sum[0], sum[1], sum[2], sum[3]}); }
 
 // nvfp4: the role's NVFP4 statistic (the ladder per block), else null.
 nlohmann::json role_record(const double* stat, const double* counts, const double* nvfp4) {
-  const mor::ErrorStat e4m3 = mor::stat_from_sum({stat[0], stat[1], stat[2], stat[3]});
+  const mor::ErrorStat e4m3 = stat_at(stat);
   nlohmann::json rec = {{"format", "blocks"},
                         {"e4m3_blocks", int64_t(counts[0])},
                         {"e5m2_blocks", int64_t(counts[1])},
                         {"bf16_blocks", int64_t(counts[3])},
                         {"nonfinite_blocks", int64_t(counts[4])},
-                        {"error", error_json(stat)},
+                        {"error", mor_error_json(e4m3)},
                         {"nonzero", e4m3.nonzero}};
   if (nvfp4) {
     rec["nvfp4_blocks"] = int64_t(counts[2]);
-    rec["nvfp4_error"] = error_json(nvfp4);
+    rec["nvfp4_error"] = mor_error_json(stat_at(nvfp4));
   }
   return rec;
 }
