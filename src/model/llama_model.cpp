@@ -71,6 +71,12 @@ void LlamaModel::begin_step(uint32_t step, uint32_t first_micro, uint32_t micro_
   std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
 }
 
+void LlamaModel::weights_changed() {
+  for (auto& layer : linears_)
+    for (auto& lin : layer) lin.weight_changed();
+  std::fill(weight_staged_.begin(), weight_staged_.end(), char(0));
+}
+
 void LlamaModel::set_collect_stats(bool on) {
   if (on && !stats_scratch_) stats_scratch_ = std::make_shared<recipe::StatsScratch>(dev_);
   for (auto& layer : linears_)

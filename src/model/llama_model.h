@@ -119,6 +119,9 @@ class LlamaModel {
   // Data parallelism: local micro-batch j of this step is global micro-batch first_micro + j * micro_stride
   // (rank r of d: first r, stride d), so stochastic-rounding keys match a one-rank run of the same batch.
   void begin_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
+  // The weights changed since the last step's forwards (the optimizer's update): forwards outside a step (an
+  // evaluation) quantize them again instead of reading the last step's copies.
+  void weights_changed();
   // One quantized Linear's statistics since the last take_health (collection on; recipe/linear_stats.h).
   struct LinearStats {
     std::string linear;  // "model.layers.3.mlp.down_proj"

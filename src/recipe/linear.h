@@ -185,6 +185,9 @@ class Linear {
   // Weights changed: requantize on next forward; SR key step; delayed-scaling roll. The SR key's
   // micro-batch index starts at first_micro and grows by micro_stride per backward (data parallelism).
   void new_step(uint32_t step, uint32_t first_micro = 0, uint32_t micro_stride = 1);
+  // The weight changed outside a step (the optimizer's update before an evaluation): the next forward quantizes it
+  // again, as new_step's does, and nothing else of the step moves.
+  void weight_changed();
   // Per-operand flushed/saturated/SQNR and the Wgrad error of the next micro-batch (extra passes,
   // synchronizing; off by default; linear_stats.h). scratch: the Wgrad comparison's FP32 scratch, shared by
   // a model's Linears (nullptr: a private one). Turning it on re-arms the Wgrad measurement, as new_step does.

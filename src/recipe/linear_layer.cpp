@@ -307,11 +307,15 @@ Status Linear::Impl::dgrad_wgrad(const Tensor& dy, const Tensor& dx, float dx_be
   return Status::ok();
 }
 
+void Linear::weight_changed() {
+  // A frozen weight never changes (freeze_weight quantized it once); a sharded one is valid while bound.
+  if (impl_ && !impl_->frozen && !impl_->sharded) impl_->weight_valid = false;
+}
+
 void Linear::new_step(uint32_t step, uint32_t first_micro, uint32_t micro_stride) {
   if (!impl_) return;
   Impl& s = *impl_;
-  // A frozen weight never changes (freeze_weight quantized it once); a sharded one is valid while bound.
-  if (!s.frozen && !s.sharded) s.weight_valid = false;
+  weight_changed();
   s.mor_frozen_set = false;
   s.step = step;
   s.micro = first_micro;

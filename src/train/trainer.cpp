@@ -309,6 +309,9 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   // Evaluation forwards quantize too; MoR's statistics are the training steps' alone (a decision must not depend
   // on the evaluation schedule).
   model_.pause_mor_stats(true);
+  // The last step's quantized weight copies predate its update: an evaluation reads the weights it was given, as
+  // one after a resume does (before, the validation loss of a quantized recipe was one update behind).
+  model_.weights_changed();
   struct Resume {
     LlamaModel& m;
     ~Resume() { m.pause_mor_stats(false); }

@@ -1,5 +1,5 @@
 // CPU: bit-exact resume for bf16_mixed, FP8 delayed scaling and NVFP4 (RHT, 2D weights, stochastic
-// rounding) on a Megatron dataset; and the resume rules (refusals that name the field, the checkpoint and
+// rounding) on a Megatron dataset; an evaluation of the weights its iteration has; and the resume rules (refusals that name the field, the checkpoint and
 // both values, for every field of the saved configuration and model that fixes the run).
 #include <gtest/gtest.h>
 #include <filesystem>
@@ -19,6 +19,43 @@ TEST_P(ResumeCpu, HalvesEqualTheWholeRunBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Recipes, ResumeCpu,
                          ::testing::Values("bf16_mixed", "bf16_with_fp8_delayed_scaling_mixed",
                                            "bf16_with_nvfp4_mixed"));
+
+// An evaluation reads the weights of its iteration: a run that stopped at its last step (--exit-interval) and resumes
+// only to evaluate scores what the uninterrupted run scored. Before, an evaluation read the quantized weight copies
+// of the step before the optimizer's update, so every quantized recipe's validation loss was one update behind (and
+// differed here from a fresh process's, which quantizes the loaded weights).
+class EvalAfterUpdateCpu : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EvalAfterUpdateCpu, AResumeAtTheLastStepScoresAsTheWholeRun) {
+  const std::string dir = test::temp_folder(std::string("eval_after_update_") + GetParam());
+  const std::string data = test::write_random_dataset(dir, 256);
+  auto job = [&](const std::string& save) {
+    TrainConfig c = test::resume_job("cpu", GetParam(), data);
+    if (std::string(GetParam()) == "bf16_with_mor_nvfp4_mixed") c.mor_granularity = "block";
+    c.save = save;
+    c.save_interval = 6;
+    return c;
+  };
+  TrainSummary whole, stopped, resumed;
+  Status st = run_training(job(dir + "/whole"), &whole);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  TrainConfig first = job(dir + "/halves");
+  first.exit_interval = 6;  // saves at the last step and stops before the final evaluation
+  st = run_training(first, &stopped);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(stopped.stopped_by, "exit-interval");
+  TrainConfig second = job(dir + "/halves");
+  second.load = second.save;
+  st = run_training(second, &resumed);
+  ASSERT_TRUE(st.is_ok()) << st.message();
+  ASSERT_EQ(resumed.start_iteration, 6);
+  ASSERT_TRUE(resumed.losses.empty());  // no step: the evaluation alone
+  EXPECT_EQ(resumed.final_val_loss, whole.final_val_loss) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Recipes, EvalAfterUpdateCpu,
+                         ::testing::Values("bf16_with_fp8_current_scaling_mixed", "bf16_with_nvfp4_mixed",
+                                           "bf16_with_mor_nvfp4_mixed"));
 
 namespace {
 // A saved 3-step run to resume from.
