@@ -29,7 +29,10 @@
 # STUDY_DETERMINISTIC=0 (train without --deterministic-mode; meta.json says so), STUDY_HELDOUT=0 (no evaluation
 # of the final model), STUDY_KEEP_CHECKPOINT=1. For a smoke test of this script on a CPU only (such runs are not
 # the study's): STUDY_SEQ, STUDY_GBS, STUDY_MBS (default 1024, 64, 16) and STUDY_TRAIN_FLAGS (appended to the
-# train command, e.g. "--num-layers 2").
+# train command, e.g. "--num-layers 2"). STUDY_TIME_LIMIT_S=N (run, batch): a run's training gets SIGTERM after N
+# seconds, saves a checkpoint and pauses (exit status 3, "PAUSED" in a batch); the same command later continues it
+# from there, bit for bit as if uninterrupted (meta.json lists the iterations it paused at): for machines lent in
+# pieces shorter than a run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NIBBLE="${NIBBLE:-build/nibble}"
@@ -198,6 +201,23 @@ stats_interval() {
   return 0
 }
 
+# After the trainer exited non-zero: a stop by STUDY_TIME_LIMIT_S's SIGTERM (its checkpoint saved) pauses the run,
+# to be continued by the same command (returns 3); anything else is a failure (returns 1).
+paused_or_failed() {
+  local dir="$1" name="$2" took="$3" flags="$4" from="$5" it
+  # Only this piece's part of the log counts: an earlier piece's pause is no excuse for this one's failure.
+  it=$(tail -c +"$((from + 1))" "$dir/train.log" | grep -o 'SIGTERM received: checkpoint of iteration [0-9]*' |
+    tail -1 | grep -o '[0-9]*$' || true)
+  if [ -z "$it" ]; then
+    tail -5 "$dir/train.log" >&2
+    return 1
+  fi
+  echo "$took" > "$dir/train_s"
+  echo "$flags" > "$dir/paused"
+  echo "$name: paused at iteration $it after $took s of training (STUDY_TIME_LIMIT_S); the same command continues it"
+  return 3
+}
+
 run_one() {
   local config="$1" seed="$2" out="${3:-bench/convergence/runs}"
   local flags name dir stage t0 train_s stats
@@ -207,21 +227,38 @@ run_one() {
   name="$config-s$seed"
   dir="${STUDY_WORK:-runs/convergence}/$name"
   stage="$dir.store"  # the stored run is assembled here and replaces $out/$name only when everything worked
-  rm -rf "$dir" "$stage" && mkdir -p "$dir" "$stage"
+  # A run paused by STUDY_TIME_LIMIT_S continues from its checkpoint (resume is bit for bit: TESTING.md), its train.log
+  # and metrics.jsonl appended to; anything else starts afresh.
+  local resume=() done_s=0
+  if [ -f "$dir/paused" ] && [ "$(cat "$dir/paused")" = "$flags ${STUDY_TRAIN_FLAGS:-}" ]; then
+    resume=(--load "$dir")
+    done_s=$(cat "$dir/train_s")
+    echo "$name: continuing from $(cat "$dir/latest_checkpointed_iteration.txt" 2>/dev/null || echo '?')"
+  else
+    rm -rf "$dir" && mkdir -p "$dir"
+  fi
+  rm -rf "$stage" && mkdir -p "$stage"
   t0=$(date +%s)
+  local log_from
+  log_from=$(stat -c %s "$dir/train.log" 2>/dev/null || echo 0)
   # --save-interval ITERS: one checkpoint, the final model's, for the evaluation.
   local extra=()
   if [ "$HELDOUT" = 1 ]; then extra+=(--save-interval "$ITERS"); fi
   read -r -a stats <<< "$(stats_interval "$flags")"
   extra+=("${stats[@]}")
+  # With STUDY_TIME_LIMIT_S the trainer gets SIGTERM after that many seconds: it saves a checkpoint and stops.
+  local limit=()
+  if [ -n "${STUDY_TIME_LIMIT_S:-}" ]; then limit=(timeout -s TERM -k 300 "$STUDY_TIME_LIMIT_S"); fi
   # shellcheck disable=SC2086
-  "$NIBBLE" train --model $MODEL --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
+  "${limit[@]}" "$NIBBLE" train --model $MODEL --seq-length $SEQ --micro-batch-size $MBS --global-batch-size $GBS \
     --train-iters "$ITERS" --lr 6e-4 --min-lr 6e-5 --lr-warmup-iters $((ITERS < 150 ? ITERS : 150)) --lr-decay-style cosine \
     --weight-decay 0.1 --clip-grad 1.0 --seed "$seed" --mock-data false --data-path "$DATA/study_text_document" \
     --tokenizer "$DATA/tokenizer.tiktoken" --split 969,30,1 --eval-interval 100 --eval-iters 10 \
-    --log-interval 100 --save "$dir" "${extra[@]}" $flags ${STUDY_TRAIN_FLAGS:-} > "$dir/train.log" 2>&1 ||
-    { tail -5 "$dir/train.log" >&2; return 1; }
-  train_s=$(($(date +%s) - t0))
+    --log-interval 100 --save "$dir" "${resume[@]}" "${extra[@]}" $flags ${STUDY_TRAIN_FLAGS:-} >> "$dir/train.log" 2>&1 ||
+    paused_or_failed "$dir" "$name" $((done_s + $(date +%s) - t0)) "$flags ${STUDY_TRAIN_FLAGS:-}" "$log_from" ||
+    return $?
+  train_s=$((done_s + $(date +%s) - t0))
+  rm -f "$dir/paused"
   if [ "$HELDOUT" = 1 ]; then
     eval_final "$dir" "$stage" || return 1
     if [ "${STUDY_KEEP_CHECKPOINT:-0}" != 1 ]; then rm -rf "$dir"/iter_*; fi
@@ -231,13 +268,16 @@ run_one() {
   python3 - "$stage/meta.json" "$config" "$seed" "$ITERS" "$((ITERS * SEQ * GBS))" "$flags ${STUDY_TRAIN_FLAGS:-}" \
     "$train_s" "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" \
     "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" "$MODEL" "$SEQ" "$GBS" \
-    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s))" "$(idx_tokens "$DATA/study_text_document.idx")" <<'PY' || return 1
+    "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s + done_s))" "$(idx_tokens "$DATA/study_text_document.idx")" \
+    "$(grep -o 'SIGTERM received: checkpoint of iteration [0-9]*' "$dir/train.log" | grep -o '[0-9]*$' | tr '\n' ' ' || true)" \
+    <<'PY' || return 1
 import json, sys
 a = sys.argv
 json.dump({"config": a[2], "seed": int(a[3]), "iterations": int(a[4]), "tokens": int(a[5]), "flags": a[6].strip(),
            "wall_s": int(a[7]), "device": a[8].strip(), "commit": a[9], "model": a[10],
            "seq_length": int(a[11]), "global_batch": int(a[12]), "deterministic": a[13] == "1",
-           "eval_s": int(a[14]), "corpus_tokens": int(a[15])}, open(a[1], "w"), indent=1)
+           "eval_s": int(a[14]), "corpus_tokens": int(a[15]),
+           **({"paused_at": [int(i) for i in a[16].split()]} if a[16].split() else {})}, open(a[1], "w"), indent=1)
 PY
   mkdir -p "$out" && rm -rf "${out:?}/$name" && mv "$stage" "$out/$name"
   echo "$name: done in $(($(date +%s) - t0)) s"
@@ -255,7 +295,9 @@ batch_queue() {
       continue
     fi
     t0=$(date +%s)
-    run_one "${cs%%:*}" "${cs##*:}" "$out" || echo "FAILED $cs"
+    local rc=0
+    run_one "${cs%%:*}" "${cs##*:}" "$out" || rc=$?
+    if [ "$rc" = 3 ]; then echo "PAUSED $cs"; elif [ "$rc" != 0 ]; then echo "FAILED $cs"; fi
     took=$(($(date +%s) - t0))
     [ "$took" -gt "$longest" ] && longest=$took
   done
