@@ -13,7 +13,7 @@ from plot_losses import frame, nice_ticks, polyline  # noqa: E402  (the same axe
 
 ORDER = ["bf16", "fp8", "mxfp8", "nvfp4", "nvfp4_all", "nvfp4_no_rht", "nvfp4_no_sr", "nvfp4_no_2d", "nvfp4_none",
          "nvfp4_anneal", "nvfp4_4over6", "nvfp4_4over6_mae", "mor_fp8", "mor_nvfp4", "mor_fp8_block",
-         "mor_fp8_now", "mor_fp8_channel", "mor_nvfp4_block"]
+         "mor_fp8_now", "mor_fp8_channel", "mor_nvfp4_block", "mor_nvfp4_block_rows"]
 TITLES = {
     "bf16": "BF16 (bf16_mixed)", "fp8": "FP8 current scaling", "mxfp8": "MXFP8",
     "nvfp4": "NVFP4 (paper: last 2 of 12 blocks BF16)", "nvfp4_all": "NVFP4 in every block",
@@ -27,9 +27,11 @@ TITLES = {
     "mor_fp8_now": "MoR, E4M3 or BF16 per tensor, each decided in its own step (--mor-decide-now)",
     "mor_fp8_channel": "MoR per tensor, measuring per-channel scaling's error too (--mor-channel-statistic)",
     "mor_nvfp4_block": "MoR's NVFP4 ladder per 128x128 block (--mor-granularity block)",
+    "mor_nvfp4_block_rows": "MoR's NVFP4 ladder per 128x128 block, 1x16 NVFP4 blocks on X and dY (--mor-nvfp4-rows)",
 }
 COLOURS = ["#000000", "#1f77b4", "#17becf", "#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#2ca02c", "#bcbd22", "#6b6ecf", "#393b79", "#e7ba52", "#843c39", "#5254a3", "#8ca252", "#de9ed6"]
+           "#2ca02c", "#bcbd22", "#6b6ecf", "#393b79", "#e7ba52", "#843c39", "#5254a3", "#8ca252", "#de9ed6",
+           "#637939"]
 W, H, L, R, T, B = 860, 500, 80, 250, 48, 58
 SMOOTH = 50  # steps in the training-loss moving average
 

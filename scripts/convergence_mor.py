@@ -143,7 +143,8 @@ def mor_section(runs):
 
 # The block configurations' formats, the top rung first: the E4M3 block rule (E5M2 with --mor-three-way) and the
 # NVFP4 ladder per block.
-BLOCK_FORMATS = {"mor_fp8_block": ("e4m3", "e5m2", "bf16"), "mor_nvfp4_block": ("nvfp4", "e4m3", "bf16")}
+BLOCK_FORMATS = {"mor_fp8_block": ("e4m3", "e5m2", "bf16"), "mor_nvfp4_block": ("nvfp4", "e4m3", "bf16"),
+                 "mor_nvfp4_block_rows": ("nvfp4", "e4m3", "bf16")}
 BLOCK_NAMES = {"nvfp4": "NVFP4", "e4m3": "E4M3", "e5m2": "E5M2", "bf16": "BF16"}
 
 
@@ -174,7 +175,7 @@ def block_table(title, counts, formats):
 def block_shares(row, config):
     """{format: share of the step's blocks} from one training line of a block configuration."""
     fp8, e5m2 = row.get("mor_fp8_blocks", 0.0), row.get("mor_e5m2_blocks", 0.0)
-    nv = row.get("mor_nvfp4_blocks", 0.0) if config == "mor_nvfp4_block" else 0.0
+    nv = row.get("mor_nvfp4_blocks", 0.0) if config.startswith("mor_nvfp4_block") else 0.0
     return {"nvfp4": nv, "e4m3": fp8 - e5m2, "e5m2": e5m2, "bf16": max(0.0, 1.0 - nv - fp8)}
 
 
@@ -209,6 +210,10 @@ BLOCK_INTROS = {
     "mor_nvfp4_block": "Each 128x128 block of every operand is decided inside its own step's quantization (no lag): "
                        "NVFP4 (16x16 tiles with the tensor's global scale, SR on gradients, no RHT) while its NVFP4 "
                        "error is below 0.3, else E4M3 while its error is below 4.5%, else BF16.",
+    "mor_nvfp4_block_rows": "The ladder per block with the NVFP4 recipe's 1x16 blocks on X and dY: each has a row copy "
+                            "(1x16 along K) and a column copy (16x1 down the tokens, the Wgrad operand), each 128x128 "
+                            "block decided in each copy, and both copies counted (so X's and dY's blocks count twice); "
+                            "the weight keeps its 16x16 tiles.",
 }
 
 
