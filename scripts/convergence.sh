@@ -208,7 +208,8 @@ paused_or_failed() {
   # Only this piece's part of the log counts: an earlier piece's pause is no excuse for this one's failure.
   it=$(tail -c +"$((from + 1))" "$dir/train.log" | grep -o 'SIGTERM received: checkpoint of iteration [0-9]*' |
     tail -1 | grep -o '[0-9]*$' || true)
-  if [ -z "$it" ]; then
+  # The trainer says so only after its checkpoint is written; the tracker must name it too.
+  if [ -z "$it" ] || [ "$(cat "$dir/latest_checkpointed_iteration.txt" 2>/dev/null)" != "$it" ]; then
     tail -5 "$dir/train.log" >&2
     return 1
   fi

@@ -404,8 +404,6 @@ Status Trainer::train_loop(TrainSummary* summary) {
       NB_TRY(save(summary));
     if (exit_now || term_now) {
       summary->stopped_by = term_now ? "SIGTERM" : "exit-interval";
-      std::printf("%s: checkpoint of iteration %lld saved, exiting\n",
-                  term_now ? "SIGTERM received" : "--exit-interval", (long long)iteration_);
       break;
     }
   }
@@ -415,6 +413,10 @@ Status Trainer::train_loop(TrainSummary* summary) {
                            timed_steps ? time_sum_ms / double(timed_steps) : 0.0));
   if (summary->stopped_by.empty()) NB_TRY(evaluate(iteration_, summary));
   NB_TRY(finish_saves(summary));
+  // Said once the background writer has finished: a save that failed has returned its error above instead.
+  if (!summary->stopped_by.empty())
+    std::printf("%s: checkpoint of iteration %lld saved, exiting\n",
+                summary->stopped_by == "SIGTERM" ? "SIGTERM received" : "--exit-interval", (long long)iteration_);
   NB_TRY(write_lora_adapter());
   fill_summary(m, timed_steps ? time_sum_ms / double(timed_steps) : m.step_ms,
                timed_steps ? optimizer_sum_ms / double(timed_steps) : m.optimizer_ms, summary);

@@ -188,25 +188,50 @@ TEST(CrashSafety, ChecksumValidStateWithAnOutOfRangeScaleIsRefused) {
   EXPECT_NE(r.out.find("outside float's range"), std::string::npos) << r.out;
 }
 
-TEST(CrashSafety, FullDiskDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
-  const std::string dir = test::temp_folder("fulldisk"), save = dir + "/run";
-  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
-  // A file-size limit makes the next write fail the way a full disk does (works for root too);
-  // SIGXFSZ is ignored so the write returns the error instead of killing the process.
-  const std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 512; exec '" + test::nibble_binary() + "' " + kJob +
-                          "--train-iters 4 --save " + save + " --load " + save + " --save-interval 2\" 2>&1";
+// nibble train with `flags` under a file-size limit, which makes a checkpoint's write fail the way a full disk does
+// (works for root too; SIGXFSZ is ignored so the write returns the error instead of killing the process). Returns the
+// output; *status the exit status.
+namespace {
+std::string run_with_full_disk(const std::string& flags, int* status) {
+  const std::string cmd =
+      "sh -c \"trap '' XFSZ; ulimit -f 512; exec '" + test::nibble_binary() + "' " + kJob + flags + "\" 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
+  if (!p) return "popen failed";
   std::string out;
   char buf[4096];
   size_t got;
   while ((got = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, got);
-  const int status = pclose(p);
+  *status = pclose(p);
+  return out;
+}
+}  // namespace
+
+TEST(CrashSafety, FullDiskDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
+  const std::string dir = test::temp_folder("fulldisk"), save = dir + "/run";
+  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
+  int status = 0;
+  const std::string out =
+      run_with_full_disk("--train-iters 4 --save " + save + " --load " + save + " --save-interval 2", &status);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
   EXPECT_NE(out.find("cannot write"), std::string::npos) << out;
   EXPECT_NE(out.find("the checkpoint of iteration 2"), std::string::npos) << out;
   EXPECT_EQ(verified_latest(save), 2);
   EXPECT_FALSE(has_partial_save(save));  // the failed save's folder was removed
+}
+
+// A stop's checkpoint (--exit-interval, as SIGTERM's) that fails to write is an error, never "saved, exiting": a
+// script that continues paused runs (scripts/convergence.sh) reads that line. Before, the line came before the
+// background write had finished, so it followed a failed save too.
+TEST(CrashSafety, FullDiskDuringAStopsSaveDoesNotSaySaved) {
+  const std::string dir = test::temp_folder("fulldisk_stop"), save = dir + "/run";
+  ASSERT_EQ(test::run_nibble(kJob + "--train-iters 2 --save " + save + " --save-interval 2").code, 0);
+  int status = 0;
+  const std::string out =
+      run_with_full_disk("--train-iters 6 --save " + save + " --load " + save + " --exit-interval 4", &status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_NE(out.find("cannot write"), std::string::npos) << out;
+  EXPECT_EQ(out.find("saved, exiting"), std::string::npos) << out;
+  EXPECT_EQ(verified_latest(save), 2);
 }
 
 TEST(CrashSafety, UnwritableFolderDuringASaveIsReportedAndKeepsTheEarlierCheckpoint) {
