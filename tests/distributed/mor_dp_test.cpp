@@ -82,8 +82,9 @@ void expect_step_one_as_one_rank(const std::string& dir, const std::string& job,
   for (size_t i = 0; i < one.size(); ++i)
     for (const char* role : {"input", "weight", "grad"}) {
       EXPECT_EQ(split[i][role]["format"], one[i][role]["format"]) << one[i].dump() << "\n" << split[i].dump();
-      if (counts_match)
+      if (counts_match) {
         EXPECT_EQ(split[i][role]["nonzero"], one[i][role]["nonzero"]) << one[i].dump() << "\n" << split[i].dump();
+      }
       for (const char* stat : {"error", "nvfp4_error"}) {  // E4M3's, and the NVFP4 ladder's own
         if (!one[i][role].contains(stat)) continue;
         const double want = one[i][role][stat], got = split[i][role][stat];

@@ -1,6 +1,7 @@
 // CPU: bit-exact resume for bf16_mixed, FP8 delayed scaling and NVFP4 (RHT, 2D weights, stochastic
-// rounding) on a Megatron dataset; an evaluation of the weights its iteration has; and the resume rules (refusals that name the field, the checkpoint and
-// both values, for every field of the saved configuration and model that fixes the run).
+// rounding) on a Megatron dataset; an evaluation of the weights its iteration has; and the resume rules (refusals that
+// name the field, the checkpoint and both values, for every field of the saved configuration and model that fixes the
+// run).
 #include <gtest/gtest.h>
 #include <filesystem>
 #include "io/file_util.h"

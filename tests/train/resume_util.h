@@ -5,6 +5,8 @@
 // shuffles and the validation split all have to continue where they stopped.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -17,10 +19,31 @@
 
 namespace nb::test {
 
+// Removes `path` when this test program exits with every test passed (a failure keeps its folders to look at;
+// NIBBLE_KEEP_TEST_FOLDERS=1 keeps them always). Runs and checkpoints of a few hundred MB each otherwise pile up in
+// the temp folder, one set per test process. Only the process that made a folder removes it (a forked child exits
+// through _exit anyway).
+inline void remove_at_exit(const std::string& path) {
+  static std::vector<std::string> folders;
+  static const pid_t owner = ::getpid();
+  static const bool registered = [] {
+    std::atexit([] {
+      if (::getpid() != owner || std::getenv("NIBBLE_KEEP_TEST_FOLDERS")) return;
+      if (!::testing::UnitTest::GetInstance()->Passed()) return;
+      std::error_code ec;
+      for (const std::string& f : folders) std::filesystem::remove_all(f, ec);
+    });
+    return true;
+  }();
+  (void)registered;
+  folders.push_back(path);
+}
+
 inline std::string temp_folder(const std::string& name) {
   auto p = std::filesystem::temp_directory_path() / ("nibble_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
+  remove_at_exit(p.string());
   return p.string();
 }
 
