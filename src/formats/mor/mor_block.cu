@@ -2,7 +2,7 @@
 // stages in shared memory and passes over three times: its ranges, its E4M3 (and E5M2) statistics, then the output.
 // The ladder adds its NVFP4 rung: the tiles' amaxes (shared atomics on the bit patterns) and scale codes (16x16
 // tiles; 1x16 and 16x1 blocks take theirs from their own 16 elements), and the NVFP4 statistic, each a pass over the
-// block's runs of 16 elements (one Philox block each under SR).
+// block's runs of 16 elements (one Philox block each under SR); each run's E2M1 codes stay in registers for the output.
 // Every reduction is of integers or of fmax/fmin, so any order gives apply_block_rule_ref's bits; the per-element
 // float expressions are the host's (IEEE products and divisions, never contracted).
 #include <cuda_runtime.h>
