@@ -209,6 +209,9 @@ Status Trainer::apply_update(double lr, const StepFigures& f) {
   const int64_t it = iteration_;
   if (std::isfinite(f.loss) && std::isfinite(f.grad_norm) && f.nonfinite_where.empty()) {
     NB_TRY(adamw_update(lr, f.grad_norm));
+    // The Linears' quantized weight copies are the old weights' now: a forward before the next step (an evaluation)
+    // quantizes the new ones, as one after a resume does (before, a quantized recipe's validation lagged an update).
+    model_.weights_changed();
     return gather_updated_weights();
   }
   nan_iters_++;
@@ -309,9 +312,6 @@ Status Trainer::evaluate(int64_t iteration, TrainSummary* summary) {
   // Evaluation forwards quantize too; MoR's statistics are the training steps' alone (a decision must not depend
   // on the evaluation schedule).
   model_.pause_mor_stats(true);
-  // The last step's quantized weight copies predate its update: an evaluation reads the weights it was given, as
-  // one after a resume does (before, the validation loss of a quantized recipe was one update behind).
-  model_.weights_changed();
   struct Resume {
     LlamaModel& m;
     ~Resume() { m.pause_mor_stats(false); }

@@ -232,10 +232,9 @@ class Trainer {
   std::vector<size_t> mor_positions() const;  // each own MoR Linear's index among the whole model's
   size_t whole_mor_linears() const;
   Status mor_blocks_after_step(StepFigures* f);  // the block rule's counts and records (trainer_mor_block.cpp)
-  Status refuse_mor_splits() const;
-  Status refuse_mor_blocks_cp() const;  // the block rule beside context parallelism (trainer_setup.cpp)              //
-                                        // what MoR does not run beside yet (trainer_setup.cpp)
-  Status refuse_mor_channel_stat() const;  // where --mor-channel-statistic cannot measure whole rows
+  Status refuse_mor_splits() const;              // what MoR does not run beside yet (trainer_setup.cpp)
+  Status refuse_mor_blocks_cp() const;           // the block rule beside context parallelism (trainer_setup.cpp)
+  Status refuse_mor_channel_stat() const;        // where --mor-channel-statistic cannot measure whole rows
   Status gather_mor_over_stages(std::vector<double>* values, size_t width);  // own -> whole model's, every stage
   // The whole model's decisions in effect: this model's own without stages; under pipeline parallelism the list every
   // stage decided (or resumed) last, each operand on the top rung before the first decision.
