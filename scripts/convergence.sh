@@ -45,6 +45,8 @@ MODEL=llama-125m
 DETERMINISTIC="${STUDY_DETERMINISTIC:-1}"
 HELDOUT="${STUDY_HELDOUT:-1}"
 ITERS=$(((TOKENS + SEQ * GBS - 1) / (SEQ * GBS)))
+# What the trainer prints once a SIGTERM's checkpoint is written (STUDY_TIME_LIMIT_S's pause), up to its iteration.
+PAUSED_LINE='SIGTERM received: checkpoint of iteration [0-9]*'
 
 # The paper keeps about 15% of the blocks in BF16 (the last ones); of llama-125m's 12 that is 2.
 NVFP4="--recipe bf16_with_nvfp4_mixed --num-layers-at-end-in-bf16 2"
@@ -206,7 +208,7 @@ stats_interval() {
 paused_or_failed() {
   local dir="$1" name="$2" took="$3" flags="$4" from="$5" it
   # Only this piece's part of the log counts: an earlier piece's pause is no excuse for this one's failure.
-  it=$(tail -c +"$((from + 1))" "$dir/train.log" | grep -o 'SIGTERM received: checkpoint of iteration [0-9]*' |
+  it=$(tail -c +"$((from + 1))" "$dir/train.log" | grep -o "$PAUSED_LINE" |
     tail -1 | grep -o '[0-9]*$' || true)
   # The trainer says so only after its checkpoint is written; the tracker must name it too.
   if [ -z "$it" ] || [ "$(cat "$dir/latest_checkpointed_iteration.txt" 2>/dev/null)" != "$it" ]; then
@@ -270,7 +272,7 @@ run_one() {
     "$train_s" "$(grep -m1 '^| device' "$dir/train.log" | cut -d'|' -f3 || true)" \
     "${STUDY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" "$MODEL" "$SEQ" "$GBS" \
     "$DETERMINISTIC" "$(($(date +%s) - t0 - train_s + done_s))" "$(idx_tokens "$DATA/study_text_document.idx")" \
-    "$(grep -o 'SIGTERM received: checkpoint of iteration [0-9]*' "$dir/train.log" | grep -o '[0-9]*$' | tr '\n' ' ' || true)" \
+    "$(grep -o "$PAUSED_LINE" "$dir/train.log" | grep -o '[0-9]*$' | tr '\n' ' ' || true)" \
     <<'PY' || return 1
 import json, sys
 a = sys.argv
